@@ -1,0 +1,433 @@
+"""The analytical MoE cost model: prefill time, decode step time and maximum batch.
+
+Vectorised: every numeric argument (and every GPU field, through `GPUArray`) may be an array;
+all broadcast together, so one call evaluates a whole GPUs x lengths x batches x degrees grid.
+Units are in the names: `_ms` milliseconds, `_gflop` 1e9 FLOP, `_bytes` bytes.
+
+The formulas are those of `reference/shallowsim_spec.md` (sections 2-4). Under
+`CostProfile.shallowsim()` they are reproduced to the letter, quirks included (checked against
+the reference CSV by `python -m costmodel.reference`). Each switch of `CostProfile` replaces one
+quirk by its fix; `docs/costmodel.md` explains each and measures its effect.
+
+Per layer and per GPU, in both phases:
+    attention  T_attn = g / R_gemm / 0.7 + a / F16 / 0.7 + W_attn / BW          (ms)
+    TP split   T_attn_tp = T_attn (+0.05) if tp = 1 else T_attn / tp + T_allreduce + 0.05
+    expert     T_e(n) = 3·n·d·I_e·2 / 1e9 / R_e + W_e / BW
+Prefill (one sequence of S tokens per DP replica, experts spread over tp·dp GPUs):
+    Sum = L_d (T_dense_attn + T_dense_mlp) + L_moe (T_attn_tp + T_shared + T_routed)
+          + L_moe (max(Combine − T_attn_tp − T_shared, 0) + max(Dispatch − T_routed, 0))
+Decode step (two micro-batches, EP group of N GPUs holding ceil(E/N) routed experts each):
+    TPOT = L_d (DenseMLA + DenseMLP) + L_moe (SparseMLA + Shared + Routed)
+           + L_moe max(Dispatch + Combine − SparseMLA − Shared, 0)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.profile import CostProfile
+from costmodel.specs import GPU, GPUArray, Model
+
+# Constants of the original program (spec section 3, "Hard-coded constants").
+DERATE = 0.85                 # every peak figure is multiplied by this
+MLA_DISCOUNT = 0.7            # attention kernels reach 70 % of the derated peak
+ALLREDUCE_LATENCY_MS = 0.015
+ATTN_STATIC_MS = 0.05
+PREFILL_A2A_LATENCY_MS = 0.05
+DECODE_A2A_LATENCY_MS = 0.005  # per micro-batch
+MICRO_BATCHES = 2
+MEM_UTIL = 0.9
+SS_OTHER_PARAMS_GB = 2.91     # shallowsim's embedding / head / misc constant
+SS_MLA_PARAMS_M = 187.17      # shallowsim's per-layer MLA constant (decimal M, used as MiB)
+SS_EXPERT_PARAMS_M = 44.05    # shallowsim's per-expert constant
+SS_DISPATCH_NODES = 4         # shallowsim's prefill a2a assumes 4 nodes
+SS_RACK_DOMAINS = (72, 144, 576)
+
+# Grouped-GEMM efficiency eta(P), P = 1, 2, 4, ..., 512, >=1024 (spec 4.11, author's profiling).
+ETA_DEFAULT = np.array([0.05, 0.05, 0.05, 0.05, 0.08, 0.10, 0.20, 0.35, 0.40, 0.60, 0.70])
+ETA_H20 = np.array([0.06, 0.06, 0.06, 0.12, 0.25, 0.45, 0.80, 0.90, 1.0, 1.0, 1.0])
+
+MIB = 2.0**20
+GIB = 2.0**30
+
+
+class Rates:
+    """Derated throughputs of a GPU array in one phase (prefill reserves `comm_sm` SMs)."""
+
+    def __init__(self, g: GPUArray, phase: str, profile: CostProfile) -> None:
+        sm_frac = (g.sm - g.comm_sm) / g.sm if phase == "prefill" else 1.0
+        self.f16 = g.tflops_bf16 * DERATE * sm_frac
+        self.f8 = g.tflops_fp8 * DERATE * sm_frac
+        self.f4 = g.tflops_fp4 * DERATE * sm_frac
+        self.bw = g.mem_bw_gb_s * DERATE
+        self.nvl = g.nvlink_bw_gb_s * DERATE
+        self.net = g.scaleout_bw_gb_s * DERATE
+        self.has_fp4 = g.tflops_fp4 > 0
+        has_fp8 = g.tflops_fp8 > 0
+        # Dense GEMM rate and bytes per weight / KV element: FP8 where the GPU has it.
+        if profile.precision_per_gpu:
+            self.gemm = np.where(has_fp8, self.f8, self.f16)
+            self.wbytes = np.where(has_fp8, 1.0, 2.0)
+        else:
+            self.gemm = self.f8
+            self.wbytes = np.ones_like(self.f8)
+        self.expert = np.where(self.has_fp4, self.f4, self.gemm)
+
+
+def _xfer_ms(nbytes: np.ndarray, bw_gb_s: np.ndarray, p: CostProfile) -> np.ndarray:
+    """Transfer time. shallowsim divides MiB by GB/s and calls the result ms (2.4 % off)."""
+    return nbytes / 1e6 / bw_gb_s if p.si_units else nbytes / MIB / bw_gb_s
+
+
+def _expert_gflop(model: Model, tokens: np.ndarray) -> np.ndarray:
+    return 3.0 * tokens * model.hidden * model.moe_inter * 2.0 / 1e9
+
+
+def _eta(m_tokens: np.ndarray, use_h20: np.ndarray) -> np.ndarray:
+    """Efficiency at P = the smallest power of two strictly above floor(m) (P = 1 for 0)."""
+    fm = np.floor(m_tokens)
+    _, exp = np.frexp(np.maximum(fm, 1.0))   # fm = mant * 2**exp, mant in [0.5, 1)
+    idx = np.where(fm >= 1.0, exp, 0)        # log2(P)
+    idx = np.minimum(idx, len(ETA_DEFAULT) - 1)  # P >= 1024 share the last entry
+    return np.where(use_h20, ETA_H20[idx], ETA_DEFAULT[idx])
+
+
+def _h20_table(g: GPUArray, p: CostProfile) -> np.ndarray:
+    return g.gemm_table_h20 if p.gemm_table_by_field else g.gemm_table_h20_by_name
+
+
+# --- attention ------------------------------------------------------------------------------
+
+def _attn_prefill_gflop(model: Model, q: np.ndarray, c: np.ndarray, p: CostProfile) -> tuple[np.ndarray, np.ndarray]:
+    """(GEMM, attention) GFLOP of one layer for q new tokens over c context tokens."""
+    d, h = model.hidden, model.n_heads
+    if p.causal_attention:  # q new tokens see the c - q cached ones and a causal triangle
+        pairs = q * (c - q) + q * (q + 1) / 2.0
+    else:
+        pairs = q * c
+    if model.attention == "mla":
+        rq, rkv, dn, dr, dv = (model.q_lora_rank, model.kv_lora_rank, model.qk_nope_head_dim,
+                               model.qk_rope_head_dim, model.v_head_dim)
+        gemm = q * d * rq + q * rq * h * (dn + dr) + c * rkv * h * dn + c * rkv * h * dv
+        attn = h * pairs * (dr + dn + dv) + q * h * dv * d
+        return 2.0 * gemm / 1e9, 2.0 * attn / 1e9
+    hd = model.head_dim
+    gemm = q * d * hd * (h + 2 * model.n_kv_heads) + q * h * hd * d
+    attn = 2.0 * h * hd * pairs
+    return 2.0 * gemm / 1e9, 2.0 * attn / 1e9
+
+
+def _kv_down_gflop(model: Model, tokens: np.ndarray) -> np.ndarray:
+    """MLA KV down-projection (wkv_a) for `tokens` tokens; 0 for GQA (inside the QKV GEMM)."""
+    if model.attention != "mla":
+        return np.zeros_like(tokens, dtype=float)
+    return 2.0 * tokens * model.hidden * (model.kv_lora_rank + model.qk_rope_head_dim) / 1e9
+
+
+def _attn_decode_gflop(model: Model, c: np.ndarray, p: CostProfile) -> tuple[np.ndarray, np.ndarray]:
+    """(GEMM, attention) GFLOP for one new token over c context tokens (MLA weight-absorbed)."""
+    d, h = model.hidden, model.n_heads
+    if model.attention == "mla":
+        rq, rkv, dn, dr, dv = (model.q_lora_rank, model.kv_lora_rank, model.qk_nope_head_dim,
+                               model.qk_rope_head_dim, model.v_head_dim)
+        gemm = d * rq + rq * h * dr + h * (rq * dn + dn * rkv) + 0.0 * c
+        attn = h * (c * dr + 2.0 * c * rkv) + h * dv * rkv + h * dv * d
+        g = 2.0 * gemm / 1e9
+        if p.new_tokens_only:  # the new token's own latent KV must still be projected
+            g = g + _kv_down_gflop(model, np.ones_like(c, dtype=float))
+        return g, 2.0 * attn / 1e9
+    hd = model.head_dim
+    gemm = d * hd * (h + 2 * model.n_kv_heads) + h * hd * d + 0.0 * c
+    attn = 2.0 * h * hd * c
+    return 2.0 * gemm / 1e9, 2.0 * attn / 1e9
+
+
+def _attn_weight_bytes(model: Model, r: Rates, p: CostProfile) -> np.ndarray:
+    if p.weights_from_config:
+        return model.attn_params_per_layer * r.wbytes
+    return model.attn_params_per_layer * np.ones_like(r.wbytes)  # 1 byte/param (FP8)
+
+
+def _attn_ms(gemm: np.ndarray, attn: np.ndarray, wbytes: np.ndarray, r: Rates, p: CostProfile) -> np.ndarray:
+    """Attention time of one layer without TP (the 'dense MLA' figure)."""
+    full = gemm / r.gemm / MLA_DISCOUNT + attn / r.f16 / MLA_DISCOUNT + _xfer_ms(wbytes, r.bw, p)
+    if p.fp4_consistent:
+        return full
+    # shallowsim: the FP4 branch drops the 0.7 factor on GEMMs and the weight load [B3]
+    fp4 = gemm / np.where(r.has_fp4, r.f4, 1.0) + attn / r.f16 / MLA_DISCOUNT
+    return np.where(r.has_fp4, fp4, full)
+
+
+def _allreduce_ms(tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray, r: Rates, p: CostProfile) -> np.ndarray:
+    nbytes = tokens * model.hidden * 2.0  # BF16 activations
+    if p.ring_allreduce:
+        nbytes = nbytes * 2.0 * (tp - 1) / tp
+    link = np.where(tp <= g.gpus_per_node, r.nvl, r.net) if p.topology_comm else r.nvl
+    return _xfer_ms(nbytes, link, p) + ALLREDUCE_LATENCY_MS
+
+
+def _tp_split_ms(t: np.ndarray, tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray, r: Rates, p: CostProfile) -> np.ndarray:
+    ar = _allreduce_ms(tokens, model, tp, g, r, p)
+    return np.where(tp > 1, t / tp + ar, t) + ATTN_STATIC_MS
+
+
+def _dense_mlp_ms(tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray, r: Rates, p: CostProfile) -> np.ndarray:
+    if model.n_dense_layers == 0:
+        return np.zeros(np.broadcast(tokens, tp, r.bw).shape)
+    gflop = 3.0 * tokens * model.hidden * model.dense_inter * 2.0 / 1e9
+    wbytes = 3.0 * model.hidden * model.dense_inter * (r.wbytes if p.weights_from_config else 1.0)
+    rate = r.gemm if p.fp4_consistent else np.where(r.has_fp4, r.f4, r.gemm)
+    if not p.tp_dense_layers:
+        return gflop / rate + _xfer_ms(wbytes, r.bw, p)
+    t = gflop / rate / tp + _xfer_ms(wbytes / tp, r.bw, p)
+    return np.where(tp > 1, t + _allreduce_ms(tokens, model, tp, g, r, p), t)
+
+
+# --- expert weights and all-to-all ------------------------------------------------------------
+
+def _expert_bytes(model: Model, r: Rates, phase: str, p: CostProfile) -> np.ndarray:
+    """Bytes of one expert's weights: FP4 halves them (decode only, unless fp4_consistent)."""
+    base = r.wbytes if p.weights_from_config or p.precision_per_gpu else np.ones_like(r.wbytes)
+    if phase == "decode" or p.fp4_consistent:
+        base = np.where(r.has_fp4, 0.5, base)
+    return model.expert_params * base
+
+
+def _a2a_split_ms(nbytes: np.ndarray, group: np.ndarray, g: GPUArray, r: Rates, p: CostProfile) -> np.ndarray:
+    """Per-GPU all-to-all of `nbytes` of token copies spread evenly over a `group` of GPUs.
+
+    A copy stays on the GPU with probability 1/group; the others go over NVLink to GPUs of
+    the same scale-up domain and over the NIC beyond it, both links at once.
+    """
+    local = np.minimum(group, g.gpus_per_node)
+    intra = nbytes * (local - 1) / group
+    inter = nbytes * (group - local) / group
+    return np.maximum(_xfer_ms(intra, r.nvl, p), _xfer_ms(inter, r.net, p))
+
+
+# --- prefill -------------------------------------------------------------------------------------
+
+def prefill_parts(gpu: GPU | GPUArray, model: Model, seq_len: np.ndarray, tp: np.ndarray, dp: np.ndarray,
+                  cache_hit: float | np.ndarray = 0.0, profile: CostProfile | None = None) -> dict[str, np.ndarray]:
+    """Per-layer terms and totals (ms) of one prefill pass: dp sequences of `seq_len` at once.
+
+    Keys: MLA, TP_MLA, DenseMLP, Shared_Expert, Routed_Expert, Dispatch, Combine, Overlap1,
+    Overlap2 (per layer) and Compute, Comm, Sum (whole model). `Sum` is the prefill time.
+    """
+    p = profile or CostProfile.corrected()
+    g = GPUArray.of(gpu)
+    r = Rates(g, "prefill", p)
+    s = np.asarray(seq_len, dtype=float)
+    tp = np.asarray(tp, dtype=float)
+    dp = np.asarray(dp, dtype=float)
+    rho = np.asarray(cache_hit, dtype=float)
+    n_dev = tp * dp
+    e_total, k, d = model.n_routed_experts, model.top_k, model.hidden
+
+    q = s * (1.0 - rho) if p.new_tokens_only else s  # tokens computed
+    gemm, attn = _attn_prefill_gflop(model, q, s, p)
+    kv_tokens = q if p.new_tokens_only else (1.0 - rho) * s
+    gemm = gemm + _kv_down_gflop(model, kv_tokens)
+    mla = _attn_ms(gemm, attn, _attn_weight_bytes(model, r, p), r, p)
+    tp_mla = _tp_split_ms(mla, q, model, tp, g, r, p)
+    dense_attn = tp_mla if p.tp_dense_layers else mla
+    dense_mlp = _dense_mlp_ms(q, model, tp, g, r, p)
+
+    t_w = _xfer_ms(_expert_bytes(model, r, "prefill", p), r.bw, p)
+    experts_per_gpu = np.maximum(np.ceil(e_total / n_dev), 1.0) if p.whole_experts_per_gpu else e_total / n_dev
+    shared = model.n_shared_experts * (_expert_gflop(model, q / tp) / r.expert + t_w)
+    routed = _expert_gflop(model, k * q / tp) / r.expert + t_w * experts_per_gpu
+
+    dispatch_elem = 1.0 if p.fp8_dispatch else 0.5  # shallowsim halves it on every GPU [B1]
+    if p.topology_comm:
+        copies = (q / tp) * k * d  # bytes at 1 byte/element
+        dispatch = _a2a_split_ms(copies * dispatch_elem, n_dev, g, r, p) + PREFILL_A2A_LATENCY_MS
+        combine = _a2a_split_ms(copies * 2.0, n_dev, g, r, p) + PREFILL_A2A_LATENCY_MS
+    else:
+        node8 = g.gpus_per_node == 8
+        dp_node = 8.0 / tp  # the 8-GPU rule ignores the dp argument [B4]
+        raw_node = (SS_DISPATCH_NODES - 1) * dp_node * q * k / 8.0 * d
+        e_loc = np.ceil(e_total / g.gpus_per_node)
+        raw_rack = (e_total - e_loc) / e_total * k * (q / tp) * d
+        raw = np.where(node8, raw_node, raw_rack)
+        link = np.where(node8, r.net * 8.0, r.nvl)
+        dispatch = _xfer_ms(raw * dispatch_elem, link, p) + PREFILL_A2A_LATENCY_MS
+        combine = _xfer_ms(raw * 2.0, link, p) + PREFILL_A2A_LATENCY_MS
+
+    o1 = combine - (tp_mla + shared)
+    o2 = dispatch - routed
+    l_d, l_s = model.n_dense_layers, model.n_moe_layers
+    compute = l_d * (dense_attn + dense_mlp) + l_s * (tp_mla + shared + routed)
+    comm = l_s * (combine + dispatch)
+    total = compute + l_s * np.maximum(o1, 0.0) + l_s * np.maximum(o2, 0.0)
+    return {"MLA": mla, "TP_MLA": tp_mla, "DenseMLP": dense_mlp, "Shared_Expert": shared,
+            "Routed_Expert": routed, "Dispatch": dispatch, "Combine": combine, "Overlap1": o1,
+            "Overlap2": o2, "Compute": compute, "Comm": comm, "Sum": total}
+
+
+def prefill_time_ms(gpu: GPU | GPUArray, model: Model, seq_len: np.ndarray, tp: np.ndarray, dp: np.ndarray,
+                    cache_hit: float | np.ndarray = 0.0, profile: CostProfile | None = None) -> np.ndarray:
+    """Time (ms) for an island of tp·dp GPUs to prefill dp prompts of `seq_len` tokens."""
+    return prefill_parts(gpu, model, seq_len, tp, dp, cache_hit, profile)["Sum"]
+
+
+# --- decode ----------------------------------------------------------------------------------------
+
+def decode_parts(gpu: GPU | GPUArray, model: Model, context: np.ndarray, batch: np.ndarray, tp: np.ndarray,
+                 ep: np.ndarray, fp8_combine: bool = False, profile: CostProfile | None = None) -> dict[str, np.ndarray]:
+    """Per-layer terms and totals (ms) of one decode step of an EP group of `ep` GPUs.
+
+    `batch` is sequences per GPU under shallowsim and per attention-DP rank (TP group) under
+    `batch_per_attention_rank`. Keys: DenseMLA, SparseMLA, DenseMLP, SharedExpert,
+    RoutedExpert, Dispatch, Combine, Delta (per layer), TPOT_O and TPOT (whole model, ms).
+    """
+    p = profile or CostProfile.corrected()
+    g = GPUArray.of(gpu)
+    r = Rates(g, "decode", p)
+    c = np.asarray(context, dtype=float)
+    bs = np.asarray(batch, dtype=float)
+    tp = np.asarray(tp, dtype=float)
+    n = np.asarray(ep, dtype=float)
+    e_total, k, d = model.n_routed_experts, model.top_k, model.hidden
+    gx = np.ceil(e_total / n)  # routed experts (GEMM groups) per GPU
+
+    gemm1, attn1 = _attn_decode_gflop(model, c, p)
+    mla = _attn_ms(gemm1 * bs, attn1 * bs, _attn_weight_bytes(model, r, p), r, p)
+    kv_elem_bytes = r.wbytes if p.precision_per_gpu else 1.0
+    kv_shard = 1 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
+    kv_bytes = c * model.kv_elems_per_token_layer * bs * kv_elem_bytes
+    if p.si_units:
+        t_kv = _xfer_ms(kv_bytes / kv_shard, r.bw, p)
+    else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
+        t_kv = kv_bytes / kv_shard / GIB / r.bw * 1000.0
+    sparse_mla = _tp_split_ms(mla, bs, model, tp, g, r, p) + t_kv
+    dense_mla = (sparse_mla if p.tp_dense_layers else mla + t_kv)
+    dense_mlp = _dense_mlp_ms(bs, model, tp, g, r, p)
+
+    tokens_gpu = bs / tp if p.batch_per_attention_rank else bs  # tokens each GPU feeds its experts
+    b = tokens_gpu / MICRO_BATCHES
+    t_w = _xfer_ms(_expert_bytes(model, r, "decode", p), r.bw, p)
+    use_h20 = _h20_table(g, p)
+    rate_routed = r.expert * _eta(b * k / gx, use_h20)
+    rate_shared = r.expert * _eta(b, use_h20) if p.shared_expert_own_efficiency else rate_routed
+    shared = MICRO_BATCHES * model.n_shared_experts * (_expert_gflop(model, b) / rate_shared + t_w)
+    routed = MICRO_BATCHES * (_expert_gflop(model, b * k) / rate_routed + t_w * gx)
+
+    fp8_comb = bool(fp8_combine) & r.has_fp4
+    comb_elem = np.where(fp8_comb, 1.0, 2.0)
+    latency = DECODE_A2A_LATENCY_MS * MICRO_BATCHES
+    copies = tokens_gpu * d * k  # bytes at 1 byte/element
+    if p.topology_comm:
+        dispatch = _a2a_split_ms(copies, n, g, r, p) + latency
+        combine = _a2a_split_ms(copies * comb_elem, n, g, r, p) + latency
+    else:
+        node8 = g.gpus_per_node == 8
+        single_node = e_total / gx == 8  # only N = 8 counts as one node [B13]
+        rack_nvl = np.isin(g.gpus_per_node, SS_RACK_DOMAINS) & (n <= g.gpus_per_node)
+        use_nvl = np.where(node8, single_node, rack_nvl)
+        link = np.where(use_nvl, r.nvl, r.net)
+        dispatch = _xfer_ms(copies, link, p) + latency
+        combine = _xfer_ms(copies * comb_elem, link, p) + latency
+
+    delta = dispatch + combine - sparse_mla - shared
+    l_d, l_s = model.n_dense_layers, model.n_moe_layers
+    tpot_o = l_d * (dense_mla + dense_mlp) + l_s * (sparse_mla + shared + routed)
+    tpot = tpot_o + l_s * np.maximum(delta, 0.0)
+    return {"DenseMLA": dense_mla, "SparseMLA": sparse_mla, "DenseMLP": dense_mlp,
+            "SharedExpert": shared, "RoutedExpert": routed, "Dispatch": dispatch,
+            "Combine": combine, "Delta": delta, "TPOT_O": tpot_o, "TPOT": tpot}
+
+
+def decode_step_ms(gpu: GPU | GPUArray, model: Model, context: np.ndarray, batch: np.ndarray, tp: np.ndarray,
+                   ep: np.ndarray, fp8_combine: bool = False, profile: CostProfile | None = None) -> np.ndarray:
+    """Time (ms) of one decode step (one token for every sequence in the batch)."""
+    return decode_parts(gpu, model, context, batch, tp, ep, fp8_combine, profile)["TPOT"]
+
+
+def decode_steps_sum_ms(gpu: GPU | GPUArray, model: Model, context0: np.ndarray, n_steps: int, batch: np.ndarray,
+                        tp: np.ndarray, ep: np.ndarray, fp8_combine: bool = False,
+                        profile: CostProfile | None = None) -> np.ndarray:
+    """Σ_{k=1..n_steps} decode_step_ms(context0 + k), exactly, from two evaluations.
+
+    Context enters a step only through KV reads and attention FLOPs, both affine in it, so
+    TPOT_O(c) and Delta(c) are affine: the sum is n·TPOT_O(mean context) plus L_moe times the
+    sum of the positive part of an arithmetic sequence, done in closed form.
+    """
+    if n_steps < 1:
+        raise ValueError(f"`n_steps >= 1` must hold, got {n_steps=}")
+    c0 = np.asarray(context0, dtype=float)
+    lo = decode_parts(gpu, model, c0 + 1.0, batch, tp, ep, fp8_combine, profile)
+    if n_steps == 1:
+        return lo["TPOT"]
+    hi = decode_parts(gpu, model, c0 + n_steps, batch, tp, ep, fp8_combine, profile)
+    total_o = n_steps * (lo["TPOT_O"] + hi["TPOT_O"]) / 2.0
+    return total_o + model.n_moe_layers * _sum_positive_arith(lo["Delta"], hi["Delta"], n_steps)
+
+
+def _sum_positive_arith(first: np.ndarray, last: np.ndarray, n: int) -> np.ndarray:
+    """Σ_{i=0..n-1} max(a_i, 0) for the arithmetic sequence a_0 = first, a_{n-1} = last."""
+    step = (last - first) / (n - 1)
+    # Count of positive terms: all, none, or a prefix / suffix ending where the sign flips.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zero_at = np.where(step != 0, -first / np.where(step != 0, step, 1.0), np.inf)
+    falling = step < 0
+    m_fall = np.clip(np.floor(np.where(falling, zero_at, 0.0)) + 1, 0, n)  # terms i < zero_at
+    start_rise = np.clip(np.floor(np.where(falling, 0.0, zero_at)) + 1, 0, n)  # first i > zero_at
+    # falling: positive prefix i = 0..m-1; rising: positive suffix i = start..n-1
+    pre_sum = m_fall * first + step * m_fall * (m_fall - 1) / 2.0
+    cnt = n - start_rise
+    suf_sum = cnt * (first + step * (start_rise + n - 1) / 2.0)
+    out = np.where(falling, pre_sum, np.where(step > 0, suf_sum, n * np.maximum(first, 0.0)))
+    return np.maximum(out, 0.0)
+
+
+# --- memory ----------------------------------------------------------------------------------------
+
+def weight_bytes_per_gpu(gpu: GPU | GPUArray, model: Model, tp: np.ndarray, routed_per_gpu: np.ndarray,
+                         profile: CostProfile | None = None) -> np.ndarray:
+    """Weight bytes one GPU holds: its attention shard, its experts, dense MLP and embeddings."""
+    p = profile or CostProfile.corrected()
+    g = GPUArray.of(gpu)
+    r = Rates(g, "decode", p)
+    tp = np.asarray(tp, dtype=float)
+    experts = np.asarray(routed_per_gpu, dtype=float) + model.n_shared_experts
+    if not p.weights_from_config:
+        gb = (SS_OTHER_PARAMS_GB + SS_MLA_PARAMS_M * model.n_layers / tp / 1024.0
+              + SS_EXPERT_PARAMS_M * model.n_moe_layers * experts / 1024.0)
+        return gb * GIB
+    dense_tp = tp if p.tp_dense_layers else 1.0
+    attn = model.attn_params_per_layer * model.n_layers / tp * r.wbytes
+    dense = model.n_dense_layers * 3.0 * model.hidden * model.dense_inter / dense_tp * r.wbytes
+    expert = experts * model.n_moe_layers * _expert_bytes(model, r, "decode", p)
+    embed = 2.0 * model.vocab_size * model.hidden * 2.0  # embedding + LM head, BF16
+    return attn + dense + expert + embed
+
+
+def kv_bytes_per_seq(gpu: GPU | GPUArray, model: Model, tokens: np.ndarray, tp: np.ndarray,
+                     profile: CostProfile | None = None) -> np.ndarray:
+    """KV-cache bytes one sequence of `tokens` tokens costs each GPU of its TP group."""
+    p = profile or CostProfile.corrected()
+    g = GPUArray.of(gpu)
+    r = Rates(g, "decode", p)
+    tp = np.asarray(tp, dtype=float)
+    elem = r.wbytes if p.precision_per_gpu else 1.0
+    per_seq = np.asarray(tokens, dtype=float) * model.kv_elems_per_token_layer * model.n_layers * elem
+    if not p.batch_per_attention_rank:
+        return per_seq * tp  # shallowsim: KV counted once per TP rank, batch per GPU
+    kv_shard = 1.0 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
+    return per_seq / kv_shard
+
+
+def max_batch(gpu: GPU | GPUArray, model: Model, context: np.ndarray, decode_len: np.ndarray, tp: np.ndarray,
+              routed_per_gpu: np.ndarray, profile: CostProfile | None = None) -> np.ndarray:
+    """Sequences of context + decode_len tokens that fit beside the weights (per batch unit).
+
+    shallowsim returns a float that may be negative [B11]; `integer_batch` floors it at 0.
+    """
+    p = profile or CostProfile.corrected()
+    g = GPUArray.of(gpu)
+    unit = 1e9 if p.si_units else GIB
+    free = g.mem_gb * unit * MEM_UTIL - weight_bytes_per_gpu(g, model, tp, routed_per_gpu, p)
+    tokens = np.asarray(context, dtype=float) + np.asarray(decode_len, dtype=float)
+    mb = free / kv_bytes_per_seq(g, model, tokens, tp, p)
+    return np.maximum(np.floor(mb), 0.0) if p.integer_batch else mb

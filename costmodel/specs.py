@@ -1,0 +1,200 @@
+"""Frozen hardware and model descriptions, and their struct-of-arrays form for broadcasting.
+
+A `GPU` is one accelerator type (datasheet figures); a `Model` is one MoE transformer (its
+published config). Both validate their own values and nothing else: loading YAML, naming the
+file a bad value came from, and composing inventories happen in `pipeline.catalog`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import numpy as np
+
+GEMM_TABLES = ("default", "h20")
+ATTENTIONS = ("mla", "gqa")
+
+
+class SpecError(ValueError):
+    """A GPU or model figure that cannot be right (negative, zero where it must not be...)."""
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise SpecError(msg)
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU type. Bandwidths are per GPU and per direction; TFLOPS are dense peaks."""
+
+    name: str
+    sm: int
+    comm_sm: int
+    tflops_bf16: float
+    tflops_fp8: float
+    tflops_fp4: float
+    mem_gb: float
+    mem_bw_gb_s: float
+    nvlink_bw_gb_s: float
+    scaleout_bw_gb_s: float
+    gpus_per_node: int
+    grouped_gemm_table: str
+    price_per_hour: float
+
+    def __post_init__(self) -> None:
+        for f in ("sm", "gpus_per_node"):
+            v = getattr(self, f)
+            _require(isinstance(v, int) and v > 0, f"`{f} > 0` (integer) must hold for GPU {self.name}, got {v!r}")
+        _require(0 <= self.comm_sm < self.sm, f"`0 <= comm_sm < sm` must hold for GPU {self.name}, got comm_sm={self.comm_sm}, sm={self.sm}")
+        for f in ("tflops_bf16", "mem_gb", "mem_bw_gb_s", "nvlink_bw_gb_s", "scaleout_bw_gb_s"):
+            v = getattr(self, f)
+            _require(_finite(v) and v > 0, f"`{f} > 0` must hold for GPU {self.name}, got {v!r}")
+        for f in ("tflops_fp8", "tflops_fp4", "price_per_hour"):
+            v = getattr(self, f)
+            _require(_finite(v) and v >= 0, f"`{f} >= 0` must hold for GPU {self.name} (0 means none), got {v!r}")
+        _require(self.grouped_gemm_table in GEMM_TABLES,
+                 f"`grouped_gemm_table` of GPU {self.name} must be one of {list(GEMM_TABLES)}, got {self.grouped_gemm_table!r}")
+
+    @property
+    def has_fp8(self) -> bool:
+        return self.tflops_fp8 > 0
+
+    @property
+    def has_fp4(self) -> bool:
+        return self.tflops_fp4 > 0
+
+
+@dataclass(frozen=True)
+class Model:
+    """An MoE transformer. MLA fields apply when attention == 'mla', GQA fields when 'gqa'."""
+
+    name: str
+    attention: Literal["mla", "gqa"]
+    hidden: int
+    n_layers: int
+    n_dense_layers: int
+    dense_inter: int
+    moe_inter: int
+    n_routed_experts: int
+    n_shared_experts: int
+    top_k: int
+    n_heads: int
+    vocab_size: int
+    # MLA (DeepSeek-V2/V3)
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # GQA (Qwen3-MoE, Mixtral...)
+    n_kv_heads: int = 0
+    head_dim: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.attention in ATTENTIONS,
+                 f"`attention` of model {self.name} must be one of {list(ATTENTIONS)}, got {self.attention!r}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type in ("int",):
+                _require(isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                         f"`{f.name} >= 0` (integer) must hold for model {self.name}, got {v!r}")
+        for f in ("hidden", "n_layers", "moe_inter", "n_routed_experts", "top_k", "n_heads", "vocab_size"):
+            _require(getattr(self, f) > 0, f"`{f} > 0` must hold for model {self.name}, got {getattr(self, f)!r}")
+        _require(self.n_dense_layers < self.n_layers,
+                 f"`n_dense_layers < n_layers` must hold for model {self.name}, got {self.n_dense_layers} >= {self.n_layers}")
+        _require(self.top_k <= self.n_routed_experts,
+                 f"`top_k <= n_routed_experts` must hold for model {self.name}, got {self.top_k} > {self.n_routed_experts}")
+        _require(self.n_dense_layers == 0 or self.dense_inter > 0,
+                 f"model {self.name} has dense layers, so `dense_inter > 0` must hold, got {self.dense_inter}")
+        needed = (("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+                  if self.attention == "mla" else ("n_kv_heads", "head_dim"))
+        for f in needed:
+            _require(getattr(self, f) > 0, f"`{f} > 0` must hold for {self.attention.upper()} model {self.name}, got {getattr(self, f)!r}")
+        if self.attention == "gqa":
+            _require(self.n_heads % self.n_kv_heads == 0,
+                     f"`n_heads % n_kv_heads == 0` must hold for model {self.name}, got {self.n_heads} % {self.n_kv_heads}")
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - self.n_dense_layers
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        """Attention weights of one layer (norms left out), as an element count."""
+        d, h = self.hidden, self.n_heads
+        if self.attention == "mla":
+            return (d * self.q_lora_rank
+                    + self.q_lora_rank * h * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+                    + d * (self.kv_lora_rank + self.qk_rope_head_dim)
+                    + self.kv_lora_rank * h * self.qk_nope_head_dim
+                    + self.kv_lora_rank * h * self.v_head_dim
+                    + h * self.v_head_dim * d)
+        hd = self.head_dim
+        return d * hd * (2 * h + 2 * self.n_kv_heads)
+
+    @property
+    def expert_params(self) -> int:
+        """One routed (or shared) expert: gate, up and down projections."""
+        return 3 * self.hidden * self.moe_inter
+
+    @property
+    def kv_elems_per_token_layer(self) -> int:
+        """KV-cache elements one token adds to one layer (MLA: latent + rope key; GQA: K and V)."""
+        if self.attention == "mla":
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.n_kv_heads * self.head_dim
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# --- struct-of-arrays view for broadcasting over GPUs --------------------------------------
+
+@dataclass(frozen=True)
+class GPUArray:
+    """The numeric fields of several GPUs as arrays, shaped to broadcast along one axis.
+
+    `GPUArray.of([h200, h800], ndim=3, axis=0)` gives every field shape (2, 1, 1), so a call
+    with `seq_len` of shape (1, L, 1) and `batch` of shape (1, 1, B) evaluates a G×L×B grid.
+    A single `GPU` is accepted everywhere a `GPUArray` is, through `GPUArray.of(gpu)`.
+    """
+
+    names: tuple[str, ...]
+    sm: np.ndarray
+    comm_sm: np.ndarray
+    tflops_bf16: np.ndarray
+    tflops_fp8: np.ndarray
+    tflops_fp4: np.ndarray
+    mem_gb: np.ndarray
+    mem_bw_gb_s: np.ndarray
+    nvlink_bw_gb_s: np.ndarray
+    scaleout_bw_gb_s: np.ndarray
+    gpus_per_node: np.ndarray
+    gemm_table_h20: np.ndarray        # bool: the GPU's own field says the H20 table
+    gemm_table_h20_by_name: np.ndarray  # bool: shallowsim's substring rule ("H20" in name)
+
+    @staticmethod
+    def of(gpus: GPU | GPUArray | list[GPU] | tuple[GPU, ...], ndim: int = 1, axis: int = 0) -> GPUArray:
+        if isinstance(gpus, GPUArray):
+            return gpus
+        single = isinstance(gpus, GPU)
+        seq = [gpus] if single else list(gpus)
+        shape = [1] * ndim
+        shape[axis] = len(seq)
+
+        def col(vals: list[float], dtype: type = float) -> np.ndarray:
+            a = np.asarray(vals, dtype=dtype)
+            return a.reshape(()) if single else a.reshape(shape)
+
+        num = {f: col([getattr(g, f) for g in seq]) for f in (
+            "sm", "comm_sm", "tflops_bf16", "tflops_fp8", "tflops_fp4", "mem_gb", "mem_bw_gb_s",
+            "nvlink_bw_gb_s", "scaleout_bw_gb_s", "gpus_per_node")}
+        return GPUArray(
+            names=tuple(g.name for g in seq), **num,
+            gemm_table_h20=col([g.grouped_gemm_table == "h20" for g in seq], bool),
+            gemm_table_h20_by_name=col(["H20" in g.name for g in seq], bool),
+        )
