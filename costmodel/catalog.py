@@ -34,8 +34,11 @@ def build(cls: type[T], data: Mapping[str, Any], source: str) -> T:
     unknown = sorted(set(data) - set(flds))
     if unknown:
         raise CatalogError(f"{source}: unknown field(s) {unknown}; valid fields: {sorted(flds)}")
-    missing = sorted(n for n, f in flds.items() if n not in data
-                     and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    missing = sorted(
+        n
+        for n, f in flds.items()
+        if n not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
     if missing:
         raise CatalogError(f"{source}: missing field(s) {missing}")
     values: dict[str, Any] = {}
@@ -65,8 +68,7 @@ def _entries(group: str) -> dict[str, Path]:
 def _read(group: str, name: str, what: str) -> tuple[dict[str, Any], str]:
     entries = _entries(group)
     if name not in entries:
-        raise CatalogError(f"unknown {what} {name!r}; choose from {sorted(entries)} "
-                           f"(or add conf/{group}/{name}.yaml)")
+        raise CatalogError(f"unknown {what} {name!r}; choose from {sorted(entries)} (or add conf/{group}/{name}.yaml)")
     path = entries[name]
     try:
         data = yaml.safe_load(path.read_text()) or {}

@@ -29,18 +29,18 @@ from costmodel.profile import CostProfile
 from costmodel.specs import GPU, GPUArray, Model
 
 # Constants of the original program (spec section 3, "Hard-coded constants").
-DERATE = 0.85                 # every peak figure is multiplied by this
-MLA_DISCOUNT = 0.7            # attention kernels reach 70 % of the derated peak
+DERATE = 0.85  # every peak figure is multiplied by this
+MLA_DISCOUNT = 0.7  # attention kernels reach 70 % of the derated peak
 ALLREDUCE_LATENCY_MS = 0.015
 ATTN_STATIC_MS = 0.05
 PREFILL_A2A_LATENCY_MS = 0.05
 DECODE_A2A_LATENCY_MS = 0.005  # per micro-batch
 MICRO_BATCHES = 2
 MEM_UTIL = 0.9
-SS_OTHER_PARAMS_GB = 2.91     # shallowsim's embedding / head / misc constant
-SS_MLA_PARAMS_M = 187.17      # shallowsim's per-layer MLA constant (decimal M, used as MiB)
-SS_EXPERT_PARAMS_M = 44.05    # shallowsim's per-expert constant
-SS_DISPATCH_NODES = 4         # shallowsim's prefill a2a assumes 4 nodes
+SS_OTHER_PARAMS_GB = 2.91  # shallowsim's embedding / head / misc constant
+SS_MLA_PARAMS_M = 187.17  # shallowsim's per-layer MLA constant (decimal M, used as MiB)
+SS_EXPERT_PARAMS_M = 44.05  # shallowsim's per-expert constant
+SS_DISPATCH_NODES = 4  # shallowsim's prefill a2a assumes 4 nodes
 SS_RACK_DOMAINS = (72, 144, 576)
 
 # Grouped-GEMM efficiency eta(P), P = 1, 2, 4, ..., 512, >=1024 (spec 4.11, author's profiling).
@@ -83,13 +83,51 @@ def _expert_gflop(model: Model, tokens: np.ndarray) -> np.ndarray:
     return 3.0 * tokens * model.hidden * model.moe_inter * 2.0 / 1e9
 
 
-def _eta(m_tokens: np.ndarray, use_h20: np.ndarray) -> np.ndarray:
-    """Efficiency at P = the smallest power of two strictly above floor(m) (P = 1 for 0)."""
+def _eta_index(m_tokens: np.ndarray) -> np.ndarray:
+    """log2 of P, the smallest power of two strictly above floor(m) (P = 1 for 0), capped at 1024."""
     fm = np.floor(m_tokens)
-    _, exp = np.frexp(np.maximum(fm, 1.0))   # fm = mant * 2**exp, mant in [0.5, 1)
-    idx = np.where(fm >= 1.0, exp, 0)        # log2(P)
-    idx = np.minimum(idx, len(ETA_DEFAULT) - 1)  # P >= 1024 share the last entry
+    _, exp = np.frexp(np.maximum(fm, 1.0))  # fm = mant * 2**exp, mant in [0.5, 1)
+    idx = np.where(fm >= 1.0, exp, 0)
+    return np.minimum(idx, len(ETA_DEFAULT) - 1)  # P >= 1024 share the last entry
+
+
+def _eta(m_tokens: np.ndarray, use_h20: np.ndarray) -> np.ndarray:
+    idx = _eta_index(m_tokens)
     return np.where(use_h20, ETA_H20[idx], ETA_DEFAULT[idx])
+
+
+def _octave_start_suffix_min(eta: np.ndarray) -> np.ndarray:
+    """SUF[i] = min over j >= i of 2^j / eta(2^j): cost per token-unit of the cheapest larger kernel.
+
+    m = 2^j is the first token count looked up at table index j + 1; beyond the table's end
+    eta is constant, so 2^j / eta only grows and the minimum lies inside the table.
+    """
+    n = len(eta)
+    start_cost = np.array([2.0**j / eta[min(j + 1, n - 1)] for j in range(n)])
+    return np.minimum.accumulate(start_cost[::-1])[::-1]
+
+
+SUF_DEFAULT = _octave_start_suffix_min(ETA_DEFAULT)
+SUF_H20 = _octave_start_suffix_min(ETA_H20)
+
+
+def _grouped_gemm_ms(
+    model: Model, tokens: np.ndarray, m: np.ndarray, rate: np.ndarray, use_h20: np.ndarray, p: CostProfile
+) -> np.ndarray:
+    """Expert GEMM time for `tokens` token-expert pairs whose efficiency is looked up at m.
+
+    eta(P) is a step function, so FLOPs / eta drops when m crosses a power of two: more tokens
+    would finish sooner. Under `monotone_gemm_time` the time is the lower envelope over larger
+    m (a smaller GEMM can always run padded to the larger kernel's shape).
+    """
+    eta = _eta(m, use_h20)
+    if not p.monotone_gemm_time:
+        return _expert_gflop(model, tokens) / (rate * eta)
+    idx = _eta_index(m)
+    suf = np.where(use_h20, SUF_H20[idx], SUF_DEFAULT[idx])
+    safe_m = np.where(m > 0, m, 1.0)
+    per_unit = _expert_gflop(model, tokens) / safe_m  # tokens is proportional to m
+    return np.where(m > 0, per_unit * np.minimum(m / eta, suf) / rate, 0.0)
 
 
 def _h20_table(g: GPUArray, p: CostProfile) -> np.ndarray:
@@ -97,6 +135,7 @@ def _h20_table(g: GPUArray, p: CostProfile) -> np.ndarray:
 
 
 # --- attention ------------------------------------------------------------------------------
+
 
 def _attn_prefill_gflop(model: Model, q: np.ndarray, c: np.ndarray, p: CostProfile) -> tuple[np.ndarray, np.ndarray]:
     """(GEMM, attention) GFLOP of one layer for q new tokens over c context tokens."""
@@ -106,8 +145,13 @@ def _attn_prefill_gflop(model: Model, q: np.ndarray, c: np.ndarray, p: CostProfi
     else:
         pairs = q * c
     if model.attention == "mla":
-        rq, rkv, dn, dr, dv = (model.q_lora_rank, model.kv_lora_rank, model.qk_nope_head_dim,
-                               model.qk_rope_head_dim, model.v_head_dim)
+        rq, rkv, dn, dr, dv = (
+            model.q_lora_rank,
+            model.kv_lora_rank,
+            model.qk_nope_head_dim,
+            model.qk_rope_head_dim,
+            model.v_head_dim,
+        )
         gemm = q * d * rq + q * rq * h * (dn + dr) + c * rkv * h * dn + c * rkv * h * dv
         attn = h * pairs * (dr + dn + dv) + q * h * dv * d
         return 2.0 * gemm / 1e9, 2.0 * attn / 1e9
@@ -128,8 +172,13 @@ def _attn_decode_gflop(model: Model, c: np.ndarray, p: CostProfile) -> tuple[np.
     """(GEMM, attention) GFLOP for one new token over c context tokens (MLA weight-absorbed)."""
     d, h = model.hidden, model.n_heads
     if model.attention == "mla":
-        rq, rkv, dn, dr, dv = (model.q_lora_rank, model.kv_lora_rank, model.qk_nope_head_dim,
-                               model.qk_rope_head_dim, model.v_head_dim)
+        rq, rkv, dn, dr, dv = (
+            model.q_lora_rank,
+            model.kv_lora_rank,
+            model.qk_nope_head_dim,
+            model.qk_rope_head_dim,
+            model.v_head_dim,
+        )
         gemm = d * rq + rq * h * dr + h * (rq * dn + dn * rkv) + 0.0 * c
         attn = h * (c * dr + 2.0 * c * rkv) + h * dv * rkv + h * dv * d
         g = 2.0 * gemm / 1e9
@@ -158,7 +207,9 @@ def _attn_ms(gemm: np.ndarray, attn: np.ndarray, wbytes: np.ndarray, r: Rates, p
     return np.where(r.has_fp4, fp4, full)
 
 
-def _allreduce_ms(tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray, r: Rates, p: CostProfile) -> np.ndarray:
+def _allreduce_ms(
+    tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray, r: Rates, p: CostProfile
+) -> np.ndarray:
     nbytes = tokens * model.hidden * 2.0  # BF16 activations
     if p.ring_allreduce:
         nbytes = nbytes * 2.0 * (tp - 1) / tp
@@ -166,12 +217,16 @@ def _allreduce_ms(tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray,
     return _xfer_ms(nbytes, link, p) + ALLREDUCE_LATENCY_MS
 
 
-def _tp_split_ms(t: np.ndarray, tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray, r: Rates, p: CostProfile) -> np.ndarray:
+def _tp_split_ms(
+    t: np.ndarray, tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray, r: Rates, p: CostProfile
+) -> np.ndarray:
     ar = _allreduce_ms(tokens, model, tp, g, r, p)
     return np.where(tp > 1, t / tp + ar, t) + ATTN_STATIC_MS
 
 
-def _dense_mlp_ms(tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray, r: Rates, p: CostProfile) -> np.ndarray:
+def _dense_mlp_ms(
+    tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray, r: Rates, p: CostProfile
+) -> np.ndarray:
     if model.n_dense_layers == 0:
         return np.zeros(np.broadcast(tokens, tp, r.bw).shape)
     gflop = 3.0 * tokens * model.hidden * model.dense_inter * 2.0 / 1e9
@@ -184,6 +239,7 @@ def _dense_mlp_ms(tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray,
 
 
 # --- expert weights and all-to-all ------------------------------------------------------------
+
 
 def _expert_bytes(model: Model, r: Rates, phase: str, p: CostProfile) -> np.ndarray:
     """Bytes of one expert's weights: FP4 halves them (decode only, unless fp4_consistent)."""
@@ -207,8 +263,16 @@ def _a2a_split_ms(nbytes: np.ndarray, group: np.ndarray, g: GPUArray, r: Rates, 
 
 # --- prefill -------------------------------------------------------------------------------------
 
-def prefill_parts(gpu: GPU | GPUArray, model: Model, seq_len: np.ndarray, tp: np.ndarray, dp: np.ndarray,
-                  cache_hit: float | np.ndarray = 0.0, profile: CostProfile | None = None) -> dict[str, np.ndarray]:
+
+def prefill_parts(
+    gpu: GPU | GPUArray,
+    model: Model,
+    seq_len: np.ndarray,
+    tp: np.ndarray,
+    dp: np.ndarray,
+    cache_hit: float | np.ndarray = 0.0,
+    profile: CostProfile | None = None,
+) -> dict[str, np.ndarray]:
     """Per-layer terms and totals (ms) of one prefill pass: dp sequences of `seq_len` at once.
 
     Keys: MLA, TP_MLA, DenseMLP, Shared_Expert, Routed_Expert, Dispatch, Combine, Overlap1,
@@ -260,21 +324,48 @@ def prefill_parts(gpu: GPU | GPUArray, model: Model, seq_len: np.ndarray, tp: np
     compute = l_d * (dense_attn + dense_mlp) + l_s * (tp_mla + shared + routed)
     comm = l_s * (combine + dispatch)
     total = compute + l_s * np.maximum(o1, 0.0) + l_s * np.maximum(o2, 0.0)
-    return {"MLA": mla, "TP_MLA": tp_mla, "DenseMLP": dense_mlp, "Shared_Expert": shared,
-            "Routed_Expert": routed, "Dispatch": dispatch, "Combine": combine, "Overlap1": o1,
-            "Overlap2": o2, "Compute": compute, "Comm": comm, "Sum": total}
+    return {
+        "MLA": mla,
+        "TP_MLA": tp_mla,
+        "DenseMLP": dense_mlp,
+        "Shared_Expert": shared,
+        "Routed_Expert": routed,
+        "Dispatch": dispatch,
+        "Combine": combine,
+        "Overlap1": o1,
+        "Overlap2": o2,
+        "Compute": compute,
+        "Comm": comm,
+        "Sum": total,
+    }
 
 
-def prefill_time_ms(gpu: GPU | GPUArray, model: Model, seq_len: np.ndarray, tp: np.ndarray, dp: np.ndarray,
-                    cache_hit: float | np.ndarray = 0.0, profile: CostProfile | None = None) -> np.ndarray:
+def prefill_time_ms(
+    gpu: GPU | GPUArray,
+    model: Model,
+    seq_len: np.ndarray,
+    tp: np.ndarray,
+    dp: np.ndarray,
+    cache_hit: float | np.ndarray = 0.0,
+    profile: CostProfile | None = None,
+) -> np.ndarray:
     """Time (ms) for an island of tp·dp GPUs to prefill dp prompts of `seq_len` tokens."""
     return prefill_parts(gpu, model, seq_len, tp, dp, cache_hit, profile)["Sum"]
 
 
 # --- decode ----------------------------------------------------------------------------------------
 
-def decode_parts(gpu: GPU | GPUArray, model: Model, context: np.ndarray, batch: np.ndarray, tp: np.ndarray,
-                 ep: np.ndarray, fp8_combine: bool = False, profile: CostProfile | None = None) -> dict[str, np.ndarray]:
+
+def decode_parts(
+    gpu: GPU | GPUArray,
+    model: Model,
+    context: np.ndarray,
+    batch: np.ndarray,
+    tp: np.ndarray,
+    ep: np.ndarray,
+    fp8_combine: bool = False,
+    profile: CostProfile | None = None,
+) -> dict[str, np.ndarray]:
     """Per-layer terms and totals (ms) of one decode step of an EP group of `ep` GPUs.
 
     `batch` is sequences per GPU under shallowsim and per attention-DP rank (TP group) under
@@ -301,17 +392,19 @@ def decode_parts(gpu: GPU | GPUArray, model: Model, context: np.ndarray, batch: 
     else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
         t_kv = kv_bytes / kv_shard / GIB / r.bw * 1000.0
     sparse_mla = _tp_split_ms(mla, bs, model, tp, g, r, p) + t_kv
-    dense_mla = (sparse_mla if p.tp_dense_layers else mla + t_kv)
+    dense_mla = sparse_mla if p.tp_dense_layers else mla + t_kv
     dense_mlp = _dense_mlp_ms(bs, model, tp, g, r, p)
 
     tokens_gpu = bs / tp if p.batch_per_attention_rank else bs  # tokens each GPU feeds its experts
     b = tokens_gpu / MICRO_BATCHES
     t_w = _xfer_ms(_expert_bytes(model, r, "decode", p), r.bw, p)
     use_h20 = _h20_table(g, p)
-    rate_routed = r.expert * _eta(b * k / gx, use_h20)
-    rate_shared = r.expert * _eta(b, use_h20) if p.shared_expert_own_efficiency else rate_routed
-    shared = MICRO_BATCHES * model.n_shared_experts * (_expert_gflop(model, b) / rate_shared + t_w)
-    routed = MICRO_BATCHES * (_expert_gflop(model, b * k) / rate_routed + t_w * gx)
+    m_routed = b * k / gx  # tokens per routed expert
+    m_shared = b if p.shared_expert_own_efficiency else m_routed
+    shared_gemm = _grouped_gemm_ms(model, b, m_shared, r.expert, use_h20, p)
+    routed_gemm = _grouped_gemm_ms(model, b * k, m_routed, r.expert, use_h20, p)
+    shared = MICRO_BATCHES * model.n_shared_experts * (shared_gemm + t_w)
+    routed = MICRO_BATCHES * (routed_gemm + t_w * gx)
 
     fp8_comb = bool(fp8_combine) & r.has_fp4
     comb_elem = np.where(fp8_comb, 1.0, 2.0)
@@ -333,20 +426,45 @@ def decode_parts(gpu: GPU | GPUArray, model: Model, context: np.ndarray, batch: 
     l_d, l_s = model.n_dense_layers, model.n_moe_layers
     tpot_o = l_d * (dense_mla + dense_mlp) + l_s * (sparse_mla + shared + routed)
     tpot = tpot_o + l_s * np.maximum(delta, 0.0)
-    return {"DenseMLA": dense_mla, "SparseMLA": sparse_mla, "DenseMLP": dense_mlp,
-            "SharedExpert": shared, "RoutedExpert": routed, "Dispatch": dispatch,
-            "Combine": combine, "Delta": delta, "TPOT_O": tpot_o, "TPOT": tpot}
+    return {
+        "DenseMLA": dense_mla,
+        "SparseMLA": sparse_mla,
+        "DenseMLP": dense_mlp,
+        "SharedExpert": shared,
+        "RoutedExpert": routed,
+        "Dispatch": dispatch,
+        "Combine": combine,
+        "Delta": delta,
+        "TPOT_O": tpot_o,
+        "TPOT": tpot,
+    }
 
 
-def decode_step_ms(gpu: GPU | GPUArray, model: Model, context: np.ndarray, batch: np.ndarray, tp: np.ndarray,
-                   ep: np.ndarray, fp8_combine: bool = False, profile: CostProfile | None = None) -> np.ndarray:
+def decode_step_ms(
+    gpu: GPU | GPUArray,
+    model: Model,
+    context: np.ndarray,
+    batch: np.ndarray,
+    tp: np.ndarray,
+    ep: np.ndarray,
+    fp8_combine: bool = False,
+    profile: CostProfile | None = None,
+) -> np.ndarray:
     """Time (ms) of one decode step (one token for every sequence in the batch)."""
     return decode_parts(gpu, model, context, batch, tp, ep, fp8_combine, profile)["TPOT"]
 
 
-def decode_steps_sum_ms(gpu: GPU | GPUArray, model: Model, context0: np.ndarray, n_steps: int, batch: np.ndarray,
-                        tp: np.ndarray, ep: np.ndarray, fp8_combine: bool = False,
-                        profile: CostProfile | None = None) -> np.ndarray:
+def decode_steps_sum_ms(
+    gpu: GPU | GPUArray,
+    model: Model,
+    context0: np.ndarray,
+    n_steps: int,
+    batch: np.ndarray,
+    tp: np.ndarray,
+    ep: np.ndarray,
+    fp8_combine: bool = False,
+    profile: CostProfile | None = None,
+) -> np.ndarray:
     """Σ_{k=1..n_steps} decode_step_ms(context0 + k), exactly, from two evaluations.
 
     Context enters a step only through KV reads and attention FLOPs, both affine in it, so
@@ -383,8 +501,10 @@ def _sum_positive_arith(first: np.ndarray, last: np.ndarray, n: int) -> np.ndarr
 
 # --- memory ----------------------------------------------------------------------------------------
 
-def weight_bytes_per_gpu(gpu: GPU | GPUArray, model: Model, tp: np.ndarray, routed_per_gpu: np.ndarray,
-                         profile: CostProfile | None = None) -> np.ndarray:
+
+def weight_bytes_per_gpu(
+    gpu: GPU | GPUArray, model: Model, tp: np.ndarray, routed_per_gpu: np.ndarray, profile: CostProfile | None = None
+) -> np.ndarray:
     """Weight bytes one GPU holds: its attention shard, its experts, dense MLP and embeddings."""
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
@@ -392,8 +512,11 @@ def weight_bytes_per_gpu(gpu: GPU | GPUArray, model: Model, tp: np.ndarray, rout
     tp = np.asarray(tp, dtype=float)
     experts = np.asarray(routed_per_gpu, dtype=float) + model.n_shared_experts
     if not p.weights_from_config:
-        gb = (SS_OTHER_PARAMS_GB + SS_MLA_PARAMS_M * model.n_layers / tp / 1024.0
-              + SS_EXPERT_PARAMS_M * model.n_moe_layers * experts / 1024.0)
+        gb = (
+            SS_OTHER_PARAMS_GB
+            + SS_MLA_PARAMS_M * model.n_layers / tp / 1024.0
+            + SS_EXPERT_PARAMS_M * model.n_moe_layers * experts / 1024.0
+        )
         return gb * GIB
     dense_tp = tp if p.tp_dense_layers else 1.0
     attn = model.attn_params_per_layer * model.n_layers / tp * r.wbytes
@@ -403,8 +526,9 @@ def weight_bytes_per_gpu(gpu: GPU | GPUArray, model: Model, tp: np.ndarray, rout
     return attn + dense + expert + embed
 
 
-def kv_bytes_per_seq(gpu: GPU | GPUArray, model: Model, tokens: np.ndarray, tp: np.ndarray,
-                     profile: CostProfile | None = None) -> np.ndarray:
+def kv_bytes_per_seq(
+    gpu: GPU | GPUArray, model: Model, tokens: np.ndarray, tp: np.ndarray, profile: CostProfile | None = None
+) -> np.ndarray:
     """KV-cache bytes one sequence of `tokens` tokens costs each GPU of its TP group."""
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
@@ -418,8 +542,15 @@ def kv_bytes_per_seq(gpu: GPU | GPUArray, model: Model, tokens: np.ndarray, tp: 
     return per_seq / kv_shard
 
 
-def max_batch(gpu: GPU | GPUArray, model: Model, context: np.ndarray, decode_len: np.ndarray, tp: np.ndarray,
-              routed_per_gpu: np.ndarray, profile: CostProfile | None = None) -> np.ndarray:
+def max_batch(
+    gpu: GPU | GPUArray,
+    model: Model,
+    context: np.ndarray,
+    decode_len: np.ndarray,
+    tp: np.ndarray,
+    routed_per_gpu: np.ndarray,
+    profile: CostProfile | None = None,
+) -> np.ndarray:
     """Sequences of context + decode_len tokens that fit beside the weights (per batch unit).
 
     shallowsim returns a float that may be negative [B11]; `integer_batch` floors it at 0.

@@ -29,9 +29,23 @@ SEARCH_EP = (8, 16, 36, 72, 144, 320)
 SEARCH_TP = (1, 4, 8)
 
 PREFILL_KEYS = {
-    "prefill_total_Sum": "Sum", "prefill_total_Compute": "Compute", "prefill_total_Comm": "Comm",
-    **{f"prefill_per_layer_{k}": k for k in ("MLA", "TP_MLA", "DenseMLP", "Shared_Expert",
-                                              "Routed_Expert", "Dispatch", "Combine", "Overlap1", "Overlap2")},
+    "prefill_total_Sum": "Sum",
+    "prefill_total_Compute": "Compute",
+    "prefill_total_Comm": "Comm",
+    **{
+        f"prefill_per_layer_{k}": k
+        for k in (
+            "MLA",
+            "TP_MLA",
+            "DenseMLP",
+            "Shared_Expert",
+            "Routed_Expert",
+            "Dispatch",
+            "Combine",
+            "Overlap1",
+            "Overlap2",
+        )
+    },
 }
 
 
@@ -53,16 +67,31 @@ def _flag(row: dict[str, str], col: str) -> bool:
 
 def _prefill(row: dict[str, str], line: int, model: Model) -> float:
     key = PREFILL_KEYS[row["metric"]]
-    parts = prefill_parts(load_gpu(row["gpu"]), model, _num(row, "seq_len", line), _num(row, "tp", line),
-                          _num(row, "dp", line), _num(row, "kv_cache_rate", line), SHALLOWSIM)
+    parts = prefill_parts(
+        load_gpu(row["gpu"]),
+        model,
+        _num(row, "seq_len", line),
+        _num(row, "tp", line),
+        _num(row, "dp", line),
+        _num(row, "kv_cache_rate", line),
+        SHALLOWSIM,
+    )
     return float(parts[key])
 
 
 def _decode(row: dict[str, str], line: int, model: Model) -> float:
     metric = row["metric"].removeprefix("decode_")
     bs = _num(row, "batch_size", line)
-    parts = decode_parts(load_gpu(row["gpu"]), model, _num(row, "seq_len", line), bs, _num(row, "tp", line),
-                         _num(row, "ep", line), _flag(row, "fp8_combine"), SHALLOWSIM)
+    parts = decode_parts(
+        load_gpu(row["gpu"]),
+        model,
+        _num(row, "seq_len", line),
+        bs,
+        _num(row, "tp", line),
+        _num(row, "ep", line),
+        _flag(row, "fp8_combine"),
+        SHALLOWSIM,
+    )
     if metric == "TPS":
         return 1000.0 / float(parts["TPOT"])
     if metric == "Total":
@@ -72,8 +101,17 @@ def _decode(row: dict[str, str], line: int, model: Model) -> float:
 
 def _max_batch(row: dict[str, str], line: int, model: Model) -> float:
     routed = _num(row, "expert_num", line) - model.n_shared_experts
-    return float(max_batch(load_gpu(row["gpu"]), model, _num(row, "seq_len", line),
-                           _num(row, "decode_len", line), _num(row, "tp", line), routed, SHALLOWSIM))
+    return float(
+        max_batch(
+            load_gpu(row["gpu"]),
+            model,
+            _num(row, "seq_len", line),
+            _num(row, "decode_len", line),
+            _num(row, "tp", line),
+            routed,
+            SHALLOWSIM,
+        )
+    )
 
 
 def _search_best(row: dict[str, str], line: int, model: Model) -> float:
@@ -111,8 +149,9 @@ def check(path: Path, model: Model) -> tuple[dict[str, float], int]:
         reader = csv.DictReader(f)
         needed = {"metric", "gpu", "output_value"}
         if not reader.fieldnames or not needed <= set(reader.fieldnames):
-            raise RowError(f"{path}: expected columns {sorted(needed)} (the reference CSV format), "
-                           f"got {reader.fieldnames}")
+            raise RowError(
+                f"{path}: expected columns {sorted(needed)} (the reference CSV format), got {reader.fieldnames}"
+            )
         for line, row in enumerate(reader, start=2):
             want = _num(row, "output_value", line)
             got = evaluator(row["metric"])(row, line, model)

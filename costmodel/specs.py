@@ -48,15 +48,21 @@ class GPU:
         for f in ("sm", "gpus_per_node"):
             v = getattr(self, f)
             _require(isinstance(v, int) and v > 0, f"`{f} > 0` (integer) must hold for GPU {self.name}, got {v!r}")
-        _require(0 <= self.comm_sm < self.sm, f"`0 <= comm_sm < sm` must hold for GPU {self.name}, got comm_sm={self.comm_sm}, sm={self.sm}")
+        _require(
+            0 <= self.comm_sm < self.sm,
+            f"`0 <= comm_sm < sm` must hold for GPU {self.name}, got comm_sm={self.comm_sm}, sm={self.sm}",
+        )
         for f in ("tflops_bf16", "mem_gb", "mem_bw_gb_s", "nvlink_bw_gb_s", "scaleout_bw_gb_s"):
             v = getattr(self, f)
             _require(_finite(v) and v > 0, f"`{f} > 0` must hold for GPU {self.name}, got {v!r}")
         for f in ("tflops_fp8", "tflops_fp4", "price_per_hour"):
             v = getattr(self, f)
-            _require(_finite(v) and v >= 0, f"`{f} >= 0` must hold for GPU {self.name} (0 means none), got {v!r}")
-        _require(self.grouped_gemm_table in GEMM_TABLES,
-                 f"`grouped_gemm_table` of GPU {self.name} must be one of {list(GEMM_TABLES)}, got {self.grouped_gemm_table!r}")
+            _require(_finite(v) and v >= 0, f"`{f} >= 0` must hold for GPU {self.name} (0: none), got {v!r}")
+        _require(
+            self.grouped_gemm_table in GEMM_TABLES,
+            f"`grouped_gemm_table` of GPU {self.name} must be one of {list(GEMM_TABLES)}, "
+            f"got {self.grouped_gemm_table!r}",
+        )
 
     @property
     def has_fp8(self) -> bool:
@@ -94,28 +100,47 @@ class Model:
     head_dim: int = 0
 
     def __post_init__(self) -> None:
-        _require(self.attention in ATTENTIONS,
-                 f"`attention` of model {self.name} must be one of {list(ATTENTIONS)}, got {self.attention!r}")
+        _require(
+            self.attention in ATTENTIONS,
+            f"`attention` of model {self.name} must be one of {list(ATTENTIONS)}, got {self.attention!r}",
+        )
         for f in fields(self):
             v = getattr(self, f.name)
             if f.type in ("int",):
-                _require(isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-                         f"`{f.name} >= 0` (integer) must hold for model {self.name}, got {v!r}")
+                _require(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                    f"`{f.name} >= 0` (integer) must hold for model {self.name}, got {v!r}",
+                )
         for f in ("hidden", "n_layers", "moe_inter", "n_routed_experts", "top_k", "n_heads", "vocab_size"):
             _require(getattr(self, f) > 0, f"`{f} > 0` must hold for model {self.name}, got {getattr(self, f)!r}")
-        _require(self.n_dense_layers < self.n_layers,
-                 f"`n_dense_layers < n_layers` must hold for model {self.name}, got {self.n_dense_layers} >= {self.n_layers}")
-        _require(self.top_k <= self.n_routed_experts,
-                 f"`top_k <= n_routed_experts` must hold for model {self.name}, got {self.top_k} > {self.n_routed_experts}")
-        _require(self.n_dense_layers == 0 or self.dense_inter > 0,
-                 f"model {self.name} has dense layers, so `dense_inter > 0` must hold, got {self.dense_inter}")
-        needed = (("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-                  if self.attention == "mla" else ("n_kv_heads", "head_dim"))
+        _require(
+            self.n_dense_layers < self.n_layers,
+            f"`n_dense_layers < n_layers` must hold for model {self.name}, "
+            f"got {self.n_dense_layers} >= {self.n_layers}",
+        )
+        _require(
+            self.top_k <= self.n_routed_experts,
+            f"`top_k <= n_routed_experts` must hold for model {self.name}, got {self.top_k} > {self.n_routed_experts}",
+        )
+        _require(
+            self.n_dense_layers == 0 or self.dense_inter > 0,
+            f"model {self.name} has dense layers, so `dense_inter > 0` must hold, got {self.dense_inter}",
+        )
+        needed = (
+            ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+            if self.attention == "mla"
+            else ("n_kv_heads", "head_dim")
+        )
         for f in needed:
-            _require(getattr(self, f) > 0, f"`{f} > 0` must hold for {self.attention.upper()} model {self.name}, got {getattr(self, f)!r}")
+            _require(
+                getattr(self, f) > 0,
+                f"`{f} > 0` must hold for {self.attention.upper()} model {self.name}, got {getattr(self, f)!r}",
+            )
         if self.attention == "gqa":
-            _require(self.n_heads % self.n_kv_heads == 0,
-                     f"`n_heads % n_kv_heads == 0` must hold for model {self.name}, got {self.n_heads} % {self.n_kv_heads}")
+            _require(
+                self.n_heads % self.n_kv_heads == 0,
+                f"`n_heads % n_kv_heads == 0` must hold for model {self.name}, got {self.n_heads} % {self.n_kv_heads}",
+            )
 
     @property
     def n_moe_layers(self) -> int:
@@ -126,12 +151,14 @@ class Model:
         """Attention weights of one layer (norms left out), as an element count."""
         d, h = self.hidden, self.n_heads
         if self.attention == "mla":
-            return (d * self.q_lora_rank
-                    + self.q_lora_rank * h * (self.qk_nope_head_dim + self.qk_rope_head_dim)
-                    + d * (self.kv_lora_rank + self.qk_rope_head_dim)
-                    + self.kv_lora_rank * h * self.qk_nope_head_dim
-                    + self.kv_lora_rank * h * self.v_head_dim
-                    + h * self.v_head_dim * d)
+            return (
+                d * self.q_lora_rank
+                + self.q_lora_rank * h * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+                + d * (self.kv_lora_rank + self.qk_rope_head_dim)
+                + self.kv_lora_rank * h * self.qk_nope_head_dim
+                + self.kv_lora_rank * h * self.v_head_dim
+                + h * self.v_head_dim * d
+            )
         hd = self.head_dim
         return d * hd * (2 * h + 2 * self.n_kv_heads)
 
@@ -154,6 +181,7 @@ def _finite(v: object) -> bool:
 
 # --- struct-of-arrays view for broadcasting over GPUs --------------------------------------
 
+
 @dataclass(frozen=True)
 class GPUArray:
     """The numeric fields of several GPUs as arrays, shaped to broadcast along one axis.
@@ -174,7 +202,7 @@ class GPUArray:
     nvlink_bw_gb_s: np.ndarray
     scaleout_bw_gb_s: np.ndarray
     gpus_per_node: np.ndarray
-    gemm_table_h20: np.ndarray        # bool: the GPU's own field says the H20 table
+    gemm_table_h20: np.ndarray  # bool: the GPU's own field says the H20 table
     gemm_table_h20_by_name: np.ndarray  # bool: shallowsim's substring rule ("H20" in name)
 
     @staticmethod
@@ -190,11 +218,24 @@ class GPUArray:
             a = np.asarray(vals, dtype=dtype)
             return a.reshape(()) if single else a.reshape(shape)
 
-        num = {f: col([getattr(g, f) for g in seq]) for f in (
-            "sm", "comm_sm", "tflops_bf16", "tflops_fp8", "tflops_fp4", "mem_gb", "mem_bw_gb_s",
-            "nvlink_bw_gb_s", "scaleout_bw_gb_s", "gpus_per_node")}
+        num = {
+            f: col([getattr(g, f) for g in seq])
+            for f in (
+                "sm",
+                "comm_sm",
+                "tflops_bf16",
+                "tflops_fp8",
+                "tflops_fp4",
+                "mem_gb",
+                "mem_bw_gb_s",
+                "nvlink_bw_gb_s",
+                "scaleout_bw_gb_s",
+                "gpus_per_node",
+            )
+        }
         return GPUArray(
-            names=tuple(g.name for g in seq), **num,
+            names=tuple(g.name for g in seq),
+            **num,
             gemm_table_h20=col([g.grouped_gemm_table == "h20" for g in seq], bool),
             gemm_table_h20_by_name=col(["H20" in g.name for g in seq], bool),
         )

@@ -1,0 +1,222 @@
+"""Island benchmark (thesis 4.6.1-4.6.2): best prefill and decode configuration of one island.
+
+For an island of n GPUs of one type, every parallel configuration is evaluated at every
+representative input length s in one vectorised call per phase:
+
+    prefill  configs (tp, dp), tp·dp = n;   b^P(s) = dp · 1000 / t_prefill(s)            [req/s]
+    decode   configs (tp, dp), dp | n, tp | n/dp; EP group G = n/dp GPUs with ceil(E/G)
+             routed experts each; batch(s) = max batch for s + max decode length, rounded
+             down to a multiple of 8 and capped at 1024;
+             b^D(s) = (sequences decoding at once on the island) · 1000 / Σ_{k=1..d} t_step(s+k)
+
+"Sequences decoding at once" is batch · n / tp under `batch_per_attention_rank` (the batch is
+per attention-DP rank, i.e. per TP group: DeepSeek-style serving) and batch · n under
+shallowsim (its memory rule and MoE terms read the batch per GPU). One configuration per phase
+is chosen by the workload-weighted relative deviation from the per-length best:
+    δ(c, s) = (R*(s) − R(s, c)) / R*(s),   c* = argmin_c Σ_s δ(c, s) · w(s).
+A configuration that cannot hold the weights plus one request's KV cache at length s has zero
+throughput there; optional SLOs also zero it (TTFT: prefill time) or shrink its batch (TPOT:
+mean decode step time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms
+from costmodel.profile import CostProfile
+from costmodel.specs import GPU, Model, SpecError
+
+MAX_DECODE_BATCH = 1024
+BATCH_ALIGN = 8
+
+
+@dataclass(frozen=True)
+class PhaseTable:
+    """Every configuration of one phase: rows = configs, columns = lengths."""
+
+    tp: np.ndarray
+    dp: np.ndarray
+    ep: np.ndarray  # EP group size (prefill: the whole island)
+    req_s: np.ndarray  # (configs, lengths) throughput of the whole island
+    time_ms: np.ndarray  # prefill time, or mean decode step time
+    batch: np.ndarray  # decode batch per batch unit (prefill: dp sequences at once)
+    deviation: np.ndarray  # (configs,) workload-weighted relative deviation
+    chosen: int  # row index, -1 when no configuration is feasible anywhere
+    reason: str  # why the phase is infeasible ("" when it is not)
+
+
+@dataclass(frozen=True)
+class IslandBenchmark:
+    gpu: str
+    size: int
+    model: str
+    profile: str
+    lengths: np.ndarray
+    prefill: PhaseTable
+    decode: PhaseTable
+
+    def _pick(self, table: PhaseTable, attr: str) -> np.ndarray:
+        if table.chosen < 0:
+            return np.zeros(len(self.lengths))
+        return getattr(table, attr)[table.chosen]
+
+    @property
+    def prefill_req_s(self) -> np.ndarray:
+        return self._pick(self.prefill, "req_s")
+
+    @property
+    def decode_req_s(self) -> np.ndarray:
+        return self._pick(self.decode, "req_s")
+
+    def config(self, phase: str) -> dict[str, int] | None:
+        t = self.prefill if phase == "prefill" else self.decode
+        if t.chosen < 0:
+            return None
+        return {"tp": int(t.tp[t.chosen]), "dp": int(t.dp[t.chosen]), "ep": int(t.ep[t.chosen])}
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def prefill_configs(n: int) -> list[tuple[int, int]]:
+    return [(tp, n // tp) for tp in divisors(n)]
+
+
+def decode_configs(n: int) -> list[tuple[int, int]]:
+    """(tp, dp): dp replicas of G = n/dp GPUs each, tp dividing G."""
+    return [(tp, dp) for dp in divisors(n) for tp in divisors(n // dp)]
+
+
+def _choose(req_s: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, int]:
+    best = req_s.max(axis=0)
+    safe = np.where(best > 0, best, 1.0)
+    dev = np.where(best > 0, (best - req_s) / safe, 0.0)
+    score = dev @ weights
+    if not (best > 0).any():
+        return score, -1
+    return score, int(np.argmin(score))
+
+
+def aligned_batch(mb: np.ndarray) -> np.ndarray:
+    """Max batch rounded down to a multiple of 8 and capped at 1024 (thesis 4.6.2).
+
+    Below 8 the thesis clamps up to 8, which would overrun memory; we keep floor(mb) instead
+    (0 = not even one request fits).
+    """
+    mb = np.floor(np.maximum(mb, 0.0))
+    aligned = np.minimum(mb - mb % BATCH_ALIGN, MAX_DECODE_BATCH)
+    return np.where(mb >= BATCH_ALIGN, aligned, mb)
+
+
+def benchmark_island(
+    gpu: GPU,
+    size: int,
+    model: Model,
+    lengths: np.ndarray,
+    weights: np.ndarray,
+    mean_decode: float,
+    max_decode: int,
+    profile: CostProfile | None = None,
+    cache_hit: float = 0.0,
+    fp8_combine: bool = False,
+    ttft_ms: float | None = None,
+    tpot_ms: float | None = None,
+) -> IslandBenchmark:
+    """Benchmark island (gpu, size): per-length throughput of every configuration, and the choice."""
+    p = profile or CostProfile.corrected()
+    if size < 1:
+        raise SpecError(f"`size >= 1` must hold for an island, got {size=}")
+    if not p.precision_per_gpu and not gpu.has_fp8:
+        raise SpecError(
+            f"GPU {gpu.name} has no FP8; profile {p.name!r} assumes FP8 weights everywhere: "
+            "use the corrected profile (precision_per_gpu)"
+        )
+    s = np.asarray(lengths, dtype=float)[None, :]
+    w = np.asarray(weights, dtype=float)
+    w = w / w.sum() if w.sum() > 0 else np.full(len(s[0]), 1.0 / len(s[0]))
+    d = max(round(mean_decode), 1)
+
+    # Prefill: every (tp, dp) with tp·dp = size.
+    cfg = np.array(prefill_configs(size), dtype=float)
+    tp, dp = cfg[:, :1], cfg[:, 1:]
+    e_pre = np.ceil(model.n_routed_experts / size) if p.whole_experts_per_gpu else model.n_routed_experts / size
+    fits = max_batch(gpu, model, s, 0.0, tp, e_pre, p) >= 1.0
+    t_pre = prefill_time_ms(gpu, model, s, tp, dp, cache_hit, p)
+    ok = fits & ((t_pre <= ttft_ms) if ttft_ms else True)
+    r_pre = np.where(ok, dp * 1000.0 / t_pre, 0.0)
+    dev, chosen = _choose(r_pre, w)
+    reason = "" if chosen >= 0 else _reason("prefill", fits.any(), ttft_ms, gpu, size, model)
+    prefill = PhaseTable(
+        tp[:, 0],
+        dp[:, 0],
+        np.full(len(cfg), size),
+        r_pre,
+        t_pre,
+        np.broadcast_to(dp, r_pre.shape).copy(),
+        dev,
+        chosen,
+        reason,
+    )
+
+    # Decode: dp replicas of an EP group of size/dp GPUs, tp | size/dp.
+    cfg = np.array(decode_configs(size), dtype=float)
+    tp, dp = cfg[:, :1], cfg[:, 1:]
+    ep = size / dp
+    routed = np.ceil(model.n_routed_experts / ep)
+    batch = aligned_batch(max_batch(gpu, model, s, float(max_decode), tp, routed, p))
+    unit = size / tp if p.batch_per_attention_rank else float(size)  # batch units on the island
+    fits = batch >= 1
+    run = np.maximum(batch, 1.0)
+    total_ms = decode_steps_sum_ms(gpu, model, s, d, run, tp, ep, fp8_combine, p)
+    if tpot_ms:
+        run, total_ms = _shrink_to_tpot(gpu, model, s, d, run, tp, ep, fp8_combine, p, tpot_ms, total_ms)
+    ok = fits & (run >= 1) & ((total_ms / d <= tpot_ms) if tpot_ms else True)
+    r_dec = np.where(ok, run * unit * 1000.0 / total_ms, 0.0)
+    dev, chosen = _choose(r_dec, w)
+    reason = "" if chosen >= 0 else _reason("decode", fits.any(), tpot_ms, gpu, size, model)
+    decode = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], r_dec, total_ms / d, np.where(ok, run, 0.0), dev, chosen, reason)
+    return IslandBenchmark(gpu.name, size, model.name, p.name, np.asarray(lengths), prefill, decode)
+
+
+def _shrink_to_tpot(
+    gpu: GPU,
+    model: Model,
+    s: np.ndarray,
+    d: int,
+    batch: np.ndarray,
+    tp: np.ndarray,
+    ep: np.ndarray,
+    fp8_combine: bool,
+    p: CostProfile,
+    tpot_ms: float,
+    total_ms: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Largest batch <= the memory batch whose mean step time meets the TPOT cap (bisection)."""
+    lo = np.zeros_like(batch)  # known good (0 = none)
+    hi = batch.copy()  # candidate
+    good = total_ms / d <= tpot_ms
+    lo = np.where(good, hi, lo)
+    hi = np.where(good, hi, hi - 1)
+    for _ in range(int(np.ceil(np.log2(MAX_DECODE_BATCH + 1))) + 1):
+        mid = np.ceil((lo + hi) / 2.0)
+        active = mid > lo
+        t = decode_steps_sum_ms(gpu, model, s, d, np.maximum(mid, 1.0), tp, ep, fp8_combine, p)
+        ok = active & (t / d <= tpot_ms)
+        lo = np.where(ok, mid, lo)
+        hi = np.where(active & ~ok, mid - 1, hi)
+    final = decode_steps_sum_ms(gpu, model, s, d, np.maximum(lo, 1.0), tp, ep, fp8_combine, p)
+    return lo, final
+
+
+def _reason(phase: str, fits_somewhere: bool, cap: float | None, gpu: GPU, size: int, model: Model) -> str:
+    if not fits_somewhere:
+        return (
+            f"{size} x {gpu.name} cannot hold {model.name}'s weights plus one request's KV cache "
+            f"in any {phase} configuration: use a larger island or a GPU with more memory"
+        )
+    slo = "TTFT" if phase == "prefill" else "TPOT"
+    return f"no {phase} configuration of {size} x {gpu.name} meets the {slo} cap of {cap} ms"

@@ -1,0 +1,114 @@
+"""Print one island's chosen configurations and its throughput per input length.
+
+python -m pipeline.island gpu=H200 size=16 model=deepseek_v3
+python -m pipeline.island gpu=H20 size=32 costmodel=shallowsim slo.tpot_ms=50 rows=0
+"""
+
+from __future__ import annotations
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig
+
+from costmodel.catalog import CONF_DIR
+from costmodel.island import IslandBenchmark, PhaseTable, benchmark_island
+from pipeline.config import (
+    ConfigError,
+    choice,
+    fraction,
+    gpu_from_cfg,
+    model_from_cfg,
+    optional_positive,
+    positive_int,
+    profile_from_cfg,
+    run_cli,
+)
+from pipeline.workload import Ranges, Workload, make_ranges, workload_from_cfg
+
+
+def island_report(bench: IslandBenchmark, workload: Workload, ranges: Ranges, rows: int) -> str:
+    """A person-readable report: chosen configs, runner-up configs, throughput per length."""
+    out = [
+        f"Island: {bench.size} x {bench.gpu} serving {bench.model} (cost profile {bench.profile})",
+        f"Workload: {workload.name}: {len(ranges)} ranges of input length, mean input "
+        f"{workload.mean_input:.0f} tokens, decode mean {workload.mean_decode:.0f} / max {workload.max_decode}",
+        "",
+    ]
+    for phase, table in (("prefill", bench.prefill), ("decode", bench.decode)):
+        out += _phase_lines(phase, table)
+    out.append("")
+    out.append(_length_table(bench, ranges, rows, workload.mean_decode))
+    return "\n".join(out)
+
+
+def _phase_lines(phase: str, t: PhaseTable) -> list[str]:
+    if t.chosen < 0:
+        return [f"{phase.capitalize():8s} infeasible: {t.reason}"]
+    order = np.argsort(t.deviation, kind="stable")
+    head = (
+        f"{phase.capitalize():8s} tp={int(t.tp[t.chosen])} dp={int(t.dp[t.chosen])} "
+        f"ep={int(t.ep[t.chosen])}  weighted deviation from per-length best "
+        f"{100 * t.deviation[t.chosen]:.1f}%  ({len(t.tp)} configurations)"
+    )
+    others = ", ".join(f"tp={int(t.tp[i])}/dp={int(t.dp[i])}: {100 * t.deviation[i]:.1f}%" for i in order[1:4])
+    return [head] + ([f"{'':9s}next best: {others}"] if others else [])
+
+
+def _length_table(bench: IslandBenchmark, ranges: Ranges, rows: int, mean_decode: float) -> str:
+    n = len(ranges)
+    groups = np.array_split(np.arange(n), min(rows, n)) if rows else [np.array([i]) for i in range(n)]
+    pre, dec = bench.prefill, bench.decode
+    header = (
+        f"{'input tokens':>13s} {'share':>6s} {'prefill req/s':>14s} {'prefill ms':>11s} "
+        f"{'decode req/s':>13s} {'batch':>6s} {'step ms':>8s} {'out tok/s':>10s}"
+    )
+    lines = [header, "-" * len(header)]
+    for g in groups:
+        i = g[len(g) // 2]  # show the middle range of the group
+        p_share = ranges.p[g].sum()
+        rp = bench.prefill_req_s[i]
+        rd = bench.decode_req_s[i]
+        tp_ms = pre.time_ms[pre.chosen, i] if pre.chosen >= 0 else np.nan
+        batch = dec.batch[dec.chosen, i] if dec.chosen >= 0 else 0
+        step = dec.time_ms[dec.chosen, i] if dec.chosen >= 0 else np.nan
+        span = f"{ranges.start[g[0]]}-{ranges.end[g[-1]] - 1}"
+        lines.append(
+            f"{span:>13s} {100 * p_share:5.1f}% {rp:14.1f} {tp_ms:11.1f} {rd:13.1f} "
+            f"{batch:6.0f} {step:8.1f} {rd * mean_decode:10.0f}"
+        )
+    if rows and rows < n:
+        lines.append(f"(each row: the middle range of ~{n // rows} merged ranges; rows=0 prints all {n})")
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="island")
+@run_cli
+def main(cfg: DictConfig) -> None:
+    gpu = gpu_from_cfg(choice("gpu"), cfg.gpu)
+    model = model_from_cfg(choice("model"), cfg.model)
+    profile = profile_from_cfg(cfg.costmodel)
+    workload = workload_from_cfg(choice("workload"), cfg.workload)
+    ranges = make_ranges(workload, cfg.ranges.width)
+    size = positive_int(cfg.size, "size")
+    rows = cfg.rows if isinstance(cfg.rows, int) and cfg.rows >= 0 else positive_int(cfg.rows, "rows")
+    bench = benchmark_island(
+        gpu,
+        size,
+        model,
+        ranges.mid,
+        ranges.p,
+        workload.mean_decode,
+        workload.max_decode,
+        profile,
+        cache_hit=fraction(cfg.costmodel.cache_hit, "costmodel.cache_hit"),
+        fp8_combine=bool(cfg.costmodel.fp8_combine),
+        ttft_ms=optional_positive(cfg.slo.ttft_ms, "slo.ttft_ms"),
+        tpot_ms=optional_positive(cfg.slo.tpot_ms, "slo.tpot_ms"),
+    )
+    if bench.prefill.chosen < 0 and bench.decode.chosen < 0:
+        raise ConfigError(bench.decode.reason)
+    print(island_report(bench, workload, ranges, rows))
+
+
+if __name__ == "__main__":
+    main()

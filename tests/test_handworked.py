@@ -1,0 +1,66 @@
+"""The four rows worked by hand in reference/shallowsim_spec.md section 6, term by term."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.catalog import load_gpu, load_model
+from costmodel.formulas import decode_parts, max_batch, prefill_parts
+from costmodel.profile import CostProfile
+
+SS = CostProfile.shallowsim()
+DSV3 = load_model("deepseek_v3")
+
+
+def test_row_a_prefill_h800() -> None:
+    p = prefill_parts(load_gpu("H800"), DSV3, 4096, 4, 8, 0.563, SS)
+    assert p["MLA"] == pytest.approx(5.284154, abs=1e-6)
+    assert p["TP_MLA"] == pytest.approx(1.715450, abs=1e-6)
+    assert p["DenseMLP"] == pytest.approx(2.386132, abs=1e-6)
+    assert p["Shared_Expert"] == pytest.approx(0.075546, abs=1e-6)
+    assert p["Routed_Expert"] == pytest.approx(0.604369, abs=1e-6)
+    assert p["Dispatch"] == pytest.approx(0.297059, abs=1e-6)
+    assert p["Combine"] == pytest.approx(1.038235, abs=1e-6)
+    assert p["Comm"] == pytest.approx(77.447059, abs=1e-6)
+    assert p["Sum"] == pytest.approx(161.94205531865137, rel=1e-12)
+
+
+def test_row_b_decode_h800() -> None:
+    p = decode_parts(load_gpu("H800"), DSV3, 4383, 64, 1, 144, False, SS)
+    assert p["DenseMLA"] == pytest.approx(0.263094, abs=1e-6)
+    assert p["SparseMLA"] == pytest.approx(0.313094, abs=1e-6)
+    assert p["DenseMLP"] == pytest.approx(0.141337, abs=1e-6)
+    assert p["SharedExpert"] == pytest.approx(0.033084, abs=1e-6)
+    assert p["RoutedExpert"] == pytest.approx(0.116435, abs=1e-6)
+    assert p["Dispatch"] == pytest.approx(0.092353, abs=1e-6)
+    assert p["Combine"] == pytest.approx(0.174706, abs=1e-6)
+    assert p["Delta"] == pytest.approx(-0.079119, abs=1e-6)
+    assert p["TPOT"] == pytest.approx(28.044855019375003, rel=1e-12)
+    # the memory filter keeps this point: max_bs(tp=1, 2 routed + 1 shared) = 275.68
+    assert max_batch(load_gpu("H800"), DSV3, 4383, 1210, 1, 2, SS) == pytest.approx(275.68, abs=0.01)
+
+
+def test_row_c_max_batch_h800() -> None:
+    assert max_batch(load_gpu("H800"), DSV3, 4383, 1210, 1, 4, SS) == pytest.approx(248.41690135047165, rel=1e-12)
+
+
+def test_row_d_fp4_decode_gb200() -> None:
+    p = decode_parts(load_gpu("GB200-NVL72"), DSV3, 4383, 128, 4, 72, True, SS)
+    assert p["SparseMLA"] == pytest.approx(0.143652, abs=1e-6)
+    assert p["DenseMLA"] == pytest.approx(0.172684, abs=1e-6)
+    assert p["SharedExpert"] == pytest.approx(0.009492, abs=1e-6)
+    assert p["RoutedExpert"] == pytest.approx(0.051234, abs=1e-6)
+    assert p["Dispatch"] == pytest.approx(0.019150, abs=1e-6)
+    assert p["DenseMLP"] == pytest.approx(0.067526, abs=1e-6)
+    assert p["TPOT"] == pytest.approx(12.574578, abs=1e-6)
+    assert 1000 / p["TPOT"] * 128 == pytest.approx(10179.27, abs=0.01)
+
+
+def test_tp_has_no_effect_when_comm_dominates() -> None:
+    """Spec 4.11: with Delta > 0 SparseMLA cancels, e.g. DGX-B200, EP 72, bs 128."""
+    g = load_gpu("DGX-B200")
+    t1 = decode_parts(g, DSV3, 4383, 128, 1, 72, False, SS)
+    t4 = decode_parts(g, DSV3, 4383, 128, 4, 72, False, SS)
+    assert t1["Delta"] > 0 and t4["Delta"] > 0
+    assert t1["TPOT"] == pytest.approx(19.3993, abs=1e-4)
+    assert t4["TPOT"] == pytest.approx(t1["TPOT"], rel=1e-12)
