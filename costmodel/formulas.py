@@ -557,8 +557,8 @@ def max_batch(
     """
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
-    unit = 1e9 if p.si_units else GIB
-    free = g.mem_gb * unit * MEM_UTIL - weight_bytes_per_gpu(g, model, tp, routed_per_gpu, p)
+    # HBM capacities are binary: an "80 GB" H800 holds 80 GiB, so memory stays in GiB.
+    free = g.mem_gb * GIB * MEM_UTIL - weight_bytes_per_gpu(g, model, tp, routed_per_gpu, p)
     tokens = np.asarray(context, dtype=float) + np.asarray(decode_len, dtype=float)
     mb = free / kv_bytes_per_seq(g, model, tokens, tp, p)
     return np.maximum(np.floor(mb), 0.0) if p.integer_batch else mb

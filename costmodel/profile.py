@@ -36,7 +36,10 @@ FIX_DOCS: dict[str, str] = {
     ),
     "causal_attention": ("[B8] prefill attention counts the causal triangle, not the full q x c square"),
     "ring_allreduce": ("[B9] all-reduce moves 2(tp-1)/tp of the message (ring)"),
-    "si_units": ("[B9] bytes / (GB/s) with GB = 1e9 bytes; memory GB = 1e9 bytes"),
+    "si_units": (
+        "[B9] transfer time = bytes / (GB/s) with GB = 1e9 bytes, not MiB / (GB/s); GPU memory stays "
+        "in GiB, which is what HBM capacities are"
+    ),
     "shared_expert_own_efficiency": ("[B10] the shared expert's GEMM efficiency is looked up from its own token count"),
     "integer_batch": ("[B11] max batch is a whole, non-negative number of sequences"),
     "weights_from_config": (

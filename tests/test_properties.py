@@ -24,7 +24,7 @@ def test_prefill_time_grows_with_length(g: str, m: str, tp: int, dp: int, s1: in
     lo, hi = sorted((s1, s2))
     t = prefill_time_ms(load_gpu(g), load_model(m), np.array([lo, hi]), tp, dp, rho, CORRECTED)
     assert np.isfinite(t).all() and (t > 0).all()
-    assert t[0] <= t[1]
+    assert t[0] <= t[1] * (1 + 1e-12)  # flat where comm dominates: allow rounding
 
 
 @settings(max_examples=60, deadline=None)
@@ -41,7 +41,7 @@ def test_decode_step_grows_with_batch(g: str, m: str, tp: int, ep: int, ctx: int
     lo, hi = sorted((b1, b2))
     t = decode_step_ms(load_gpu(g), load_model(m), ctx, np.array([lo, hi]), tp, ep, profile=CORRECTED)
     assert np.isfinite(t).all() and (t > 0).all()
-    assert t[0] <= t[1]
+    assert t[0] <= t[1] * (1 + 1e-12)  # flat where comm dominates: allow rounding
 
 
 @settings(max_examples=60, deadline=None)
@@ -61,7 +61,7 @@ def test_decode_step_grows_with_context(g: str, m: str, tp: int, ep: int, bs: in
             continue
         t = decode_step_ms(load_gpu(g), load_model(m), np.array([lo, hi]), bs, tp, ep, profile=profile)
         assert np.isfinite(t).all() and (t > 0).all()
-        assert t[0] <= t[1]
+        assert t[0] <= t[1] * (1 + 1e-12)  # flat where comm dominates: allow rounding
 
 
 @settings(max_examples=60, deadline=None)
