@@ -90,7 +90,9 @@ def main(cfg: DictConfig) -> None:
     workload = workload_from_cfg(choice("workload"), cfg.workload)
     ranges = make_ranges(workload, cfg.ranges.width)
     size = positive_int(cfg.size, "size")
-    rows = cfg.rows if isinstance(cfg.rows, int) and cfg.rows >= 0 else positive_int(cfg.rows, "rows")
+    rows = cfg.rows
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise ConfigError(f"`rows >= 0` (whole number; 0 = every range) must hold, got rows={rows!r}")
     bench = benchmark_island(
         gpu,
         size,
