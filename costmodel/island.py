@@ -135,6 +135,11 @@ def benchmark_island(
             f"GPU {gpu.name} has no FP8; profile {p.name!r} assumes FP8 weights everywhere: "
             "use the corrected profile (precision_per_gpu)"
         )
+    if not p.weights_from_config and model.attention != "mla":
+        raise SpecError(
+            f"model {model.name} uses {model.attention.upper()} attention; profile {p.name!r} sizes weights with "
+            "DeepSeek-V3's hard-coded constants: use the corrected profile (weights_from_config)"
+        )
     s = np.asarray(lengths, dtype=float)[None, :]
     w = np.asarray(weights, dtype=float)
     w = w / w.sum() if w.sum() > 0 else np.full(len(s[0]), 1.0 / len(s[0]))

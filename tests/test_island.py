@@ -109,6 +109,10 @@ def test_bad_island_inputs() -> None:
         bench("H200", 0)
     with pytest.raises(SpecError, match="no FP8"):
         bench("A100-80GB", 64, profile=CostProfile.shallowsim())
+    with pytest.raises(SpecError, match="GQA attention; profile 'shallowsim'"):
+        benchmark_island(
+            load_gpu("H200"), 8, load_model("qwen3_30b_a3b"), RANGES.mid, RANGES.p, 100, 1000, CostProfile.shallowsim()
+        )
 
 
 def test_gqa_model_island() -> None:
