@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from costmodel.catalog import CatalogError, build
 from costmodel.profile import CostProfile
 from costmodel.specs import GPU, Model, SpecError
-from pipeline.workload import WorkloadError
+from pipeline.errors import WorkloadError
 
 
 class ConfigError(ValueError):

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
+from scipy.stats import lognorm, norm
 
-
-class WorkloadError(ValueError):
-    """A workload description or trace that cannot be used; the message says what and where."""
+from pipeline.errors import WorkloadError
+from pipeline.traces import Columns, Trace, load_histogram, load_trace
 
 
 @dataclass(frozen=True)
@@ -25,6 +24,7 @@ class Workload:
     pmf: np.ndarray  # p(s), s = 0 .. len(pmf) - 1 input tokens; sums to 1
     mean_decode: float
     max_decode: int
+    arrival_s: np.ndarray | None = None  # request arrival times (s), kept for the simulator
 
     def __post_init__(self) -> None:
         if self.pmf.ndim != 1 or len(self.pmf) == 0 or (self.pmf < 0).any() or not np.isclose(self.pmf.sum(), 1.0):
@@ -86,16 +86,89 @@ def synthetic_normal(
     return Workload(name, dens / dens.sum(), float(mean_decode), int(max_decode))
 
 
+def synthetic_lognormal(
+    name: str, median: float, sigma: float, max_len: int, mean_decode: float, max_decode: int
+) -> Workload:
+    """Lognormal input length (median, sigma of log), whole lengths 1..max_len, renormalised."""
+    if not (median > 0 and sigma > 0 and max_len >= 1):
+        raise WorkloadError(f"workload {name}: `median > 0`, `sigma > 0` and `max_len >= 1` must hold")
+    s = np.arange(max_len + 1, dtype=float)
+    dens = np.zeros_like(s)
+    dens[1:] = lognorm.pdf(s[1:], sigma, scale=median)
+    return Workload(name, dens / dens.sum(), float(mean_decode), int(max_decode))
+
+
+def empirical(name: str, lengths: list[int], weights: list[float], mean_decode: float, max_decode: int) -> Workload:
+    """Input lengths with given relative weights (any positive numbers)."""
+    lv = np.asarray(lengths)
+    wv = np.asarray(weights, dtype=float)
+    if lv.ndim != 1 or len(lv) == 0 or lv.shape != wv.shape or (lv < 0).any() or (wv < 0).any() or wv.sum() <= 0:
+        raise WorkloadError(
+            f"workload {name}: `lengths` and `weights` must be equal-length lists of "
+            "non-negative numbers with a positive total"
+        )
+    pmf = np.bincount(lv.astype(int), weights=wv)
+    return Workload(name, pmf / pmf.sum(), float(mean_decode), int(max_decode))
+
+
+def from_counts(
+    name: str,
+    input_values: np.ndarray,
+    input_counts: np.ndarray,
+    output_values: np.ndarray,
+    output_counts: np.ndarray,
+    arrival_s: np.ndarray | None = None,
+) -> Workload:
+    """A workload from per-length request counts (a trace or a shipped histogram)."""
+    pmf = np.bincount(input_values.astype(int), weights=input_counts.astype(float))
+    mean_decode = float(output_values @ output_counts / output_counts.sum())
+    return Workload(name, pmf / pmf.sum(), mean_decode, int(output_values.max()), arrival_s)
+
+
+def from_trace(trace: Trace) -> Workload:
+    iv, ic = np.unique(trace.input_tokens, return_counts=True)
+    ov, oc = np.unique(trace.output_tokens, return_counts=True)
+    return from_counts(trace.name, iv, ic, ov, oc, trace.arrival_s)
+
+
+def _need(cfg: Mapping[str, Any], keys: tuple[str, ...], where: str) -> list[Any]:
+    missing = [k for k in keys if cfg.get(k) is None]
+    if missing:
+        raise WorkloadError(f"{where}: missing field(s) {missing}")
+    return [cfg[k] for k in keys]
+
+
 def workload_from_cfg(name: str, cfg: Mapping[str, Any]) -> Workload:
-    """Build a workload from its `conf/workload/<name>.yaml` mapping."""
-    kind = cfg.get("kind")
-    if kind == "synthetic" and cfg.get("dist") == "normal":
-        keys = ("mu", "sigma", "min_len", "max_len", "mean_decode", "max_decode")
-        missing = [k for k in keys if k not in cfg]
-        if missing:
-            raise WorkloadError(f"conf/workload/{name}.yaml: missing field(s) {missing}")
-        return synthetic_normal(name, *(cfg[k] for k in keys))
+    """Build a workload from its `conf/workload/<name>.yaml` mapping (already plain Python)."""
+    where = f"conf/workload/{name}.yaml (or its overrides)"
+    kind, dist = cfg.get("kind"), cfg.get("dist")
+    if kind == "synthetic" and dist == "normal":
+        return synthetic_normal(
+            name, *_need(cfg, ("mu", "sigma", "min_len", "max_len", "mean_decode", "max_decode"), where)
+        )
+    if kind == "synthetic" and dist == "lognormal":
+        return synthetic_lognormal(
+            name, *_need(cfg, ("median", "sigma", "max_len", "mean_decode", "max_decode"), where)
+        )
+    if kind == "synthetic" and dist == "empirical":
+        return empirical(name, *_need(cfg, ("lengths", "weights", "mean_decode", "max_decode"), where))
+    if kind == "histogram":
+        (hist,) = _need(cfg, ("histogram",), where)
+        h = load_histogram(str(hist))
+        return from_counts(name, h["input_values"], h["input_counts"], h["output_values"], h["output_counts"])
+    if kind == "trace":
+        (path,) = _need(cfg, ("path",), where)
+        cols = cfg.get("columns")
+        columns = None
+        if cols:
+            if not isinstance(cols, Mapping) or not {"input", "output"} <= set(cols):
+                raise WorkloadError(
+                    f"{where}: `columns` must map input and output (and optionally timestamp, "
+                    "timestamp_kind) to column names"
+                )
+            columns = Columns(**{k: cols[k] for k in ("input", "output", "timestamp", "timestamp_kind") if k in cols})
+        return from_trace(load_trace(path, str(cfg.get("format", "auto")), columns, name))
     raise WorkloadError(
-        f"conf/workload/{name}.yaml: unsupported workload kind={kind!r} dist={cfg.get('dist')!r}; "
-        "valid: kind=synthetic with dist=normal"
+        f"{where}: unsupported workload kind={kind!r} dist={dist!r}; valid: kind=synthetic with "
+        "dist normal|lognormal|empirical, kind=histogram, kind=trace"
     )

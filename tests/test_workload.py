@@ -1,0 +1,129 @@
+"""Workloads: shipped histograms, traces in every format, synthetic mixes, ranges, bad files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from costmodel.catalog import CONF_DIR
+from pipeline.errors import WorkloadError
+from pipeline.traces import Columns, load_trace
+from pipeline.workload import empirical, make_ranges, synthetic_lognormal, synthetic_normal, workload_from_cfg
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+def conf(name: str) -> dict:
+    return yaml.safe_load((CONF_DIR / "workload" / f"{name}.yaml").read_text())
+
+
+@pytest.mark.parametrize(
+    ("name", "mean_in", "mean_out", "max_out"),
+    [
+        ("azure_code", 2047.8, 27.9, 1899),
+        ("azure_conv", 1154.7, 211.1, 1000),  # ../shared/data/traces/README.md
+    ],
+)
+def test_shipped_histograms_match_the_published_statistics(
+    name: str, mean_in: float, mean_out: float, max_out: int
+) -> None:
+    w = workload_from_cfg(name, conf(name))
+    assert w.pmf.sum() == pytest.approx(1.0)
+    assert w.mean_input == pytest.approx(mean_in, abs=0.05)
+    assert w.mean_decode == pytest.approx(mean_out, abs=0.05)
+    assert w.max_decode == max_out
+
+
+@pytest.mark.parametrize("width", [1, 7, 125, 500, 8000, 20000])
+def test_ranges_cover_the_support_and_sum_to_one(width: int) -> None:
+    w = workload_from_cfg("azure_conv", conf("azure_conv"))
+    r = make_ranges(w, width)
+    assert r.p.sum() == pytest.approx(1.0)
+    assert r.start[0] == 0 and r.end[-1] == len(w.pmf)
+    assert (r.start[1:] == r.end[:-1]).all()
+    assert ((r.start <= r.mid) & (r.mid < r.end)).all()
+
+
+def test_thesis_ranges_mid_rule() -> None:
+    r = make_ranges(synthetic_normal("n", 500, 2000, 0, 8000, 100, 1000), 125)
+    assert len(r) == 64 and r.mid[0] == 62 and r.mid[1] == 187 and r.end[-1] == 8001
+
+
+def test_synthetic_options() -> None:
+    ln = synthetic_lognormal("ln", 1000, 0.8, 16000, 200, 1000)
+    assert ln.pmf.sum() == pytest.approx(1.0) and 900 < float(np.argmax(np.cumsum(ln.pmf) >= 0.5)) < 1100
+    em = empirical("em", [100, 1000], [3, 1], 50, 100)
+    assert em.pmf[100] == pytest.approx(0.75) and em.pmf[1000] == pytest.approx(0.25)
+
+
+def test_trace_formats(tmp_path: Path) -> None:
+    az = tmp_path / "az.csv"
+    az.write_text(AZURE_HEADER + "2023-11-16 18:17:03.9799600,100,10\n2023-11-16 18:17:05.9799600,300,30\n")
+    t = load_trace(az)
+    assert t.input_tokens.tolist() == [100, 300] and t.arrival_s.tolist() == pytest.approx([0.0, 2.0])
+    bg = tmp_path / "bg.csv"
+    bg.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5.0,ChatGPT,472,18,490,Conversation log\n7.5,GPT-4,1000,200,1200,Conversation log\n"
+    )
+    t = load_trace(bg)
+    assert t.output_tokens.tolist() == [18, 200] and t.arrival_s.tolist() == [0.0, 2.5]
+    pqf = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"p": [5, 6], "o": [1, 2], "ts": [0.0, 1.0]}), pqf)
+    t = load_trace(pqf, columns=Columns("p", "o", "ts", "seconds"))
+    assert t.input_tokens.tolist() == [5, 6]
+    w = workload_from_cfg("t", {"kind": "trace", "path": str(pqf), "columns": {"input": "p", "output": "o"}})
+    assert w.mean_decode == 1.5 and w.max_decode == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", r"the file is empty"),
+        (AZURE_HEADER, r"header but no requests"),
+        ("TIMESTAMP,Prompt,GeneratedTokens\n2023-11-16 18:17:03,1,1\n", r"match no known format"),
+        (
+            AZURE_HEADER + "2023-11-16 18:17:03,5,3\n2023-11-16 18:17:04,abc,3\n",
+            r"row 2 \(line 3\): column `ContextTokens` must be a whole number of tokens, got 'abc'",
+        ),
+        (
+            AZURE_HEADER + "2023-11-16 18:17:03,5,3\n2023-11-16 18:17:04,5,0\n",
+            r"row 2 \(line 3\): column `GeneratedTokens` must be >= 1 token, got 0",
+        ),
+        (
+            AZURE_HEADER + "2023-11-16 18:17:03,-5,3\n",
+            r"row 1 \(line 2\): column `ContextTokens` must be >= 1 token, got -5",
+        ),
+        (
+            AZURE_HEADER + "2023-11-16 18:17:03,5,3\nyesterday,5,3\n",
+            r"row 2 \(line 3\): column `TIMESTAMP` is not a timestamp",
+        ),
+        (AZURE_HEADER + "2023-11-16 18:17:03,5.5,3\n", r"must be a whole number of tokens, got '5.5'"),
+    ],
+)
+def test_bad_traces_fail_whole_with_file_and_row(tmp_path: Path, content: str, message: str) -> None:
+    f = tmp_path / "trace.csv"
+    f.write_text(content)
+    with pytest.raises(WorkloadError, match=message) as err:
+        load_trace(f)
+    assert str(f) in str(err.value)
+
+
+def test_missing_mapped_column_and_missing_file(tmp_path: Path) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text("a,b\n1,2\n")
+    with pytest.raises(WorkloadError, match=r"missing column\(s\) \['prompt'\]; the file has \['a', 'b'\]"):
+        load_trace(f, columns=Columns("prompt", "b"))
+    with pytest.raises(WorkloadError, match="no such trace file"):
+        load_trace(tmp_path / "nope.csv")
+    with pytest.raises(WorkloadError, match=r"missing field\(s\) \['path'\]"):
+        workload_from_cfg("trace", conf("trace"))
+    with pytest.raises(WorkloadError, match="unsupported workload kind"):
+        workload_from_cfg("x", {"kind": "magic"})
+    with pytest.raises(WorkloadError, match=r"ranges.width >= 1"):
+        make_ranges(synthetic_normal("n", 500, 2000, 0, 8000, 100, 1000), 0)
