@@ -1,0 +1,190 @@
+"""Inner solver: hand-worked optima, constraints on random instances, aggregation, bounds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solvers.inner import InnerProblem, island_classes, problem_from_json, problem_to_json, solve
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def prob(
+    bp: list[list[float]],
+    bd: list[list[float]],
+    p: list[float],
+    objective: str = "max_rate",
+    islands: list[tuple[str, int]] | None = None,
+    **kw: float,
+) -> InnerProblem:
+    isl = islands or [(f"G{i}", 8) for i in range(len(bp))]
+    return InnerProblem(tuple(isl), np.array(p, float), np.array(bp, float), np.array(bd, float), objective, **kw)
+
+
+def test_two_islands_two_ranges_by_hand() -> None:
+    # A prefills fast on range 0 (20/s) and slowly on range 1 (5/s); B decodes 10/s on both.
+    # A prefill, B decode: prefill needs Λ/2/20 + Λ/2/5 <= 1 -> Λ <= 8; decode Λ/2/10 * 2 <= 1 -> Λ <= 10.
+    # The other role split gives at most 1. Optimum Λ = 8 with x^P_A = (0.2, 0.8), B decode 0.4 + 0.4.
+    s = solve(prob([[20, 5], [1, 1]], [[1, 1], [10, 10]], [0.5, 0.5]))
+    assert s.status == "optimal" and s.rate_req_s == pytest.approx(8.0)
+    assert s.roles == ("prefill", "decode")
+    np.testing.assert_allclose(s.x_prefill[0], [0.2, 0.8], atol=1e-6)
+    np.testing.assert_allclose(s.x_decode[1], [0.4, 0.4], atol=1e-6)
+
+
+def test_three_islands_by_hand() -> None:
+    # A: prefill 10, decode 4; B: prefill 4, decode 10; C: 6 and 6 (one range).
+    # A=P, B=D, C either: min(16, 10) = 10 = min(10, 16). Every other split is worse (e.g. A,B=P: min(14, 6)).
+    s = solve(prob([[10], [4], [6]], [[4], [10], [6]], [1.0]))
+    assert s.rate_req_s == pytest.approx(10.0)
+    assert s.roles[0] == "prefill" and s.roles[1] == "decode"
+
+
+def test_thesis_objective_reports_min_of_phases_and_its_large_M_pathology() -> None:
+    # With M = 1 the thesis model finds the good split (R^P = 8 after share matching, R^D = 10).
+    s = solve(prob([[20, 5], [1, 1]], [[1, 1], [10, 10]], [0.5, 0.5], "thesis"))
+    assert s.status == "optimal" and s.roles == ("prefill", "decode")
+    assert s.rate_req_s == pytest.approx(min(s.prefill_req_s, s.decode_req_s))
+    assert s.rate_req_s >= 8.0 - 1e-6  # shares may deviate by up to tau, so it can beat Λ = 8
+    # Every island must spend all its capacity (constraint 1), so with a large M the mismatch
+    # penalty wins and the model prefers the matched but slow split: min(R^P, R^D) = 1.
+    bad = solve(prob([[20, 5], [1, 1]], [[1, 1], [10, 10]], [0.5, 0.5], "thesis", M=100.0))
+    assert bad.roles == ("decode", "prefill") and bad.rate_req_s == pytest.approx(1.0)
+
+
+def test_all_zero_capacity_is_rate_zero_or_infeasible_not_a_crash() -> None:
+    z = [[0.0, 0.0]]
+    assert solve(prob(z, z, [0.5, 0.5])).rate_req_s == 0.0
+    assert solve(prob(z, z, [0.5, 0.5], "thesis")).status == "infeasible"
+
+
+def random_problem(seed: int, n_i: int, n_j: int, objective: str = "max_rate") -> InnerProblem:
+    rng = np.random.default_rng(seed)
+    types = rng.integers(0, 3, n_i)
+    base_p = rng.uniform(1, 100, (3, n_j)) * np.linspace(1, 0.1, n_j)
+    base_d = rng.uniform(1, 100, (3, n_j))
+    p = rng.dirichlet(np.ones(n_j))
+    return InnerProblem(tuple((f"T{t}", 8) for t in types), p, base_p[types], base_d[types], objective)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 7), st.integers(1, 6))
+def test_random_instances_satisfy_every_constraint(seed: int, n_i: int, n_j: int) -> None:
+    pr = random_problem(seed, n_i, n_j)
+    s = solve(pr)
+    assert s.status == "optimal"
+    dec = np.array([r == "decode" for r in s.roles])
+    tol = 1e-6
+    assert (s.x_prefill >= -tol).all() and (s.x_decode >= -tol).all()
+    assert (s.x_prefill.sum(axis=1) <= 1 + tol).all() and (s.x_decode.sum(axis=1) <= 1 + tol).all()
+    assert (s.x_prefill[dec] <= tol).all() and (s.x_decode[~dec] <= tol).all()
+    cap_p = (pr.prefill_req_s * s.x_prefill).sum(axis=0)
+    cap_d = (pr.decode_req_s * s.x_decode).sum(axis=0)
+    assert (cap_p >= s.rate_req_s * pr.p - 1e-5).all() and (cap_d >= s.rate_req_s * pr.p - 1e-5).all()
+    # never above giving each phase every island's capacity (an independent LP: SciPy's HiGHS)
+    assert (
+        s.rate_req_s
+        <= min(all_capacity_bound(pr.prefill_req_s, pr.p), all_capacity_bound(pr.decode_req_s, pr.p)) + 1e-6
+    )
+
+
+def all_capacity_bound(b: np.ndarray, p: np.ndarray) -> float:
+    """max Λ s.t. Σ_i b_ij x_ij >= Λ p_j, Σ_j x_ij <= 1, x >= 0 (every island in this phase)."""
+    from scipy.optimize import linprog
+
+    n_i, n_j = b.shape
+    c = np.zeros(n_i * n_j + 1)
+    c[-1] = -1.0
+    a_ub, b_ub = [], []
+    for j in range(n_j):
+        row = np.zeros(n_i * n_j + 1)
+        row[[i * n_j + j for i in range(n_i)]] = -b[:, j]
+        row[-1] = p[j]
+        a_ub.append(row)
+        b_ub.append(0.0)
+    for i in range(n_i):
+        row = np.zeros(n_i * n_j + 1)
+        row[i * n_j : (i + 1) * n_j] = 1.0
+        a_ub.append(row)
+        b_ub.append(1.0)
+    res = linprog(c, A_ub=np.array(a_ub), b_ub=b_ub, bounds=(0, None), method="highs")
+    assert res.status == 0
+    return float(-res.fun)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 7), st.integers(1, 5))
+def test_aggregation_matches_one_binary_per_island(seed: int, n_i: int, n_j: int) -> None:
+    pr = random_problem(seed, n_i, n_j)
+    agg = solve(pr)
+    assert len(island_classes(pr)) <= 3
+    # the same islands made distinguishable: one class per island, i.e. one binary each
+    distinct = InnerProblem(tuple((f"I{i}", 8) for i in range(n_i)), pr.p, pr.prefill_req_s, pr.decode_req_s)
+    assert len(island_classes(distinct)) == n_i
+    assert solve(distinct).rate_req_s == pytest.approx(agg.rate_req_s, rel=1e-6, abs=1e-9)
+
+
+def test_thesis_solution_satisfies_its_constraints() -> None:
+    pr = random_problem(7, 5, 4, "thesis")
+    s = solve(pr)
+    assert s.status == "optimal"
+    tot = s.x_prefill.sum(axis=1) + s.x_decode.sum(axis=1)
+    np.testing.assert_allclose(tot, 1.0, atol=1e-6)
+    dec = np.array([r == "decode" for r in s.roles])
+    assert (s.x_prefill[dec] <= 1e-6).all() and (s.x_decode[~dec] <= 1e-6).all()
+    assert s.prefill_req_s >= 0.01 - 1e-9 and s.decode_req_s >= 0.01 - 1e-9
+
+
+def test_json_contract_round_trip_and_cli(tmp_path: Path) -> None:
+    pr = prob([[20, 5], [1, 1]], [[1, 1], [10, 10]], [0.5, 0.5])
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(problem_to_json(pr, 5.0)))
+    again, limit = problem_from_json(json.loads(f.read_text()))
+    assert limit == 5.0 and again.islands == pr.islands
+    r = subprocess.run([sys.executable, "-m", "solvers.inner", str(f)], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {
+        "status",
+        "rate_req_s",
+        "roles",
+        "x_prefill",
+        "x_decode",
+        "prefill_req_s",
+        "decode_req_s",
+        "deviation",
+        "solve_ms",
+    }
+    assert out["rate_req_s"] == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"islands": []}', "missing key 'ranges'"),
+        (
+            '{"islands": [{"gpu": "A", "size": 8}], "ranges": [{"start": 0, "end": 1, "p": 1}], '
+            '"prefill_req_s": [[1, 2]], "decode_req_s": [[1]]}',
+            "must be islands x ranges = 1 x 1",
+        ),
+        (
+            '{"objective": "fastest", "islands": [{"gpu": "A", "size": 8}], '
+            '"ranges": [{"start": 0, "end": 1, "p": 1}], "prefill_req_s": [[1]], "decode_req_s": [[1]]}',
+            "unknown objective 'fastest'",
+        ),
+    ],
+)
+def test_cli_rejects_malformed_problems(tmp_path: Path, payload: str, message: str) -> None:
+    f = tmp_path / "p.json"
+    f.write_text(payload)
+    r = subprocess.run([sys.executable, "-m", "solvers.inner", str(f)], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
