@@ -188,3 +188,31 @@ def test_cli_rejects_malformed_problems(tmp_path: Path, payload: str, message: s
     f.write_text(payload)
     r = subprocess.run([sys.executable, "-m", "solvers.inner", str(f)], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_evaluator_equals_solver_when_throughput_is_flat_within_ranges() -> None:
+    from solvers.evaluate import evaluate
+
+    pr = random_problem(3, 4, 3)
+    s = solve(pr)
+    lengths_per_range = 5
+    rol = np.repeat(np.arange(3), lengths_per_range)
+    p_len = np.repeat(pr.p / lengths_per_range, lengths_per_range)
+    ev = evaluate(
+        s.x_prefill,
+        s.x_decode,
+        rol,
+        p_len,
+        pr.prefill_req_s,
+        pr.decode_req_s,
+        pr.prefill_req_s[:, rol],
+        pr.decode_req_s[:, rol],
+    )
+    assert ev.rate_req_s == pytest.approx(s.rate_req_s, rel=1e-6)
+    assert ev.island_load.max() <= 1 + 1e-9
+    # slower lengths inside a range lower the evaluated rate, never raise it
+    slower = pr.prefill_req_s[:, rol] * np.tile([1.0, 0.9, 0.8, 0.9, 1.0], 3)
+    ev2 = evaluate(
+        s.x_prefill, s.x_decode, rol, p_len, pr.prefill_req_s, pr.decode_req_s, slower, pr.decode_req_s[:, rol]
+    )
+    assert ev2.prefill_req_s < ev.prefill_req_s and ev2.rate_req_s <= ev.rate_req_s + 1e-9
