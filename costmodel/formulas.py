@@ -559,6 +559,6 @@ def max_batch(
     g = GPUArray.of(gpu)
     # HBM capacities are binary: an "80 GB" H800 holds 80 GiB, so memory stays in GiB.
     free = g.mem_gb * GIB * MEM_UTIL - weight_bytes_per_gpu(g, model, tp, routed_per_gpu, p)
-    tokens = np.asarray(context, dtype=float) + np.asarray(decode_len, dtype=float)
+    tokens = np.maximum(np.asarray(context, dtype=float) + np.asarray(decode_len, dtype=float), 1.0)
     mb = free / kv_bytes_per_seq(g, model, tokens, tp, p)
     return np.maximum(np.floor(mb), 0.0) if p.integer_batch else mb

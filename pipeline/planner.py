@@ -1,0 +1,157 @@
+"""From an island layout to a solved, evaluated plan: benchmarks (cached), problem, solve, evaluate.
+
+`Planner` holds what stays fixed across layouts (model, workload, ranges, cost profile, GPU
+specs) and a cache of island benchmarks keyed by (GPU, size): for a fixed workload and profile
+a repeated island costs nothing, so a repeated layout costs only the solve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel.island import IslandBenchmark, benchmark_island
+from costmodel.profile import CostProfile
+from costmodel.specs import GPU, Model
+from pipeline.config import ConfigError
+from pipeline.workload import Ranges, Workload
+from solvers.evaluate import Evaluation, evaluate
+from solvers.inner import InnerProblem, InnerSolution, solve
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Islands as (gpu, size) pairs, kept in a canonical sorted order."""
+
+    islands: tuple[tuple[str, int], ...]
+
+    @staticmethod
+    def of(islands: Sequence[tuple[str, int]]) -> Layout:
+        return Layout(tuple(sorted(((str(g), int(n)) for g, n in islands), key=lambda t: (t[0], -t[1]))))
+
+    @property
+    def key(self) -> str:
+        return ";".join(f"{g}x{n}" for g, n in self.islands)
+
+    @property
+    def short_hash(self) -> str:
+        return hashlib.sha1(self.key.encode()).hexdigest()[:10]
+
+    def describe(self) -> str:
+        counts: dict[tuple[str, int], int] = {}
+        for isl in self.islands:
+            counts[isl] = counts.get(isl, 0) + 1
+        return ", ".join(f"{g} {n}x{c}" for (g, n), c in counts.items())
+
+
+def layout_from_cfg(cfg: Any, where: str) -> Layout:
+    """`[{gpu: H200, size: 8, count: 4}, ...]` -> Layout; errors name `where`."""
+    if not isinstance(cfg, Sequence) or isinstance(cfg, str) or not cfg:
+        raise ConfigError(f"{where}: `islands` must be a list of {{gpu, size, count}}")
+    out: list[tuple[str, int]] = []
+    for k, item in enumerate(cfg):
+        if not isinstance(item, Mapping) or not {"gpu", "size"} <= set(item):
+            raise ConfigError(f"{where}: islands[{k}] must have `gpu` and `size` (and optional `count`)")
+        size, count = item["size"], item.get("count", 1)
+        for name, v in (("size", size), ("count", count)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{where}: islands[{k}].{name} must be a whole number >= 1, got {v!r}")
+        out += [(str(item["gpu"]), size)] * count
+    return Layout.of(out)
+
+
+@dataclass
+class Planner:
+    model: Model
+    workload: Workload
+    ranges: Ranges
+    profile: CostProfile
+    gpus: Mapping[str, GPU]
+    cache_hit: float = 0.0
+    fp8_combine: bool = False
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    _cache: dict[tuple[str, int], IslandBenchmark] = field(default_factory=dict, repr=False)
+    hits: int = 0
+    misses: int = 0
+
+    def benchmark(
+        self, gpu: str, size: int, lengths: np.ndarray | None = None, weights: np.ndarray | None = None
+    ) -> IslandBenchmark:
+        """The island's benchmark at the range mids (cached), or at other lengths (not cached)."""
+        if gpu not in self.gpus:
+            raise ConfigError(f"GPU {gpu!r} of the layout is not in the inventory {sorted(self.gpus)}")
+        if lengths is None:
+            key = (gpu, size)
+            if key in self._cache:
+                self.hits += 1
+                return self._cache[key]
+            self.misses += 1
+        bench = benchmark_island(
+            self.gpus[gpu],
+            size,
+            self.model,
+            self.ranges.mid if lengths is None else lengths,
+            self.ranges.p if weights is None else weights,
+            self.workload.mean_decode,
+            self.workload.max_decode,
+            self.profile,
+            self.cache_hit,
+            self.fp8_combine,
+            self.ttft_ms,
+            self.tpot_ms,
+        )
+        if lengths is None:
+            self._cache[(gpu, size)] = bench
+        return bench
+
+    def problem(self, layout: Layout, objective: str = "max_rate", **kw: float) -> InnerProblem:
+        benches = [self.benchmark(g, n) for g, n in layout.islands]
+        return InnerProblem(
+            layout.islands,
+            self.ranges.p,
+            np.array([b.prefill_req_s for b in benches]),
+            np.array([b.decode_req_s for b in benches]),
+            objective,
+            range_start=self.ranges.start,
+            range_end=self.ranges.end,
+            **kw,
+        )
+
+    def solve(
+        self, layout: Layout, objective: str = "max_rate", time_limit_s: float = 10.0, **kw: float
+    ) -> tuple[InnerProblem, InnerSolution]:
+        prob = self.problem(layout, objective, **kw)
+        return prob, solve(prob, time_limit_s=time_limit_s)
+
+    def exact_rates(self, layout: Layout, lengths: np.ndarray, p_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(I, L) prefill and decode req/s of each island's chosen configuration at every given length."""
+        full: dict[tuple[str, int], IslandBenchmark] = {}
+        exact_p, exact_d = [], []
+        for gpu, size in layout.islands:
+            if (gpu, size) not in full:
+                full[(gpu, size)] = self.benchmark(gpu, size, lengths, p_len)
+            coarse, fine = self.benchmark(gpu, size), full[(gpu, size)]
+            # the plan's configuration (chosen at range resolution), evaluated at every length
+            exact_p.append(_row(fine.prefill.req_s, coarse.prefill.chosen, len(lengths)))
+            exact_d.append(_row(fine.decode.req_s, coarse.decode.chosen, len(lengths)))
+        return np.array(exact_p), np.array(exact_d)
+
+    def evaluate(self, layout: Layout, prob: InnerProblem, sol: InnerSolution) -> tuple[Evaluation, np.ndarray]:
+        """Re-score `sol` at every input length the workload has (thesis 5.2.2); returns the lengths too."""
+        lengths = np.flatnonzero(self.workload.pmf > 0)
+        p_len = self.workload.pmf[lengths]
+        range_of = np.searchsorted(self.ranges.end, lengths, side="right")
+        exact_p, exact_d = self.exact_rates(layout, lengths, p_len)
+        ev = evaluate(
+            sol.x_prefill, sol.x_decode, range_of, p_len, prob.prefill_req_s, prob.decode_req_s, exact_p, exact_d
+        )
+        return ev, lengths
+
+
+def _row(table: np.ndarray, chosen: int, n: int) -> np.ndarray:
+    return table[chosen] if chosen >= 0 else np.zeros(n)
