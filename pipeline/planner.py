@@ -76,6 +76,7 @@ class Planner:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     _cache: dict[tuple[str, int], IslandBenchmark] = field(default_factory=dict, repr=False)
+    _full: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     hits: int = 0
     misses: int = 0
 
@@ -128,25 +129,32 @@ class Planner:
         prob = self.problem(layout, objective, **kw)
         return prob, solve(prob, time_limit_s=time_limit_s)
 
-    def exact_rates(self, layout: Layout, lengths: np.ndarray, p_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(I, L) prefill and decode req/s of each island's chosen configuration at every given length."""
-        full: dict[tuple[str, int], IslandBenchmark] = {}
-        exact_p, exact_d = [], []
-        for gpu, size in layout.islands:
-            if (gpu, size) not in full:
-                full[(gpu, size)] = self.benchmark(gpu, size, lengths, p_len)
-            coarse, fine = self.benchmark(gpu, size), full[(gpu, size)]
-            # the plan's configuration (chosen at range resolution), evaluated at every length
-            exact_p.append(_row(fine.prefill.req_s, coarse.prefill.chosen, len(lengths)))
-            exact_d.append(_row(fine.decode.req_s, coarse.decode.chosen, len(lengths)))
-        return np.array(exact_p), np.array(exact_d)
+    def support(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every input length the workload has, and its probability."""
+        lengths = np.flatnonzero(self.workload.pmf > 0)
+        return lengths, self.workload.pmf[lengths]
+
+    def exact_rates(self, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+        """(I, L) prefill and decode req/s of each island's chosen configuration at every support length.
+
+        The plan's configuration is the one chosen at range resolution; each (GPU, size) is
+        benchmarked at full resolution once per planner.
+        """
+        lengths, p_len = self.support()
+        for gpu, size in set(layout.islands) - set(self._full):
+            coarse, fine = self.benchmark(gpu, size), self.benchmark(gpu, size, lengths, p_len)
+            self._full[(gpu, size)] = (
+                _row(fine.prefill.req_s, coarse.prefill.chosen, len(lengths)),
+                _row(fine.decode.req_s, coarse.decode.chosen, len(lengths)),
+            )
+        rows = [self._full[isl] for isl in layout.islands]
+        return np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
 
     def evaluate(self, layout: Layout, prob: InnerProblem, sol: InnerSolution) -> tuple[Evaluation, np.ndarray]:
         """Re-score `sol` at every input length the workload has (thesis 5.2.2); returns the lengths too."""
-        lengths = np.flatnonzero(self.workload.pmf > 0)
-        p_len = self.workload.pmf[lengths]
+        lengths, p_len = self.support()
         range_of = np.searchsorted(self.ranges.end, lengths, side="right")
-        exact_p, exact_d = self.exact_rates(layout, lengths, p_len)
+        exact_p, exact_d = self.exact_rates(layout)
         ev = evaluate(
             sol.x_prefill, sol.x_decode, range_of, p_len, prob.prefill_req_s, prob.decode_req_s, exact_p, exact_d
         )

@@ -76,19 +76,20 @@ def detect_format(names: list[str]) -> str | None:
 def _tokens(table: pa.Table, col: str, path: Path) -> np.ndarray:
     arr = table.column(col)
     if not pa.types.is_integer(arr.type):
-        as_text = pc.cast(arr, pa.string()).to_pylist()
-        for i, text in enumerate(as_text):
-            try:
-                v = float(text)
-            except (TypeError, ValueError):
-                raise WorkloadError(
-                    f"{path}: row {i + 1} (line {i + 2}): column `{col}` must be a whole number of tokens, got {text!r}"
-                ) from None
-            if not v.is_integer():
-                raise WorkloadError(
-                    f"{path}: row {i + 1} (line {i + 2}): column `{col}` must be a whole number of tokens, got {text!r}"
-                )
-        arr = pc.cast(arr, pa.int64())
+        try:
+            as_float = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
+            whole = np.isfinite(as_float) & (as_float == np.floor(as_float))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            texts = pc.cast(arr, pa.string()).to_pylist()
+            whole = np.array([_is_whole(t) for t in texts])
+            as_float = np.array([float(t) if w else 0.0 for t, w in zip(texts, whole, strict=True)])
+        if not whole.all():
+            i = int(np.flatnonzero(~whole)[0])
+            text = pc.cast(arr, pa.string())[i].as_py()
+            raise WorkloadError(
+                f"{path}: row {i + 1} (line {i + 2}): column `{col}` must be a whole number of tokens, got {text!r}"
+            )
+        arr = pa.array(as_float.astype(np.int64))
     values = arr.to_numpy(zero_copy_only=False).astype(np.int64)
     bad = values < 1
     if bad.any():
@@ -133,6 +134,10 @@ def _is_float(text: object) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def _is_whole(text: object) -> bool:
+    return _is_float(text) and float(text).is_integer()  # type: ignore[arg-type]
 
 
 def _parse_time(text: str | None) -> np.datetime64 | None:
