@@ -159,3 +159,8 @@ def test_inventory_price_override() -> None:
     inv = inventory_from_cfg("inv", {"gpus": {"H200": 8, "H20": 8}, "prices": {"H200": 3.5}})
     assert inv.cost_per_hour == 8 * 3.5 + 8 * 1.0
     assert inv.count("H20") == 8 and inv.count("H800") == 0
+
+
+def test_unknown_model_lists_the_choices() -> None:
+    with pytest.raises(CatalogError, match=r"unknown model 'gpt5'; choose from \[.*'deepseek_v3'.*\]"):
+        load_model("gpt5")
