@@ -216,3 +216,110 @@ def test_evaluator_equals_solver_when_throughput_is_flat_within_ranges() -> None
         s.x_prefill, s.x_decode, rol, p_len, pr.prefill_req_s, pr.decode_req_s, slower, pr.decode_req_s[:, rol]
     )
     assert ev2.prefill_req_s < ev.prefill_req_s and ev2.rate_req_s <= ev.rate_req_s + 1e-9
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 6), st.integers(1, 4))
+def test_thesis_aggregated_matches_one_binary_per_island(seed: int, n_i: int, n_j: int) -> None:
+    pr = random_problem(seed, n_i, n_j, "thesis")
+    agg, literal = solve(pr), solve(pr, aggregate=False)
+    assert agg.status == literal.status == "optimal"
+    assert agg.extra["objective"] == pytest.approx(literal.extra["objective"], rel=1e-6, abs=1e-6)
+    assert literal.extra["classes"] == n_i
+
+
+def test_kv_transfer_caps_prefill_egress_by_hand() -> None:
+    # Two identical islands, 10 req/s either phase: one prefills, one decodes, Λ = 10.
+    # Each request moves 1 GB of KV; a 4 GB/s link lets the prefill island ship only 4 req/s.
+    base = prob([[10], [10]], [[10], [10]], [1.0], islands=[("G", 8), ("G", 8)])
+    assert solve(base).rate_req_s == pytest.approx(10.0)
+    kv = prob(
+        [[10], [10]],
+        [[10], [10]],
+        [1.0],
+        islands=[("G", 8), ("G", 8)],
+        kv_gb=np.array([1.0]),
+        link_gb_s=np.full(2, 4.0),
+    )
+    assert solve(kv).rate_req_s == pytest.approx(4.0)
+    # decode islands take the same KV in, so three islands stay at 4 (one side has one island);
+    # four split 2 + 2 share the links on both sides: 8
+    for n, rate in ((3, 4.0), (4, 8.0)):
+        isl = [("G", 8)] * n
+        kv_n = prob([[10]] * n, [[10]] * n, [1.0], islands=isl, kv_gb=np.array([1.0]), link_gb_s=np.full(n, 4.0))
+        assert solve(kv_n).rate_req_s == pytest.approx(rate)
+
+
+def test_budget_leaves_islands_idle_by_hand() -> None:
+    # Four identical $1/h islands at 10 req/s: 2 prefill + 2 decode = 20 req/s for $4/h.
+    # $2/h buys one of each (10 req/s); $3/h buys nothing better (min(20, 10) = 10).
+    four = [("G", 8)] * 4
+    kw = {"islands": four, "cost_per_hour": np.ones(4)}
+    for budget, rate, used in ((None, 20.0, 4), (2.0, 10.0, 2), (3.0, 10.0, None), (1.0, 0.0, None)):
+        s = solve(prob([[10]] * 4, [[10]] * 4, [1.0], budget_per_hour=budget, **kw))
+        assert s.rate_req_s == pytest.approx(rate, abs=1e-9), budget
+        if used is not None:
+            assert 4 - s.roles.count("idle") == used
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 7), st.integers(1, 4), st.floats(0.1, 1.0))
+def test_budget_and_kv_hold_in_the_returned_solution(seed: int, n_i: int, n_j: int, frac: float) -> None:
+    base = random_problem(seed, n_i, n_j)
+    rng = np.random.default_rng(seed)
+    cost = rng.uniform(1, 10, n_i)
+    kv, link = rng.uniform(0.01, 0.1, n_j), rng.uniform(0.5, 5, n_i)
+    pr = InnerProblem(
+        base.islands, base.p, base.prefill_req_s, base.decode_req_s,
+        kv_gb=kv, link_gb_s=link, cost_per_hour=cost, budget_per_hour=frac * cost.sum(),
+    )  # fmt: skip
+    s = solve(pr)
+    assert s.status == "optimal"
+    used = np.array([r != "idle" for r in s.roles])
+    assert cost[used].sum() <= frac * cost.sum() + 1e-6
+    assert (s.x_prefill[~used] == 0).all() and (s.x_decode[~used] == 0).all()
+    assert ((pr.prefill_req_s * s.x_prefill) @ kv <= link + 1e-6).all()
+    assert ((pr.decode_req_s * s.x_decode) @ kv <= link + 1e-6).all()
+    # each constraint only removes options
+    assert s.rate_req_s <= solve(base).rate_req_s + 1e-6
+
+
+def test_fixed_roles_solve_as_an_lp_to_the_milp_optimum() -> None:
+    pr = random_problem(11, 6, 4)
+    milp = solve(pr)
+    lp_prob = InnerProblem(pr.islands, pr.p, pr.prefill_req_s, pr.decode_req_s, roles=milp.roles)
+    lp = solve(lp_prob)
+    assert lp.status == "optimal" and lp.roles == milp.roles
+    assert lp.rate_req_s == pytest.approx(milp.rate_req_s, rel=1e-6)
+    flipped = tuple("decode" if r == "prefill" else "prefill" for r in milp.roles)
+    assert solve(InnerProblem(pr.islands, pr.p, pr.prefill_req_s, pr.decode_req_s, roles=flipped)).rate_req_s <= (
+        milp.rate_req_s + 1e-6
+    )
+
+
+@pytest.mark.parametrize("backend", ["HIGHS", "CBC"])
+def test_other_milp_backends_reach_the_same_optimum(backend: str) -> None:
+    for objective in ("max_rate", "thesis"):
+        pr = random_problem(5, 6, 4, objective)
+        key = "objective" if objective == "thesis" else None
+        a, b = solve(pr), solve(pr, backend=backend)
+        va = a.extra[key] if key else a.rate_req_s
+        vb = b.extra[key] if key else b.rate_req_s
+        assert b.status == "optimal" and vb == pytest.approx(va, rel=1e-5)
+
+
+def test_constraints_the_thesis_model_lacks_are_refused() -> None:
+    with pytest.raises(ValueError, match="belong to `max_rate`"):
+        prob([[1]], [[1]], [1.0], "thesis", cost_per_hour=np.ones(1), budget_per_hour=1.0)
+    with pytest.raises(ValueError, match="needs both `kv_gb`"):
+        prob([[1]], [[1]], [1.0], kv_gb=np.ones(1))
+    with pytest.raises(ValueError, match="unknown MILP backend"):
+        solve(prob([[1]], [[1]], [1.0]), backend="GUROBI")
+
+
+def test_json_contract_carries_the_optional_constraints(tmp_path: Path) -> None:
+    pr = prob([[10], [10]], [[10], [10]], [1.0], kv_gb=np.array([1.0]), link_gb_s=np.full(2, 4.0))
+    again, _ = problem_from_json(json.loads(json.dumps(problem_to_json(pr))))
+    assert solve(again).rate_req_s == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="`kv_gb` must be a number"):
+        problem_from_json({**problem_to_json(pr), "kv_gb": [["x"]]})
