@@ -34,7 +34,7 @@ from pipeline.config import (
 )
 from pipeline.planner import Layout, Planner, layout_from_cfg
 from pipeline.workload import make_ranges, workload_from_cfg
-from solvers.inner import InnerProblem, InnerSolution, problem_to_json
+from solvers.inner import MILP_BACKENDS, InnerProblem, InnerSolution, problem_to_json
 
 
 def results_table(rows: list[tuple[str, InnerProblem, InnerSolution, float]]) -> str:
@@ -168,14 +168,19 @@ def main(cfg: DictConfig) -> None:
         fp8_combine=bool(cfg.costmodel.fp8_combine),
         ttft_ms=optional_positive(cfg.slo.ttft_ms, "slo.ttft_ms"),
         tpot_ms=optional_positive(cfg.slo.tpot_ms, "slo.tpot_ms"),
+        kv_transfer=bool(cfg.solver.kv_transfer),
+        budget_per_hour=optional_positive(cfg.solver.budget_per_hour, "solver.budget_per_hour"),
     )
     out = Path(str(cfg.out_dir))
     out.mkdir(parents=True, exist_ok=True)
     limit = float(cfg.solver.time_limit_s)
+    backend = str(cfg.solver.backend).upper()
+    if backend not in MILP_BACKENDS:
+        raise ConfigError(f"solver.backend={cfg.solver.backend!r}: choose from {list(MILP_BACKENDS)}")
     rows, sols = [], {}
     for objective in ("max_rate", "thesis"):
         kw = {"tau": float(cfg.solver.tau), "M": float(cfg.solver.M)} if objective == "thesis" else {}
-        prob, sol = planner.solve(layout, objective, limit, **kw)
+        prob, sol = planner.solve(layout, objective, limit, backend=backend, **kw)
         fname = "problem.json" if objective == "max_rate" else "problem_thesis.json"
         (out / fname).write_text(json.dumps(problem_to_json(prob, limit)))
         ev_rate = (

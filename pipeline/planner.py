@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.formulas import DERATE, kv_bytes_per_seq
 from costmodel.island import IslandBenchmark, benchmark_island
 from costmodel.profile import CostProfile
 from costmodel.specs import GPU, Model
@@ -75,6 +76,8 @@ class Planner:
     fp8_combine: bool = False
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+    kv_transfer: bool = False  # max_rate: cap KV GB/s out of prefill and into decode islands by their NICs
+    budget_per_hour: float | None = None  # max_rate: $/h cap on the islands in use (others stay idle)
     _cache: dict[tuple[str, int], IslandBenchmark] = field(default_factory=dict, repr=False)
     _full: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     hits: int = 0
@@ -110,8 +113,17 @@ class Planner:
             self._cache[(gpu, size)] = bench
         return bench
 
-    def problem(self, layout: Layout, objective: str = "max_rate", **kw: float) -> InnerProblem:
+    def problem(self, layout: Layout, objective: str = "max_rate", **kw: Any) -> InnerProblem:
         benches = [self.benchmark(g, n) for g, n in layout.islands]
+        if objective == "max_rate":
+            if self.kv_transfer:
+                kw.setdefault("kv_gb", self.kv_gb_per_range(layout))
+                kw.setdefault(
+                    "link_gb_s", np.array([n * self.gpus[g].scaleout_bw_gb_s * DERATE for g, n in layout.islands])
+                )
+            if self.budget_per_hour is not None:
+                kw.setdefault("budget_per_hour", self.budget_per_hour)
+                kw.setdefault("cost_per_hour", self.cost_per_hour(layout))
         return InnerProblem(
             layout.islands,
             self.ranges.p,
@@ -123,11 +135,33 @@ class Planner:
             **kw,
         )
 
+    def cost_per_hour(self, layout: Layout) -> np.ndarray:
+        """$/h of each island (size x the GPU's price, inventory overrides included)."""
+        return np.array([n * self.gpus[g].price_per_hour for g, n in layout.islands], dtype=float)
+
+    def kv_gb_per_range(self, layout: Layout) -> np.ndarray:
+        """GB of KV cache one request of each range hands from prefill to decode.
+
+        At the range's representative length, in the largest KV element any GPU of the layout
+        stores (BF16 where a GPU lacks FP8): conservative when GPU types mix.
+        """
+        tokens = self.ranges.mid.astype(float)
+        per_gpu = [
+            kv_bytes_per_seq(self.gpus[g], self.model, tokens, np.ones_like(tokens), self.profile)
+            for g in {g for g, _ in layout.islands}
+        ]
+        return np.max(per_gpu, axis=0) / 1e9
+
     def solve(
-        self, layout: Layout, objective: str = "max_rate", time_limit_s: float = 10.0, **kw: float
+        self,
+        layout: Layout,
+        objective: str = "max_rate",
+        time_limit_s: float = 10.0,
+        backend: str = "SCIP",
+        **kw: Any,
     ) -> tuple[InnerProblem, InnerSolution]:
         prob = self.problem(layout, objective, **kw)
-        return prob, solve(prob, time_limit_s=time_limit_s)
+        return prob, solve(prob, time_limit_s=time_limit_s, backend=backend)
 
     def support(self) -> tuple[np.ndarray, np.ndarray]:
         """Every input length the workload has, and its probability."""
