@@ -1,0 +1,164 @@
+"""The exact reference: the best layout *and* routing of an inventory in one MILP.
+
+Classes c = (GPU type t, island size s) for every size s >= the type's minimum island that
+holds the model. n^P_c, n^D_c = how many islands of class c prefill / decode (integers);
+x^P_cj, x^D_cj = capacity (island units) they give range j.
+
+    max Λ
+    (1) Σ_c b^P_cj x^P_cj >= Λ p_j,   Σ_c b^D_cj x^D_cj >= Λ p_j       ∀ j
+    (2) Σ_j x^P_cj <= n^P_c,          Σ_j x^D_cj <= n^D_c             ∀ c
+    (3) Σ_{c of type t} s_c (n^P_c + n^D_c) <= I_t                    ∀ t   the inventory
+    (4) optional: Σ_c cost_c (n^P_c + n^D_c) <= B                           $/h budget
+    (5) optional: KV egress/ingress as in solvers/inner.py
+
+This is the inner `max_rate` model with the layout made a decision too, so its Λ bounds
+every layout a generator can propose (each is a feasible point): a search's gap to it is
+>= 0 and measures the search alone.
+
+`rate_per_dollar` maximises Λ / C (C = Σ_c cost_c (n^P_c + n^D_c)) by Dinkelbach's method:
+solve max Λ − θ C, set θ = Λ / C, repeat until the optimum is 0 (a few MILPs).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.linear_solver import pywraplp
+
+from solvers.inner import MILP_BACKENDS, _status
+
+GAP = 1e-6  # relative MIP gap: the reference is exact to this
+EXACT_OBJECTIVES = ("max_rate", "rate_per_dollar")
+
+
+@dataclass(frozen=True)
+class TypeOptions:
+    """One GPU type's candidate islands: sizes (S,), per-island throughput (S, J)."""
+
+    gpu: str
+    count: int
+    price_per_gpu_hour: float
+    sizes: np.ndarray
+    prefill_req_s: np.ndarray
+    decode_req_s: np.ndarray
+    link_gb_s_per_gpu: float = 0.0
+
+
+@dataclass(frozen=True)
+class ExactResult:
+    status: str
+    rate_req_s: float
+    cost_per_hour: float
+    islands: tuple[tuple[str, int, str], ...]  # (gpu, size, role) per island
+    solve_ms: float
+    iterations: int  # MILPs solved (Dinkelbach steps for rate_per_dollar)
+    bound: float = float("nan")  # max_rate: the solver's proven upper bound on Λ (= Λ when optimal)
+
+    @property
+    def rate_per_dollar(self) -> float:
+        return self.rate_req_s / self.cost_per_hour if self.cost_per_hour > 0 else 0.0
+
+
+def exact_optimum(
+    types: list[TypeOptions],
+    p: np.ndarray,
+    *,
+    objective: str = "max_rate",
+    budget_per_hour: float | None = None,
+    kv_gb: np.ndarray | None = None,
+    time_limit_s: float = 120.0,
+    backend: str = "HIGHS",
+) -> ExactResult:
+    if objective not in EXACT_OBJECTIVES:
+        raise ValueError(f"exact reference: unknown objective {objective!r}; choose from {list(EXACT_OBJECTIVES)}")
+    if backend not in MILP_BACKENDS:
+        raise ValueError(f"unknown MILP backend {backend!r}; choose from {list(MILP_BACKENDS)}")
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    theta, iters, best = 0.0, 0, None
+    while True:
+        iters += 1
+        res = _solve(types, p, theta, budget_per_hour, kv_gb, max(deadline - time.perf_counter(), 1.0), backend)
+        if res.status not in ("optimal", "feasible") or (best is not None and res.cost_per_hour <= 0):
+            break  # at the optimal ratio the empty layout ties at 0: the previous layout is the answer
+        if best is None or res.rate_per_dollar > best.rate_per_dollar:
+            best = res
+        if objective == "max_rate" or res.cost_per_hour <= 0 or time.perf_counter() > deadline or iters >= 50:
+            break
+        if res.rate_per_dollar <= theta * (1 + 1e-9):
+            break
+        theta = res.rate_per_dollar
+    out = res if objective == "max_rate" or best is None else best
+    return ExactResult(
+        out.status, out.rate_req_s, out.cost_per_hour, out.islands, (time.perf_counter() - t0) * 1e3, iters, out.bound
+    )
+
+
+def _solve(
+    types: list[TypeOptions],
+    p: np.ndarray,
+    theta: float,
+    budget: float | None,
+    kv_gb: np.ndarray | None,
+    time_limit_s: float,
+    backend: str,
+) -> ExactResult:
+    t0 = time.perf_counter()
+    s = pywraplp.Solver.CreateSolver(backend)
+    if s is None:
+        raise RuntimeError(f"OR-Tools was built without {backend}; reinstall ortools")
+    s.SetTimeLimit(max(int(time_limit_s * 1000), 1))
+    s.SuppressOutput()
+    if backend == "HIGHS":
+        s.SetSolverSpecificParametersAsString("output_flag=false")
+    n_j = len(p)
+    lam = s.NumVar(0.0, s.infinity(), "Lambda")
+    classes: list[tuple[int, int]] = []  # (type index, size index) of usable islands
+    for ti, t in enumerate(types):
+        for si in range(len(t.sizes)):
+            if t.sizes[si] <= t.count and (t.prefill_req_s[si].any() or t.decode_req_s[si].any()):
+                classes.append((ti, si))
+    n_p, n_d, x_p, x_d, cost = [], [], [], [], []
+    for ti, si in classes:
+        t, size = types[ti], int(types[ti].sizes[si])
+        most = t.count // size
+        n_p.append(s.IntVar(0, most, f"nP[{t.gpu},{size}]"))
+        n_d.append(s.IntVar(0, most, f"nD[{t.gpu},{size}]"))
+        x_p.append([s.NumVar(0.0, most, "") for _ in range(n_j)])
+        x_d.append([s.NumVar(0.0, most, "") for _ in range(n_j)])
+        cost.append(size * t.price_per_gpu_hour)
+    for j in range(n_j):
+        s.Add(s.Sum([types[ti].prefill_req_s[si, j] * x_p[c][j] for c, (ti, si) in enumerate(classes)]) >= p[j] * lam)
+        s.Add(s.Sum([types[ti].decode_req_s[si, j] * x_d[c][j] for c, (ti, si) in enumerate(classes)]) >= p[j] * lam)
+    for c, (ti, si) in enumerate(classes):
+        s.Add(s.Sum(x_p[c]) <= n_p[c])
+        s.Add(s.Sum(x_d[c]) <= n_d[c])
+        if kv_gb is not None:
+            t = types[ti]
+            link = float(t.sizes[si]) * t.link_gb_s_per_gpu
+            s.Add(s.Sum([t.prefill_req_s[si, j] * kv_gb[j] * x_p[c][j] for j in range(n_j)]) <= link * n_p[c])
+            s.Add(s.Sum([t.decode_req_s[si, j] * kv_gb[j] * x_d[c][j] for j in range(n_j)]) <= link * n_d[c])
+    for ti, t in enumerate(types):
+        used = [int(t.sizes[si]) * (n_p[c] + n_d[c]) for c, (tj, si) in enumerate(classes) if tj == ti]
+        if used:
+            s.Add(s.Sum(used) <= t.count)
+    total_cost = s.Sum([cost[c] * (n_p[c] + n_d[c]) for c in range(len(classes))])
+    if budget is not None:
+        s.Add(total_cost <= budget)
+    s.Maximize(lam - theta * total_cost if theta > 0 else lam)
+    params = pywraplp.MPSolverParameters()
+    params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
+    status = _status(s, s.Solve(params))
+    if status in ("infeasible", "time_limit"):
+        return ExactResult(status, 0.0, 0.0, (), (time.perf_counter() - t0) * 1e3, 1, float("nan"))
+    islands: list[tuple[str, int, str]] = []
+    for c, (ti, si) in enumerate(classes):
+        size = int(types[ti].sizes[si])
+        islands += [(types[ti].gpu, size, "prefill")] * round(n_p[c].solution_value())
+        islands += [(types[ti].gpu, size, "decode")] * round(n_d[c].solution_value())
+    spent = sum(size * next(t.price_per_gpu_hour for t in types if t.gpu == g) for g, size, _ in islands)
+    bound = s.Objective().BestBound() if theta == 0 else float("nan")
+    ms = (time.perf_counter() - t0) * 1e3
+    return ExactResult(status, lam.solution_value(), spent, tuple(islands), ms, 1, bound)
