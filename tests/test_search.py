@@ -1,0 +1,216 @@
+"""The search end to end: real Ray Tune + Optuna + OR-Tools + MLflow on a small inventory."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["+inventory=tiny_hetero", "ranges.width=1000", "search.batch=4", "ray.num_cpus=2"]
+
+
+def search(tmp: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.search",
+        *args,
+        f"out_root={tmp}/out",
+        f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
+    ]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def run_dirs(tmp: Path) -> list[Path]:
+    return sorted(p.parent for p in (tmp / "out").glob("*/*/trials.jsonl"))
+
+
+def child_runs(tmp: Path, parent_id: str) -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    exp = client.get_experiment_by_name("archipelago")
+    return client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=1000)
+
+
+def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(tmp_path: Path) -> None:
+    r = search(tmp_path, *SMALL, "search.iterations=3")
+    assert r.returncode == 0, r.stderr
+    (d,) = run_dirs(tmp_path)
+    plan = json.loads((d / "plan.json").read_text())
+    for key in ("rate_req_s", "output_tok_s", "cost_per_hour", "rate_per_dollar", "reference_optimum_req_s", "gap",
+                "islands", "workload", "inventory", "sampler", "trials"):  # fmt: skip
+        assert key in plan, key
+    assert plan["trials"] == 12 and plan["sampler"] == "tpe" and plan["workload"] == "azure_code"
+    # the exact reference bounds every layout the divider can propose
+    assert plan["gap"] >= -1e-6 and plan["rate_req_s"] <= plan["reference_optimum_req_s"] * (1 + 1e-6)
+    assert plan["rate_req_s"] > 0 and plan["output_tok_s"] > plan["rate_req_s"]
+    used = {g: 0 for g in plan["inventory"]["gpus"]}
+    for isl in plan["islands"]:
+        assert {"gpu", "size", "role", "tp", "dp", "ep", "batch", "ranges"} <= set(isl)
+        used[isl["gpu"]] += isl["size"]
+        if isl["role"] != "idle":
+            # prefill: dp replicas of tp GPUs; decode: dp EP groups of ep GPUs (docs/costmodel.md)
+            group = isl["tp"] if isl["role"] == "prefill" else isl["ep"]
+            assert group * isl["dp"] == isl["size"] and isl["ranges"]
+            assert all(0 < rg["fraction"] <= 1 + 1e-9 for rg in isl["ranges"])
+    assert used == plan["inventory"]["gpus"]  # the divider uses every GPU
+    trials = pd.read_parquet(d / "trials.parquet")
+    assert len(trials) == 12 and trials["trial"].tolist() == list(range(12))
+    assert trials["score"].max() == pytest.approx(plan["rate_req_s"], rel=1e-6)
+    assert (trials["gap"] >= -1e-6).all()
+    for f in ("convergence.png", "report.md", "reference.json"):
+        assert (d / f).stat().st_size > 0
+    parent = json.loads((d / "state.json").read_text())["parent_run_id"]
+    assert len(child_runs(tmp_path, parent)) == 12
+    assert "[search] 12/12 trials" in r.stdout
+
+
+def test_bad_input_is_one_line_and_nonzero(tmp_path: Path) -> None:
+    cases = [
+        (["+inventory=nope"], "error: inventory=nope: there is no conf/inventory/nope.yaml; choose from ["),
+        (["+inventory=tiny_hetero", "search.sampler=annealing"], "error: search.sampler='annealing' is unknown"),
+        (
+            ["+inventory=tiny_hetero", "search.min_island=20"],
+            "error: search.min_island for H200 is 20 but the inventory",
+        ),
+        (["+inventory=tiny_hetero", "search.objective=speed"], "error: search.objective='speed' is unknown"),
+        (["+inventory=tiny_hetero", "search.resume=true"], "error: search.resume=true: no earlier run"),
+    ]
+    for args, message in cases:
+        r = search(tmp_path, *args, timeout=120)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.strip().splitlines() == [r.stderr.strip()] and r.stderr.startswith(message), (args, r.stderr)
+
+
+def test_an_inventory_too_small_for_the_model_is_a_clear_error(tmp_path: Path) -> None:
+    r = search(tmp_path, "+inventory=tiny_hetero", "~inventory.gpus.H200", "~inventory.gpus.H800",
+               "inventory.gpus.H20=4", "search.min_island=1", timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "not even an island of every GPU of one type can hold deepseek_v3" in r.stderr, (
+        r.stderr
+    )
+    assert not (tmp_path / "out").exists()  # refused before any run folder is made
+
+
+def test_interrupted_search_resumes_without_rerunning_finished_trials(tmp_path: Path) -> None:
+    args = [*SMALL, "search.iterations=6", "search.batch=2", "search.sampler=random"]
+    cmd = [sys.executable, "-m", "pipeline.search", *args, f"out_root={tmp_path}/out",
+           f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    journal: list[Path] = []
+    while time.time() < deadline:
+        journal = list((tmp_path / "out").glob("*/*/trials.jsonl"))
+        if journal and len(journal[0].read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    (d,) = run_dirs(tmp_path)
+    before = [json.loads(x) for x in (d / "trials.jsonl").read_text().splitlines()]
+    assert 3 <= len(before) < 12, (len(before), out, err)
+    assert proc.returncode == 130 and "search.resume=true" in err, err
+    r = search(tmp_path, *args, "search.resume=true")
+    assert r.returncode == 0, r.stderr
+    assert f"resuming: {len(before)} trials already done" in r.stdout
+    after = [json.loads(x) for x in (d / "trials.jsonl").read_text().splitlines()]
+    assert len(after) == 12 and [a["trial"] for a in after] == list(range(12))
+    assert after[: len(before)] == before  # finished trials kept as they were, not re-run
+    plan = json.loads((d / "plan.json").read_text())
+    assert plan["trials"] == 12 and plan["complete"] is True
+    parent = json.loads((d / "state.json").read_text())["parent_run_id"]
+    assert len(child_runs(tmp_path, parent)) == 12  # one MLflow parent across both sessions
+
+
+def test_exact_sampler_plans_the_global_optimum(tmp_path: Path) -> None:
+    r = search(tmp_path, *SMALL, "search.sampler=exact", timeout=120)
+    assert r.returncode == 0, r.stderr
+    (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/plan.json")]
+    plan = json.loads((d / "plan.json").read_text())
+    assert plan["trials"] == 0 and plan["gap"] == pytest.approx(0.0, abs=1e-5)
+
+
+def raising_trial(ctx: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    from pipeline.search import run_trial
+
+    if float(params["skew_H20"]) < 0:
+        raise RuntimeError("injected failure for a negative H20 skew")
+    return run_trial(ctx, params)
+
+
+def compose(overrides: list[str]) -> Any:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from costmodel.catalog import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("search", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def test_a_failing_trial_is_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
+    from ray import cloudpickle
+
+    from pipeline.search import execute
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
+    cfg = compose([*SMALL, "search.iterations=3", "search.sampler=random", "search.reference=false",
+                   f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])  # fmt: skip
+    assert execute(cfg, trial_fn=raising_trial) == 0
+    (d,) = run_dirs(tmp_path)
+    recs = [json.loads(x) for x in (d / "trials.jsonl").read_text().splitlines()]
+    failed = [r for r in recs if r["status"] == "error"]
+    assert len(recs) == 12
+    assert failed and all(r["params"]["skew_H20"] < 0 for r in failed)
+    assert all("injected failure" in r["note"] for r in failed)
+    assert all(r["status"] == "optimal" for r in recs if r["params"]["skew_H20"] >= 0)
+    plan = json.loads((d / "plan.json").read_text())
+    assert plan["failed"] == len(failed) and plan["rate_req_s"] > 0
+
+
+def test_two_node_ray_cluster_runs_trials_on_both_nodes(tmp_path: Path) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from pipeline.search import execute
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    try:
+        cluster.wait_for_nodes()
+        cfg = compose([*SMALL, "search.iterations=4", "search.sampler=random", "search.reference=false",
+                       f"ray.address={cluster.address}", f"out_root={tmp_path}/out",
+                       f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])  # fmt: skip
+        assert execute(cfg) == 0
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    (d,) = run_dirs(tmp_path)
+    recs = [json.loads(x) for x in (d / "trials.jsonl").read_text().splitlines()]
+    assert len(recs) == 16 and all(r["status"] == "optimal" for r in recs)
+    assert len({r["node"] for r in recs}) == 2
+
+
+def test_hydra_multirun_runs_every_job_in_its_own_folder(tmp_path: Path) -> None:
+    r = search(tmp_path, "-m", *SMALL, "search.iterations=1", "search.reference=false", "search.skew_range=1,3",
+               "search.min_island=1,2", timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    dirs = run_dirs(tmp_path)
+    assert len(dirs) == 4 and len({d.parent for d in dirs}) == 4
+    ranges = sorted((json.loads((d / "config.json").read_text())["search"]["skew_range"],
+                     json.loads((d / "config.json").read_text())["search"]["min_island"]) for d in dirs)  # fmt: skip
+    assert ranges == [(1, 1), (1, 2), (3, 1), (3, 2)]
+    parents = {json.loads((d / "state.json").read_text())["parent_run_id"] for d in dirs}
+    assert len(parents) == 4
