@@ -1,7 +1,7 @@
 """MLflow: one parent run per search, one child run per trial, artifacts on the parent.
 
-Default store: an absolute SQLite file `outputs/mlflow.db` with artifacts in
-`outputs/mlartifacts/`; any tracking URI (e.g. http://host:5000) by config. Children are
+Default store: an absolute SQLite file `outputs/mlflow.db`; a SQLite store keeps artifacts in
+`mlartifacts/` beside its database file; any tracking URI (e.g. http://host:5000) by config. Children are
 logged from the driver as trials finish, so workers on other Ray nodes need no access to
 the store.
 """
@@ -41,7 +41,12 @@ class Tracker:
         try:
             exp = self.client.get_experiment_by_name(experiment)
             if exp is None:
-                loc = (REPO / "outputs" / "mlartifacts").as_uri() if self.uri == default_uri() else None
+                # a SQLite store keeps its artifacts beside the database file (not in ./mlruns)
+                loc = (
+                    (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+                    if self.uri.startswith("sqlite:///")
+                    else None
+                )
                 self.experiment_id = self.client.create_experiment(experiment, artifact_location=loc)
             else:
                 self.experiment_id = exp.experiment_id
