@@ -44,6 +44,7 @@ from pipeline.planner import Layout, Planner
 from pipeline.space import Space
 from pipeline.workload import make_ranges, workload_from_cfg
 from solvers.exact import ExactResult, TypeOptions, exact_optimum
+from solvers.inner import MILP_BACKENDS
 from solvers.layouts import LayoutRejected
 
 SAMPLERS = ("tpe", "gp", "random", "grid", "qmc", "cmaes", "exact")
@@ -61,6 +62,7 @@ class Context:
     objective: str
     inner_time_limit_s: float
     key: str  # identity of the planner inputs (config hash)
+    backend: str = "HIGHS"  # inner MILP solver
 
 
 _PLANNERS: dict[str, Planner] = {}  # per process: survives Ray Tune's actor reuse
@@ -98,7 +100,7 @@ def run_trial(ctx: Context, params: Mapping[str, Any]) -> dict[str, Any]:
     layout = Layout.of(islands)
     planner = planner_for(ctx)
     inner = "thesis" if ctx.objective == "thesis" else "max_rate"
-    prob, sol = planner.solve(layout, inner, ctx.inner_time_limit_s)
+    prob, sol = planner.solve(layout, inner, ctx.inner_time_limit_s, backend=ctx.backend)
     ev, _ = planner.evaluate(layout, prob, sol)
     in_use = _in_use(sol)
     cost = float(planner.cost_per_hour(layout)[in_use].sum())
@@ -226,7 +228,10 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
     identity["search"] = {k: v for k, v in record["search"].items() if k != "resume"}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     name = f"{inventory_name}-{workload_name}-{generator}-{sampler}-{objective}-{digest}"
-    ctx = Context(planner, space, objective, float(s.inner_time_limit_s), digest)
+    backend = str(s.inner_backend).upper()
+    if backend not in MILP_BACKENDS:
+        raise ConfigError(f"search.inner_backend={s.inner_backend!r}: choose from {list(MILP_BACKENDS)}")
+    ctx = Context(planner, space, objective, float(s.inner_time_limit_s), digest, backend)
     settings = Settings(
         inventory=inventory,
         workload_name=workload_name,
@@ -599,7 +604,7 @@ def execute(cfg: Any, trial_fn: Callable[[Context, Mapping[str, Any]], dict] = r
     if best_layout is None:
         plan: dict[str, Any] = {"status": "no feasible layout", "rate_req_s": 0.0, "islands": []}
     else:
-        plan = build_plan(planner, best_layout, ctx.inner_time_limit_s)
+        plan = build_plan(planner, best_layout, ctx.inner_time_limit_s, ctx.backend)
     score = plan.get("rate_per_dollar" if settings.objective == "rate_per_dollar" else "rate_req_s", 0.0)
     plan.update(
         {
