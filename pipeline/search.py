@@ -448,6 +448,7 @@ class SearchRun:
         remaining = self.s.trials - len(self.records)
         if remaining <= 0:
             return True
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter honours verbose=0
         import optuna
         from ray import tune
         from ray.tune.search import ConcurrencyLimiter

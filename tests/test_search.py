@@ -214,3 +214,54 @@ def test_hydra_multirun_runs_every_job_in_its_own_folder(tmp_path: Path) -> None
     assert ranges == [(1, 1), (1, 2), (3, 1), (3, 2)]
     parents = {json.loads((d / "state.json").read_text())["parent_run_id"] for d in dirs}
     assert len(parents) == 4
+
+
+def small_context(tmp: Path, *extra: str) -> tuple[Any, Any]:
+    from omegaconf import OmegaConf
+
+    from costmodel.catalog import CONF_DIR
+    from pipeline.search import settings_from_cfg
+
+    cfg = compose(["ranges.width=1000", f"out_root={tmp}/out", *extra])
+    return settings_from_cfg(cfg, "tiny_hetero", OmegaConf.load(CONF_DIR / "inventory" / "tiny_hetero.yaml"))
+
+
+@pytest.mark.parametrize("objective", ["max_rate", "rate_per_dollar"])
+def test_exact_reference_bounds_every_sampled_layout(tmp_path: Path, objective: str) -> None:
+    import optuna
+
+    from pipeline.search import reference, run_trial
+
+    settings, ctx = small_context(tmp_path, f"search.objective={objective}")
+    ref = reference(settings, ctx, ctx.planner)
+    assert ref.status == "optimal"
+    best = ref.rate_per_dollar if objective == "rate_per_dollar" else ref.rate_req_s
+    sampler = optuna.samplers.RandomSampler(seed=1)
+    study = optuna.create_study(sampler=sampler, direction="maximize")
+    scores = []
+    for _ in range(25):
+        t = study.ask(ctx.space.distributions())
+        out = run_trial(ctx, t.params)
+        study.tell(t, out["score"])
+        scores.append(out["score"])
+    assert max(scores) > 0
+    assert max(scores) <= best * (1 + 1e-5)
+    # the reference's own layout, solved by the inner loop, reaches it
+    from pipeline.planner import Layout
+
+    layout = Layout.of([(g, n) for g, n, _ in ref.islands])
+    _, sol = ctx.planner.solve(layout)
+    assert sol.rate_req_s == pytest.approx(ref.rate_req_s, rel=1e-5)
+
+
+def test_direct_proposals_over_the_inventory_are_rejected_or_repaired(tmp_path: Path) -> None:
+    from pipeline.search import run_trial
+
+    over = {f"slot_{g}_{k}": 0 for g in ("H200", "H800", "H20") for k in range(4)}
+    over.update({"slot_H200_0": 16, "slot_H200_1": 8, "slot_H800_0": 16, "slot_H20_0": 32})
+    _, ctx = small_context(tmp_path, "search=direct", "search.k_slots=4")
+    out = run_trial(ctx, over)
+    assert out["status"] == "rejected" and out["score"] == 0 and "sum to 24 > 16" in out["note"]
+    _, ctx = small_context(tmp_path, "search=direct", "search.k_slots=4", "search.on_violation=repair")
+    out = run_trial(ctx, over)
+    assert out["status"] == "optimal" and out["score"] > 0
