@@ -27,6 +27,7 @@ from costmodel.profile import CostProfile
 from pipeline.planner import Layout, Planner
 from pipeline.workload import make_ranges, workload_from_cfg
 from solvers.inner import InnerProblem, solve
+from solvers.layouts import divider_layout
 
 
 def instance(seed: int, n_i: int = 64, n_j: int = 32, n_classes: int = 6) -> InnerProblem:
@@ -139,6 +140,24 @@ def bench_evaluation(repeats: int) -> None:
             prob, sol = planner.solve(lay)
             planner.evaluate(lay, prob, sol)
             times.append(time.perf_counter() - t)
+    rng = np.random.default_rng(0)  # layouts as the divider proposes them: many distinct island sizes
+    inv, divided = {"H200": 64, "H800": 64, "H20": 128}, []
+    for _ in range(20):
+        n = {g: int(rng.integers(1, 33)) for g in inv}
+        skew = {g: float(rng.uniform(-5, 5)) for g in inv}
+        divided.append(Layout.of(divider_layout(inv, n, skew, dict.fromkeys(inv, 2))))
+    div_times = []
+    for lay in divided:
+        planner.evaluate(lay, *planner.solve(lay))  # first sight
+        t = time.perf_counter()
+        prob, sol = planner.solve(lay)
+        planner.evaluate(lay, prob, sol)
+        div_times.append(time.perf_counter() - t)
+    print(
+        f"\nPer evaluation, 20 divider layouts of hetero_a (random n_t in 1..32, skew in +-5; "
+        f"{statistics.median(len(set(lay.islands)) for lay in divided):.0f} distinct island classes median): "
+        f"cached median {statistics.median(div_times) * 1e3:.1f} ms, max {max(div_times) * 1e3:.1f} ms"
+    )
     print(
         f"\nPer evaluation, hetero_a-sized layouts ({len(layouts)} layouts x {repeats}, {len(planner.ranges)} "
         f"ranges, Azure code): first sight {cold * 1e3:.1f} ms (benchmarks built), cached median "
