@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.catalog import CONF_DIR
+from costmodel.formulas import DERATE
 from pipeline.config import (
     ConfigError,
     choice,
@@ -286,7 +287,7 @@ def reference(settings: Settings, ctx: Context, planner: Planner) -> ExactResult
                 sizes,
                 np.array([b.prefill_req_s for b in benches]),
                 np.array([b.decode_req_s for b in benches]),
-                g.scaleout_bw_gb_s * 0.85,
+                g.scaleout_bw_gb_s * DERATE,
             )
         )
     kv = (
