@@ -180,11 +180,23 @@ def test_a_failing_trial_is_recorded_and_the_search_goes_on(tmp_path: Path) -> N
     assert plan["failed"] == len(failed) and plan["rate_req_s"] > 0
 
 
+def slow_trial(ctx: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The real trial, held for a second: with ~0.1 s trials one reused actor can finish a batch
+    before a second node's actor has started, and the test is about placement, not speed."""
+    from pipeline.search import run_trial
+
+    time.sleep(1.0)
+    return run_trial(ctx, params)
+
+
 def test_two_node_ray_cluster_runs_trials_on_both_nodes(tmp_path: Path) -> None:
     import ray
+    from ray import cloudpickle
     from ray.cluster_utils import Cluster
 
     from pipeline.search import execute
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     cluster.add_node(num_cpus=1)
@@ -193,7 +205,7 @@ def test_two_node_ray_cluster_runs_trials_on_both_nodes(tmp_path: Path) -> None:
         cfg = compose([*SMALL, "search.iterations=4", "search.sampler=random", "search.reference=false",
                        f"ray.address={cluster.address}", f"out_root={tmp_path}/out",
                        f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])  # fmt: skip
-        assert execute(cfg) == 0
+        assert execute(cfg, trial_fn=slow_trial) == 0
     finally:
         ray.shutdown()
         cluster.shutdown()
