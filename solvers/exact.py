@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from solvers.inner import MILP_BACKENDS, _status
+from solvers.inner import MILP_BACKENDS, _status, new_solver
 
 GAP = 1e-6  # relative MIP gap: the reference is exact to this
 EXACT_OBJECTIVES = ("max_rate", "rate_per_dollar")
@@ -106,13 +106,7 @@ def _solve(
     backend: str,
 ) -> ExactResult:
     t0 = time.perf_counter()
-    s = pywraplp.Solver.CreateSolver(backend)
-    if s is None:
-        raise RuntimeError(f"OR-Tools was built without {backend}; reinstall ortools")
-    s.SetTimeLimit(max(int(time_limit_s * 1000), 1))
-    s.SuppressOutput()
-    if backend == "HIGHS":
-        s.SetSolverSpecificParametersAsString("output_flag=false")
+    s = new_solver(backend, time_limit_s)
     n_j = len(p)
     lam = s.NumVar(0.0, s.infinity(), "Lambda")
     classes: list[tuple[int, int]] = []  # (type index, size index) of usable islands

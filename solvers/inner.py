@@ -184,6 +184,18 @@ def _status(solver: pywraplp.Solver, code: int) -> str:
     raise RuntimeError(f"inner solver ended with status {names.get(code, code)}")
 
 
+def new_solver(backend: str, time_limit_s: float) -> pywraplp.Solver:
+    """A quiet OR-Tools solver with a time limit."""
+    solver = pywraplp.Solver.CreateSolver(backend)
+    if solver is None:
+        raise RuntimeError(f"OR-Tools was built without {backend}; reinstall ortools")
+    solver.SetTimeLimit(max(int(time_limit_s * 1000), 1))
+    solver.SuppressOutput()
+    if backend == "HIGHS":
+        solver.SetSolverSpecificParametersAsString("output_flag=false")  # HiGHS prints a banner otherwise
+    return solver
+
+
 def island_classes(prob: InnerProblem) -> list[list[int]]:
     """Islands grouped by (gpu, size, identical benchmark rows, fixed role, link, cost), first-seen order."""
     groups: dict[tuple[object, ...], list[int]] = {}
@@ -208,14 +220,7 @@ class _Model:
         self.first = [c[0] for c in classes]
         self.bp, self.bd = prob.prefill_req_s[self.first], prob.decode_req_s[self.first]
         self.m = [len(c) for c in classes]
-        solver = pywraplp.Solver.CreateSolver(backend)
-        if solver is None:
-            raise RuntimeError(f"OR-Tools was built without {backend}; reinstall ortools")
-        solver.SetTimeLimit(max(int(time_limit_s * 1000), 1))
-        solver.SuppressOutput()
-        if backend == "HIGHS":
-            solver.SetSolverSpecificParametersAsString("output_flag=false")  # HiGHS prints a banner otherwise
-        self.solver = solver
+        self.solver = solver = new_solver(backend, time_limit_s)
         n_c, n_j = len(classes), len(prob.p)
         self.xp = [[solver.NumVar(0.0, self.m[c], f"xP[{c},{j}]") for j in range(n_j)] for c in range(n_c)]
         self.xd = [[solver.NumVar(0.0, self.m[c], f"xD[{c},{j}]") for j in range(n_j)] for c in range(n_c)]
