@@ -320,22 +320,22 @@ def make_sampler(name: str, seed: int, space: Space) -> Any:
     if name == "grid":
         return optuna.samplers.GridSampler(space.grid(), seed=seed)
     if name == "gp":
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                "search.sampler=gp needs PyTorch, an optional extra: pip install -e '.[gp]' (or use tpe)"
-            ) from None
+        _require("torch", "gp", "PyTorch")
         return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True)
     if name == "cmaes":
-        try:
-            import cmaes  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                "search.sampler=cmaes needs the cmaes package, an optional extra: pip install -e '.[cmaes]'"
-            ) from None
+        _require("cmaes", "cmaes", "the cmaes package")
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     raise ConfigError(f"search.sampler={name!r} is unknown: choose from {list(SAMPLERS)}")
+
+
+def _require(module: str, extra: str, what: str) -> None:
+    """A sampler's optional dependency, or one line saying how to install it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            f"search.sampler={extra} needs {what}, an optional extra: pip install -e '.[{extra}]' (or use tpe)"
+        )
 
 
 # --- the journal: every finished trial, one JSON line, flushed and synced ------------------------
@@ -631,7 +631,7 @@ def execute(cfg: Any, trial_fn: Callable[[Context, Mapping[str, Any]], dict] = r
             "wall_s": wall_s,
         }
     )
-    if plan.get("islands") or best_layout is not None:
+    if best_layout is not None:
         write_json(run.dir / "plan.json", plan)
         (run.dir / "report.md").write_text(
             report(
