@@ -29,7 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from costmodel.catalog import CONF_DIR
-from pipeline.search import SearchRun, make_sampler, reference, run_trial, settings_from_cfg
+from pipeline.search import SearchRun, ask_tell, make_sampler, reference, run_trial, settings_from_cfg
 from pipeline.tracking import Tracker
 
 
@@ -42,18 +42,8 @@ def load(overrides: list[str]) -> Any:
 
 
 def optuna_loop(ctx: Any, sampler: Any, evals: int, batch: int) -> tuple[list[float], list[dict[str, Any]]]:
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    dists = ctx.space.distributions()
-    best, results = [], []
-    while len(results) < evals:
-        trials = [study.ask(dists) for _ in range(min(batch, evals - len(results)))]
-        for t in trials:
-            out = run_trial(ctx, t.params)
-            results.append(out)
-            best.append(max(best[-1] if best else 0.0, out["score"]))
-        for t, out in zip(trials, results[-len(trials) :], strict=True):
-            study.tell(t, out["score"])
-    return best, results
+    results = ask_tell(ctx, sampler, evals, batch)
+    return list(np.maximum.accumulate([r["score"] for r in results])), results
 
 
 def main() -> None:

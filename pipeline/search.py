@@ -98,7 +98,12 @@ def run_trial(ctx: Context, params: Mapping[str, Any]) -> dict[str, Any]:
         return {**zero, "status": "rejected", "islands": "", "note": str(err), "trial_ms": _ms(t0)}
     if not islands:
         return {**zero, "status": "empty", "islands": "", "note": "no island fits", "trial_ms": _ms(t0)}
-    layout = Layout.of(islands)
+    return score_layout(ctx, Layout.of(islands), t0)
+
+
+def score_layout(ctx: Context, layout: Layout, t0: float | None = None) -> dict[str, Any]:
+    """Inner solve and full-resolution evaluation of one layout; `t0` is when the trial started."""
+    t0 = time.perf_counter() if t0 is None else t0
     planner = planner_for(ctx)
     inner = "thesis" if ctx.objective == "thesis" else "max_rate"
     prob, sol = planner.solve(layout, inner, ctx.inner_time_limit_s, backend=ctx.backend)
@@ -118,7 +123,7 @@ def run_trial(ctx: Context, params: Mapping[str, Any]) -> dict[str, Any]:
         "rate_per_dollar": per_dollar,
         "solve_ms": sol.solve_ms,
         "trial_ms": _ms(t0),
-        "n_islands": float(len(islands)),
+        "n_islands": float(len(layout.islands)),
         "islands": layout.key,
         "note": "",
     }
@@ -326,6 +331,26 @@ def make_sampler(name: str, seed: int, space: Space) -> Any:
         _require("cmaes", "cmaes", "the cmaes package")
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     raise ConfigError(f"search.sampler={name!r} is unknown: choose from {list(SAMPLERS)}")
+
+
+def ask_tell(ctx: Context, sampler: Any, evals: int, batch: int) -> list[dict[str, Any]]:
+    """`evals` trials in one process, `batch` proposals asked and told back together.
+
+    The sampler sees exactly what it sees under Ray Tune with ConcurrencyLimiter(batch=True);
+    experiments that repeat whole searches run one of these per Ray task.
+    """
+    import optuna
+
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    dists = ctx.space.distributions()
+    results: list[dict[str, Any]] = []
+    while len(results) < evals:
+        trials = [study.ask(dists) for _ in range(min(batch, evals - len(results)))]
+        outs = [{**run_trial(ctx, t.params), "params": dict(t.params)} for t in trials]
+        for t, out in zip(trials, outs, strict=True):
+            study.tell(t, out["score"])
+        results += outs
+    return results
 
 
 def _require(module: str, extra: str, what: str) -> None:
@@ -716,11 +741,11 @@ def _with_ray(settings: Settings, body: Callable[[], bool]) -> bool:
 GROUPS = ("inventory", "workload", "model", "costmodel", "search")
 
 
-def precheck(argv: list[str]) -> None:
+def precheck(argv: list[str], groups: tuple[str, ...] = GROUPS) -> None:
     """Unknown config-group options as one line (Hydra's own message is a screenful)."""
     for arg in argv:
         key, sep, value = arg.lstrip("+~").partition("=")
-        if not sep or key not in GROUPS:
+        if not sep or key not in groups:
             continue
         names = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
         for v in value.split(","):

@@ -1,4 +1,4 @@
-"""MLflow: one parent run per search, one child run per trial, artifacts on the parent.
+"""MLflow: one parent run per search (or experiment), one child run per trial (or repeated search).
 
 Default store: an absolute SQLite file `outputs/mlflow.db`; a SQLite store keeps artifacts in
 `mlartifacts/` beside its database file; any tracking URI (e.g. http://host:5000) by config. Children are
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +64,18 @@ class Tracker:
         self._log(self.parent_id, params, {})
         return self.parent_id
 
-    def child(self, name: str, params: Mapping[str, Any], metrics: Mapping[str, float], failed: bool) -> None:
+    def child(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        metrics: Mapping[str, float],
+        failed: bool,
+        series: Mapping[str, Sequence[float]] | None = None,
+    ) -> None:
+        """One child run; `series` are metrics logged per step (e.g. best so far per iteration)."""
         assert self.parent_id is not None
         run = self.client.create_run(self.experiment_id, run_name=name, tags={"mlflow.parentRunId": self.parent_id})
-        self._log(run.info.run_id, params, metrics)
+        self._log(run.info.run_id, params, metrics, series)
         self.client.set_terminated(run.info.run_id, status="FAILED" if failed else "FINISHED")
 
     def finish_parent(self, metrics: Mapping[str, float], artifacts: list[Path], status: str = "FINISHED") -> None:
@@ -78,12 +86,19 @@ class Tracker:
                 self.client.log_artifact(self.parent_id, str(path))
         self.client.set_terminated(self.parent_id, status=status)
 
-    def _log(self, run_id: str, params: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
+    def _log(
+        self,
+        run_id: str,
+        params: Mapping[str, Any],
+        metrics: Mapping[str, float],
+        series: Mapping[str, Sequence[float]] | None = None,
+    ) -> None:
         from mlflow.entities import Metric, Param
 
         now = int(time.time() * 1000)
+        steps = [Metric(k, float(v), now, i) for k, vs in (series or {}).items() for i, v in enumerate(vs) if v == v]
         self.client.log_batch(
             run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v == v],  # NaN dropped
+            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v == v] + steps,  # NaN dropped
             params=[Param(k, str(v)[:6000]) for k, v in params.items()],
         )
