@@ -326,7 +326,11 @@ def make_sampler(name: str, seed: int, space: Space) -> Any:
         return optuna.samplers.GridSampler(space.grid(), seed=seed)
     if name == "gp":
         _require("torch", "gp", "PyTorch")
-        return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # deterministic_objective
+            return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True)
     if name == "cmaes":
         _require("cmaes", "cmaes", "the cmaes package")
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
