@@ -188,7 +188,12 @@ def exact_search(settings: Settings, ctx: Context) -> dict[str, Any]:
 
 def reference_task(settings: Settings, ctx: Context) -> dict[str, Any]:
     ref = reference(settings, ctx, ctx.planner)
-    return {"rate_req_s": ref.rate_req_s, "rate_per_dollar": ref.rate_per_dollar, "status": ref.status}
+    return {
+        "rate_req_s": ref.rate_req_s,
+        "rate_per_dollar": ref.rate_per_dollar,
+        "status": ref.status,
+        "islands": [list(t) for t in ref.islands],
+    }
 
 
 # --- the driver ----------------------------------------------------------------------------------
