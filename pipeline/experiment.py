@@ -105,7 +105,12 @@ def spec_from_cfg(cfg: Any) -> Spec:
 
 
 def _axis_override(axis: str, value: str) -> str:
-    return f"+inventory={value}" if axis == "inventory" else f"{axis}={value}"
+    """An axis names a config group (`workload`), a search setting (`batch` = `search.batch`) or any key."""
+    if axis == "inventory":
+        return f"+inventory={value}"
+    if axis in GROUPS or "." in axis:
+        return f"{axis}={value}"
+    return f"search.{axis}={value}"
 
 
 def _merge(overrides: Sequence[str]) -> list[str]:
