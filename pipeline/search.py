@@ -48,7 +48,7 @@ from solvers.exact import ExactResult, TypeOptions, exact_optimum
 from solvers.inner import MILP_BACKENDS
 from solvers.layouts import LayoutRejected
 
-SAMPLERS = ("tpe", "gp", "random", "grid", "qmc", "cmaes", "exact")
+SAMPLERS = ("tpe", "gp", "saasbo", "random", "grid", "qmc", "cmaes", "exact")
 OBJECTIVES = ("max_rate", "rate_per_dollar", "thesis")
 DEFAULT_INVENTORY = "hetero_a"
 
@@ -331,6 +331,12 @@ def make_sampler(name: str, seed: int, space: Space) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # deterministic_objective
             return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True)
+    if name == "saasbo":
+        _require("botorch", "saasbo", "BoTorch")
+        _require("optuna_integration", "saasbo", "optuna-integration")
+        from pipeline.saasbo import saasbo_sampler
+
+        return saasbo_sampler(seed)
     if name == "cmaes":
         _require("cmaes", "cmaes", "the cmaes package")
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
@@ -361,7 +367,11 @@ def _require(module: str, extra: str, what: str) -> None:
     """A sampler's optional dependency, or one line saying how to install it."""
     import importlib.util
 
-    if importlib.util.find_spec(module) is None:
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ValueError:  # imported already, as a lazy module without a spec
+        found = module in sys.modules
+    if not found:
         raise ConfigError(
             f"search.sampler={extra} needs {what}, an optional extra: pip install -e '.[{extra}]' (or use tpe)"
         )

@@ -68,7 +68,7 @@ def test_every_experiment_runs_in_smoke_mode(tmp_path: Path, ray_session: Any, n
     assert len(summary) == n_cells
     ran = summary[summary["skipped"] == ""]
     for _, cell in summary[summary["skipped"] != ""].iterrows():  # only a missing optional extra skips a cell
-        assert cell["sampler"] == "gp" and "pip install -e '.[gp]'" in cell["skipped"]
+        assert cell["sampler"] in ("gp", "saasbo") and f"pip install -e '.[{cell['sampler']}]'" in cell["skipped"]
     assert len(ran) > 0
     trials = spec.smoke_trials
     expected_searches = sum(1 if s == "exact" else trials for s in ran["sampler"])

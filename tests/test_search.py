@@ -277,3 +277,31 @@ def test_direct_proposals_over_the_inventory_are_rejected_or_repaired(tmp_path: 
     _, ctx = small_context(tmp_path, "search=direct", "search.k_slots=4", "search.on_violation=repair")
     out = run_trial(ctx, over)
     assert out["status"] == "optimal" and out["score"] > 0
+
+
+def test_saasbo_proposes_from_its_fitted_model_after_the_random_start(tmp_path: Path) -> None:
+    pytest.importorskip("botorch")
+    pytest.importorskip("numpyro")
+    pytest.importorskip("optuna_integration")
+    from pipeline.search import ask_tell, make_sampler
+
+    _, ctx = small_context(tmp_path)
+    sampler = make_sampler("saasbo", 0, ctx.space)
+    fits = []
+    cands = sampler._candidates_func
+    original = type(cands).__call__
+
+    def counting(self: Any, *args: Any) -> Any:
+        before = self.fitted
+        out = original(self, *args)
+        fits.append(self.fitted is not before)
+        return out
+
+    type(cands).__call__ = counting  # type: ignore[method-assign]
+    try:
+        results = ask_tell(ctx, sampler, 14, 2)  # 10 random start-up trials, then 2 batches of 2
+    finally:
+        type(cands).__call__ = original  # type: ignore[method-assign]
+    assert len(results) == 14 and all(r["status"] in ("optimal", "feasible", "empty") for r in results)
+    # 4 model-based proposals, one NUTS fit per batch: the second of each batch reuses the model
+    assert fits == [True, False, True, False]
