@@ -243,10 +243,12 @@ def run_experiment(cfg: Any, passthrough: Sequence[str]) -> int:
     cells = build_cells(spec, passthrough)
     first = cells[0].settings
     out_root = Path(str(cfg.out_root)).parent / "experiments"
-    ident = _digest(
+    ident = _digest(  # the whole composed config of every cell: a changed default is a new experiment
         {
             "experiment": plain(cfg.experiment),
-            "overrides": [o for o in passthrough if not o.startswith(("ray.", "mlflow.", "out_root="))],
+            "cells": [
+                {k: v for k, v in c.settings.config.items() if k not in ("ray", "mlflow", "out_root")} for c in cells
+            ],
         }
     )
     run_dir = out_root / f"{spec.name}{'-smoke' if spec.smoke else ''}-{ident}"

@@ -34,7 +34,7 @@ from pipeline.config import (
 )
 from pipeline.planner import Layout, Planner, layout_from_cfg
 from pipeline.workload import make_ranges, workload_from_cfg
-from solvers.inner import MILP_BACKENDS, InnerProblem, InnerSolution, problem_to_json
+from solvers.inner import BACKENDS, InnerProblem, InnerSolution, problem_to_json
 
 
 def results_table(rows: list[tuple[str, InnerProblem, InnerSolution, float]]) -> str:
@@ -175,8 +175,8 @@ def main(cfg: DictConfig) -> None:
     out.mkdir(parents=True, exist_ok=True)
     limit = float(cfg.solver.time_limit_s)
     backend = str(cfg.solver.backend).upper()
-    if backend not in MILP_BACKENDS:
-        raise ConfigError(f"solver.backend={cfg.solver.backend!r}: choose from {list(MILP_BACKENDS)}")
+    if backend not in BACKENDS:
+        raise ConfigError(f"solver.backend={cfg.solver.backend!r}: choose from {list(BACKENDS)}")
     rows, sols = [], {}
     for objective in ("max_rate", "thesis"):
         kw = {"tau": float(cfg.solver.tau), "M": float(cfg.solver.M)} if objective == "thesis" else {}

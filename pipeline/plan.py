@@ -18,7 +18,7 @@ import pandas as pd
 from pipeline.planner import Layout, Planner
 
 
-def build_plan(planner: Planner, layout: Layout, time_limit_s: float, backend: str = "SCIP") -> dict[str, Any]:
+def build_plan(planner: Planner, layout: Layout, time_limit_s: float, backend: str = "AUTO") -> dict[str, Any]:
     """Solve `layout` with max_rate and describe every island: role, parallelism, batch, ranges."""
     prob, sol = planner.solve(layout, "max_rate", time_limit_s, backend=backend)
     ev, _ = planner.evaluate(layout, prob, sol)

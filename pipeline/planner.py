@@ -157,7 +157,7 @@ class Planner:
         layout: Layout,
         objective: str = "max_rate",
         time_limit_s: float = 10.0,
-        backend: str = "SCIP",
+        backend: str = "AUTO",
         **kw: Any,
     ) -> tuple[InnerProblem, InnerSolution]:
         prob = self.problem(layout, objective, **kw)

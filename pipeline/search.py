@@ -45,7 +45,7 @@ from pipeline.planner import Layout, Planner
 from pipeline.space import Space
 from pipeline.workload import make_ranges, workload_from_cfg
 from solvers.exact import ExactResult, TypeOptions, exact_optimum
-from solvers.inner import MILP_BACKENDS
+from solvers.inner import BACKENDS
 from solvers.layouts import LayoutRejected
 
 SAMPLERS = ("tpe", "gp", "saasbo", "random", "grid", "qmc", "cmaes", "exact")
@@ -63,7 +63,7 @@ class Context:
     objective: str
     inner_time_limit_s: float
     key: str  # identity of the planner inputs (config hash)
-    backend: str = "HIGHS"  # inner MILP solver
+    backend: str = "AUTO"  # inner MILP solver
 
 
 _PLANNERS: dict[str, Planner] = {}  # per process: survives Ray Tune's actor reuse
@@ -235,8 +235,8 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     name = f"{inventory_name}-{workload_name}-{generator}-{sampler}-{objective}-{digest}"
     backend = str(s.inner_backend).upper()
-    if backend not in MILP_BACKENDS:
-        raise ConfigError(f"search.inner_backend={s.inner_backend!r}: choose from {list(MILP_BACKENDS)}")
+    if backend not in BACKENDS:
+        raise ConfigError(f"search.inner_backend={s.inner_backend!r}: choose from {list(BACKENDS)}")
     ctx = Context(planner, space, objective, float(s.inner_time_limit_s), digest, backend)
     settings = Settings(
         inventory=inventory,

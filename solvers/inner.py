@@ -54,11 +54,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.linear_solver import pywraplp
+from ortools.linear_solver.python import model_builder as mb
 
 OBJECTIVES = ("max_rate", "thesis")
 STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
 ROLES = ("prefill", "decode", "idle")
 MILP_BACKENDS = ("SCIP", "HIGHS", "CBC")
+BACKENDS = ("AUTO", *MILP_BACKENDS)  # AUTO: SCIP for a short while, then HiGHS (see `_max_rate`)
+AUTO_SCIP_S = 0.15  # AUTO's SCIP stint: SCIP's median is short, HiGHS's tail is (docs/inner.md)
 
 
 @dataclass(frozen=True)
@@ -149,20 +152,22 @@ def thesis_deviation(prob: InnerProblem, x_p: np.ndarray, x_d: np.ndarray) -> fl
 
 
 def solve(
-    prob: InnerProblem, *, time_limit_s: float = 10.0, backend: str = "SCIP", aggregate: bool = True
+    prob: InnerProblem, *, time_limit_s: float = 10.0, backend: str = "AUTO", aggregate: bool = True
 ) -> InnerSolution:
     """Solve `prob` with its objective; see the module docstring for both models.
 
     `backend` is the MILP solver (one of MILP_BACKENDS); LPs always go to GLOP.
     `aggregate=False` gives every island its own class (one binary each; the thesis as written).
     """
-    if backend not in MILP_BACKENDS:
-        raise ValueError(f"unknown MILP backend {backend!r}; choose from {list(MILP_BACKENDS)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown MILP backend {backend!r}; choose from {list(BACKENDS)}")
     t0 = time.perf_counter()
     classes = island_classes(prob) if aggregate else [[i] for i in range(len(prob.islands))]
-    m = _Model(prob, classes, backend if prob.roles is None else "GLOP", time_limit_s)
     if prob.objective == "max_rate":
-        return m.max_rate(t0)
+        return _max_rate(prob, classes, backend, time_limit_s, t0)
+    m = _Model(
+        prob, classes, ("SCIP" if backend == "AUTO" else backend) if prob.roles is None else "GLOP", time_limit_s
+    )
     return m.thesis(t0)
 
 
@@ -212,6 +217,163 @@ def island_classes(prob: InnerProblem) -> list[list[int]]:
     return list(groups.values())
 
 
+def _max_rate(
+    prob: InnerProblem, classes: list[list[int]], backend: str, time_limit_s: float, t0: float
+) -> InnerSolution:
+    """max_rate built as sparse matrices in one go (NumPy), solved by OR-Tools' model builder.
+
+    Columns: x^P (C*J), x^D (C*J), y (C), a (C, only with a budget or fixed roles), Λ.
+    Without a budget a_c = m_c − y_c is substituted, as in the module docstring's (4).
+    """
+    first = [c[0] for c in classes]
+    bp, bd = prob.prefill_req_s[first], prob.decode_req_s[first]
+    m = np.array([len(c) for c in classes], dtype=float)
+    n_c, n_j = bp.shape
+    cj = n_c * n_j
+    explicit_a = prob.budget_per_hour is not None or prob.roles is not None
+    col_y = 2 * cj
+    col_a = col_y + n_c if explicit_a else -1
+    col_lam = col_y + (2 if explicit_a else 1) * n_c
+    n_col = col_lam + 1
+    lb, ub = np.zeros(n_col), np.zeros(n_col)
+    ub[:cj] = np.where(bp > 0, m[:, None], 0.0).ravel()
+    ub[cj:col_y] = np.where(bd > 0, m[:, None], 0.0).ravel()
+    ub[col_y : col_y + n_c] = m
+    if explicit_a:
+        ub[col_a : col_a + n_c] = m
+    ub[col_lam] = np.inf
+    if prob.roles is not None:  # fixed roles: the counts are constants, the model an LP
+        role = [prob.roles[c[0]] for c in classes]
+        lb[col_y : col_y + n_c] = ub[col_y : col_y + n_c] = [m[c] if r == "decode" else 0.0 for c, r in enumerate(role)]
+        lb[col_a : col_a + n_c] = ub[col_a : col_a + n_c] = [
+            m[c] if r == "prefill" else 0.0 for c, r in enumerate(role)
+        ]
+
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    row_lb: list[np.ndarray] = []
+    row_ub: list[np.ndarray] = []
+    n_row = 0
+
+    def add(r: np.ndarray, c: np.ndarray, v: np.ndarray) -> None:
+        rows.append(n_row + r.ravel())
+        cols.append(c.ravel())
+        vals.append(np.broadcast_to(v, r.shape).ravel().astype(float))
+
+    def close(n: int, lo: object, hi: object) -> None:
+        nonlocal n_row
+        row_lb.append(np.broadcast_to(np.asarray(lo, dtype=float), (n,)))
+        row_ub.append(np.broadcast_to(np.asarray(hi, dtype=float), (n,)))
+        n_row += n
+
+    cc, jj = np.meshgrid(np.arange(n_c), np.arange(n_j), indexing="ij")
+    xp_col, xd_col = cc * n_j + jj, cj + cc * n_j + jj
+    all_c, all_j = np.arange(n_c), np.arange(n_j)
+    for b, x_col in ((bp, xp_col), (bd, xd_col)):  # (1), (2): capacity of range j >= Λ p_j
+        add(jj, x_col, b)
+        add(all_j, np.full(n_j, col_lam), -prob.p)
+        close(n_j, 0.0, np.inf)
+    # (3) prefill islands' capacity: Σ_j x^P_cj <= a_c (= m_c − y_c without a budget)
+    add(cc, xp_col, 1.0)
+    if explicit_a:
+        add(all_c, col_a + all_c, -1.0)
+        close(n_c, -np.inf, 0.0)
+    else:
+        add(all_c, col_y + all_c, 1.0)
+        close(n_c, -np.inf, m)
+    add(cc, xd_col, 1.0)  # (3) decode: Σ_j x^D_cj <= y_c
+    add(all_c, col_y + all_c, -1.0)
+    close(n_c, -np.inf, 0.0)
+    if prob.budget_per_hour is not None and prob.cost_per_hour is not None:
+        add(all_c, col_y + all_c, 1.0)  # (4) with a budget: a_c + y_c <= m_c
+        add(all_c, col_a + all_c, 1.0)
+        close(n_c, -np.inf, m)
+        cost = prob.cost_per_hour[first]
+        add(np.zeros(n_c, dtype=int), col_y + all_c, cost)  # (6) Σ_c cost_c (a_c + y_c) <= B
+        add(np.zeros(n_c, dtype=int), col_a + all_c, cost)
+        close(1, -np.inf, prob.budget_per_hour)
+    if prob.kv_gb is not None and prob.link_gb_s is not None:  # (5) KV GB/s through the islands' NICs
+        link = prob.link_gb_s[first]
+        add(cc, xp_col, bp * prob.kv_gb[None, :])
+        if explicit_a:
+            add(all_c, col_a + all_c, -link)
+            close(n_c, -np.inf, 0.0)
+        else:
+            add(all_c, col_y + all_c, link)
+            close(n_c, -np.inf, link * m)
+        add(cc, xd_col, bd * prob.kv_gb[None, :])
+        add(all_c, col_y + all_c, -link)
+        close(n_c, -np.inf, 0.0)
+
+    from scipy.sparse import csr_matrix
+
+    matrix = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_row, n_col))
+    objective = np.zeros(n_col)
+    objective[col_lam] = 1.0
+    model = mb.Model()
+    model.helper.fill_model_from_sparse_data(lb, ub, objective, np.concatenate(row_lb), np.concatenate(row_ub), matrix)
+    model.helper.set_maximize(True)
+    if prob.roles is None:
+        for col in range(col_y, col_lam):
+            model.helper.set_var_integrality(col, True)
+
+    status, x = _solve_matrix(model, backend if prob.roles is None else "GLOP", time_limit_s)
+    if status in ("infeasible", "time_limit"):
+        return _empty(prob, status, t0)
+    rate = float(x[col_lam])
+    xp, xd = x[:cj].reshape(n_c, n_j), x[cj:col_y].reshape(n_c, n_j)
+    n_dec = np.round(x[col_y : col_y + n_c]).astype(int)
+    n_pre = np.round(x[col_a : col_a + n_c]).astype(int) if explicit_a else m.astype(int) - n_dec
+    xp, xd = _trim_to_demand(xp, bp, prob.p * rate), _trim_to_demand(xd, bd, prob.p * rate)
+    x_pi, x_di, roles = _expand(prob, classes, xp, xd, n_pre, n_dec)
+    return _solution(prob, classes, status, rate, roles, x_pi, x_di, thesis_deviation(prob, x_pi, x_di), t0, {})
+
+
+_MB_STATUS = {"OPTIMAL": "optimal", "FEASIBLE": "feasible", "INFEASIBLE": "infeasible"}
+
+
+def _solve_matrix(model: mb.Model, backend: str, time_limit_s: float) -> tuple[str, np.ndarray]:
+    """Solve with one backend, or AUTO: SCIP for AUTO_SCIP_S, then HiGHS for the rest of the time."""
+    if backend == "AUTO":
+        t0 = time.perf_counter()
+        status, x = _solve_matrix(model, "SCIP", min(AUTO_SCIP_S, time_limit_s))
+        if status in ("optimal", "infeasible"):
+            return status, x
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left <= 0:
+            return status, x
+        status2, x2 = _solve_matrix(model, "HIGHS", left)
+        if status2 == "time_limit" and status == "feasible":
+            return status, x  # HiGHS found nothing in the time left; SCIP's incumbent stands
+        return status2, x2
+    if backend == "CBC":  # not in the model builder: through the classic wrapper
+        solver = new_solver("CBC", time_limit_s)
+        error = solver.LoadModelFromProto(model.export_to_proto())
+        if error:
+            raise RuntimeError(f"inner solver could not load the model: {error}")
+        params = pywraplp.MPSolverParameters()
+        params.SetDoubleParam(params.RELATIVE_MIP_GAP, 1e-7)
+        status = _status(solver, solver.Solve(params))
+        x = np.array([v.solution_value() for v in solver.variables()]) if status in ("optimal", "feasible") else None
+        return status, x  # type: ignore[return-value]
+    solver = mb.Solver(backend.lower())
+    solver.set_time_limit_in_seconds(time_limit_s)
+    if backend == "HIGHS":
+        solver.set_solver_specific_parameters("mip_rel_gap=1e-7\noutput_flag=false")
+    elif backend == "SCIP":
+        solver.set_solver_specific_parameters("limits/gap = 1e-7")  # SCIP's default 1e-4 is visible in Λ
+    code = solver.solve(model)
+    status = _MB_STATUS.get(code.name)
+    if status is None:
+        if code.name == "NOT_SOLVED" and solver.wall_time >= 0.95 * time_limit_s:
+            return "time_limit", np.zeros(0)
+        raise RuntimeError(f"inner solver ({backend}) ended with status {code.name}")
+    if status == "infeasible":
+        return status, np.zeros(0)
+    return status, solver.values(model.get_variables()).to_numpy()
+
+
 class _Model:
     """The class-aggregated variables shared by both objectives."""
 
@@ -249,42 +411,6 @@ class _Model:
         params = pywraplp.MPSolverParameters()
         params.SetDoubleParam(params.RELATIVE_MIP_GAP, 1e-7)  # SCIP's default 1e-4 is visible in Λ
         return _status(self.solver, self.solver.Solve(params))
-
-    def max_rate(self, t0: float) -> InnerSolution:
-        prob, s = self.prob, self.solver
-        lam = s.NumVar(0.0, s.infinity(), "Lambda")
-        rp_j, rd_j = self._range_rates()
-        for j in range(len(prob.p)):
-            s.Add(rp_j[j] >= prob.p[j] * lam)  # (1)
-            s.Add(rd_j[j] >= prob.p[j] * lam)  # (2)
-        for c in range(len(self.classes)):
-            s.Add(s.Sum(self.xp[c]) <= self._prefill_count(c))  # (3)
-            s.Add(s.Sum(self.xd[c]) <= self.y[c])
-            if self.a[c] is not None:
-                s.Add(self.a[c] + self.y[c] <= self.m[c])  # (4) with a budget
-        if prob.kv_gb is not None and prob.link_gb_s is not None:  # (5)
-            k = prob.kv_gb
-            for c, i in enumerate(self.first):
-                link = float(prob.link_gb_s[i])
-                s.Add(
-                    s.Sum([self.bp[c, j] * k[j] * v for j, v in enumerate(self.xp[c])]) <= link * self._prefill_count(c)
-                )
-                s.Add(s.Sum([self.bd[c, j] * k[j] * v for j, v in enumerate(self.xd[c])]) <= link * self.y[c])
-        if prob.budget_per_hour is not None and prob.cost_per_hour is not None:  # (6)
-            cost = prob.cost_per_hour[self.first]
-            s.Add(
-                s.Sum([float(cost[c]) * (self.a[c] + self.y[c]) for c in range(len(self.classes))])
-                <= prob.budget_per_hour
-            )
-        s.Maximize(lam)
-        status = self._run()
-        if status in ("infeasible", "time_limit"):
-            return self._empty(status, t0)
-        rate = lam.solution_value()
-        xp, xd = self._values()
-        xp, xd = _trim_to_demand(xp, self.bp, prob.p * rate), _trim_to_demand(xd, self.bd, prob.p * rate)
-        x_pi, x_di, roles = self._expand(xp, xd)
-        return self._solution(status, float(rate), roles, x_pi, x_di, thesis_deviation(prob, x_pi, x_di), t0, {})
 
     def thesis(self, t0: float) -> InnerSolution:
         prob, s = self.prob, self.solver
@@ -339,52 +465,66 @@ class _Model:
         return xp, xd
 
     def _expand(self, xp: np.ndarray, xd: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
-        """Class totals to islands: the first a_c prefill, the next y_c decode, the rest idle."""
-        n_i, n_j = len(self.prob.islands), len(self.prob.p)
-        roles = ["idle"] * n_i
-        x_pi, x_di = np.zeros((n_i, n_j)), np.zeros((n_i, n_j))
-        for c, members in enumerate(self.classes):
-            n_dec = round(self.y[c].solution_value())
-            n_pre = round(self.a[c].solution_value()) if self.a[c] is not None else self.m[c] - n_dec
-            for k, i in enumerate(members):
-                if k < n_pre:
-                    roles[i] = "prefill"
-                    x_pi[i] = xp[c] / n_pre
-                elif k < n_pre + n_dec:
-                    roles[i] = "decode"
-                    x_di[i] = xd[c] / n_dec
-        return x_pi, x_di, tuple(roles)
+        n_dec = np.array([round(v.solution_value()) for v in self.y])
+        n_pre = np.array([round(self.a[c].solution_value()) if self.a[c] is not None else self.m[c] - n_dec[c]
+                          for c in range(len(self.classes))])  # fmt: skip
+        return _expand(self.prob, self.classes, xp, xd, n_pre, n_dec)
 
-    def _solution(
-        self,
-        status: str,
-        rate: float,
-        roles: tuple[str, ...],
-        x_pi: np.ndarray,
-        x_di: np.ndarray,
-        deviation: float,
-        t0: float,
-        extra: dict[str, float],
-    ) -> InnerSolution:
-        return InnerSolution(
-            status,
-            rate,
-            roles,
-            x_pi,
-            x_di,
-            float((self.prob.prefill_req_s * x_pi).sum()),
-            float((self.prob.decode_req_s * x_di).sum()),
-            deviation,
-            (time.perf_counter() - t0) * 1e3,
-            {"classes": float(len(self.classes)), **extra},
-        )
+    def _solution(self, *args: object, **kw: object) -> InnerSolution:
+        return _solution(self.prob, self.classes, *args, **kw)  # type: ignore[arg-type]
 
     def _empty(self, status: str, t0: float) -> InnerSolution:
-        n_i, n_j = self.prob.prefill_req_s.shape
-        z = np.zeros((n_i, n_j))
-        return InnerSolution(
-            status, 0.0, ("prefill",) * n_i, z, z.copy(), 0.0, 0.0, 0.0, (time.perf_counter() - t0) * 1e3
-        )
+        return _empty(self.prob, status, t0)
+
+
+def _expand(
+    prob: InnerProblem, classes: list[list[int]], xp: np.ndarray, xd: np.ndarray, n_pre: np.ndarray, n_dec: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Class totals to islands: the first a_c prefill, the next y_c decode, the rest idle."""
+    n_i, n_j = len(prob.islands), len(prob.p)
+    roles = ["idle"] * n_i
+    x_pi, x_di = np.zeros((n_i, n_j)), np.zeros((n_i, n_j))
+    for c, members in enumerate(classes):
+        for k, i in enumerate(members):
+            if k < n_pre[c]:
+                roles[i] = "prefill"
+                x_pi[i] = xp[c] / n_pre[c]
+            elif k < n_pre[c] + n_dec[c]:
+                roles[i] = "decode"
+                x_di[i] = xd[c] / n_dec[c]
+    return x_pi, x_di, tuple(roles)
+
+
+def _solution(
+    prob: InnerProblem,
+    classes: list[list[int]],
+    status: str,
+    rate: float,
+    roles: tuple[str, ...],
+    x_pi: np.ndarray,
+    x_di: np.ndarray,
+    deviation: float,
+    t0: float,
+    extra: dict[str, float],
+) -> InnerSolution:
+    return InnerSolution(
+        status,
+        rate,
+        roles,
+        x_pi,
+        x_di,
+        float((prob.prefill_req_s * x_pi).sum()),
+        float((prob.decode_req_s * x_di).sum()),
+        deviation,
+        (time.perf_counter() - t0) * 1e3,
+        {"classes": float(len(classes)), **extra},
+    )
+
+
+def _empty(prob: InnerProblem, status: str, t0: float) -> InnerSolution:
+    n_i, n_j = prob.prefill_req_s.shape
+    z = np.zeros((n_i, n_j))
+    return InnerSolution(status, 0.0, ("prefill",) * n_i, z, z.copy(), 0.0, 0.0, 0.0, (time.perf_counter() - t0) * 1e3)
 
 
 def _trim_to_demand(x: np.ndarray, b: np.ndarray, demand: np.ndarray) -> np.ndarray:

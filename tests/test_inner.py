@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -297,7 +298,7 @@ def test_fixed_roles_solve_as_an_lp_to_the_milp_optimum() -> None:
     )
 
 
-@pytest.mark.parametrize("backend", ["HIGHS", "CBC"])
+@pytest.mark.parametrize("backend", ["SCIP", "HIGHS", "CBC"])
 def test_other_milp_backends_reach_the_same_optimum(backend: str) -> None:
     for objective in ("max_rate", "thesis"):
         pr = random_problem(5, 6, 4, objective)
@@ -306,6 +307,28 @@ def test_other_milp_backends_reach_the_same_optimum(backend: str) -> None:
         va = a.extra[key] if key else a.rate_req_s
         vb = b.extra[key] if key else b.rate_req_s
         assert b.status == "optimal" and vb == pytest.approx(va, rel=1e-5)
+
+
+def test_auto_hands_over_to_highs_when_scip_runs_out_of_its_stint(monkeypatch: pytest.MonkeyPatch) -> None:
+    from solvers import inner
+
+    pr = random_problem(12, 20, 6, "max_rate")
+    scip = solve(pr, backend="SCIP")
+    monkeypatch.setattr(inner, "AUTO_SCIP_S", 1e-6)  # SCIP stops at once: HiGHS must finish the job
+    calls: list[str] = []
+    real = inner._solve_matrix
+
+    def spy(model: Any, backend: str, limit: float) -> Any:
+        calls.append(backend)
+        out = real(model, backend, limit)
+        calls.append(out[0])
+        return out
+
+    monkeypatch.setattr(inner, "_solve_matrix", spy)
+    auto = solve(pr, backend="AUTO")
+    assert calls[:2] == ["AUTO", "SCIP"] and "HIGHS" in calls and calls[-1] == "optimal", calls
+    assert auto.status == scip.status == "optimal"
+    assert auto.rate_req_s == pytest.approx(scip.rate_req_s, rel=1e-6)
 
 
 def test_constraints_the_thesis_model_lacks_are_refused() -> None:
