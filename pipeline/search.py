@@ -231,7 +231,8 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
     record = {k: plain(cfg[k]) for k in cfg if k != "hydra"}
     record["inventory"] = {"name": inventory_name, **plain(inv_cfg)}
     identity = {k: v for k, v in record.items() if k not in ("ray", "mlflow", "out_root")}
-    identity["search"] = {k: v for k, v in record["search"].items() if k != "resume"}
+    # the MILP backend changes the speed, not the model: a run resumes under another backend
+    identity["search"] = {k: v for k, v in record["search"].items() if k not in ("resume", "inner_backend")}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     name = f"{inventory_name}-{workload_name}-{generator}-{sampler}-{objective}-{digest}"
     backend = str(s.inner_backend).upper()
