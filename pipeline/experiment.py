@@ -246,9 +246,7 @@ def run_experiment(cfg: Any, passthrough: Sequence[str]) -> int:
     ident = _digest(  # the whole composed config of every cell: a changed default is a new experiment
         {
             "experiment": plain(cfg.experiment),
-            "cells": [
-                {k: v for k, v in c.settings.config.items() if k not in ("ray", "mlflow", "out_root")} for c in cells
-            ],
+            "cells": [_identity(c.settings.config) for c in cells],
         }
     )
     run_dir = out_root / f"{spec.name}{'-smoke' if spec.smoke else ''}-{ident}"
@@ -314,6 +312,13 @@ def run_experiment(cfg: Any, passthrough: Sequence[str]) -> int:
         )
         return 130
     return 0
+
+
+def _identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides a cell's results: its config without where it runs, logs and writes, or which solver."""
+    out = {k: v for k, v in config.items() if k not in ("ray", "mlflow", "out_root")}
+    out["search"] = {k: v for k, v in config["search"].items() if k not in ("resume", "inner_backend")}
+    return out
 
 
 def _seeds(cell: Cell, spec: Spec) -> list[int]:
