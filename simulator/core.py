@@ -1,0 +1,252 @@
+"""Discrete-event, request-level simulation of a plan: prefill engines -> KV transfer -> decode engines.
+
+Events are (time ms, sequence, kind, engine or request). A request arrives, a router picks a
+prefill engine, the engine's scheduler orders its queue; a prefill batch (up to a token
+budget) finishes together and emits every request's first token; the KV cache then moves to a
+decode engine the router picks (size from the model, bandwidth from the prefill GPUs' NICs);
+decode engines run continuous batching with paged KV memory: a request is admitted when a
+sequence slot and its KV tokens are free, and when the growing contexts no longer fit, the
+most recently admitted request is preempted and later recomputed (its prompt and the tokens
+generated so far are prefilled again on the decode engine before it resumes).
+
+Per step a decode engine does O(1) work plus O(log n) per finishing request: contexts are
+tracked as a running sum and finishing steps in a heap, so a million tokens cost a million
+arithmetic operations, not a million Python objects.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.timing import DecodeTiming, PrefillTiming
+
+ARRIVE, PREFILL_DONE, KV_READY, STEP = 0, 1, 2, 3
+
+
+@dataclass
+class Requests:
+    """Structure of arrays, one entry per request; times in ms, -1 until they happen."""
+
+    arrival: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+    prefill_engine: np.ndarray = field(init=False)
+    decode_engine: np.ndarray = field(init=False)
+    first_token: np.ndarray = field(init=False)
+    finish: np.ndarray = field(init=False)
+    preemptions: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival)
+        if not (len(self.input_len) == len(self.output_len) == n):
+            raise ValueError("arrival, input_len and output_len must have one entry per request")
+        if n and ((self.input_len < 1).any() or (self.output_len < 1).any()):
+            raise ValueError("every request needs input_len >= 1 and output_len >= 1")
+        if n and (np.diff(self.arrival) < 0).any():
+            raise ValueError("arrivals must be sorted by time")
+        self.prefill_engine = np.full(n, -1)
+        self.decode_engine = np.full(n, -1)
+        self.first_token = np.full(n, -1.0)
+        self.finish = np.full(n, -1.0)
+        self.preemptions = np.zeros(n, dtype=int)
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+
+class PrefillEngine:
+    def __init__(self, index: int, island: int, timing: PrefillTiming, token_budget: int) -> None:
+        self.index, self.island, self.timing, self.token_budget = index, island, timing, token_budget
+        self.queue: list[int] = []  # waiting request ids, in the scheduler's order
+        self.busy_until = 0.0
+        self.batch: list[int] = []
+        self.queued_tokens = 0  # prompt tokens waiting: the load routers compare
+
+
+class DecodeEngine:
+    def __init__(self, index: int, island: int, timing: DecodeTiming, recompute: PrefillTiming) -> None:
+        self.index, self.island, self.timing = index, island, timing
+        self.recompute = recompute  # prefill timing of this engine's GPUs, for rebuilding a preempted KV
+        self.waiting: list[int] = []  # KV arrived, not yet admitted (FCFS)
+        self.step = 0  # steps taken
+        self.running: dict[int, tuple[int, int, int]] = {}  # id -> (step admitted, context then, admission no.)
+        self.finishing: list[tuple[int, int, int]] = []  # heap of (step it finishes at, id, admission no.)
+        self.admissions = 0
+        self.admitted: list[int] = []  # admission order (stale entries skipped): the preemption victim is last
+        self.context_sum = 0  # Σ current context of the running requests = KV tokens in use
+        self.stepping = False
+        self.stall_ms = 0.0  # recompute time to add to the next step
+        self.kv_peak = 0
+
+    @property
+    def load(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+
+class Router:
+    """Picks an engine for a request; `plan` routers also get the request's input length."""
+
+    def prefill(self, sim: Simulation, req: int) -> int:
+        raise NotImplementedError
+
+    def decode(self, sim: Simulation, req: int) -> int:
+        raise NotImplementedError
+
+
+class Simulation:
+    def __init__(
+        self,
+        requests: Requests,
+        prefill: Sequence[PrefillEngine],
+        decode: Sequence[DecodeEngine],
+        router: Router,
+        *,
+        record_kv_every_ms: float = 1000.0,
+    ) -> None:
+        if not prefill or not decode:
+            raise ValueError("a simulation needs at least one prefill and one decode engine")
+        self.r, self.prefill, self.decode, self.router = requests, list(prefill), list(decode), router
+        self.events: list[tuple[float, int, int, int]] = []
+        self.seq = itertools.count()
+        self.now = 0.0
+        self.kv_trace: list[tuple[float, float]] = []  # (time, KV tokens in use / capacity), all decode engines
+        self.record_every = record_kv_every_ms
+        self.next_record = 0.0
+        self.kv_capacity = sum(e.timing.kv_tokens for e in self.decode)
+        self.progress: dict[int, int] = {}  # tokens generated by preempted requests when they were preempted
+
+    # --- the event loop ----------------------------------------------------------------------
+
+    def push(self, t: float, kind: int, who: int) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), kind, who))
+
+    def run(self) -> None:
+        for i, t in enumerate(self.r.arrival):
+            self.push(float(t), ARRIVE, i)
+        handlers = (self._arrive, self._prefill_done, self._kv_ready, self._step)
+        while self.events:
+            t, _, kind, who = heapq.heappop(self.events)
+            if t < self.now:
+                raise AssertionError(f"time went backwards: {t} < {self.now}")
+            self.now = t
+            handlers[kind](who)
+            if t >= self.next_record:
+                used = sum(e.context_sum for e in self.decode)
+                self.kv_trace.append((t, used / self.kv_capacity if self.kv_capacity else 0.0))
+                self.next_record = t + self.record_every
+
+    # --- prefill -----------------------------------------------------------------------------
+
+    def _arrive(self, req: int) -> None:
+        e = self.prefill[self.router.prefill(self, req)]
+        self.r.prefill_engine[req] = e.index
+        e.queue.append(req)
+        e.queued_tokens += int(self.r.input_len[req])
+        if not e.batch:
+            self._start_prefill(e)
+
+    def _start_prefill(self, e: PrefillEngine) -> None:
+        tokens, ms = 0, 0.0
+        while e.queue:
+            req = e.queue[0]
+            n = int(self.r.input_len[req])
+            if e.batch and tokens + n > e.token_budget:
+                break
+            e.queue.pop(0)
+            e.batch.append(req)
+            tokens += n
+            ms += e.timing.prefill_ms(n)  # prompts in a batch cost what they cost one by one (see timing)
+        if e.batch:
+            e.queued_tokens -= tokens
+            self.push(self.now + ms, PREFILL_DONE, e.index)
+
+    def _prefill_done(self, index: int) -> None:
+        e = self.prefill[index]
+        for req in e.batch:
+            self.r.first_token[req] = self.now  # the prefill emits the first token
+            if self.r.output_len[req] == 1:
+                self.r.finish[req] = self.now  # nothing left to decode
+                continue
+            self.r.decode_engine[req] = self.router.decode(self, req)
+            self.push(self.now + e.timing.transfer_ms(float(self.r.input_len[req])), KV_READY, req)
+        e.batch = []
+        self._start_prefill(e)
+
+    # --- decode ------------------------------------------------------------------------------
+
+    def _kv_ready(self, req: int) -> None:
+        d = self.decode[int(self.r.decode_engine[req])]
+        d.waiting.append(req)
+        if d.stepping:
+            return  # joins the batch at the next step boundary
+        self._admit(d)
+        if d.running:
+            d.stepping = True
+            self.push(self.now + self._step_ms(d), STEP, d.index)
+
+    def _admit(self, d: DecodeEngine) -> None:
+        cap = d.timing
+        while d.waiting and len(d.running) < cap.max_seqs:
+            req = d.waiting[0]
+            done = self._generated(req)  # tokens already generated (> 1 after a preemption)
+            ctx = int(self.r.input_len[req]) + done
+            if d.context_sum + ctx > cap.kv_tokens and d.running:
+                return  # no room yet; a finishing request will free some
+            if ctx > cap.kv_tokens:
+                raise ValueError(
+                    f"request {req} needs {ctx} KV tokens, more than decode engine {d.index} holds ({cap.kv_tokens})"
+                )
+            d.waiting.pop(0)
+            if done > 1:  # a preempted request: its KV was dropped, recompute it before it resumes
+                d.stall_ms += d.recompute.prefill_ms(ctx)
+            d.admissions += 1
+            d.running[req] = (d.step, ctx, d.admissions)
+            d.context_sum += ctx
+            heapq.heappush(d.finishing, (d.step + int(self.r.output_len[req]) - done, req, d.admissions))
+            d.admitted.append(req)
+        d.kv_peak = max(d.kv_peak, d.context_sum)
+
+    def _generated(self, req: int) -> int:
+        """Tokens of `req` generated so far: 1 from prefill, more if it was preempted mid-decode."""
+        return self.progress.get(req, 1)
+
+    def _step_ms(self, d: DecodeEngine) -> float:
+        n = len(d.running)
+        ms = d.timing.step_ms(n, d.context_sum / n) + d.stall_ms
+        d.stall_ms = 0.0
+        return ms
+
+    def _step(self, index: int) -> None:
+        d = self.decode[index]
+        d.step += 1
+        d.context_sum += len(d.running)  # every running request gained one token
+        while d.finishing and d.finishing[0][0] <= d.step:
+            _, req, serial = heapq.heappop(d.finishing)
+            if req not in d.running or d.running[req][2] != serial:
+                continue  # preempted since: a stale entry
+            step0, ctx0, _ = d.running.pop(req)
+            d.context_sum -= ctx0 + (d.step - step0)
+            self.r.finish[req] = self.now
+        while d.context_sum > d.timing.kv_tokens and len(d.running) > 1:
+            self._preempt(d)
+        self._admit(d)
+        if d.running:
+            self.push(self.now + self._step_ms(d), STEP, d.index)
+        else:
+            d.stepping = False
+
+    def _preempt(self, d: DecodeEngine) -> None:
+        while d.admitted[-1] not in d.running:
+            d.admitted.pop()
+        req = d.admitted.pop()
+        step0, ctx0, _ = d.running.pop(req)
+        ctx = ctx0 + (d.step - step0)
+        d.context_sum -= ctx
+        self.progress[req] = ctx - int(self.r.input_len[req])
+        self.r.preemptions[req] += 1
+        d.waiting.insert(0, req)  # first in line once memory frees up

@@ -1,0 +1,86 @@
+"""Step times and KV capacity of one engine, as lookup tables built once from the cost model.
+
+An island of a plan runs `dp` engine instances (`docs/costmodel.md`, "What batch counts"):
+
+- prefill: an engine is one DP rank of `tp` GPUs; it prefills one prompt of s tokens in
+  `prefill_time_ms(s, tp, dp)` (the time for the island's dp ranks to prefill dp prompts at
+  once), so an engine serving prompts back to back reproduces the plan's b^P exactly;
+- decode: an engine is one EP group of `ep` GPUs, made of `ep / tp` attention-DP ranks; a step
+  (one token for every running sequence) takes `decode_step_ms(context, batch per rank, tp, ep)`.
+
+Tables are evaluated on grids (prompt length; batch per rank x mean context) and interpolated,
+so a simulated step costs a few arithmetic operations, not a cost-model call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.formulas import decode_step_ms, kv_bytes_per_seq, max_batch, prefill_time_ms
+from costmodel.profile import CostProfile
+from costmodel.specs import GPU, Model
+
+NIC_DERATE = 0.85  # achievable share of a NIC's line rate, as the inner solver's KV constraint uses
+
+
+@dataclass(frozen=True)
+class PrefillTiming:
+    lengths: np.ndarray  # grid of prompt lengths (tokens)
+    ms: np.ndarray  # prefill time of one prompt at each grid length
+    kv_bytes_per_token: float  # KV bytes one token of a prompt moves to decode (whole model)
+    link_gb_s: float  # the engine's scale-out bandwidth (its GPUs' NICs, derated)
+
+    def prefill_ms(self, tokens: float) -> float:
+        return float(np.interp(tokens, self.lengths, self.ms))
+
+    def transfer_ms(self, tokens: float) -> float:
+        return tokens * self.kv_bytes_per_token / (self.link_gb_s * 1e9) * 1e3
+
+
+@dataclass(frozen=True)
+class DecodeTiming:
+    batches: np.ndarray  # grid of sequences per attention rank
+    contexts: np.ndarray  # grid of mean context (tokens)
+    ms: np.ndarray  # (batches, contexts) step time
+    ranks: int  # attention-DP ranks (batch units) of the engine
+    max_seqs: int  # running sequences the engine admits (plan batch x ranks)
+    kv_tokens: int  # KV capacity of the engine in tokens (all its ranks)
+
+    def step_ms(self, running: int, mean_context: float) -> float:
+        per_rank = -(-running // self.ranks)  # ceil: the busiest rank sets the step
+        b = np.interp(per_rank, self.batches, np.arange(len(self.batches)))
+        c = np.interp(mean_context, self.contexts, np.arange(len(self.contexts)))
+        i0, j0 = min(int(b), len(self.batches) - 2), min(int(c), len(self.contexts) - 2)
+        fb, fc = b - i0, c - j0
+        m = self.ms
+        return float(
+            (1 - fb) * ((1 - fc) * m[i0, j0] + fc * m[i0, j0 + 1])
+            + fb * ((1 - fc) * m[i0 + 1, j0] + fc * m[i0 + 1, j0 + 1])
+        )
+
+
+def prefill_timing(gpu: GPU, model: Model, tp: int, dp: int, max_len: int, profile: CostProfile) -> PrefillTiming:
+    lengths = np.unique(np.geomspace(1, max(max_len, 2), 96).round())
+    ms = prefill_time_ms(gpu, model, lengths, np.full_like(lengths, tp), np.full_like(lengths, dp), 0.0, profile)
+    kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), profile)[0])
+    return PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, gpu.scaleout_bw_gb_s * tp * NIC_DERATE)
+
+
+def decode_timing(
+    gpu: GPU, model: Model, tp: int, ep: int, batch: int, max_context: int, profile: CostProfile
+) -> DecodeTiming:
+    """`batch` is the plan's decode batch per rank (sequences per attention rank, or per GPU under shallowsim)."""
+    ranks = ep // tp if profile.batch_per_attention_rank else ep
+    batches = np.unique(np.geomspace(1, max(batch, 2), 24).round())
+    contexts = np.unique(np.geomspace(16, max(max_context, 32), 24).round())
+    bb, cc = np.meshgrid(batches, contexts, indexing="ij")
+    ms = decode_step_ms(gpu, model, cc, bb, np.full_like(bb, tp), np.full_like(bb, ep), False, profile)
+    # KV capacity: sequences of 1,024 tokens that fit beside the weights, per rank, in tokens
+    routed = np.ceil(model.n_routed_experts / ep)
+    per_rank = float(
+        max_batch(gpu, model, np.array([1024.0]), 0.0, np.array([float(tp)]), np.array([routed]), profile)[0]
+    )
+    kv_tokens = int(max(per_rank, 0.0) * 1024 * ranks)
+    return DecodeTiming(batches, contexts, np.asarray(ms, dtype=float), ranks, batch * ranks, kv_tokens)

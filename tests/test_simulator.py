@@ -1,0 +1,136 @@
+"""The request-level simulator: conservation, memory, time, routing, and agreement with a plan's Λ."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodel.catalog import load_gpu, load_model
+from costmodel.profile import CostProfile
+from simulator.core import DecodeEngine, PrefillEngine, Requests, Simulation
+from simulator.metrics import summary
+from simulator.plan import Island, build, islands_from_plan
+from simulator.routers import PlanRouter, PowerOfTwo, RoundRobin
+from simulator.timing import DecodeTiming, PrefillTiming
+
+
+def flat_prefill(ms: float = 10.0) -> PrefillTiming:
+    """Every prompt takes `ms`; KV moves at 1 byte per token over 1 GB/s (negligible)."""
+    return PrefillTiming(np.array([1.0, 1e6]), np.array([ms, ms]), 1.0, 1.0)
+
+
+def flat_decode(step_ms: float = 5.0, max_seqs: int = 8, kv_tokens: int = 10_000) -> DecodeTiming:
+    return DecodeTiming(np.array([1.0, 1e6]), np.array([1.0, 1e6]), np.full((2, 2), step_ms), 1, max_seqs, kv_tokens)
+
+
+def engines(n_pre: int = 1, n_dec: int = 1, **dec: float) -> tuple[list[PrefillEngine], list[DecodeEngine]]:
+    pre = [PrefillEngine(i, i, flat_prefill(), 10**9) for i in range(n_pre)]
+    d = [DecodeEngine(i, i, flat_decode(**dec), flat_prefill(1.0)) for i in range(n_dec)]  # type: ignore[arg-type]
+    return pre, d
+
+
+def check_conservation(sim: Simulation) -> None:
+    r = sim.r
+    assert (r.finish >= r.first_token).all() and (r.first_token >= r.arrival).all()
+    for d in sim.decode:  # every request left; the KV in use went back to zero
+        assert not d.running and not d.waiting and d.context_sum == 0
+        assert d.kv_peak <= d.timing.kv_tokens
+
+
+def test_one_request_by_hand() -> None:
+    # arrives at 0, prefilled in 10 ms (first token), 4 more tokens at 5 ms a step: done at 30 ms
+    r = Requests(np.array([0.0]), np.array([100]), np.array([5]))
+    pre, dec = engines()
+    sim = Simulation(r, pre, dec, RoundRobin())
+    sim.run()
+    assert r.first_token[0] == pytest.approx(10.0, abs=1e-3)
+    assert r.finish[0] == pytest.approx(30.0, abs=1e-3)
+    check_conservation(sim)
+
+
+def test_every_request_finishes_once_and_memory_stays_within_capacity() -> None:
+    rng = np.random.default_rng(1)
+    n = 400
+    r = Requests(np.cumsum(rng.exponential(2.0, n)), rng.integers(50, 400, n), rng.integers(1, 200, n))
+    pre, dec = engines(2, 2, max_seqs=64, kv_tokens=3000)  # tight memory: preemptions must happen
+    sim = Simulation(r, pre, dec, RoundRobin())
+    sim.run()
+    check_conservation(sim)
+    assert r.preemptions.sum() > 0
+    # a request's end-to-end time covers at least its own decode steps
+    assert ((r.finish - r.first_token) >= (r.output_len - 1) * 5.0 - 1e-6).all()
+
+
+def test_p2c_sends_to_the_less_loaded_of_two() -> None:
+    pre, dec = engines(2, 2)
+    sim = Simulation(Requests(np.array([0.0]), np.array([10]), np.array([2])), pre, dec, RoundRobin())
+    pre[0].queued_tokens, pre[1].queued_tokens = 500, 20
+    dec[0].waiting, dec[1].waiting = [1, 2, 3], []
+    p2c = PowerOfTwo(seed=3)
+    assert {p2c.prefill(sim, 0) for _ in range(20)} == {1}
+    assert {p2c.decode(sim, 0) for _ in range(20)} == {1}
+
+
+def test_plan_routing_respects_the_fractions_over_many_requests() -> None:
+    pre, dec = engines(3, 2)
+    n = 6000
+    lengths = np.where(np.arange(n) % 2 == 0, 50, 150)  # half in range [0, 100), half in [100, 200)
+    r = Requests(np.arange(n) * 100.0, lengths, np.full(n, 2))
+    # range 0: prefill islands 0/1/2 get 0.2/0.8/0; range 1: 0/0/1. Decode: range 0 -> island 0, range 1 -> 0.5/0.5
+    shares = {
+        "prefill": np.array([[0.2, 0.8, 0.0], [0.0, 0.0, 1.0]]),
+        "decode": np.array([[1.0, 0.0], [0.5, 0.5]]),
+    }
+    router = PlanRouter(np.array([100, 200]), shares, {"prefill": [[0], [1], [2]], "decode": [[0], [1]]}, seed=0)
+    sim = Simulation(r, pre, dec, router)
+    sim.run()
+    short, long = lengths == 50, lengths == 150
+    assert np.mean(r.prefill_engine[short] == 0) == pytest.approx(0.2, abs=0.03)
+    assert (r.prefill_engine[long] == 2).all() and (r.decode_engine[short] == 0).all()
+    assert np.mean(r.decode_engine[long] == 1) == pytest.approx(0.5, abs=0.03)
+
+
+def tiny_plan() -> dict[str, object]:
+    """A plan as pipeline.search writes it: 2 prefill islands of 8 H200, 1 decode island of 16 H20."""
+    ranges = [{"start": 0, "end": 2000, "fraction": 0.5}, {"start": 2000, "end": 8000, "fraction": 0.5}]
+    dec_ranges = [{"start": 0, "end": 2000, "fraction": 1.0}, {"start": 2000, "end": 8000, "fraction": 1.0}]
+    return {
+        "islands": [
+            {"gpu": "H200", "size": 8, "role": "prefill", "tp": 8, "dp": 1, "ep": 8, "batch": 1, "ranges": ranges},
+            {"gpu": "H200", "size": 8, "role": "prefill", "tp": 4, "dp": 2, "ep": 8, "batch": 2, "ranges": ranges},
+            {"gpu": "H20", "size": 16, "role": "decode", "tp": 1, "dp": 1, "ep": 16, "batch": 64, "ranges": dec_ranges},
+        ]
+    }
+
+
+def test_well_below_saturation_throughput_equals_the_offered_rate() -> None:
+    isl = islands_from_plan(tiny_plan())
+    gpus = {g: load_gpu(g) for g in ("H200", "H20")}
+    pre, dec, router = build(isl, gpus, load_model("deepseek_v3"), CostProfile.corrected(), max_len=4096)
+    rng = np.random.default_rng(0)
+    n, rate = 3000, 2.0  # req/s: far below what 16 GPUs of prefill serve at these lengths
+    r = Requests(np.cumsum(rng.exponential(1000 / rate, n)), rng.integers(100, 4000, n), rng.integers(2, 100, n))
+    sim = Simulation(r, pre, dec, router)
+    sim.run()
+    check_conservation(sim)
+    s = summary(sim, warmup_ms=float(r.arrival[n // 10]))
+    assert s["throughput_req_s"] == pytest.approx(s["offered_req_s"], rel=0.03)
+    assert s["ttft_ms_p50"] > 0 and s["tpot_ms_p50"] > 0 and s["preemptions"] == 0
+
+
+def test_a_plan_without_a_decode_island_is_refused(tmp_path: Path) -> None:
+    plan = tiny_plan()
+    plan["islands"] = plan["islands"][:2]  # type: ignore[index]
+    with pytest.raises(ValueError, match="no decode island"):
+        islands_from_plan(json.loads(json.dumps(plan)))
+    assert isinstance(islands_from_plan(tiny_plan())[0], Island)
+
+
+def test_requests_must_be_sorted_and_positive() -> None:
+    with pytest.raises(ValueError, match="sorted"):
+        Requests(np.array([2.0, 1.0]), np.array([1, 1]), np.array([1, 1]))
+    with pytest.raises(ValueError, match="output_len >= 1"):
+        Requests(np.array([0.0]), np.array([1]), np.array([0]))
