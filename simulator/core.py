@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simulator.schedulers import Scheduler
 from simulator.timing import DecodeTiming, PrefillTiming
 
 ARRIVE, PREFILL_DONE, KV_READY, STEP = 0, 1, 2, 3
@@ -82,6 +83,8 @@ class DecodeEngine:
         self.stepping = False
         self.stall_ms = 0.0  # recompute time to add to the next step
         self.kv_peak = 0
+        self.reserved: dict[int, int] = {}  # KV tokens set aside per running request (no-preempt scheduling)
+        self.reserved_sum = 0
 
     @property
     def load(self) -> int:
@@ -89,13 +92,19 @@ class DecodeEngine:
 
 
 class Router:
-    """Picks an engine for a request; `plan` routers also get the request's input length."""
+    """Picks an engine for a request; told when a request leaves prefill and when it finishes."""
 
     def prefill(self, sim: Simulation, req: int) -> int:
         raise NotImplementedError
 
     def decode(self, sim: Simulation, req: int) -> int:
         raise NotImplementedError
+
+    def prefilled(self, sim: Simulation, req: int) -> None:
+        """`req` left its prefill engine."""
+
+    def finished(self, sim: Simulation, req: int) -> None:
+        """`req` produced its last token."""
 
 
 class Simulation:
@@ -105,12 +114,14 @@ class Simulation:
         prefill: Sequence[PrefillEngine],
         decode: Sequence[DecodeEngine],
         router: Router,
+        scheduler: Scheduler | None = None,
         *,
         record_kv_every_ms: float = 1000.0,
     ) -> None:
         if not prefill or not decode:
             raise ValueError("a simulation needs at least one prefill and one decode engine")
         self.r, self.prefill, self.decode, self.router = requests, list(prefill), list(decode), router
+        self.scheduler = scheduler or Scheduler()
         self.events: list[tuple[float, int, int, int]] = []
         self.seq = itertools.count()
         self.now = 0.0
@@ -152,6 +163,8 @@ class Simulation:
 
     def _start_prefill(self, e: PrefillEngine) -> None:
         tokens, ms = 0, 0.0
+        if len(e.queue) > 1:
+            self.scheduler.order(self, e.queue, "prefill")
         while e.queue:
             req = e.queue[0]
             n = int(self.r.input_len[req])
@@ -169,8 +182,10 @@ class Simulation:
         e = self.prefill[index]
         for req in e.batch:
             self.r.first_token[req] = self.now  # the prefill emits the first token
+            self.router.prefilled(self, req)
             if self.r.output_len[req] == 1:
                 self.r.finish[req] = self.now  # nothing left to decode
+                self.router.finished(self, req)
                 continue
             self.r.decode_engine[req] = self.router.decode(self, req)
             self.push(self.now + e.timing.transfer_ms(float(self.r.input_len[req])), KV_READY, req)
@@ -190,18 +205,24 @@ class Simulation:
             self.push(self.now + self._step_ms(d), STEP, d.index)
 
     def _admit(self, d: DecodeEngine) -> None:
-        cap = d.timing
+        cap, sched = d.timing, self.scheduler
+        if len(d.waiting) > 1:
+            sched.order(self, d.waiting, "decode")
         while d.waiting and len(d.running) < cap.max_seqs:
             req = d.waiting[0]
             done = self._generated(req)  # tokens already generated (> 1 after a preemption)
             ctx = int(self.r.input_len[req]) + done
-            if d.context_sum + ctx > cap.kv_tokens and d.running:
-                return  # no room yet; a finishing request will free some
-            if ctx > cap.kv_tokens:
+            need = sched.reserve(self, req, ctx)
+            in_use = d.context_sum if sched.preemptive else d.reserved_sum
+            if in_use + need > cap.kv_tokens and d.running:
+                return  # no room yet; a finishing request will free some (head of line waits)
+            if need > cap.kv_tokens:
                 raise ValueError(
-                    f"request {req} needs {ctx} KV tokens, more than decode engine {d.index} holds ({cap.kv_tokens})"
+                    f"request {req} needs {need} KV tokens, more than decode engine {d.index} holds ({cap.kv_tokens})"
                 )
             d.waiting.pop(0)
+            d.reserved[req] = need
+            d.reserved_sum += need
             if done > 1:  # a preempted request: its KV was dropped, recompute it before it resumes
                 d.stall_ms += d.recompute.prefill_ms(ctx)
             d.admissions += 1
@@ -231,8 +252,10 @@ class Simulation:
                 continue  # preempted since: a stale entry
             step0, ctx0, _ = d.running.pop(req)
             d.context_sum -= ctx0 + (d.step - step0)
+            d.reserved_sum -= d.reserved.pop(req)
             self.r.finish[req] = self.now
-        while d.context_sum > d.timing.kv_tokens and len(d.running) > 1:
+            self.router.finished(self, req)
+        while self.scheduler.preemptive and d.context_sum > d.timing.kv_tokens and len(d.running) > 1:
             self._preempt(d)
         self._admit(d)
         if d.running:
@@ -247,6 +270,7 @@ class Simulation:
         step0, ctx0, _ = d.running.pop(req)
         ctx = ctx0 + (d.step - step0)
         d.context_sum -= ctx
+        d.reserved_sum -= d.reserved.pop(req)
         self.progress[req] = ctx - int(self.r.input_len[req])
         self.r.preemptions[req] += 1
         d.waiting.insert(0, req)  # first in line once memory frees up

@@ -11,7 +11,7 @@ import numpy as np
 from costmodel.profile import CostProfile
 from costmodel.specs import GPU, Model
 from simulator.core import DecodeEngine, PrefillEngine, Router
-from simulator.routers import PlanRouter, PowerOfTwo, RandomRouter, RoundRobin
+from simulator.routers import ROUTERS, SAL, DPSelect, Mapper, PlanRouter, PowerOfTwo, RandomRouter, RoundRobin
 from simulator.timing import decode_timing, prefill_timing
 
 
@@ -72,8 +72,12 @@ def build(
     max_context: int = 16384,
     token_budget: int = 16384,
     seed: int = 0,
+    stats: Mapping[str, float] | None = None,
 ) -> tuple[list[PrefillEngine], list[DecodeEngine], Router]:
-    """Engines for every serving island (dp each) and the router named `router`."""
+    """Engines for every serving island (dp each) and the router named `router`.
+
+    `stats` (mean_input, mean_output, std_output of the workload) parameterise `sal` and `mapper`.
+    """
     prefill: list[PrefillEngine] = []
     decode: list[DecodeEngine] = []
     engines_of: dict[str, list[list[int]]] = {"prefill": [], "decode": []}
@@ -106,7 +110,18 @@ def build(
                     f[ends.index(end), k] = frac
             shares[phase] = f
         return prefill, decode, PlanRouter(range_end, shares, engines_of, seed)
-    routers = {"round_robin": RoundRobin, "random": lambda: RandomRouter(seed), "p2c": lambda: PowerOfTwo(seed)}
-    if router not in routers:
-        raise ValueError(f"router={router!r} is unknown: choose from {['plan', *routers]}")
-    return prefill, decode, routers[router]()
+    stats = stats or {}
+    mu_in, mu_out, sd_out = (
+        float(stats.get(k, v)) for k, v in (("mean_input", 1.0), ("mean_output", 1.0), ("std_output", 0.0))
+    )
+    makers = {
+        "round_robin": RoundRobin,
+        "random": lambda: RandomRouter(seed),
+        "p2c": lambda: PowerOfTwo(seed),
+        "sal": lambda: SAL((mu_in + mu_out) / mu_out, token_budget),
+        "mapper": lambda: Mapper(mu_out, sd_out, seed=seed),
+        "dp_select": DPSelect,
+    }
+    if router not in makers:
+        raise ValueError(f"router={router!r} is unknown: choose from {list(ROUTERS)}")
+    return prefill, decode, makers[router]()

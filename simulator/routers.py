@@ -5,6 +5,21 @@
   island takes the request.
 - `round_robin`, `random`: over all engines of the phase, ignoring lengths and load.
 - `p2c` (power of two choices): two engines drawn at random, the less loaded one wins.
+- `sal` (seed 002, Eq. 2): load(s, r) = max(β·(memory(r) − free(s)), queued_tokens(s, r) /
+  max_tokens_per_batch), β = (μ_in + μ_out) / μ_out; lowest load wins. Memory and free memory are
+  in KV tokens (a prefill engine keeps no KV, so only its queue counts); state is read exactly
+  rather than polled at 10 Hz.
+- `mapper` (seed 001, Algorithm 2 with its min-max start fixed to +∞): per engine s a workload
+  w = T_r^s · exp(θ·kvusage(s)), θ = 2, where T_r^s is r's time on s amortised over the batch
+  that fills s's KV with copies of r, and kvusage counts the tokens (prompt + predicted output)
+  of the requests routed to s and not finished; r goes where the largest workload after adding
+  it is smallest (ties: the smallest resulting load, then the lowest index). Outputs are
+  predicted as the paper does: a normal draw with the workload's mean and deviation. Prefill
+  engines hold no KV, so there T is the prompt's prefill time and kvusage is 0.
+- `dp_select` (seed 004, Algorithm 1, as printed): round robin, unless an engine's KV usage is at
+  or above θ_kv = 0.9: then the least-used engine if usage differs by ≥ θ_diff = 0.1, else the
+  least running load (running + waiting tokens) if loads differ by more than θ_load = 3000; a
+  user's last engine is reused while no engine is saturated (traces without users skip this).
 
 Load: a prefill engine's waiting prompt tokens; a decode engine's running plus waiting requests.
 """
@@ -14,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.core import Router, Simulation
+from simulator.timing import PrefillTiming
 
 
 def _prefill_load(sim: Simulation, i: int) -> int:
@@ -108,4 +124,121 @@ class PlanRouter(Router):
         return self._pick(sim, req, "decode", _decode_load)
 
 
-ROUTERS = ("plan", "round_robin", "random", "p2c")
+def _decode_free(sim: Simulation, i: int) -> int:
+    d = sim.decode[i]
+    waiting = sum(int(sim.r.input_len[q]) for q in d.waiting)
+    return d.timing.kv_tokens - d.context_sum - waiting
+
+
+class SAL(Router):
+    def __init__(self, beta: float, max_tokens_per_batch: int) -> None:
+        self.beta, self.budget = beta, max_tokens_per_batch
+
+    def prefill(self, sim: Simulation, req: int) -> int:
+        n = int(sim.r.input_len[req])
+        return min(range(len(sim.prefill)), key=lambda i: (sim.prefill[i].queued_tokens + n) / self.budget)
+
+    def decode(self, sim: Simulation, req: int) -> int:
+        n = int(sim.r.input_len[req])
+
+        def load(i: int) -> float:
+            queued = sum(int(sim.r.input_len[q]) for q in sim.decode[i].waiting) + n
+            return max(self.beta * (n - _decode_free(sim, i)), queued / self.budget)
+
+        return min(range(len(sim.decode)), key=load)
+
+
+class Mapper(Router):
+    def __init__(self, mean_output: float, std_output: float, theta: float = 2.0, seed: int = 0) -> None:
+        self.mean, self.std, self.theta = mean_output, std_output, theta
+        self.rng = np.random.default_rng(seed)
+        self.loads: dict[str, np.ndarray] = {}
+        self.tokens: dict[str, np.ndarray] = {}
+        self.charged: dict[tuple[str, int], tuple[int, float, float]] = {}  # (phase, req) -> (engine, w, tokens)
+        self.predicted: dict[int, float] = {}
+        self.groups: tuple[list[PrefillTiming], np.ndarray] | None = None
+
+    def _state(self, phase: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if phase not in self.loads:
+            self.loads[phase], self.tokens[phase] = np.zeros(n), np.zeros(n)
+        return self.loads[phase], self.tokens[phase]
+
+    def _choose(self, phase: str, req: int, w: np.ndarray, tokens: float) -> int:
+        loads, routed = self._state(phase, len(w))
+        after = loads + w
+        # the largest load elsewhere: the maximum, or for the engine holding it, the runner-up
+        first = int(np.argmax(loads))
+        others = np.full(len(w), loads[first])
+        others[first] = np.partition(loads, -2)[-2] if len(w) > 1 else 0.0
+        top = np.maximum(after, others)
+        best = np.flatnonzero(top == top.min())
+        c = int(best[np.argmin(after[best])])
+        loads[c] += w[c]
+        routed[c] += tokens
+        self.charged[(phase, req)] = (c, float(w[c]), tokens)
+        return c
+
+    def _release(self, phase: str, req: int) -> None:
+        c, w, tokens = self.charged.pop((phase, req))
+        self.loads[phase][c] -= w
+        self.tokens[phase][c] -= tokens
+
+    def prefill(self, sim: Simulation, req: int) -> int:
+        n = int(sim.r.input_len[req])
+        self.predicted[req] = max(1.0, float(self.rng.normal(self.mean, self.std)))
+        if self.groups is None:  # engines of an island share one timing table: one lookup per island
+            timings = list({id(e.timing): e.timing for e in sim.prefill}.values())
+            index = {id(t): k for k, t in enumerate(timings)}
+            self.groups = (timings, np.array([index[id(e.timing)] for e in sim.prefill]))
+        timings, group = self.groups
+        w = np.array([t.prefill_ms(n) for t in timings])[group]
+        return self._choose("prefill", req, w, float(n))
+
+    def decode(self, sim: Simulation, req: int) -> int:
+        n, out = int(sim.r.input_len[req]), self.predicted.get(req, self.mean)
+        _, routed = self._state("decode", len(sim.decode))
+        w = np.empty(len(sim.decode))
+        for s, d in enumerate(sim.decode):
+            t = d.timing
+            b = max(1, min(t.max_seqs, int(t.kv_tokens // (n + out))))  # copies of r that fill s's KV
+            per_copy = t.step_ms(b, n + out / 2) * out / b
+            w[s] = per_copy * np.exp(self.theta * routed[s] / t.kv_tokens)
+        return self._choose("decode", req, w, n + out)
+
+    def prefilled(self, sim: Simulation, req: int) -> None:
+        self._release("prefill", req)
+
+    def finished(self, sim: Simulation, req: int) -> None:
+        if ("decode", req) in self.charged:
+            self._release("decode", req)
+        self.predicted.pop(req, None)
+
+
+class DPSelect(Router):
+    def __init__(self, theta_kv: float = 0.9, theta_diff: float = 0.1, theta_load: float = 3000.0) -> None:
+        self.theta_kv, self.theta_diff, self.theta_load = theta_kv, theta_diff, theta_load
+        self.cursor = {"prefill": 0, "decode": 0}
+
+    def _rr(self, phase: str, n: int) -> int:
+        i = self.cursor[phase] % n
+        self.cursor[phase] += 1
+        return i
+
+    def prefill(self, sim: Simulation, req: int) -> int:
+        return self._rr("prefill", len(sim.prefill))  # no KV on a prefill engine: never saturated
+
+    def decode(self, sim: Simulation, req: int) -> int:
+        e = self._rr("decode", len(sim.decode))
+        usage = np.array([d.context_sum / d.timing.kv_tokens for d in sim.decode])
+        if usage.max() >= self.theta_kv:
+            if usage.max() - usage.min() >= self.theta_diff:
+                return int(np.argmin(usage))
+            load = np.array(
+                [d.context_sum + sum(int(sim.r.input_len[q]) for q in d.waiting) for d in sim.decode], dtype=float
+            )
+            if load.max() - load.min() > self.theta_load:
+                return int(np.argmin(load))
+        return e
+
+
+ROUTERS = ("plan", "round_robin", "random", "p2c", "sal", "mapper", "dp_select")

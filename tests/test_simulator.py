@@ -134,3 +134,96 @@ def test_requests_must_be_sorted_and_positive() -> None:
         Requests(np.array([2.0, 1.0]), np.array([1, 1]), np.array([1, 1]))
     with pytest.raises(ValueError, match="output_len >= 1"):
         Requests(np.array([0.0]), np.array([1]), np.array([0]))
+
+
+def scripted(arrival: list[float], prompt: list[int], output: list[int], n_pre: int = 1, n_dec: int = 2) -> Simulation:
+    r = Requests(np.array(arrival), np.array(prompt), np.array(output))
+    pre, dec = engines(n_pre, n_dec)
+    return Simulation(r, pre, dec, RoundRobin())
+
+
+def test_sjf_takes_the_shortest_prompt_first_and_promotes_the_aged() -> None:
+    from simulator.schedulers import SJFAging
+
+    sim = scripted([0.0, 100.0, 200.0, 300.0], [900, 50, 400, 10], [2, 2, 2, 2])
+    q = [0, 1, 2, 3]
+    sim.now = 1000.0  # nobody has waited 5 s: shortest prompt first
+    SJFAging(5000.0).order(sim, q, "prefill")
+    assert q == [3, 1, 2, 0]
+    sim.now = 5150.0  # request 0 (arrived at 0) and 1 (at 100) have now waited >= 5 s: oldest first, then SJF
+    SJFAging(5000.0).order(sim, q, "prefill")
+    assert q == [0, 1, 3, 2]
+
+
+def test_larry_orders_by_its_score() -> None:
+    from simulator.schedulers import Larry
+
+    # score = alpha * waited s - queue length * prompt tokens, highest first
+    sim = scripted([0.0, 0.0, 9000.0], [300, 100, 200], [2, 2, 2])
+    sim.now = 10_000.0
+    q = [0, 1, 2]
+    Larry(alpha=1.0).order(sim, q, "decode")  # scores: 10-900, 10-300, 1-600
+    assert q == [1, 2, 0]
+    Larry(alpha=1000.0).order(sim, q, "decode")  # 10000-900, 10000-300, 1000-600: waiting dominates
+    assert q == [1, 0, 2]
+
+
+def test_srpt_orders_decode_by_tokens_left() -> None:
+    from simulator.schedulers import SRPT
+
+    sim = scripted([0.0, 0.0, 0.0], [10, 10, 10], [50, 20, 40])
+    sim.progress[0] = 45  # request 0 was preempted after 45 of its 50 tokens: 5 left
+    q = [2, 1, 0]
+    SRPT().order(sim, q, "decode")  # tokens left: 5, 19, 39
+    assert q == [0, 1, 2]
+
+
+def test_no_preempt_reserves_the_longest_response_and_never_preempts() -> None:
+    from simulator.schedulers import NoPreempt
+
+    rng = np.random.default_rng(1)
+    n = 300
+    r = Requests(np.cumsum(rng.exponential(2.0, n)), rng.integers(50, 400, n), rng.integers(1, 200, n))
+    pre, dec = engines(2, 2, max_seqs=64, kv_tokens=3000)  # the memory that forces preemptions under FCFS
+    sim = Simulation(r, pre, dec, RoundRobin(), NoPreempt(int(r.output_len.max())))
+    sim.run()
+    check_conservation(sim)
+    assert r.preemptions.sum() == 0
+
+
+def test_sal_weighs_memory_shortfall_against_queued_tokens() -> None:
+    from simulator.routers import SAL
+
+    sim = scripted([0.0, 0.0, 0.0], [1000, 500, 500], [2, 2, 2])
+    a, b = sim.decode
+    a.context_sum = 9_500  # 500 tokens free of 10,000
+    b.waiting = [1, 2]  # 1,000 prompt tokens queued, all memory free
+    # request 0 (1,000 tokens): a: max(beta*(1000-500), 1000/1024); b: max(beta*(1000-8000), 2000/1024)
+    assert SAL(beta=1.0, max_tokens_per_batch=1024).decode(sim, 0) == 1
+    assert SAL(beta=0.001, max_tokens_per_batch=1024).decode(sim, 0) == 0  # memory barely counts: shorter queue wins
+
+
+def test_mapper_minimises_the_largest_workload() -> None:
+    from simulator.routers import Mapper
+
+    sim = scripted([0.0] * 3, [100, 100, 100], [10, 10, 10], n_pre=3)
+    m = Mapper(mean_output=10, std_output=0)
+    m.loads["prefill"] = np.array([50.0, 0.0, 0.0])
+    m.tokens["prefill"] = np.zeros(3)
+    # every prompt costs 10 ms anywhere: engines 1 and 2 tie on the largest load (50); the lower index wins
+    assert m.prefill(sim, 0) == 1
+    assert m.prefill(sim, 1) == 2
+    assert m.prefill(sim, 2) == 1  # 20 on either, below 50: the smaller resulting load, then the lower index
+    m.prefilled(sim, 0)  # request 0 left engine 1: its 10 ms come off
+    assert m.loads["prefill"].tolist() == pytest.approx([50.0, 10.0, 10.0])
+
+
+def test_dp_select_goes_to_the_least_used_engine_only_when_one_is_saturated() -> None:
+    from simulator.routers import DPSelect
+
+    sim = scripted([0.0], [100], [10], n_dec=3)
+    sel = DPSelect()
+    assert [sel.decode(sim, 0) for _ in range(3)] == [0, 1, 2]  # round robin while nothing is saturated
+    sim.decode[0].context_sum = 9_500  # 95 % used
+    sim.decode[1].context_sum = 2_000
+    assert sel.decode(sim, 0) == 2  # usage spread >= 0.1: the least-used engine
