@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -227,3 +228,55 @@ def test_dp_select_goes_to_the_least_used_engine_only_when_one_is_saturated() ->
     sim.decode[0].context_sum = 9_500  # 95 % used
     sim.decode[1].context_sum = 2_000
     assert sel.decode(sim, 0) == 2  # usage spread >= 0.1: the least-used engine
+
+
+def write_plan(tmp: Path) -> Path:
+    plan = {**tiny_plan(), "rate_req_s": 4.0, "model": "deepseek_v3", "cost_profile": "corrected"}
+    plan["workload"] = "azure_conv"
+    path = tmp / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def simulate_cli(tmp: Path, *args: str) -> Any:
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "pipeline.simulate", *args, f"out_root={tmp}/sim",
+           f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db"]  # fmt: skip
+    return subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+
+
+def test_simulate_command_runs_compares_and_logs_to_mlflow(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    plan = write_plan(tmp_path)
+    r = simulate_cli(tmp_path, f"plan={plan}", "requests=1500", "rate_scale=0.5")
+    assert r.returncode == 0, r.stderr
+    (run,) = (tmp_path / "sim").glob("run-azure_conv-plan-fcfs-*/*")
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["throughput_req_s"] == pytest.approx(m["offered_req_s"], rel=0.05)  # half the plan's rate: no backlog
+    assert (run / "cdf.png").stat().st_size > 0 and "| offered_req_s |" in (run / "metrics.md").read_text()
+    r = simulate_cli(tmp_path, f"plan={plan}", "mode=compare", "requests=300", "+workload=azure_code")
+    assert r.returncode == 0, r.stderr
+    (cmp,) = (tmp_path / "sim").glob("compare-azure_code-*/*")
+    rows = json.loads((cmp / "metrics.json").read_text())
+    assert len(rows) == 7 * 5 and {row["router"] for row in rows} >= {"plan", "sal", "mapper", "dp_select"}
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("archipelago-simulate")
+    assert len(client.search_runs([exp.experiment_id], max_results=100)) == 2 + 35  # two parents, 35 children
+
+
+def test_simulate_command_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for args, want in [
+        ([], "error: plan=PATH is required"),
+        ([f"plan={tmp_path}/none.json"], "no such file"),
+        ([f"plan={bad}"], "not valid JSON"),
+        ([f"plan={plan}", "router=magic"], "router='magic' is unknown"),
+        ([f"plan={plan}", "arrivals=trace"], "arrivals=trace needs timestamps"),
+    ]:
+        r = simulate_cli(tmp_path, *args)
+        assert r.returncode == 2 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)

@@ -1,0 +1,276 @@
+"""Check a plan request by request: `python -m pipeline.simulate plan=PATH/plan.json ...` (conf/simulate.yaml).
+
+Modes:
+- `run`: one simulation -> metrics (markdown + JSON), TTFT/TPOT CDFs, KV use over time, MLflow run;
+- `saturate`: the offered rate swept as multiples of the plan's Λ; the highest rate whose queues
+  stay bounded (throughput within `saturate.tolerance` of offered) and whose p99 TTFT meets the
+  SLO, beside Λ;
+- `compare`: every router x scheduler on the same requests, as one table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from costmodel.catalog import CONF_DIR, load_gpu, load_model
+from costmodel.profile import CostProfile
+from pipeline.config import ConfigError, choice, optional_positive, plain, positive_int
+from simulator.arrivals import ARRIVALS, from_trace, sampled
+from simulator.core import Requests, Simulation
+from simulator.metrics import summary
+from simulator.plan import build, islands_from_plan
+from simulator.routers import ROUTERS
+from simulator.schedulers import SCHEDULERS, make_scheduler
+
+SHOWN = (
+    "offered_req_s", "throughput_req_s", "goodput_req_s", "slo_attainment", "ttft_ms_p50", "ttft_ms_p99",
+    "tpot_ms_p50", "tpot_ms_p99", "e2e_ms_p50", "e2e_ms_p99", "preemptions", "kv_peak_fraction",
+)  # fmt: skip
+
+
+def load_plan(path: Any) -> tuple[dict[str, Any], Path]:
+    if path is None:
+        raise ConfigError("plan=PATH is required: the plan.json a search wrote (outputs/search/<run>/<time>/plan.json)")
+    p = Path(str(path)).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"plan={path}: no such file")
+    try:
+        plan = json.loads(p.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"plan={path}: not valid JSON ({err})") from None
+    try:
+        islands_from_plan(plan, str(p))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if not plan.get("rate_req_s", 0) > 0:
+        raise ConfigError(f"plan={path}: its rate_req_s is not positive: nothing to simulate")
+    return plan, p
+
+
+def requests_from_cfg(cfg: Any, plan: dict[str, Any], rate: float, n: int) -> tuple[Requests, str]:
+    """The requests to simulate and the workload's name."""
+    from pipeline.traces import Columns, load_histogram, load_trace
+
+    if "workload" in cfg:
+        name, w = choice("workload"), plain(cfg.workload)
+    else:
+        name = str(plan.get("workload", ""))
+        path = CONF_DIR / "workload" / f"{name}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"the plan's workload {name!r} has no conf/workload file: pass +workload=NAME")
+        from omegaconf import OmegaConf
+
+        w = plain(OmegaConf.load(path))
+    arrivals = str(cfg.arrivals)
+    if arrivals not in ARRIVALS:
+        raise ConfigError(f"arrivals={arrivals!r}: choose from {list(ARRIVALS)}")
+    if w.get("kind") == "histogram":
+        if arrivals == "trace":
+            raise ConfigError(f"arrivals=trace needs timestamps; workload {name} is a histogram: use +workload=trace")
+        h = load_histogram(str(w["histogram"]))
+        inputs, outputs = (h["input_values"], h["input_counts"]), (h["output_values"], h["output_counts"])
+        return sampled(n, inputs, outputs, arrivals, rate, int(cfg.seed)), name
+    if w.get("kind") == "trace":
+        cols = w.get("columns")
+        trace = load_trace(str(w["path"]), str(w.get("format", "auto")), Columns(**cols) if cols else None, name)
+        if arrivals == "trace":
+            if trace.arrival_s is None:
+                raise ConfigError(f"workload {name}: the trace has no timestamps; use arrivals=poisson")
+            scale = rate / (len(trace) / max(float(trace.arrival_s.max() - trace.arrival_s.min()), 1e-9))
+            return from_trace(trace.arrival_s, trace.input_tokens, trace.output_tokens, scale, n), name
+        counts = [np.unique(a, return_counts=True) for a in (trace.input_tokens, trace.output_tokens)]
+        return sampled(n, tuple(counts[0]), tuple(counts[1]), arrivals, rate, int(cfg.seed)), name  # type: ignore[arg-type]
+    raise ConfigError(f"workload {name}: the simulator needs request lengths: use a histogram or trace workload")
+
+
+class Runner:
+    """Engines for one plan, rebuilt per simulation (they carry state)."""
+
+    def __init__(self, cfg: Any, plan: dict[str, Any]) -> None:
+        self.cfg, self.plan = cfg, plan
+        self.islands = islands_from_plan(plan)
+        self.model = load_model(str(plan.get("model", "deepseek_v3")))
+        self.profile = CostProfile.named(str(plan.get("cost_profile", "corrected")))
+        self.gpus = {g: load_gpu(g) for g in {i.gpu for i in self.islands}}
+        self.budget = positive_int(cfg.token_budget, "token_budget")
+
+    def simulate(self, req: Requests, router: str, scheduler: str) -> tuple[Simulation, dict[str, float], float]:
+        r = Requests(req.arrival, req.input_len, req.output_len)  # fresh outcome arrays
+        stats = {
+            "mean_input": float(r.input_len.mean()),
+            "mean_output": float(r.output_len.mean()),
+            "std_output": float(r.output_len.std()),
+        }
+        pre, dec, rt = build(
+            self.islands, self.gpus, self.model, self.profile, router=router,
+            max_len=int(r.input_len.max()), max_context=int((r.input_len + r.output_len).max()),
+            token_budget=self.budget, seed=int(self.cfg.seed), stats=stats,
+        )  # fmt: skip
+        pol = self.cfg.policy
+        sched = make_scheduler(
+            scheduler,
+            max_output=int(r.output_len.max()),
+            theta_age_ms=float(pol.sjf_theta_age_ms),
+            alpha=float(pol.larry_alpha),
+        )
+        sim = Simulation(r, pre, dec, rt, sched)
+        t0 = time.perf_counter()
+        sim.run()
+        wall = time.perf_counter() - t0
+        warm = float(r.arrival[int(len(r) * float(self.cfg.warmup_fraction))]) if len(r) else 0.0
+        slo = self.cfg.slo
+        m = summary(
+            sim, warm, optional_positive(slo.ttft_ms, "slo.ttft_ms"), optional_positive(slo.tpot_ms, "slo.tpot_ms")
+        )
+        m["sim_wall_s"] = wall
+        m["sim_req_per_s"] = len(r) / wall if wall > 0 else 0.0
+        return sim, m, wall
+
+
+def _table(rows: list[dict[str, Any]], keys: list[str]) -> str:
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for row in rows:
+        cells = [f"{row[k]:.4g}" if isinstance(row[k], float) else str(row[k]) for k in keys]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cdf_plots(sim: Simulation, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    r = sim.r
+    fig, axs = plt.subplots(1, 3, figsize=(15, 4))
+    ttft = np.sort(r.first_token - r.arrival)
+    decoded = r.output_len > 1
+    tpot = np.sort((r.finish - r.first_token)[decoded] / (r.output_len[decoded] - 1))
+    for ax, xs, label in ((axs[0], ttft, "TTFT (ms)"), (axs[1], tpot, "TPOT (ms)")):
+        if xs.size:
+            ax.plot(xs, np.arange(1, xs.size + 1) / xs.size)
+        ax.set(xlabel=label, ylabel="fraction of requests", xscale="log")
+    if sim.kv_trace:
+        t, u = zip(*sim.kv_trace, strict=True)
+        axs[2].plot(np.array(t) / 1e3, u)
+    axs[2].set(xlabel="time (s)", ylabel="KV in use / capacity (all decode engines)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def execute(cfg: Any) -> int:
+    from pipeline.plan import write_json
+    from pipeline.tracking import Tracker
+
+    plan, plan_path = load_plan(cfg.plan)
+    mode = str(cfg.mode)
+    if mode not in ("run", "saturate", "compare"):
+        raise ConfigError(f"mode={mode!r}: choose run, saturate or compare")
+    for key, valid in (("router", ROUTERS), ("scheduler", SCHEDULERS)):
+        if str(cfg[key]) not in valid:
+            raise ConfigError(f"{key}={cfg[key]!r} is unknown: choose from {list(valid)}")
+    lam = float(plan["rate_req_s"])
+    rate = optional_positive(cfg.rate, "rate") or lam * float(cfg.rate_scale)
+    n = positive_int(cfg.requests, "requests")
+    runner = Runner(cfg, plan)
+    base, workload = requests_from_cfg(cfg, plan, rate, n)
+    ident = hashlib.sha1(str(plan_path.resolve()).encode()).hexdigest()[:8]
+    out = Path(str(cfg.out_root)) / f"{mode}-{workload}-{cfg.router}-{cfg.scheduler}-{ident}"
+    out = out / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    out.mkdir(parents=True)
+    tracker = Tracker(
+        None if cfg.mlflow.tracking_uri is None else str(cfg.mlflow.tracking_uri), str(cfg.mlflow.experiment)
+    )
+    params = {
+        "plan": str(plan_path), "mode": mode, "router": cfg.router, "scheduler": cfg.scheduler, "workload": workload,
+        "arrivals": cfg.arrivals, "offered_req_s": rate, "plan_rate_req_s": lam, "requests": len(base),
+        "inventory": plan.get("inventory", {}).get("name", ""),
+    }  # fmt: skip
+    tracker.start_parent(out.parent.name, params)
+    head = (
+        f"# Simulation of {plan_path}\n\nplan Λ = {lam:.1f} req/s; workload {workload}, {len(base)} requests, "
+        f"{cfg.arrivals} arrivals; SLO TTFT {cfg.slo.ttft_ms} ms, TPOT {cfg.slo.tpot_ms} ms\n\n"
+    )
+    if mode == "run":
+        sim, m, _ = runner.simulate(base, str(cfg.router), str(cfg.scheduler))
+        _cdf_plots(sim, out / "cdf.png", f"{cfg.router} + {cfg.scheduler}, {m['offered_req_s']:.0f} req/s offered")
+        text = head + _table([{k: m[k] for k in SHOWN if k in m}], [k for k in SHOWN if k in m])
+        write_json(out / "metrics.json", m)
+        files = ["metrics.json", "metrics.md", "cdf.png"]
+        rows = [m]
+    elif mode == "compare":
+        rows = []
+        for router in ROUTERS:
+            for sched in SCHEDULERS:
+                _, m, _ = runner.simulate(base, router, sched)
+                rows.append({"router": router, "scheduler": sched, **m})
+                tracker.child(f"{router}+{sched}", {"router": router, "scheduler": sched}, m, failed=False)
+                print(f"[simulate] {router} + {sched}: {m['throughput_req_s']:.1f} req/s, p99 TTFT "
+                      f"{m.get('ttft_ms_p99', float('nan')):.0f} ms", flush=True)  # fmt: skip
+        text = head + _table(rows, ["router", "scheduler", *[k for k in SHOWN if k in rows[0]]])
+        write_json(out / "metrics.json", rows)
+        files = ["metrics.json", "metrics.md"]
+    else:
+        rows, best = [], 0.0
+        tol = float(cfg.saturate.tolerance)
+        ttft_slo = optional_positive(cfg.slo.ttft_ms, "slo.ttft_ms")
+        for scale in [float(x) for x in cfg.saturate.scales]:
+            req, _ = requests_from_cfg(cfg, plan, lam * scale, n)
+            _, m, _ = runner.simulate(req, str(cfg.router), str(cfg.scheduler))
+            bounded = m["throughput_req_s"] >= (1 - tol) * m["offered_req_s"]
+            within = ttft_slo is None or m.get("ttft_ms_p99", np.inf) <= ttft_slo
+            ok = bounded and within
+            if ok:
+                best = max(best, m["offered_req_s"])
+            rows.append({"rate_scale": scale, "sustained": ok, **m})
+            tracker.child(f"x{scale:g}", {"rate_scale": scale}, m, failed=False)
+            print(
+                f"[simulate] {scale:g} x Λ: offered {m['offered_req_s']:.1f}, served {m['throughput_req_s']:.1f} "
+                f"req/s, p99 TTFT {m.get('ttft_ms_p99', float('nan')):.0f} ms -> {'ok' if ok else 'no'}",
+                flush=True,
+            )
+        m = {"sustained_req_s": best, "plan_rate_req_s": lam, "ratio": best / lam}
+        text = head + _table(rows, ["rate_scale", "sustained", *[k for k in SHOWN if k in rows[0]]])
+        text += f"\nHighest sustained rate {best:.1f} req/s = {best / lam:.3f} x the plan's Λ.\n"
+        write_json(out / "metrics.json", {"summary": m, "rows": rows})
+        files = ["metrics.json", "metrics.md"]
+    (out / "metrics.md").write_text(text)
+    tracker.finish_parent({k: v for k, v in m.items() if isinstance(v, (int, float))}, [out / f for f in files])
+    print(text + f"[simulate] wrote {out}/", flush=True)
+    return 0
+
+
+def _main() -> None:
+    import hydra
+    from omegaconf import DictConfig
+
+    from pipeline.config import USER_ERRORS
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="simulate")
+    def main(cfg: DictConfig) -> None:
+        try:
+            code = execute(cfg)
+        except (*USER_ERRORS, ValueError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        if code:
+            sys.exit(code)
+
+    main()
+
+
+if __name__ == "__main__":
+    from pipeline.search import precheck
+
+    precheck(sys.argv[1:], ("workload",))
+    _main()
