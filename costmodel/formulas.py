@@ -365,13 +365,19 @@ def decode_parts(
     ep: np.ndarray,
     fp8_combine: bool = False,
     profile: CostProfile | None = None,
+    expert_imbalance: float = 1.0,
 ) -> dict[str, np.ndarray]:
     """Per-layer terms and totals (ms) of one decode step of an EP group of `ep` GPUs.
 
     `batch` is sequences per GPU under shallowsim and per attention-DP rank (TP group) under
-    `batch_per_attention_rank`. Keys: DenseMLA, SparseMLA, DenseMLP, SharedExpert,
-    RoutedExpert, Dispatch, Combine, Delta (per layer), TPOT_O and TPOT (whole model, ms).
+    `batch_per_attention_rank`. `expert_imbalance` >= 1 is the busiest GPU's routed-expert load
+    over the mean (an expert placement's max/mean, `solvers/expert_placement.py`): that GPU's
+    routed GEMMs and all-to-all traffic grow by it, and the step waits for it. Keys: DenseMLA,
+    SparseMLA, DenseMLP, SharedExpert, RoutedExpert, Dispatch, Combine, Delta (per layer),
+    TPOT_O and TPOT (whole model, ms).
     """
+    if not expert_imbalance >= 1.0:
+        raise ValueError(f"`expert_imbalance >= 1` must hold (busiest over mean), got {expert_imbalance}")
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
     r = Rates(g, "decode", p)
@@ -402,14 +408,15 @@ def decode_parts(
     m_routed = b * k / gx  # tokens per routed expert
     m_shared = b if p.shared_expert_own_efficiency else m_routed
     shared_gemm = _grouped_gemm_ms(model, b, m_shared, r.expert, use_h20, p)
-    routed_gemm = _grouped_gemm_ms(model, b * k, m_routed, r.expert, use_h20, p)
+    f = expert_imbalance
+    routed_gemm = _grouped_gemm_ms(model, b * k * f, m_routed * f, r.expert, use_h20, p)
     shared = MICRO_BATCHES * model.n_shared_experts * (shared_gemm + t_w)
     routed = MICRO_BATCHES * (routed_gemm + t_w * gx)
 
     fp8_comb = bool(fp8_combine) & r.has_fp4
     comb_elem = np.where(fp8_comb, 1.0, 2.0)
     latency = DECODE_A2A_LATENCY_MS * MICRO_BATCHES
-    copies = tokens_gpu * d * k  # bytes at 1 byte/element
+    copies = tokens_gpu * d * k * f  # bytes at 1 byte/element, into the busiest GPU
     if p.topology_comm:
         dispatch = _a2a_split_ms(copies, n, g, r, p) + latency
         combine = _a2a_split_ms(copies * comb_elem, n, g, r, p) + latency
@@ -449,9 +456,10 @@ def decode_step_ms(
     ep: np.ndarray,
     fp8_combine: bool = False,
     profile: CostProfile | None = None,
+    expert_imbalance: float = 1.0,
 ) -> np.ndarray:
     """Time (ms) of one decode step (one token for every sequence in the batch)."""
-    return decode_parts(gpu, model, context, batch, tp, ep, fp8_combine, profile)["TPOT"]
+    return decode_parts(gpu, model, context, batch, tp, ep, fp8_combine, profile, expert_imbalance)["TPOT"]
 
 
 def decode_steps_sum_ms(

@@ -113,6 +113,7 @@ class Runner:
             self.islands, self.gpus, self.model, self.profile, router=router,
             max_len=int(r.input_len.max()), max_context=int((r.input_len + r.output_len).max()),
             token_budget=self.budget, seed=int(self.cfg.seed), stats=stats,
+            expert_imbalance=float(self.cfg.expert_imbalance),
         )  # fmt: skip
         pol = self.cfg.policy
         sched = make_scheduler(

@@ -73,10 +73,12 @@ def build(
     token_budget: int = 16384,
     seed: int = 0,
     stats: Mapping[str, float] | None = None,
+    expert_imbalance: float = 1.0,
 ) -> tuple[list[PrefillEngine], list[DecodeEngine], Router]:
     """Engines for every serving island (dp each) and the router named `router`.
 
-    `stats` (mean_input, mean_output, std_output of the workload) parameterise `sal` and `mapper`.
+    `stats` (mean_input, mean_output, std_output of the workload) parameterise `sal` and `mapper`;
+    `expert_imbalance` (an expert placement's busiest-over-mean GPU load) slows every decode step.
     """
     prefill: list[PrefillEngine] = []
     decode: list[DecodeEngine] = []
@@ -92,7 +94,7 @@ def build(
             ids = list(range(len(prefill), len(prefill) + isl.dp))
             prefill += [PrefillEngine(i, k, t, token_budget) for i in ids]
         else:
-            t = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, profile)
+            t = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, profile, expert_imbalance)
             if t.kv_tokens < 1:
                 raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
             rebuild = prefill_timing(gpu, model, isl.tp, isl.ep // isl.tp, max_context, profile)

@@ -69,14 +69,24 @@ def prefill_timing(gpu: GPU, model: Model, tp: int, dp: int, max_len: int, profi
 
 
 def decode_timing(
-    gpu: GPU, model: Model, tp: int, ep: int, batch: int, max_context: int, profile: CostProfile
+    gpu: GPU,
+    model: Model,
+    tp: int,
+    ep: int,
+    batch: int,
+    max_context: int,
+    profile: CostProfile,
+    expert_imbalance: float = 1.0,
 ) -> DecodeTiming:
-    """`batch` is the plan's decode batch per rank (sequences per attention rank, or per GPU under shallowsim)."""
+    """`batch` is the plan's decode batch per rank (sequences per attention rank, or per GPU under shallowsim);
+    `expert_imbalance` is the expert placement's busiest-over-mean GPU load (1 = perfectly even)."""
     ranks = ep // tp if profile.batch_per_attention_rank else ep
     batches = np.unique(np.geomspace(1, max(batch, 2), 24).round())
     contexts = np.unique(np.geomspace(16, max(max_context, 32), 24).round())
     bb, cc = np.meshgrid(batches, contexts, indexing="ij")
-    ms = decode_step_ms(gpu, model, cc, bb, np.full_like(bb, tp), np.full_like(bb, ep), False, profile)
+    ms = decode_step_ms(
+        gpu, model, cc, bb, np.full_like(bb, tp), np.full_like(bb, ep), False, profile, expert_imbalance
+    )
     # KV capacity: sequences of 1,024 tokens that fit beside the weights, per rank, in tokens
     routed = np.ceil(model.n_routed_experts / ep)
     per_rank = float(
