@@ -280,3 +280,18 @@ def test_simulate_command_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
     ]:
         r = simulate_cli(tmp_path, *args)
         assert r.returncode == 2 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_arrivals_keep_their_rate_and_a_trace_its_order() -> None:
+    from simulator.arrivals import arrivals_ms, from_trace, sampled
+
+    rng = np.random.default_rng(0)
+    t = arrivals_ms("poisson", 20000, 50.0, rng)
+    assert len(t) / (t[-1] / 1e3) == pytest.approx(50.0, rel=0.03) and (np.diff(t) >= 0).all()
+    assert np.allclose(np.diff(arrivals_ms("constant", 5, 4.0, rng)), 250.0)
+    r = sampled(1000, (np.array([10, 20]), np.array([1, 3])), (np.array([5]), np.array([1])), "constant", 10.0, 0)
+    assert set(r.input_len.tolist()) <= {10, 20} and np.mean(r.input_len == 20) == pytest.approx(0.75, abs=0.05)
+    tr = from_trace(np.array([0.0, 1.0, 3.0]), np.array([7, 8, 9]), np.array([1, 2, 3]), rate_scale=2.0)
+    assert tr.arrival.tolist() == [0.0, 500.0, 1500.0] and tr.input_len.tolist() == [7, 8, 9]
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        arrivals_ms("poisson", 3, 0.0, rng)
