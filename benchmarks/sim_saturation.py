@@ -73,7 +73,7 @@ def main() -> None:
                         best, ttft = m["offered_req_s"], m["ttft_ms_p99"] / 1e3
                     else:
                         break  # past saturation
-                cells.append(f"{best / lam:.2f} ({ttft:.1f})")
+                cells.append(f"{best / lam:.2f} ({ttft:.1f})" if best > 0 else f"< {SCALES[0]:.2f}")
             print(f"| {inv} | {wl} | {lam:.1f} | " + " | ".join(cells) + " |", flush=True)
 
 
