@@ -103,7 +103,7 @@ class Runner:
         self.budget = positive_int(cfg.token_budget, "token_budget")
 
     def simulate(self, req: Requests, router: str, scheduler: str) -> tuple[Simulation, dict[str, float], float]:
-        r = Requests(req.arrival, req.input_len, req.output_len)  # fresh outcome arrays
+        r = Requests(req.arrival, req.input_len, req.output_len, req.user)  # fresh outcome arrays
         stats = {
             "mean_input": float(r.input_len.mean()),
             "mean_output": float(r.output_len.mean()),

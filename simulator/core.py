@@ -36,6 +36,7 @@ class Requests:
     arrival: np.ndarray
     input_len: np.ndarray
     output_len: np.ndarray
+    user: np.ndarray | None = None  # a user id per request (-1: none), for affinity routing
     prefill_engine: np.ndarray = field(init=False)
     decode_engine: np.ndarray = field(init=False)
     first_token: np.ndarray = field(init=False)
@@ -50,6 +51,8 @@ class Requests:
             raise ValueError("every request needs input_len >= 1 and output_len >= 1")
         if n and (np.diff(self.arrival) < 0).any():
             raise ValueError("arrivals must be sorted by time")
+        if self.user is not None and len(self.user) != n:
+            raise ValueError("`user` must have one entry per request")
         self.prefill_engine = np.full(n, -1)
         self.decode_engine = np.full(n, -1)
         self.first_token = np.full(n, -1.0)

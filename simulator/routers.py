@@ -19,7 +19,8 @@
 - `dp_select` (seed 004, Algorithm 1, as printed): round robin, unless an engine's KV usage is at
   or above θ_kv = 0.9: then the least-used engine if usage differs by ≥ θ_diff = 0.1, else the
   least running load (running + waiting tokens) if loads differ by more than θ_load = 3000; a
-  user's last engine is reused while no engine is saturated (traces without users skip this).
+  user's last decode engine is reused while no engine is saturated and the mapping is younger
+  than 10 minutes (the paper gives no expiry; requests without a user skip this).
 
 Load: a prefill engine's waiting prompt tokens; a decode engine's running plus waiting requests.
 """
@@ -215,9 +216,14 @@ class Mapper(Router):
 
 
 class DPSelect(Router):
-    def __init__(self, theta_kv: float = 0.9, theta_diff: float = 0.1, theta_load: float = 3000.0) -> None:
+    def __init__(
+        self, theta_kv: float = 0.9, theta_diff: float = 0.1, theta_load: float = 3000.0, affinity_ms: float = 600_000.0
+    ) -> None:
+        """`affinity_ms`: how long a user's last engine stays theirs (the paper gives no expiry; 10 min here)."""
         self.theta_kv, self.theta_diff, self.theta_load = theta_kv, theta_diff, theta_load
         self.cursor = {"prefill": 0, "decode": 0}
+        self.affinity_ms = affinity_ms
+        self.user_engine: dict[int, tuple[int, float]] = {}  # user -> (decode engine, when)
 
     def _rr(self, phase: str, n: int) -> int:
         i = self.cursor[phase] % n
@@ -229,15 +235,23 @@ class DPSelect(Router):
 
     def decode(self, sim: Simulation, req: int) -> int:
         e = self._rr("decode", len(sim.decode))
+        user = -1 if sim.r.user is None else int(sim.r.user[req])
         usage = np.array([d.context_sum / d.timing.kv_tokens for d in sim.decode])
         if usage.max() >= self.theta_kv:
             if usage.max() - usage.min() >= self.theta_diff:
-                return int(np.argmin(usage))
-            load = np.array(
-                [d.context_sum + sum(int(sim.r.input_len[q]) for q in d.waiting) for d in sim.decode], dtype=float
-            )
-            if load.max() - load.min() > self.theta_load:
-                return int(np.argmin(load))
+                e = int(np.argmin(usage))
+            else:
+                load = np.array(
+                    [d.context_sum + sum(int(sim.r.input_len[q]) for q in d.waiting) for d in sim.decode], dtype=float
+                )
+                if load.max() - load.min() > self.theta_load:
+                    e = int(np.argmin(load))
+        elif user >= 0 and user in self.user_engine:  # affinity only while no engine is saturated
+            last, when = self.user_engine[user]
+            if sim.now - when <= self.affinity_ms:
+                e = last
+        if user >= 0:
+            self.user_engine[user] = (e, sim.now)
         return e
 
 

@@ -295,3 +295,17 @@ def test_arrivals_keep_their_rate_and_a_trace_its_order() -> None:
     assert tr.arrival.tolist() == [0.0, 500.0, 1500.0] and tr.input_len.tolist() == [7, 8, 9]
     with pytest.raises(ValueError, match="rate must be > 0"):
         arrivals_ms("poisson", 3, 0.0, rng)
+
+
+def test_dp_select_keeps_a_user_on_their_engine_until_memory_saturates() -> None:
+    from simulator.routers import DPSelect
+
+    r = Requests(np.zeros(4), np.full(4, 100), np.full(4, 10), user=np.array([7, 7, -1, 7]))
+    pre, dec = engines(1, 3)
+    sim = Simulation(r, pre, dec, RoundRobin())
+    sel = DPSelect()
+    first = sel.decode(sim, 0)
+    assert sel.decode(sim, 1) == first  # user 7 again: same engine, not the round-robin next
+    assert sel.decode(sim, 2) != first  # no user: round robin moves on
+    dec[first].context_sum = 9_500  # the user's engine is now saturated: affinity yields to the least used
+    assert sel.decode(sim, 3) != first
