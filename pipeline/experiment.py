@@ -256,7 +256,8 @@ def run_experiment(cfg: Any, passthrough: Sequence[str]) -> int:
     refs_path = run_dir / "references.json"
     refs: dict[str, dict[str, Any]] = json.loads(refs_path.read_text()) if refs_path.exists() else {}
     runnable = [c for c in cells if not c.skipped]
-    todo = [(c, seed) for c in runnable for seed in _seeds(c, spec) if (c.key, seed) not in done]
+    # a search that failed as a whole (its task raised) runs again; finished ones are kept
+    todo = [(c, seed) for c in runnable for seed in _seeds(c, spec) if "error" in done.get((c.key, seed), {"error": 1})]
     total = sum(len(_seeds(c, spec)) for c in runnable)
     for c in cells:
         if c.skipped:

@@ -357,11 +357,24 @@ def ask_tell(ctx: Context, sampler: Any, evals: int, batch: int) -> list[dict[st
     results: list[dict[str, Any]] = []
     while len(results) < evals:
         trials = [study.ask(dists) for _ in range(min(batch, evals - len(results)))]
-        outs = [{**run_trial(ctx, t.params), "params": dict(t.params)} for t in trials]
+        outs = [{**_guarded(ctx, t.params), "params": dict(t.params)} for t in trials]
         for t, out in zip(trials, outs, strict=True):
-            study.tell(t, out["score"])
+            if out["status"] == "error":
+                study.tell(t, state=optuna.trial.TrialState.FAIL)
+            else:
+                study.tell(t, out["score"])
         results += outs
     return results
+
+
+def _guarded(ctx: Context, params: Mapping[str, Any]) -> dict[str, Any]:
+    """`run_trial`, with an exception recorded as a failed trial (as a failed Ray Tune trial is)."""
+    t0 = time.perf_counter()
+    try:
+        return run_trial(ctx, params)
+    except Exception as err:  # one layout's failure must not end the search
+        note = f"{type(err).__name__}: {err}"[:500]
+        return {**dict.fromkeys(METRICS, 0.0), "status": "error", "islands": "", "note": note, "trial_ms": _ms(t0)}
 
 
 def _require(module: str, extra: str, what: str) -> None:

@@ -366,7 +366,8 @@ def _solve_matrix(model: mb.Model, backend: str, time_limit_s: float) -> tuple[s
     code = solver.solve(model)
     status = _MB_STATUS.get(code.name)
     if status is None:
-        if code.name == "NOT_SOLVED" and solver.wall_time >= 0.95 * time_limit_s:
+        # out of time without a solution: SCIP says NOT_SOLVED, HiGHS UNKNOWN_STATUS
+        if code.name in ("NOT_SOLVED", "UNKNOWN_STATUS") and solver.wall_time >= 0.95 * time_limit_s:
             return "time_limit", np.zeros(0)
         raise RuntimeError(f"inner solver ({backend}) ended with status {code.name}")
     if status == "infeasible":

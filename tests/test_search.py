@@ -305,3 +305,24 @@ def test_saasbo_proposes_from_its_fitted_model_after_the_random_start(tmp_path: 
     assert len(results) == 14 and all(r["status"] in ("optimal", "feasible", "empty") for r in results)
     # 4 model-based proposals, one NUTS fit per batch: the second of each batch reuses the model
     assert fits == [True, False, True, False]
+
+
+def test_an_in_process_search_records_a_raising_trial_and_goes_on(tmp_path: Path, monkeypatch: Any) -> None:
+    import optuna
+
+    import pipeline.search as search
+
+    _, ctx = small_context(tmp_path)
+    real, calls = search.run_trial, []
+
+    def flaky(c: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("inner solver (HIGHS) ended with status UNKNOWN_STATUS")
+        return real(c, params)
+
+    monkeypatch.setattr(search, "run_trial", flaky)
+    results = search.ask_tell(ctx, optuna.samplers.RandomSampler(seed=0), 6, 2)
+    assert [r["status"] for r in results].count("error") == 1 and len(results) == 6
+    assert "UNKNOWN_STATUS" in results[2]["note"] and results[2]["score"] == 0.0
+    assert sum(r["status"] in ("optimal", "feasible") for r in results) >= 4
