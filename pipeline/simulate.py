@@ -225,8 +225,9 @@ def execute(cfg: Any) -> int:
         rows, best = [], 0.0
         tol = float(cfg.saturate.tolerance)
         ttft_slo = optional_positive(cfg.slo.ttft_ms, "slo.ttft_ms")
+        duration = float(cfg.saturate.duration_s)
         for scale in [float(x) for x in cfg.saturate.scales]:
-            req, _ = requests_from_cfg(cfg, plan, lam * scale, n)
+            req, _ = requests_from_cfg(cfg, plan, lam * scale, max(n, int(lam * scale * duration)))
             _, m, _ = runner.simulate(req, str(cfg.router), str(cfg.scheduler))
             bounded = m["throughput_req_s"] >= (1 - tol) * m["offered_req_s"]
             within = ttft_slo is None or m.get("ttft_ms_p99", np.inf) <= ttft_slo

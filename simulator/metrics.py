@@ -21,18 +21,26 @@ def summary(
     e2e = (r.finish - r.arrival)[keep]
     decoded = r.output_len[keep] - 1
     tpot = np.where(decoded > 0, (r.finish - r.first_token)[keep] / np.maximum(decoded, 1), 0.0)[decoded > 0]
-    # throughput: departures in the second half of the arrival period (the system has filled up by then;
-    # an unstable one falls behind its arrivals there), beside the arrivals in the same window
+    # Throughput over the second half of the arrival period, by tokens: a request's decoded tokens
+    # are spread evenly between its first token and its finish, so requests still decoding when the
+    # window closes count for what they generated in it. Departures alone would lag arrivals by the
+    # sojourn time (a 1,000-token answer takes over a minute), which a window of one run cannot hide.
     t0 = float(r.arrival.min() + r.arrival.max()) / 2 if len(r) else 0.0
     t1 = float(r.arrival.max()) if len(r) else 0.0
     window_s = (t1 - t0) / 1e3
-    done = (r.finish >= t0) & (r.finish <= t1)
     arrived = (r.arrival >= t0) & (r.arrival <= t1)
+    span = np.maximum(r.finish - r.first_token, 1e-9)
+    inside = np.clip(np.minimum(r.finish, t1) - np.maximum(r.first_token, t0), 0.0, None)
+    tokens = (r.output_len - 1) * inside / span + ((r.first_token >= t0) & (r.first_token <= t1))
+    mean_out = float(r.output_len.mean()) if len(r) else 0.0
+    offered = float(arrived.sum()) / window_s if window_s > 0 else 0.0
+    served_tok = float(tokens.sum()) / window_s if window_s > 0 else 0.0
     out: dict[str, float] = {
         "requests": float(keep.sum()),
-        "offered_req_s": float(arrived.sum()) / window_s if window_s > 0 else 0.0,
-        "throughput_req_s": float(done.sum()) / window_s if window_s > 0 else 0.0,
-        "output_tok_s": float(r.output_len[done].sum()) / window_s if window_s > 0 else 0.0,
+        "offered_req_s": offered,
+        "offered_tok_s": offered * mean_out,
+        "output_tok_s": served_tok,
+        "throughput_req_s": served_tok / mean_out if mean_out > 0 else 0.0,  # requests' worth of tokens
         "preemptions": float(r.preemptions.sum()),
         "kv_peak_fraction": max((e.kv_peak / e.timing.kv_tokens for e in sim.decode), default=0.0),
     }
