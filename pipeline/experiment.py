@@ -504,19 +504,21 @@ def markdown(spec: Spec, cells: Sequence[Cell], summary: pd.DataFrame, passthrou
     axes = [a for a, _ in spec.axes]
     lines = [
         "| " + " | ".join(axes) + f" | best {unit} (mean ± std) | min | max | D_total | exact | best/exact | "
-        "wall s (mean ± std) | evaluations |",
-        "|" + "---|" * len(axes) + "---:|---:|---:|---:|---:|---:|---:|---:|",
+        "wall s (mean ± std) | evaluations | searches |",
+        "|" + "---|" * len(axes) + "---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for _, r in summary.iterrows():
         if r["skipped"]:
-            lines.append("| " + " | ".join(str(r[a]) for a in axes) + f" | skipped: {r['skipped']} |||||||")
+            lines.append("| " + " | ".join(str(r[a]) for a in axes) + f" | skipped: {r['skipped']} ||||||||")
             continue
         lines.append(
             "| "
             + " | ".join(str(r[a]) for a in axes)
             + f" | {_pm(r['best_mean'], r['best_std'], 2)} | {r['best_min']:.2f} | {r['best_max']:.2f} | "
             f"{_pm(r['deviation_mean'], r['deviation_std'])} | {r['exact']:.2f} | {r['best_over_exact']:.3f} | "
-            f"{_pm(r['wall_s_mean'], r['wall_s_std'])} | {r['evaluations']} |"
+            f"{_pm(r['wall_s_mean'], r['wall_s_std'])} | {r['evaluations']} | {r['searches']}"
+            + (f" ({r['failed']} failed)" if r["failed"] else "")
+            + " |"
         )
     return "\n".join(head + lines) + "\n"
 
