@@ -156,7 +156,7 @@ def solve(
 ) -> InnerSolution:
     """Solve `prob` with its objective; see the module docstring for both models.
 
-    `backend` is the MILP solver (one of MILP_BACKENDS); LPs always go to GLOP.
+    `backend` is AUTO or one of MILP_BACKENDS (the thesis model takes SCIP for AUTO); LPs go to GLOP.
     `aggregate=False` gives every island its own class (one binary each; the thesis as written).
     """
     if backend not in BACKENDS:
@@ -376,7 +376,7 @@ def _solve_matrix(model: mb.Model, backend: str, time_limit_s: float) -> tuple[s
 
 
 class _Model:
-    """The class-aggregated variables shared by both objectives."""
+    """The thesis model over classes, built term by term (the comparison model, not the hot path)."""
 
     def __init__(self, prob: InnerProblem, classes: list[list[int]], backend: str, time_limit_s: float) -> None:
         self.prob, self.classes = prob, classes
@@ -396,10 +396,7 @@ class _Model:
                 self.a.append(solver.NumVar(n_p, n_p, f"a[{c}]"))
             else:
                 self.y.append(solver.IntVar(0, self.m[c], f"y[{c}]"))
-                self.a.append(solver.IntVar(0, self.m[c], f"a[{c}]") if prob.budget_per_hour is not None else None)
-
-    def _prefill_count(self, c: int) -> object:
-        return self.a[c] if self.a[c] is not None else self.m[c] - self.y[c]
+                self.a.append(None)  # the thesis model uses every island: a_c = m_c − y_c
 
     def _range_rates(self) -> tuple[list[object], list[object]]:
         n_c, n_j = len(self.classes), len(self.prob.p)
