@@ -287,7 +287,7 @@ def run_experiment(cfg: Any, passthrough: Sequence[str]) -> int:
     write_json(state_path, state)
 
     t0 = time.perf_counter()
-    complete = _with_ray(first, lambda: _run_tasks(spec, cells, todo, refs, refs_path, journal, tracker, t0))
+    complete = _with_ray(first, lambda: _run_tasks(cells, todo, refs, refs_path, journal, tracker, t0))
     done = journal.load()
     results, summary = tables(spec, cells, done, refs)
     if not results.empty:
@@ -329,7 +329,6 @@ def _seeds(cell: Cell, spec: Spec) -> list[int]:
 
 
 def _run_tasks(
-    spec: Spec,
     cells: list[Cell],
     todo: list[tuple[Cell, int]],
     refs: dict[str, dict[str, Any]],
