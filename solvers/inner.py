@@ -322,6 +322,7 @@ def _max_rate(
     if status in ("infeasible", "time_limit"):
         return _empty(prob, status, t0)
     rate = float(x[col_lam])
+    x = np.maximum(x, 0.0)  # solvers return -1e-12 for zero; a negative share would skew the routing fractions
     xp, xd = x[:cj].reshape(n_c, n_j), x[cj:col_y].reshape(n_c, n_j)
     n_dec = np.round(x[col_y : col_y + n_c]).astype(int)
     n_pre = np.round(x[col_a : col_a + n_c]).astype(int) if explicit_a else m.astype(int) - n_dec
