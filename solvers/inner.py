@@ -322,10 +322,17 @@ def _max_rate(
     if status in ("infeasible", "time_limit"):
         return _empty(prob, status, t0)
     rate = float(x[col_lam])
-    x = np.maximum(x, 0.0)  # solvers return -1e-12 for zero; a negative share would skew the routing fractions
-    xp, xd = x[:cj].reshape(n_c, n_j), x[cj:col_y].reshape(n_c, n_j)
     n_dec = np.round(x[col_y : col_y + n_c]).astype(int)
     n_pre = np.round(x[col_a : col_a + n_c]).astype(int) if explicit_a else m.astype(int) - n_dec
+    # Solvers honour constraints to a tolerance (-1e-12 for zero, 4e-7 of prefill on a decode class):
+    # clip, keep each class within its islands, and report the rate this routing actually delivers.
+    xp = _within(np.maximum(x[:cj].reshape(n_c, n_j), 0.0), n_pre)
+    xd = _within(np.maximum(x[cj:col_y].reshape(n_c, n_j), 0.0), n_dec)
+    need = prob.p > 0
+    delivered = min(
+        ((bp * xp).sum(axis=0)[need] / prob.p[need]).min(), ((bd * xd).sum(axis=0)[need] / prob.p[need]).min()
+    )
+    rate = min(rate, float(delivered))
     xp, xd = _trim_to_demand(xp, bp, prob.p * rate), _trim_to_demand(xd, bd, prob.p * rate)
     x_pi, x_di, roles = _expand(prob, classes, xp, xd, n_pre, n_dec)
     return _solution(prob, classes, status, rate, roles, x_pi, x_di, thesis_deviation(prob, x_pi, x_di), t0, {})
@@ -524,6 +531,13 @@ def _empty(prob: InnerProblem, status: str, t0: float) -> InnerSolution:
     n_i, n_j = prob.prefill_req_s.shape
     z = np.zeros((n_i, n_j))
     return InnerSolution(status, 0.0, ("prefill",) * n_i, z, z.copy(), 0.0, 0.0, 0.0, (time.perf_counter() - t0) * 1e3)
+
+
+def _within(x: np.ndarray, islands: np.ndarray) -> np.ndarray:
+    """Scale each class's row down to at most its number of islands (none: zero)."""
+    total = x.sum(axis=1)
+    scale = np.where(total > islands, np.divide(islands, total, out=np.zeros_like(total), where=total > 0), 1.0)
+    return x * scale[:, None]
 
 
 def _trim_to_demand(x: np.ndarray, b: np.ndarray, demand: np.ndarray) -> np.ndarray:
