@@ -233,8 +233,11 @@ class Journal:
             os.fsync(f.fileno())
 
 
-def run_experiment(cfg: Any, passthrough: Sequence[str]) -> int:
-    """Run (or finish) the experiment `cfg` describes; the exit code (0 done, 130 interrupted)."""
+def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] | None = None) -> int:
+    """Run (or finish) the experiment `cfg` describes; the exit code (0 done, 130 interrupted).
+
+    `command`: the command line's overrides after `+experiment=NAME`, as the table quotes them.
+    """
     from pipeline.plan import write_json
     from pipeline.search import _with_ray
     from pipeline.tracking import Tracker
@@ -293,7 +296,7 @@ def run_experiment(cfg: Any, passthrough: Sequence[str]) -> int:
     if not results.empty:
         results.to_parquet(run_dir / "results.parquet", index=False)
     summary.to_parquet(run_dir / "summary.parquet", index=False)
-    table = markdown(spec, cells, summary, passthrough)
+    table = markdown(spec, cells, summary, passthrough if command is None else command)
     (run_dir / "table.md").write_text(table)
     unit = "req/s per $/h" if first.objective == "rate_per_dollar" else "req/s"
     plots = plot(spec, results, summary, run_dir, unit)
@@ -482,15 +485,13 @@ def _pm(mean: float, std: float, digits: int = 1) -> str:
     return "-" if mean != mean else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def markdown(spec: Spec, cells: Sequence[Cell], summary: pd.DataFrame, passthrough: Sequence[str]) -> str:
+def markdown(spec: Spec, cells: Sequence[Cell], summary: pd.DataFrame, command: Sequence[str]) -> str:
     seed0 = cells[0].settings.seed
+    smoke = " experiment.smoke=true" if spec.smoke and "experiment.smoke=true" not in command else ""
     head = [
         f"# {spec.title}",
         "",
-        f"`python -m pipeline.experiment +experiment={spec.name}"
-        + "".join(f" {o}" for o in passthrough)
-        + (" experiment.smoke=true" if spec.smoke else "")
-        + "`",
+        f"`python -m pipeline.experiment +experiment={spec.name}" + "".join(f" {o}" for o in command) + smoke + "`",
         "",
         f"{spec.trials} trials (searches, seeds {seed0}..{seed0 + spec.trials - 1}) per cell; "
         "best = best score of a search; D_total = the thesis's deviation of that best layout; "
@@ -626,12 +627,16 @@ def plot(spec: Spec, results: pd.DataFrame, summary: pd.DataFrame, run_dir: Path
 # --- command line --------------------------------------------------------------------------------
 
 
-def _passthrough() -> list[str]:
-    """The command line's overrides other than the experiment's own: they apply to every cell."""
+def _overrides() -> list[str]:
+    """The command line's overrides after `+experiment=NAME`."""
     from hydra.core.hydra_config import HydraConfig
 
-    task = list(HydraConfig.get().overrides.task)
-    return [o for o in task if not o.lstrip("+~").startswith("experiment")]
+    return [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("experiment=")]
+
+
+def _passthrough(overrides: Sequence[str]) -> list[str]:
+    """The overrides other than the experiment's own: they apply to every cell."""
+    return [o for o in overrides if not o.lstrip("+~").startswith("experiment")]
 
 
 def _main() -> None:
@@ -643,7 +648,8 @@ def _main() -> None:
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="search")
     def main(cfg: DictConfig) -> None:
         try:
-            code = run_experiment(cfg, _passthrough())
+            overrides = _overrides()
+            code = run_experiment(cfg, _passthrough(overrides), overrides)
         except USER_ERRORS as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
