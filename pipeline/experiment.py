@@ -566,7 +566,10 @@ def _table_5_1(cells: Sequence[Cell], summary: pd.DataFrame) -> list[str]:
 
 
 def plot(spec: Spec, results: pd.DataFrame, summary: pd.DataFrame, run_dir: Path, unit: str) -> list[Path]:
-    """Thesis Fig 5.5 style: mean best so far per iteration, min-max and +-std bands, overall max."""
+    """Thesis Fig 5.5 style: mean best so far per iteration, min-max and +-std bands, overall max.
+
+    Also writes `plots.json`: every panel's series, as drawn.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -576,8 +579,10 @@ def plot(spec: Spec, results: pd.DataFrame, summary: pd.DataFrame, run_dir: Path
     panel_axis = axes[0] if len(axes) > 1 else None
     panels = list(dict.fromkeys(summary[panel_axis])) if panel_axis else [None]
     fig, axs = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    drawn: dict[str, list[str]] = {}
     for ax, panel in zip(axs[0], panels, strict=True):
         part = summary if panel is None else summary[summary[panel_axis] == panel]
+        series_drawn = drawn.setdefault(str(panel) if panel_axis else spec.name, [])
         top = 0.0  # the thesis's "maximum throughput across all trials, iterations and experiments" of a figure
         for _, cell in part.iterrows():
             if cell["skipped"] or results.empty:
@@ -596,6 +601,7 @@ def plot(spec: Spec, results: pd.DataFrame, summary: pd.DataFrame, run_dir: Path
             series = cell[axes[-1]] if panel_axis else cell[axes[0]]
             mean, std = arr.mean(axis=0), arr.std(axis=0)
             (line,) = ax.plot(it, mean, lw=2, label=f"{axes[-1]}={series}", marker="o" if n == 1 else None)
+            series_drawn.append(str(series))
             ax.fill_between(it, arr.min(axis=0), arr.max(axis=0), color=line.get_color(), alpha=0.12)
             ax.fill_between(it, mean - std, mean + std, color=line.get_color(), alpha=0.25)
             if cell["exact"] == cell["exact"]:
@@ -621,6 +627,7 @@ def plot(spec: Spec, results: pd.DataFrame, summary: pd.DataFrame, run_dir: Path
         paths.append(run_dir / "timing.png")
         fig.savefig(paths[1], dpi=110)
         plt.close(fig)
+    (run_dir / "plots.json").write_text(json.dumps(drawn, indent=1) + "\n")
     return paths
 
 

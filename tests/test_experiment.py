@@ -87,6 +87,11 @@ def test_every_experiment_runs_in_smoke_mode(tmp_path: Path, ray_session: Any, n
     else:
         assert len(body) == 1 + n_cells  # header + one row per cell
     assert (folder / "convergence.png").stat().st_size > 0
+    # one panel per value of the first axis when there are two, one series per cell that ran
+    drawn = json.loads((folder / "plots.json").read_text())
+    assert sum(len(v) for v in drawn.values()) == len(ran)
+    if len(axes) == 2:
+        assert sorted(drawn) == sorted({str(v) for v in ran[next(iter(axes))]})
     assert (folder / "timing.png").exists() == bool(spec.timing)
     assert len(children(tmp_path, folder)) == expected_searches
 

@@ -52,6 +52,20 @@ def test_one_request_by_hand() -> None:
     check_conservation(sim)
 
 
+def test_time_never_goes_backwards() -> None:
+    rng = np.random.default_rng(2)
+    n = 300
+    r = Requests(np.cumsum(rng.exponential(2.0, n)), rng.integers(50, 400, n), rng.integers(1, 200, n))
+    pre, dec = engines(2, 2, max_seqs=64, kv_tokens=3000)
+    sim = Simulation(r, pre, dec, RoundRobin())
+    seen: list[float] = []
+    handlers = (sim._arrive, sim._prefill_done, sim._kv_ready, sim._step)
+    for name, h in zip(("_arrive", "_prefill_done", "_kv_ready", "_step"), handlers, strict=True):
+        setattr(sim, name, lambda who, h=h: (seen.append(sim.now), h(who))[1])
+    sim.run()
+    assert len(seen) > 4 * n and (np.diff(seen) >= 0).all()
+
+
 def test_every_request_finishes_once_and_memory_stays_within_capacity() -> None:
     rng = np.random.default_rng(1)
     n = 400
