@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.catalog import CONF_DIR
-from pipeline.config import USER_ERRORS, choice
+from pipeline.config import choice
 from pipeline.search import DEFAULT_INVENTORY, reference, settings_from_cfg
 from pipeline.traces import load_histogram
 from solvers.tp_estimator import plan as estimator_plan
@@ -106,19 +106,10 @@ def execute(cfg: Any) -> int:
 
 def _main() -> None:
     import hydra
-    from omegaconf import DictConfig
 
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="search")
-    def main(cfg: DictConfig) -> None:
-        try:
-            code = execute(cfg)
-        except (*USER_ERRORS, ValueError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-        if code:
-            sys.exit(code)
+    from pipeline.config import run_cli
 
-    main()
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="search")(run_cli(execute, (ValueError,)))()
 
 
 if __name__ == "__main__":

@@ -78,14 +78,19 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def run_cli(task: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
-    """Wrap a Hydra task so user errors end as one line on stderr and exit code 2."""
+def run_cli(
+    task: Callable[[DictConfig], int | None], errors: tuple[type[Exception], ...] = ()
+) -> Callable[[DictConfig], None]:
+    """Wrap a Hydra task so user errors (and `errors`) end as one line on stderr and exit code 2;
+    a task's non-zero return value is the exit code (130: interrupted, outputs kept)."""
 
     def wrapped(cfg: DictConfig) -> None:
         try:
-            task(cfg)
-        except USER_ERRORS as err:
+            code = task(cfg)
+        except (*USER_ERRORS, *errors) as err:
             fail(str(err))
+        if code:
+            sys.exit(code)
 
     wrapped.__name__ = task.__name__
     wrapped.__doc__ = task.__doc__

@@ -650,20 +650,13 @@ def _main() -> None:
     import hydra
     from omegaconf import DictConfig
 
-    from pipeline.config import USER_ERRORS
+    from pipeline.config import run_cli
 
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="search")
-    def main(cfg: DictConfig) -> None:
-        try:
-            overrides = _overrides()
-            code = run_experiment(cfg, _passthrough(overrides), overrides)
-        except USER_ERRORS as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-        if code:
-            sys.exit(code)
+    def task(cfg: DictConfig) -> int:
+        overrides = _overrides()
+        return run_experiment(cfg, _passthrough(overrides), overrides)
 
-    main()
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="search")(run_cli(task))()
 
 
 if __name__ == "__main__":

@@ -784,21 +784,10 @@ def precheck(argv: list[str], groups: tuple[str, ...] = GROUPS) -> None:
 
 def _main() -> None:
     import hydra
-    from omegaconf import DictConfig
 
-    from pipeline.config import USER_ERRORS
+    from pipeline.config import run_cli
 
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="search")
-    def main(cfg: DictConfig) -> None:
-        try:
-            code = execute(cfg)
-        except USER_ERRORS as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-        if code:
-            sys.exit(code)
-
-    main()
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="search")(run_cli(execute))()
 
 
 if __name__ == "__main__":

@@ -254,21 +254,10 @@ def execute(cfg: Any) -> int:
 
 def _main() -> None:
     import hydra
-    from omegaconf import DictConfig
 
-    from pipeline.config import USER_ERRORS
+    from pipeline.config import run_cli
 
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="simulate")
-    def main(cfg: DictConfig) -> None:
-        try:
-            code = execute(cfg)
-        except (*USER_ERRORS, ValueError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-        if code:
-            sys.exit(code)
-
-    main()
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="simulate")(run_cli(execute, (ValueError,)))()
 
 
 if __name__ == "__main__":
