@@ -362,7 +362,9 @@ def _run_tasks(
     n_todo, finished = len(todo), 0
     try:
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # wakes up for Ctrl-C
+            if not ready:
+                continue
             kind, what = pending.pop(ready[0])
             try:
                 out = ray.get(ready[0])
