@@ -61,7 +61,24 @@ STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
 ROLES = ("prefill", "decode", "idle")
 MILP_BACKENDS = ("SCIP", "HIGHS", "CBC")
 BACKENDS = ("AUTO", *MILP_BACKENDS)  # AUTO: SCIP for a short while, then HiGHS (see `_max_rate`)
-AUTO_SCIP_S = 0.15  # AUTO's SCIP stint: SCIP's median is short, HiGHS's tail is (docs/inner.md)
+AUTO_SCIP_S = 1.0  # AUTO's SCIP stint before HiGHS takes over (docs/inner.md)
+
+# SCIP on max_rate: the LP relaxation is within a few % of the optimum and the trees are small, so
+# cutting planes and primal heuristics cost more than they save. Without them the median solve is
+# 2-4x and the slowest 20-40x faster, to the same optimum (benchmarks/inner_bench.py, docs/inner.md).
+_SCIP_HEURISTICS = (
+    "actconsdiving adaptivediving alns bound clique coefdiving completesol conflictdiving crossover dins "
+    "distributiondiving dks dps dualval farkasdiving feaspump fixandinfer fracdiving gins guideddiving indicator "
+    "indicatordiving intdiving intshifting linesearchdiving localbranching locks lpface mpec multistart mutation "
+    "nlpdiving objpscostdiving octane ofins oneopt padm proximity pscostdiving randrounding rens reoptsols repair "
+    "rins rootsoldiving rounding scheduler shiftandpropagate shifting simplerounding subnlp trivial "
+    "trivialnegation trustregion twoopt undercover vbounds veclendiving zeroobj zirounding"
+).split()
+SCIP_GAP = "limits/gap = 1e-7"  # SCIP's default 1e-4 is visible in Λ
+SCIP_MAX_RATE = "\n".join(
+    [SCIP_GAP, "separating/maxrounds = 0", "separating/maxroundsroot = 0"]
+    + [f"heuristics/{h}/freq = -1" for h in _SCIP_HEURISTICS]
+)
 
 
 @dataclass(frozen=True)
@@ -370,7 +387,7 @@ def _solve_matrix(model: mb.Model, backend: str, time_limit_s: float) -> tuple[s
     if backend == "HIGHS":
         solver.set_solver_specific_parameters("mip_rel_gap=1e-7\noutput_flag=false")
     elif backend == "SCIP":
-        solver.set_solver_specific_parameters("limits/gap = 1e-7")  # SCIP's default 1e-4 is visible in Λ
+        solver.set_solver_specific_parameters(SCIP_MAX_RATE)
     code = solver.solve(model)
     status = _MB_STATUS.get(code.name)
     if status is None:

@@ -309,6 +309,25 @@ def test_other_milp_backends_reach_the_same_optimum(backend: str) -> None:
         assert b.status == "optimal" and vb == pytest.approx(va, rel=1e-5)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_scip_without_cuts_and_heuristics_reaches_highs_optimum_on_many_classes(seed: int) -> None:
+    # SCIP runs max_rate with separation and primal heuristics off (SCIP_MAX_RATE). A divider layout
+    # has ~20 distinct classes, most of them one island: 3 GPU types x growing sizes, rates scaling
+    # with size and a per-island efficiency, as the cost model's benchmarks do.
+    rng = np.random.default_rng(seed)
+    n_i, n_j = 20, 12
+    fall = np.linspace(1.0, 0.1, n_j)
+    gpu, size = np.arange(n_i) % 3, 4 + 2 * (np.arange(n_i) // 3)
+    eff = rng.uniform(0.8, 1.2, (n_i, 1))
+    bp = (rng.uniform(5, 20, (3, n_j)) * fall)[gpu] * size[:, None] * eff
+    bd = (rng.uniform(5, 20, (3, n_j)) * np.sqrt(fall))[gpu] * size[:, None] ** 1.3 / eff
+    islands = tuple((f"T{g}", int(s)) for g, s in zip(gpu, size, strict=True))
+    pr = InnerProblem(islands, rng.dirichlet(np.ones(n_j)), bp, bd)
+    scip, highs = solve(pr, backend="SCIP"), solve(pr, backend="HIGHS")
+    assert scip.status == highs.status == "optimal"
+    assert scip.rate_req_s == pytest.approx(highs.rate_req_s, rel=1e-6)
+
+
 def test_auto_hands_over_to_highs_when_scip_runs_out_of_its_stint(monkeypatch: pytest.MonkeyPatch) -> None:
     from solvers import inner
 
