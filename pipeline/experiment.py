@@ -50,6 +50,7 @@ from pipeline.search import (
     ask_tell,
     make_sampler,
     reference,
+    run_identity,
     score_layout,
     settings_from_cfg,
 )
@@ -249,7 +250,7 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
     ident = _digest(  # the whole composed config of every cell: a changed default is a new experiment
         {
             "experiment": plain(cfg.experiment),
-            "cells": [_identity(c.settings.config) for c in cells],
+            "cells": [run_identity(c.settings.config) for c in cells],
         }
     )
     run_dir = out_root / f"{spec.name}{'-smoke' if spec.smoke else ''}-{ident}"
@@ -316,13 +317,6 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
         )
         return 130
     return 0
-
-
-def _identity(config: Mapping[str, Any]) -> dict[str, Any]:
-    """What decides a cell's results: its config without where it runs, logs and writes, or which solver."""
-    out = {k: v for k, v in config.items() if k not in ("ray", "mlflow", "out_root")}
-    out["search"] = {k: v for k, v in config["search"].items() if k not in ("resume", "inner_backend")}
-    return out
 
 
 def _seeds(cell: Cell, spec: Spec) -> list[int]:
@@ -612,7 +606,10 @@ def plot(spec: Spec, results: pd.DataFrame, summary: pd.DataFrame, run_dir: Path
         if top > 0:
             ax.axhline(top, color="k", ls="--", lw=1, label=f"max {top:.1f} (dotted: exact optimum per series)")
         ax.set(xlabel="iteration", ylabel=f"best {unit}", title=f"{panel_axis}={panel}" if panel_axis else spec.title)
-        ax.legend(fontsize=7)
+        if series_drawn:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no finished searches", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle(f"{spec.name}: mean best so far (line), min-max (light), ±std (dark)", fontsize=10)
     fig.tight_layout()
     paths = [run_dir / "convergence.png"]

@@ -188,30 +188,6 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
     budget = optional_positive(s.budget_per_hour, "search.budget_per_hour")
     if objective == "thesis" and (budget is not None or bool(s.kv_transfer)):
         raise ConfigError("search.objective=thesis has no budget or KV-transfer constraint: drop those overrides")
-    min_island = positive_int(s.min_island, "search.min_island")
-    per_type = plain(s.min_island_per_type) or {}
-    unknown = sorted(set(per_type) - {g.name for g in inventory.gpus})
-    if unknown:
-        raise ConfigError(f"search.min_island_per_type names {unknown}, not in inventory {inventory.describe()}")
-    mins = {
-        g.name: positive_int(per_type.get(g.name, min_island), f"search.min_island_per_type.{g.name}")
-        for g in inventory.gpus
-    }
-    space = Space(
-        generator,
-        tuple((g.name, n) for g, n in zip(inventory.gpus, inventory.counts, strict=True)),
-        tuple(mins.items()),
-        skew_range=float(s.skew_range),
-        max_islands=positive_int(s.max_islands, "search.max_islands"),
-        k_slots=positive_int(s.get("k_slots", 16), "search.k_slots"),
-        repair=str(s.get("on_violation", "reject")) == "repair",
-        counts_are_bounds=objective == "rate_per_dollar" or budget is not None,
-        grid_points=positive_int(s.grid_points, "search.grid_points"),
-    )
-    if str(s.get("on_violation", "reject")) not in ("reject", "repair"):
-        raise ConfigError(f"search.on_violation={s.on_violation!r}: choose reject or repair")
-    if not (s.skew_range >= 0):
-        raise ConfigError(f"search.skew_range must be >= 0, got {s.skew_range}")
     workload_name = choice("workload")
     workload = workload_from_cfg(workload_name, plain(cfg.workload))
     planner = Planner(
@@ -227,13 +203,28 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         kv_transfer=bool(s.kv_transfer),
         budget_per_hour=budget,
     )
+    mins = min_islands(s.min_island, plain(s.min_island_per_type) or {}, inventory, planner)
+    space = Space(
+        generator,
+        tuple((g.name, n) for g, n in zip(inventory.gpus, inventory.counts, strict=True)),
+        tuple(mins.items()),
+        skew_range=float(s.skew_range),
+        max_islands=positive_int(s.max_islands, "search.max_islands"),
+        k_slots=positive_int(s.get("k_slots", 16), "search.k_slots"),
+        repair=str(s.get("on_violation", "reject")) == "repair",
+        counts_are_bounds=objective == "rate_per_dollar" or budget is not None,
+        grid_points=positive_int(s.grid_points, "search.grid_points"),
+    )
+    if str(s.get("on_violation", "reject")) not in ("reject", "repair"):
+        raise ConfigError(f"search.on_violation={s.on_violation!r}: choose reject or repair")
+    if not (s.skew_range >= 0):
+        raise ConfigError(f"search.skew_range must be >= 0, got {s.skew_range}")
     _check_some_island_fits(planner, inventory, mins)
     record = {k: plain(cfg[k]) for k in cfg if k != "hydra"}
     record["inventory"] = {"name": inventory_name, **plain(inv_cfg)}
-    identity = {k: v for k, v in record.items() if k not in ("ray", "mlflow", "out_root")}
-    # the MILP backend changes the speed, not the model: a run resumes under another backend
-    identity["search"] = {k: v for k, v in record["search"].items() if k not in ("resume", "inner_backend")}
-    digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    record["search"]["min_island_per_type"] = record["search"].get("min_island_per_type") or {}
+    record["search"]["min_island_by_type"] = mins  # `auto` resolved
+    digest = hashlib.sha1(json.dumps(run_identity(record), sort_keys=True, default=str).encode()).hexdigest()[:8]
     name = f"{inventory_name}-{workload_name}-{generator}-{sampler}-{objective}-{digest}"
     backend = str(s.inner_backend).upper()
     if backend not in BACKENDS:
@@ -260,6 +251,46 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         config=record,
     )
     return settings, ctx
+
+
+def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides a run's results: its config without where it runs, logs and writes, which MILP
+    backend solves it (speed, not the model: a run resumes under another backend) and what follows
+    from the rest (the resolved minimum island sizes)."""
+    out = {k: v for k, v in config.items() if k not in ("ray", "mlflow", "out_root")}
+    out["search"] = {
+        k: v for k, v in config["search"].items() if k not in ("resume", "inner_backend", "min_island_by_type")
+    }
+    return out
+
+
+def min_islands(everywhere: Any, per_type: Mapping[str, Any], inventory: Inventory, planner: Planner) -> dict[str, int]:
+    """Minimum island size per GPU type: `search.min_island` (a number or `auto`), per-type overrides winning.
+
+    `auto`: the smallest island of that type that can run the model in prefill or decode (its
+    weights, KV cache and SLOs, as the cost model sees them). Smaller islands would only idle,
+    so the search does not spend trials on them; a type on which no island fits gets its whole
+    count as the minimum (one island, left idle by the inner solver).
+    """
+    unknown = sorted(set(per_type) - {g.name for g in inventory.gpus})
+    if unknown:
+        raise ConfigError(f"search.min_island_per_type names {unknown}, not in inventory {inventory.describe()}")
+    out = {}
+    for g, count in zip(inventory.gpus, inventory.counts, strict=True):
+        value = per_type.get(g.name, everywhere)
+        where = f"search.min_island_per_type.{g.name}" if g.name in per_type else "search.min_island"
+        if value == "auto":
+            out[g.name] = next((n for n in range(1, count + 1) if _runs(planner, g.name, n)), count)
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where} must be a whole number >= 1 or auto, got {value!r}: set {where}=N or =auto")
+        else:
+            out[g.name] = value
+    return out
+
+
+def _runs(planner: Planner, gpu: str, size: int) -> bool:
+    b = planner.benchmark(gpu, size)
+    return b.prefill.chosen >= 0 or b.decode.chosen >= 0
 
 
 def _check_some_island_fits(planner: Planner, inventory: Inventory, mins: Mapping[str, int]) -> None:
@@ -598,7 +629,9 @@ def execute(cfg: Any, trial_fn: Callable[[Context, Mapping[str, Any]], dict] = r
     print(
         f"[search] {settings.inventory.describe()}; workload {settings.workload_name}; {settings.generator} "
         f"layouts, sampler {settings.sampler}, {settings.iterations} x {settings.batch} trials, objective "
-        f"{settings.objective}\n[search] run folder {run.dir}"
+        f"{settings.objective}; minimum island "
+        + ", ".join(f"{g} {n}" for g, n in ctx.space.min_island)
+        + f"\n[search] run folder {run.dir}"
         + (f"\n[search] resuming: {run.resumed} trials already done" if run.resumed else ""),
         flush=True,
     )

@@ -83,6 +83,10 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path: Path) -> None:
             ["+inventory=tiny_hetero", "search.min_island=20"],
             "error: search.min_island for H200 is 20 but the inventory",
         ),
+        (
+            ["+inventory=tiny_hetero", "search.min_island=big"],
+            "error: search.min_island must be a whole number >= 1 or auto",
+        ),
         (["+inventory=tiny_hetero", "search.objective=speed"], "error: search.objective='speed' is unknown"),
         (["+inventory=tiny_hetero", "search.resume=true"], "error: search.resume=true: no earlier run"),
     ]
@@ -264,6 +268,31 @@ def test_exact_reference_bounds_every_sampled_layout(tmp_path: Path, objective: 
     layout = Layout.of([(g, n) for g, n, _ in ref.islands])
     _, sol = ctx.planner.solve(layout)
     assert sol.rate_req_s == pytest.approx(ref.rate_req_s, rel=1e-5)
+
+
+def test_min_island_auto_is_the_smallest_island_that_runs_the_model_and_loses_no_optimum(tmp_path: Path) -> None:
+    from pipeline.search import reference
+
+    settings, ctx = small_context(tmp_path)  # the default: search.min_island=auto
+    mins = dict(ctx.space.min_island)
+
+    def runs(gpu: str, n: int) -> bool:
+        b = ctx.planner.benchmark(gpu, n)
+        return b.prefill.chosen >= 0 or b.decode.chosen >= 0
+
+    for gpu, m in mins.items():
+        assert runs(gpu, m) and not any(runs(gpu, n) for n in range(1, m)), (gpu, m)
+    assert min(mins.values()) > 2  # DeepSeek-V3's weights alone need more than two of any of these GPUs
+    assert settings.config["search"]["min_island_by_type"] == mins
+    space = ctx.space.distributions()
+    assert space["n_H20"].high == 32 // mins["H20"]  # no island count that forces islands too small to run
+    # islands below the minimum would only idle: the exact optimum is the same with min_island=1
+    one, ctx_one = small_context(tmp_path, "search.min_island=1")
+    assert reference(settings, ctx, ctx.planner).rate_req_s == pytest.approx(
+        reference(one, ctx_one, ctx_one.planner).rate_req_s, rel=1e-6
+    )
+    _, mixed = small_context(tmp_path, "search.min_island=2", "search.min_island_per_type={H20:auto}")
+    assert dict(mixed.space.min_island) == {"H200": 2, "H800": 2, "H20": mins["H20"]}
 
 
 def test_direct_proposals_over_the_inventory_are_rejected_or_repaired(tmp_path: Path) -> None:
