@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
 
 from costmodel.catalog import CONF_DIR
 from costmodel.formulas import DERATE
@@ -355,7 +356,7 @@ def make_sampler(name: str, seed: int, space: Space) -> Any:
     if name == "qmc":
         return optuna.samplers.QMCSampler(seed=seed, scramble=True, warn_independent_sampling=False)
     if name == "grid":
-        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+        return GridSampler(space.grid(), seed=seed)
     if name == "gp":
         _require("torch", "gp", "PyTorch")
         import warnings
@@ -373,6 +374,18 @@ def make_sampler(name: str, seed: int, space: Space) -> Any:
         _require("cmaes", "cmaes", "the cmaes package")
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     raise ConfigError(f"search.sampler={name!r} is unknown: choose from {list(SAMPLERS)}")
+
+
+class GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, minus its `study.stop()` once every point is visited.
+
+    That call only works inside `Study.optimize`; our ask/tell loop and Ray Tune's run outside it,
+    where it raises. Trials past the grid's size re-visit points (same score), so a search keeps
+    its trial count and its best is unchanged.
+    """
+
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        pass
 
 
 def ask_tell(ctx: Context, sampler: Any, evals: int, batch: int) -> list[dict[str, Any]]:

@@ -295,6 +295,18 @@ def test_min_island_auto_is_the_smallest_island_that_runs_the_model_and_loses_no
     assert dict(mixed.space.min_island) == {"H200": 2, "H800": 2, "H20": mins["H20"]}
 
 
+def test_grid_search_longer_than_its_grid_revisits_points_instead_of_failing(tmp_path: Path) -> None:
+    # Optuna's GridSampler calls study.stop() once the grid is exhausted, which raises outside
+    # Study.optimize (homo_c's grid of 16 points failed every 240-trial grid search)
+    from pipeline.search import ask_tell, make_sampler
+
+    _, ctx = small_context(tmp_path, "search.grid_points=2")
+    points = ctx.space.grid_size()
+    out = ask_tell(ctx, make_sampler("grid", 0, ctx.space), points + 6, 4)
+    assert len(out) == points + 6 and all(r["status"] != "error" for r in out)
+    assert len({tuple(sorted(r["params"].items())) for r in out}) == points  # every point, then repeats
+
+
 def test_direct_proposals_over_the_inventory_are_rejected_or_repaired(tmp_path: Path) -> None:
     from pipeline.search import run_trial
 
