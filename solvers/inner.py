@@ -60,12 +60,12 @@ OBJECTIVES = ("max_rate", "thesis")
 STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
 ROLES = ("prefill", "decode", "idle")
 MILP_BACKENDS = ("SCIP", "HIGHS", "CBC")
-BACKENDS = ("AUTO", *MILP_BACKENDS)  # AUTO: SCIP for a short while, then HiGHS (see `_max_rate`)
+BACKENDS = ("AUTO", *MILP_BACKENDS)  # AUTO: SCIP for AUTO_SCIP_S, then HiGHS (see `_solve_matrix`)
 AUTO_SCIP_S = 1.0  # AUTO's SCIP stint before HiGHS takes over (docs/inner.md)
 
 # SCIP on max_rate: the LP relaxation is within a few % of the optimum and the trees are small, so
-# cutting planes and primal heuristics cost more than they save. Without them the median solve is
-# 2-4x and the slowest 20-40x faster, to the same optimum (benchmarks/inner_bench.py, docs/inner.md).
+# cutting planes and primal heuristics cost more than they save. Without them the median solve was
+# 2-20x and the slowest 25-70x faster on the layouts measured, to the same optimum (docs/inner.md).
 _SCIP_HEURISTICS = (
     "actconsdiving adaptivediving alns bound clique coefdiving completesol conflictdiving crossover dins "
     "distributiondiving dks dps dualval farkasdiving feaspump fixandinfer fracdiving gins guideddiving indicator "
