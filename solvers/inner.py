@@ -63,9 +63,10 @@ MILP_BACKENDS = ("SCIP", "HIGHS", "CBC")
 BACKENDS = ("AUTO", *MILP_BACKENDS)  # AUTO: SCIP for AUTO_SCIP_S, then HiGHS (see `_solve_matrix`)
 AUTO_SCIP_S = 1.0  # AUTO's SCIP stint before HiGHS takes over (docs/inner.md)
 
-# SCIP on max_rate: the LP relaxation is within a few % of the optimum and the trees are small, so
-# cutting planes and primal heuristics cost more than they save. Without them the median solve was
-# 2-20x and the slowest 25-70x faster on the layouts measured, to the same optimum (docs/inner.md).
+# SCIP on both inner models: the LP relaxation is within a few % of the optimum and the trees are
+# small, so cutting planes and primal heuristics cost more than they save. Without them the median
+# max_rate solve was 2-20x and the slowest 25-70x faster on the layouts measured, the thesis
+# model's about 2x, to the same optima (docs/inner.md).
 _SCIP_HEURISTICS = (
     "actconsdiving adaptivediving alns bound clique coefdiving completesol conflictdiving crossover dins "
     "distributiondiving dks dps dualval farkasdiving feaspump fixandinfer fracdiving gins guideddiving indicator "
@@ -75,7 +76,7 @@ _SCIP_HEURISTICS = (
     "trivialnegation trustregion twoopt undercover vbounds veclendiving zeroobj zirounding"
 ).split()
 SCIP_GAP = "limits/gap = 1e-7"  # SCIP's default 1e-4 is visible in Λ
-SCIP_MAX_RATE = "\n".join(
+SCIP_PARAMETERS = "\n".join(
     [SCIP_GAP, "separating/maxrounds = 0", "separating/maxroundsroot = 0"]
     + [f"heuristics/{h}/freq = -1" for h in _SCIP_HEURISTICS]
 )
@@ -387,7 +388,7 @@ def _solve_matrix(model: mb.Model, backend: str, time_limit_s: float) -> tuple[s
     if backend == "HIGHS":
         solver.set_solver_specific_parameters("mip_rel_gap=1e-7\noutput_flag=false")
     elif backend == "SCIP":
-        solver.set_solver_specific_parameters(SCIP_MAX_RATE)
+        solver.set_solver_specific_parameters(SCIP_PARAMETERS)
     code = solver.solve(model)
     status = _MB_STATUS.get(code.name)
     if status is None:
@@ -409,6 +410,8 @@ class _Model:
         self.bp, self.bd = prob.prefill_req_s[self.first], prob.decode_req_s[self.first]
         self.m = [len(c) for c in classes]
         self.solver = solver = new_solver(backend, time_limit_s)
+        if backend == "SCIP" and not solver.SetSolverSpecificParametersAsString(SCIP_PARAMETERS):
+            raise RuntimeError("SCIP refused solvers.inner.SCIP_PARAMETERS (an OR-Tools upgrade renamed one?)")
         n_c, n_j = len(classes), len(prob.p)
         self.xp = [[solver.NumVar(0.0, self.m[c], f"xP[{c},{j}]") for j in range(n_j)] for c in range(n_c)]
         self.xd = [[solver.NumVar(0.0, self.m[c], f"xD[{c},{j}]") for j in range(n_j)] for c in range(n_c)]

@@ -311,7 +311,7 @@ def test_other_milp_backends_reach_the_same_optimum(backend: str) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_scip_without_cuts_and_heuristics_reaches_highs_optimum_on_many_classes(seed: int) -> None:
-    # SCIP runs max_rate with separation and primal heuristics off (SCIP_MAX_RATE). A divider layout
+    # SCIP runs max_rate with separation and primal heuristics off (SCIP_PARAMETERS). A divider layout
     # has ~20 distinct classes, most of them one island: 3 GPU types x growing sizes, rates scaling
     # with size and a per-island efficiency, as the cost model's benchmarks do.
     rng = np.random.default_rng(seed)
