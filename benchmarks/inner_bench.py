@@ -20,8 +20,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pulp
@@ -85,6 +87,16 @@ def thesis_pulp(prob: InnerProblem, time_limit_s: float) -> tuple[float, str, fl
     return seconds, status, float(pulp.value(m.objective) or 0.0)
 
 
+@contextlib.contextmanager
+def scip_settings(parameters: str) -> Iterator[None]:
+    """Solve with other SCIP parameters for a while (the solver reads them at each solve)."""
+    ours, inner.SCIP_PARAMETERS = inner.SCIP_PARAMETERS, parameters
+    try:
+        yield
+    finally:
+        inner.SCIP_PARAMETERS = ours
+
+
 def bench_solvers(seeds: int, time_limit_s: float) -> None:
     rows: dict[str, list[tuple[float, str, float]]] = {
         k: [] for k in ("max_rate", "max_rate_own", "thesis", "thesis_own", "literal", "pulp")
@@ -96,14 +108,11 @@ def bench_solvers(seeds: int, time_limit_s: float) -> None:
         rows["max_rate"].append((s.solve_ms / 1e3, s.status, s.rate_req_s))
         s = solve(prob, time_limit_s=time_limit_s)
         rows["thesis"].append((s.solve_ms / 1e3, s.status, s.extra.get("objective", 0.0)))
-        tuned, inner.SCIP_PARAMETERS = inner.SCIP_PARAMETERS, inner.SCIP_GAP  # SCIP's own cuts and heuristics
-        try:
+        with scip_settings(inner.SCIP_GAP):  # SCIP's own cuts and heuristics
             s = solve(rate_prob, time_limit_s=time_limit_s)
             rows["max_rate_own"].append((s.solve_ms / 1e3, s.status, s.rate_req_s))
             s = solve(prob, time_limit_s=time_limit_s)
             rows["thesis_own"].append((s.solve_ms / 1e3, s.status, s.extra.get("objective", 0.0)))
-        finally:
-            inner.SCIP_PARAMETERS = tuned
         s = solve(prob, time_limit_s=time_limit_s, aggregate=False)
         rows["literal"].append((s.solve_ms / 1e3, s.status, s.extra.get("objective", 0.0)))
         rows["pulp"].append(thesis_pulp(prob, time_limit_s))
@@ -171,12 +180,9 @@ def bench_evaluation(repeats: int, width: int) -> None:
         ("SCIP, SCIP's own settings", "SCIP", inner.SCIP_GAP),  # cuts and heuristics on
         ("HIGHS", "HIGHS", inner.SCIP_PARAMETERS),
     ):
-        tuned, inner.SCIP_PARAMETERS = inner.SCIP_PARAMETERS, scip
-        try:
+        with scip_settings(scip):
             hand = 1e3 * np.array([_timed(planner, lay, backend) for _ in range(repeats) for lay in layouts])
             div = 1e3 * np.array([_timed(planner, lay, backend) for lay in divided])
-        finally:
-            inner.SCIP_PARAMETERS = tuned
         print(
             f"  {label:26s} | {np.median(hand):6.1f}, {hand.max():6.1f} ms"
             f" | {np.median(div):6.1f}, {div.mean():6.1f}, {div.max():6.1f} ms"

@@ -347,8 +347,6 @@ def reference(settings: Settings, ctx: Context, planner: Planner) -> ExactResult
 
 
 def make_sampler(name: str, seed: int, space: Space) -> Any:
-    import optuna
-
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "random":
@@ -394,7 +392,6 @@ def ask_tell(ctx: Context, sampler: Any, evals: int, batch: int) -> list[dict[st
     The sampler sees exactly what it sees under Ray Tune with ConcurrencyLimiter(batch=True);
     experiments that repeat whole searches run one of these per Ray task.
     """
-    import optuna
 
     study = optuna.create_study(direction="maximize", sampler=sampler)
     dists = ctx.space.distributions()
@@ -548,11 +545,9 @@ class SearchRun:
             return True
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter honours verbose=0
         # Our journal, trials.parquet and MLflow hold every result, and a resume reads the journal:
-        # Tune's per-trial JSON/CSV files and periodic experiment snapshots would only cost driver
-        # time per trial (benchmarks/search_bench.py measures the orchestration).
+        # Tune's per-trial JSON/CSV files and periodic experiment snapshots would only duplicate them.
         os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
         os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "3600")
-        import optuna
         from ray import tune
         from ray.tune.search import ConcurrencyLimiter
         from ray.tune.search.optuna import OptunaSearch
