@@ -1,15 +1,16 @@
 """Search quality and speed on hetero_a with the Azure code workload, measured in one run.
 
     python benchmarks/search_bench.py [--seeds 5] [--evals 240] [--batch 16] [--samplers tpe,gp,random,grid,qmc]
-                                      [--tune-trials 64] [--min-island auto] [--first-seed 0]
+                                      [--polish default,0] [--tune-trials 64] [--min-island auto] [--first-seed 0]
 
 1. The exact reference MILP: optimum and wall time.
 2. Per sampler, the median over seeds of best rate / exact optimum after `evals` evaluations
    (the thesis's 16 x 15 = 240), divider layouts (minimum island `--min-island`: `auto`, the
-   search's default, or the thesis's 2), batches of `batch` proposals told back
-   together (the thesis's batch semantics, as in the Ray Tune search). Target: >= 0.99 for
-   tpe or gp. Evaluated in-process so that five samplers x five seeds fit in minutes; the
-   sampler sees exactly what it sees under Ray Tune.
+   search's default, or the thesis's 2), batches of `batch` proposals told back together (the
+   thesis's batch semantics, as in the Ray Tune search), with the search's default
+   `search.polish` and without it (0), side by side. Target: >= 0.99 for tpe or gp. Evaluated
+   in-process so that the samplers x seeds fit in minutes; the sampler sees exactly what it sees
+   under Ray Tune.
 3. Trials/s through Ray Tune (2 workers, MLflow children logged) vs the same `run_trial` in a
    plain in-process Optuna loop, as a ratio, with the per-trial cost breakdown.
 """
@@ -30,6 +31,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from costmodel.catalog import CONF_DIR
+from pipeline.polish import with_polish
 from pipeline.search import SearchRun, ask_tell, make_sampler, reference, run_trial, settings_from_cfg
 from pipeline.tracking import Tracker
 
@@ -56,6 +58,7 @@ def main() -> None:
     ap.add_argument("--tune-trials", type=int, default=64)
     ap.add_argument("--min-island", default="auto", help="search.min_island: auto (the default) or a number")
     ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--polish", default="default,0", help="search.polish values to compare (default: the config's)")
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="search_bench_"))
@@ -72,23 +75,28 @@ def main() -> None:
         f"\nbest / exact after {args.evals} evaluations (batches of {args.batch}), median over {args.seeds} seeds"
         f" from {args.first_seed}; minimum island " + ", ".join(f"{g} {n}" for g, n in ctx.space.min_island) + ":"
     )
+    polishes = [settings.polish if p == "default" else float(p) for p in args.polish.split(",")]
     for name in args.samplers.split(","):
-        ratios, walls = [], []
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
-            try:
-                sampler = make_sampler(name, seed, ctx.space)
-            except ValueError as err:
-                print(f"  {name:7s} skipped: {err}")
-                break
-            t = time.perf_counter()
-            best, _ = optuna_loop(ctx, sampler, args.evals, args.batch)
-            walls.append(time.perf_counter() - t)
-            ratios.append(best[-1] / ref.rate_req_s)
-        if ratios:
-            print(
-                f"  {name:7s} median {statistics.median(ratios):.4f}  min {min(ratios):.4f}  max {max(ratios):.4f}  "
-                f"({statistics.median(walls):.0f} s per {args.evals}-evaluation search, in-process)"
-            )
+        for polish in dict.fromkeys(polishes):
+            ratios, walls = [], []
+            label = f"{name} polish {polish:g}"
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                try:
+                    sampler = with_polish(make_sampler(name, seed, ctx.space), ctx.space, args.evals, polish)
+                except ValueError as err:
+                    print(f"  {label:16s} skipped: {err}")
+                    break
+                t = time.perf_counter()
+                best, _ = optuna_loop(ctx, sampler, args.evals, args.batch)
+                walls.append(time.perf_counter() - t)
+                ratios.append(best[-1] / ref.rate_req_s)
+            if ratios:
+                print(
+                    f"  {label:16s} median {statistics.median(ratios):.4f}  min {min(ratios):.4f}  "
+                    f"max {max(ratios):.4f}  ({statistics.median(walls):.0f} s per {args.evals}-evaluation search, "
+                    "in-process)  " + " ".join(f"{r:.3f}" for r in ratios),
+                    flush=True,
+                )
 
     # orchestration: the same trials through Ray Tune vs in-process
     n = args.tune_trials

@@ -43,6 +43,7 @@ import pandas as pd
 from costmodel.catalog import CONF_DIR
 from pipeline.config import ConfigError, choice, plain, positive_int
 from pipeline.planner import Layout
+from pipeline.polish import with_polish
 from pipeline.search import (
     GROUPS,
     Context,
@@ -165,13 +166,13 @@ def _digest(obj: Any) -> str:
 KEEP = ("score", "rate_req_s", "evaluated_req_s", "deviation", "cost_per_hour", "solve_ms", "trial_ms", "status")
 
 
-def one_search(ctx: Context, sampler: str, seed: int, evals: int, batch: int) -> dict[str, Any]:
+def one_search(ctx: Context, sampler: str, seed: int, evals: int, batch: int, polish: float) -> dict[str, Any]:
     """One whole search in this process: every trial's numbers, the best layout and the wall time."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.perf_counter()
-    results = ask_tell(ctx, make_sampler(sampler, seed, ctx.space), evals, batch)
+    results = ask_tell(ctx, with_polish(make_sampler(sampler, seed, ctx.space), ctx.space, evals, polish), evals, batch)
     wall = time.perf_counter() - t0
     ok = [r for r in results if r["status"] in ("optimal", "feasible")]
     best = max(ok, key=lambda r: r["score"]) if ok else None
@@ -351,7 +352,7 @@ def _run_tasks(
         if s.sampler == "exact":
             fut = exact_task.remote(s, ctx_refs[c.key])
         else:
-            fut = search_task.remote(ctx_refs[c.key], s.sampler, seed, s.trials, s.batch)
+            fut = search_task.remote(ctx_refs[c.key], s.sampler, seed, s.trials, s.batch, s.polish)
         pending[fut] = ("search", (c, seed))
     n_todo, finished = len(todo), 0
     try:

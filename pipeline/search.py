@@ -43,6 +43,7 @@ from pipeline.config import (
 )
 from pipeline.inventory import Inventory, inventory_from_cfg
 from pipeline.planner import Layout, Planner
+from pipeline.polish import with_polish
 from pipeline.space import Space
 from pipeline.workload import make_ranges, workload_from_cfg
 from solvers.exact import ExactResult, TypeOptions, exact_optimum
@@ -160,6 +161,7 @@ class Settings:
     generator: str
     iterations: int
     batch: int
+    polish: float  # fraction of trials, at the end, that refine the best layout locally
     objective: str
     seed: int
     reference: bool
@@ -238,6 +240,7 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         generator=generator,
         iterations=positive_int(s.iterations, "search.iterations"),
         batch=positive_int(s.batch, "search.batch"),
+        polish=fraction(s.polish, "search.polish"),
         objective=objective,
         seed=int(s.seed),
         reference=bool(s.reference),
@@ -557,7 +560,9 @@ class SearchRun:
             self.ctx.space.distributions(),
             metric="score",
             mode="max",
-            sampler=make_sampler(self.s.sampler, self.s.seed, self.ctx.space),
+            sampler=with_polish(
+                make_sampler(self.s.sampler, self.s.seed, self.ctx.space), self.ctx.space, self.s.trials, self.s.polish
+            ),
         )
         for r in self.records:  # a resumed search: the sampler learns what is done, nothing re-runs
             searcher.add_evaluated_point(r["params"], float(r["score"]), error=r["status"] == "error")
@@ -639,9 +644,10 @@ def execute(cfg: Any, trial_fn: Callable[[Context, Mapping[str, Any]], dict] = r
     tracker = Tracker(settings.mlflow_uri, settings.mlflow_experiment)
     run = SearchRun(settings, ctx, tracker)
     planner = ctx.planner
+    polish = f" (the last {round(settings.polish * settings.trials)} polish the best)" if settings.polish else ""
     print(
         f"[search] {settings.inventory.describe()}; workload {settings.workload_name}; {settings.generator} "
-        f"layouts, sampler {settings.sampler}, {settings.iterations} x {settings.batch} trials, objective "
+        f"layouts, sampler {settings.sampler}, {settings.iterations} x {settings.batch} trials{polish}, objective "
         f"{settings.objective}; minimum island "
         + ", ".join(f"{g} {n}" for g, n in ctx.space.min_island)
         + f"\n[search] run folder {run.dir}"

@@ -3,6 +3,9 @@
 divider: per GPU type t, `n_<t>` (target islands, int) and `skew_<t>` (float); with counts as
 upper bounds (objective rate_per_dollar, or a budget) also `gpus_<t>` (GPUs of t to use).
 direct: per type, `slot_<t>_<k>` for k < K (island size, 0 = none).
+
+`Space.neighbours` gives the parameter sets one move away from a point that stand for other
+layouts (the local moves of `pipeline.polish`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import numpy as np
 from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
 from pipeline.config import ConfigError
-from solvers.layouts import direct_layout, divider_layout
+from solvers.layouts import LayoutRejected, direct_layout, divider_layout
 
 GENERATORS = ("divider", "direct")
+FLOAT_STEPS = 1000  # a float parameter is walked in steps of 1/FLOAT_STEPS of its range
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,59 @@ class Space:
             )
         slots = {g: [int(params[f"slot_{g}_{k}"]) for k in range(self.k_slots)] for g in inv}
         return direct_layout(inv, slots, mins, repair=self.repair)
+
+    def layout_key(self, params: Mapping[str, Any]) -> tuple[tuple[str, int], ...] | None:
+        """The layout as a sorted island tuple; None for a rejected direct proposal."""
+        try:
+            return tuple(sorted(self.layout(params)))
+        except LayoutRejected:
+            return None
+
+    def neighbours(self, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """One move per parameter and direction: the nearest value that changes the layout.
+
+        An int moves by the fewest steps of 1 that change the layout (a divider's n_t past what
+        fits changes nothing). A float walks in steps of 1/FLOAT_STEPS of its range to the next
+        layout and lands in the middle of the interval that gives it, naming that layout robustly
+        rather than by its edge. Moves to a rejected proposal are left out, and so is a layout
+        reached twice.
+        """
+        here = self.layout_key(params)
+        seen = {here}
+        out: list[dict[str, Any]] = []
+        for name, dist in self.distributions().items():
+            for direction in (-1, 1):
+                moved = self._move(params, name, dist, direction, here)
+                if moved is not None and (key := self.layout_key(moved)) is not None and key not in seen:
+                    seen.add(key)
+                    out.append(moved)
+        return out
+
+    def _move(
+        self, params: Mapping[str, Any], name: str, dist: BaseDistribution, direction: int, here: Any
+    ) -> dict[str, Any] | None:
+        """`params` with `name` moved, in `direction`, to the nearest value that changes the layout."""
+        values = _walk(dist, params[name], direction)
+        keys = [self.layout_key({**params, name: v}) for v in values]
+        first = next((i for i, k in enumerate(keys) if k != here), None)
+        if first is None:
+            return None
+        if isinstance(dist, IntDistribution):
+            return {**params, name: values[first]}
+        last = first
+        while last + 1 < len(values) and keys[last + 1] == keys[first]:
+            last += 1
+        return {**params, name: (values[first] + values[last]) / 2}
+
+
+def _walk(dist: BaseDistribution, start: Any, direction: int) -> list[Any]:
+    """The values after `start` in `direction` up to the end of the range: steps of 1 for an int,
+    of 1/FLOAT_STEPS of the range for a float."""
+    low, high = dist.low, dist.high  # type: ignore[attr-defined]
+    if isinstance(dist, IntDistribution):
+        return list(range(int(start) + direction, high + 1 if direction > 0 else low - 1, direction))
+    v = start + direction * (high - low) / FLOAT_STEPS * np.arange(1, FLOAT_STEPS + 1)
+    return [float(x) for x in v[(v >= low) & (v <= high)]]
 
 
 def all_grid_points(space: Space) -> list[dict[str, Any]]:

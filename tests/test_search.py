@@ -73,6 +73,13 @@ def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(tmp_path: Path) ->
     parent = json.loads((d / "state.json").read_text())["parent_run_id"]
     assert len(child_runs(tmp_path, parent)) == 12
     assert "[search] 12/12 trials" in r.stdout
+    # search.polish=0.2 by default: through Ray Tune, the last 2 trials step from the best of the first 8
+    assert "(the last 2 polish the best)" in r.stdout
+    recs = [json.loads(x) for x in (d / "trials.jsonl").read_text().splitlines()]
+    _, ctx = small_context(tmp_path)
+    best = max(recs[:8], key=lambda r: r["score"])
+    around = [ctx.space.layout_key(m) for m in ctx.space.neighbours(best["params"])]
+    assert sum(ctx.space.layout_key(r["params"]) in around for r in recs[8:]) >= 2
 
 
 def test_bad_input_is_one_line_and_nonzero(tmp_path: Path) -> None:
@@ -367,3 +374,19 @@ def test_an_in_process_search_records_a_raising_trial_and_goes_on(tmp_path: Path
     assert [r["status"] for r in results].count("error") == 1 and len(results) == 6
     assert "UNKNOWN_STATUS" in results[2]["note"] and results[2]["score"] == 0.0
     assert sum(r["status"] in ("optimal", "feasible") for r in results) >= 4
+
+
+def test_polish_in_the_search_refines_the_real_layouts(tmp_path: Path) -> None:
+    from pipeline.polish import with_polish
+    from pipeline.search import ask_tell, make_sampler
+
+    settings, ctx = small_context(tmp_path, "search.polish=0.5")
+    assert settings.polish == 0.5
+    sampler = with_polish(make_sampler("random", 0, ctx.space), ctx.space, 16, settings.polish)
+    out = ask_tell(ctx, sampler, 16, 4)
+    assert all(r["status"] == "optimal" for r in out)
+    first = max(out[:8], key=lambda r: r["score"])
+    tried = {ctx.space.layout_key(r["params"]) for r in out[:8]}
+    untried = [m for m in ctx.space.neighbours(first["params"]) if ctx.space.layout_key(m) not in tried]
+    assert [r["params"] for r in out[8:12]] == untried[:4]  # the first polish batch: the best's neighbours
+    assert max(r["score"] for r in out) >= first["score"]
