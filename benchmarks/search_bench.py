@@ -84,7 +84,7 @@ def main() -> None:
                 try:
                     sampler = with_polish(make_sampler(name, seed, ctx.space), ctx.space, args.evals, polish)
                 except ValueError as err:
-                    print(f"  {label:16s} skipped: {err}")
+                    print(f"  {label:17s} skipped: {err}")
                     break
                 t = time.perf_counter()
                 best, _ = optuna_loop(ctx, sampler, args.evals, args.batch)
@@ -92,7 +92,7 @@ def main() -> None:
                 ratios.append(best[-1] / ref.rate_req_s)
             if ratios:
                 print(
-                    f"  {label:16s} median {statistics.median(ratios):.4f}  min {min(ratios):.4f}  "
+                    f"  {label:17s} median {statistics.median(ratios):.4f}  min {min(ratios):.4f}  "
                     f"max {max(ratios):.4f}  ({statistics.median(walls):.0f} s per {args.evals}-evaluation search, "
                     "in-process)  " + " ".join(f"{r:.3f}" for r in ratios),
                     flush=True,
@@ -103,7 +103,8 @@ def main() -> None:
     settings, ctx = load([f"out_root={tmp}/out", f"search.batch={args.batch}", f"search.iterations={n // args.batch}",
                           "search.sampler=random", "ray.num_cpus=2"])  # fmt: skip
     t = time.perf_counter()
-    _, results = optuna_loop(ctx, make_sampler("random", 0, ctx.space), n, args.batch)
+    sampler = with_polish(make_sampler("random", 0, ctx.space), ctx.space, n, settings.polish)  # as run_tune's
+    _, results = optuna_loop(ctx, sampler, n, args.batch)
     local = time.perf_counter() - t
     import ray
 

@@ -39,6 +39,7 @@ class PolishSampler(BaseSampler):
         self.start = trials - round(fraction * trials)  # trials before refinement begins
         self._proposal: dict[int, dict[str, Any]] = {}  # trial number -> the neighbour it evaluates
         self._neighbours: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # by parameter values
+        self._keys: dict[int, Any] = {}  # trial number -> layout key (a trial's parameters never change)
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         proposal = self._propose(study, trial)
@@ -75,11 +76,14 @@ class PolishSampler(BaseSampler):
             return None
         names = set(self.space.distributions())
         trials = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number and set(t.params) == names]
-        tried = {self.space.layout_key(t.params) for t in trials}  # asked earlier, finished or not
+        for t in trials:
+            if t.number not in self._keys:
+                self._keys[t.number] = self.space.layout_key(t.params)
+        tried = {self._keys[t.number] for t in trials}  # asked earlier, finished or not
         done = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: (-t.value, t.number))
         incumbents = set()
         for best in done:  # the best finished layout first, then the next best distinct one, ...
-            key = self.space.layout_key(best.params)
+            key = self._keys[best.number]
             if key in incumbents:
                 continue
             incumbents.add(key)
