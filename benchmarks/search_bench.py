@@ -31,13 +31,11 @@ import optuna
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
-from ortools.linear_solver import pywraplp
 
 from costmodel.catalog import CONF_DIR
 from pipeline.polish import with_polish
 from pipeline.search import SearchRun, ask_tell, make_sampler, reference, run_trial, settings_from_cfg
 from pipeline.tracking import Tracker
-from solvers.inner import new_solver
 from solvers.layouts import divide
 
 
@@ -54,48 +52,22 @@ def optuna_loop(ctx: Any, sampler: Any, evals: int, batch: int) -> tuple[list[fl
     return list(np.maximum.accumulate([r["score"] for r in results])), results
 
 
-def divider_ceiling(ctx: Any, skew_points: int = 4001) -> tuple[float, str, dict[str, int]]:
-    """The best rate of any divider layout: the exact MILP (`solvers/exact.py`) with each GPU type
-    limited to one of the island multisets its (n_t, s_t) can produce (s_t on a grid of
-    `skew_points`). Returns the rate, the solver status and the multisets per type."""
-    planner, dists, mins = ctx.planner, ctx.space.distributions(), dict(ctx.space.min_island)
-    p = planner.ranges.p
-    s = new_solver("SCIP", 1800)
-    lam = s.NumVar(0.0, s.infinity(), "Lambda")
-    cover_p: list[list[Any]] = [[] for _ in p]
-    cover_d: list[list[Any]] = [[] for _ in p]
-    counts: dict[str, int] = {}
-    for gpu, count in ctx.space.inventory:
-        skews = np.linspace(-ctx.space.skew_range, ctx.space.skew_range, skew_points)
-        multisets = sorted(
-            {
-                tuple(sorted(divide(count, n, float(sk), mins[gpu]), reverse=True))
-                for n in range(1, dists[f"n_{gpu}"].high + 1)
-                for sk in skews
-            }
+def divider_layouts(space: Any, skew_points: int = 4001) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Per GPU type, every island multiset the divider's (n_t, s_t) can produce (s_t on a grid)."""
+    mins, dists = dict(space.min_island), space.distributions()
+    skews = np.linspace(-space.skew_range, space.skew_range, skew_points)
+    return {
+        gpu: tuple(
+            sorted(
+                {
+                    tuple(sorted(divide(count, n, float(sk), mins[gpu]), reverse=True))
+                    for n in range(1, dists[f"n_{gpu}"].high + 1)
+                    for sk in skews
+                }
+            )
         )
-        counts[gpu] = len(multisets)
-        z = [s.BoolVar(f"z[{gpu},{m}]") for m in range(len(multisets))]
-        s.Add(s.Sum(z) == 1)  # one divider layout per type
-        for size in sorted({x for m in multisets for x in m}):
-            bench = planner.benchmark(gpu, size)
-            n_p, n_d = s.IntVar(0, count // size, ""), s.IntVar(0, count // size, "")
-            s.Add(n_p + n_d <= s.Sum([z[k] * m.count(size) for k, m in enumerate(multisets) if size in m]))
-            x_p = [s.NumVar(0.0, count // size, "") for _ in p]
-            x_d = [s.NumVar(0.0, count // size, "") for _ in p]
-            s.Add(s.Sum(x_p) <= n_p)
-            s.Add(s.Sum(x_d) <= n_d)
-            for j in range(len(p)):
-                cover_p[j].append(bench.prefill_req_s[j] * x_p[j])
-                cover_d[j].append(bench.decode_req_s[j] * x_d[j])
-    for j in range(len(p)):
-        s.Add(s.Sum(cover_p[j]) >= p[j] * lam)
-        s.Add(s.Sum(cover_d[j]) >= p[j] * lam)
-    s.Maximize(lam)
-    params = pywraplp.MPSolverParameters()
-    params.SetDoubleParam(params.RELATIVE_MIP_GAP, 1e-6)
-    status = {s.OPTIMAL: "optimal", s.FEASIBLE: "feasible"}.get(s.Solve(params), "not solved")
-    return lam.solution_value(), status, counts
+        for gpu, count in space.inventory
+    }
 
 
 def main() -> None:
@@ -120,13 +92,14 @@ def main() -> None:
         f"({len(ctx.planner.ranges)} ranges): exact optimum {ref.rate_req_s:.2f} req/s ({ref.status}), "
         f"exact MILP {time.perf_counter() - t:.1f} s (incl. benchmarking every island size)"
     )
-    if args.ceiling:
+    if args.ceiling:  # the exact MILP limited to the layouts the divider can propose
         t = time.perf_counter()
-        rate, status, counts = divider_ceiling(ctx)
+        layouts = divider_layouts(ctx.space)
+        ceiling = reference(settings, ctx, ctx.planner, layouts, backend="SCIP")
         print(
-            f"best divider layout {rate:.2f} req/s ({status}) = {rate / ref.rate_req_s:.4f} of the exact optimum; "
-            "island multisets per type "
-            + ", ".join(f"{g} {n}" for g, n in counts.items())
+            f"best divider layout {ceiling.rate_req_s:.2f} req/s ({ceiling.status}) = "
+            f"{ceiling.rate_req_s / ref.rate_req_s:.4f} of the exact optimum; island multisets per type "
+            + ", ".join(f"{g} {len(m)}" for g, m in layouts.items())
             + f"; {time.perf_counter() - t:.0f} s"
         )
 

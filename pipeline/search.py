@@ -314,7 +314,15 @@ def _check_some_island_fits(planner: Planner, inventory: Inventory, mins: Mappin
 # --- the exact reference -------------------------------------------------------------------------
 
 
-def reference(settings: Settings, ctx: Context, planner: Planner) -> ExactResult:
+def reference(
+    settings: Settings,
+    ctx: Context,
+    planner: Planner,
+    layouts: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
+    backend: str = "HIGHS",
+) -> ExactResult:
+    """The exact optimum over every layout of the inventory, or, per type in `layouts`, over those
+    island multisets only (`solvers/exact.py`, (6))."""
     mins = dict(ctx.space.min_island)
     types = []
     for g, n in zip(settings.inventory.gpus, settings.inventory.counts, strict=True):
@@ -329,6 +337,7 @@ def reference(settings: Settings, ctx: Context, planner: Planner) -> ExactResult
                 np.array([b.prefill_req_s for b in benches]),
                 np.array([b.decode_req_s for b in benches]),
                 g.scaleout_bw_gb_s * DERATE,
+                None if layouts is None else layouts.get(g.name),
             )
         )
     kv = (
@@ -343,6 +352,7 @@ def reference(settings: Settings, ctx: Context, planner: Planner) -> ExactResult
         budget_per_hour=planner.budget_per_hour,
         kv_gb=kv,
         time_limit_s=settings.reference_time_limit_s,
+        backend=backend,
     )
 
 

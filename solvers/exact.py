@@ -10,6 +10,10 @@ x^P_cj, x^D_cj = capacity (island units) they give range j.
     (3) Σ_{c of type t} s_c (n^P_c + n^D_c) <= I_t                    ∀ t   the inventory
     (4) optional: Σ_c cost_c (n^P_c + n^D_c) <= B                           $/h budget
     (5) optional: KV egress/ingress as in solvers/inner.py
+    (6) optional, per type t with given island multisets M_t (e.g. every layout a generator can
+        propose), instead of (3): Σ_m z_tm = 1 (z binary) and
+        n^P_c + n^D_c <= Σ_m z_tm · (islands of size s_c in m)             ∀ c of type t
+        The optimum is then the best layout among those multisets: a generator's ceiling.
 
 This is the inner `max_rate` model with the layout made a decision too, so its Λ bounds
 every layout a generator can propose (each is a feasible point): a search's gap to it is
@@ -44,6 +48,7 @@ class TypeOptions:
     prefill_req_s: np.ndarray
     decode_req_s: np.ndarray
     link_gb_s_per_gpu: float = 0.0
+    layouts: tuple[tuple[int, ...], ...] | None = None  # (6): the type's islands are one of these multisets
 
 
 @dataclass(frozen=True)
@@ -135,9 +140,18 @@ def _solve(
             s.Add(s.Sum([t.prefill_req_s[si, j] * kv_gb[j] * x_p[c][j] for j in range(n_j)]) <= link * n_p[c])
             s.Add(s.Sum([t.decode_req_s[si, j] * kv_gb[j] * x_d[c][j] for j in range(n_j)]) <= link * n_d[c])
     for ti, t in enumerate(types):
+        if t.layouts is not None:  # (6) one of the given multisets (islands that cannot run stay idle)
+            z = [s.BoolVar(f"z[{t.gpu},{k}]") for k in range(len(t.layouts))]
+            s.Add(s.Sum(z) == 1)
+            for c, (tj, si) in enumerate(classes):
+                if tj == ti:
+                    size = int(t.sizes[si])
+                    held = [z[k] * m.count(size) for k, m in enumerate(t.layouts) if size in m]
+                    s.Add(n_p[c] + n_d[c] <= s.Sum(held))
+            continue
         used = [int(t.sizes[si]) * (n_p[c] + n_d[c]) for c, (tj, si) in enumerate(classes) if tj == ti]
         if used:
-            s.Add(s.Sum(used) <= t.count)
+            s.Add(s.Sum(used) <= t.count)  # (3)
     total_cost = s.Sum([cost[c] * (n_p[c] + n_d[c]) for c in range(len(classes))])
     if budget is not None:
         s.Add(total_cost <= budget)

@@ -277,6 +277,31 @@ def test_exact_reference_bounds_every_sampled_layout(tmp_path: Path, objective: 
     assert sol.rate_req_s == pytest.approx(ref.rate_req_s, rel=1e-5)
 
 
+def test_exact_reference_limited_to_given_layouts_is_their_best(tmp_path: Path) -> None:
+    # constraint (6): one multiset per type -> the exact MILP is the inner solve of that layout;
+    # several -> the best of them, and never above the unrestricted optimum
+    import optuna
+
+    from pipeline.search import reference, run_trial
+
+    settings, ctx = small_context(tmp_path, "search.reference_time_limit_s=120")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=4))
+    points = [study.ask(ctx.space.distributions()).params for _ in range(3)]
+    scores, per_type = [], []
+    for params in points:
+        layout = ctx.space.layout(params)
+        per_type.append(
+            {g: tuple(sorted((n for h, n in layout if h == g), reverse=True)) for g, _ in ctx.space.inventory}
+        )
+        scores.append(run_trial(ctx, params)["score"])
+        only = reference(settings, ctx, ctx.planner, {g: (m,) for g, m in per_type[-1].items()})
+        assert only.status == "optimal" and only.rate_req_s == pytest.approx(scores[-1], rel=1e-5)
+    layouts = {g: tuple({p[g] for p in per_type}) for g, _ in ctx.space.inventory}
+    some = reference(settings, ctx, ctx.planner, layouts)  # any mix of the three, per type
+    assert some.rate_req_s >= max(scores) * (1 - 1e-6)
+    assert some.rate_req_s <= reference(settings, ctx, ctx.planner).rate_req_s * (1 + 1e-6)
+
+
 def test_min_island_auto_is_the_smallest_island_that_runs_the_model_and_loses_no_optimum(tmp_path: Path) -> None:
     from pipeline.search import reference
 
