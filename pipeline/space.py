@@ -123,16 +123,18 @@ class Space:
     ) -> dict[str, Any] | None:
         """`params` with `name` moved, in `direction`, to the nearest value that changes the layout."""
         values = _walk(dist, params[name], direction)
-        keys = [self.layout_key({**params, name: v}) for v in values]
-        first = next((i for i, k in enumerate(keys) if k != here), None)
-        if first is None:
-            return None
-        if isinstance(dist, IntDistribution):
-            return {**params, name: values[first]}
-        last = first
-        while last + 1 < len(values) and keys[last + 1] == keys[first]:
-            last += 1
-        return {**params, name: (values[first] + values[last]) / 2}
+        there: Any = here
+        first = last = -1
+        for i, v in enumerate(values):  # stop at the end of the first other layout's interval
+            key = self.layout_key({**params, name: v})
+            if first < 0 and key != here:
+                if isinstance(dist, IntDistribution):
+                    return {**params, name: v}
+                first, there = i, key
+            elif first >= 0 and key != there:
+                break
+            last = i
+        return None if first < 0 else {**params, name: (values[first] + values[last]) / 2}
 
 
 def _walk(dist: BaseDistribution, start: Any, direction: int) -> list[Any]:
