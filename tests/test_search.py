@@ -95,6 +95,7 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path: Path) -> None:
             "error: search.min_island must be a whole number >= 1 or auto",
         ),
         (["+inventory=tiny_hetero", "search.objective=speed"], "error: search.objective='speed' is unknown"),
+        (["+inventory=tiny_hetero", "search.polish=1.5"], "error: `0 <= search.polish < 1` must hold, got"),
         (["+inventory=tiny_hetero", "search.resume=true"], "error: search.resume=true: no earlier run"),
     ]
     for args, message in cases:
