@@ -33,7 +33,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from costmodel.catalog import CONF_DIR
-from pipeline.polish import with_polish
 from pipeline.search import SearchRun, ask_tell, make_sampler, reference, run_trial, settings_from_cfg
 from pipeline.tracking import Tracker
 from solvers.layouts import divide
@@ -114,7 +113,7 @@ def main() -> None:
             label = f"{name} polish {polish:g}"
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 try:
-                    sampler = with_polish(make_sampler(name, seed, ctx.space), ctx.space, args.evals, polish)
+                    sampler = make_sampler(name, seed, ctx.space, polish, args.evals)
                 except ValueError as err:
                     print(f"  {label:17s} skipped: {err}")
                     break
@@ -135,7 +134,7 @@ def main() -> None:
     settings, ctx = load([f"out_root={tmp}/out", f"search.batch={args.batch}", f"search.iterations={n // args.batch}",
                           "search.sampler=random", "ray.num_cpus=2"])  # fmt: skip
     t = time.perf_counter()
-    sampler = with_polish(make_sampler("random", 0, ctx.space), ctx.space, n, settings.polish)  # as run_tune's
+    sampler = make_sampler("random", 0, ctx.space, settings.polish, n)  # as run_tune's
     _, results = optuna_loop(ctx, sampler, n, args.batch)
     local = time.perf_counter() - t
     import ray

@@ -43,7 +43,6 @@ import pandas as pd
 from costmodel.catalog import CONF_DIR
 from pipeline.config import ConfigError, choice, plain, positive_int
 from pipeline.planner import Layout
-from pipeline.polish import with_polish
 from pipeline.search import (
     GROUPS,
     Context,
@@ -172,7 +171,7 @@ def one_search(ctx: Context, sampler: str, seed: int, evals: int, batch: int, po
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.perf_counter()
-    results = ask_tell(ctx, with_polish(make_sampler(sampler, seed, ctx.space), ctx.space, evals, polish), evals, batch)
+    results = ask_tell(ctx, make_sampler(sampler, seed, ctx.space, polish, evals), evals, batch)
     wall = time.perf_counter() - t0
     ok = [r for r in results if r["status"] in ("optimal", "feasible")]
     best = max(ok, key=lambda r: r["score"]) if ok else None

@@ -37,6 +37,7 @@ class PolishSampler(BaseSampler):
         self.base = base
         self.space = space
         self.start = trials - round(fraction * trials)  # trials before refinement begins
+        self._names = set(space.distributions())
         self._proposal: dict[int, dict[str, Any]] = {}  # trial number -> the neighbour it evaluates
         self._neighbours: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # by parameter values
         self._keys: dict[int, Any] = {}  # trial number -> layout key (a trial's parameters never change)
@@ -74,8 +75,9 @@ class PolishSampler(BaseSampler):
         """The neighbour this trial evaluates, or None when the wrapped sampler proposes it."""
         if trial.number < self.start:
             return None
-        names = set(self.space.distributions())
-        trials = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number and set(t.params) == names]
+        trials = [
+            t for t in study.get_trials(deepcopy=False) if t.number != trial.number and set(t.params) == self._names
+        ]
         for t in trials:
             if t.number not in self._keys:
                 self._keys[t.number] = self.space.layout_key(t.params)

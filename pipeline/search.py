@@ -359,7 +359,12 @@ def reference(
 # --- samplers ------------------------------------------------------------------------------------
 
 
-def make_sampler(name: str, seed: int, space: Space) -> Any:
+def make_sampler(name: str, seed: int, space: Space, polish: float = 0.0, trials: int = 0) -> Any:
+    """The sampler `name`; with `polish` > 0, its last `polish` of `trials` refine the best layout."""
+    return with_polish(_sampler(name, seed, space), space, trials, polish)
+
+
+def _sampler(name: str, seed: int, space: Space) -> Any:
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "random":
@@ -570,9 +575,7 @@ class SearchRun:
             self.ctx.space.distributions(),
             metric="score",
             mode="max",
-            sampler=with_polish(
-                make_sampler(self.s.sampler, self.s.seed, self.ctx.space), self.ctx.space, self.s.trials, self.s.polish
-            ),
+            sampler=make_sampler(self.s.sampler, self.s.seed, self.ctx.space, self.s.polish, self.s.trials),
         )
         for r in self.records:  # a resumed search: the sampler learns what is done, nothing re-runs
             searcher.add_evaluated_point(r["params"], float(r["score"]), error=r["status"] == "error")

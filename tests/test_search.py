@@ -403,12 +403,11 @@ def test_an_in_process_search_records_a_raising_trial_and_goes_on(tmp_path: Path
 
 
 def test_polish_in_the_search_refines_the_real_layouts(tmp_path: Path) -> None:
-    from pipeline.polish import with_polish
     from pipeline.search import ask_tell, make_sampler
 
     settings, ctx = small_context(tmp_path, "search.polish=0.5")
     assert settings.polish == 0.5
-    sampler = with_polish(make_sampler("random", 0, ctx.space), ctx.space, 16, settings.polish)
+    sampler = make_sampler("random", 0, ctx.space, settings.polish, 16)
     out = ask_tell(ctx, sampler, 16, 4)
     assert all(r["status"] == "optimal" for r in out)
     first = max(out[:8], key=lambda r: r["score"])
