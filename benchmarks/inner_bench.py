@@ -30,6 +30,7 @@ import pulp
 
 from costmodel.catalog import load_gpu, load_model
 from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
 from pipeline.planner import Layout, Planner
 from pipeline.workload import make_ranges, workload_from_cfg
 from solvers import inner
@@ -146,7 +147,11 @@ def bench_evaluation(repeats: int, width: int) -> None:
     model, profile = load_model("deepseek_v3"), CostProfile.corrected()
     workload = workload_from_cfg("azure_code", {"kind": "histogram", "histogram": "azure_code"})
     planner = Planner(
-        model, workload, make_ranges(workload, width), profile, {g: load_gpu(g) for g in ("H200", "H800", "H20")}
+        model,
+        workload,
+        make_ranges(workload, width),
+        CostSettings(profile),
+        {g: load_gpu(g) for g in ("H200", "H800", "H20")},
     )
     layouts = [  # hetero_a = 64 H200 + 64 H800 + 128 H20, cut several ways
         Layout.of([("H200", 8)] * 8 + [("H800", 8)] * 8 + [("H20", 16)] * 8),

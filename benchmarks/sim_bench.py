@@ -21,10 +21,11 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
 from costmodel.catalog import CONF_DIR, load_gpu, load_model
-from costmodel.profile import CostProfile
-from pipeline.plan import build_plan
+from costmodel.settings import CostSettings
+from pipeline.outputs import build_plan
 from pipeline.planner import Layout
-from pipeline.search import reference, settings_from_cfg
+from pipeline.reference import reference
+from pipeline.settings import settings_from_cfg
 from pipeline.traces import load_trace
 from simulator.arrivals import from_trace
 from simulator.core import Requests, Simulation
@@ -61,7 +62,7 @@ def main() -> None:
     scale = args.rate_scale * lam / (len(trace) / span)
     base = from_trace(trace.arrival_s, trace.input_tokens, trace.output_tokens, scale)
     gpus = {g: load_gpu(g) for g in {i.gpu for i in islands}}
-    model, profile = load_model("deepseek_v3"), CostProfile.corrected()
+    model, cost = load_model("deepseek_v3"), CostSettings()
     print(f"requests: the whole trace, {len(base):,}, timestamps / {scale:.1f} -> {args.rate_scale} x Λ offered\n")
     print(
         "| router | engines (prefill / decode) | simulated req/s | vs target 10,000 | served / offered | p99 TTFT ms |"
@@ -71,7 +72,7 @@ def main() -> None:
         r = Requests(base.arrival, base.input_len, base.output_len)
         stats = {"mean_input": r.input_len.mean(), "mean_output": r.output_len.mean(), "std_output": r.output_len.std()}
         pre, dec, rt = build(
-            islands, gpus, model, profile, router=router, max_len=int(r.input_len.max()),
+            islands, gpus, model, cost, router=router, max_len=int(r.input_len.max()),
             max_context=int((r.input_len + r.output_len).max()), stats=stats,
         )  # fmt: skip
         sim = Simulation(r, pre, dec, rt)

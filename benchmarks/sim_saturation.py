@@ -19,9 +19,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
 from costmodel.catalog import CONF_DIR
-from pipeline.plan import build_plan
+from pipeline.outputs import build_plan
 from pipeline.planner import Layout
-from pipeline.search import reference, settings_from_cfg
+from pipeline.reference import reference
+from pipeline.settings import settings_from_cfg
 from pipeline.traces import load_histogram
 from simulator.arrivals import sampled
 from simulator.core import Simulation
@@ -64,7 +65,7 @@ def main() -> None:
                     stats = {"mean_input": r.input_len.mean(), "mean_output": r.output_len.mean(),
                              "std_output": r.output_len.std()}  # fmt: skip
                     pre, dec, rt = build(
-                        islands, ctx.planner.gpus, ctx.planner.model, ctx.planner.profile, router=router,
+                        islands, ctx.planner.gpus, ctx.planner.model, ctx.planner.cost, router=router,
                         max_len=int(r.input_len.max()), max_context=int((r.input_len + r.output_len).max()),
                         stats=stats,
                     )  # fmt: skip

@@ -27,6 +27,7 @@ import numpy as np
 
 from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms
 from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model, SpecError
 
 MAX_DECODE_BATCH = 1024
@@ -120,14 +121,12 @@ def benchmark_island(
     weights: np.ndarray,
     mean_decode: float,
     max_decode: int,
-    profile: CostProfile | None = None,
-    cache_hit: float = 0.0,
-    fp8_combine: bool = False,
-    ttft_ms: float | None = None,
-    tpot_ms: float | None = None,
+    cost: CostSettings | None = None,
 ) -> IslandBenchmark:
     """Benchmark island (gpu, size): per-length throughput of every configuration, and the choice."""
-    p = profile or CostProfile.corrected()
+    cost = cost or CostSettings()
+    p, cache_hit, fp8_combine = cost.profile, cost.cache_hit, cost.fp8_combine
+    ttft_ms, tpot_ms = cost.ttft_ms, cost.tpot_ms
     if size < 1:
         raise SpecError(f"`size >= 1` must hold for an island, got {size=}")
     if not p.precision_per_gpu and not gpu.has_fp8:

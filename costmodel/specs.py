@@ -89,6 +89,7 @@ class Model:
     top_k: int
     n_heads: int
     vocab_size: int
+    max_context: int = 0  # longest prompt + output the model serves (config.json); 0: not given
     # MLA (DeepSeek-V2/V3)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 from simulator.core import DecodeEngine, PrefillEngine, Router
 from simulator.routers import ROUTERS, SAL, DPSelect, Mapper, PlanRouter, PowerOfTwo, RandomRouter, RoundRobin
@@ -65,7 +65,7 @@ def build(
     islands: list[Island],
     gpus: Mapping[str, GPU],
     model: Model,
-    profile: CostProfile,
+    cost: CostSettings,
     *,
     router: str = "plan",
     max_len: int = 8192,
@@ -90,14 +90,14 @@ def build(
         gpu = gpus[isl.gpu]
         phase_islands[isl.role].append(isl)
         if isl.role == "prefill":
-            t = prefill_timing(gpu, model, isl.tp, isl.dp, max_len, profile)
+            t = prefill_timing(gpu, model, isl.tp, isl.dp, max_len, cost)
             ids = list(range(len(prefill), len(prefill) + isl.dp))
             prefill += [PrefillEngine(i, k, t, token_budget) for i in ids]
         else:
-            t = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, profile, expert_imbalance)
+            t = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, cost, expert_imbalance)
             if t.kv_tokens < 1:
                 raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
-            rebuild = prefill_timing(gpu, model, isl.tp, isl.ep // isl.tp, max_context, profile)
+            rebuild = prefill_timing(gpu, model, isl.tp, isl.ep // isl.tp, max_context, cost)
             ids = list(range(len(decode), len(decode) + isl.dp))
             decode += [DecodeEngine(i, k, t, rebuild) for i in ids]
         engines_of[isl.role].append(ids)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.formulas import decode_step_ms, kv_bytes_per_seq, max_batch, prefill_time_ms
-from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 
 NIC_DERATE = 0.85  # achievable share of a NIC's line rate, as the inner solver's KV constraint uses
@@ -61,10 +61,11 @@ class DecodeTiming:
         )
 
 
-def prefill_timing(gpu: GPU, model: Model, tp: int, dp: int, max_len: int, profile: CostProfile) -> PrefillTiming:
+def prefill_timing(gpu: GPU, model: Model, tp: int, dp: int, max_len: int, cost: CostSettings) -> PrefillTiming:
     lengths = np.unique(np.geomspace(1, max(max_len, 2), 96).round())
-    ms = prefill_time_ms(gpu, model, lengths, np.full_like(lengths, tp), np.full_like(lengths, dp), 0.0, profile)
-    kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), profile)[0])
+    n_tp, n_dp = np.full_like(lengths, tp), np.full_like(lengths, dp)
+    ms = prefill_time_ms(gpu, model, lengths, n_tp, n_dp, cost.cache_hit, cost.profile)
+    kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile)[0])
     return PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, gpu.scaleout_bw_gb_s * tp * NIC_DERATE)
 
 
@@ -75,17 +76,18 @@ def decode_timing(
     ep: int,
     batch: int,
     max_context: int,
-    profile: CostProfile,
+    cost: CostSettings,
     expert_imbalance: float = 1.0,
 ) -> DecodeTiming:
     """`batch` is the plan's decode batch per rank (sequences per attention rank, or per GPU under shallowsim);
     `expert_imbalance` is the expert placement's busiest-over-mean GPU load (1 = perfectly even)."""
+    profile = cost.profile
     ranks = ep // tp if profile.batch_per_attention_rank else ep
     batches = np.unique(np.geomspace(1, max(batch, 2), 24).round())
     contexts = np.unique(np.geomspace(16, max(max_context, 32), 24).round())
     bb, cc = np.meshgrid(batches, contexts, indexing="ij")
     ms = decode_step_ms(
-        gpu, model, cc, bb, np.full_like(bb, tp), np.full_like(bb, ep), False, profile, expert_imbalance
+        gpu, model, cc, bb, np.full_like(bb, tp), np.full_like(bb, ep), cost.fp8_combine, profile, expert_imbalance
     )
     # KV capacity: sequences of 1,024 tokens that fit beside the weights, per rank, in tokens
     routed = np.ceil(model.n_routed_experts / ep)

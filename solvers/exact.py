@@ -158,7 +158,7 @@ def _solve(
     s.Maximize(lam - theta * total_cost if theta > 0 else lam)
     params = pywraplp.MPSolverParameters()
     params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
-    status = _status(s, s.Solve(params))
+    status = _status(s, s.Solve(params), time_limit_s)
     if status in ("infeasible", "time_limit"):
         return ExactResult(status, 0.0, 0.0, (), (time.perf_counter() - t0) * 1e3, 1, float("nan"))
     islands: list[tuple[str, int, str]] = []

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.cli import UserError, run
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -188,18 +190,23 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--time-limit", type=float, default=30.0)
     args = ap.parse_args(argv)
     try:
-        a, w = (
-            np.load(f) if f.endswith(".npy") else np.loadtxt(f, delimiter=",") for f in (args.activation, args.traffic)
-        )
+        a, w = (_load_matrix(f) for f in (args.activation, args.traffic))
+        _, m = _check(a, args.gpus)
+        if w.shape != (m, m) or (w < 0).any() or not np.isfinite(w).all():
+            raise ValueError(
+                f"{args.traffic}: the traffic matrix must be experts x experts ({m} x {m}, the activation matrix's "
+                f"{m} experts), finite and non-negative; got shape {w.shape[0]} x {w.shape[1] if w.ndim > 1 else 1}"
+            )
         if args.method == "milp":
             pl = milp(a, w, args.gpus, time_limit_s=args.time_limit)
         elif args.method == "heuristic":
             pl = heuristic(a, args.gpus)
         else:
             pl = contiguous(a, args.gpus)
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except OSError as err:
+        raise UserError(f"cannot read {err.filename}: {err.strerror}") from None
+    except ValueError as err:
+        raise UserError(str(err)) from None
     base = contiguous(a, args.gpus)
     print(
         f"method {pl.method} ({pl.status}, {pl.solve_ms:.0f} ms): imbalance {imbalance(a, pl, args.gpus):.4f} "
@@ -209,5 +216,17 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _load_matrix(path: str) -> np.ndarray:
+    """A 2-D matrix from .npy or .csv; ValueError names the file."""
+    try:
+        out = np.load(path, allow_pickle=False) if path.endswith(".npy") else np.loadtxt(path, delimiter=",", ndmin=2)
+    except (ValueError, EOFError) as err:
+        raise ValueError(f"{path}: not a numeric .npy or comma-separated .csv matrix ({err})") from None
+    out = np.asarray(out, dtype=float)
+    if out.ndim != 2:
+        raise ValueError(f"{path}: expected a 2-D matrix, got {out.ndim} dimension(s)")
+    return out
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run(lambda: main(sys.argv[1:]))

@@ -189,14 +189,14 @@ def solve(
     return m.thesis(t0)
 
 
-def _status(solver: pywraplp.Solver, code: int) -> str:
+def _status(solver: pywraplp.Solver, code: int, time_limit_s: float) -> str:
     if code == pywraplp.Solver.OPTIMAL:
         return "optimal"
     if code == pywraplp.Solver.INFEASIBLE:
         return "infeasible"
     if code == pywraplp.Solver.FEASIBLE:
         return "feasible"  # stopped at the time limit with a solution in hand
-    if code == pywraplp.Solver.NOT_SOLVED and solver.wall_time() >= 0.95 * solver.time_limit():
+    if code == pywraplp.Solver.NOT_SOLVED and solver.wall_time() >= 0.95 * time_limit_s * 1e3:  # wall_time: ms
         return "time_limit"
     names = {
         pywraplp.Solver.UNBOUNDED: "UNBOUNDED",
@@ -380,7 +380,7 @@ def _solve_matrix(model: mb.Model, backend: str, time_limit_s: float) -> tuple[s
             raise RuntimeError(f"inner solver could not load the model: {error}")
         params = pywraplp.MPSolverParameters()
         params.SetDoubleParam(params.RELATIVE_MIP_GAP, 1e-7)
-        status = _status(solver, solver.Solve(params))
+        status = _status(solver, solver.Solve(params), time_limit_s)
         x = np.array([v.solution_value() for v in solver.variables()]) if status in ("optimal", "feasible") else None
         return status, x  # type: ignore[return-value]
     solver = mb.Solver(backend.lower())
@@ -410,6 +410,7 @@ class _Model:
         self.bp, self.bd = prob.prefill_req_s[self.first], prob.decode_req_s[self.first]
         self.m = [len(c) for c in classes]
         self.solver = solver = new_solver(backend, time_limit_s)
+        self.time_limit_s = time_limit_s
         if backend == "SCIP" and not solver.SetSolverSpecificParametersAsString(SCIP_PARAMETERS):
             raise RuntimeError("SCIP refused solvers.inner.SCIP_PARAMETERS (an OR-Tools upgrade renamed one?)")
         n_c, n_j = len(classes), len(prob.p)
@@ -436,7 +437,7 @@ class _Model:
     def _run(self) -> str:
         params = pywraplp.MPSolverParameters()
         params.SetDoubleParam(params.RELATIVE_MIP_GAP, 1e-7)  # SCIP's default 1e-4 is visible in Λ
-        return _status(self.solver, self.solver.Solve(params))
+        return _status(self.solver, self.solver.Solve(params), self.time_limit_s)
 
     def thesis(self, t0: float) -> InnerSolution:
         prob, s = self.prob, self.solver
@@ -603,7 +604,19 @@ def problem_from_json(data: object) -> tuple[InnerProblem, float]:
                     f"`{key}` must be a number (or, for per-range/per-island keys, a list of numbers)"
                 ) from None
     if "roles" in data:
-        extra["roles"] = tuple(str(r) for r in data["roles"])
+        roles = data["roles"]
+        if (
+            not isinstance(roles, list)
+            or len(roles) != len(islands)
+            or not all(r in ("prefill", "decode") for r in roles)
+        ):
+            raise ValueError(
+                f'`roles` must list "prefill" or "decode" for each of the {len(islands)} islands, got {roles!r}'
+            )
+        extra["roles"] = tuple(roles)
+    limit = data.get("time_limit_s", 10.0)
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0 or limit != limit:
+        raise ValueError(f"`time_limit_s` must be a number of seconds > 0, got {limit!r}")
     prob = InnerProblem(
         islands=tuple((x["gpu"], x["size"]) for x in islands),
         p=p,
@@ -614,7 +627,7 @@ def problem_from_json(data: object) -> tuple[InnerProblem, float]:
         range_end=np.array([r["end"] for r in ranges]),
         **extra,
     )
-    return prob, float(data.get("time_limit_s", 10.0))
+    return prob, float(limit)
 
 
 def problem_to_json(prob: InnerProblem, time_limit_s: float | None = None) -> dict[str, object]:
@@ -645,24 +658,20 @@ def problem_to_json(prob: InnerProblem, time_limit_s: float | None = None) -> di
 
 def main(argv: list[str]) -> int:
     import json
-    import sys
+
+    from costmodel.cli import UserError
 
     if len(argv) != 1:
-        print("usage: python -m solvers.inner PROBLEM.json", file=sys.stderr)
-        return 2
+        raise UserError("usage: python -m solvers.inner PROBLEM.json")
     try:
-        with open(argv[0]) as f:
-            data = json.load(f)
+        data = json.loads(open(argv[0], "rb").read().decode("utf-8"))
         prob, limit = problem_from_json(data)
-    except FileNotFoundError:
-        print(f"error: {argv[0]}: no such file", file=sys.stderr)
-        return 2
-    except json.JSONDecodeError as err:
-        print(f"error: {argv[0]}: not valid JSON ({err})", file=sys.stderr)
-        return 2
+    except OSError as err:
+        raise UserError(f"{argv[0]}: cannot read it ({err.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{argv[0]}: not valid JSON ({err})") from None
     except ValueError as err:
-        print(f"error: {argv[0]}: {err}", file=sys.stderr)
-        return 2
+        raise UserError(f"{argv[0]}: {err}") from None
     print(json.dumps(solve(prob, time_limit_s=limit).to_json()))
     return 0
 
@@ -670,4 +679,6 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     import sys
 
-    sys.exit(main(sys.argv[1:]))
+    from costmodel.cli import run
+
+    run(lambda: main(sys.argv[1:]))

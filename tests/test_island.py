@@ -9,6 +9,7 @@ from costmodel.catalog import load_gpu, load_model
 from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms
 from costmodel.island import aligned_batch, benchmark_island, decode_configs, prefill_configs
 from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
 from costmodel.specs import SpecError
 from pipeline.workload import make_ranges, synthetic_normal
 
@@ -35,7 +36,7 @@ def test_aligned_batch_rule() -> None:
 
 @pytest.mark.parametrize("profile", [CostProfile.corrected(), CostProfile.shallowsim()])
 def test_chosen_configs_minimise_weighted_deviation(profile: CostProfile) -> None:
-    b = bench("H200", 16, profile=profile)
+    b = bench("H200", 16, cost=CostSettings(profile))
     for table in (b.prefill, b.decode):
         assert table.chosen >= 0 and table.reason == ""
         best = table.req_s.max(axis=0)
@@ -85,7 +86,7 @@ def test_long_lengths_can_be_infeasible_while_short_ones_fit() -> None:
 
 def test_ttft_cap_zeroes_slow_lengths() -> None:
     free = bench("H20", 32)
-    capped = bench("H20", 32, ttft_ms=200.0)
+    capped = bench("H20", 32, cost=CostSettings(ttft_ms=200.0))
     t = capped.prefill.time_ms[capped.prefill.chosen]
     assert (capped.prefill_req_s[t > 200] == 0).all()
     assert (capped.prefill_req_s[t <= 200] > 0).any()
@@ -94,7 +95,7 @@ def test_ttft_cap_zeroes_slow_lengths() -> None:
 
 def test_tpot_cap_shrinks_the_batch_until_it_holds() -> None:
     free = bench("H200", 16)
-    capped = bench("H200", 16, tpot_ms=40.0)
+    capped = bench("H200", 16, cost=CostSettings(tpot_ms=40.0))
     d = capped.decode
     ok = d.batch[d.chosen] > 0
     assert ok.any()
@@ -108,10 +109,17 @@ def test_bad_island_inputs() -> None:
     with pytest.raises(SpecError, match="size >= 1"):
         bench("H200", 0)
     with pytest.raises(SpecError, match="no FP8"):
-        bench("A100-80GB", 64, profile=CostProfile.shallowsim())
+        bench("A100-80GB", 64, cost=CostSettings(CostProfile.shallowsim()))
     with pytest.raises(SpecError, match="GQA attention; profile 'shallowsim'"):
         benchmark_island(
-            load_gpu("H200"), 8, load_model("qwen3_30b_a3b"), RANGES.mid, RANGES.p, 100, 1000, CostProfile.shallowsim()
+            load_gpu("H200"),
+            8,
+            load_model("qwen3_30b_a3b"),
+            RANGES.mid,
+            RANGES.p,
+            100,
+            1000,
+            CostSettings(CostProfile.shallowsim()),
         )
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from costmodel.catalog import load_gpu, load_model
-from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
 from simulator.core import DecodeEngine, PrefillEngine, Requests, Simulation
 from simulator.metrics import summary
 from simulator.plan import Island, build, islands_from_plan
@@ -124,7 +124,7 @@ def tiny_plan() -> dict[str, object]:
 def test_well_below_saturation_throughput_equals_the_offered_rate() -> None:
     isl = islands_from_plan(tiny_plan())
     gpus = {g: load_gpu(g) for g in ("H200", "H20")}
-    pre, dec, router = build(isl, gpus, load_model("deepseek_v3"), CostProfile.corrected(), max_len=4096)
+    pre, dec, router = build(isl, gpus, load_model("deepseek_v3"), CostSettings(), max_len=4096)
     rng = np.random.default_rng(0)
     n, rate = 3000, 2.0  # req/s: far below what 16 GPUs of prefill serve at these lengths
     r = Requests(np.cumsum(rng.exponential(1000 / rate, n)), rng.integers(100, 4000, n), rng.integers(2, 100, n))
@@ -245,7 +245,11 @@ def test_dp_select_goes_to_the_least_used_engine_only_when_one_is_saturated() ->
 
 
 def write_plan(tmp: Path) -> Path:
+    import dataclasses
+
     plan = {**tiny_plan(), "rate_req_s": 4.0, "model": "deepseek_v3", "cost_profile": "corrected"}
+    plan["model_spec"] = dataclasses.asdict(load_model("deepseek_v3"))
+    plan["cost"] = CostSettings().to_json()
     plan["workload"] = "azure_conv"
     path = tmp / "plan.json"
     path.write_text(json.dumps(plan))
@@ -256,8 +260,9 @@ def simulate_cli(tmp: Path, *args: str) -> Any:
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "pipeline.simulate", *args, f"out_root={tmp}/sim",
-           f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db"]  # fmt: skip
+    own = [a for a in (f"out_root={tmp}/sim", f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db")
+           if not any(x.startswith(a.partition("=")[0] + "=") for x in args)]  # fmt: skip
+    cmd = [sys.executable, "-m", "pipeline.simulate", *args, *own]
     return subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
 
 
@@ -285,10 +290,22 @@ def test_simulate_command_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
     plan = write_plan(tmp_path)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(bytes(range(256)) * 4)
+    data = json.loads(plan.read_text())
+    other_model = tmp_path / "other_model.json"
+    other_model.write_text(json.dumps({**data, "model": "qwen3_235b_a22b"}))
+    huge_batch = tmp_path / "huge_batch.json"
+    huge_batch.write_text(json.dumps({**data, "islands": [*data["islands"][:2], {**data["islands"][2], "batch": 10**9}]}))
     for args, want in [
         ([], "error: plan=PATH is required"),
         ([f"plan={tmp_path}/none.json"], "no such file"),
         ([f"plan={bad}"], "not valid JSON"),
+        ([f"plan={binary}"], f"error: plan={binary}: not a plan.json: not valid JSON text"),
+        ([f"plan={other_model}"], "the plan was made for model 'deepseek_v3' with other dimensions"),
+        ([f"plan={huge_batch}"], "has decode batch 1000000000, over 1024 sequences per rank"),
+        ([f"plan={plan}", "out_root=/proc/x"], "error: out_root=/proc/x: cannot create the output folder"),
+        ([f"plan={plan}", "out_root=/etc/passwd/x"], "error: out_root=/etc/passwd/x: cannot create the output folder"),
         ([f"plan={plan}", "router=magic"], "router='magic' is unknown"),
         ([f"plan={plan}", "arrivals=trace"], "arrivals=trace needs timestamps"),
     ]:

@@ -1,0 +1,74 @@
+"""One frozen record of everything besides GPU, model and workload that decides a cost-model number.
+
+`CostSettings` is built once from the config (`pipeline.config.cost_settings_from_cfg`), used by
+the island benchmark, the planner, the exact reference and the simulator's step times, and
+written whole into plan.json (`to_json`). `from_json` rebuilds exactly that record, so a plan is
+simulated with the model it was made with, whatever switches and values it used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from costmodel.profile import FIX_DOCS, CostProfile
+from costmodel.specs import SpecError
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    profile: CostProfile = field(default_factory=CostProfile.corrected)
+    cache_hit: float = 0.0  # prefix-cache hit rate of prompts
+    fp8_combine: bool = False  # decode combine in FP8 on FP4 GPUs (spec 4.11)
+    ttft_ms: float | None = None  # cap on one prompt's prefill time (null: none)
+    tpot_ms: float | None = None  # cap on the mean decode step time (null: none)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.cache_hit < 1.0:
+            raise SpecError(f"`0 <= cache_hit < 1` must hold, got cache_hit={self.cache_hit!r}")
+        for key in ("ttft_ms", "tpot_ms"):
+            v = getattr(self, key)
+            if v is not None and not v > 0:
+                raise SpecError(f"`{key} > 0` must hold (or null for no cap), got {key}={v!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """Every switch and value, as plan.json carries it."""
+        return {
+            "profile": self.profile.name,
+            "switches": self.profile.switches(),
+            "cache_hit": self.cache_hit,
+            "fp8_combine": self.fp8_combine,
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+        }
+
+    @staticmethod
+    def from_json(data: Any, where: str) -> CostSettings:
+        """The record `to_json` wrote; SpecError names `where` and the field that is off."""
+        if not isinstance(data, Mapping):
+            raise SpecError(f"{where}: `cost` must be a mapping (profile, switches, cache_hit, ...), got {data!r}")
+        expected = {"profile", "switches", "cache_hit", "fp8_combine", "ttft_ms", "tpot_ms"}
+        if set(data) != expected:
+            raise SpecError(f"{where}: `cost` must have exactly the fields {sorted(expected)}, got {sorted(data)}")
+        switches = data["switches"]
+        if not isinstance(switches, Mapping) or set(switches) != set(FIX_DOCS):
+            raise SpecError(f"{where}: `cost.switches` must give every cost-model fix {sorted(FIX_DOCS)} true or false")
+        if not all(isinstance(v, bool) for v in switches.values()):
+            raise SpecError(f"{where}: every `cost.switches` value must be true or false")
+        for key in ("cache_hit", "ttft_ms", "tpot_ms"):
+            v = data[key]
+            if not (v is None and key != "cache_hit") and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise SpecError(f"{where}: `cost.{key}` must be a number{' or null' if key != 'cache_hit' else ''}")
+        if not isinstance(data["fp8_combine"], bool):
+            raise SpecError(f"{where}: `cost.fp8_combine` must be true or false")
+        try:
+            return CostSettings(
+                CostProfile(name=str(data["profile"]), **switches),
+                float(data["cache_hit"]),
+                data["fp8_combine"],
+                None if data["ttft_ms"] is None else float(data["ttft_ms"]),
+                None if data["tpot_ms"] is None else float(data["tpot_ms"]),
+            )
+        except SpecError as err:
+            raise SpecError(f"{where}: cost: {err}") from None

@@ -1,0 +1,149 @@
+"""A search's outputs: the plan (plan.json), trials.parquet, convergence.png, report.md."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from pipeline.planner import Layout, Planner
+
+
+def build_plan(planner: Planner, layout: Layout, time_limit_s: float, backend: str = "AUTO") -> dict[str, Any]:
+    """Solve `layout` with max_rate and describe every island: role, parallelism, batch, ranges."""
+    prob, sol = planner.solve(layout, "max_rate", time_limit_s, backend=backend)
+    ev, _ = planner.evaluate(layout, prob, sol)
+    r = planner.ranges
+    islands = []
+    for i, (gpu, size) in enumerate(layout.islands):
+        serves = sol.x_prefill[i].sum() + sol.x_decode[i].sum() > 1e-9
+        role = sol.roles[i] if serves else "idle"  # e.g. an island too small to hold the model
+        bench = planner.benchmark(gpu, size)
+        phase = "decode" if sol.roles[i] == "decode" else "prefill"
+        x, b = (sol.x_decode, prob.decode_req_s) if phase == "decode" else (sol.x_prefill, prob.prefill_req_s)
+        cap = b * x
+        tot = cap.sum(axis=0)
+        served = np.flatnonzero(cap[i] > 0)
+        cfg = bench.config(phase) or {"tp": 0, "dp": 0, "ep": 0}
+        table = bench.decode if phase == "decode" else bench.prefill
+        busiest = int(served[np.argmax(cap[i, served])]) if served.size else 0
+        batch = int(table.batch[table.chosen, busiest]) if table.chosen >= 0 else 0
+        islands.append(
+            {
+                "gpu": gpu,
+                "size": size,
+                "role": role,
+                **cfg,
+                "batch": batch,
+                "cost_per_hour": size * planner.gpus[gpu].price_per_hour,
+                "ranges": [
+                    {
+                        "start": int(r.start[j]),
+                        "end": int(r.end[j]),
+                        "fraction": float(cap[i, j] / tot[j]),  # share of range j's traffic in this phase
+                        "capacity": float(x[i, j]),  # share of this island's time
+                    }
+                    for j in served
+                ],
+            }
+        )
+    in_use = [isl["role"] != "idle" for isl in islands]
+    cost = float(sum(isl["cost_per_hour"] for isl, u in zip(islands, in_use, strict=True) if u))
+    return {
+        "status": sol.status,
+        "rate_req_s": sol.rate_req_s,
+        "evaluated_req_s": ev.rate_req_s,
+        "output_tok_s": sol.rate_req_s * planner.workload.mean_decode,
+        "cost_per_hour": cost,
+        "rate_per_dollar": sol.rate_req_s / cost if cost > 0 else 0.0,
+        "prefill_islands": sum(isl["role"] == "prefill" for isl in islands),
+        "decode_islands": sum(isl["role"] == "decode" for isl in islands),
+        "islands": islands,
+        "cost": planner.cost.to_json(),  # every cost-model switch and value: simulate rebuilds exactly this
+    }
+
+
+def write_trials(path: Path, records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    rows = []
+    for r in records:
+        row = {k: v for k, v in r.items() if k != "params"}
+        row.update({f"param_{k}": v for k, v in r["params"].items()})
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        df.to_parquet(path, index=False)
+    return df
+
+
+def convergence_plot(
+    path: Path, records: Sequence[Mapping[str, Any]], batch: int, reference: float | None, unit: str, title: str
+) -> None:
+    """Best score so far per iteration (thesis Fig 5.5 style) with every trial's score behind it."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    scores = np.array([float(r["score"]) if r["status"] in ("optimal", "feasible") else np.nan for r in records])
+    if scores.size:
+        it = np.arange(scores.size) // batch + 1
+        ax.scatter(it, scores, s=8, alpha=0.35, label="trial")
+        best = np.fmax.accumulate(np.nan_to_num(scores, nan=0.0))
+        per_iter = [best[it == k].max() for k in np.unique(it)]
+        ax.plot(np.unique(it), per_iter, lw=2, label="best so far")
+    if reference is not None and math.isfinite(reference):
+        ax.axhline(reference, color="k", ls="--", lw=1, label="exact optimum")
+    ax.set(xlabel=f"iteration ({batch} trials each)", ylabel=unit, title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str) -> str:
+    lines = [header, ""]
+    gap = plan.get("gap")
+    lines += [
+        "| | |",
+        "|---|---|",
+        f"| best rate | {plan['rate_req_s']:.2f} req/s ({plan['output_tok_s']:.0f} output tok/s) |",
+        f"| evaluated at every length | {plan['evaluated_req_s']:.2f} req/s |",
+        f"| cost | ${plan['cost_per_hour']:,.2f}/h, {plan['rate_per_dollar']:.4f} req/s per $/h |",
+        f"| exact optimum | {_fmt(plan.get('reference_optimum_req_s'))} req/s |",
+        f"| gap to it | {'n/a' if gap is None or gap != gap else f'{gap:.2%}'} |",
+        f"| trials | {plan['trials']} ({plan.get('failed', 0)} failed, {plan.get('rejected', 0)} rejected) |",
+        f"| islands | {plan['prefill_islands']} prefill + {plan['decode_islands']} decode |",
+        "",
+        "| island | role | tp | dp | ep | batch | ranges |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for isl in plan["islands"]:
+        rng = isl["ranges"]
+        span = f"{rng[0]['start']}-{rng[-1]['end']} ({len(rng)})" if rng else "-"
+        lines.append(
+            f"| {isl['size']} x {isl['gpu']} | {isl['role']} | {isl['tp']} | {isl['dp']} | {isl['ep']} | "
+            f"{isl['batch']} | {span} |"
+        )
+    if not df.empty and "score" in df:
+        ok = df[df["status"].isin(["optimal", "feasible"])].sort_values("score", ascending=False).head(5)
+        lines += [
+            "",
+            "Top trials:",
+            "",
+            "| trial | score | rate (req/s) | $/h | islands |",
+            "|---:|---:|---:|---:|---|",
+        ]
+        for _, r in ok.iterrows():
+            cells = [str(r["trial"]), f"{r['score']:.4g}", f"{r['rate_req_s']:.2f}", f"{r['cost_per_hour']:.0f}"]
+            lines.append(f"| {' | '.join(cells)} | {r['islands']} |")
+    for note in plan.get("notes", []):
+        lines += ["", f"Note: {note}"]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v: Any) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.2f}"
