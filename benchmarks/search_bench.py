@@ -33,8 +33,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from costmodel.catalog import CONF_DIR
-from pipeline.search import SearchRun, ask_tell, make_sampler, reference, run_trial, settings_from_cfg
+from pipeline.reference import reference
+from pipeline.samplers import make_sampler
+from pipeline.settings import settings_from_cfg
 from pipeline.tracking import Tracker
+from pipeline.trial import ask_tell, run_trial
+from pipeline.tune_driver import SearchRun
 from solvers.layouts import divide
 
 

@@ -12,15 +12,15 @@ with itself; the scored line is the like-for-like comparison.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
-from costmodel.catalog import CONF_DIR
-from pipeline.config import choice
-from pipeline.search import DEFAULT_INVENTORY, reference, settings_from_cfg
+from pipeline import cli
+from pipeline.errors import ConfigError
+from pipeline.reference import reference
+from pipeline.settings import inventory_of, settings_from_cfg
 from pipeline.traces import load_histogram
 from solvers.tp_estimator import plan as estimator_plan
 
@@ -58,18 +58,14 @@ def colocated_rate(b_p: np.ndarray, b_d: np.ndarray, p: np.ndarray) -> float:
 
 
 def execute(cfg: Any) -> int:
-    from omegaconf import OmegaConf
-
-    if "inventory" in cfg:
-        inv_name, inv_cfg = choice("inventory"), cfg.inventory
-    else:
-        inv_name, inv_cfg = DEFAULT_INVENTORY, OmegaConf.load(CONF_DIR / "inventory" / f"{DEFAULT_INVENTORY}.yaml")
-    settings, ctx = settings_from_cfg(cfg, inv_name, inv_cfg)
+    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
     planner = ctx.planner
     w = cfg.workload
     if w.get("kind") != "histogram":
-        print("error: the baseline samples request lengths from a shipped histogram workload", file=sys.stderr)
-        return 2
+        raise ConfigError(
+            "the baseline samples request lengths from a shipped histogram workload: "
+            "use workload=azure_code or azure_conv"
+        )
     h = load_histogram(str(w.histogram))
     rng = np.random.default_rng(int(cfg.search.seed))
     draw = [rng.choice(v, SAMPLE, p=c / c.sum()) for v, c in ((h["input_values"], h["input_counts"]),
@@ -104,16 +100,5 @@ def execute(cfg: Any) -> int:
     return 0
 
 
-def _main() -> None:
-    import hydra
-
-    from pipeline.config import run_cli
-
-    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="search")(run_cli(execute, (ValueError,)))()
-
-
 if __name__ == "__main__":
-    from pipeline.search import precheck
-
-    precheck(sys.argv[1:])
-    _main()
+    cli.main("search", execute, (ValueError,))

@@ -1,27 +1,21 @@
 """Turn a composed Hydra config into validated, frozen domain objects (the only place that does).
 
-Errors a user can fix are `UserError`s; `run_cli` prints them as one line and exits with 2.
+Errors a user can fix are `ConfigError`s (`pipeline.errors`); `pipeline.cli` prints them as one
+line and exits with 2.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from collections.abc import Mapping
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from costmodel.catalog import CatalogError, build
+from costmodel.catalog import build
 from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model, SpecError
-from pipeline.errors import WorkloadError
-
-
-class ConfigError(ValueError):
-    """A config value that cannot be used; the message names it and says how to fix it."""
-
-
-USER_ERRORS = (ConfigError, CatalogError, SpecError, WorkloadError)
+from pipeline.errors import ConfigError
 
 
 def plain(cfg: Any) -> Any:
@@ -73,25 +67,40 @@ def fraction(value: Any, key: str) -> float:
     return float(value)
 
 
-def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+def cost_settings_from_cfg(cfg: Any) -> CostSettings:
+    """The one cost-settings record of a command: `costmodel` (profile, fixes, cache_hit, fp8_combine) and `slo`."""
+    c = cfg.costmodel
+    try:
+        return CostSettings(
+            profile_from_cfg(c),
+            fraction(c.cache_hit, "costmodel.cache_hit"),
+            boolean(c.fp8_combine, "costmodel.fp8_combine"),
+            optional_positive(cfg.slo.ttft_ms, "slo.ttft_ms"),
+            optional_positive(cfg.slo.tpot_ms, "slo.tpot_ms"),
+        )
+    except SpecError as err:
+        raise ConfigError(f"costmodel: {err}") from None
 
 
-def run_cli(
-    task: Callable[[DictConfig], int | None], errors: tuple[type[Exception], ...] = ()
-) -> Callable[[DictConfig], None]:
-    """Wrap a Hydra task so user errors (and `errors`) end as one line on stderr and exit code 2;
-    a task's non-zero return value is the exit code (130: interrupted, outputs kept)."""
+def boolean(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {key}={value!r}")
+    return value
 
-    def wrapped(cfg: DictConfig) -> None:
-        try:
-            code = task(cfg)
-        except (*USER_ERRORS, *errors) as err:
-            fail(str(err))
-        if code:
-            sys.exit(code)
 
-    wrapped.__name__ = task.__name__
-    wrapped.__doc__ = task.__doc__
-    return wrapped
+def number(value: Any, key: str, low: float | None = None, high: float | None = None) -> float:
+    """A finite number within [low, high] (either bound optional)."""
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and value == value
+        and abs(value) != float("inf")
+    )
+    if ok and low is not None:
+        ok = value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        bounds = " and ".join(b for b in (low is not None and f">= {low:g}", high is not None and f"<= {high:g}") if b)
+        raise ConfigError(f"{key} must be a number{f' {bounds}' if bounds else ''}, got {key}={value!r}")
+    return float(value)

@@ -28,8 +28,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import math
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -37,23 +35,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from costmodel.catalog import CONF_DIR
-from pipeline.config import ConfigError, choice, plain, positive_int
-from pipeline.planner import Layout
-from pipeline.search import (
-    GROUPS,
-    Context,
-    Settings,
-    ask_tell,
-    make_sampler,
-    reference,
-    run_identity,
-    score_layout,
-    settings_from_cfg,
-)
+from pipeline import cli
+from pipeline.config import choice, plain, positive_int
+from pipeline.errors import ConfigError
+from pipeline.experiment_report import _best_trial, best_so_far_per_iteration, markdown, plot, tables
+from pipeline.journal import Journal, write_json
+from pipeline.reference import exact_layout, reference
+from pipeline.samplers import make_sampler
+from pipeline.settings import Settings, run_identity, settings_from_cfg
+from pipeline.trial import OK, Context, ask_tell, score_layout
+
+GROUPS = ("inventory", "workload", "model", "costmodel", "search")  # config groups an axis may name
 
 
 @dataclass(frozen=True)
@@ -67,6 +60,11 @@ class Cell:
     @property
     def key(self) -> str:
         return ",".join(f"{a}={v}" for a, v in self.label)
+
+    def seeds(self, trials: int) -> list[int]:
+        """The searches' seeds; the exact planner is deterministic: one search says all."""
+        n = 1 if self.settings.planner == "exact" else trials
+        return [self.settings.seed + k for k in range(n)]
 
 
 @dataclass(frozen=True)
@@ -145,7 +143,7 @@ def build_cells(spec: Spec, passthrough: Sequence[str]) -> list[Cell]:
             }
             skipped = ""
             try:
-                if settings.sampler != "exact":  # the reference MILP, not an Optuna sampler
+                if settings.planner == "search":
                     make_sampler(settings.sampler, 0, ctx.space)
             except ConfigError as err:
                 skipped = str(err)
@@ -173,7 +171,7 @@ def one_search(ctx: Context, sampler: str, seed: int, evals: int, batch: int, po
     t0 = time.perf_counter()
     results = ask_tell(ctx, make_sampler(sampler, seed, ctx.space, polish, evals), evals, batch)
     wall = time.perf_counter() - t0
-    ok = [r for r in results if r["status"] in ("optimal", "feasible")]
+    ok = [r for r in results if r["status"] in OK]
     best = max(ok, key=lambda r: r["score"]) if ok else None
     return {
         "wall_s": wall,
@@ -185,10 +183,10 @@ def one_search(ctx: Context, sampler: str, seed: int, evals: int, batch: int, po
 def exact_search(settings: Settings, ctx: Context) -> dict[str, Any]:
     """The `exact` sampler as an experiment trial: the reference MILP's layout, solved and scored."""
     t0 = time.perf_counter()
-    ref = reference(settings, ctx, ctx.planner)
-    if not ref.islands:
+    layout = exact_layout(reference(settings, ctx, ctx.planner))
+    if layout is None:
         return {"wall_s": time.perf_counter() - t0, "trials": [], "best_islands": ""}
-    out = score_layout(ctx, Layout.of([(g, n) for g, n, _ in ref.islands]))
+    out = score_layout(ctx, layout)
     return {"wall_s": time.perf_counter() - t0, "trials": [{k: out[k] for k in KEEP}], "best_islands": out["islands"]}
 
 
@@ -205,43 +203,13 @@ def reference_task(settings: Settings, ctx: Context) -> dict[str, Any]:
 # --- the driver ----------------------------------------------------------------------------------
 
 
-class Journal:
-    """Finished searches, one JSON line each, flushed and synced as they land."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def load(self) -> dict[tuple[str, int], dict[str, Any]]:
-        done: dict[tuple[str, int], dict[str, Any]] = {}
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut short by a kill: that search runs again
-                done[(rec["cell"], rec["seed"])] = rec
-        return done
-
-    def append(self, rec: Mapping[str, Any]) -> None:
-        cut = False  # a line cut short by a kill must not swallow the next one
-        if self.path.exists() and self.path.stat().st_size > 0:
-            with self.path.open("rb") as f:
-                f.seek(-1, os.SEEK_END)
-                cut = f.read(1) != b"\n"
-        with self.path.open("a") as f:
-            f.write(("\n" if cut else "") + json.dumps(rec, default=float) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-
 def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] | None = None) -> int:
     """Run (or finish) the experiment `cfg` describes; the exit code (0 done, 130 interrupted).
 
     `command`: the command line's overrides after `+experiment=NAME`, as the table quotes them.
     """
-    from pipeline.plan import write_json
-    from pipeline.search import _with_ray
     from pipeline.tracking import Tracker
+    from pipeline.tune_driver import with_ray
 
     spec = spec_from_cfg(cfg)
     cells = build_cells(spec, passthrough)
@@ -256,13 +224,15 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
     run_dir = out_root / f"{spec.name}{'-smoke' if spec.smoke else ''}-{ident}"
     run_dir.mkdir(parents=True, exist_ok=True)
     journal = Journal(run_dir / "searches.jsonl")
-    done = journal.load()
+    done = _by_search(journal)
     refs_path = run_dir / "references.json"
     refs: dict[str, dict[str, Any]] = json.loads(refs_path.read_text()) if refs_path.exists() else {}
     runnable = [c for c in cells if not c.skipped]
     # a search that failed as a whole (its task raised) runs again; finished ones are kept
-    todo = [(c, seed) for c in runnable for seed in _seeds(c, spec) if "error" in done.get((c.key, seed), {"error": 1})]
-    total = sum(len(_seeds(c, spec)) for c in runnable)
+    todo = [
+        (c, seed) for c in runnable for seed in c.seeds(spec.trials) if "error" in done.get((c.key, seed), {"error": 1})
+    ]
+    total = sum(len(c.seeds(spec.trials)) for c in runnable)
     for c in cells:
         if c.skipped:
             print(f"[experiment] skipped {c.key}: {c.skipped}", flush=True)
@@ -291,8 +261,8 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
     write_json(state_path, state)
 
     t0 = time.perf_counter()
-    complete = _with_ray(first, lambda: _run_tasks(cells, todo, refs, refs_path, journal, tracker, t0))
-    done = journal.load()
+    complete = with_ray(first, lambda: _run_tasks(cells, todo, refs, refs_path, journal, tracker, t0))
+    done = _by_search(journal)
     results, summary = tables(spec, cells, done, refs)
     if not results.empty:
         results.to_parquet(run_dir / "results.parquet", index=False)
@@ -315,14 +285,13 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
             file=sys.stderr,
             flush=True,
         )
-        return 130
+        return cli.INTERRUPTED
     return 0
 
 
-def _seeds(cell: Cell, spec: Spec) -> list[int]:
-    """The exact sampler is deterministic: one trial says all."""
-    n = 1 if cell.settings.sampler == "exact" else spec.trials
-    return [cell.settings.seed + k for k in range(n)]
+def _by_search(journal: Journal) -> dict[tuple[str, int], dict[str, Any]]:
+    """The journal's records by (cell, seed), the last one winning (a failed search re-run)."""
+    return {(rec["cell"], rec["seed"]): rec for rec in journal.load()}
 
 
 def _run_tasks(
@@ -336,8 +305,6 @@ def _run_tasks(
 ) -> bool:
     import ray
 
-    from pipeline.plan import write_json
-
     search_task = ray.remote(num_cpus=1)(one_search)
     exact_task = ray.remote(num_cpus=1)(exact_search)
     ref_task = ray.remote(num_cpus=1)(reference_task)
@@ -348,7 +315,7 @@ def _run_tasks(
         pending[ref_task.remote(c.settings, ctx_refs[c.key])] = ("ref", key)
     for c, seed in todo:
         s = c.settings
-        if s.sampler == "exact":
+        if s.planner == "exact":
             fut = exact_task.remote(s, ctx_refs[c.key])
         else:
             fut = search_task.remote(ctx_refs[c.key], s.sampler, seed, s.trials, s.batch, s.polish)
@@ -381,7 +348,7 @@ def _run_tasks(
             rec = {"cell": cell.key, "seed": seed, **out}
             journal.append(rec)
             _log_child(tracker, cell, seed, rec)
-            best = max((t["score"] for t in out["trials"] if t["status"] in ("optimal", "feasible")), default=0.0)
+            best = max((t["score"] for t in out["trials"] if t["status"] in OK), default=0.0)
             print(
                 f"[experiment] {finished}/{n_todo} searches  {cell.key} seed {seed}: best {best:.4g} in "
                 f"{out['wall_s']:.1f} s  ({time.perf_counter() - t0:.0f} s elapsed)",
@@ -411,225 +378,6 @@ def _log_child(tracker: Any, cell: Cell, seed: int, rec: Mapping[str, Any]) -> N
     )
 
 
-def _best_trial(trials: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    ok = [t for t in trials if t["status"] in ("optimal", "feasible")]
-    return max(ok, key=lambda t: t["score"]) if ok else None
-
-
-def best_so_far_per_iteration(trials: Sequence[Mapping[str, Any]], batch: int) -> list[float]:
-    scores = [t["score"] if t["status"] in ("optimal", "feasible") else 0.0 for t in trials]
-    if not scores:
-        return []
-    best = np.maximum.accumulate(scores)
-    return [float(best[min(len(best), (k + 1) * batch) - 1]) for k in range(math.ceil(len(best) / batch))]
-
-
-# --- tables and plots ----------------------------------------------------------------------------
-
-
-def tables(
-    spec: Spec, cells: Sequence[Cell], done: Mapping[tuple[str, int], Mapping[str, Any]], refs: Mapping[str, Any]
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    rows, summ = [], []
-    for c in cells:
-        recs = [done[(c.key, s)] for s in _seeds(c, spec) if (c.key, s) in done]
-        bests, devs, walls = [], [], []
-        for rec in recs:
-            for k, t in enumerate(rec["trials"]):
-                rows.append({**dict(c.label), "seed": rec["seed"], "trial": k, "iteration": k // c.settings.batch, **t})
-            b = _best_trial(rec["trials"])
-            if "error" not in rec:
-                bests.append(b["score"] if b else 0.0)
-                devs.append(b["deviation"] if b else float("nan"))
-                walls.append(rec["wall_s"])
-        ref = refs.get(c.ref_key)
-        ref_score = None
-        if ref is not None:
-            ref_score = ref["rate_per_dollar"] if c.settings.objective == "rate_per_dollar" else ref["rate_req_s"]
-        summ.append(
-            {
-                **dict(c.label),
-                "cell": c.key,
-                "sampler": c.settings.sampler,
-                "searches": len(bests),
-                "failed": sum("error" in r for r in recs),
-                "best_mean": _stat(np.mean, bests),
-                "best_std": _stat(np.std, bests),
-                "best_min": _stat(np.min, bests),
-                "best_max": _stat(np.max, bests),
-                "deviation_mean": _stat(np.nanmean, devs),
-                "deviation_std": _stat(np.nanstd, devs),
-                "exact": ref_score if ref_score is not None else float("nan"),
-                "best_over_exact": _stat(np.mean, bests) / ref_score if ref_score else float("nan"),
-                "wall_s_mean": _stat(np.mean, walls),
-                "wall_s_std": _stat(np.std, walls),
-                "evaluations": c.settings.trials if c.settings.sampler != "exact" else 1,
-                "skipped": c.skipped,
-            }
-        )
-    return pd.DataFrame(rows), pd.DataFrame(summ)
-
-
-def _stat(fn: Any, xs: Sequence[float]) -> float:
-    arr = np.asarray(xs, dtype=float)
-    if arr.size == 0 or np.isnan(arr).all():
-        return float("nan")
-    return float(fn(arr))
-
-
-def _pm(mean: float, std: float, digits: int = 1) -> str:
-    return "-" if mean != mean else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
-def markdown(spec: Spec, cells: Sequence[Cell], summary: pd.DataFrame, command: Sequence[str]) -> str:
-    seed0 = cells[0].settings.seed
-    smoke = " experiment.smoke=true" if spec.smoke and "experiment.smoke=true" not in command else ""
-    head = [
-        f"# {spec.title}",
-        "",
-        f"`python -m pipeline.experiment +experiment={spec.name}" + "".join(f" {o}" for o in command) + smoke + "`",
-        "",
-        f"{spec.trials} trials (searches, seeds {seed0}..{seed0 + spec.trials - 1}) per cell; "
-        "best = best score of a search; D_total = the thesis's deviation of that best layout; "
-        f"exact = the global optimum of the same model (exact reference MILP).",
-        "",
-    ]
-    if spec.table == "table_5_1":
-        return "\n".join(head + _table_5_1(cells, summary)) + "\n"
-    unit = "req/s per $/h" if cells[0].settings.objective == "rate_per_dollar" else "req/s"
-    axes = [a for a, _ in spec.axes]
-    lines = [
-        "| " + " | ".join(axes) + f" | best {unit} (mean ± std) | min | max | D_total | exact | best/exact | "
-        "wall s (mean ± std) | evaluations | searches |",
-        "|" + "---|" * len(axes) + "---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for _, r in summary.iterrows():
-        if r["skipped"]:
-            lines.append("| " + " | ".join(str(r[a]) for a in axes) + f" | skipped: {r['skipped']} ||||||||")
-            continue
-        lines.append(
-            "| "
-            + " | ".join(str(r[a]) for a in axes)
-            + f" | {_pm(r['best_mean'], r['best_std'], 2)} | {r['best_min']:.2f} | {r['best_max']:.2f} | "
-            f"{_pm(r['deviation_mean'], r['deviation_std'])} | {r['exact']:.2f} | {r['best_over_exact']:.3f} | "
-            f"{_pm(r['wall_s_mean'], r['wall_s_std'])} | {r['evaluations']} | {r['searches']}"
-            + (f" ({r['failed']} failed)" if r["failed"] else "")
-            + " |"
-        )
-    return "\n".join(head + lines) + "\n"
-
-
-def _table_5_1(cells: Sequence[Cell], summary: pd.DataFrame) -> list[str]:
-    """The thesis's Table 5.1 layout: inventories as rows, (R_total, D_total) per workload, plus exact and ratios."""
-    workloads = list(dict.fromkeys(summary["workload"]))
-    inventories = list(dict.fromkeys(summary["inventory"]))
-    gpu_names = list(dict.fromkeys(g.name for c in cells for g in c.settings.inventory.gpus))
-    inv_of = {c.settings.inventory.name: c.settings.inventory for c in cells}
-    lines = [
-        "| | type | "
-        + " | ".join(gpu_names)
-        + " | $/h | "
-        + " | ".join(f"{w} R_total | D_total | exact" for w in workloads)
-        + " |",
-        "|---|---|" + "---:|" * len(gpu_names) + "---:|" + "---:|---:|---:|" * len(workloads),
-    ]
-    for inv in inventories:
-        inventory = inv_of[inv]
-        counts = dict(zip((g.name for g in inventory.gpus), inventory.counts, strict=True))
-        kind = "hetero" if len(inventory.gpus) > 1 else "homo"
-        row = f"| {inv} | {kind} | " + " | ".join(str(counts.get(g, 0)) for g in gpu_names)
-        row += f" | {inventory.cost_per_hour:,.0f} |"
-        for w in workloads:
-            r = summary[(summary["inventory"] == inv) & (summary["workload"] == w)].iloc[0]
-            row += f" {_pm(r['best_mean'], r['best_std'])} | {_pm(r['deviation_mean'], r['deviation_std'])} | "
-            row += f"{r['exact']:.1f} |"
-        lines.append(row)
-    homo = [i for i in inventories if len(inv_of[i].gpus) == 1]
-    if homo:
-        lines += ["", "Ratios to the homogeneous inventory (same $/h):", ""]
-        lines += ["| | " + " | ".join(f"{w} searched | {w} exact" for w in workloads) + " |"]
-        lines += ["|---|" + "---:|---:|" * len(workloads)]
-        for inv in inventories:
-            if inv == homo[0]:
-                continue
-            row = f"| {inv} / {homo[0]} |"
-            for w in workloads:
-                a = summary[(summary["inventory"] == inv) & (summary["workload"] == w)].iloc[0]
-                b = summary[(summary["inventory"] == homo[0]) & (summary["workload"] == w)].iloc[0]
-                row += f" {a['best_mean'] / b['best_mean']:.2f}x | {a['exact'] / b['exact']:.2f}x |"
-            lines.append(row)
-    return lines
-
-
-def plot(spec: Spec, results: pd.DataFrame, summary: pd.DataFrame, run_dir: Path, unit: str) -> list[Path]:
-    """Thesis Fig 5.5 style: mean best so far per iteration, min-max and +-std bands, overall max.
-
-    Also writes `plots.json`: every panel's series, as drawn.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    axes = [a for a, _ in spec.axes]
-    panel_axis = axes[0] if len(axes) > 1 else None
-    panels = list(dict.fromkeys(summary[panel_axis])) if panel_axis else [None]
-    fig, axs = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
-    drawn: dict[str, list[str]] = {}
-    for ax, panel in zip(axs[0], panels, strict=True):
-        part = summary if panel is None else summary[summary[panel_axis] == panel]
-        series_drawn = drawn.setdefault(str(panel) if panel_axis else spec.name, [])
-        top = 0.0  # the thesis's "maximum throughput across all trials, iterations and experiments" of a figure
-        for _, cell in part.iterrows():
-            if cell["skipped"] or results.empty:
-                continue
-            sel = results[np.logical_and.reduce([results[a] == cell[a] for a in axes])]
-            curves = []
-            for _, g in sel.groupby("seed"):
-                ok = np.where(g["status"].isin(["optimal", "feasible"]), g["score"], 0.0)
-                best = np.maximum.accumulate(ok)
-                curves.append(pd.Series(best).groupby(g["iteration"].to_numpy()).max().to_numpy())
-            if not curves:
-                continue
-            n = max(len(c) for c in curves)
-            arr = np.array([np.pad(c, (0, n - len(c)), mode="edge") for c in curves])
-            it = np.arange(1, n + 1)
-            series = cell[axes[-1]] if panel_axis else cell[axes[0]]
-            mean, std = arr.mean(axis=0), arr.std(axis=0)
-            (line,) = ax.plot(it, mean, lw=2, label=f"{axes[-1]}={series}", marker="o" if n == 1 else None)
-            series_drawn.append(str(series))
-            ax.fill_between(it, arr.min(axis=0), arr.max(axis=0), color=line.get_color(), alpha=0.12)
-            ax.fill_between(it, mean - std, mean + std, color=line.get_color(), alpha=0.25)
-            if cell["exact"] == cell["exact"]:
-                ax.axhline(cell["exact"], color=line.get_color(), ls=":", lw=1)
-            top = max(top, float(arr.max()))
-        if top > 0:
-            ax.axhline(top, color="k", ls="--", lw=1, label=f"max {top:.1f} (dotted: exact optimum per series)")
-        ax.set(xlabel="iteration", ylabel=f"best {unit}", title=f"{panel_axis}={panel}" if panel_axis else spec.title)
-        if series_drawn:
-            ax.legend(fontsize=7)
-        else:
-            ax.text(0.5, 0.5, "no finished searches", ha="center", va="center", transform=ax.transAxes)
-    fig.suptitle(f"{spec.name}: mean best so far (line), min-max (light), ±std (dark)", fontsize=10)
-    fig.tight_layout()
-    paths = [run_dir / "convergence.png"]
-    fig.savefig(paths[0], dpi=110)
-    plt.close(fig)
-    if spec.timing:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ok = summary[summary["skipped"] == ""]
-        labels = [" ".join(str(r[a]) for a in axes) for _, r in ok.iterrows()]
-        ax.bar(range(len(ok)), ok["wall_s_mean"], yerr=ok["wall_s_std"], capsize=3)
-        ax.set_xticks(range(len(ok)), labels, rotation=45, ha="right", fontsize=8)
-        ax.set(ylabel="execution time per search (s)", title=f"{spec.name}: execution time (thesis Figs 5.6, 5.11)")
-        fig.tight_layout()
-        paths.append(run_dir / "timing.png")
-        fig.savefig(paths[1], dpi=110)
-        plt.close(fig)
-    (run_dir / "plots.json").write_text(json.dumps(drawn, indent=1) + "\n")
-    return paths
-
-
 # --- command line --------------------------------------------------------------------------------
 
 
@@ -645,21 +393,10 @@ def _passthrough(overrides: Sequence[str]) -> list[str]:
     return [o for o in overrides if not o.lstrip("+~").startswith("experiment")]
 
 
-def _main() -> None:
-    import hydra
-    from omegaconf import DictConfig
-
-    from pipeline.config import run_cli
-
-    def task(cfg: DictConfig) -> int:
-        overrides = _overrides()
-        return run_experiment(cfg, _passthrough(overrides), overrides)
-
-    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="search")(run_cli(task))()
+def task(cfg: Any) -> int:
+    overrides = _overrides()
+    return run_experiment(cfg, _passthrough(overrides), overrides)
 
 
 if __name__ == "__main__":
-    from pipeline.search import precheck
-
-    precheck(sys.argv[1:], (*GROUPS, "experiment"))
-    _main()
+    cli.main("search", task)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from costmodel.catalog import CatalogError, gpu_names, load_gpu
+from costmodel.catalog import gpu_names, load_gpu
 from costmodel.specs import GPU
 from pipeline.config import ConfigError
 
@@ -53,12 +53,11 @@ def inventory_from_cfg(name: str, cfg: Mapping[str, Any], source: str | None = N
     gpus: list[GPU] = []
     counts: list[int] = []
     for gname, count in gpus_cfg.items():
-        try:
-            gpu = load_gpu(str(gname))
-        except CatalogError:
+        if str(gname) not in gpu_names():
             raise ConfigError(
                 f"{where}: unknown GPU {gname!r} in `gpus`; choose from {gpu_names()} (or add conf/gpu/{gname}.yaml)"
-            ) from None
+            )
+        gpu = load_gpu(str(gname))  # a malformed GPU file is its own error, naming the file
         if isinstance(count, bool) or not isinstance(count, int):
             raise ConfigError(f"{where}: `gpus.{gname}` must be a whole number of GPUs, got {count!r}")
         if count < 0:
@@ -68,8 +67,9 @@ def inventory_from_cfg(name: str, cfg: Mapping[str, Any], source: str | None = N
             if isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0:
                 raise ConfigError(f"{where}: `prices.{gname}` must be a non-negative number, got {price!r}")
             gpu = replace(gpu, price_per_hour=float(price))
-        gpus.append(gpu)
-        counts.append(count)
-    if sum(counts) == 0:
+        if count > 0:  # a type with no GPUs takes no part
+            gpus.append(gpu)
+            counts.append(count)
+    if not counts:
         raise ConfigError(f"{where}: the inventory has no GPUs (every count is 0)")
     return Inventory(name, tuple(gpus), tuple(counts))

@@ -6,24 +6,15 @@ python -m pipeline.island gpu=H20 size=32 costmodel=shallowsim slo.tpot_ms=50 ro
 
 from __future__ import annotations
 
-import hydra
-import numpy as np
-from omegaconf import DictConfig
+from typing import Any
 
-from costmodel.catalog import CONF_DIR
+import numpy as np
+
 from costmodel.island import IslandBenchmark, PhaseTable, benchmark_island
-from pipeline.config import (
-    ConfigError,
-    choice,
-    fraction,
-    gpu_from_cfg,
-    model_from_cfg,
-    optional_positive,
-    positive_int,
-    profile_from_cfg,
-    run_cli,
-)
-from pipeline.workload import Ranges, Workload, make_ranges, workload_from_cfg
+from pipeline import cli
+from pipeline.config import choice, cost_settings_from_cfg, gpu_from_cfg, model_from_cfg, plain, positive_int
+from pipeline.errors import ConfigError
+from pipeline.workload import Ranges, Workload, ranges_from_cfg, workload_from_cfg
 
 
 def island_report(bench: IslandBenchmark, workload: Workload, ranges: Ranges, rows: int) -> str:
@@ -81,14 +72,12 @@ def _length_table(bench: IslandBenchmark, ranges: Ranges, rows: int, mean_decode
     return "\n".join(lines)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="island")
-@run_cli
-def main(cfg: DictConfig) -> None:
+def execute(cfg: Any) -> None:
     gpu = gpu_from_cfg(choice("gpu"), cfg.gpu)
     model = model_from_cfg(choice("model"), cfg.model)
-    profile = profile_from_cfg(cfg.costmodel)
-    workload = workload_from_cfg(choice("workload"), cfg.workload)
-    ranges = make_ranges(workload, cfg.ranges.width)
+    cost = cost_settings_from_cfg(cfg)
+    workload = workload_from_cfg(choice("workload"), plain(cfg.workload))
+    ranges = ranges_from_cfg(workload, cfg.ranges.width)
     size = positive_int(cfg.size, "size")
     rows = cfg.rows
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
@@ -101,11 +90,7 @@ def main(cfg: DictConfig) -> None:
         ranges.p,
         workload.mean_decode,
         workload.max_decode,
-        profile,
-        cache_hit=fraction(cfg.costmodel.cache_hit, "costmodel.cache_hit"),
-        fp8_combine=bool(cfg.costmodel.fp8_combine),
-        ttft_ms=optional_positive(cfg.slo.ttft_ms, "slo.ttft_ms"),
-        tpot_ms=optional_positive(cfg.slo.tpot_ms, "slo.tpot_ms"),
+        cost,
     )
     if bench.prefill.chosen < 0 and bench.decode.chosen < 0:
         raise ConfigError(bench.decode.reason)
@@ -113,4 +98,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main("island", execute)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -67,6 +68,7 @@ def build_plan(planner: Planner, layout: Layout, time_limit_s: float, backend: s
         "prefill_islands": sum(isl["role"] == "prefill" for isl in islands),
         "decode_islands": sum(isl["role"] == "decode" for isl in islands),
         "islands": islands,
+        "model_spec": dataclasses.asdict(planner.model),  # the dimensions planned with, checked by simulate
         "cost": planner.cost.to_json(),  # every cost-model switch and value: simulate rebuilds exactly this
     }
 

@@ -17,6 +17,7 @@ import numpy as np
 from costmodel.formulas import DERATE, kv_bytes_per_seq
 from costmodel.island import IslandBenchmark, benchmark_island
 from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 from pipeline.config import ConfigError
 from pipeline.workload import Ranges, Workload
@@ -70,18 +71,18 @@ class Planner:
     model: Model
     workload: Workload
     ranges: Ranges
-    profile: CostProfile
+    cost: CostSettings
     gpus: Mapping[str, GPU]
-    cache_hit: float = 0.0
-    fp8_combine: bool = False
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
     kv_transfer: bool = False  # max_rate: cap KV GB/s out of prefill and into decode islands by their NICs
     budget_per_hour: float | None = None  # max_rate: $/h cap on the islands in use (others stay idle)
     _cache: dict[tuple[str, int], IslandBenchmark] = field(default_factory=dict, repr=False)
     _full: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     hits: int = 0
     misses: int = 0
+
+    @property
+    def profile(self) -> CostProfile:
+        return self.cost.profile
 
     def benchmark(
         self, gpu: str, size: int, lengths: np.ndarray | None = None, weights: np.ndarray | None = None
@@ -103,11 +104,7 @@ class Planner:
             self.ranges.p if weights is None else weights,
             self.workload.mean_decode,
             self.workload.max_decode,
-            self.profile,
-            self.cache_hit,
-            self.fp8_combine,
-            self.ttft_ms,
-            self.tpot_ms,
+            self.cost,
         )
         if lengths is None:
             self._cache[(gpu, size)] = bench

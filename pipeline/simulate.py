@@ -10,9 +10,9 @@ Modes:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -20,9 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.catalog import CONF_DIR, load_gpu, load_model
-from costmodel.profile import CostProfile
-from pipeline.config import ConfigError, choice, optional_positive, plain, positive_int
+from costmodel.catalog import CONF_DIR, CatalogError, load_gpu, load_model
+from costmodel.settings import CostSettings
+from costmodel.specs import SpecError
+from pipeline import cli
+from pipeline.config import choice, optional_positive, plain, positive_int
+from pipeline.errors import ConfigError
+from pipeline.journal import write_json
 from simulator.arrivals import ARRIVALS, from_trace, sampled
 from simulator.core import Requests, Simulation
 from simulator.metrics import summary
@@ -43,16 +47,66 @@ def load_plan(path: Any) -> tuple[dict[str, Any], Path]:
     if not p.is_file():
         raise ConfigError(f"plan={path}: no such file")
     try:
-        plan = json.loads(p.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"plan={path}: not valid JSON ({err})") from None
+        plan = json.loads(p.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"plan={path}: not a plan.json: not valid JSON text ({str(err)[:120]})") from None
+    if not isinstance(plan, dict):
+        raise ConfigError(f"plan={path}: not a plan.json (expected a JSON object)")
     try:
-        islands_from_plan(plan, str(p))
+        islands = islands_from_plan(plan, str(p))
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if not plan.get("rate_req_s", 0) > 0:
+    rate = plan.get("rate_req_s", 0)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
         raise ConfigError(f"plan={path}: its rate_req_s is not positive: nothing to simulate")
+    for k, isl in enumerate(islands):
+        if isl.role == "decode" and isl.batch > MAX_PLAN_BATCH:
+            raise ConfigError(
+                f"plan={path}: islands[{k}] ({isl.size} x {isl.gpu}) has decode batch {isl.batch}, over "
+                f"{MAX_PLAN_BATCH} sequences per rank, which no plan of pipeline.search writes: was the file edited?"
+            )
     return plan, p
+
+
+MAX_PLAN_BATCH = 1024  # the island benchmark caps a decode batch here (costmodel MAX_DECODE_BATCH)
+
+
+def plan_model(plan: dict[str, Any], path: Path) -> tuple[Any, CostSettings]:
+    """The model and the cost-settings record the plan was made with, checked against each other."""
+    where = f"plan={path}"
+    name = plan.get("model")
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}: no `model` name: is this a plan.json written by pipeline.search?")
+    try:
+        model = load_model(name)
+    except CatalogError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    if "cost" not in plan:
+        raise ConfigError(
+            f"{where}: no `cost` record (the cost-model settings the plan was made with): re-run the search "
+            "that wrote it with this version"
+        )
+    try:
+        cost = CostSettings.from_json(plan["cost"], where)
+    except SpecError as err:
+        raise ConfigError(str(err)) from None
+    if plan.get("cost_profile", cost.profile.name) != cost.profile.name:
+        raise ConfigError(f"{where}: cost_profile {plan['cost_profile']!r} disagrees with cost.profile "
+                          f"{cost.profile.name!r}: was the file edited?")  # fmt: skip
+    for k, isl in enumerate(islands_from_plan(plan, str(path))):
+        if isl.role == "decode" and (isl.ep % isl.tp or isl.ep * isl.dp != isl.size):
+            raise ConfigError(f"{where}: islands[{k}]: decode ep {isl.ep} x dp {isl.dp} must be the size "
+                              f"{isl.size}, with tp {isl.tp} dividing ep")  # fmt: skip
+        if isl.role == "prefill" and isl.tp * isl.dp != isl.size:
+            raise ConfigError(f"{where}: islands[{k}]: prefill tp {isl.tp} x dp {isl.dp} must be the size {isl.size}")
+    spec = plan.get("model_spec")
+    if spec != dataclasses.asdict(model):
+        made_for = spec.get("name") if isinstance(spec, dict) else None
+        raise ConfigError(
+            f"{where}: the plan was made for model {made_for!r} with other dimensions than conf/model/{name}.yaml "
+            f"now has (its `model_spec`): plan again with model={name}, or simulate the plan's own model"
+        )
+    return model, cost
 
 
 def requests_from_cfg(cfg: Any, plan: dict[str, Any], rate: float, n: int) -> tuple[Requests, str]:
@@ -97,8 +151,7 @@ class Runner:
     def __init__(self, cfg: Any, plan: dict[str, Any]) -> None:
         self.cfg, self.plan = cfg, plan
         self.islands = islands_from_plan(plan)
-        self.model = load_model(str(plan.get("model", "deepseek_v3")))
-        self.profile = CostProfile.named(str(plan.get("cost_profile", "corrected")))
+        self.model, self.cost = plan_model(plan, Path(str(cfg.plan)))
         self.gpus = {g: load_gpu(g) for g in {i.gpu for i in self.islands}}
         self.budget = positive_int(cfg.token_budget, "token_budget")
 
@@ -110,7 +163,7 @@ class Runner:
             "std_output": float(r.output_len.std()),
         }
         pre, dec, rt = build(
-            self.islands, self.gpus, self.model, self.profile, router=router,
+            self.islands, self.gpus, self.model, self.cost, router=router,
             max_len=int(r.input_len.max()), max_context=int((r.input_len + r.output_len).max()),
             token_budget=self.budget, seed=int(self.cfg.seed), stats=stats,
             expert_imbalance=float(self.cfg.expert_imbalance),
@@ -170,7 +223,6 @@ def _cdf_plots(sim: Simulation, path: Path, title: str) -> None:
 
 
 def execute(cfg: Any) -> int:
-    from pipeline.plan import write_json
     from pipeline.tracking import Tracker
 
     plan, plan_path = load_plan(cfg.plan)
@@ -188,7 +240,13 @@ def execute(cfg: Any) -> int:
     ident = hashlib.sha1(str(plan_path.resolve()).encode()).hexdigest()[:8]
     out = Path(str(cfg.out_root)) / f"{mode}-{workload}-{cfg.router}-{cfg.scheduler}-{ident}"
     out = out / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    out.mkdir(parents=True)
+    try:
+        out.mkdir(parents=True)
+    except OSError as err:
+        raise ConfigError(
+            f"out_root={cfg.out_root}: cannot create the output folder ({err.strerror}): set out_root to a "
+            "folder you can write"
+        ) from None
     tracker = Tracker(
         None if cfg.mlflow.tracking_uri is None else str(cfg.mlflow.tracking_uri), str(cfg.mlflow.experiment)
     )
@@ -252,16 +310,5 @@ def execute(cfg: Any) -> int:
     return 0
 
 
-def _main() -> None:
-    import hydra
-
-    from pipeline.config import run_cli
-
-    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="simulate")(run_cli(execute, (ValueError,)))()
-
-
 if __name__ == "__main__":
-    from pipeline.search import precheck
-
-    precheck(sys.argv[1:], ("workload",))
-    _main()
+    cli.main("simulate", execute, (ValueError,))

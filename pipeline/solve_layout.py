@@ -1,7 +1,7 @@
 """Solve one fixed island layout under both inner objectives; write tables, JSON and plots.
 
-    python -m pipeline.inner +layout=table_5_2_a        (and _b, _c, _d: thesis Table 5.2)
-    python -m pipeline.inner +layout=table_5_2_d costmodel=shallowsim workload=azure_code
+    python -m pipeline.solve_layout +layout=table_5_2_a        (and _b, _c, _d: thesis Table 5.2)
+    python -m pipeline.solve_layout +layout=table_5_2_d costmodel=shallowsim workload=azure_code
 
 Writes to `out_dir` (default outputs/inner/<layout>_<profile>/): results.md, problem.json and
 problem_thesis.json (the `solvers.inner` contract), benchmarks.png, assignment.png,
@@ -10,30 +10,22 @@ throughput_per_range.png and per_length.png (thesis Figs 5.1-5.4).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
-import hydra
 import matplotlib
 import numpy as np
-from omegaconf import DictConfig
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from costmodel.catalog import CONF_DIR, gpu_names, load_gpu
-from pipeline.config import (
-    ConfigError,
-    choice,
-    fraction,
-    model_from_cfg,
-    optional_positive,
-    plain,
-    profile_from_cfg,
-    run_cli,
-)
+from pipeline import cli
+from pipeline.config import boolean, number, optional_positive, plain
+from pipeline.errors import ConfigError
+from pipeline.journal import write_json
 from pipeline.planner import Layout, Planner, layout_from_cfg
-from pipeline.workload import make_ranges, workload_from_cfg
+from pipeline.settings import planner_from_cfg
 from solvers.inner import BACKENDS, InnerProblem, InnerSolution, problem_to_json
 
 
@@ -146,9 +138,7 @@ def plot_per_length(out: Path, planner: Planner, layout: Layout, prob: InnerProb
     return ev.rate_req_s
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="inner")
-@run_cli
-def main(cfg: DictConfig) -> None:
+def execute(cfg: Any) -> None:
     if "layout" not in cfg:
         layouts = sorted(p.stem for p in (CONF_DIR / "layout").glob("*.yaml"))
         raise ConfigError(f"no layout given: add +layout=NAME, one of {layouts}")
@@ -157,23 +147,21 @@ def main(cfg: DictConfig) -> None:
     unknown = sorted({g for g, _ in layout.islands} - set(gpu_names()))
     if unknown:
         raise ConfigError(f"conf/layout/{name}.yaml: unknown GPU(s) {unknown}; choose from {gpu_names()}")
-    workload = workload_from_cfg(choice("workload"), plain(cfg.workload))
-    planner = Planner(
-        model=model_from_cfg(choice("model"), cfg.model),
-        workload=workload,
-        ranges=make_ranges(workload, cfg.ranges.width),
-        profile=profile_from_cfg(cfg.costmodel),
-        gpus={g: load_gpu(g) for g, _ in layout.islands},
-        cache_hit=fraction(cfg.costmodel.cache_hit, "costmodel.cache_hit"),
-        fp8_combine=bool(cfg.costmodel.fp8_combine),
-        ttft_ms=optional_positive(cfg.slo.ttft_ms, "slo.ttft_ms"),
-        tpot_ms=optional_positive(cfg.slo.tpot_ms, "slo.tpot_ms"),
-        kv_transfer=bool(cfg.solver.kv_transfer),
-        budget_per_hour=optional_positive(cfg.solver.budget_per_hour, "solver.budget_per_hour"),
+    planner = planner_from_cfg(
+        cfg,
+        {g: load_gpu(g) for g, _ in layout.islands},
+        boolean(cfg.solver.kv_transfer, "solver.kv_transfer"),
+        optional_positive(cfg.solver.budget_per_hour, "solver.budget_per_hour"),
     )
+    workload = planner.workload
+    limit = number(cfg.solver.time_limit_s, "solver.time_limit_s", low=0.001)
     out = Path(str(cfg.out_dir))
-    out.mkdir(parents=True, exist_ok=True)
-    limit = float(cfg.solver.time_limit_s)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"out_dir={out}: cannot create it ({err.strerror}): set out_dir to a folder you can write"
+        ) from None
     backend = str(cfg.solver.backend).upper()
     if backend not in BACKENDS:
         raise ConfigError(f"solver.backend={cfg.solver.backend!r}: choose from {list(BACKENDS)}")
@@ -182,7 +170,7 @@ def main(cfg: DictConfig) -> None:
         kw = {"tau": float(cfg.solver.tau), "M": float(cfg.solver.M)} if objective == "thesis" else {}
         prob, sol = planner.solve(layout, objective, limit, backend=backend, **kw)
         fname = "problem.json" if objective == "max_rate" else "problem_thesis.json"
-        (out / fname).write_text(json.dumps(problem_to_json(prob, limit)))
+        write_json(out / fname, problem_to_json(prob, limit))
         ev_rate = (
             plot_per_length(out, planner, layout, prob, sol)
             if objective == "max_rate"
@@ -207,4 +195,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main("inner", execute)

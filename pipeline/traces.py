@@ -23,6 +23,10 @@ import pyarrow.parquet as pq
 from pipeline.errors import WorkloadError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
+# A request longer than this is no request any model of the catalogue serves (DeepSeek-V3's
+# context is 163,840 tokens): a trace that has one is broken, and a per-length histogram of it
+# would take memory in proportion. A model's own context is checked when a plan is made.
+MAX_TOKENS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -57,13 +61,29 @@ def _read_table(path: Path) -> pa.Table:
     if not path.is_file():
         raise WorkloadError(f"{path}: no such trace file")
     try:
+        head = path.open("rb").read(4096)
+    except OSError as err:
+        raise WorkloadError(f"{path}: cannot read it ({err.strerror})") from None
+    is_parquet = head.startswith(b"PAR1")
+    if not is_parquet and (b"\0" in head or not _utf8(head)):
+        raise WorkloadError(f"{path}: not a CSV or Parquet trace (the file is binary): expected a CSV with a header")
+    try:
         if path.suffix.lower() in (".parquet", ".pq"):
             return pq.read_table(path)
         return pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(strings_can_be_null=False))
     except (pa.ArrowInvalid, OSError) as err:
         if "Empty CSV file" in str(err):
             raise WorkloadError(f"{path}: the file is empty (expected a header and one row per request)") from None
-        raise WorkloadError(f"{path}: not a readable CSV/Parquet table ({err})") from None
+        text = " ".join(str(err).encode("ascii", "backslashreplace").decode().split())[:300]
+        raise WorkloadError(f"{path}: not a readable CSV/Parquet table ({text})") from None
+
+
+def _utf8(head: bytes) -> bool:
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.start >= len(head) - 3  # a character cut by the 4 KiB read is fine
+    return True
 
 
 def detect_format(names: list[str]) -> str | None:
@@ -75,13 +95,19 @@ def detect_format(names: list[str]) -> str | None:
 
 def _tokens(table: pa.Table, col: str, path: Path) -> np.ndarray:
     arr = table.column(col)
+    if arr.null_count:
+        i = int(np.flatnonzero(pc.is_null(arr).to_numpy(zero_copy_only=False))[0])
+        raise WorkloadError(
+            f"{path}: row {i + 1} (line {i + 2}): column `{col}` has no value (empty, NaN or null): "
+            "every request needs a whole number of tokens"
+        )
     if not pa.types.is_integer(arr.type):
         try:
             as_float = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
-            whole = np.isfinite(as_float) & (as_float == np.floor(as_float))
+            whole = np.isfinite(as_float) & (as_float == np.floor(as_float)) & (np.abs(as_float) <= 2.0**62)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             texts = pc.cast(arr, pa.string()).to_pylist()
-            whole = np.array([_is_whole(t) for t in texts])
+            whole = np.array([_is_whole(t) and abs(float(t)) <= 2.0**62 for t in texts])
             as_float = np.array([float(t) if w else 0.0 for t, w in zip(texts, whole, strict=True)])
         if not whole.all():
             i = int(np.flatnonzero(~whole)[0])
@@ -91,10 +117,12 @@ def _tokens(table: pa.Table, col: str, path: Path) -> np.ndarray:
             )
         arr = pa.array(as_float.astype(np.int64))
     values = arr.to_numpy(zero_copy_only=False).astype(np.int64)
-    bad = values < 1
+    bad = (values < 1) | (values > MAX_TOKENS)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise WorkloadError(f"{path}: row {i + 1} (line {i + 2}): column `{col}` must be >= 1 token, got {values[i]}")
+        raise WorkloadError(
+            f"{path}: row {i + 1} (line {i + 2}): column `{col}` must be 1..{MAX_TOKENS:,} tokens, got {values[i]}"
+        )
     return values
 
 
@@ -137,7 +165,7 @@ def _is_float(text: object) -> bool:
 
 
 def _is_whole(text: object) -> bool:
-    return _is_float(text) and float(text).is_integer()  # type: ignore[arg-type]
+    return _is_float(text) and float(text).is_integer()  # type: ignore[arg-type]  # NaN, inf: not whole
 
 
 def _parse_time(text: str | None) -> np.datetime64 | None:
@@ -219,14 +247,12 @@ AZURE_ATTRIBUTION = (
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "derive":
-        print("usage: python -m pipeline.traces derive TRACE OUT.npz", file=sys.stderr)
-        return 2
+        raise WorkloadError("usage: python -m pipeline.traces derive TRACE OUT.npz")
+    trace = load_trace(argv[1])
     try:
-        trace = load_trace(argv[1])
-    except WorkloadError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    derive_histogram(trace, Path(argv[2]), AZURE_ATTRIBUTION)
+        derive_histogram(trace, Path(argv[2]), AZURE_ATTRIBUTION)
+    except OSError as err:
+        raise WorkloadError(f"{argv[2]}: cannot write it ({err.strerror}): choose a writable path") from None
     print(
         f"{argv[2]}: {len(trace)} requests, input {trace.input_tokens.min()}-{trace.input_tokens.max()}, "
         f"output {trace.output_tokens.min()}-{trace.output_tokens.max()} tokens"
@@ -235,4 +261,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from costmodel.cli import run
+
+    run(lambda: main(sys.argv[1:]))

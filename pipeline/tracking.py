@@ -1,57 +1,98 @@
 """MLflow: one parent run per search (or experiment), one child run per trial (or repeated search).
 
 Default store: an absolute SQLite file `outputs/mlflow.db`; a SQLite store keeps artifacts in
-`mlartifacts/` beside its database file; any tracking URI (e.g. http://host:5000) by config. Children are
-logged from the driver as trials finish, so workers on other Ray nodes need no access to
-the store.
+`mlartifacts/` beside its database file; any tracking URI (e.g. http://host:5000) by config.
+Children are logged from the driver as trials finish, so workers on other Ray nodes need no
+access to the store.
+
+The store is checked when the tracker is made, before any expensive work: a URI MLflow does not
+know, a SQLite file that cannot be created or written (read-only, locked), a server that does
+not answer within seconds — each is one `ConfigError` naming `mlflow.tracking_uri`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
+CONNECT_TIMEOUT_S = 5.0
 
 
 def default_uri() -> str:
     return f"sqlite:///{REPO / 'outputs' / 'mlflow.db'}"
 
 
+def _check_server(uri: str) -> None:
+    url = urlparse(uri)
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise ConfigError(
+            f"mlflow.tracking_uri={uri}: no tracking server answers at {host}:{port} ({err.strerror or err}): start "
+            "it (mlflow server) or drop mlflow.tracking_uri for the local SQLite store"
+        ) from None
+
+
 class Tracker:
     def __init__(self, uri: str | None, experiment: str) -> None:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        # a server that stops answering mid-run costs seconds per call, not minutes of retries
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        self.uri = uri or default_uri()
+        scheme = urlparse(self.uri).scheme
+        if scheme in ("http", "https"):
+            _check_server(self.uri)
+        elif scheme == "sqlite":
+            db = Path(self.uri.removeprefix("sqlite:///"))
+            try:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise ConfigError(
+                    f"mlflow.tracking_uri={self.uri}: cannot create the folder {db.parent} ({err.strerror}): "
+                    "point it at a writable path, e.g. sqlite:////abs/path/mlflow.db"
+                ) from None
+        elif scheme not in ("file", "databricks", "postgresql", "mysql", "mssql"):
+            raise ConfigError(
+                f"mlflow.tracking_uri={self.uri}: MLflow does not know the scheme {scheme!r}: use "
+                "sqlite:////abs/path/mlflow.db or http://host:5000 (or null for the local store)"
+            )
         import mlflow
         from mlflow.tracking import MlflowClient
 
         for name in ("alembic", "mlflow"):
             logging.getLogger(name).setLevel(logging.WARNING)
-
-        self.uri = uri or default_uri()
-        if self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        mlflow.set_tracking_uri(self.uri)
-        self.client = MlflowClient(self.uri)
         try:
+            mlflow.set_tracking_uri(self.uri)
+            self.client = MlflowClient(self.uri)
             exp = self.client.get_experiment_by_name(experiment)
             if exp is None:
                 # a SQLite store keeps its artifacts beside the database file (not in ./mlruns)
                 loc = (
                     (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
-                    if self.uri.startswith("sqlite:///")
+                    if scheme == "sqlite"
                     else None
                 )
                 self.experiment_id = self.client.create_experiment(experiment, artifact_location=loc)
             else:
                 self.experiment_id = exp.experiment_id
+            # a write, so a read-only or locked store fails now rather than after the work
+            self.client.set_experiment_tag(self.experiment_id, "archipelago.last_opened", str(int(time.time())))
         except Exception as err:
-            raise ConfigError(f"mlflow.tracking_uri={self.uri}: cannot open the tracking store ({err})") from None
+            raise ConfigError(
+                f"mlflow.tracking_uri={self.uri}: cannot open the tracking store for writing "
+                f"({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+            ) from None
         self.parent_id: str | None = None
 
     def start_parent(self, name: str, params: Mapping[str, Any], run_id: str | None = None) -> str:
@@ -63,6 +104,14 @@ class Tracker:
         self.parent_id = run.info.run_id
         self._log(self.parent_id, params, {})
         return self.parent_id
+
+    def child_names(self) -> set[str]:
+        """Run names of the parent's children (a resume logs only the trials missing here)."""
+        assert self.parent_id is not None
+        runs = self.client.search_runs(
+            [self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_id}'", max_results=50000
+        )
+        return {r.info.run_name for r in runs}
 
     def child(
         self,
@@ -85,6 +134,15 @@ class Tracker:
             if path.exists():
                 self.client.log_artifact(self.parent_id, str(path))
         self.client.set_terminated(self.parent_id, status=status)
+
+    def end_parent(self, status: str) -> None:
+        """Mark the parent ended (FAILED, KILLED) when a run stops early; never raises."""
+        if self.parent_id is None:
+            return
+        try:
+            self.client.set_terminated(self.parent_id, status=status)
+        except Exception:  # the store itself may be what failed; the run folder has the record
+            pass
 
     def _log(
         self,

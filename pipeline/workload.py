@@ -53,6 +53,22 @@ class Ranges:
         return len(self.mid)
 
 
+MIN_RANGES = 3  # fewer ranges than this leave nothing to route by length
+
+
+def ranges_from_cfg(w: Workload, width: object, key: str = "ranges.width") -> Ranges:
+    """`make_ranges` for a width from a config: a whole number that leaves at least MIN_RANGES ranges."""
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise WorkloadError(f"`{key} >= 1` (whole number of tokens) must hold, got {key}={width!r}")
+    n = len(w.pmf)
+    if n // width < MIN_RANGES:
+        raise WorkloadError(
+            f"{key}={width} cuts workload {w.name}'s input lengths 0..{n - 1} into {max(n // width, 1)} range(s); "
+            f"routing by length needs at least {MIN_RANGES}: use {key} <= {n // MIN_RANGES}"
+        )
+    return make_ranges(w, width)
+
+
 def make_ranges(w: Workload, width: int) -> Ranges:
     """Thesis 4.6.3: ranges k·W .. k·W + W with mid = start + floor(W/2).
 

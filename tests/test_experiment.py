@@ -113,7 +113,7 @@ def test_a_rerun_finishes_only_the_missing_searches(tmp_path: Path, ray_session:
 
 def test_unknown_or_missing_experiment_is_one_line(tmp_path: Path) -> None:
     for args, want in [
-        (["+experiment=nope"], "error: experiment=nope: there is no conf/experiment/nope.yaml; choose from ["),
+        (["+experiment=nope"], "error: experiment=nope: there is no config 'nope' in group 'experiment'"),
         ([], "error: choose an experiment: +experiment=NAME with NAME one of ["),
     ]:
         r = subprocess.run(

@@ -1,4 +1,4 @@
-"""pipeline.inner end to end through Hydra on a thesis Table 5.2 layout (coarse ranges for speed)."""
+"""pipeline.solve_layout end to end through Hydra on a thesis Table 5.2 layout (coarse ranges for speed)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from costmodel.catalog import load_gpu, load_model
 from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
 from pipeline.planner import Layout, Planner
 from pipeline.workload import make_ranges, synthetic_normal
 
@@ -20,7 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_table_5_2_a_writes_tables_json_and_plots(tmp_path: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "pipeline.inner", "+layout=table_5_2_a", "ranges.width=1000", f"out_dir={tmp_path}"],
+        [
+            sys.executable,
+            "-m",
+            "pipeline.solve_layout",
+            "+layout=table_5_2_a",
+            "ranges.width=1000",
+            f"out_dir={tmp_path}",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -53,7 +61,9 @@ def test_table_5_2_a_writes_tables_json_and_plots(tmp_path: Path) -> None:
 
 
 def test_missing_layout_is_one_clear_line() -> None:
-    r = subprocess.run([sys.executable, "-m", "pipeline.inner"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "pipeline.solve_layout"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2
     assert r.stderr.startswith("error: no layout given: add +layout=NAME, one of ['table_5_2_a'")
 
@@ -64,7 +74,7 @@ def test_repeated_layout_costs_only_the_solve() -> None:
         load_model("deepseek_v3"),
         wl,
         make_ranges(wl, 500),
-        CostProfile.corrected(),
+        CostSettings(CostProfile.corrected()),
         {"H200": load_gpu("H200"), "H20": load_gpu("H20")},
     )
     layout = Layout.of([("H200", 16), ("H20", 16), ("H20", 16)])

@@ -84,7 +84,7 @@ def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(tmp_path: Path) ->
 
 def test_bad_input_is_one_line_and_nonzero(tmp_path: Path) -> None:
     cases = [
-        (["+inventory=nope"], "error: inventory=nope: there is no conf/inventory/nope.yaml; choose from ["),
+        (["+inventory=nope"], "error: inventory=nope: there is no config 'nope' in group 'inventory'"),
         (["+inventory=tiny_hetero", "search.sampler=annealing"], "error: search.sampler='annealing' is unknown"),
         (
             ["+inventory=tiny_hetero", "search.min_island=20"],
@@ -152,7 +152,7 @@ def test_exact_sampler_plans_the_global_optimum(tmp_path: Path) -> None:
 
 
 def raising_trial(ctx: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    from pipeline.search import run_trial
+    from pipeline.trial import run_trial
 
     if float(params["skew_H20"]) < 0:
         raise RuntimeError("injected failure for a negative H20 skew")
@@ -195,7 +195,7 @@ def test_a_failing_trial_is_recorded_and_the_search_goes_on(tmp_path: Path) -> N
 def slow_trial(ctx: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     """The real trial, held for a second: with ~0.1 s trials one reused actor can finish a batch
     before a second node's actor has started, and the test is about placement, not speed."""
-    from pipeline.search import run_trial
+    from pipeline.trial import run_trial
 
     time.sleep(1.0)
     return run_trial(ctx, params)
@@ -244,7 +244,7 @@ def small_context(tmp: Path, *extra: str) -> tuple[Any, Any]:
     from omegaconf import OmegaConf
 
     from costmodel.catalog import CONF_DIR
-    from pipeline.search import settings_from_cfg
+    from pipeline.settings import settings_from_cfg
 
     cfg = compose(["ranges.width=1000", f"out_root={tmp}/out", *extra])
     return settings_from_cfg(cfg, "tiny_hetero", OmegaConf.load(CONF_DIR / "inventory" / "tiny_hetero.yaml"))
@@ -254,7 +254,8 @@ def small_context(tmp: Path, *extra: str) -> tuple[Any, Any]:
 def test_exact_reference_bounds_every_sampled_layout(tmp_path: Path, objective: str) -> None:
     import optuna
 
-    from pipeline.search import reference, run_trial
+    from pipeline.reference import reference
+    from pipeline.trial import run_trial
 
     settings, ctx = small_context(tmp_path, f"search.objective={objective}")
     ref = reference(settings, ctx, ctx.planner)
@@ -283,7 +284,8 @@ def test_exact_reference_limited_to_given_layouts_is_their_best(tmp_path: Path) 
     # several -> the best of them, and never above the unrestricted optimum
     import optuna
 
-    from pipeline.search import reference, run_trial
+    from pipeline.reference import reference
+    from pipeline.trial import run_trial
 
     settings, ctx = small_context(tmp_path, "search.reference_time_limit_s=120")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=4))
@@ -304,7 +306,7 @@ def test_exact_reference_limited_to_given_layouts_is_their_best(tmp_path: Path) 
 
 
 def test_min_island_auto_is_the_smallest_island_that_runs_the_model_and_loses_no_optimum(tmp_path: Path) -> None:
-    from pipeline.search import reference
+    from pipeline.reference import reference
 
     settings, ctx = small_context(tmp_path)  # the default: search.min_island=auto
     mins = dict(ctx.space.min_island)
@@ -331,7 +333,8 @@ def test_min_island_auto_is_the_smallest_island_that_runs_the_model_and_loses_no
 def test_grid_search_longer_than_its_grid_revisits_points_instead_of_failing(tmp_path: Path) -> None:
     # Optuna's GridSampler calls study.stop() once the grid is exhausted, which raises outside
     # Study.optimize (homo_c's grid of 16 points failed every 240-trial grid search)
-    from pipeline.search import ask_tell, make_sampler
+    from pipeline.samplers import make_sampler
+    from pipeline.trial import ask_tell
 
     _, ctx = small_context(tmp_path, "search.grid_points=2")
     points = ctx.space.grid_size()
@@ -341,7 +344,7 @@ def test_grid_search_longer_than_its_grid_revisits_points_instead_of_failing(tmp
 
 
 def test_direct_proposals_over_the_inventory_are_rejected_or_repaired(tmp_path: Path) -> None:
-    from pipeline.search import run_trial
+    from pipeline.trial import run_trial
 
     over = {f"slot_{g}_{k}": 0 for g in ("H200", "H800", "H20") for k in range(4)}
     over.update({"slot_H200_0": 16, "slot_H200_1": 8, "slot_H800_0": 16, "slot_H20_0": 32})
@@ -357,7 +360,8 @@ def test_saasbo_proposes_from_its_fitted_model_after_the_random_start(tmp_path: 
     pytest.importorskip("botorch")
     pytest.importorskip("numpyro")
     pytest.importorskip("optuna_integration")
-    from pipeline.search import ask_tell, make_sampler
+    from pipeline.samplers import make_sampler
+    from pipeline.trial import ask_tell
 
     _, ctx = small_context(tmp_path)
     sampler = make_sampler("saasbo", 0, ctx.space)
@@ -384,10 +388,10 @@ def test_saasbo_proposes_from_its_fitted_model_after_the_random_start(tmp_path: 
 def test_an_in_process_search_records_a_raising_trial_and_goes_on(tmp_path: Path, monkeypatch: Any) -> None:
     import optuna
 
-    import pipeline.search as search
+    import pipeline.trial as trial
 
     _, ctx = small_context(tmp_path)
-    real, calls = search.run_trial, []
+    real, calls = trial.run_trial, []
 
     def flaky(c: Any, params: Mapping[str, Any]) -> dict[str, Any]:
         calls.append(1)
@@ -395,15 +399,16 @@ def test_an_in_process_search_records_a_raising_trial_and_goes_on(tmp_path: Path
             raise RuntimeError("inner solver (HIGHS) ended with status UNKNOWN_STATUS")
         return real(c, params)
 
-    monkeypatch.setattr(search, "run_trial", flaky)
-    results = search.ask_tell(ctx, optuna.samplers.RandomSampler(seed=0), 6, 2)
+    monkeypatch.setattr(trial, "run_trial", flaky)
+    results = trial.ask_tell(ctx, optuna.samplers.RandomSampler(seed=0), 6, 2)
     assert [r["status"] for r in results].count("error") == 1 and len(results) == 6
     assert "UNKNOWN_STATUS" in results[2]["note"] and results[2]["score"] == 0.0
     assert sum(r["status"] in ("optimal", "feasible") for r in results) >= 4
 
 
 def test_polish_in_the_search_refines_the_real_layouts(tmp_path: Path) -> None:
-    from pipeline.search import ask_tell, make_sampler
+    from pipeline.samplers import make_sampler
+    from pipeline.trial import ask_tell
 
     settings, ctx = small_context(tmp_path, "search.polish=0.5")
     assert settings.polish == 0.5

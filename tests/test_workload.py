@@ -93,11 +93,32 @@ def test_trace_formats(tmp_path: Path) -> None:
         ),
         (
             AZURE_HEADER + "2023-11-16 18:17:03,5,3\n2023-11-16 18:17:04,5,0\n",
-            r"row 2 \(line 3\): column `GeneratedTokens` must be >= 1 token, got 0",
+            r"row 2 \(line 3\): column `GeneratedTokens` must be 1..1,048,576 tokens, got 0",
         ),
         (
             AZURE_HEADER + "2023-11-16 18:17:03,-5,3\n",
-            r"row 1 \(line 2\): column `ContextTokens` must be >= 1 token, got -5",
+            r"row 1 \(line 2\): column `ContextTokens` must be 1..1,048,576 tokens, got -5",
+        ),
+        # lengths no model serves: refused before a histogram of that size is allocated
+        (
+            AZURE_HEADER + "2023-11-16 18:17:03,1000000000,3\n",
+            r"row 1 \(line 2\): column `ContextTokens` must be 1..1,048,576 tokens, got 1000000000",
+        ),
+        (
+            AZURE_HEADER + "2023-11-16 18:17:03,5,3\n2023-11-16 18:17:04,1000000000000,3\n",
+            r"row 2 \(line 3\): column `ContextTokens` must be 1..1,048,576 tokens, got 1000000000000",
+        ),
+        (
+            AZURE_HEADER + "2023-11-16 18:17:03,5,3\n2023-11-16 18:17:04,5,100000000000\n",
+            r"row 2 \(line 3\): column `GeneratedTokens` must be 1..1,048,576 tokens, got 100000000000",
+        ),
+        (
+            AZURE_HEADER + "2023-11-16 18:17:03,5,3\n2023-11-16 18:17:04,,3\n",
+            r"row 2 \(line 3\): column `ContextTokens` has no value \(empty, NaN or null\)",
+        ),
+        (
+            AZURE_HEADER + "2023-11-16 18:17:03,nan,3\n",
+            r"row 1 \(line 2\): column `ContextTokens` has no value \(empty, NaN or null\)",
         ),
         (
             AZURE_HEADER + "2023-11-16 18:17:03,5,3\nyesterday,5,3\n",
@@ -112,6 +133,14 @@ def test_bad_traces_fail_whole_with_file_and_row(tmp_path: Path, content: str, m
     with pytest.raises(WorkloadError, match=message) as err:
         load_trace(f)
     assert str(f) in str(err.value)
+
+
+def test_a_binary_file_is_named_not_printed(tmp_path: Path) -> None:
+    f = tmp_path / "junk.csv"
+    f.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(WorkloadError) as err:
+        load_trace(f)
+    assert str(err.value) == f"{f}: not a CSV or Parquet trace (the file is binary): expected a CSV with a header"
 
 
 def test_missing_mapped_column_and_missing_file(tmp_path: Path) -> None:

@@ -1,0 +1,74 @@
+"""Hydra entry points under one contract (`costmodel.cli`): user errors as one `error:` line and
+exit 2 — Hydra's own (an unknown config-group option, malformed YAML in a config file, a bad
+override) included —, Ctrl-C as exit 130 without a traceback, a task's non-zero return as the
+exit code.
+
+    python -m pipeline.search ...      ->  cli.main("search", execute)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from costmodel.catalog import CONF_DIR
+from costmodel.cli import INTERRUPTED, USAGE_ERROR, fail, interrupted  # noqa: F401  (re-exported)
+from pipeline.errors import USER_ERRORS
+
+
+def hydra_error_line(err: BaseException) -> str:
+    """A Hydra / OmegaConf / YAML composition error as one line that says how to fix it."""
+    from hydra.errors import MissingConfigException
+
+    if isinstance(err, MissingConfigException) and err.options:
+        group, _, option = str(err.missing_cfg_file or "").rpartition("/")
+        return (
+            f"{group}={option}: there is no config {option!r} in group {group!r} (conf/{group}/ or a "
+            f"--config-dir / hydra.searchpath folder); choose from {sorted(err.options)}"
+        )
+    text = " ".join(str(err).split())
+    cause = err.__cause__
+    if cause is not None and str(cause) and str(cause) not in text:
+        text += f" ({' '.join(str(cause).split())})"
+    if "Could not append to config. An item is already at" in text:
+        text += ": drop the `+` before that override"
+    elif "Could not override" in text and "No match in the defaults list" in text:
+        text += ": add `+` before that override (e.g. +inventory=NAME)"
+    return text
+
+
+def run_task(task: Callable[[Any], int | None], errors: tuple[type[Exception], ...] = ()) -> Callable[[Any], None]:
+    """Wrap a Hydra task: user errors (and `errors`) as one line and exit 2, Ctrl-C as 130, its return code."""
+
+    def wrapped(cfg: Any) -> None:
+        try:
+            code = task(cfg)
+        except KeyboardInterrupt:
+            interrupted()
+        except (*USER_ERRORS, *errors) as err:
+            fail(str(err))
+        if code:
+            sys.exit(code)
+
+    wrapped.__name__ = task.__name__
+    wrapped.__doc__ = task.__doc__
+    return wrapped
+
+
+def main(config_name: str, task: Callable[[Any], int | None], errors: tuple[type[Exception], ...] = ()) -> None:
+    """Run `task` as the Hydra app of `conf/<config_name>.yaml` (run or `-m` multirun)."""
+    import hydra
+    import yaml
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a screenful: we print one line
+    app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(run_task(task, errors))
+    try:
+        app()
+    except KeyboardInterrupt:
+        interrupted()
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as err:
+        fail(hydra_error_line(err))

@@ -1,0 +1,65 @@
+"""The exact reference of a search: the global optimum of the same model over every layout the
+inventory allows (`solvers/exact.py`), built from the search's settings and planner.
+
+It is the yardstick of every search (each trial's gap to it) and, as `search.sampler=exact`,
+a planner of its own: the exact MILP's layout is the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from costmodel.formulas import DERATE
+from pipeline.planner import Layout, Planner
+from pipeline.settings import Settings
+from pipeline.trial import Context
+from solvers.exact import ExactResult, TypeOptions, exact_optimum
+
+
+def reference(
+    settings: Settings,
+    ctx: Context,
+    planner: Planner,
+    layouts: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
+    backend: str = "HIGHS",
+) -> ExactResult:
+    """The exact optimum over every layout of the inventory, or, per type in `layouts`, over those
+    island multisets only (`solvers/exact.py`, (6))."""
+    mins = dict(ctx.space.min_island)
+    types = []
+    for g, n in zip(settings.inventory.gpus, settings.inventory.counts, strict=True):
+        sizes = np.arange(mins[g.name], n + 1)
+        benches = [planner.benchmark(g.name, int(s)) for s in sizes]
+        types.append(
+            TypeOptions(
+                g.name,
+                n,
+                g.price_per_hour,
+                sizes,
+                np.array([b.prefill_req_s for b in benches]),
+                np.array([b.decode_req_s for b in benches]),
+                g.scaleout_bw_gb_s * DERATE,
+                None if layouts is None else layouts.get(g.name),
+            )
+        )
+    kv = (
+        planner.kv_gb_per_range(Layout.of([(g.name, 1) for g in settings.inventory.gpus]))
+        if planner.kv_transfer
+        else None
+    )
+    return exact_optimum(
+        types,
+        planner.ranges.p,
+        objective="rate_per_dollar" if settings.objective == "rate_per_dollar" else "max_rate",
+        budget_per_hour=planner.budget_per_hour,
+        kv_gb=kv,
+        time_limit_s=settings.reference_time_limit_s,
+        backend=backend,
+    )
+
+
+def exact_layout(ref: ExactResult) -> Layout | None:
+    """The layout of the exact optimum (None if the MILP found none)."""
+    return Layout.of([(g, n) for g, n, _ in ref.islands]) if ref.islands else None

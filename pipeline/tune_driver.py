@@ -1,0 +1,299 @@
+"""The search driver: a run folder, its journal, MLflow runs, the progress line, and the Ray Tune loop.
+
+Three layers around Ray Tune (STYLE.md 9): `pipeline.trial.run_trial` scores a layout, the
+trainable `_tune_trial` unpacks a config and reports, and `SearchRun.run_tune` wires the Tuner.
+
+A trial that raises is a failed trial (recorded, the search goes on); a trial whose worker or
+node dies is retried by Tune (`FailureConfig(max_failures=RETRIES)`). Every finished trial is
+journalled before anything else, so a logging failure (an MLflow store locked or gone) can
+neither lose a trial nor turn it into a failed one: its child run is logged once the store
+answers again, or on resume (which also logs any journalled trial MLflow does not have).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import optuna
+
+from pipeline.errors import ConfigError
+from pipeline.journal import Journal
+from pipeline.samplers import make_sampler
+from pipeline.settings import Settings
+from pipeline.trial import METRICS, OK, Context, run_trial, unscored
+from solvers.exact import ExactResult
+
+RETRIES = 2  # a trial whose Ray worker or node dies runs again, this many times at most
+TrialFn = Callable[[Context, Mapping[str, Any]], dict]
+
+
+def _tune_trial(config: dict[str, Any], ctx: Context, trial_fn: TrialFn) -> None:
+    import ray
+    from ray import tune
+
+    t0 = time.perf_counter()
+    try:
+        out = trial_fn(ctx, config)
+    except Exception as err:  # the layout's failure, not the worker's: recorded, not retried
+        out = unscored("error", f"{type(err).__name__}: {err}"[:500], t0)
+    out["node"] = ray.get_runtime_context().get_node_id()
+    out["pid"] = os.getpid()
+    tune.report(out)
+
+
+class SearchRun:
+    """One search: its folder, journal, MLflow runs, progress line, and the Ray Tune loop."""
+
+    def __init__(self, settings: Settings, ctx: Context, tracker: Any) -> None:
+        self.s, self.ctx, self.tracker = settings, ctx, tracker
+        self.dir = self._run_dir()
+        self.journal = Journal(self.dir / "trials.jsonl")
+        self.records = self.journal.load()
+        self.resumed = len(self.records)
+        self.best: dict[str, Any] | None = max(
+            (r for r in self.records if r["status"] in OK), key=lambda r: r["score"], default=None
+        )
+        self.ref: ExactResult | None = None
+        self.unlogged: list[dict[str, Any]] = []  # finished trials MLflow has not taken yet
+        self.t0 = time.perf_counter()
+        self.last_print = 0.0
+
+    def _run_dir(self) -> Path:
+        root = self.s.run_root
+        if self.s.resume:
+            runs = sorted(p for p in root.glob("*") if (p / "trials.jsonl").exists()) if root.exists() else []
+            if not runs:
+                raise ConfigError(f"search.resume=true: no earlier run of this exact config under {root}")
+            return runs[-1]
+        d = root / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        try:
+            d.mkdir(parents=True)
+        except OSError as err:
+            raise ConfigError(
+                f"out_root={root.parent}: cannot create the run folder ({err.strerror}): set out_root to a "
+                "folder you can write"
+            ) from None
+        return d
+
+    # trials -------------------------------------------------------------------------------------
+
+    def add(self, params: Mapping[str, Any], result: Mapping[str, Any] | None, error: str | None) -> None:
+        idx = len(self.records)
+        rec: dict[str, Any] = {"trial": idx, "iteration": idx // self.s.batch, "params": dict(params)}
+        if error is not None:
+            rec.update(dict.fromkeys(METRICS, 0.0), status="error", islands="", note=error)
+        else:
+            assert result is not None
+            rec.update({k: result.get(k) for k in (*METRICS, "status", "islands", "note", "node", "pid")})
+        rec["gap"] = self.gap(rec["score"])
+        self.journal.append(rec)  # first: what is journalled is done, whatever happens next
+        self.records.append(rec)
+        if rec["status"] in OK and (self.best is None or rec["score"] > self.best["score"]):
+            self.best = rec
+        self.unlogged.append(rec)
+        self.log_trials()
+        if rec["status"] == "error":
+            print(f"[search] trial {idx} failed: {rec['note']}", flush=True)
+        self.progress()
+
+    def log_trials(self) -> bool:
+        """Log the trials MLflow has not taken yet as child runs; False while the store does not answer."""
+        while self.unlogged:
+            rec = self.unlogged[0]
+            try:
+                self.tracker.child(
+                    trial_run_name(rec["trial"]),
+                    {**rec["params"], "islands": rec["islands"], "status": rec["status"]},
+                    {k: rec[k] for k in (*METRICS, "gap") if isinstance(rec.get(k), (int, float))},
+                    failed=rec["status"] == "error",
+                )
+            except Exception as err:  # the store is locked or gone: the journal has the trial
+                if not getattr(self, "_warned", False):
+                    print(f"[search] MLflow did not take trial {rec['trial']} ({_short(err)}); "
+                          "logging it when the store answers again", flush=True)  # fmt: skip
+                    self._warned = True
+                return False
+            self.unlogged.pop(0)
+        return True
+
+    def reconcile(self, logged: set[str]) -> None:
+        """On resume: queue every journalled trial whose child run MLflow does not have."""
+        self.unlogged = [r for r in self.records if trial_run_name(r["trial"]) not in logged]
+
+    def gap(self, score: float) -> float:
+        if self.ref is None or self.s.objective == "thesis":
+            return float("nan")
+        ref = self.ref.rate_per_dollar if self.s.objective == "rate_per_dollar" else self.ref.rate_req_s
+        return 1.0 - score / ref if ref > 0 else float("nan")
+
+    def progress(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self.last_print < 2.0 and len(self.records) < self.s.trials:
+            return
+        self.last_print = now
+        done_here = len(self.records) - self.resumed
+        rate = done_here / max(now - self.t0, 1e-9)
+        best = self.best["score"] + 0.0 if self.best else 0.0
+        unit = "req/s per $/h" if self.s.objective == "rate_per_dollar" else "req/s"
+        gap = self.gap(best)
+        gap_txt = f"  gap {gap:.2%}" if gap == gap else ""
+        failed = sum(r["status"] == "error" for r in self.records)
+        print(
+            f"[search] {len(self.records)}/{self.s.trials} trials  best {best:.4g} {unit}{gap_txt}  "
+            f"{rate:.2f} trials/s{f'  {failed} failed' if failed else ''}",
+            flush=True,
+        )
+
+    # the loop -----------------------------------------------------------------------------------
+
+    def run_tune(self, trial_fn: TrialFn = run_trial) -> bool:
+        """Run the remaining trials through Ray Tune; False when interrupted."""
+        remaining = self.s.trials - len(self.records)
+        if remaining <= 0:
+            return True
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter honours verbose=0
+        # Our journal, trials.parquet and MLflow hold every result, and a resume reads the journal:
+        # Tune's per-trial JSON/CSV files and periodic experiment snapshots would only duplicate them.
+        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+        os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "3600")
+        from ray import tune
+        from ray.tune.search import ConcurrencyLimiter
+        from ray.tune.search.optuna import OptunaSearch
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        searcher = OptunaSearch(
+            self.ctx.space.distributions(),
+            metric="score",
+            mode="max",
+            sampler=make_sampler(self.s.sampler, self.s.seed, self.ctx.space, self.s.polish, self.s.trials),
+        )
+        for r in self.records:  # a resumed search: the sampler learns what is done, nothing re-runs
+            searcher.add_evaluated_point(r["params"], float(r["score"]), error=r["status"] == "error")
+        run = self
+
+        class Recorder(tune.Callback):
+            def __init__(self) -> None:
+                self.results: dict[str, dict[str, Any]] = {}
+
+            def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+                self.results[trial.trial_id] = result
+
+            def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+                run.add(trial.config, self.results.pop(trial.trial_id, trial.last_result), None)
+
+            def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+                run.add(trial.config, None, f"the trial's Ray worker failed {RETRIES + 1} times: {_error_line(trial)}")
+
+        trainable = tune.with_resources(
+            tune.with_parameters(_tune_trial, ctx=self.ctx, trial_fn=trial_fn), {"cpu": self.s.cpus_per_trial}
+        )
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(
+                search_alg=ConcurrencyLimiter(searcher, max_concurrent=self.s.batch, batch=True),
+                num_samples=remaining,
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(
+                name="tune",
+                storage_path=str(self.dir),
+                verbose=0,
+                callbacks=[Recorder()],
+                failure_config=tune.FailureConfig(max_failures=RETRIES, fail_fast=False),
+            ),
+        )
+        tune_log = logging.getLogger("ray.tune")
+        level = tune_log.level
+        tune_log.setLevel(logging.CRITICAL)  # failed trials are reported one line each, by `add`
+        try:
+            tuner.fit()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            tune_log.setLevel(level)
+        return len(self.records) >= self.s.trials
+
+
+def trial_run_name(idx: int) -> str:
+    return f"trial-{idx:04d}"
+
+
+def _short(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:160]}"
+
+
+def _error_line(trial: Any) -> str:
+    """The trial's own exception as one line (Tune keeps it pickled beside the trial)."""
+    try:
+        from ray import cloudpickle
+
+        if trial.pickled_error_file and Path(trial.pickled_error_file).exists():
+            err = cloudpickle.loads(Path(trial.pickled_error_file).read_bytes())
+            cause = getattr(err, "cause", None) or err  # a RayTaskError wraps the trial's exception
+            return f"{type(cause).__name__}: {cause}"[:500]
+        lines = [ln for ln in Path(trial.error_file).read_text().splitlines() if ln.strip()]
+        return lines[-1][:500]
+    except Exception:  # the record must be written whatever the error looks like
+        return "trial failed (see the Ray Tune log)"
+
+
+# --- Ray ------------------------------------------------------------------------------------------
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def check_ray_address(address: str | None) -> None:
+    """A Ray address that answers on its port, checked in seconds (ray.init would wait minutes)."""
+    if address is None or address == "auto":
+        return
+    url = urlparse(address if "://" in address else f"ray://{address}")
+    host, port = url.hostname, url.port
+    if not host or not port:
+        raise ConfigError(f"ray.address={address}: expected host:port, ray://host:port or auto")
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise ConfigError(
+            f"ray.address={address}: nothing answers at {host}:{port} ({err.strerror or err}): start the cluster "
+            "(ray start --head) or drop ray.address to run on a local Ray"
+        ) from None
+
+
+def with_ray(settings: Settings, body: Callable[[], bool]) -> bool:
+    """Run `body` on a local Ray (started and stopped here) or the cluster at `ray.address`."""
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        check_ray_address(settings.ray_address)
+        try:
+            if settings.ray_address is None:
+                ray.init(
+                    num_cpus=settings.ray_num_cpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                )
+            else:
+                ray.init(address=settings.ray_address, log_to_driver=False, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError, PermissionError) as err:
+            text = " ".join(str(err).split())
+            hint = " (the cluster refused this client's token: set RAY_AUTH_TOKEN)" if "auth" in text.lower() else ""
+            raise ConfigError(
+                f"ray.address={settings.ray_address}: cannot join the Ray cluster{hint}: {text[:300]}"
+            ) from None
+        started = True
+    try:
+        return body()
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,289 @@
+"""The glue's contract with its user: one cost-settings record end to end, a journal that survives
+kills, logging that never loses or doubles a trial, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from costmodel.catalog import CONF_DIR
+from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
+from costmodel.specs import SpecError
+from pipeline.journal import Journal, write_json
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["+inventory=tiny_hetero", "ranges.width=1000", "search.batch=4", "ray.num_cpus=2"]
+
+
+def cli(module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Any:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def one_line(r: Any, start: str, code: int = 2) -> None:
+    assert r.returncode == code, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(start), r.stderr
+
+
+# --- one cost-settings record ---------------------------------------------------------------------
+
+
+def test_cost_settings_round_trip_whole() -> None:
+    cost = CostSettings(CostProfile.corrected().with_fixes(causal_attention=False), 0.3, True, 2000.0, None)
+    back = CostSettings.from_json(json.loads(json.dumps(cost.to_json())), "plan.json")
+    assert back == cost and back.profile.name == "corrected[-causal_attention]"
+    with pytest.raises(SpecError, match=r"plan\.json: `cost\.switches` must give every cost-model fix"):
+        CostSettings.from_json({**cost.to_json(), "switches": {"warp": True}}, "plan.json")
+    with pytest.raises(SpecError, match=r"`0 <= cache_hit < 1` must hold"):
+        CostSettings.from_json({**cost.to_json(), "cache_hit": 1.5}, "plan.json")
+
+
+def compose(overrides: list[str]) -> Any:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("search", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def plan_of(tmp: Path, *overrides: str) -> tuple[Path, Any]:
+    """A plan.json as the search writes it, for the exact layout of tiny_hetero under `overrides`."""
+    from pipeline.outputs import build_plan
+    from pipeline.reference import exact_layout, reference
+    from pipeline.settings import inventory_of, settings_from_cfg
+
+    cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", f"out_root={tmp}/out", *overrides])
+    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    layout = exact_layout(reference(settings, ctx, ctx.planner))
+    assert layout is not None
+    plan = build_plan(ctx.planner, layout, 10.0)
+    plan.update(model=ctx.planner.model.name, cost_profile=ctx.planner.profile.name, workload="azure_code")
+    path = tmp / "plan.json"
+    write_json(path, plan)
+    return path, ctx.planner
+
+
+def test_a_plan_with_a_fix_switched_off_is_simulated_with_exactly_that_model(tmp_path: Path) -> None:
+    # regression: the profile name `corrected[-causal_attention]` was rejected by pipeline.simulate
+    path, planner = plan_of(tmp_path, "+costmodel.fixes.causal_attention=false")
+    r = cli("pipeline.simulate", f"plan={path}", "requests=300", f"out_root={tmp_path}/sim",
+            f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    from pipeline.simulate import plan_model
+
+    _, cost = plan_model(json.loads(path.read_text()), path)
+    assert cost == planner.cost and not cost.profile.causal_attention
+
+
+def test_a_shallowsim_plan_is_simulated_with_its_cache_hit(tmp_path: Path) -> None:
+    # regression: a shallowsim plan (cache_hit 0.563) was simulated with cache_hit 0
+    from costmodel.catalog import load_gpu
+    from pipeline.simulate import plan_model
+    from simulator.timing import prefill_timing
+
+    path, planner = plan_of(tmp_path, "costmodel=shallowsim")
+    model, cost = plan_model(json.loads(path.read_text()), path)
+    assert cost == planner.cost and cost.cache_hit == pytest.approx(0.563) and cost.profile.name == "shallowsim"
+    gpu = load_gpu("H200")
+    with_hit = prefill_timing(gpu, model, 8, 1, 4096, cost)
+    without = prefill_timing(gpu, model, 8, 1, 4096, CostSettings(cost.profile))
+    from costmodel.formulas import prefill_time_ms
+
+    s = with_hit.lengths
+    expected = prefill_time_ms(gpu, model, s, np.full_like(s, 8), np.ones_like(s), 0.563, cost.profile)
+    assert np.allclose(with_hit.ms, expected, rtol=1e-12)  # the plan's cache hit, exactly
+    assert (with_hit.ms[s > 100] < without.ms[s > 100]).all()
+
+
+# --- journal and atomic writes --------------------------------------------------------------------
+
+
+def test_a_torn_journal_line_is_dropped_on_every_later_resume(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "trials.jsonl")
+    j.append({"trial": 0})
+    with j.path.open("a") as f:
+        f.write('{"trial": 1, "sc')  # a kill mid-write
+    assert j.load() == [{"trial": 0}]
+    j.append({"trial": 1})  # the resumed run re-does trial 1 on a line of its own
+    j.append({"trial": 2})
+    assert j.load() == [{"trial": 0}, {"trial": 1}, {"trial": 2}]
+    assert Journal(j.path).load() == j.load()  # and the next resume reads the same
+
+
+def test_write_json_replaces_whole_and_leaves_no_temporary_file(tmp_path: Path) -> None:
+    p = tmp_path / "state.json"
+    write_json(p, {"a": 1})
+    write_json(p, {"b": [1, 2]})
+    assert json.loads(p.read_text()) == {"b": [1, 2]} and [x.name for x in tmp_path.iterdir()] == ["state.json"]
+
+
+# --- logging never loses or doubles a trial -------------------------------------------------------
+
+
+class FlakyTracker:
+    """A store that refuses the first `down` child runs (locked), then takes everything."""
+
+    def __init__(self, down: int) -> None:
+        self.down, self.children = down, []
+
+    def child(self, name: str, params: Any, metrics: Any, failed: bool) -> None:
+        if self.down > 0:
+            self.down -= 1
+            raise RuntimeError("(sqlite3.OperationalError) database is locked")
+        self.children.append((name, failed))
+
+
+def test_a_locked_store_neither_fails_nor_doubles_a_finished_trial(tmp_path: Path) -> None:
+    from pipeline.settings import inventory_of, settings_from_cfg
+    from pipeline.tune_driver import SearchRun
+
+    cfg = compose([*SMALL, f"out_root={tmp_path}/out", "search.iterations=1"])
+    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    tracker = FlakyTracker(down=2)
+    run = SearchRun(settings, ctx, tracker)
+    ok = {"status": "optimal", "score": 1.0, "islands": "H200x8", "note": ""}
+    for k in range(4):
+        run.add({"n_H200": k}, ok, None)
+    assert [r["status"] for r in run.journal.load()] == ["optimal"] * 4  # journalled once each, none failed
+    assert tracker.children == [(f"trial-{k:04d}", False) for k in range(4)]  # caught up, in order, once
+    # a resume logs exactly the journalled trials MLflow does not have
+    run.reconcile({"trial-0000", "trial-0002"})
+    assert [r["trial"] for r in run.unlogged] == [1, 3]
+
+
+# --- bad inputs: one line, exit 2 -----------------------------------------------------------------
+
+
+def search(tmp: Path, *args: str, timeout: float = 180) -> Any:
+    own = [a for a in (f"out_root={tmp}/out", f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db")
+           if not any(x.startswith(a.partition("=")[0] + "=") for x in args)]  # fmt: skip
+    return cli("pipeline.search", *args, *own, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [
+        (["search.skew_range=abc"], "error: search.skew_range must be a number >= 0, got search.skew_range='abc'"),
+        (["ray.cpus_per_trial=0"], "error: ray.cpus_per_trial must be a number >= 0.01, got ray.cpus_per_trial=0"),
+        (["search.inner_time_limit_s=-1"], "error: search.inner_time_limit_s must be a number >= 0.001, got"),
+        (["ranges.width=100000"], "error: ranges.width=100000 cuts workload azure_code's input lengths 0..7437 into"),
+        (["out_root=/proc/x"], "error: out_root=/proc/x: cannot create the run folder"),
+        (["out_root=/etc/passwd/x"], "error: out_root=/etc/passwd/x: cannot create the run folder"),
+        (["mlflow.tracking_uri=bogus://nowhere"], "error: mlflow.tracking_uri=bogus://nowhere: MLflow does not know"),
+        (
+            ["mlflow.tracking_uri=sqlite:////etc/passwd/x.db"],
+            "error: mlflow.tracking_uri=sqlite:////etc/passwd/x.db: cannot create the folder",
+        ),
+        (
+            ["mlflow.tracking_uri=http://127.0.0.1:9"],
+            "error: mlflow.tracking_uri=http://127.0.0.1:9: no tracking server",
+        ),
+        (["ray.address=127.0.0.1:1"], "error: ray.address=127.0.0.1:1: nothing answers at 127.0.0.1:1"),
+        (["+inventory=nope"], "error: inventory=nope: there is no config 'nope' in group 'inventory'"),
+    ],
+)
+def test_search_bad_input_is_one_line_before_any_work(tmp_path: Path, args: list[str], start: str) -> None:
+    overrides = [a for a in SMALL if not a.startswith(tuple(x.partition("=")[0] + "=" for x in args))]
+    if any(a.startswith("+inventory") for a in args):
+        overrides = [a for a in overrides if not a.startswith("+inventory")]
+    r = search(tmp_path, *overrides, *args, timeout=60)
+    one_line(r, start)
+    assert not list((tmp_path / "out").glob("*/*/trials.jsonl"))  # refused before any trial
+
+
+def test_ray_that_does_not_answer_leaves_no_mlflow_run_running(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    r = search(tmp_path, *SMALL, "ray.address=127.0.0.1:1", timeout=60)
+    one_line(r, "error: ray.address=127.0.0.1:1")
+    if (tmp_path / "mlflow.db").exists():
+        client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        assert all(run.info.status != "RUNNING" for run in runs)
+
+
+def user_conf(tmp: Path, inventory: str) -> Path:
+    d = tmp / "myconf"
+    (d / "inventory").mkdir(parents=True)
+    (d / "inventory" / "mine.yaml").write_text(inventory)
+    return d
+
+
+def test_an_inventory_in_the_users_own_config_dir_is_found_and_its_errors_are_clear(tmp_path: Path) -> None:
+    d = user_conf(tmp_path, "gpus: {H200: 16, H20: 16}\n")
+    r = search(tmp_path, f"--config-dir={d}", "+inventory=mine", "ranges.width=1000", "search.iterations=1",
+               "search.batch=2", "search.reference=false", "ray.num_cpus=2")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(next((tmp_path / "out").glob("*/*/plan.json")).read_text())
+    assert plan["inventory"] == {"name": "mine", "gpus": {"H200": 16, "H20": 16}, "cost_per_hour": pytest.approx(
+        plan["inventory"]["cost_per_hour"])}  # fmt: skip
+    (d / "inventory" / "broken.yaml").write_text("gpus: {H200: 16\n")
+    r = search(tmp_path, f"hydra.searchpath=[file://{d}]", "+inventory=broken")
+    one_line(r, "error: ")
+    assert "broken.yaml" in r.stderr or "while parsing" in r.stderr, r.stderr
+
+
+def test_a_gpu_file_with_a_bad_figure_is_named_not_called_unknown(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    text = (conf / "gpu" / "H20.yaml").read_text()
+    (conf / "gpu" / "H20.yaml").write_text("\n".join(
+        "mem_gb: 0" if ln.startswith("mem_gb:") else ln for ln in text.splitlines()) + "\n")  # fmt: skip
+    r = cli("pipeline.search", *SMALL, f"out_root={tmp_path}/out", env={"ARCHIPELAGO_CONF": str(conf)})
+    one_line(r, "error: ")
+    assert "H20.yaml" in r.stderr and "mem_gb" in r.stderr and "unknown GPU" not in r.stderr, r.stderr
+
+
+def test_other_commands_bad_input_is_one_line(tmp_path: Path) -> None:
+    one_line(cli("pipeline.island", "gpu=H9000"), "error: gpu=H9000: there is no config 'H9000' in group 'gpu'")
+    one_line(cli("pipeline.solve_layout", "+layout=nope"), "error: layout=nope: there is no config 'nope'")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("islands: [\n")
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,5,3\n")
+    one_line(cli("pipeline.traces", "derive", str(trace), "/proc/x/o.npz"), "error: /proc/x/o.npz: cannot write it")
+    prob = tmp_path / "p.json"
+    base = {"islands": [{"gpu": "H200", "size": 8}], "ranges": [{"start": 0, "end": 10, "p": 1.0}],
+            "prefill_req_s": [[1.0]], "decode_req_s": [[1.0]]}  # fmt: skip
+    for extra, start in (({"roles": 5}, "`roles` must list"), ({"time_limit_s": -1}, "`time_limit_s` must be")):
+        prob.write_text(json.dumps({**base, **extra}))
+        one_line(cli("solvers.inner", str(prob)), f"error: {prob}: {start}")
+    a, w = tmp_path / "a.npy", tmp_path / "w.npy"
+    np.save(a, np.ones((3, 8)))
+    np.save(w, np.ones((5, 7)))
+    r = cli("solvers.expert_placement", str(a), str(w), "--gpus", "2", "--method", "heuristic")
+    one_line(r, f"error: {w}: the traffic matrix must be experts x experts (8 x 8")
+
+
+def test_the_thesis_objective_at_its_time_limit_is_a_status_not_a_crash() -> None:
+    # `pywraplp.Solver` has no time_limit(): the old status check raised AttributeError here
+    from ortools.linear_solver import pywraplp
+
+    from solvers.inner import _status
+
+    class Stopped:
+        def wall_time(self) -> int:
+            return 1000  # ms
+
+    assert _status(Stopped(), pywraplp.Solver.NOT_SOLVED, 1.0) == "time_limit"
+    with pytest.raises(RuntimeError, match="NOT_SOLVED"):
+        _status(Stopped(), pywraplp.Solver.NOT_SOLVED, 10.0)
