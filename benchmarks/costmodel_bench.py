@@ -18,7 +18,7 @@ import numpy as np
 
 from costmodel.catalog import load_gpu, load_model
 from costmodel.formulas import decode_step_ms
-from costmodel.island import benchmark_island, decode_configs, prefill_configs
+from costmodel.island_bench import benchmark_island, decode_configs, prefill_configs
 from costmodel.specs import GPUArray
 from pipeline.workload import make_ranges, synthetic_normal
 

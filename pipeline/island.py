@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.island import IslandBenchmark, PhaseTable, benchmark_island
+from costmodel.island_bench import IslandBenchmark, PhaseTable, benchmark_island
 from pipeline import cli
 from pipeline.config import choice, cost_settings_from_cfg, gpu_from_cfg, model_from_cfg, plain, positive_int
 from pipeline.errors import ConfigError

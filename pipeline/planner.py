@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.formulas import DERATE, kv_bytes_per_seq
-from costmodel.island import IslandBenchmark, benchmark_island
+from costmodel.island_bench import IslandBenchmark, benchmark_island
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model

@@ -7,7 +7,10 @@ a planner of its own: the exact MILP's layout is the plan.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import multiprocessing as mp
+import signal
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -16,6 +19,8 @@ from pipeline.planner import Layout, Planner
 from pipeline.settings import Settings
 from pipeline.trial import Context
 from solvers.exact import ExactResult, TypeOptions, exact_optimum
+
+T = TypeVar("T")
 
 
 def reference(
@@ -49,7 +54,8 @@ def reference(
         if planner.kv_transfer
         else None
     )
-    return exact_optimum(
+    return interruptible(
+        exact_optimum,
         types,
         planner.ranges.p,
         objective="rate_per_dollar" if settings.objective == "rate_per_dollar" else "max_rate",
@@ -58,6 +64,52 @@ def reference(
         time_limit_s=settings.reference_time_limit_s,
         backend=backend,
     )
+
+
+def interruptible(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` in a forked child process, so Ctrl-C stops it at once.
+
+    A MILP solve runs in C++ for minutes and sees no Python signal until it returns; in a child
+    the parent stays responsive, and on Ctrl-C kills the child and raises KeyboardInterrupt.
+    Where fork is unavailable (or inside a Ray worker, whose process should not fork) it runs here.
+    """
+    if "fork" not in mp.get_all_start_methods() or _in_ray_worker():
+        return fn(*args, **kwargs)
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True)
+    child.start()
+    send.close()
+    try:
+        while not recv.poll(0.2):
+            if not child.is_alive():
+                raise RuntimeError(f"the exact reference's process died (exit code {child.exitcode})")
+        ok, value = recv.recv()
+    except BaseException:
+        child.kill()
+        raise
+    finally:
+        child.join(5)
+    if not ok:
+        raise value
+    return value
+
+
+def _child(send: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C stops
+    try:
+        send.send((True, fn(*args, **kwargs)))
+    except Exception as err:
+        send.send((False, err))
+
+
+def _in_ray_worker() -> bool:
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+    except Exception:
+        return False
 
 
 def exact_layout(ref: ExactResult) -> Layout | None:

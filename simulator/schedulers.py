@@ -19,6 +19,7 @@ Waiting time counts from the request's arrival in the system.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -87,18 +88,18 @@ class SRPT(Scheduler):
             queue.sort(key=lambda r: int(out[r]) - progress.get(r, 1))
 
 
-SCHEDULERS = ("fcfs", "no_preempt", "sjf_aging", "larry", "srpt")
+# name -> factory(max_output, theta_age_ms, alpha); a new policy is one class plus one line here, and
+# tests/test_contracts.py runs it through the family's contract.
+SCHEDULERS: dict[str, Callable[[int, float, float], Scheduler]] = {
+    "fcfs": lambda max_output, theta, alpha: Scheduler(),
+    "no_preempt": lambda max_output, theta, alpha: NoPreempt(max_output),
+    "sjf_aging": lambda max_output, theta, alpha: SJFAging(theta),
+    "larry": lambda max_output, theta, alpha: Larry(alpha),
+    "srpt": lambda max_output, theta, alpha: SRPT(),
+}
 
 
 def make_scheduler(name: str, *, max_output: int, theta_age_ms: float = 5000.0, alpha: float = 1.0) -> Scheduler:
-    if name == "fcfs":
-        return Scheduler()
-    if name == "no_preempt":
-        return NoPreempt(max_output)
-    if name == "sjf_aging":
-        return SJFAging(theta_age_ms)
-    if name == "larry":
-        return Larry(alpha)
-    if name == "srpt":
-        return SRPT()
-    raise ValueError(f"scheduler={name!r} is unknown: choose from {list(SCHEDULERS)}")
+    if name not in SCHEDULERS:
+        raise ValueError(f"scheduler={name!r} is unknown: choose from {list(SCHEDULERS)}")
+    return SCHEDULERS[name](max_output, theta_age_ms, alpha)

@@ -287,3 +287,97 @@ def test_the_thesis_objective_at_its_time_limit_is_a_status_not_a_crash() -> Non
     assert _status(Stopped(), pywraplp.Solver.NOT_SOLVED, 1.0) == "time_limit"
     with pytest.raises(RuntimeError, match="NOT_SOLVED"):
         _status(Stopped(), pywraplp.Solver.NOT_SOLVED, 10.0)
+
+
+# --- faults ---------------------------------------------------------------------------------------
+
+
+def out_of_time(ctx: Any, params: Any) -> dict[str, Any]:
+    """Every inner solve out of time: what a too-small search.inner_time_limit_s gives on a big inventory."""
+    from pipeline.trial import unscored
+
+    return {**unscored("time_limit", "inner max_rate solve: time_limit after 10 ms", 0.0), "islands": "H200x8"}
+
+
+def dies_once(ctx: Any, params: Any) -> dict[str, Any]:
+    """The real trial, but the first attempt of each trial takes its Ray worker down (a lost node)."""
+    import hashlib
+
+    from pipeline.trial import run_trial
+
+    key = hashlib.sha1(json.dumps(dict(params), sort_keys=True).encode()).hexdigest()[:12]
+    marker = Path(os.environ["ARCHIPELAGO_TEST_DIR"]) / f"died-{key}"
+    if not marker.exists():
+        marker.write_text("")
+        os._exit(1)
+    return run_trial(ctx, params)
+
+
+def run_search(tmp: Path, trial_fn: Any, *extra: str) -> int:
+    from ray import cloudpickle
+
+    from pipeline.search import execute
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
+    cfg = compose([*SMALL, "search.iterations=1", "search.sampler=random", "search.reference=false",
+                   f"out_root={tmp}/out", f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db", *extra])  # fmt: skip
+    return execute(cfg, trial_fn=trial_fn)
+
+
+def test_a_search_without_any_layout_says_why_and_exits_nonzero(tmp_path: Path, capsys: Any) -> None:
+    from mlflow.tracking import MlflowClient
+
+    assert run_search(tmp_path, out_of_time) == 1
+    err = capsys.readouterr().err
+    assert "error: no plan: inner solves ran out of time (4 time_limit); raise search.inner_time_limit_s" in err
+    (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/trials.jsonl")]
+    assert not (d / "plan.json").exists() and len(Journal(d / "trials.jsonl").load()) == 4
+    parent = json.loads((d / "state.json").read_text())["parent_run_id"]
+    assert MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(parent).info.status == "FAILED"
+
+
+def test_a_trial_whose_worker_dies_is_retried_not_lost(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("ARCHIPELAGO_TEST_DIR", str(tmp_path))
+    assert run_search(tmp_path, dies_once) == 0
+    (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/trials.jsonl")]
+    recs = Journal(d / "trials.jsonl").load()
+    assert len(recs) == 4 and all(r["status"] == "optimal" for r in recs)
+    assert len(list(tmp_path.glob("died-*"))) == 4  # every trial lost its first worker and ran again
+
+
+def test_a_gpu_type_that_cannot_hold_the_model_is_named_in_the_plan(tmp_path: Path) -> None:
+    from pipeline.trial import run_trial
+
+    assert run_search(tmp_path, run_trial, "+inventory.gpus.L40S=4") == 0
+    (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/plan.json")]
+    plan = json.loads((d / "plan.json").read_text())
+    assert plan["notes"] and plan["notes"][0].startswith("no island of L40S (not even all 4 of them) can hold")
+    assert "Note: no island of L40S" in (d / "report.md").read_text()
+
+
+def test_ctrl_c_during_the_exact_reference_exits_130_without_a_traceback(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "pipeline.search", "+inventory=hetero_b", "workload=azure_conv",
+           f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    deadline = time.time() + 120
+    for line in proc.stdout:
+        if "solving the exact reference MILP" in line or time.time() > deadline:
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted"), err
+
+
+def test_a_trace_longer_than_the_models_context_is_refused_when_planning(tmp_path: Path) -> None:
+    trace = tmp_path / "long.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,40000,2000\n"
+                     "2023-11-16 18:17:04,100,20\n")  # fmt: skip
+    r = search(tmp_path, *SMALL, "model=qwen3_30b_a3b", "workload=trace", f"workload.path={trace}", "ranges.width=100")
+    one_line(r, "error: workload trace: its longest prompt (40000 tokens) plus its longest output (2000) is 42000 "
+             "tokens, over qwen3_30b_a3b's context of 40960")  # fmt: skip

@@ -7,7 +7,7 @@ import pytest
 
 from costmodel.catalog import load_gpu, load_model
 from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms
-from costmodel.island import aligned_batch, benchmark_island, decode_configs, prefill_configs
+from costmodel.island_bench import aligned_batch, benchmark_island, decode_configs, prefill_configs
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
 from costmodel.specs import SpecError

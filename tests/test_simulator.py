@@ -296,7 +296,8 @@ def test_simulate_command_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
     other_model = tmp_path / "other_model.json"
     other_model.write_text(json.dumps({**data, "model": "qwen3_235b_a22b"}))
     huge_batch = tmp_path / "huge_batch.json"
-    huge_batch.write_text(json.dumps({**data, "islands": [*data["islands"][:2], {**data["islands"][2], "batch": 10**9}]}))
+    islands = [*data["islands"][:2], {**data["islands"][2], "batch": 10**9}]
+    huge_batch.write_text(json.dumps({**data, "islands": islands}))
     for args, want in [
         ([], "error: plan=PATH is required"),
         ([f"plan={tmp_path}/none.json"], "no such file"),
