@@ -7,6 +7,7 @@ line and exits with 2.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -104,3 +105,26 @@ def number(value: Any, key: str, low: float | None = None, high: float | None = 
         bounds = " and ".join(b for b in (low is not None and f">= {low:g}", high is not None and f"<= {high:g}") if b)
         raise ConfigError(f"{key} must be a number{f' {bounds}' if bounds else ''}, got {key}={value!r}")
     return float(value)
+
+
+CONNECT_TIMEOUT_S = 5.0  # a service that has not answered by then is reported, not waited for
+
+
+def check_answers(key: str, value: str, host: str, port: int, what: str, fix: str) -> None:
+    """ConfigError unless something accepts a TCP connection at host:port within CONNECT_TIMEOUT_S."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise ConfigError(f"{key}={value}: no {what} answers at {host}:{port} ({err.strerror or err}): {fix}") from None
+
+
+def make_dir(path: Path, key: str, value: object) -> None:
+    """mkdir -p, or a ConfigError naming the setting that chose the folder."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"{key}={value}: cannot create the folder {path} ({err.strerror}): set {key} to a folder you can write"
+        ) from None

@@ -70,7 +70,7 @@ def tables(
                 "best_over_exact": _stat(np.mean, bests) / ref_score if ref_score else float("nan"),
                 "wall_s_mean": _stat(np.mean, walls),
                 "wall_s_std": _stat(np.std, walls),
-                "evaluations": c.settings.trials if c.settings.sampler != "exact" else 1,
+                "evaluations": c.settings.trials if c.settings.planner == "search" else 1,
                 "skipped": c.skipped,
             }
         )

@@ -24,7 +24,7 @@ from costmodel.catalog import CONF_DIR, CatalogError, load_gpu, load_model
 from costmodel.settings import CostSettings
 from costmodel.specs import SpecError
 from pipeline import cli
-from pipeline.config import choice, optional_positive, plain, positive_int
+from pipeline.config import choice, make_dir, optional_positive, plain, positive_int
 from pipeline.errors import ConfigError
 from pipeline.journal import write_json
 from simulator.arrivals import ARRIVALS, from_trace, sampled
@@ -240,13 +240,7 @@ def execute(cfg: Any) -> int:
     ident = hashlib.sha1(str(plan_path.resolve()).encode()).hexdigest()[:8]
     out = Path(str(cfg.out_root)) / f"{mode}-{workload}-{cfg.router}-{cfg.scheduler}-{ident}"
     out = out / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    try:
-        out.mkdir(parents=True)
-    except OSError as err:
-        raise ConfigError(
-            f"out_root={cfg.out_root}: cannot create the output folder ({err.strerror}): set out_root to a "
-            "folder you can write"
-        ) from None
+    make_dir(out, "out_root", cfg.out_root)
     tracker = Tracker(
         None if cfg.mlflow.tracking_uri is None else str(cfg.mlflow.tracking_uri), str(cfg.mlflow.experiment)
     )

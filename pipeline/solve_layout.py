@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 
 from costmodel.catalog import CONF_DIR, gpu_names, load_gpu
 from pipeline import cli
-from pipeline.config import boolean, number, optional_positive, plain
+from pipeline.config import boolean, make_dir, number, optional_positive, plain
 from pipeline.errors import ConfigError
 from pipeline.journal import write_json
 from pipeline.planner import Layout, Planner, layout_from_cfg
@@ -156,12 +156,7 @@ def execute(cfg: Any) -> None:
     workload = planner.workload
     limit = number(cfg.solver.time_limit_s, "solver.time_limit_s", low=0.001)
     out = Path(str(cfg.out_dir))
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(
-            f"out_dir={out}: cannot create it ({err.strerror}): set out_dir to a folder you can write"
-        ) from None
+    make_dir(out, "out_dir", out)
     backend = str(cfg.solver.backend).upper()
     if backend not in BACKENDS:
         raise ConfigError(f"solver.backend={cfg.solver.backend!r}: choose from {list(BACKENDS)}")

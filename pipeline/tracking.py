@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from pipeline.config import check_answers, make_dir
 from pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-CONNECT_TIMEOUT_S = 5.0
 
 
 def default_uri() -> str:
@@ -33,14 +32,9 @@ def default_uri() -> str:
 
 def _check_server(uri: str) -> None:
     url = urlparse(uri)
-    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as err:
-        raise ConfigError(
-            f"mlflow.tracking_uri={uri}: no tracking server answers at {host}:{port} ({err.strerror or err}): start "
-            "it (mlflow server) or drop mlflow.tracking_uri for the local SQLite store"
-        ) from None
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    check_answers("mlflow.tracking_uri", uri, host, port, "tracking server",
+                  "start it (mlflow server) or drop mlflow.tracking_uri for the local SQLite store")  # fmt: skip
 
 
 class Tracker:
@@ -54,14 +48,7 @@ class Tracker:
         if scheme in ("http", "https"):
             _check_server(self.uri)
         elif scheme == "sqlite":
-            db = Path(self.uri.removeprefix("sqlite:///"))
-            try:
-                db.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as err:
-                raise ConfigError(
-                    f"mlflow.tracking_uri={self.uri}: cannot create the folder {db.parent} ({err.strerror}): "
-                    "point it at a writable path, e.g. sqlite:////abs/path/mlflow.db"
-                ) from None
+            make_dir(Path(self.uri.removeprefix("sqlite:///")).parent, "mlflow.tracking_uri", self.uri)
         elif scheme not in ("file", "databricks", "postgresql", "mysql", "mssql"):
             raise ConfigError(
                 f"mlflow.tracking_uri={self.uri}: MLflow does not know the scheme {scheme!r}: use "
@@ -72,6 +59,8 @@ class Tracker:
 
         for name in ("alembic", "mlflow"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        # it logs a store error with its traceback before raising it; we report the error in one line
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         try:
             mlflow.set_tracking_uri(self.uri)
             self.client = MlflowClient(self.uri)

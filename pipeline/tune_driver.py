@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -24,6 +23,7 @@ from urllib.parse import urlparse
 
 import optuna
 
+from pipeline.config import check_answers, make_dir
 from pipeline.errors import ConfigError
 from pipeline.journal import Journal
 from pipeline.samplers import make_sampler
@@ -74,13 +74,7 @@ class SearchRun:
                 raise ConfigError(f"search.resume=true: no earlier run of this exact config under {root}")
             return runs[-1]
         d = root / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-        try:
-            d.mkdir(parents=True)
-        except OSError as err:
-            raise ConfigError(
-                f"out_root={root.parent}: cannot create the run folder ({err.strerror}): set out_root to a "
-                "folder you can write"
-            ) from None
+        make_dir(d, "out_root", root.parent)
         return d
 
     # trials -------------------------------------------------------------------------------------
@@ -248,8 +242,6 @@ def _error_line(trial: Any) -> str:
 
 # --- Ray ------------------------------------------------------------------------------------------
 
-CONNECT_TIMEOUT_S = 5.0
-
 
 def check_ray_address(address: str | None) -> None:
     """A Ray address that answers on its port, checked in seconds (ray.init would wait minutes)."""
@@ -259,13 +251,8 @@ def check_ray_address(address: str | None) -> None:
     host, port = url.hostname, url.port
     if not host or not port:
         raise ConfigError(f"ray.address={address}: expected host:port, ray://host:port or auto")
-    try:
-        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as err:
-        raise ConfigError(
-            f"ray.address={address}: nothing answers at {host}:{port} ({err.strerror or err}): start the cluster "
-            "(ray start --head) or drop ray.address to run on a local Ray"
-        ) from None
+    check_answers("ray.address", address, host, port, "Ray cluster",
+                  "start it (ray start --head) or drop ray.address to run on a local Ray")  # fmt: skip
 
 
 def with_ray(settings: Settings, body: Callable[[], bool]) -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 from simulator.core import DecodeEngine, PrefillEngine, Router
-from simulator.routers import ROUTERS, SAL, DPSelect, Mapper, PlanRouter, PowerOfTwo, RandomRouter, RoundRobin
+from simulator.routers import RouterInputs, make_router
 from simulator.timing import decode_timing, prefill_timing
 
 
@@ -101,29 +101,21 @@ def build(
             ids = list(range(len(decode), len(decode) + isl.dp))
             decode += [DecodeEngine(i, k, t, rebuild) for i in ids]
         engines_of[isl.role].append(ids)
-    if router == "plan":
-        ends = sorted({r[1] for isl in islands for r in isl.ranges})
-        range_end = np.array(ends)
-        shares = {}
-        for phase, isls in phase_islands.items():
-            f = np.zeros((len(ends), len(isls)))
-            for k, isl in enumerate(isls):
-                for _, end, frac in isl.ranges:
-                    f[ends.index(end), k] = frac
-            shares[phase] = f
-        return prefill, decode, PlanRouter(range_end, shares, engines_of, seed)
+    ends = sorted({r[1] for isl in islands for r in isl.ranges})
+    shares = {}
+    for phase, isls in phase_islands.items():
+        f = np.zeros((len(ends), len(isls)))
+        for k, isl in enumerate(isls):
+            for _, end, frac in isl.ranges:
+                f[ends.index(end), k] = frac
+        shares[phase] = f
     stats = stats or {}
-    mu_in, mu_out, sd_out = (
-        float(stats.get(k, v)) for k, v in (("mean_input", 1.0), ("mean_output", 1.0), ("std_output", 0.0))
+    inputs = RouterInputs(
+        seed,
+        token_budget,
+        *(float(stats.get(k, v)) for k, v in (("mean_input", 1.0), ("mean_output", 1.0), ("std_output", 0.0))),
+        range_end=np.array(ends),
+        shares=shares,
+        engines_of=engines_of,
     )
-    makers = {
-        "round_robin": RoundRobin,
-        "random": lambda: RandomRouter(seed),
-        "p2c": lambda: PowerOfTwo(seed),
-        "sal": lambda: SAL((mu_in + mu_out) / mu_out, token_budget),
-        "mapper": lambda: Mapper(mu_out, sd_out, seed=seed),
-        "dp_select": DPSelect,
-    }
-    if router not in makers:
-        raise ValueError(f"router={router!r} is unknown: choose from {list(ROUTERS)}")
-    return prefill, decode, makers[router]()
+    return prefill, decode, make_router(router, inputs)

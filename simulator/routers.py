@@ -27,6 +27,9 @@ Load: a prefill engine's waiting prompt tokens; a decode engine's running plus w
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 from simulator.core import Router, Simulation
@@ -255,4 +258,40 @@ class DPSelect(Router):
         return e
 
 
-ROUTERS = ("plan", "round_robin", "random", "p2c", "sal", "mapper", "dp_select")
+@dataclass(frozen=True)
+class RouterInputs:
+    """What a router may be built from: the workload's statistics, the engine budget, the plan's routing."""
+
+    seed: int = 0
+    token_budget: int = 16384
+    mean_input: float = 1.0
+    mean_output: float = 1.0
+    std_output: float = 0.0
+    range_end: np.ndarray | None = None  # the plan's ranges (upper ends) ...
+    shares: dict[str, np.ndarray] | None = None  # ... each phase's (range, island) fractions ...
+    engines_of: dict[str, list[list[int]]] | None = None  # ... and each island's engines, per phase
+
+
+def _plan(a: RouterInputs) -> Router:
+    if a.range_end is None or a.shares is None or a.engines_of is None:
+        raise ValueError("router=plan needs a plan's routing (range ends, fractions, engines)")
+    return PlanRouter(a.range_end, a.shares, a.engines_of, a.seed)
+
+
+# name -> factory; a new router is one class plus one line here, and tests/test_contracts.py runs
+# it through the family's contract (every request gets a valid engine, none is lost).
+ROUTERS: dict[str, Callable[[RouterInputs], Router]] = {
+    "plan": _plan,
+    "round_robin": lambda a: RoundRobin(),
+    "random": lambda a: RandomRouter(a.seed),
+    "p2c": lambda a: PowerOfTwo(a.seed),
+    "sal": lambda a: SAL((a.mean_input + a.mean_output) / a.mean_output, a.token_budget),
+    "mapper": lambda a: Mapper(a.mean_output, a.std_output, seed=a.seed),
+    "dp_select": lambda a: DPSelect(),
+}
+
+
+def make_router(name: str, inputs: RouterInputs) -> Router:
+    if name not in ROUTERS:
+        raise ValueError(f"router={name!r} is unknown: choose from {list(ROUTERS)}")
+    return ROUTERS[name](inputs)

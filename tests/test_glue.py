@@ -186,8 +186,8 @@ def search(tmp: Path, *args: str, timeout: float = 180) -> Any:
         (["ray.cpus_per_trial=0"], "error: ray.cpus_per_trial must be a number >= 0.01, got ray.cpus_per_trial=0"),
         (["search.inner_time_limit_s=-1"], "error: search.inner_time_limit_s must be a number >= 0.001, got"),
         (["ranges.width=100000"], "error: ranges.width=100000 cuts workload azure_code's input lengths 0..7437 into"),
-        (["out_root=/proc/x"], "error: out_root=/proc/x: cannot create the run folder"),
-        (["out_root=/etc/passwd/x"], "error: out_root=/etc/passwd/x: cannot create the run folder"),
+        (["out_root=/proc/x"], "error: out_root=/proc/x: cannot create the folder"),
+        (["out_root=/etc/passwd/x"], "error: out_root=/etc/passwd/x: cannot create the folder"),
         (["mlflow.tracking_uri=bogus://nowhere"], "error: mlflow.tracking_uri=bogus://nowhere: MLflow does not know"),
         (
             ["mlflow.tracking_uri=sqlite:////etc/passwd/x.db"],
@@ -197,7 +197,7 @@ def search(tmp: Path, *args: str, timeout: float = 180) -> Any:
             ["mlflow.tracking_uri=http://127.0.0.1:9"],
             "error: mlflow.tracking_uri=http://127.0.0.1:9: no tracking server",
         ),
-        (["ray.address=127.0.0.1:1"], "error: ray.address=127.0.0.1:1: nothing answers at 127.0.0.1:1"),
+        (["ray.address=127.0.0.1:1"], "error: ray.address=127.0.0.1:1: no Ray cluster answers at 127.0.0.1:1"),
         (["+inventory=nope"], "error: inventory=nope: there is no config 'nope' in group 'inventory'"),
     ],
 )
@@ -381,3 +381,20 @@ def test_a_trace_longer_than_the_models_context_is_refused_when_planning(tmp_pat
     r = search(tmp_path, *SMALL, "model=qwen3_30b_a3b", "workload=trace", f"workload.path={trace}", "ranges.width=100")
     one_line(r, "error: workload trace: its longest prompt (40000 tokens) plus its longest output (2000) is 42000 "
              "tokens, over qwen3_30b_a3b's context of 40960")  # fmt: skip
+
+
+def test_a_locked_store_is_refused_before_any_work(tmp_path: Path) -> None:
+    import sqlite3
+
+    from pipeline.tracking import Tracker
+
+    db = tmp_path / "mlflow.db"
+    Tracker(f"sqlite:///{db}", "archipelago")  # the store exists ...
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("BEGIN EXCLUSIVE")  # ... and another process holds it
+    try:
+        r = search(tmp_path, *SMALL, timeout=120)
+    finally:
+        con.close()
+    one_line(r, f"error: mlflow.tracking_uri=sqlite:///{db}: cannot open the tracking store for writing")
+    assert "database is locked" in r.stderr and not (tmp_path / "out").exists()

@@ -305,8 +305,8 @@ def test_simulate_command_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
         ([f"plan={binary}"], f"error: plan={binary}: not a plan.json: not valid JSON text"),
         ([f"plan={other_model}"], "the plan was made for model 'deepseek_v3' with other dimensions"),
         ([f"plan={huge_batch}"], "has decode batch 1000000000, over 1024 sequences per rank"),
-        ([f"plan={plan}", "out_root=/proc/x"], "error: out_root=/proc/x: cannot create the output folder"),
-        ([f"plan={plan}", "out_root=/etc/passwd/x"], "error: out_root=/etc/passwd/x: cannot create the output folder"),
+        ([f"plan={plan}", "out_root=/proc/x"], "error: out_root=/proc/x: cannot create the folder"),
+        ([f"plan={plan}", "out_root=/etc/passwd/x"], "error: out_root=/etc/passwd/x: cannot create the folder"),
         ([f"plan={plan}", "router=magic"], "router='magic' is unknown"),
         ([f"plan={plan}", "arrivals=trace"], "arrivals=trace needs timestamps"),
     ]:
