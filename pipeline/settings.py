@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from costmodel.catalog import CONF_DIR
 from pipeline.config import (
     boolean,
@@ -38,6 +40,9 @@ from solvers.inner import BACKENDS
 PLANNERS = ("search", "exact")  # a sampled search over layouts, or the exact MILP's layout itself
 OBJECTIVES = ("max_rate", "rate_per_dollar", "thesis")
 DEFAULT_INVENTORY = "hetero_a"
+# every key a `conf/search/*.yaml` sets: anything else under `search.` is a typo, not a setting
+SEARCH_KEYS = frozenset(k for p in (CONF_DIR / "search").glob("*.yaml") for k in (yaml.safe_load(p.read_text()) or {}))
+SEARCH_KEYS = SEARCH_KEYS - {"defaults"}
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,11 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
     from pipeline.trial import Context
 
     s = cfg.search
+    unknown = sorted(set(s) - SEARCH_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"search.{unknown[0]} is not a search setting (a typo?): the settings are {sorted(SEARCH_KEYS)}"
+        )
     inventory = inventory_from_cfg(inventory_name, plain(inv_cfg))
     sampler, objective, generator = str(s.sampler), str(s.objective), str(s.generator)
     if sampler not in (*SAMPLERS, "exact"):

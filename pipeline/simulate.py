@@ -24,7 +24,7 @@ from costmodel.catalog import CONF_DIR, CatalogError, load_gpu, load_model
 from costmodel.settings import CostSettings
 from costmodel.specs import SpecError
 from pipeline import cli
-from pipeline.config import choice, make_dir, optional_positive, plain, positive_int
+from pipeline.config import choice, make_dir, number, optional_positive, plain, positive_int
 from pipeline.errors import ConfigError
 from pipeline.journal import write_json
 from simulator.arrivals import ARRIVALS, from_trace, sampled
@@ -222,6 +222,24 @@ def _cdf_plots(sim: Simulation, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def check_numbers(cfg: Any) -> None:
+    """Every numeric setting of conf/simulate.yaml, checked before any work (ConfigError names the key)."""
+    number(cfg.rate_scale, "rate_scale", low=1e-6)
+    number(cfg.expert_imbalance, "expert_imbalance", low=1.0)
+    number(cfg.warmup_fraction, "warmup_fraction", low=0.0, high=0.9)
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
+        raise ConfigError(f"seed must be a whole number >= 0, got seed={cfg.seed!r}")
+    number(cfg.saturate.tolerance, "saturate.tolerance", low=0.0, high=1.0)
+    number(cfg.saturate.duration_s, "saturate.duration_s", low=1.0)
+    scales = plain(cfg.saturate.scales)
+    if not isinstance(scales, list) or not scales:
+        raise ConfigError(f"saturate.scales must be a list of rate multiples, e.g. [0.5, 1.0], got {scales!r}")
+    for k, x in enumerate(scales):
+        number(x, f"saturate.scales[{k}]", low=1e-6)
+    number(cfg.policy.larry_alpha, "policy.larry_alpha", low=0.0)
+    number(cfg.policy.sjf_theta_age_ms, "policy.sjf_theta_age_ms", low=0.0)
+
+
 def execute(cfg: Any) -> int:
     from pipeline.tracking import Tracker
 
@@ -232,18 +250,19 @@ def execute(cfg: Any) -> int:
     for key, valid in (("router", ROUTERS), ("scheduler", SCHEDULERS)):
         if str(cfg[key]) not in valid:
             raise ConfigError(f"{key}={cfg[key]!r} is unknown: choose from {list(valid)}")
+    check_numbers(cfg)
     lam = float(plan["rate_req_s"])
     rate = optional_positive(cfg.rate, "rate") or lam * float(cfg.rate_scale)
     n = positive_int(cfg.requests, "requests")
     runner = Runner(cfg, plan)
     base, workload = requests_from_cfg(cfg, plan, rate, n)
+    tracker = Tracker(
+        None if cfg.mlflow.tracking_uri is None else str(cfg.mlflow.tracking_uri), str(cfg.mlflow.experiment)
+    )
     ident = hashlib.sha1(str(plan_path.resolve()).encode()).hexdigest()[:8]
     out = Path(str(cfg.out_root)) / f"{mode}-{workload}-{cfg.router}-{cfg.scheduler}-{ident}"
     out = out / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     make_dir(out, "out_root", cfg.out_root)
-    tracker = Tracker(
-        None if cfg.mlflow.tracking_uri is None else str(cfg.mlflow.tracking_uri), str(cfg.mlflow.experiment)
-    )
     params = {
         "plan": str(plan_path), "mode": mode, "router": cfg.router, "scheduler": cfg.scheduler, "workload": workload,
         "arrivals": cfg.arrivals, "offered_req_s": rate, "plan_rate_req_s": lam, "requests": len(base),

@@ -245,8 +245,22 @@ def _error_line(trial: Any) -> str:
 
 def check_ray_address(address: str | None) -> None:
     """A Ray address that answers on its port, checked in seconds (ray.init would wait minutes)."""
-    if address is None or address == "auto":
+    if address is None:
         return
+    if address == "auto":
+        try:  # Ray's own lookup for `auto` (RAY_ADDRESS, then the last `ray start`); private, so guarded
+            from ray._private.services import get_ray_address_from_environment
+
+            address = get_ray_address_from_environment("auto", None)
+        except (ImportError, AttributeError, TypeError):
+            return  # another Ray version: ray.init reports it
+        except ConnectionError:
+            raise ConfigError(
+                "ray.address=auto: no Ray cluster runs on this machine: start one (ray start --head), give its "
+                "address (ray.address=HOST:6379), or drop ray.address to run on a local Ray"
+            ) from None
+        if address == "auto" or not isinstance(address, str):
+            return
     url = urlparse(address if "://" in address else f"ray://{address}")
     host, port = url.hostname, url.port
     if not host or not port:

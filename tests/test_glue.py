@@ -199,6 +199,7 @@ def search(tmp: Path, *args: str, timeout: float = 180) -> Any:
         ),
         (["ray.address=127.0.0.1:1"], "error: ray.address=127.0.0.1:1: no Ray cluster answers at 127.0.0.1:1"),
         (["+inventory=nope"], "error: inventory=nope: there is no config 'nope' in group 'inventory'"),
+        (["+search.skew_rang=3"], "error: search.skew_rang is not a search setting (a typo?)"),
     ],
 )
 def test_search_bad_input_is_one_line_before_any_work(tmp_path: Path, args: list[str], start: str) -> None:

@@ -305,6 +305,8 @@ def test_simulate_command_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
         ([f"plan={binary}"], f"error: plan={binary}: not a plan.json: not valid JSON text"),
         ([f"plan={other_model}"], "the plan was made for model 'deepseek_v3' with other dimensions"),
         ([f"plan={huge_batch}"], "has decode batch 1000000000, over 1024 sequences per rank"),
+        ([f"plan={plan}", "expert_imbalance=abc"], "error: expert_imbalance must be a number >= 1, got"),
+        ([f"plan={plan}", "saturate.duration_s=-5"], "error: saturate.duration_s must be a number >= 1, got"),
         ([f"plan={plan}", "out_root=/proc/x"], "error: out_root=/proc/x: cannot create the folder"),
         ([f"plan={plan}", "out_root=/etc/passwd/x"], "error: out_root=/etc/passwd/x: cannot create the folder"),
         ([f"plan={plan}", "router=magic"], "router='magic' is unknown"),
