@@ -1,0 +1,94 @@
+"""Queueing at an island: how loaded it may run before a latency percentile breaks its target.
+
+An island of c identical servers (prefill: its dp engines, each serving one prompt after
+another; decode: its sequence slots, batch x attention ranks x dp) takes Poisson arrivals at
+rate λ and serves a mix of service times S (one value per input-length range, with the
+range's share of the requests). With μ = 1 / E[S], offered load a = λ / μ and utilisation
+ρ = a / c:
+
+    Erlang C        C(c, a) = P(wait > 0) in M/M/c, from Erlang B by the stable recursion
+                    B(0) = 1, B(k) = a B(k-1) / (k + a B(k-1)),  C = B / (1 - ρ (1 - B))
+    wait tail       P(W > t) ≈ C(c, a) exp(-(c μ - λ) t · 2 / (1 + Cs²))
+    wait quantile   W_q = ln(C / (1 - q)) (1 + Cs²) / (2 (c μ - λ))   (0 when C <= 1 - q)
+
+Cs² = Var[S] / E[S]² is the squared coefficient of variation of the mix. For M/M/c (Cs² = 1)
+the tail is exact; its mean, C (1 + Cs²) / (2 (c μ - λ)), is the Allen-Cunneen approximation,
+exact for M/G/1 (the Pollaczek-Khinchine formula) and so for M/D/1. A request's latency
+percentile is bounded by W_q + S_q (the q-quantile of the mix): the quantile of a sum of
+independent parts is at most the sum of their quantiles, so the bound errs on the safe side.
+
+`max_utilisation` is the largest ρ whose bound meets a target (bisection; the bound grows with
+ρ). It is what `solvers/inner.py` caps an island's share of time at. The assumptions (Poisson
+arrivals, first-come first-served, no batching delay) are checked against the request-level
+simulator, not taken on trust: docs/inner.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def erlang_c(c: int, a: float) -> float:
+    """P(an arrival waits) in M/M/c with offered load a = λ/μ (1 when a >= c)."""
+    if c < 1:
+        raise ValueError(f"`c >= 1` servers must hold, got {c=}")
+    if a <= 0:
+        return 0.0
+    if a >= c:
+        return 1.0
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    rho = a / c
+    return b / (1.0 - rho * (1.0 - b))
+
+
+def mix_moments(service_s: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """(E[S], Cs²) of a discrete service-time mix; weights need not sum to 1."""
+    w = np.asarray(weights, dtype=float)
+    s = np.asarray(service_s, dtype=float)
+    w = w / w.sum()
+    mean = float(w @ s)
+    var = float(w @ (s - mean) ** 2)
+    return mean, var / mean**2 if mean > 0 else 0.0
+
+
+def mix_quantile(service_s: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The q-quantile of a discrete service-time mix."""
+    order = np.argsort(service_s)
+    s, w = np.asarray(service_s, dtype=float)[order], np.asarray(weights, dtype=float)[order]
+    cum = np.cumsum(w) / w.sum()
+    return float(s[min(int(np.searchsorted(cum, q - 1e-12)), len(s) - 1)])
+
+
+def wait_quantile(c: int, rate: float, mean_s: float, cs2: float, q: float) -> float:
+    """W_q of the M/G/c approximation above (inf at or beyond saturation)."""
+    if rate <= 0:
+        return 0.0
+    a = rate * mean_s
+    if a >= c:
+        return math.inf
+    pw = erlang_c(c, a)
+    if pw <= 1.0 - q:
+        return 0.0
+    return math.log(pw / (1.0 - q)) * (1.0 + cs2) / (2.0 * (c / mean_s - rate))
+
+
+def max_utilisation(c: int, service_s: np.ndarray, weights: np.ndarray, target_s: float, q: float) -> float:
+    """Largest ρ in [0, 1) with W_q(ρ) + S_q <= target_s; 0 when even an idle island misses it."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"`0 < q < 1` must hold for a percentile, got {q=}")
+    mean, cs2 = mix_moments(service_s, weights)
+    budget = target_s - mix_quantile(service_s, weights, q)
+    if budget < 0 or mean <= 0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(40):  # ρ to ~1e-12
+        mid = 0.5 * (lo + hi)
+        if wait_quantile(c, mid * c / mean, mean, cs2, q) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,66 @@
+"""The queueing model against closed forms on small cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from costmodel.queueing import erlang_c, max_utilisation, mix_moments, mix_quantile, wait_quantile
+
+
+def test_erlang_c_matches_its_closed_form() -> None:
+    # M/M/1: P(wait) = ρ. M/M/2 with a = 1 (ρ = 0.5): C = (a²/2!)/((1-ρ)(1 + a) + a²/2!) = 0.5/1.5 = 1/3
+    assert erlang_c(1, 0.7) == pytest.approx(0.7)
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    assert erlang_c(4, 4.5) == 1.0 and erlang_c(3, 0.0) == 0.0
+    # many servers, light load: almost nobody waits
+    assert erlang_c(1000, 500.0) < 1e-12
+
+
+def test_mm1_wait_quantile_is_exact() -> None:
+    # M/M/1: P(W > t) = ρ exp(-μ(1-ρ) t), so W_q = ln(ρ/(1-q)) / (μ(1-ρ))
+    mu, rho, q = 4.0, 0.8, 0.99
+    w = wait_quantile(1, rho * mu, 1 / mu, 1.0, q)
+    assert w == pytest.approx(math.log(rho / (1 - q)) / (mu * (1 - rho)), rel=1e-12)
+    assert wait_quantile(1, 0.001 * mu, 1 / mu, 1.0, q) == 0.0  # P(wait) below 1 - q: no wait at p99
+    assert wait_quantile(1, mu, 1 / mu, 1.0, q) == math.inf
+
+
+def test_md1_mean_wait_is_pollaczek_khinchine() -> None:
+    # the approximation's mean C (1 + Cs²) / (2 (cμ - λ)) with c = 1, Cs² = 0 is the M/D/1 mean wait
+    # ρ S / (2 (1 - ρ)); its tail at q is ln(ρ/(1-q)) times that mean / ρ
+    s, rho, q = 0.25, 0.6, 0.95
+    mean_wait = rho * s / (2 * (1 - rho))
+    assert wait_quantile(1, rho / s, s, 0.0, q) == pytest.approx(math.log(rho / (1 - q)) * mean_wait / rho)
+
+
+def test_mix_moments_and_quantile() -> None:
+    mean, cs2 = mix_moments(np.array([1.0, 3.0]), np.array([1.0, 1.0]))
+    assert mean == 2.0 and cs2 == pytest.approx(0.25)
+    assert mix_quantile(np.array([3.0, 1.0, 2.0]), np.array([0.2, 0.7, 0.1]), 0.5) == 1.0
+    assert mix_quantile(np.array([3.0, 1.0, 2.0]), np.array([0.2, 0.7, 0.1]), 0.95) == 3.0
+
+
+def test_max_utilisation_meets_the_target_exactly_and_grows_with_servers() -> None:
+    s, w, target, q = np.array([0.1, 0.3]), np.array([0.5, 0.5]), 2.0, 0.99
+    mean, cs2 = mix_moments(s, w)
+    for c in (1, 2, 8):
+        rho = max_utilisation(c, s, w, target, q)
+        assert 0 < rho < 1
+        at = wait_quantile(c, rho * c / mean, mean, cs2, q) + mix_quantile(s, w, q)
+        assert at == pytest.approx(target, rel=1e-6)  # the cap is where the bound meets the target
+    assert (
+        max_utilisation(1, s, w, target, q) < max_utilisation(2, s, w, target, q) < max_utilisation(8, s, w, target, q)
+    )
+    assert max_utilisation(1, s, w, 0.2, q) == 0.0  # the longest service alone breaks the target
+
+
+def test_mm1_cap_is_its_closed_form() -> None:
+    # M/M/1 with a deterministic-free check: exponential service has Cs² = 1; a one-point mix has Cs² = 0,
+    # so compare against M/D/1 (the model's tail) solved by hand for ρ: ln(ρ/(1-q)) ρ S/(2ρ(1-ρ)) = T - S
+    s, target, q = 0.5, 3.0, 0.9
+    rho = max_utilisation(1, np.array([s]), np.array([1.0]), target, q)
+    lhs = math.log(rho / (1 - q)) * s / (2 * (1 - rho))
+    assert lhs == pytest.approx(target - s, rel=1e-6)
