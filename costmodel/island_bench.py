@@ -224,3 +224,42 @@ def _reason(phase: str, fits_somewhere: bool, cap: float | None, gpu: GPU, size:
         )
     slo = "TTFT" if phase == "prefill" else "TPOT"
     return f"no {phase} configuration of {size} x {gpu.name} meets the {slo} cap of {cap} ms"
+
+
+def utilisation_caps(
+    bench: IslandBenchmark, weights: np.ndarray, mean_decode: float, cost: CostSettings
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per length (as benchmarked), the share of its time each phase of the island may be busy and
+    still meet the SLO percentiles (`costmodel/queueing.py`); ones without SLOs.
+
+    Prefill: c = dp engines, service time t(s) per prompt; the wait distribution is that of the
+    workload's mix over the lengths the island can prefill (weights), and a prompt of length s
+    meets TTFT at the percentile when W_q + t(s) <= TTFT: the cap of length s. Decode: c = the
+    sequence slots (batch x attention ranks x dp), service = the whole decode of a request; a
+    request that waits for a slot stalls between its first and second token, so the cap keeps
+    P(wait) <= 1 - the TPOT percentile (no wait at that percentile). The decode batch itself is
+    already sized so its step meets TPOT (`benchmark_island`).
+    """
+    from costmodel.queueing import mix_moments
+    from costmodel.queueing import utilisation_caps as caps
+
+    n = len(bench.lengths)
+    u_pre, u_dec = np.ones(n), np.ones(n)
+    w = np.asarray(weights, dtype=float)
+    t = bench.prefill
+    if cost.ttft_ms is not None and t.chosen >= 0 and (t.req_s[t.chosen] > 0).any():
+        ok = t.req_s[t.chosen] > 0
+        service_s = t.time_ms[t.chosen] / 1e3
+        mean, cs2 = mix_moments(service_s[ok], w[ok] if w[ok].sum() > 0 else np.ones(ok.sum()))
+        u_pre = caps(int(t.dp[t.chosen]), mean, cs2, cost.ttft_ms / 1e3 - service_s, cost.ttft_percentile / 100)
+    t = bench.decode
+    if cost.tpot_ms is not None and t.chosen >= 0 and (t.req_s[t.chosen] > 0).any():
+        ok = t.req_s[t.chosen] > 0
+        d = max(round(mean_decode), 1)
+        service_s = t.time_ms[t.chosen] * d / 1e3
+        slots = t.req_s[t.chosen] * service_s  # sequences decoding at once on the island
+        ww = w[ok] if w[ok].sum() > 0 else np.ones(ok.sum())
+        mean, cs2 = mix_moments(service_s[ok], ww)
+        c = max(int(np.floor(ww @ slots[ok] / ww.sum())), 1)
+        u_dec = np.full(n, caps(c, mean, cs2, np.zeros(1), cost.tpot_percentile / 100)[0])
+    return u_pre, u_dec

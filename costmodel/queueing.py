@@ -18,7 +18,9 @@ percentile is bounded by W_q + S_q (the q-quantile of the mix): the quantile of 
 independent parts is at most the sum of their quantiles, so the bound errs on the safe side.
 
 `max_utilisation` is the largest ρ whose bound meets a target (bisection; the bound grows with
-ρ). It is what `solvers/inner.py` caps an island's share of time at. The assumptions (Poisson
+ρ); `utilisation_caps` the same for many wait budgets at once, on a grid of ρ (1/2000 steps,
+rounded down, so never above the exact cap). The island benchmark turns them into each
+island's usable share of time (`costmodel.island_bench.utilisation_caps`). The assumptions (Poisson
 arrivals, first-come first-served, no batching delay) are checked against the request-level
 simulator, not taken on trust: docs/inner.md.
 """
@@ -92,3 +94,29 @@ def max_utilisation(c: int, service_s: np.ndarray, weights: np.ndarray, target_s
         else:
             hi = mid
     return lo
+
+
+RHO_GRID = np.arange(2000) / 2000.0  # 0 .. 0.9995
+
+
+def erlang_c_grid(c: int, rho: np.ndarray) -> np.ndarray:
+    """Erlang C at every utilisation of `rho` (< 1), vectorised: Erlang B is P(N = c) / P(N <= c)
+    for N ~ Poisson(a), so thousands of servers (a decode island's slots) cost no more than one."""
+    from scipy.stats import poisson
+
+    a = rho * c
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b = np.where(a > 0, np.exp(poisson.logpmf(c, a) - poisson.logcdf(c, a)), 0.0)
+    return np.where(a > 0, b / (1.0 - rho * (1.0 - b)), 0.0)
+
+
+def utilisation_caps(c: int, mean_s: float, cs2: float, wait_s: np.ndarray, q: float) -> np.ndarray:
+    """For each wait budget, the largest grid ρ with W_q(ρ) <= budget (0 for a negative budget)."""
+    rho = RHO_GRID
+    pw = erlang_c_grid(c, rho)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wq = np.where(pw > 1.0 - q, np.log(pw / (1.0 - q)) * (1.0 + cs2) / (2.0 * (c / mean_s) * (1.0 - rho)), 0.0)
+    wq = np.maximum.accumulate(wq)  # monotone by construction; guards rounding
+    budget = np.asarray(wait_s, dtype=float)
+    idx = np.searchsorted(wq, budget, side="right") - 1
+    return np.where(budget >= 0, rho[np.clip(idx, 0, len(rho) - 1)], 0.0)

@@ -21,8 +21,10 @@ class CostSettings:
     profile: CostProfile = field(default_factory=CostProfile.corrected)
     cache_hit: float = 0.0  # prefix-cache hit rate of prompts
     fp8_combine: bool = False  # decode combine in FP8 on FP4 GPUs (spec 4.11)
-    ttft_ms: float | None = None  # cap on one prompt's prefill time (null: none)
-    tpot_ms: float | None = None  # cap on the mean decode step time (null: none)
+    ttft_ms: float | None = None  # SLO: time to first token (null: none) ...
+    tpot_ms: float | None = None  # SLO: time per output token (null: none) ...
+    ttft_percentile: float = 99.0  # ... met by this percentile of requests
+    tpot_percentile: float = 99.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.cache_hit < 1.0:
@@ -31,6 +33,15 @@ class CostSettings:
             v = getattr(self, key)
             if v is not None and not v > 0:
                 raise SpecError(f"`{key} > 0` must hold (or null for no cap), got {key}={v!r}")
+        for key in ("ttft_percentile", "tpot_percentile"):
+            v = getattr(self, key)
+            if not 50.0 <= v < 100.0:
+                raise SpecError(f"`50 <= {key} < 100` must hold, got {key}={v!r}")
+
+    @property
+    def slo(self) -> bool:
+        """Are latency targets part of the problem (else: throughput only, the thesis's planning)?"""
+        return self.ttft_ms is not None or self.tpot_ms is not None
 
     def to_json(self) -> dict[str, Any]:
         """Every switch and value, as plan.json carries it."""
@@ -41,6 +52,8 @@ class CostSettings:
             "fp8_combine": self.fp8_combine,
             "ttft_ms": self.ttft_ms,
             "tpot_ms": self.tpot_ms,
+            "ttft_percentile": self.ttft_percentile,
+            "tpot_percentile": self.tpot_percentile,
         }
 
     @staticmethod
@@ -48,7 +61,8 @@ class CostSettings:
         """The record `to_json` wrote; SpecError names `where` and the field that is off."""
         if not isinstance(data, Mapping):
             raise SpecError(f"{where}: `cost` must be a mapping (profile, switches, cache_hit, ...), got {data!r}")
-        expected = {"profile", "switches", "cache_hit", "fp8_combine", "ttft_ms", "tpot_ms"}
+        expected = {"profile", "switches", "cache_hit", "fp8_combine", "ttft_ms", "tpot_ms", "ttft_percentile",
+                    "tpot_percentile"}  # fmt: skip
         if set(data) != expected:
             raise SpecError(f"{where}: `cost` must have exactly the fields {sorted(expected)}, got {sorted(data)}")
         switches = data["switches"]
@@ -56,10 +70,10 @@ class CostSettings:
             raise SpecError(f"{where}: `cost.switches` must give every cost-model fix {sorted(FIX_DOCS)} true or false")
         if not all(isinstance(v, bool) for v in switches.values()):
             raise SpecError(f"{where}: every `cost.switches` value must be true or false")
-        for key in ("cache_hit", "ttft_ms", "tpot_ms"):
-            v = data[key]
-            if not (v is None and key != "cache_hit") and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise SpecError(f"{where}: `cost.{key}` must be a number{' or null' if key != 'cache_hit' else ''}")
+        for key in ("cache_hit", "ttft_ms", "tpot_ms", "ttft_percentile", "tpot_percentile"):
+            v, nullable = data[key], key in ("ttft_ms", "tpot_ms")
+            if not (v is None and nullable) and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise SpecError(f"{where}: `cost.{key}` must be a number{' or null' if nullable else ''}")
         if not isinstance(data["fp8_combine"], bool):
             raise SpecError(f"{where}: `cost.fp8_combine` must be true or false")
         try:
@@ -69,6 +83,8 @@ class CostSettings:
                 data["fp8_combine"],
                 None if data["ttft_ms"] is None else float(data["ttft_ms"]),
                 None if data["tpot_ms"] is None else float(data["tpot_ms"]),
+                float(data["ttft_percentile"]),
+                float(data["tpot_percentile"]),
             )
         except SpecError as err:
             raise SpecError(f"{where}: cost: {err}") from None

@@ -68,6 +68,25 @@ def fraction(value: Any, key: str) -> float:
     return float(value)
 
 
+SLO_KEYS = ("ttft_ms", "ttft_percentile", "tpot_ms", "tpot_percentile")
+
+
+def slo_from_cfg(cfg: Any) -> dict[str, Any]:
+    """The `slo` block, checked: targets (ms, or null for none) and their percentiles; `slo=null`: none."""
+    slo = cfg.get("slo")
+    if slo is None:
+        return {"ttft_ms": None, "tpot_ms": None, "ttft_percentile": 99.0, "tpot_percentile": 99.0}
+    unknown = sorted(set(slo) - set(SLO_KEYS))
+    if unknown:
+        raise ConfigError(f"slo.{unknown[0]} is not an SLO setting: the settings are {list(SLO_KEYS)} (or slo=null)")
+    return {
+        "ttft_ms": optional_positive(slo.get("ttft_ms"), "slo.ttft_ms"),
+        "tpot_ms": optional_positive(slo.get("tpot_ms"), "slo.tpot_ms"),
+        "ttft_percentile": number(slo.get("ttft_percentile", 99), "slo.ttft_percentile", low=50, high=99.99),
+        "tpot_percentile": number(slo.get("tpot_percentile", 99), "slo.tpot_percentile", low=50, high=99.99),
+    }
+
+
 def cost_settings_from_cfg(cfg: Any) -> CostSettings:
     """The one cost-settings record of a command: `costmodel` (profile, fixes, cache_hit, fp8_combine) and `slo`."""
     c = cfg.costmodel
@@ -76,8 +95,7 @@ def cost_settings_from_cfg(cfg: Any) -> CostSettings:
             profile_from_cfg(c),
             fraction(c.cache_hit, "costmodel.cache_hit"),
             boolean(c.fp8_combine, "costmodel.fp8_combine"),
-            optional_positive(cfg.slo.ttft_ms, "slo.ttft_ms"),
-            optional_positive(cfg.slo.tpot_ms, "slo.tpot_ms"),
+            **slo_from_cfg(cfg),
         )
     except SpecError as err:
         raise ConfigError(f"costmodel: {err}") from None

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.formulas import DERATE, kv_bytes_per_seq
-from costmodel.island_bench import IslandBenchmark, benchmark_island
+from costmodel.island_bench import IslandBenchmark, benchmark_island, utilisation_caps
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
@@ -77,6 +77,7 @@ class Planner:
     budget_per_hour: float | None = None  # max_rate: $/h cap on the islands in use (others stay idle)
     _cache: dict[tuple[str, int], IslandBenchmark] = field(default_factory=dict, repr=False)
     _full: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _caps: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     hits: int = 0
     misses: int = 0
 
@@ -110,8 +111,25 @@ class Planner:
             self._cache[(gpu, size)] = bench
         return bench
 
-    def problem(self, layout: Layout, objective: str = "max_rate", **kw: Any) -> InnerProblem:
-        benches = [self.benchmark(g, n) for g, n in layout.islands]
+    def caps(self, gpu: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per range, the share of its time the island may be busy in each phase and meet the SLOs (cached)."""
+        key = (gpu, size)
+        if key not in self._caps:
+            bench = self.benchmark(gpu, size)
+            self._caps[key] = utilisation_caps(bench, self.ranges.p, self.workload.mean_decode, self.cost)
+        return self._caps[key]
+
+    def rates(self, gpu: str, size: int, queueing: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(prefill, decode) req/s per range of island (gpu, size): with `queueing`, at the load the SLOs
+        allow (the benchmark's rate times its utilisation cap); without, the fluid rate of a busy island."""
+        bench = self.benchmark(gpu, size)
+        if not queueing or not self.cost.slo:
+            return bench.prefill_req_s, bench.decode_req_s
+        u_pre, u_dec = self.caps(gpu, size)
+        return bench.prefill_req_s * u_pre, bench.decode_req_s * u_dec
+
+    def problem(self, layout: Layout, objective: str = "max_rate", queueing: bool = True, **kw: Any) -> InnerProblem:
+        rates = [self.rates(g, n, queueing) for g, n in layout.islands]
         if objective == "max_rate":
             if self.kv_transfer:
                 kw.setdefault("kv_gb", self.kv_gb_per_range(layout))
@@ -124,8 +142,8 @@ class Planner:
         return InnerProblem(
             layout.islands,
             self.ranges.p,
-            np.array([b.prefill_req_s for b in benches]),
-            np.array([b.decode_req_s for b in benches]),
+            np.array([r[0] for r in rates]),
+            np.array([r[1] for r in rates]),
             objective,
             range_start=self.ranges.start,
             range_end=self.ranges.end,
@@ -155,9 +173,10 @@ class Planner:
         objective: str = "max_rate",
         time_limit_s: float = 10.0,
         backend: str = "AUTO",
+        queueing: bool = True,
         **kw: Any,
     ) -> tuple[InnerProblem, InnerSolution]:
-        prob = self.problem(layout, objective, **kw)
+        prob = self.problem(layout, objective, queueing, **kw)
         return prob, solve(prob, time_limit_s=time_limit_s, backend=backend)
 
     def support(self) -> tuple[np.ndarray, np.ndarray]:
@@ -172,11 +191,13 @@ class Planner:
         benchmarked at full resolution once per planner.
         """
         lengths, p_len = self.support()
+        range_of = np.searchsorted(self.ranges.end, lengths, side="right")
         for gpu, size in set(layout.islands) - set(self._full):
             coarse, fine = self.benchmark(gpu, size), self.benchmark(gpu, size, lengths, p_len)
+            u_pre, u_dec = self.caps(gpu, size) if self.cost.slo else (np.ones(len(self.ranges)),) * 2
             self._full[(gpu, size)] = (
-                _row(fine.prefill.req_s, coarse.prefill.chosen, len(lengths)),
-                _row(fine.decode.req_s, coarse.decode.chosen, len(lengths)),
+                _row(fine.prefill.req_s, coarse.prefill.chosen, len(lengths)) * u_pre[range_of],
+                _row(fine.decode.req_s, coarse.decode.chosen, len(lengths)) * u_dec[range_of],
             )
         rows = [self._full[isl] for isl in layout.islands]
         return np.array([r[0] for r in rows]), np.array([r[1] for r in rows])

@@ -36,15 +36,15 @@ def reference(
     types = []
     for g, n in zip(settings.inventory.gpus, settings.inventory.counts, strict=True):
         sizes = np.arange(mins[g.name], n + 1)
-        benches = [planner.benchmark(g.name, int(s)) for s in sizes]
+        rates = [planner.rates(g.name, int(s)) for s in sizes]  # at the load the SLOs allow, as the inner solve
         types.append(
             TypeOptions(
                 g.name,
                 n,
                 g.price_per_hour,
                 sizes,
-                np.array([b.prefill_req_s for b in benches]),
-                np.array([b.decode_req_s for b in benches]),
+                np.array([r[0] for r in rates]),
+                np.array([r[1] for r in rates]),
                 g.scaleout_bw_gb_s * DERATE,
                 None if layouts is None else layouts.get(g.name),
             )

@@ -185,6 +185,8 @@ def _finish(
         }
     )
     write_json(run.dir / "plan.json", plan)
+    if settings.verify:
+        _verify(run, plan, cfg, settings)
     write_text(
         run.dir / "report.md",
         report(
@@ -203,6 +205,12 @@ def _finish(
             "reference_optimum_req_s": plan["reference_optimum_req_s"] or float("nan"),
             "wall_s": wall_s,
             "trials": float(len(run.records)),
+            "fluid_req_s": plan["fluid_req_s"],
+            **{
+                f"simulated_{k}": float(v)
+                for k, v in plan.get("verification", {}).items()
+                if isinstance(v, (int, float))
+            },
         },
         [run.dir / f for f in ("plan.json", "report.md", "convergence.png", "trials.parquet", "reference.json")],
         status="FINISHED" if complete else "KILLED",
@@ -224,6 +232,35 @@ def _finish(
         )
         return cli.INTERRUPTED
     return 0
+
+
+def _verify(run: SearchRun, plan: dict[str, Any], cfg: Any, settings: Any) -> None:
+    """Simulate the plan at its stated rate; plan.json gets the result, the console a line (and a
+    warning when the simulation and the stated rate disagree by more than 5 %, or the SLOs break)."""
+    from pipeline.simulate import verify
+
+    print(f"[search] simulating the plan at its stated {plan['rate_req_s']:.1f} req/s ...", flush=True)
+    v = verify(plan, run.dir / "plan.json", cfg, settings.workload_name)
+    plan["verification"] = v
+    write_json(run.dir / "plan.json", plan)
+    print(
+        f"[search] simulated: {v['throughput_req_s']:.1f} req/s = {v['simulated_over_stated']:.3f} x stated; TTFT p50 "
+        f"{v['ttft_ms_p50']:.0f} / p99 {v['ttft_ms_p99']:.0f} ms, TPOT p99 {v['tpot_ms_p99']:.1f} ms, "
+        f"{v['slo_attainment']:.1%} within the SLOs ({v['sim_wall_s']:.1f} s)",
+        flush=True,
+    )
+    off = abs(v["simulated_over_stated"] - 1.0) > 0.05
+    if off or not v["sustained"]:
+        print(
+            "[search] warning: the simulator does not confirm the stated rate"
+            + (f" ({v['why_not']})" if v["why_not"] else f" (simulated / stated = {v['simulated_over_stated']:.3f})"),
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _no_plan(run: SearchRun, settings: Any, tracker: Tracker, complete: bool, wall_s: float) -> int:

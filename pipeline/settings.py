@@ -60,6 +60,7 @@ class Settings:
     reference: bool
     reference_time_limit_s: float
     resume: bool
+    verify: bool  # simulate the best plan at its stated rate
     run_root: Path  # outputs/search/<name>-<hash>
     ray_address: str | None
     ray_num_cpus: int | None
@@ -182,6 +183,7 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         reference=boolean(s.reference, "search.reference"),
         reference_time_limit_s=ref_limit,
         resume=boolean(s.resume, "search.resume"),
+        verify=boolean(s.verify, "search.verify"),
         run_root=Path(str(cfg.out_root)) / name,
         ray_address=None if cfg.ray.address is None else str(cfg.ray.address),
         ray_num_cpus=None if cfg.ray.num_cpus is None else positive_int(cfg.ray.num_cpus, "ray.num_cpus"),
@@ -199,7 +201,9 @@ def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
     from the rest (the resolved minimum island sizes)."""
     out = {k: v for k, v in config.items() if k not in ("ray", "mlflow", "out_root")}
     out["search"] = {
-        k: v for k, v in config["search"].items() if k not in ("resume", "inner_backend", "min_island_by_type")
+        k: v
+        for k, v in config["search"].items()
+        if k not in ("resume", "inner_backend", "min_island_by_type", "verify")
     }
     return out
 

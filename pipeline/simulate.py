@@ -24,12 +24,12 @@ from costmodel.catalog import CONF_DIR, CatalogError, load_gpu, load_model
 from costmodel.settings import CostSettings
 from costmodel.specs import SpecError
 from pipeline import cli
-from pipeline.config import choice, make_dir, number, optional_positive, plain, positive_int
+from pipeline.config import choice, make_dir, number, optional_positive, plain, positive_int, slo_from_cfg
 from pipeline.errors import ConfigError
 from pipeline.journal import write_json
 from simulator.arrivals import ARRIVALS, from_trace, sampled
 from simulator.core import Requests, Simulation
-from simulator.metrics import summary
+from simulator.metrics import steady_state_note, summary, verdict
 from simulator.plan import build, islands_from_plan
 from simulator.routers import ROUTERS
 from simulator.schedulers import SCHEDULERS, make_scheduler
@@ -113,8 +113,8 @@ def requests_from_cfg(cfg: Any, plan: dict[str, Any], rate: float, n: int) -> tu
     """The requests to simulate and the workload's name."""
     from pipeline.traces import Columns, load_histogram, load_trace
 
-    if "workload" in cfg:
-        name, w = choice("workload"), plain(cfg.workload)
+    if cfg.get("workload") is not None:
+        name, w = cfg.get("workload_name") or choice("workload"), plain(cfg.workload)
     else:
         name = str(plan.get("workload", ""))
         path = CONF_DIR / "workload" / f"{name}.yaml"
@@ -154,6 +154,8 @@ class Runner:
         self.model, self.cost = plan_model(plan, Path(str(cfg.plan)))
         self.gpus = {g: load_gpu(g) for g in {i.gpu for i in self.islands}}
         self.budget = positive_int(cfg.token_budget, "token_budget")
+        self.slo = slo_from_cfg(cfg)  # one meaning everywhere: the targets the search planned for
+        self.tolerance = float(cfg.saturate.tolerance)
 
     def simulate(self, req: Requests, router: str, scheduler: str) -> tuple[Simulation, dict[str, float], float]:
         r = Requests(req.arrival, req.input_len, req.output_len, req.user)  # fresh outcome arrays
@@ -180,10 +182,9 @@ class Runner:
         sim.run()
         wall = time.perf_counter() - t0
         warm = float(r.arrival[int(len(r) * float(self.cfg.warmup_fraction))]) if len(r) else 0.0
-        slo = self.cfg.slo
-        m = summary(
-            sim, warm, optional_positive(slo.ttft_ms, "slo.ttft_ms"), optional_positive(slo.tpot_ms, "slo.tpot_ms")
-        )
+        slo = self.slo
+        m = summary(sim, warm, slo["ttft_ms"], slo["tpot_ms"], slo["ttft_percentile"], slo["tpot_percentile"])
+        m["sustained"] = float(not verdict(m, slo["ttft_ms"], slo["tpot_ms"], self.tolerance))
         m["sim_wall_s"] = wall
         m["sim_req_per_s"] = len(r) / wall if wall > 0 else 0.0
         return sim, m, wall
@@ -220,6 +221,55 @@ def _cdf_plots(sim: Simulation, path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+VERIFY_SECONDS_OF_ARRIVALS = 90.0  # a plan is checked on this much simulated time at its stated rate ...
+VERIFY_REQUESTS = (3000, 40000)  # ... within these bounds on the number of requests
+
+
+def verify(plan: dict[str, Any], plan_path: Path, search_cfg: Any, workload_name: str) -> dict[str, Any]:
+    """Simulate `plan` at its stated rate with the search's workload and SLOs (the simulator's other
+    settings at their conf/simulate.yaml defaults): what it sustains, its latencies, a verdict."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(CONF_DIR / "simulate.yaml")
+    cfg.plan = str(plan_path)
+    cfg.slo = search_cfg.get("slo")
+    cfg.workload = search_cfg.workload
+    cfg.workload_name = workload_name
+    rate = float(plan["rate_req_s"])
+    n = int(np.clip(rate * VERIFY_SECONDS_OF_ARRIVALS, *VERIFY_REQUESTS))
+    runner = Runner(cfg, plan)
+    req, _ = requests_from_cfg(cfg, plan, rate, n)
+    _, m, wall = runner.simulate(req, "plan", "fcfs")
+    why = verdict(m, runner.slo["ttft_ms"], runner.slo["tpot_ms"], runner.tolerance)
+    out = {
+        "offered_req_s": m["offered_req_s"],
+        "throughput_req_s": m["throughput_req_s"],
+        "simulated_over_stated": m["throughput_req_s"] / rate,
+        "ttft_ms_p50": m.get("ttft_ms_p50", float("nan")),
+        "ttft_ms_p99": m.get("ttft_ms_p99", float("nan")),
+        "tpot_ms_p99": m.get("tpot_ms_p99", float("nan")),
+        "ttft_ms_at_slo": m["ttft_ms_at_slo"],
+        "tpot_ms_at_slo": m["tpot_ms_at_slo"],
+        "slo_attainment": m["slo_attainment"],
+        "sustained": not why,
+        "why_not": why,
+        "steady_state": steady_state_note(m),
+        "requests": n,
+        "sim_wall_s": wall,
+        "slo": slo_text(runner.slo),
+    }
+    return out
+
+
+def slo_text(slo: dict[str, Any]) -> str:
+    parts = [
+        f"{k.upper()} p{slo[f'{k}_percentile']:g} <= {slo[f'{k}_ms']:g} ms"
+        for k in ("ttft", "tpot")
+        if slo[f"{k}_ms"] is not None
+    ]
+    return "SLO " + ", ".join(parts) if parts else "no SLO (slo=null)"
 
 
 def check_numbers(cfg: Any) -> None:
@@ -271,12 +321,17 @@ def execute(cfg: Any) -> int:
     tracker.start_parent(out.parent.name, params)
     head = (
         f"# Simulation of {plan_path}\n\nplan Λ = {lam:.1f} req/s; workload {workload}, {len(base)} requests, "
-        f"{cfg.arrivals} arrivals; SLO TTFT {cfg.slo.ttft_ms} ms, TPOT {cfg.slo.tpot_ms} ms\n\n"
+        f"{cfg.arrivals} arrivals; {slo_text(runner.slo)}\n\n"
     )
     if mode == "run":
         sim, m, _ = runner.simulate(base, str(cfg.router), str(cfg.scheduler))
         _cdf_plots(sim, out / "cdf.png", f"{cfg.router} + {cfg.scheduler}, {m['offered_req_s']:.0f} req/s offered")
         text = head + _table([{k: m[k] for k in SHOWN if k in m}], [k for k in SHOWN if k in m])
+        why = verdict(m, runner.slo["ttft_ms"], runner.slo["tpot_ms"], runner.tolerance)
+        text += f"\n{'Sustained' if not why else 'Not sustained'} at {m['offered_req_s']:.1f} req/s offered"
+        text += f" ({why})\n" if why else " (throughput keeps up and the SLO percentiles hold)\n"
+        note = steady_state_note(m)
+        text += f"\nWarning: {note}\n" if note else ""
         write_json(out / "metrics.json", m)
         files = ["metrics.json", "metrics.md", "cdf.png"]
         rows = [m]
@@ -294,15 +349,11 @@ def execute(cfg: Any) -> int:
         files = ["metrics.json", "metrics.md"]
     else:
         rows, best = [], 0.0
-        tol = float(cfg.saturate.tolerance)
-        ttft_slo = optional_positive(cfg.slo.ttft_ms, "slo.ttft_ms")
         duration = float(cfg.saturate.duration_s)
         for scale in [float(x) for x in cfg.saturate.scales]:
             req, _ = requests_from_cfg(cfg, plan, lam * scale, max(n, int(lam * scale * duration)))
             _, m, _ = runner.simulate(req, str(cfg.router), str(cfg.scheduler))
-            bounded = m["throughput_req_s"] >= (1 - tol) * m["offered_req_s"]
-            within = ttft_slo is None or m.get("ttft_ms_p99", np.inf) <= ttft_slo
-            ok = bounded and within
+            ok = not verdict(m, runner.slo["ttft_ms"], runner.slo["tpot_ms"], runner.tolerance)
             if ok:
                 best = max(best, m["offered_req_s"])
             rows.append({"rate_scale": scale, "sustained": ok, **m})

@@ -8,11 +8,17 @@ from simulator.core import Simulation
 
 
 def summary(
-    sim: Simulation, warmup_ms: float = 0.0, ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None
+    sim: Simulation,
+    warmup_ms: float = 0.0,
+    ttft_slo_ms: float | None = None,
+    tpot_slo_ms: float | None = None,
+    ttft_percentile: float = 99.0,
+    tpot_percentile: float = 99.0,
 ) -> dict[str, float]:
     """TTFT, normalised TTFT (per input token), TPOT, end-to-end latency (mean, p50, p95, p99; ms) of
     the requests that arrived after `warmup_ms`; throughput, and goodput (throughput x the share of
-    those requests within both SLOs). Every request must have finished."""
+    those requests within both SLOs); TTFT and TPOT at the SLOs' percentiles (`ttft_ms_at_slo`,
+    `tpot_ms_at_slo`). Every request must have finished."""
     r = sim.r
     if (r.finish < 0).any():
         raise AssertionError(f"{int((r.finish < 0).sum())} requests never finished")
@@ -58,4 +64,31 @@ def summary(
             out[f"{name}_mean"] = float(xs.mean())
             for q in (50, 95, 99):
                 out[f"{name}_p{q}"] = float(np.percentile(xs, q))
+    out["ttft_ms_at_slo"] = float(np.percentile(ttft, ttft_percentile)) if ttft.size else 0.0
+    out["tpot_ms_at_slo"] = float(np.percentile(tpot, tpot_percentile)) if tpot.size else 0.0
+    out["window_s"] = window_s
     return out
+
+
+def verdict(m: dict[str, float], ttft_slo_ms: float | None, tpot_slo_ms: float | None, tolerance: float) -> str:
+    """ "" when the run sustained its offered rate within the SLOs, else why not. Sustained means:
+    throughput keeps up with the offered rate (within `tolerance`) and TTFT and TPOT at their SLO
+    percentiles meet their targets. `run` and `saturate` of pipeline.simulate both judge by this."""
+    why = []
+    if m["throughput_req_s"] < (1 - tolerance) * m["offered_req_s"]:
+        why.append(f"throughput {m['throughput_req_s']:.1f} < offered {m['offered_req_s']:.1f} req/s")
+    if ttft_slo_ms is not None and m.get("ttft_ms_at_slo", np.inf) > ttft_slo_ms:
+        why.append(f"TTFT {m['ttft_ms_at_slo']:.0f} > {ttft_slo_ms:g} ms")
+    if tpot_slo_ms is not None and m.get("tpot_ms_at_slo", np.inf) > tpot_slo_ms:
+        why.append(f"TPOT {m['tpot_ms_at_slo']:.1f} > {tpot_slo_ms:g} ms")
+    return "; ".join(why)
+
+
+def steady_state_note(m: dict[str, float]) -> str:
+    """A warning when the measuring window is shorter than the slowest requests take (no steady state)."""
+    if m.get("e2e_ms_p99", 0.0) / 1e3 > m.get("window_s", 0.0):
+        return (
+            f"the measuring window ({m.get('window_s', 0.0):.0f} s of arrivals) is shorter than the p99 request "
+            f"({m['e2e_ms_p99'] / 1e3:.0f} s): too short for a steady state, simulate more requests"
+        )
+    return ""

@@ -64,3 +64,24 @@ def test_mm1_cap_is_its_closed_form() -> None:
     rho = max_utilisation(1, np.array([s]), np.array([1.0]), target, q)
     lhs = math.log(rho / (1 - q)) * s / (2 * (1 - rho))
     assert lhs == pytest.approx(target - s, rel=1e-6)
+
+
+def test_grid_caps_never_exceed_the_exact_cap_and_miss_it_by_a_grid_step_at_most() -> None:
+    from costmodel.queueing import utilisation_caps
+
+    s, w, q = np.array([0.1, 0.3]), np.array([0.5, 0.5]), 0.99
+    mean, cs2 = mix_moments(s, w)
+    for c in (1, 3, 8, 200):
+        for target in (0.5, 2.0, 5.0):
+            exact = max_utilisation(c, s, w, target, q)
+            (grid,) = utilisation_caps(c, mean, cs2, np.array([target - mix_quantile(s, w, q)]), q)
+            assert exact - 1 / 2000 <= grid <= exact + 1e-12, (c, target, exact, grid)
+    assert utilisation_caps(4, mean, cs2, np.array([-0.1]), q)[0] == 0.0
+
+
+def test_vectorised_erlang_c_matches_the_recursion() -> None:
+    from costmodel.queueing import RHO_GRID, erlang_c_grid
+
+    for c in (1, 2, 7, 64, 900):
+        rho = RHO_GRID[::97]
+        assert np.allclose(erlang_c_grid(c, rho), [erlang_c(c, r * c) for r in rho], rtol=1e-9, atol=1e-300)

@@ -1,0 +1,105 @@
+"""SLO-true plans: the rate a plan states against the rate the simulator sustains within the SLOs.
+
+For each cell (inventory x workload; default: the Table 5.1 cells), side by side in one run:
+- plan with the SLOs (the default `slo`) by an in-process search (TPE + polish, `--evals`
+  evaluations, as `pipeline.search` runs it under Ray Tune) and state its rate;
+- bisect the offered rate (Poisson arrivals, the plan's own routing, FCFS) for the highest rate
+  at which throughput keeps up and TTFT and TPOT at their SLO percentiles meet their targets
+  (`simulator.metrics.verdict`, the judge `pipeline.simulate` uses);
+- print stated, simulated SLO-sustainable, their ratio (target 0.95-1.05), and what the SLOs cost:
+  the stated rate against the same search with slo=null.
+
+    python benchmarks/slo_bench.py                                  # the six Table 5.1 cells
+    python benchmarks/slo_bench.py --cells hetero_a:azure_code --evals 96
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+
+from costmodel.catalog import CONF_DIR
+from pipeline.journal import write_json
+from pipeline.outputs import build_plan
+from pipeline.planner import Layout
+from pipeline.samplers import make_sampler
+from pipeline.settings import settings_from_cfg
+from pipeline.simulate import Runner, requests_from_cfg
+from pipeline.trial import OK, ask_tell
+from simulator.metrics import verdict
+
+CELLS = [f"{i}:{w}" for i in ("hetero_a", "hetero_b", "homo_c") for w in ("azure_code", "azure_conv")]
+
+
+def plan_for(inv: str, wl: str, evals: int, extra: list[str]) -> tuple[dict, object]:
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("search", [f"+inventory={inv}", f"workload={wl}", *extra], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    settings, ctx = settings_from_cfg(cfg, inv, cfg.inventory)
+    sampler = make_sampler(settings.sampler, 0, ctx.space, settings.polish, evals)
+    out = ask_tell(ctx, sampler, evals, settings.batch)
+    best = max((r for r in out if r["status"] in OK), key=lambda r: r["score"])
+    plan = build_plan(ctx.planner, Layout.of(ctx.space.layout(best["params"])), 30.0)
+    plan.update(model=ctx.planner.model.name, cost_profile=ctx.planner.profile.name, workload=wl)
+    return plan, cfg
+
+
+def sustained_rate(plan: dict, cfg: object, path: Path, seconds: float, steps: int) -> tuple[float, str]:
+    """Highest offered rate (bisection over [0.2, 1.4] x stated) that the simulator sustains within the SLOs."""
+    from omegaconf import OmegaConf
+
+    sim = OmegaConf.load(CONF_DIR / "simulate.yaml")
+    sim.plan, sim.slo, sim.workload, sim.workload_name = str(path), cfg.get("slo"), cfg.workload, plan["workload"]
+    runner = Runner(sim, plan)
+    stated = plan["rate_req_s"]
+    lo, hi, why_hi = 0.2 * stated, 1.4 * stated, ""
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        req, _ = requests_from_cfg(sim, plan, mid, int(max(mid * seconds, 2000)))
+        _, m, _ = runner.simulate(req, "plan", "fcfs")
+        why = verdict(m, runner.slo["ttft_ms"], runner.slo["tpot_ms"], runner.tolerance)
+        if why:
+            hi, why_hi = mid, why
+        else:
+            lo = mid
+    return lo, why_hi
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cells", default=",".join(CELLS))
+    ap.add_argument("--evals", type=int, default=96, help="search evaluations per plan")
+    ap.add_argument("--seconds", type=float, default=120.0, help="seconds of arrivals per simulation")
+    ap.add_argument("--steps", type=int, default=7, help="bisection steps")
+    ap.add_argument("--out", default="outputs/benchmarks/slo_bench")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print("| cell | stated (SLO) req/s | simulated SLO-sustainable | ratio | fails above it | slo=null stated | "
+          "SLO cost | time s |")  # fmt: skip
+    print("|---|---:|---:|---:|---|---:|---:|---:|")
+    for cell in args.cells.split(","):
+        inv, wl = cell.split(":")
+        t0 = time.perf_counter()
+        plan, cfg = plan_for(inv, wl, args.evals, [])
+        path = out / f"{inv}-{wl}.json"
+        write_json(path, plan)
+        sustained, why = sustained_rate(plan, cfg, path, args.seconds, args.steps)
+        free, _ = plan_for(inv, wl, args.evals, ["slo=null"])
+        stated = plan["rate_req_s"]
+        print(
+            f"| {cell} | {stated:.1f} | {sustained:.1f} | {sustained / stated:.3f} | {why} | "
+            f"{free['rate_req_s']:.1f} | {1 - stated / free['rate_req_s']:.1%} | {time.perf_counter() - t0:.0f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
