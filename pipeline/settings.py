@@ -37,7 +37,6 @@ from pipeline.space import GENERATORS, Space
 from pipeline.workload import Workload, ranges_from_cfg, workload_from_cfg
 from solvers.inner import BACKENDS
 
-PLANNERS = ("search", "exact")  # a sampled search over layouts, or the exact MILP's layout itself
 OBJECTIVES = ("max_rate", "rate_per_dollar", "thesis")
 DEFAULT_INVENTORY = "hetero_a"
 # every key a `conf/search/*.yaml` sets: anything else under `search.` is a typo, not a setting

@@ -63,6 +63,7 @@ class SearchRun:
         )
         self.ref: ExactResult | None = None
         self.unlogged: list[dict[str, Any]] = []  # finished trials MLflow has not taken yet
+        self.store_warned = False  # one console line when the store stops answering, not one per trial
         self.t0 = time.perf_counter()
         self.last_print = 0.0
 
@@ -110,10 +111,10 @@ class SearchRun:
                     failed=rec["status"] == "error",
                 )
             except Exception as err:  # the store is locked or gone: the journal has the trial
-                if not getattr(self, "_warned", False):
+                if not self.store_warned:
                     print(f"[search] MLflow did not take trial {rec['trial']} ({_short(err)}); "
                           "logging it when the store answers again", flush=True)  # fmt: skip
-                    self._warned = True
+                    self.store_warned = True
                 return False
             self.unlogged.pop(0)
         return True
