@@ -27,6 +27,8 @@ import numpy as np
 
 from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms
 from costmodel.profile import CostProfile
+from costmodel.queueing import mix_moments, mix_quantile
+from costmodel.queueing import utilisation_caps as utilisation_caps_for_wait
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model, SpecError
 
@@ -232,17 +234,16 @@ def utilisation_caps(
     """Per length (as benchmarked), the share of its time each phase of the island may be busy and
     still meet the SLO percentiles (`costmodel/queueing.py`); ones without SLOs.
 
-    Prefill: c = dp engines, service time t(s) per prompt; the wait distribution is that of the
-    workload's mix over the lengths the island can prefill (weights), and a prompt of length s
-    meets TTFT at the percentile when W_q + t(s) <= TTFT: the cap of length s. Decode: c = the
+    Prefill: c = dp engines, service time t(s) per prompt, the service mix that of the workload
+    over the lengths the island can prefill (weights); the island meets TTFT at the percentile q
+    when W_q + S_q <= TTFT (S_q: the mix's q-quantile). One cap for the whole island: a cap per
+    length would let an island mixing short and long prompts run at the short ones' load, where
+    its long ones miss the target (measured: benchmarks/slo_bench.py). Decode: c = the
     sequence slots (batch x attention ranks x dp), service = the whole decode of a request; a
     request that waits for a slot stalls between its first and second token, so the cap keeps
     P(wait) <= 1 - the TPOT percentile (no wait at that percentile). The decode batch itself is
     already sized so its step meets TPOT (`benchmark_island`).
     """
-    from costmodel.queueing import mix_moments
-    from costmodel.queueing import utilisation_caps as caps
-
     n = len(bench.lengths)
     u_pre, u_dec = np.ones(n), np.ones(n)
     w = np.asarray(weights, dtype=float)
@@ -250,8 +251,11 @@ def utilisation_caps(
     if cost.ttft_ms is not None and t.chosen >= 0 and (t.req_s[t.chosen] > 0).any():
         ok = t.req_s[t.chosen] > 0
         service_s = t.time_ms[t.chosen] / 1e3
-        mean, cs2 = mix_moments(service_s[ok], w[ok] if w[ok].sum() > 0 else np.ones(ok.sum()))
-        u_pre = caps(int(t.dp[t.chosen]), mean, cs2, cost.ttft_ms / 1e3 - service_s, cost.ttft_percentile / 100)
+        ww = w[ok] if w[ok].sum() > 0 else np.ones(ok.sum())
+        mean, cs2 = mix_moments(service_s[ok], ww)
+        q = cost.ttft_percentile / 100
+        budget = cost.ttft_ms / 1e3 - mix_quantile(service_s[ok], ww, q)
+        u_pre = np.full(n, utilisation_caps_for_wait(int(t.dp[t.chosen]), mean, cs2, np.array([budget]), q)[0])
     t = bench.decode
     if cost.tpot_ms is not None and t.chosen >= 0 and (t.req_s[t.chosen] > 0).any():
         ok = t.req_s[t.chosen] > 0
@@ -261,5 +265,5 @@ def utilisation_caps(
         ww = w[ok] if w[ok].sum() > 0 else np.ones(ok.sum())
         mean, cs2 = mix_moments(service_s[ok], ww)
         c = max(int(np.floor(ww @ slots[ok] / ww.sum())), 1)
-        u_dec = np.full(n, caps(c, mean, cs2, np.zeros(1), cost.tpot_percentile / 100)[0])
+        u_dec = np.full(n, utilisation_caps_for_wait(c, mean, cs2, np.zeros(1), cost.tpot_percentile / 100)[0])
     return u_pre, u_dec

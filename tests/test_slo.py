@@ -43,7 +43,7 @@ def test_caps_lower_every_rate_and_the_reference_still_bounds_every_layout(tmp_p
     assert planner.cost.slo and planner.cost.ttft_ms == 2000 and planner.cost.tpot_ms == 50
     u_pre, u_dec = planner.caps("H200", 8)
     assert ((0 <= u_pre) & (u_pre < 1)).all() and ((0 < u_dec) & (u_dec < 1)).all()
-    assert u_pre[0] >= u_pre[-1]  # long prompts leave less room to wait
+    assert (u_pre == u_pre[0]).all()  # one cap for the island: its queue is shared by every length it serves
     ref = reference(settings, ctx, planner)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2), direction="maximize")
     for _ in range(12):
