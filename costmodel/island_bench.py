@@ -27,7 +27,7 @@ import numpy as np
 
 from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms
 from costmodel.profile import CostProfile
-from costmodel.queueing import mix_moments, mix_quantile
+from costmodel.queueing import mix_moments, mix_quantile, tpot_step_cap_ms
 from costmodel.queueing import utilisation_caps as utilisation_caps_for_wait
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model, SpecError
@@ -124,8 +124,14 @@ def benchmark_island(
     mean_decode: float,
     max_decode: int,
     cost: CostSettings | None = None,
+    output_pmf: np.ndarray | None = None,
 ) -> IslandBenchmark:
-    """Benchmark island (gpu, size): per-length throughput of every configuration, and the choice."""
+    """Benchmark island (gpu, size): per-length throughput of every configuration, and the choice.
+
+    With a TPOT target and the workload's output-length distribution (`output_pmf`), the decode
+    batch is sized so its mean step leaves room for the wait at a step boundary that short
+    answers carry (`costmodel.queueing.tpot_step_cap_ms`); without it, so the mean step meets TPOT.
+    """
     cost = cost or CostSettings()
     p, cache_hit, fp8_combine = cost.profile, cost.cache_hit, cost.fp8_combine
     ttft_ms, tpot_ms = cost.ttft_ms, cost.tpot_ms
@@ -178,9 +184,12 @@ def benchmark_island(
     fits = batch >= 1
     run = np.maximum(batch, 1.0)
     total_ms = decode_steps_sum_ms(gpu, model, s, d, run, tp, ep, fp8_combine, p)
-    if tpot_ms:
-        run, total_ms = _shrink_to_tpot(gpu, model, s, d, run, tp, ep, fp8_combine, p, tpot_ms, total_ms)
-    ok = fits & (run >= 1) & ((total_ms / d <= tpot_ms) if tpot_ms else True)
+    step_cap = tpot_ms
+    if tpot_ms and output_pmf is not None:
+        step_cap = tpot_step_cap_ms(tpot_ms, cost.tpot_percentile / 100, output_pmf)
+    if step_cap:
+        run, total_ms = _shrink_to_tpot(gpu, model, s, d, run, tp, ep, fp8_combine, p, step_cap, total_ms)
+    ok = fits & (run >= 1) & ((total_ms / d <= step_cap) if step_cap else True)
     r_dec = np.where(ok, run * unit * 1000.0 / total_ms, 0.0)
     dev, chosen = _choose(r_dec, w)
     reason = "" if chosen >= 0 else _reason("decode", fits.any(), tpot_ms, gpu, size, model)

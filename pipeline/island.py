@@ -91,6 +91,7 @@ def execute(cfg: Any) -> None:
         workload.mean_decode,
         workload.max_decode,
         cost,
+        workload.output_pmf,
     )
     if bench.prefill.chosen < 0 and bench.decode.chosen < 0:
         raise ConfigError(bench.decode.reason)

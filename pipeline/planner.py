@@ -106,6 +106,7 @@ class Planner:
             self.workload.mean_decode,
             self.workload.max_decode,
             self.cost,
+            self.workload.output_pmf,
         )
         if lengths is None:
             self._cache[(gpu, size)] = bench

@@ -25,6 +25,7 @@ class Workload:
     mean_decode: float
     max_decode: int
     arrival_s: np.ndarray | None = None  # request arrival times (s), kept for the simulator
+    output_pmf: np.ndarray | None = None  # p(n) over output length n (None: only its mean and maximum are known)
 
     def __post_init__(self) -> None:
         if self.pmf.ndim != 1 or len(self.pmf) == 0 or (self.pmf < 0).any() or not np.isclose(self.pmf.sum(), 1.0):
@@ -138,7 +139,8 @@ def from_counts(
     """A workload from per-length request counts (a trace or a shipped histogram)."""
     pmf = np.bincount(input_values.astype(int), weights=input_counts.astype(float))
     mean_decode = float(output_values @ output_counts / output_counts.sum())
-    return Workload(name, pmf / pmf.sum(), mean_decode, int(output_values.max()), arrival_s)
+    out = np.bincount(output_values.astype(int), weights=output_counts.astype(float))
+    return Workload(name, pmf / pmf.sum(), mean_decode, int(output_values.max()), arrival_s, out / out.sum())
 
 
 def from_trace(trace: Trace) -> Workload:

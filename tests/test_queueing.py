@@ -85,3 +85,21 @@ def test_vectorised_erlang_c_matches_the_recursion() -> None:
     for c in (1, 2, 7, 64, 900):
         rho = RHO_GRID[::97]
         assert np.allclose(erlang_c_grid(c, rho), [erlang_c(c, r * c) for r in rho], rtol=1e-9, atol=1e-300)
+
+
+def test_tpot_step_cap_by_hand() -> None:
+    from costmodel.queueing import tpot_step_cap_ms
+
+    # every answer has 2 tokens: TPOT = st + A with A ~ U(0, st); P(st + A > 50) <= 1 % needs 2 st <= 50 / 0.99... :
+    # P = 1 - (50 - st)/st <= 0.01  ->  st <= 50 / 1.99
+    two = np.zeros(3)
+    two[2] = 1.0
+    assert tpot_step_cap_ms(50.0, 0.99, two) == pytest.approx(50 / 1.99, rel=1e-9)
+    # long answers amortise the wait: with 1,000 tokens the step may reach 50 * 999 / 999.99
+    long = np.zeros(1001)
+    long[1000] = 1.0
+    assert tpot_step_cap_ms(50.0, 0.99, long) == pytest.approx(50 * 999 / (999 + 0.99), rel=1e-9)
+    # one-token answers are not measured by TPOT; a mix is between its parts
+    mix = np.zeros(1001)
+    mix[[1, 2, 1000]] = [0.5, 0.25, 0.25]
+    assert 50 / 1.99 < tpot_step_cap_ms(50.0, 0.99, mix) < 50 * 999 / 999.99

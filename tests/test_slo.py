@@ -72,3 +72,23 @@ def test_run_and_saturate_judge_a_rate_alike(tmp_path: Path) -> None:
         run_ok = "\nSustained at" in run.stdout
         (m,) = [json.loads(p.read_text()) for p in (tmp_path / f"sat{scale}").glob("*/*/metrics.json")]
         assert run_ok == bool(m["rows"][0]["sustained"]), (scale, run.stdout[-600:], m["rows"][0])
+
+
+def test_short_answers_make_the_decode_batch_leave_room_for_the_step_boundary_wait() -> None:
+    from costmodel.catalog import load_gpu, load_model
+    from costmodel.island_bench import benchmark_island
+    from costmodel.queueing import tpot_step_cap_ms
+    from costmodel.settings import CostSettings
+    from pipeline.workload import make_ranges, synthetic_normal
+
+    wl = synthetic_normal("n", 500, 2000, 0, 8000, 20, 200)
+    r = make_ranges(wl, 1000)
+    cost = CostSettings(tpot_ms=50.0)
+    short = np.zeros(201)
+    short[[4, 6, 200]] = [0.3, 0.3, 0.4]  # many short answers, as in the Azure code trace
+    args = (load_gpu("H200"), 16, load_model("deepseek_v3"), r.mid, r.p, 20, 200, cost)
+    mean_only, with_short = benchmark_island(*args), benchmark_island(*args, short)
+    cap = tpot_step_cap_ms(50.0, 0.99, short)
+    assert cap < 40.0
+    assert (with_short.decode.time_ms[with_short.decode.chosen] <= cap + 1e-9).all()
+    assert with_short.decode_req_s.sum() < mean_only.decode_req_s.sum()
