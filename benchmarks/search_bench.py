@@ -143,7 +143,7 @@ def main() -> None:
     local = time.perf_counter() - t
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     tracker = Tracker(f"sqlite:///{tmp}/mlflow.db", "bench")
     run = SearchRun(settings, ctx, tracker)
     tracker.start_parent("bench", {})

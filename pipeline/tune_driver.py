@@ -280,6 +280,7 @@ def with_ray(settings: Settings, body: Callable[[], bool]) -> bool:
         try:
             if settings.ray_address is None:
                 ray.init(
+                    address="local",  # a new Ray of our own, never a cluster someone else started here
                     num_cpus=settings.ray_num_cpus,
                     include_dashboard=False,
                     log_to_driver=False,
