@@ -198,7 +198,8 @@ def _table(rows: list[dict[str, Any]], keys: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cdf_plots(sim: Simulation, path: Path, title: str) -> None:
+def _cdf_plots(sim: Simulation, path: Path, title: str, slo: dict[str, Any]) -> None:
+    """TTFT and TPOT CDFs with each SLO drawn (target: vertical, percentile: horizontal), KV use over time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -209,15 +210,47 @@ def _cdf_plots(sim: Simulation, path: Path, title: str) -> None:
     ttft = np.sort(r.first_token - r.arrival)
     decoded = r.output_len > 1
     tpot = np.sort((r.finish - r.first_token)[decoded] / (r.output_len[decoded] - 1))
-    for ax, xs, label in ((axs[0], ttft, "TTFT (ms)"), (axs[1], tpot, "TPOT (ms)")):
+    for ax, xs, label, key in ((axs[0], ttft, "TTFT (ms)", "ttft"), (axs[1], tpot, "TPOT (ms)", "tpot")):
         if xs.size:
             ax.plot(xs, np.arange(1, xs.size + 1) / xs.size)
+        target, pct = slo[f"{key}_ms"], slo[f"{key}_percentile"]
+        if target is not None:
+            ax.axvline(target, color="r", ls="--", lw=1, label=f"SLO: {target:g} ms")
+            ax.axhline(pct / 100, color="r", ls=":", lw=1, label=f"p{pct:g}")
+            ax.legend(fontsize=8, loc="lower right")
         ax.set(xlabel=label, ylabel="fraction of requests", xscale="log")
     if sim.kv_trace:
         t, u = zip(*sim.kv_trace, strict=True)
         axs[2].plot(np.array(t) / 1e3, u)
     axs[2].set(xlabel="time (s)", ylabel="KV in use / capacity (all decode engines)")
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _throughput_plot(rows: list[dict[str, Any]], lam: float, best: float, path: Path, title: str) -> None:
+    """Served against offered rate, each point marked by whether the SLOs held; the plan's rate and the
+    highest sustained rate as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    off = np.array([r["offered_req_s"] for r in rows])
+    srv = np.array([r["throughput_req_s"] for r in rows])
+    ok = np.array([bool(r["sustained"]) for r in rows])
+    top = max(float(off.max()), float(srv.max()), lam) * 1.05
+    ax.plot([0, top], [0, top], color="0.7", lw=1, label="served = offered")
+    ax.plot(off, srv, color="0.4", lw=1)
+    ax.scatter(off[ok], srv[ok], color="g", zorder=3, label="sustained within the SLOs")
+    ax.scatter(off[~ok], srv[~ok], color="r", marker="x", zorder=3, label="not sustained")
+    ax.axvline(lam, color="b", ls="--", lw=1, label=f"plan's rate {lam:.0f} req/s")
+    if best > 0:
+        ax.axvline(best, color="g", ls=":", lw=1, label=f"highest sustained {best:.0f} req/s")
+    ax.set(xlabel="offered (req/s)", ylabel="served (req/s)", xlim=(0, top), ylim=(0, top), title=title)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -325,7 +358,9 @@ def execute(cfg: Any) -> int:
     )
     if mode == "run":
         sim, m, _ = runner.simulate(base, str(cfg.router), str(cfg.scheduler))
-        _cdf_plots(sim, out / "cdf.png", f"{cfg.router} + {cfg.scheduler}, {m['offered_req_s']:.0f} req/s offered")
+        _cdf_plots(
+            sim, out / "cdf.png", f"{cfg.router} + {cfg.scheduler}, {m['offered_req_s']:.0f} req/s offered", runner.slo
+        )
         text = head + _table([{k: m[k] for k in SHOWN if k in m}], [k for k in SHOWN if k in m])
         why = verdict(m, runner.slo["ttft_ms"], runner.slo["tpot_ms"], runner.tolerance)
         text += f"\n{'Sustained' if not why else 'Not sustained'} at {m['offered_req_s']:.1f} req/s offered"
@@ -364,10 +399,13 @@ def execute(cfg: Any) -> int:
                 flush=True,
             )
         m = {"sustained_req_s": best, "plan_rate_req_s": lam, "ratio": best / lam}
+        _throughput_plot(
+            rows, lam, best, out / "throughput.png", f"{cfg.router} + {cfg.scheduler}; {slo_text(runner.slo)}"
+        )
         text = head + _table(rows, ["rate_scale", "sustained", *[k for k in SHOWN if k in rows[0]]])
         text += f"\nHighest sustained rate {best:.1f} req/s = {best / lam:.3f} x the plan's Λ.\n"
         write_json(out / "metrics.json", {"summary": m, "rows": rows})
-        files = ["metrics.json", "metrics.md"]
+        files = ["metrics.json", "metrics.md", "throughput.png"]
     (out / "metrics.md").write_text(text)
     tracker.finish_parent({k: v for k, v in m.items() if isinstance(v, (int, float))}, [out / f for f in files])
     print(text + f"[simulate] wrote {out}/", flush=True)

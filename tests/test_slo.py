@@ -72,6 +72,8 @@ def test_run_and_saturate_judge_a_rate_alike(tmp_path: Path) -> None:
         assert run.returncode == 0 and sat.returncode == 0, (run.stderr, sat.stderr)
         run_ok = "\nSustained at" in run.stdout
         (m,) = [json.loads(p.read_text()) for p in (tmp_path / f"sat{scale}").glob("*/*/metrics.json")]
+        pngs = [*(tmp_path / f"sat{scale}").glob("*/*/throughput.png"), *(tmp_path / f"run{scale}").glob("*/*/cdf.png")]
+        assert len(pngs) == 2 and all(p.stat().st_size > 10_000 for p in pngs)  # throughput plot, CDFs with SLOs
         assert run_ok == bool(m["rows"][0]["sustained"]), (scale, run.stdout[-600:], m["rows"][0])
 
 
