@@ -209,7 +209,7 @@ def _finish(
             **{
                 f"simulated_{k}": float(v)
                 for k, v in plan.get("verification", {}).items()
-                if isinstance(v, (int, float))
+                if isinstance(v, (int, float))  # `sustained` logs as 1 or 0
             },
         },
         [run.dir / f for f in ("plan.json", "report.md", "convergence.png", "trials.parquet", "reference.json")],
@@ -257,10 +257,6 @@ def _verify(run: SearchRun, plan: dict[str, Any], cfg: Any, settings: Any) -> No
             file=sys.stderr,
             flush=True,
         )
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _no_plan(run: SearchRun, settings: Any, tracker: Tracker, complete: bool, wall_s: float) -> int:
