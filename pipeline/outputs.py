@@ -69,7 +69,9 @@ def build_plan(planner: Planner, layout: Layout, time_limit_s: float, backend: s
         )
     in_use = [isl["role"] != "idle" for isl in islands]
     cost = float(sum(isl["cost_per_hour"] for isl, u in zip(islands, in_use, strict=True) if u))
-    fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False)[1].rate_req_s
+    fluid = sol.rate_req_s  # without SLOs the plan's rate is the fluid one; with them, solve once more uncapped
+    if planner.cost.slo:
+        fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False)[1].rate_req_s
     return {
         "status": sol.status,
         "rate_req_s": sol.rate_req_s,  # the headline: what the layout sustains within the SLOs (RATES)

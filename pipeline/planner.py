@@ -195,7 +195,7 @@ class Planner:
         range_of = np.searchsorted(self.ranges.end, lengths, side="right")
         for gpu, size in set(layout.islands) - set(self._full):
             coarse, fine = self.benchmark(gpu, size), self.benchmark(gpu, size, lengths, p_len)
-            u_pre, u_dec = self.caps(gpu, size) if self.cost.slo else (np.ones(len(self.ranges)),) * 2
+            u_pre, u_dec = self.caps(gpu, size)  # ones without SLOs
             self._full[(gpu, size)] = (
                 _row(fine.prefill.req_s, coarse.prefill.chosen, len(lengths)) * u_pre[range_of],
                 _row(fine.decode.req_s, coarse.decode.chosen, len(lengths)) * u_dec[range_of],

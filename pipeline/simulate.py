@@ -71,7 +71,7 @@ def load_plan(path: Any) -> tuple[dict[str, Any], Path]:
 MAX_PLAN_BATCH = 1024  # the island benchmark caps a decode batch here (costmodel MAX_DECODE_BATCH)
 
 
-def plan_model(plan: dict[str, Any], path: Path) -> tuple[Any, CostSettings]:
+def plan_model(plan: dict[str, Any], path: Path, islands: list[Any] | None = None) -> tuple[Any, CostSettings]:
     """The model and the cost-settings record the plan was made with, checked against each other."""
     where = f"plan={path}"
     name = plan.get("model")
@@ -93,7 +93,7 @@ def plan_model(plan: dict[str, Any], path: Path) -> tuple[Any, CostSettings]:
     if plan.get("cost_profile", cost.profile.name) != cost.profile.name:
         raise ConfigError(f"{where}: cost_profile {plan['cost_profile']!r} disagrees with cost.profile "
                           f"{cost.profile.name!r}: was the file edited?")  # fmt: skip
-    for k, isl in enumerate(islands_from_plan(plan, str(path))):
+    for k, isl in enumerate(islands if islands is not None else islands_from_plan(plan, str(path))):
         if isl.role == "decode" and (isl.ep % isl.tp or isl.ep * isl.dp != isl.size):
             raise ConfigError(f"{where}: islands[{k}]: decode ep {isl.ep} x dp {isl.dp} must be the size "
                               f"{isl.size}, with tp {isl.tp} dividing ep")  # fmt: skip
@@ -151,7 +151,7 @@ class Runner:
     def __init__(self, cfg: Any, plan: dict[str, Any]) -> None:
         self.cfg, self.plan = cfg, plan
         self.islands = islands_from_plan(plan)
-        self.model, self.cost = plan_model(plan, Path(str(cfg.plan)))
+        self.model, self.cost = plan_model(plan, Path(str(cfg.plan)), self.islands)
         self.gpus = {g: load_gpu(g) for g in {i.gpu for i in self.islands}}
         self.budget = positive_int(cfg.token_budget, "token_budget")
         self.slo = slo_from_cfg(cfg)  # one meaning everywhere: the targets the search planned for
