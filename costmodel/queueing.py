@@ -110,12 +110,22 @@ def erlang_c_grid(c: int, rho: np.ndarray) -> np.ndarray:
     return np.where(a > 0, b / (1.0 - rho * (1.0 - b)), 0.0)
 
 
-def utilisation_caps(c: int, mean_s: float, cs2: float, wait_s: np.ndarray, q: float) -> np.ndarray:
-    """For each wait budget, the largest grid ρ with W_q(ρ) <= budget (0 for a negative budget)."""
+def utilisation_caps(
+    c: int, mean_s: float, cs2: float, wait_s: np.ndarray, q: float, batch_s: float = 0.0
+) -> np.ndarray:
+    """For each wait budget, the largest grid ρ with W_q(ρ) + X(ρ) <= budget (0 for a negative budget).
+
+    X is the delay batching adds (`batch_s` = 0: none). A server that takes every queued job up to
+    a size limit into one batch, all finishing together, makes a job also wait for the jobs
+    batched behind it: those that joined its server's queue while it waited, about ρ·W of work
+    (arrivals at λ/c for a time W, E[S] each), and at most one full batch, `batch_s`. So
+    X = min(ρ W_q, batch_s): the job taken as the first of its batch, the safe side.
+    """
     rho = RHO_GRID
     pw = erlang_c_grid(c, rho)
     with np.errstate(divide="ignore", invalid="ignore"):
         wq = np.where(pw > 1.0 - q, np.log(pw / (1.0 - q)) * (1.0 + cs2) / (2.0 * (c / mean_s) * (1.0 - rho)), 0.0)
+    wq = wq + np.minimum(rho * wq, batch_s)
     wq = np.maximum.accumulate(wq)  # monotone by construction; guards rounding
     budget = np.asarray(wait_s, dtype=float)
     idx = np.searchsorted(wq, budget, side="right") - 1

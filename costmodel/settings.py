@@ -25,8 +25,12 @@ class CostSettings:
     tpot_ms: float | None = None  # SLO: time per output token (null: none) ...
     ttft_percentile: float = 99.0  # ... met by this percentile of requests
     tpot_percentile: float = 99.0
+    prefill_batch_tokens: int = 16384  # prompt tokens a prefill engine batches at most (SGLang --max-prefill-tokens)
 
     def __post_init__(self) -> None:
+        batch = self.prefill_batch_tokens
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise SpecError(f"`prefill_batch_tokens >= 1` (a whole number) must hold, got {batch!r}")
         if not 0.0 <= self.cache_hit < 1.0:
             raise SpecError(f"`0 <= cache_hit < 1` must hold, got cache_hit={self.cache_hit!r}")
         for key in ("ttft_ms", "tpot_ms"):
@@ -54,6 +58,7 @@ class CostSettings:
             "tpot_ms": self.tpot_ms,
             "ttft_percentile": self.ttft_percentile,
             "tpot_percentile": self.tpot_percentile,
+            "prefill_batch_tokens": self.prefill_batch_tokens,
         }
 
     @staticmethod
@@ -62,7 +67,7 @@ class CostSettings:
         if not isinstance(data, Mapping):
             raise SpecError(f"{where}: `cost` must be a mapping (profile, switches, cache_hit, ...), got {data!r}")
         expected = {"profile", "switches", "cache_hit", "fp8_combine", "ttft_ms", "tpot_ms", "ttft_percentile",
-                    "tpot_percentile"}  # fmt: skip
+                    "tpot_percentile", "prefill_batch_tokens"}  # fmt: skip
         if set(data) != expected:
             raise SpecError(f"{where}: `cost` must have exactly the fields {sorted(expected)}, got {sorted(data)}")
         switches = data["switches"]
@@ -74,6 +79,9 @@ class CostSettings:
             v, nullable = data[key], key in ("ttft_ms", "tpot_ms")
             if not (v is None and nullable) and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise SpecError(f"{where}: `cost.{key}` must be a number{' or null' if nullable else ''}")
+        batch = data["prefill_batch_tokens"]
+        if isinstance(batch, bool) or not isinstance(batch, int):
+            raise SpecError(f"{where}: `cost.prefill_batch_tokens` must be a whole number")
         if not isinstance(data["fp8_combine"], bool):
             raise SpecError(f"{where}: `cost.fp8_combine` must be true or false")
         try:
@@ -85,6 +93,7 @@ class CostSettings:
                 None if data["tpot_ms"] is None else float(data["tpot_ms"]),
                 float(data["ttft_percentile"]),
                 float(data["tpot_percentile"]),
+                batch,
             )
         except SpecError as err:
             raise SpecError(f"{where}: cost: {err}") from None

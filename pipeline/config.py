@@ -88,7 +88,8 @@ def slo_from_cfg(cfg: Any) -> dict[str, Any]:
 
 
 def cost_settings_from_cfg(cfg: Any) -> CostSettings:
-    """The one cost-settings record of a command: `costmodel` (profile, fixes, cache_hit, fp8_combine) and `slo`."""
+    """The one cost-settings record of a command: `costmodel` (profile, fixes, cache_hit, fp8_combine,
+    prefill_batch_tokens) and `slo`."""
     c = cfg.costmodel
     try:
         return CostSettings(
@@ -96,6 +97,7 @@ def cost_settings_from_cfg(cfg: Any) -> CostSettings:
             fraction(c.cache_hit, "costmodel.cache_hit"),
             boolean(c.fp8_combine, "costmodel.fp8_combine"),
             **slo_from_cfg(cfg),
+            prefill_batch_tokens=positive_int(c.prefill_batch_tokens, "costmodel.prefill_batch_tokens"),
         )
     except SpecError as err:
         raise ConfigError(f"costmodel: {err}") from None

@@ -103,3 +103,24 @@ def test_tpot_step_cap_by_hand() -> None:
     mix = np.zeros(1001)
     mix[[1, 2, 1000]] = [0.5, 0.25, 0.25]
     assert 50 / 1.99 < tpot_step_cap_ms(50.0, 0.99, mix) < 50 * 999 / 999.99
+
+
+def test_batching_lowers_the_cap_by_the_work_batched_behind_a_job() -> None:
+    from costmodel.queueing import RHO_GRID, erlang_c, utilisation_caps
+
+    c, mean, cs2, q, budget = 4, 0.2, 1.0, 0.99, 1.0
+    plain = utilisation_caps(c, mean, cs2, np.array([budget]), q)[0]
+    assert utilisation_caps(c, mean, cs2, np.array([budget]), q, 0.0)[0] == plain
+
+    def wq(rho: float) -> float:  # the M/M/c wait quantile written out
+        pw = erlang_c(c, rho * c)
+        return 0.0 if pw <= 1 - q else np.log(pw / (1 - q)) * (1 + cs2) / (2 * (c / mean) * (1 - rho))
+
+    # an unbounded batch adds rho x W: the cap is the largest grid rho with (1 + rho) W <= budget
+    big = utilisation_caps(c, mean, cs2, np.array([budget]), q, 1e9)[0]
+    ok = [r for r in RHO_GRID if (1 + r) * wq(r) <= budget]
+    assert big == pytest.approx(max(ok)) and big < plain
+    # a small batch adds at most its own time
+    small = utilisation_caps(c, mean, cs2, np.array([budget]), q, 0.05)[0]
+    ok = [r for r in RHO_GRID if wq(r) + min(r * wq(r), 0.05) <= budget]
+    assert small == pytest.approx(max(ok)) and big <= small <= plain
