@@ -86,7 +86,7 @@ def execute(cfg: Any) -> None:
         gpu,
         size,
         model,
-        ranges.mid,
+        ranges.benchmark_lengths(cost.slo),
         ranges.p,
         workload.mean_decode,
         workload.max_decode,

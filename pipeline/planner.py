@@ -85,10 +85,15 @@ class Planner:
     def profile(self) -> CostProfile:
         return self.cost.profile
 
+    @property
+    def lengths(self) -> np.ndarray:
+        """The length each range is benchmarked at (`Ranges.benchmark_lengths`)."""
+        return self.ranges.benchmark_lengths(self.cost.slo)
+
     def benchmark(
         self, gpu: str, size: int, lengths: np.ndarray | None = None, weights: np.ndarray | None = None
     ) -> IslandBenchmark:
-        """The island's benchmark at the range mids (cached), or at other lengths (not cached)."""
+        """The island's benchmark at the ranges' lengths (`lengths`; cached), or at other lengths (not cached)."""
         if gpu not in self.gpus:
             raise ConfigError(f"GPU {gpu!r} of the layout is not in the inventory {sorted(self.gpus)}")
         if lengths is None:
@@ -101,7 +106,7 @@ class Planner:
             self.gpus[gpu],
             size,
             self.model,
-            self.ranges.mid if lengths is None else lengths,
+            self.lengths if lengths is None else lengths,
             self.ranges.p if weights is None else weights,
             self.workload.mean_decode,
             self.workload.max_decode,
@@ -129,8 +134,22 @@ class Planner:
         u_pre, u_dec = self.caps(gpu, size)
         return bench.prefill_req_s * u_pre, bench.decode_req_s * u_dec
 
-    def problem(self, layout: Layout, objective: str = "max_rate", queueing: bool = True, **kw: Any) -> InnerProblem:
-        rates = [self.rates(g, n, queueing) for g, n in layout.islands]
+    def problem(
+        self,
+        layout: Layout,
+        objective: str = "max_rate",
+        queueing: bool = True,
+        caps: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+        **kw: Any,
+    ) -> InnerProblem:
+        """`caps`: per island, utilisation caps to use instead of the cached whole-workload ones (`routed_caps`)."""
+        if caps is None:
+            rates = [self.rates(g, n, queueing) for g, n in layout.islands]
+        else:
+            rates = []
+            for (g, n), (u_pre, u_dec) in zip(layout.islands, caps, strict=True):
+                bench = self.benchmark(g, n)
+                rates.append((bench.prefill_req_s * u_pre, bench.decode_req_s * u_dec))
         if objective == "max_rate":
             if self.kv_transfer:
                 kw.setdefault("kv_gb", self.kv_gb_per_range(layout))
@@ -179,6 +198,50 @@ class Planner:
     ) -> tuple[InnerProblem, InnerSolution]:
         prob = self.problem(layout, objective, queueing, **kw)
         return prob, solve(prob, time_limit_s=time_limit_s, backend=backend)
+
+    def routed_caps(
+        self, layout: Layout, prob: InnerProblem, sol: InnerSolution
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per island, its utilisation caps for the service mix the solution routes to it.
+
+        The cached caps (`caps`) assume an island serves the whole workload's mix of lengths; an
+        island given only long prompts, or a few long among many short, queues differently.
+        Islands that serve nothing keep the cached caps.
+        """
+        out = []
+        for i, (g, n) in enumerate(layout.islands):
+            routed = sol.x_prefill[i] * prob.prefill_req_s[i] + sol.x_decode[i] * prob.decode_req_s[i]
+            if routed.sum() <= 0:
+                out.append(self.caps(g, n))
+            else:
+                out.append(utilisation_caps(self.benchmark(g, n), routed, self.workload.mean_decode, self.cost))
+        return out
+
+    def solve_routed(
+        self, layout: Layout, time_limit_s: float = 10.0, backend: str = "AUTO", rounds: int = 4
+    ) -> tuple[InnerProblem, InnerSolution]:
+        """max_rate with every island's caps computed from the mix the routing gives it (docs/inner.md).
+
+        The caps depend on the routing and the routing on the caps: solve, recompute each island's
+        caps from its routed mix, solve again, until the caps settle (at most `rounds` solves).
+        Without SLOs there are no caps and this is `solve`.
+        """
+        prob, sol = self.solve(layout, "max_rate", time_limit_s, backend=backend)
+        if not self.cost.slo or sol.rate_req_s <= 0:
+            return prob, sol
+        caps = None
+        for _ in range(rounds - 1):
+            new = self.routed_caps(layout, prob, sol)
+            if caps is not None and all(
+                np.allclose(a, b, atol=1e-3)
+                for old, cur in zip(caps, new, strict=True)
+                for a, b in zip(old, cur, strict=True)
+            ):
+                break
+            caps = new
+            prob = self.problem(layout, "max_rate", caps=caps)
+            sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
+        return prob, sol
 
     def support(self) -> tuple[np.ndarray, np.ndarray]:
         """Every input length the workload has, and its probability."""

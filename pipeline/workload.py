@@ -43,15 +43,22 @@ class Workload:
 
 @dataclass(frozen=True)
 class Ranges:
-    """Input-length ranges [start, end) with representative length `mid` and mass `p`."""
+    """Input-length ranges [start, end) with representative length `mid` (the thesis's), mass `p`
+    and `mean`, the workload's mean length within each range (`mid` where the range is empty)."""
 
     start: np.ndarray
     end: np.ndarray
     mid: np.ndarray
     p: np.ndarray
+    mean: np.ndarray
 
     def __len__(self) -> int:
         return len(self.mid)
+
+    def benchmark_lengths(self, slo: bool) -> np.ndarray:
+        """The length each range is benchmarked at: with SLOs its mean length (what its requests
+        cost, which the queueing caps need), without them the thesis's midpoint (docs/inner.md)."""
+        return self.mean if slo else self.mid
 
 
 MIN_RANGES = 3  # fewer ranges than this leave nothing to route by length
@@ -86,7 +93,10 @@ def make_ranges(w: Workload, width: int) -> Ranges:
     cum = np.concatenate([[0.0], np.cumsum(w.pmf)])
     p = cum[end] - cum[start]
     mid = np.minimum(start + width // 2, end - 1)
-    return Ranges(start, end, mid, p)
+    moment = np.concatenate([[0.0], np.cumsum(w.pmf * np.arange(n))])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(p > 0, (moment[end] - moment[start]) / p, mid)
+    return Ranges(start, end, mid, p, np.clip(np.round(mean), start, end - 1).astype(int))
 
 
 def synthetic_normal(
