@@ -30,6 +30,7 @@ from pipeline.config import (
     positive_int,
 )
 from pipeline.errors import ConfigError
+from pipeline.goodput import GoodputCheck
 from pipeline.inventory import Inventory, inventory_from_cfg
 from pipeline.planner import Planner
 from pipeline.samplers import SAMPLERS
@@ -37,7 +38,7 @@ from pipeline.space import GENERATORS, Space
 from pipeline.workload import Workload, ranges_from_cfg, workload_from_cfg
 from solvers.inner import BACKENDS
 
-OBJECTIVES = ("max_rate", "rate_per_dollar", "thesis")
+OBJECTIVES = ("max_rate", "rate_per_dollar", "thesis", "goodput")
 DEFAULT_INVENTORY = "hetero_a"
 # every key a `conf/search/*.yaml` sets: anything else under `search.` is a typo, not a setting
 SEARCH_KEYS = frozenset(k for p in (CONF_DIR / "search").glob("*.yaml") for k in (yaml.safe_load(p.read_text()) or {}))
@@ -139,6 +140,7 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
     kv_transfer = boolean(s.kv_transfer, "search.kv_transfer")
     if objective == "thesis" and (budget is not None or kv_transfer):
         raise ConfigError("search.objective=thesis has no budget or KV-transfer constraint: drop those overrides")
+    goodput = goodput_from_cfg(s.get("goodput") or {}) if objective == "goodput" else None
     skew_range = number(s.skew_range, "search.skew_range", low=0)
     inner_limit = number(s.inner_time_limit_s, "search.inner_time_limit_s", low=0.001)
     ref_limit = number(s.reference_time_limit_s, "search.reference_time_limit_s", low=0.001)
@@ -161,13 +163,16 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         grid_points=positive_int(s.grid_points, "search.grid_points"),
     )
     check_some_island_fits(planner, inventory, mins)
+    if goodput is not None and not planner.cost.slo:
+        raise ConfigError("search.objective=goodput counts requests served within the SLOs: set the slo block "
+                          "(slo=null plans for throughput only; use objective=max_rate there)")  # fmt: skip
     record = {k: plain(cfg[k]) for k in cfg if k != "hydra"}
     record["inventory"] = {"name": inventory_name, **plain(inv_cfg)}
     record["search"]["min_island_per_type"] = record["search"].get("min_island_per_type") or {}
     record["search"]["min_island_by_type"] = mins  # `auto` resolved
     digest = hashlib.sha1(json.dumps(run_identity(record), sort_keys=True, default=str).encode()).hexdigest()[:8]
     name = f"{inventory_name}-{workload_name}-{generator}-{sampler}-{objective}-{digest}"
-    ctx = Context(planner, space, objective, inner_limit, digest, backend)
+    ctx = Context(planner, space, objective, inner_limit, digest, backend, goodput)
     settings = Settings(
         inventory=inventory,
         workload_name=workload_name,
@@ -194,6 +199,20 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
     return settings, ctx
 
 
+def goodput_from_cfg(g: Any) -> GoodputCheck:
+    """`search.goodput`: seconds of arrivals per simulation and simulations (bisection steps) per layout."""
+    if not isinstance(g, Mapping):
+        raise ConfigError(f"search.goodput must be a mapping (seconds, steps), got {g!r}")
+    unknown = sorted(set(g) - {"seconds", "steps"})
+    if unknown:
+        raise ConfigError(f"search.goodput.{unknown[0]} is not a goodput setting: choose from seconds, steps")
+    default = GoodputCheck()
+    return GoodputCheck(
+        seconds=number(g.get("seconds", default.seconds), "search.goodput.seconds", low=1),
+        steps=positive_int(g.get("steps", default.steps), "search.goodput.steps"),
+    )
+
+
 def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
     """What decides a run's results: its config without where it runs, logs and writes, which MILP
     backend solves it (speed, not the model: a run resumes under another backend) and what follows
@@ -203,6 +222,7 @@ def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
         k: v
         for k, v in config["search"].items()
         if k not in ("resume", "inner_backend", "min_island_by_type", "verify")
+        and not (k == "goodput" and config["search"].get("objective") != "goodput")
     }
     return out
 

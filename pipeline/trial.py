@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from pipeline.goodput import GoodputCheck, layout_goodput
 from pipeline.planner import Layout, Planner
 from pipeline.space import Space
 from solvers.layouts import LayoutRejected
@@ -31,6 +32,7 @@ class Context:
     inner_time_limit_s: float
     key: str  # identity of the planner inputs (config hash)
     backend: str = "AUTO"  # inner MILP solver
+    goodput: GoodputCheck | None = None  # objective goodput: how each layout is simulated
 
 
 _PLANNERS: dict[str, Planner] = {}  # per process: survives Ray Tune's actor reuse
@@ -53,6 +55,7 @@ METRICS = (
     "trial_ms",
     "n_islands",
 )
+GOODPUT_METRICS = ("simulated_req_s", "stated_req_s")  # objective goodput only: the simulated and analytic rates
 
 
 def run_trial(ctx: Context, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,9 +88,15 @@ def score_layout(ctx: Context, layout: Layout, t0: float | None = None) -> dict[
     in_use = _in_use(sol)
     cost = float(planner.cost_per_hour(layout)[in_use].sum())
     per_dollar = sol.rate_req_s / cost if cost > 0 else 0.0
+    score = per_dollar if ctx.objective == "rate_per_dollar" else sol.rate_req_s
+    extra = {}
+    if ctx.objective == "goodput":  # the simulator's verdict replaces the analytic rate as the score
+        check = ctx.goodput or GoodputCheck()
+        score, plan = layout_goodput(planner, layout, check, ctx.inner_time_limit_s, ctx.backend)
+        extra = {"simulated_req_s": score, "stated_req_s": plan["rate_req_s"]}
     return {
         "status": sol.status,
-        "score": per_dollar if ctx.objective == "rate_per_dollar" else sol.rate_req_s,
+        "score": score,
         "rate_req_s": sol.rate_req_s,
         "evaluated_req_s": ev.rate_req_s,
         "prefill_req_s": sol.prefill_req_s,
@@ -100,6 +109,7 @@ def score_layout(ctx: Context, layout: Layout, t0: float | None = None) -> dict[
         "n_islands": float(len(layout.islands)),
         "islands": layout.key,
         "note": "",
+        **extra,
     }
 
 
