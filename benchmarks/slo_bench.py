@@ -11,11 +11,18 @@ For each cell (inventory x workload; default: the Table 5.1 cells), side by side
 
     python benchmarks/slo_bench.py                                  # the six Table 5.1 cells
     python benchmarks/slo_bench.py --cells hetero_a:azure_code --evals 96
+    python benchmarks/slo_bench.py --plans outputs/search/<run>/plan.json   # a plan already made (the main job)
+    python benchmarks/slo_bench.py --goodput 32 --cells hetero_a:azure_code   # objective=goodput vs max_rate
+
+--goodput N: per cell, a search of N evaluations scored by simulated goodput (objective=goodput)
+and one of N scored analytically (max_rate, same seed); both best plans are then bisected the same
+way, and the table gives simulated goodput of the goodput plan / that of the analytic plan.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -26,6 +33,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
 from costmodel.catalog import CONF_DIR
+from pipeline.goodput import sustainable_rate
 from pipeline.journal import write_json
 from pipeline.outputs import build_plan
 from pipeline.planner import Layout
@@ -52,24 +60,20 @@ def plan_for(inv: str, wl: str, evals: int, extra: list[str]) -> tuple[dict, obj
 
 
 def sustained_rate(plan: dict, cfg: object, path: Path, seconds: float, steps: int) -> tuple[float, str]:
-    """Highest offered rate (bisection over [0.2, 1.4] x stated) that the simulator sustains within the SLOs."""
+    """Highest offered rate the simulator sustains within the SLOs: the stated rate first, then bisection
+    in [0.2, 1.4] x stated (`pipeline.goodput.sustainable_rate`, as objective=goodput probes a layout)."""
     from omegaconf import OmegaConf
 
     sim = OmegaConf.load(CONF_DIR / "simulate.yaml")
     sim.plan, sim.slo, sim.workload, sim.workload_name = str(path), cfg.get("slo"), cfg.workload, plan["workload"]
     runner = Runner(sim, plan)
-    stated = plan["rate_req_s"]
-    lo, hi, why_hi = 0.2 * stated, 1.4 * stated, ""
-    for _ in range(steps):
-        mid = 0.5 * (lo + hi)
-        req, _ = requests_from_cfg(sim, plan, mid, int(max(mid * seconds, 2000)))
+
+    def sustains(rate: float) -> str:
+        req, _ = requests_from_cfg(sim, plan, rate, int(max(rate * seconds, 2000)))
         _, m, _ = runner.simulate(req, "plan", "fcfs")
-        why = verdict(m, runner.slo["ttft_ms"], runner.slo["tpot_ms"], runner.tolerance)
-        if why:
-            hi, why_hi = mid, why
-        else:
-            lo = mid
-    return lo, why_hi
+        return verdict(m, runner.slo["ttft_ms"], runner.slo["tpot_ms"], runner.tolerance)
+
+    return sustainable_rate(sustains, plan["rate_req_s"], steps, 0.2, 1.4)
 
 
 def main() -> None:
@@ -78,14 +82,30 @@ def main() -> None:
     ap.add_argument("--evals", type=int, default=96, help="search evaluations per plan")
     ap.add_argument("--seconds", type=float, default=120.0, help="seconds of arrivals per simulation")
     ap.add_argument("--steps", type=int, default=7, help="bisection steps")
+    ap.add_argument("--goodput", type=int, default=0, help="evaluations per search for the goodput comparison")
+    ap.add_argument("--plans", default="", help="comma-separated plan.json files to bisect instead of planning cells")
     ap.add_argument("--out", default="outputs/benchmarks/slo_bench")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.goodput:
+        return compare_goodput(args, out)
     print("| cell | stated (SLO) req/s | simulated SLO-sustainable | ratio | fails above it | slo=null stated | "
           "SLO cost | time s |")  # fmt: skip
     print("|---|---:|---:|---:|---|---:|---:|---:|")
-    for cell in args.cells.split(","):
+    for name in filter(None, args.plans.split(",")):
+        t0 = time.perf_counter()
+        path = Path(name)
+        plan = json.loads(path.read_text())
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):  # the workload and SLOs the plan was made for
+            cfg = compose("search", ["+inventory=hetero_a", f"workload={plan['workload']}"])
+        c = plan["cost"]
+        cfg.slo = {k: c[k] for k in ("ttft_ms", "ttft_percentile", "tpot_ms", "tpot_percentile")}
+        sustained, why = sustained_rate(plan, cfg, path, args.seconds, args.steps)
+        stated = plan["rate_req_s"]
+        print(f"| {path} | {stated:.1f} | {sustained:.1f} | {sustained / stated:.3f} | {why} | - | - | "
+              f"{time.perf_counter() - t0:.0f} |", flush=True)  # fmt: skip
+    for cell in filter(None, args.cells.split(",") if not args.plans else []):
         inv, wl = cell.split(":")
         t0 = time.perf_counter()
         plan, cfg = plan_for(inv, wl, args.evals, [])
@@ -99,6 +119,26 @@ def main() -> None:
             f"{free['rate_req_s']:.1f} | {1 - stated / free['rate_req_s']:.1%} | {time.perf_counter() - t0:.0f} |",
             flush=True,
         )
+
+
+def compare_goodput(args: argparse.Namespace, out: Path) -> None:
+    print("| cell | evals | analytic plan: stated / simulated req/s | goodput plan: stated / simulated req/s | "
+          "simulated goodput ÷ analytic | search s (analytic / goodput) |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
+    for cell in args.cells.split(","):
+        inv, wl = cell.split(":")
+        row = []
+        for objective in ("max_rate", "goodput"):
+            t0 = time.perf_counter()
+            plan, cfg = plan_for(inv, wl, args.goodput, [f"search.objective={objective}"])
+            searched = time.perf_counter() - t0
+            path = out / f"{inv}-{wl}-{objective}.json"
+            write_json(path, plan)
+            sustained, _ = sustained_rate(plan, cfg, path, args.seconds, args.steps)
+            row.append((plan["rate_req_s"], sustained, searched))
+        (a_stated, a_sim, a_s), (g_stated, g_sim, g_s) = row
+        print(f"| {cell} | {args.goodput} | {a_stated:.1f} / {a_sim:.1f} | {g_stated:.1f} / {g_sim:.1f} | "
+              f"{g_sim / a_sim:.3f} | {a_s:.0f} / {g_s:.0f} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
