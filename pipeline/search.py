@@ -210,6 +210,8 @@ def _finish(
             "wall_s": wall_s,
             "trials": float(len(run.records)),
             "fluid_req_s": plan["fluid_req_s"],
+            "searched_req_s": plan["searched_req_s"],
+            **({"goodput_req_s": float(plan["simulated_req_s"])} if plan.get("simulated_req_s") is not None else {}),
             **{
                 f"simulated_{k}": float(v)
                 for k, v in plan.get("verification", {}).items()
