@@ -40,14 +40,20 @@ class GPU:
     mem_bw_gb_s: float
     nvlink_bw_gb_s: float
     scaleout_bw_gb_s: float
-    gpus_per_node: int
+    gpus_per_node: int  # the scale-up (NVLink) domain: GPUs an all-to-all reaches without the NIC
     grouped_gemm_table: str
     price_per_hour: float
+    node_gpus: int = 8  # GPUs per host (server, or rack compute tray): the unit a deployment places
 
     def __post_init__(self) -> None:
-        for f in ("sm", "gpus_per_node"):
+        for f in ("sm", "gpus_per_node", "node_gpus"):
             v = getattr(self, f)
             _require(isinstance(v, int) and v > 0, f"`{f} > 0` (integer) must hold for GPU {self.name}, got {v!r}")
+        _require(
+            self.gpus_per_node % self.node_gpus == 0 or self.node_gpus % self.gpus_per_node == 0,
+            f"GPU {self.name}: node_gpus ({self.node_gpus}) and gpus_per_node, the scale-up domain "
+            f"({self.gpus_per_node}), must divide one another",
+        )
         _require(
             0 <= self.comm_sm < self.sm,
             f"`0 <= comm_sm < sm` must hold for GPU {self.name}, got comm_sm={self.comm_sm}, sm={self.sm}",
