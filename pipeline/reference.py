@@ -32,10 +32,9 @@ def reference(
 ) -> ExactResult:
     """The exact optimum over every layout of the inventory, or, per type in `layouts`, over those
     island multisets only (`solvers/exact.py`, (6))."""
-    mins = dict(ctx.space.min_island)
     types = []
     for g, n in zip(settings.inventory.gpus, settings.inventory.counts, strict=True):
-        sizes = np.arange(mins[g.name], n + 1)
+        sizes = np.array(ctx.space.sizes(g.name), dtype=int)  # node-aligned shapes unless search.shapes=any
         rates = [planner.rates(g.name, int(s)) for s in sizes]  # at the load the SLOs allow, as the inner solve
         types.append(
             TypeOptions(

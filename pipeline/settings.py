@@ -37,8 +37,10 @@ from pipeline.samplers import SAMPLERS
 from pipeline.space import GENERATORS, Space
 from pipeline.workload import Workload, ranges_from_cfg, workload_from_cfg
 from solvers.inner import BACKENDS
+from solvers.layouts import node_shapes, smallest_shape
 
 OBJECTIVES = ("max_rate", "rate_per_dollar", "thesis", "goodput")
+SHAPES = ("nodes", "any")  # search.shapes: node-aligned islands (solvers/layouts.py) or any size
 DEFAULT_INVENTORY = "hetero_a"
 # every key a `conf/search/*.yaml` sets: anything else under `search.` is a typo, not a setting
 SEARCH_KEYS = frozenset(k for p in (CONF_DIR / "search").glob("*.yaml") for k in (yaml.safe_load(p.read_text()) or {}))
@@ -150,7 +152,13 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         raise ConfigError(f"search.seed must be a whole number >= 0, got search.seed={seed!r}")
     workload_name = choice("workload")
     planner = planner_from_cfg(cfg, {g.name: g for g in inventory.gpus}, kv_transfer, budget)
-    mins = min_islands(s.min_island, plain(s.min_island_per_type) or {}, inventory, planner)
+    shapes = str(s.shapes)
+    if shapes not in SHAPES:
+        raise ConfigError(
+            f"search.shapes={shapes!r}: choose nodes (islands fit hosts) or any (the thesis's free sizes)"
+        )
+    node = {g.name: g.node_gpus for g in inventory.gpus} if shapes == "nodes" else None
+    mins = min_islands(s.min_island, plain(s.min_island_per_type) or {}, inventory, planner, node)
     space = Space(
         generator,
         tuple((g.name, n) for g, n in zip(inventory.gpus, inventory.counts, strict=True)),
@@ -161,6 +169,7 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         repair=on_violation == "repair",
         counts_are_bounds=objective == "rate_per_dollar" or budget is not None,
         grid_points=positive_int(s.grid_points, "search.grid_points"),
+        node=None if node is None else tuple(node.items()),
     )
     check_some_island_fits(planner, inventory, mins)
     if goodput is not None and not planner.cost.slo:
@@ -227,13 +236,20 @@ def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def min_islands(everywhere: Any, per_type: Mapping[str, Any], inventory: Inventory, planner: Planner) -> dict[str, int]:
+def min_islands(
+    everywhere: Any,
+    per_type: Mapping[str, Any],
+    inventory: Inventory,
+    planner: Planner,
+    node: Mapping[str, int] | None = None,
+) -> dict[str, int]:
     """Minimum island size per GPU type: `search.min_island` (a number or `auto`), per-type overrides winning.
 
     `auto`: the smallest island of that type that can run the model in prefill or decode (its
     weights, KV cache and SLOs, as the cost model sees them). Smaller islands would only idle,
-    so the search does not spend trials on them; a type on which no island fits gets its whole
-    count as the minimum (one island, left idle by the inner solver).
+    so the search does not spend trials on them; a type on which no island fits gets its largest
+    island as the minimum (one island, left idle by the inner solver). With node-aligned shapes
+    (`node`: GPUs per host) the minimum is a shape: a number rounds up to the next one.
     """
     if not isinstance(per_type, Mapping):
         raise ConfigError(f"search.min_island_per_type must map GPU names to sizes, got {per_type!r}")
@@ -244,12 +260,18 @@ def min_islands(everywhere: Any, per_type: Mapping[str, Any], inventory: Invento
     for g, count in zip(inventory.gpus, inventory.counts, strict=True):
         value = per_type.get(g.name, everywhere)
         where = f"search.min_island_per_type.{g.name}" if g.name in per_type else "search.min_island"
+        sizes = list(range(1, count + 1)) if node is None else list(node_shapes(node[g.name], count))
         if value == "auto":
-            out[g.name] = next((n for n in range(1, count + 1) if runs(planner, g.name, n)), count)
+            out[g.name] = next((n for n in sizes if runs(planner, g.name, n)), sizes[-1])
         elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{where} must be a whole number >= 1 or auto, got {value!r}: set {where}=N or =auto")
+        elif node is not None and value <= count and not smallest_shape(value, sizes):
+            raise ConfigError(
+                f"{where}={value}: no island of at least {value} {g.name} fits whole hosts of {node[g.name]} within "
+                f"the {count} of the inventory: lower it, or set search.shapes=any"
+            )
         else:
-            out[g.name] = value
+            out[g.name] = smallest_shape(value, sizes) if node is not None and value <= count else value
     return out
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
 from pipeline.config import ConfigError
-from solvers.layouts import LayoutRejected, direct_layout, divider_layout
+from solvers.layouts import LayoutRejected, direct_layout, divider_layout, node_shapes
 
 GENERATORS = ("divider", "direct")
 FLOAT_STEPS = 1000  # a float parameter is walked in steps of 1/FLOAT_STEPS of its range
@@ -36,6 +36,7 @@ class Space:
     repair: bool = False
     counts_are_bounds: bool = False  # divider: also choose how many GPUs of each type to use
     grid_points: int = 4
+    node: tuple[tuple[str, int], ...] | None = None  # (gpu, GPUs per host): node-aligned islands; None = any size
 
     def __post_init__(self) -> None:
         if self.generator not in GENERATORS:
@@ -87,9 +88,20 @@ class Space:
                 {g: float(params[f"skew_{g}"]) for g in inv},
                 mins,
                 {g: int(params[f"gpus_{g}"]) for g in inv} if self.counts_are_bounds else None,
+                self.nodes,
             )
         slots = {g: [int(params[f"slot_{g}_{k}"]) for k in range(self.k_slots)] for g in inv}
-        return direct_layout(inv, slots, mins, repair=self.repair)
+        return direct_layout(inv, slots, mins, repair=self.repair, node=self.nodes)
+
+    @property
+    def nodes(self) -> dict[str, int] | None:
+        return None if self.node is None else dict(self.node)
+
+    def sizes(self, gpu: str) -> list[int]:
+        """Every island size of `gpu` a layout of this space may hold (the exact reference's classes)."""
+        count, low = dict(self.inventory)[gpu], dict(self.min_island)[gpu]
+        shapes = range(1, count + 1) if self.node is None else node_shapes(dict(self.node)[gpu], count)
+        return [x for x in shapes if x >= low]
 
     def layout_key(self, params: Mapping[str, Any]) -> tuple[tuple[str, int], ...] | None:
         """The layout as a sorted island tuple; None for a rejected direct proposal."""

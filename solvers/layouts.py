@@ -13,6 +13,12 @@ near zero), rounded by the largest-remainder method, so the sizes sum to the typ
 Σ_k x_tk <= I_t. A slot below the type's minimum island holds no island. A proposal over the
 inventory is rejected (`LayoutRejected`, the search records it) or repaired (slots scaled down
 to fit), by config.
+
+**Node-aligned shapes** (`node`, GPUs per host of each type; None = any size, the thesis's):
+an island is a divisor of a node or a whole number of nodes (`node_shapes`), so every engine
+sits inside one host or spans whole hosts. The divider then shares whole nodes (or, below a
+node, whole units of the smallest allowed island) and rounds each island down to a shape; the
+direct generator rounds each slot down to a shape. GPUs a rounding leaves over stay idle.
 """
 
 from __future__ import annotations
@@ -59,20 +65,63 @@ def divide(total: int, n_target: int, skew: float, min_island: int) -> list[int]
     return [min_island + e for e in extra]
 
 
+def node_shapes(node: int, count: int) -> tuple[int, ...]:
+    """Island sizes that fit hosts of `node` GPUs, up to `count`: divisors of a node and multiples of it."""
+    if node < 1:
+        raise LayoutError(f"GPUs per node must be >= 1, got {node}")
+    divisors = {d for d in range(1, node + 1) if node % d == 0}
+    return tuple(sorted(x for x in divisors | set(range(node, count + 1, node)) if x <= count))
+
+
+def snap(size: int, shapes: Sequence[int]) -> int:
+    """The largest shape <= size (0 when none is)."""
+    return max((x for x in shapes if x <= size), default=0)
+
+
+def smallest_shape(min_island: int, shapes: Sequence[int]) -> int:
+    """The smallest shape >= min_island (0 when none is)."""
+    return min((x for x in shapes if x >= min_island), default=0)
+
+
+def divide_shaped(total: int, n_target: int, skew: float, min_island: int, node: int) -> list[int]:
+    """`divide` in whole units, each island then rounded down to a node-aligned shape.
+
+    The unit is a node when the smallest allowed island is a node or more (for DeepSeek-V3 on HGX
+    inventories every island is whole nodes). Below a node it is that island's size, unless
+    sharing whole nodes keeps more GPUs busy once every island is rounded to a shape.
+    """
+    shapes = node_shapes(node, total)
+    low = smallest_shape(min_island, shapes)
+    if low == 0:
+        return []
+    best: list[int] = []
+    for unit in sorted({low if low < node else node, node}):
+        sizes = [unit * k for k in divide(total // unit, n_target, skew, max(low // unit, 1))]
+        sizes = [x for x in (snap(k, shapes) for k in sizes) if x >= low]
+        if sum(sizes) > sum(best):
+            best = sizes
+    return best
+
+
 def divider_layout(
     inventory: Mapping[str, int],
     n_target: Mapping[str, int],
     skew: Mapping[str, float],
     min_island: Mapping[str, int],
     use: Mapping[str, int] | None = None,
+    node: Mapping[str, int] | None = None,
 ) -> list[tuple[str, int]]:
-    """Every type divided by its own (n_t, s_t); `use[t]` GPUs of it (default: all)."""
+    """Every type divided by its own (n_t, s_t); `use[t]` GPUs of it (default: all); node-aligned
+    islands when `node` (GPUs per host of each type) is given."""
     out: list[tuple[str, int]] = []
     for gpu, count in inventory.items():
         total = count if use is None else use[gpu]
         if total > count:
             raise LayoutError(f"divider: {total} {gpu} asked for, the inventory has {count}")
-        sizes = divide(total, n_target[gpu], skew[gpu], min_island[gpu])
+        if node is None:
+            sizes = divide(total, n_target[gpu], skew[gpu], min_island[gpu])
+        else:
+            sizes = divide_shaped(total, n_target[gpu], skew[gpu], min_island[gpu], node[gpu])
         out += [(gpu, s) for s in sorted(sizes, reverse=True)]
     return out
 
@@ -82,18 +131,25 @@ def direct_layout(
     slots: Mapping[str, Sequence[int]],
     min_island: Mapping[str, int],
     repair: bool = False,
+    node: Mapping[str, int] | None = None,
 ) -> list[tuple[str, int]]:
-    """Islands from K slots per type; over-inventory proposals rejected or (repair=True) scaled to fit."""
+    """Islands from K slots per type; over-inventory proposals rejected or (repair=True) scaled to fit;
+    with `node`, each slot rounded down to a node-aligned shape."""
     out: list[tuple[str, int]] = []
     for gpu, count in inventory.items():
         sizes = [int(x) for x in slots[gpu]]
         if any(x < 0 for x in sizes):
             raise LayoutError(f"direct: slot sizes must be >= 0, got {sizes} for {gpu}")
+        shapes = node_shapes(node[gpu], count) if node is not None else None
+        if shapes is not None:
+            sizes = [snap(x, shapes) for x in sizes]
         sizes = [x for x in sizes if x >= min_island[gpu]]
         if sum(sizes) > count:
             if not repair:
                 raise LayoutRejected(f"direct: slots for {gpu} sum to {sum(sizes)} > {count} in the inventory")
             sizes = _repair(sizes, count, min_island[gpu])
+            if shapes is not None:
+                sizes = [x for x in (snap(k, shapes) for k in sizes) if x >= min_island[gpu]]
         out += [(gpu, s) for s in sorted(sizes, reverse=True)]
     return out
 

@@ -56,9 +56,13 @@ def test_sampler_proposes_inside_the_space_and_repeats_under_a_seed(name: str) -
     assert proposals(name, 3) == first
 
 
+@pytest.mark.parametrize("node", [None, 8, 4], ids=["any", "node8", "node4"])
 @pytest.mark.parametrize("generator", GENERATORS)
-def test_generator_layouts_fit_the_inventory_and_are_deterministic(generator: str) -> None:
+def test_generator_layouts_fit_the_inventory_and_are_deterministic(generator: str, node: int | None) -> None:
     sp = space(generator)
+    if node is not None:  # node-aligned shapes: every island a divisor of a host or whole hosts
+        sp = Space(generator, INVENTORY, MINS, skew_range=3.0, max_islands=8, k_slots=4, repair=True,
+                   node=tuple((g, node) for g, _ in INVENTORY))  # fmt: skip
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     counts, mins = dict(INVENTORY), dict(MINS)
     made = 0
@@ -73,6 +77,9 @@ def test_generator_layouts_fit_the_inventory_and_are_deterministic(generator: st
         for gpu, count in counts.items():
             sizes = [n for g, n in layout if g == gpu]
             assert sum(sizes) <= count and all(n >= mins[gpu] for n in sizes), (gpu, layout)
+            if node is not None:
+                assert all(node % n == 0 or n % node == 0 for n in sizes), (gpu, layout)
+                assert set(sizes) <= set(sp.sizes(gpu))  # the reference's classes hold every proposed size
     assert made >= 30
 
 

@@ -109,3 +109,18 @@ def test_space_rejects_a_minimum_island_larger_than_the_inventory() -> None:
 def test_divider_layout_checks_use_against_the_inventory() -> None:
     with pytest.raises(LayoutError, match="20 H200 asked for"):
         divider_layout({"H200": 16}, {"H200": 2}, {"H200": 0.0}, {"H200": 2}, {"H200": 20})
+
+
+def test_node_shapes_are_divisors_of_a_host_or_whole_hosts() -> None:
+    from solvers.layouts import divide_shaped, node_shapes
+
+    assert node_shapes(8, 40) == (1, 2, 4, 8, 16, 24, 32, 40)
+    assert node_shapes(4, 10) == (1, 2, 4, 8)
+    # DeepSeek-V3 on HGX H20 (min 8): whole nodes, all 128 GPUs in use, skew still shapes the sizes
+    assert divide_shaped(128, 3, 0.0, 8, 8) == [48, 40, 40]
+    assert divide_shaped(128, 3, 3.0, 8, 8) == [8, 32, 88]
+    # below a node: units of the smallest island, unless whole nodes keep more GPUs busy
+    assert divide_shaped(12, 3, 0.0, 2, 8) == [4, 4, 4]
+    assert divide_shaped(64, 3, 0.0, 2, 8) == [24, 24, 16]
+    assert divide_shaped(64, 3, 0.0, 6, 8) == [24, 24, 16]  # min 6 rounds up to a whole node
+    assert divide_shaped(7, 1, 0.0, 8, 8) == []  # no host-aligned island of 8 in 7 GPUs
