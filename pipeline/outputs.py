@@ -53,6 +53,8 @@ def build_plan(planner: Planner, layout: Layout, time_limit_s: float, backend: s
         cfg = bench.config(phase) or {"tp": 0, "dp": 0, "ep": 0}
         table = bench.decode if phase == "decode" else bench.prefill
         batch = _engine_batch(table, cap[i], served, phase)
+        fraction = cap[i] / np.where(tot > 0, tot, 1.0)
+        facts = _serving_facts(planner, bench, phase, cfg, fraction, sol.rate_req_s) if serves else {}
         islands.append(
             {
                 "gpu": gpu,
@@ -60,6 +62,7 @@ def build_plan(planner: Planner, layout: Layout, time_limit_s: float, backend: s
                 "role": role,
                 **cfg,
                 "batch": batch,
+                **facts,
                 "cost_per_hour": size * planner.gpus[gpu].price_per_hour,
                 "ranges": [
                     {
@@ -72,6 +75,7 @@ def build_plan(planner: Planner, layout: Layout, time_limit_s: float, backend: s
                 ],
             }
         )
+    _place(islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
     in_use = [isl["role"] != "idle" for isl in islands]
     cost = float(sum(isl["cost_per_hour"] for isl, u in zip(islands, in_use, strict=True) if u))
     fluid = searched = sol.rate_req_s  # without SLOs all three are one rate
@@ -94,6 +98,92 @@ def build_plan(planner: Planner, layout: Layout, time_limit_s: float, backend: s
         "model_spec": dataclasses.asdict(planner.model),  # the dimensions planned with, checked by simulate
         "cost": planner.cost.to_json(),  # every cost-model switch and value: simulate rebuilds exactly this
     }
+
+
+def _serving_facts(
+    planner: Planner, bench: Any, phase: str, cfg: Mapping[str, int], fraction: np.ndarray, rate: float
+) -> dict[str, Any]:
+    """What a deployment needs to know of one serving island besides its shape.
+
+    - `redundant_experts`: r >= 0 extra expert replicas so the E + r routed experts divide evenly
+      over the island's EP group (G GPUs, ceil(E / G) each: the memory the cost model counts);
+      engines require (E + r) % G == 0 (SGLang --ep-num-redundant-experts).
+    - `traffic_share`: the share of all requests that pass through the island in its phase.
+    - `utilisation`: the share of its time it is busy at the plan's rate (at most its SLO cap).
+    - prefill `ttft_ms_expected`: the TTFT bound at the SLO percentile the queueing model gives the
+      island at that load (W_q + batching + S_q, docs/inner.md); decode `tpot_ms_expected`: its mean
+      step over the mix it serves.
+    """
+    from costmodel.queueing import mix_moments, mix_quantile, wait_quantile
+
+    experts = planner.model.n_routed_experts
+    group = int(cfg["ep"]) if phase == "decode" else int(cfg["tp"]) * int(cfg["dp"])
+    per_gpu = -(-experts // group)
+    table = bench.decode if phase == "decode" else bench.prefill
+    raw = bench.decode_req_s if phase == "decode" else bench.prefill_req_s
+    routed = rate * planner.ranges.p * fraction  # req/s of each range through this island
+    ok = routed > 0
+    out: dict[str, Any] = {
+        "ep_group": group,
+        "experts_per_gpu": per_gpu,
+        "redundant_experts": per_gpu * group - experts,
+        "traffic_share": float(planner.ranges.p @ fraction),
+        "utilisation": float((routed[ok] / raw[ok]).sum()) if ok.any() else 0.0,
+    }
+    if not ok.any() or table.chosen < 0:
+        return out
+    times_s = table.time_ms[table.chosen, ok] / 1e3
+    if phase == "decode":
+        out["tpot_ms_expected"] = float(routed[ok] @ times_s / routed[ok].sum() * 1e3)
+        return out
+    cost = planner.cost
+    q = cost.ttft_percentile / 100
+    mean, cs2 = mix_moments(times_s, routed[ok])
+    c = int(cfg["dp"])
+    rho = min(out["utilisation"], 0.9999)
+    wait = wait_quantile(c, rho * c / mean, mean, cs2, q)
+    tokens = float(routed[ok] @ planner.lengths[ok] / routed[ok].sum())
+    batch_s = mean / tokens * max(cost.prefill_batch_tokens - tokens, 0.0)
+    out["ttft_ms_expected"] = float((wait + min(rho * wait, batch_s) + mix_quantile(times_s, routed[ok], q)) * 1e3)
+    return out
+
+
+def _place(islands: list[dict[str, Any]], node_gpus: Mapping[str, int]) -> None:
+    """Give every island its hosts: per GPU type, whole-host islands first on hosts 0, 1, ...,
+    then islands smaller than a host packed into the next hosts (first fit). `placement` reads
+    e.g. "H20 nodes 0-5" or "H20 node 6, GPUs 0-3"; an island that is neither (search.shapes=any)
+    spans hosts and says so."""
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for isl in islands:
+        by_type.setdefault(isl["gpu"], []).append(isl)
+    for gpu, isls in by_type.items():
+        n = node_gpus[gpu]
+        nxt = 0  # next free GPU, counted over the type's hosts
+        free: list[tuple[int, int]] = []  # (host, first free GPU) of partly used hosts
+        for isl in sorted(isls, key=lambda d: -d["size"]):
+            size = isl["size"]
+            if size < n and n % size == 0:
+                spot = next((k for k, (_, g) in enumerate(free) if g + size <= n), None)
+                if spot is None:
+                    host = -(-nxt // n)
+                    free.append((host, 0))
+                    nxt = (host + 1) * n
+                    spot = len(free) - 1
+                host, first = free[spot]
+                free[spot] = (host, first + size)
+                isl["nodes"] = [host]
+                isl["placement"] = f"{gpu} node {host}, GPUs {first}-{first + size - 1}"
+                continue
+            start = -(-nxt // n) * n if size % n == 0 else nxt  # whole hosts start on a host boundary
+            hosts = list(range(start // n, (start + size - 1) // n + 1))
+            nxt = start + size
+            isl["nodes"] = hosts
+            aligned = size % n == 0
+            isl["placement"] = (
+                f"{gpu} node{'s' if len(hosts) > 1 else ''} {hosts[0]}"
+                + (f"-{hosts[-1]}" if len(hosts) > 1 else "")
+                + ("" if aligned else f" (GPUs {start % n}-{(start + size - 1) % n} of the last: not host-aligned)")
+            )
 
 
 def _engine_batch(table: PhaseTable, routed: np.ndarray, served: np.ndarray, phase: str) -> int:
@@ -178,6 +268,7 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str) -> str:
             f"| {isl['size']} x {isl['gpu']} | {isl['role']} | {isl['tp']} | {isl['dp']} | {isl['ep']} | "
             f"{isl['batch']} | {span} |"
         )
+    lines += _node_map(plan["islands"])
     if not df.empty and "score" in df:
         ok = df[df["status"].isin(["optimal", "feasible"])].sort_values("score", ascending=False).head(5)
         lines += [
@@ -193,6 +284,34 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str) -> str:
     for note in plan.get("notes", []):
         lines += ["", f"Note: {note}"]
     return "\n".join(lines) + "\n"
+
+
+def _node_map(islands: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Which island runs on which hosts, and what each serving island is expected to do there."""
+    if not any("placement" in isl for isl in islands):
+        return []
+    out = [
+        "",
+        "Node map (hosts numbered per GPU type; traffic: share of all requests through the island in its role; "
+        "busy: share of its time at the plan's rate; expected latency: the queueing model's TTFT at the SLO "
+        "percentile for prefill, the mean decode step for decode; redundant experts: replicas added so the "
+        "routed experts divide evenly over the EP group):",
+        "",
+        "| hosts | island | role | traffic | busy | expected latency | EP group: experts/GPU (+redundant) |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    for isl in islands:
+        if isl["role"] == "idle":
+            out.append(f"| {isl.get('placement', '-')} | {isl['size']} x {isl['gpu']} | idle | - | - | - | - |")
+            continue
+        lat = (f"TTFT {isl['ttft_ms_expected']:.0f} ms" if "ttft_ms_expected" in isl
+               else f"TPOT {isl['tpot_ms_expected']:.1f} ms" if "tpot_ms_expected" in isl else "-")  # fmt: skip
+        out.append(
+            f"| {isl.get('placement', '-')} | {isl['size']} x {isl['gpu']} | {isl['role']} | "
+            f"{isl.get('traffic_share', 0.0):.1%} | {isl.get('utilisation', 0.0):.1%} | {lat} | "
+            f"{isl.get('ep_group', '-')}: {isl.get('experts_per_gpu', '-')} (+{isl.get('redundant_experts', 0)}) |"
+        )
+    return out
 
 
 def _verification_rows(v: Mapping[str, Any] | None) -> list[str]:

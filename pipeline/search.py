@@ -189,8 +189,11 @@ def _finish(
     if settings.objective == "goodput" and run.best is not None:
         plan["simulated_req_s"] = run.best.get("simulated_req_s")  # the goodput the search scored it with
     write_json(run.dir / "plan.json", plan)
-    if settings.verify:
+    if settings.verify and plan["rate_req_s"] > 0:
         _verify(run, plan, cfg, settings)
+    elif settings.verify:
+        print("[search] warning: the best layout serves no requests (no island can run the model in one role): "
+              "nothing to simulate; see report.md's islands", file=sys.stderr, flush=True)  # fmt: skip
     write_text(
         run.dir / "report.md",
         report(
