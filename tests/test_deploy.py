@@ -1,0 +1,197 @@
+"""Deployable plans: node-aligned islands, launch files validated against the engine's and Kubernetes'
+own definitions, and the router tested over real HTTP on loopback against stand-in engines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_glue import cli, plan_of
+
+
+@pytest.fixture(scope="module")
+def plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path, _ = plan_of(tmp_path_factory.mktemp("plan"))
+    return path
+
+
+def deploy(plan: Path, out: Path, *args: str) -> Any:
+    r = cli("pipeline.deploy", f"plan={plan}", f"out={out}", *args)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_every_island_sits_on_whole_hosts_or_inside_one(plan_path: Path) -> None:
+    plan = json.loads(plan_path.read_text())
+    used: Counter[tuple[str, int]] = Counter()
+    for isl in plan["islands"]:
+        node = 8  # HGX H200 / H800 / H20 (conf/gpu node_gpus)
+        assert isl["size"] % node == 0 or node % isl["size"] == 0, isl
+        for h in isl["nodes"]:
+            used[(isl["gpu"], h)] += min(isl["size"], node)
+        if isl["role"] != "idle":  # engines hold their experts evenly: (E + r) divides over the EP group
+            assert (256 + isl["redundant_experts"]) % isl["ep_group"] == 0
+            assert (256 + isl["redundant_experts"]) // isl["ep_group"] == isl["experts_per_gpu"]
+            assert 0 < isl["traffic_share"] <= 1 and 0 < isl["utilisation"] < 1
+    assert max(used.values()) <= 8  # no host holds more GPUs than it has
+    shares = Counter()
+    for isl in plan["islands"]:
+        if isl["role"] != "idle":
+            shares[isl["role"]] += isl["traffic_share"]
+    assert shares["prefill"] == pytest.approx(1.0) and shares["decode"] == pytest.approx(1.0)
+
+
+def test_sglang_commands_parse_with_sglangs_own_argument_definitions(plan_path: Path, tmp_path: Path) -> None:
+    from pipeline.engine_args import EngineArgsMissing, check_sglang
+
+    deploy(plan_path, tmp_path / "d")
+    scripts = sorted((tmp_path / "d" / "hosts").glob("*/*.sh"))
+    assert scripts
+    try:
+        check_sglang(["--model-path", "m"])
+    except EngineArgsMissing as err:
+        pytest.skip(str(err))
+    plan = json.loads(plan_path.read_text())
+    decode = next(i for i in plan["islands"] if i["role"] == "decode")
+    for script in scripts:
+        line = script.read_text().strip().splitlines()[-1]
+        argv = shlex.split(line.removeprefix("exec ").replace("$LEADER_ADDR", "10.0.0.1"))
+        assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+        ns = check_sglang(argv[3:])
+        assert ns.disaggregation_mode in ("prefill", "decode") and ns.tp_size == ns.ep_size
+        if ns.disaggregation_mode == "decode":  # the plan's batch per attention rank, over all ranks
+            assert ns.max_running_requests == decode["batch"] * ns.ep_size // decode["tp"]
+    # the check is strict: a renamed flag, a dropped choice or a deprecated spelling fails
+    for bad in (["--tp-sizes", "4"], ["--moe-a2a-backend", "deepepx"], ["--enable-dp-attention"]):
+        with pytest.raises(ValueError):
+            check_sglang(["--model-path", "m", *bad])
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_manifests_validate_against_the_kubernetes_schemas(plan_path: Path, tmp_path: Path, engine: str) -> None:
+    import kubernetes_validate
+
+    deploy(plan_path, tmp_path / "k", "target=k8s", f"engine={engine}")
+    docs = list(yaml.safe_load_all((tmp_path / "k" / "manifests.yaml").read_text()))
+    kinds = Counter(d["kind"] for d in docs)
+    assert kinds["LeaderWorkerSet"] >= 1 and kinds["Deployment"] >= 2 and kinds["ConfigMap"] == 1
+    for d in docs:
+        if d["kind"] != "LeaderWorkerSet":
+            kubernetes_validate.validate(d, "1.30", strict=True)
+            continue
+        # no schema of the LeaderWorkerSet CRD ships offline: its pod templates are checked as core
+        # PodTemplates, its own fields by name (leaderworkerset.x-k8s.io/v1)
+        lwt = d["spec"]["leaderWorkerTemplate"]
+        assert set(d["spec"]) == {"replicas", "leaderWorkerTemplate"}
+        assert set(lwt) == {"size", "leaderTemplate", "workerTemplate"} and lwt["size"] >= 2
+        for name in ("leaderTemplate", "workerTemplate"):
+            tmpl = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": d["metadata"]["name"]},
+                    "template": lwt[name]}  # fmt: skip
+            kubernetes_validate.validate(tmpl, "1.30", strict=True)
+    route = json.loads(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["routing.json"])
+    assert route["protocol"] == engine
+
+
+# --- the router over real HTTP --------------------------------------------------------------------
+
+
+def routing_config(protocol: str, ports: dict[str, int]) -> dict[str, Any]:
+    """Two prefill islands splitting the short range 3:1 and owning one long range each; one decode island."""
+    url = {k: f"http://127.0.0.1:{p}" for k, p in ports.items()}
+    return {
+        "protocol": protocol,
+        "bootstrap_port": 8998,
+        "chars_per_token": 4.0,
+        "islands": {
+            "prefill": {
+                "1": {"engines": [url["p1"]], "ranges": [[0, 1000, 0.75], [1000, 2000, 1.0]]},
+                "2": {"engines": [url["p2"]], "ranges": [[0, 1000, 0.25], [2000, 8000, 1.0]]},
+            },
+            "decode": {"0": {"engines": [url["d"]], "ranges": [[0, 1000, 1.0], [1000, 2000, 1.0], [2000, 8000, 1.0]]}},
+        },
+    }
+
+
+async def _exercise(protocol: str) -> tuple[dict[str, list[dict[str, Any]]], list[tuple[int, str, str]]]:
+    from aiohttp import ClientSession, web
+
+    from pipeline.router import app
+
+    seen: dict[str, list[dict[str, Any]]] = {"p1": [], "p2": [], "d": []}
+
+    def engine(name: str) -> web.Application:
+        async def handle(request: web.Request) -> web.Response:
+            body = await request.json()
+            seen[name].append(body)
+            out: dict[str, Any] = {"choices": [{"text": f"from {name}"}]}
+            if name != "d" and protocol == "vllm":
+                out["kv_transfer_params"] = {"remote_engine": name}
+            return web.json_response(out)
+
+        a = web.Application()
+        a.router.add_post("/v1/completions", handle)
+        return a
+
+    runners, ports = [], {}
+    for name in seen:
+        runner = web.AppRunner(engine(name))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        ports[name] = runner.addresses[0][1]
+    router = web.AppRunner(app(routing_config(protocol, ports), seed=0))
+    await router.setup()
+    await web.TCPSite(router, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{router.addresses[0][1]}"
+    answers = []
+    async with ClientSession() as s:
+        for k in range(240):
+            tokens = (500, 1500, 4000)[k % 3]
+            async with s.post(f"{base}/v1/completions", json={"prompt": [1] * tokens, "max_tokens": 8}) as r:
+                assert r.status == 200
+                answers.append((tokens, r.headers["X-Archipelago-Prefill"], (await r.json())["choices"][0]["text"]))
+    for r in [router, *runners]:
+        await r.cleanup()
+    return seen, answers
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+def test_the_router_applies_the_plans_length_routing_over_http(protocol: str) -> None:
+    seen, answers = asyncio.run(_exercise(protocol))
+    by_len: dict[int, Counter[str]] = {}
+    for tokens, pre, text in answers:
+        assert text == "from d"  # the client gets the decode engine's answer
+        by_len.setdefault(tokens, Counter())[pre] += 1
+    # 1,500 tokens only on island 1, 4,000 only on island 2, 500 split 3:1 (80 draws)
+    assert len(by_len[1500]) == 1 and len(by_len[4000]) == 1 and by_len[1500] != by_len[4000]
+    short = by_len[500]
+    p1 = next(iter(by_len[1500]))
+    assert 0.6 <= short[p1] / 80 <= 0.9
+    assert len(seen["d"]) == 240
+    if protocol == "sglang":  # both engines get the request, with one bootstrap room
+        assert len(seen["p1"]) + len(seen["p2"]) == 240
+        rooms = {b["bootstrap_room"] for b in seen["d"]}
+        assert len(rooms) == 240 and rooms == {b["bootstrap_room"] for b in seen["p1"] + seen["p2"]}
+        assert all(b["bootstrap_host"] == "127.0.0.1" and b["bootstrap_port"] == 8998 for b in seen["d"])
+    else:  # prefill first (one token, remote decode), then decode with the prefill's KV handle
+        assert all(b["max_tokens"] == 1 and b["kv_transfer_params"] == {"do_remote_decode": True}
+                   for b in seen["p1"] + seen["p2"])  # fmt: skip
+        assert {b["kv_transfer_params"]["remote_engine"] for b in seen["d"]} == {"p1", "p2"}
+        assert all(b["max_tokens"] == 8 for b in seen["d"])
+
+
+def test_a_plan_without_node_aligned_islands_is_refused_with_the_fix(plan_path: Path, tmp_path: Path) -> None:
+    plan = json.loads(plan_path.read_text())
+    k = next(k for k, i in enumerate(plan["islands"]) if i["role"] == "prefill")
+    plan["islands"][k].update(size=12, dp=12)  # as search.shapes=any may plan it: 1.5 hosts
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    r = cli("pipeline.deploy", f"plan={path}", f"out={tmp_path}/d")
+    assert r.returncode == 2 and "search.shapes=nodes" in r.stderr and len(r.stderr.strip().splitlines()) == 1
