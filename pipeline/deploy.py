@@ -89,6 +89,12 @@ def engines(plan: dict[str, Any]) -> list[Engine]:
                 "engines cannot be placed on it; plan with search.shapes=nodes (the default)"
             )
         tp = int(isl["tp"])
+        heads = int(plan.get("model_spec", {}).get("n_heads", 0))
+        if heads and heads % tp:
+            raise ConfigError(
+                f"plan island {k}: attention TP {tp} does not divide {plan.get('model')}'s {heads} attention heads: "
+                "no engine shards attention that way"
+            )
         group = size if isl["role"] == "prefill" else int(isl["ep"])
         copies = 1 if isl["role"] == "prefill" else int(isl["dp"])
         hosts = list(isl["nodes"])
@@ -152,7 +158,8 @@ def sglang_command(e: Engine, rank: int, plan: dict[str, Any], cfg: Any) -> list
         str(plan["cost"]["prefill_batch_tokens"]),
     ]
     if e.attn_dp > 1:  # DP attention: SGLang 0.5.2x's --attn-dp-size (was --dp-size N --enable-dp-attention)
-        cmd += ["--attn-dp-size", str(e.attn_dp)]
+        # dense MLP and LM head split over the attention TP group, as the cost model counts them (tp_dense_layers)
+        cmd += ["--attn-dp-size", str(e.attn_dp), "--moe-dense-tp-size", str(e.attn_tp), "--enable-dp-lm-head"]
     if e.redundant_experts:
         cmd += ["--ep-num-redundant-experts", str(e.redundant_experts)]
     if e.role == "prefill":
