@@ -7,6 +7,12 @@ the table prints both optima, what node alignment costs, and the solve times, si
 
     python benchmarks/deploy_bench.py                          # default SLOs, min_island auto
     python benchmarks/deploy_bench.py --extra slo=null search.min_island=2   # the thesis's settings
+
+Each node-aligned exact plan is also deployed (SGLang scripts and Kubernetes manifests, as
+`pipeline.deploy` writes them) and checked: every SGLang command against SGLang's own argument
+definitions (`pipeline.engine_args`, needs `pip install --no-deps sglang==0.5.23`), every manifest
+against the Kubernetes 1.30 schemas (`kubernetes-validate`; LeaderWorkerSet pod templates as core
+PodTemplates).
 """
 
 from __future__ import annotations
@@ -22,21 +28,81 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
 from costmodel.catalog import CONF_DIR
-from pipeline.reference import reference
+from pipeline.outputs import build_plan
+from pipeline.reference import exact_layout, reference
 from pipeline.settings import settings_from_cfg
 
 CELLS = [f"{i}:{w}" for i in ("hetero_a", "hetero_b", "homo_c") for w in ("azure_code", "azure_conv")]
 
 
-def optimum(inv: str, wl: str, shapes: str, extra: list[str], limit: float) -> tuple[float, str, float]:
+def optimum(inv: str, wl: str, shapes: str, extra: list[str], limit: float) -> tuple[float, str, float, dict]:
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("search", [f"+inventory={inv}", f"workload={wl}", f"search.shapes={shapes}",
-                                 f"search.reference_time_limit_s={limit}", *extra], return_hydra_config=True)  # fmt: skip
+        cfg = compose(
+            "search",
+            [
+                f"+inventory={inv}",
+                f"workload={wl}",
+                f"search.shapes={shapes}",
+                f"search.reference_time_limit_s={limit}",
+                *extra,
+            ],
+            return_hydra_config=True,
+        )
     HydraConfig.instance().set_config(cfg)
     settings, ctx = settings_from_cfg(cfg, inv, cfg.inventory)
     t0 = time.perf_counter()
     ref = reference(settings, ctx, ctx.planner)
-    return ref.rate_req_s, ref.status, time.perf_counter() - t0
+    took = time.perf_counter() - t0
+    plan = {}
+    layout = exact_layout(ref)
+    if shapes == "nodes" and layout is not None:
+        plan = build_plan(ctx.planner, layout, 30.0)
+        plan.update(model=ctx.planner.model.name, cost_profile=ctx.planner.profile.name, workload=wl)
+    return ref.rate_req_s, ref.status, took, plan
+
+
+def deployable(plan: dict) -> str:
+    """Deploy the plan as pipeline.deploy does and check every command and manifest; a short verdict."""
+    import shlex
+
+    import kubernetes_validate
+    from omegaconf import OmegaConf
+
+    from pipeline.deploy import COMMANDS, engines, k8s_manifests, routing, shell_line
+    from pipeline.engine_args import check_sglang
+
+    cfg = OmegaConf.load(CONF_DIR / "deploy.yaml")
+    es = engines(plan)
+    for e in es:
+        for rank in range(e.nnodes):
+            argv = shlex.split(shell_line(COMMANDS["sglang"](e, rank, plan, cfg)).replace("$LEADER_ADDR", "10.0.0.1"))
+            check_sglang(argv[3:])
+    checked = 0
+    for engine in ("sglang", "vllm"):
+        cfg.engine = engine
+        route = routing(plan, es, engine, lambda e: f"http://{e.name}:30000")
+        for d in k8s_manifests(plan, es, cfg, route):
+            tmpls = (
+                [d]
+                if d["kind"] != "LeaderWorkerSet"
+                else [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "PodTemplate",
+                        "metadata": {"name": d["metadata"]["name"]},
+                        "template": t,
+                    }
+                    for t in (
+                        d["spec"]["leaderWorkerTemplate"]["leaderTemplate"],
+                        d["spec"]["leaderWorkerTemplate"]["workerTemplate"],
+                    )
+                ]
+            )
+            for t in tmpls:
+                kubernetes_validate.validate(t, "1.30", strict=True)
+                checked += 1
+    hosts = sum(e.nnodes for e in es)
+    return f"{len(es)} engines on {hosts} hosts; SGLang commands parse, {checked} manifests valid"
 
 
 def main() -> None:
@@ -46,14 +112,24 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=600.0, help="per exact solve, s")
     args = ap.parse_args()
     print(f"overrides: {' '.join(args.extra) or '(defaults)'}")
-    print("| cell | exact, nodes (req/s) | exact, any (req/s) | price of deployability | solve s (nodes / any) |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| cell | exact, nodes (req/s) | exact, any (req/s) | price of deployability | solve s (nodes / any) | "
+        "the nodes plan, deployed |"
+    )
+    print("|---|---:|---:|---:|---:|---|")
     for cell in args.cells.split(","):
         inv, wl = cell.split(":")
-        nodes, st_n, t_n = optimum(inv, wl, "nodes", args.extra, args.time_limit)
-        free, st_a, t_a = optimum(inv, wl, "any", args.extra, args.time_limit)
+        nodes, st_n, t_n, plan = optimum(inv, wl, "nodes", args.extra, args.time_limit)
+        free, st_a, t_a, _ = optimum(inv, wl, "any", args.extra, args.time_limit)
         tag = "" if st_n == st_a == "optimal" else f" ({st_n} / {st_a})"
-        print(f"| {cell} | {nodes:.2f} | {free:.2f} | {1 - nodes / free:.1%}{tag} | {t_n:.0f} / {t_a:.0f} |", flush=True)
+        try:
+            verdict = deployable(plan) if plan else "no plan"
+        except Exception as err:  # a failed check is the result to report
+            verdict = f"**fails**: {type(err).__name__}: {err}"[:200]
+        print(
+            f"| {cell} | {nodes:.2f} | {free:.2f} | {1 - nodes / free:.1%}{tag} | {t_n:.0f} / {t_a:.0f} | {verdict} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

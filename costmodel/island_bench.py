@@ -94,6 +94,14 @@ def decode_configs(n: int) -> list[tuple[int, int]]:
     return [(tp, dp) for dp in divisors(n) for tp in divisors(n // dp)]
 
 
+def runnable(configs: list[tuple[int, int]], model: Model, cost: CostSettings) -> list[tuple[int, int]]:
+    """The (tp, dp) configurations an engine can run: attention TP must divide the attention heads
+    (`cost.engine_configs`; off for the thesis's free configurations, search.shapes=any). TP 1 always can."""
+    if not cost.engine_configs:
+        return configs
+    return [(tp, dp) for tp, dp in configs if model.n_heads % tp == 0]
+
+
 def _choose(req_s: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, int]:
     best = req_s.max(axis=0)
     safe = np.where(best > 0, best, 1.0)
@@ -153,7 +161,7 @@ def benchmark_island(
     d = max(round(mean_decode), 1)
 
     # Prefill: every (tp, dp) with tp·dp = size.
-    cfg = np.array(prefill_configs(size), dtype=float)
+    cfg = np.array(runnable(prefill_configs(size), model, cost), dtype=float)
     tp, dp = cfg[:, :1], cfg[:, 1:]
     e_pre = np.ceil(model.n_routed_experts / size) if p.whole_experts_per_gpu else model.n_routed_experts / size
     fits = max_batch(gpu, model, s, 0.0, tp, e_pre, p) >= 1.0
@@ -183,7 +191,7 @@ def benchmark_island(
     )
 
     # Decode: dp replicas of an EP group of size/dp GPUs, tp | size/dp.
-    cfg = np.array(decode_configs(size), dtype=float)
+    cfg = np.array(runnable(decode_configs(size), model, cost), dtype=float)
     tp, dp = cfg[:, :1], cfg[:, 1:]
     ep = size / dp
     routed = np.ceil(model.n_routed_experts / ep)

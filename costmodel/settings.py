@@ -26,6 +26,7 @@ class CostSettings:
     ttft_percentile: float = 99.0  # ... met by this percentile of requests
     tpot_percentile: float = 99.0
     prefill_batch_tokens: int = 16384  # prompt tokens a prefill engine batches at most (SGLang --max-prefill-tokens)
+    engine_configs: bool = True  # only parallel configurations engines run: attention TP divides the head count
 
     def __post_init__(self) -> None:
         batch = self.prefill_batch_tokens
@@ -59,6 +60,7 @@ class CostSettings:
             "ttft_percentile": self.ttft_percentile,
             "tpot_percentile": self.tpot_percentile,
             "prefill_batch_tokens": self.prefill_batch_tokens,
+            "engine_configs": self.engine_configs,
         }
 
     @staticmethod
@@ -67,7 +69,7 @@ class CostSettings:
         if not isinstance(data, Mapping):
             raise SpecError(f"{where}: `cost` must be a mapping (profile, switches, cache_hit, ...), got {data!r}")
         expected = {"profile", "switches", "cache_hit", "fp8_combine", "ttft_ms", "tpot_ms", "ttft_percentile",
-                    "tpot_percentile", "prefill_batch_tokens"}  # fmt: skip
+                    "tpot_percentile", "prefill_batch_tokens", "engine_configs"}  # fmt: skip
         if set(data) != expected:
             raise SpecError(f"{where}: `cost` must have exactly the fields {sorted(expected)}, got {sorted(data)}")
         switches = data["switches"]
@@ -82,6 +84,8 @@ class CostSettings:
         batch = data["prefill_batch_tokens"]
         if isinstance(batch, bool) or not isinstance(batch, int):
             raise SpecError(f"{where}: `cost.prefill_batch_tokens` must be a whole number")
+        if not isinstance(data["engine_configs"], bool):
+            raise SpecError(f"{where}: `cost.engine_configs` must be true or false")
         if not isinstance(data["fp8_combine"], bool):
             raise SpecError(f"{where}: `cost.fp8_combine` must be true or false")
         try:
@@ -94,6 +98,7 @@ class CostSettings:
                 float(data["ttft_percentile"]),
                 float(data["tpot_percentile"]),
                 batch,
+                data["engine_configs"],
             )
         except SpecError as err:
             raise SpecError(f"{where}: cost: {err}") from None

@@ -98,6 +98,8 @@ def cost_settings_from_cfg(cfg: Any) -> CostSettings:
             boolean(c.fp8_combine, "costmodel.fp8_combine"),
             **slo_from_cfg(cfg),
             prefill_batch_tokens=positive_int(c.prefill_batch_tokens, "costmodel.prefill_batch_tokens"),
+            # search.shapes=any plans the thesis's free sizes and configurations; everything else, what engines run
+            engine_configs=cfg.get("search") is None or str(cfg.search.get("shapes", "nodes")) != "any",
         )
     except SpecError as err:
         raise ConfigError(f"costmodel: {err}") from None

@@ -195,3 +195,20 @@ def test_a_plan_without_node_aligned_islands_is_refused_with_the_fix(plan_path: 
     path.write_text(json.dumps(plan))
     r = cli("pipeline.deploy", f"plan={path}", f"out={tmp_path}/d")
     assert r.returncode == 2 and "search.shapes=nodes" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_configurations_engines_cannot_run_are_never_proposed() -> None:
+    from costmodel.catalog import load_gpu, load_model
+    from costmodel.island_bench import benchmark_island
+    from costmodel.settings import CostSettings
+    from pipeline.workload import make_ranges, synthetic_normal
+
+    wl = synthetic_normal("n", 2000, 1000, 0, 8000, 100, 1000)
+    r = make_ranges(wl, 1000)
+    model = load_model("deepseek_v3")
+    args = (load_gpu("H800"), 24, model, r.mid, r.p, 100, 1000)
+    free = benchmark_island(*args, CostSettings(engine_configs=False))
+    engines = benchmark_island(*args, CostSettings())
+    assert 3 in free.prefill.tp and 3 in free.decode.tp  # 24 GPUs: TP 3 (or 6, 12, 24) splits 128 heads unevenly
+    for t in (engines.prefill, engines.decode):
+        assert set(t.tp) and all(model.n_heads % tp == 0 for tp in t.tp)
