@@ -98,7 +98,7 @@ def engines(plan: dict[str, Any]) -> list[Engine]:
         group = size if isl["role"] == "prefill" else int(isl["ep"])
         copies = 1 if isl["role"] == "prefill" else int(isl["dp"])
         hosts = list(isl["nodes"])
-        first = int(isl["placement"].split("GPUs ")[1].split("-")[0]) if "GPUs " in isl["placement"] else 0
+        first = int(isl.get("first_gpu", 0))
         for c in range(copies):
             name = f"i{k:02d}-{isl['role']}-{isl['gpu'].lower()}" + (f"-{c}" if copies > 1 else "")
             if group >= node:  # whole hosts per engine

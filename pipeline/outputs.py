@@ -37,7 +37,8 @@ RATES = {
 
 def build_plan(planner: Planner, layout: Layout, time_limit_s: float, backend: str = "AUTO") -> dict[str, Any]:
     """Solve `layout` with max_rate and describe every island: role, parallelism, batch, ranges."""
-    prob, sol = planner.solve_routed(layout, time_limit_s, backend=backend)
+    searched = planner.solve(layout, "max_rate", time_limit_s, backend=backend)  # the search's model
+    prob, sol = planner.solve_routed(layout, time_limit_s, backend=backend, first=searched)
     ev, _ = planner.evaluate(layout, prob, sol)
     r = planner.ranges
     islands = []
@@ -78,15 +79,14 @@ def build_plan(planner: Planner, layout: Layout, time_limit_s: float, backend: s
     _place(islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
     in_use = [isl["role"] != "idle" for isl in islands]
     cost = float(sum(isl["cost_per_hour"] for isl, u in zip(islands, in_use, strict=True) if u))
-    fluid = searched = sol.rate_req_s  # without SLOs all three are one rate
+    fluid = sol.rate_req_s  # without SLOs all three are one rate
     if planner.cost.slo:
         fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False)[1].rate_req_s
-        searched = planner.solve(layout, "max_rate", time_limit_s, backend=backend)[1].rate_req_s
     return {
         "status": sol.status,
         "rate_req_s": sol.rate_req_s,  # the headline: what the layout sustains within the SLOs (RATES)
         "fluid_req_s": fluid,
-        "searched_req_s": searched,
+        "searched_req_s": searched[1].rate_req_s,
         "evaluated_req_s": ev.rate_req_s,
         "rates": RATES,
         "output_tok_s": sol.rate_req_s * planner.workload.mean_decode,
@@ -171,13 +171,13 @@ def _place(islands: list[dict[str, Any]], node_gpus: Mapping[str, int]) -> None:
                     spot = len(free) - 1
                 host, first = free[spot]
                 free[spot] = (host, first + size)
-                isl["nodes"] = [host]
+                isl["nodes"], isl["first_gpu"] = [host], first
                 isl["placement"] = f"{gpu} node {host}, GPUs {first}-{first + size - 1}"
                 continue
             start = -(-nxt // n) * n if size % n == 0 else nxt  # whole hosts start on a host boundary
             hosts = list(range(start // n, (start + size - 1) // n + 1))
             nxt = start + size
-            isl["nodes"] = hosts
+            isl["nodes"], isl["first_gpu"] = hosts, start % n
             aligned = size % n == 0
             isl["placement"] = (
                 f"{gpu} node{'s' if len(hosts) > 1 else ''} {hosts[0]}"

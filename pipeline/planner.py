@@ -218,15 +218,20 @@ class Planner:
         return out
 
     def solve_routed(
-        self, layout: Layout, time_limit_s: float = 10.0, backend: str = "AUTO", rounds: int = 4
+        self,
+        layout: Layout,
+        time_limit_s: float = 10.0,
+        backend: str = "AUTO",
+        rounds: int = 4,
+        first: tuple[InnerProblem, InnerSolution] | None = None,
     ) -> tuple[InnerProblem, InnerSolution]:
         """max_rate with every island's caps computed from the mix the routing gives it (docs/inner.md).
 
         The caps depend on the routing and the routing on the caps: solve, recompute each island's
         caps from its routed mix, solve again, until the caps settle (at most `rounds` solves).
-        Without SLOs there are no caps and this is `solve`.
+        Without SLOs there are no caps and this is `solve`. `first`: that whole-mix solve, if already made.
         """
-        prob, sol = self.solve(layout, "max_rate", time_limit_s, backend=backend)
+        prob, sol = first or self.solve(layout, "max_rate", time_limit_s, backend=backend)
         if not self.cost.slo or sol.rate_req_s <= 0:
             return prob, sol
         caps = None
