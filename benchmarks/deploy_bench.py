@@ -10,7 +10,8 @@ the table prints both optima, what node alignment costs, and the solve times, si
 
 Each node-aligned exact plan is also deployed (SGLang scripts and Kubernetes manifests, as
 `pipeline.deploy` writes them) and checked: every SGLang command against SGLang's own argument
-definitions (`pipeline.engine_args`, needs `pip install --no-deps sglang==0.5.23`), every manifest
+definitions (`pipeline.engine_args`, needs `pip install --no-deps sglang==0.5.23`), every vLLM
+command against vLLM 0.33.0's (its sdist's argument definitions, fetched from PyPI), every manifest
 against the Kubernetes 1.30 schemas (`kubernetes-validate`; LeaderWorkerSet pod templates as core
 PodTemplates).
 """
@@ -69,14 +70,15 @@ def deployable(plan: dict) -> str:
     from omegaconf import OmegaConf
 
     from pipeline.deploy import COMMANDS, engines, k8s_manifests, routing, shell_line
-    from pipeline.engine_args import check_sglang
+    from pipeline.engine_args import check_sglang, check_vllm
 
     cfg = OmegaConf.load(CONF_DIR / "deploy.yaml")
     es = engines(plan)
     for e in es:
         for rank in range(e.nnodes):
-            argv = shlex.split(shell_line(COMMANDS["sglang"](e, rank, plan, cfg)).replace("$LEADER_ADDR", "10.0.0.1"))
-            check_sglang(argv[3:])
+            for engine, check, skip in (("sglang", check_sglang, 3), ("vllm", check_vllm, 2)):
+                line = shell_line(COMMANDS[engine](e, rank, plan, cfg)).replace("$LEADER_ADDR", "10.0.0.1")
+                check(shlex.split(line)[skip:])
     checked = 0
     for engine in ("sglang", "vllm"):
         cfg.engine = engine
@@ -102,7 +104,7 @@ def deployable(plan: dict) -> str:
                 kubernetes_validate.validate(t, "1.30", strict=True)
                 checked += 1
     hosts = sum(e.nnodes for e in es)
-    return f"{len(es)} engines on {hosts} hosts; SGLang commands parse, {checked} manifests valid"
+    return f"{len(es)} engines on {hosts} hosts; SGLang and vLLM commands parse, {checked} manifests valid"
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ import yaml
 from costmodel.catalog import load_gpu
 from pipeline import cli
 from pipeline.config import ConfigError, positive_int
+from pipeline.engine_args import SGLANG_VERSION, VLLM_VERSION
 from pipeline.journal import write_text
 
 ENGINES = ("sglang", "vllm")
@@ -43,7 +44,8 @@ BOOTSTRAP_PORT = 8998  # SGLang's prefill bootstrap server (--disaggregation-boo
 DIST_PORT = 5000  # the leader's port for the engine's distributed init
 ROUTER_PORT = 8000
 WORKER = -1  # the rank of a Kubernetes worker pod: read from LeaderWorkerSet's LWS_WORKER_INDEX at start
-IMAGES = {"sglang": "lmsysorg/sglang:latest", "vllm": "vllm/vllm-openai:latest"}
+# the engine releases whose argument definitions the commands are checked against (pipeline.engine_args)
+IMAGES = {"sglang": f"lmsysorg/sglang:v{SGLANG_VERSION}", "vllm": f"vllm/vllm-openai:v{VLLM_VERSION}"}
 
 
 class _NoAliases(yaml.SafeDumper):
@@ -421,6 +423,10 @@ def readme(plan: dict[str, Any], es: list[Engine], cfg: Any, files: list[str]) -
         "",
         f"Made by `python -m pipeline.deploy` from {cfg.plan}. Hosts are numbered per GPU type, as the plan's "
         "report.md node map numbers them: " + "; ".join(f"{g}: {len(h)} hosts" for g, h in sorted(hosts.items())) + ".",
+        "",
+        f"The commands are written for, and checked against the argument definitions of, "
+        f"{'SGLang ' + SGLANG_VERSION if cfg.engine == 'sglang' else 'vLLM ' + VLLM_VERSION}; "
+        "another release may rename a flag.",
         "",
         "## Fill in",
         "",

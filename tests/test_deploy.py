@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shlex
 from collections import Counter
 from pathlib import Path
@@ -47,21 +48,48 @@ def test_every_island_sits_on_whole_hosts_or_inside_one(plan_path: Path) -> None
     assert shares["prefill"] == pytest.approx(1.0) and shares["decode"] == pytest.approx(1.0)
 
 
-def test_sglang_commands_parse_with_sglangs_own_argument_definitions(plan_path: Path, tmp_path: Path) -> None:
+def launch_lines(out: Path, target: str) -> list[str]:
+    """Every engine launch line of a deployment folder: the last line of each host script, or each
+    container's command in the manifests."""
+    if target == "shell":
+        return [p.read_text().strip().splitlines()[-1] for p in sorted((out / "hosts").glob("*/*.sh"))]
+    lines = []
+    for d in yaml.safe_load_all((out / "manifests.yaml").read_text()):
+        spec = d.get("spec", {})
+        lwt = spec.get("leaderWorkerTemplate", {})
+        templates = [lwt.get("leaderTemplate"), lwt.get("workerTemplate"), spec.get("template")]
+        for t in filter(None, templates):
+            for c in t["spec"]["containers"]:
+                cmd = c.get("command", [])
+                if cmd[:2] == ["/bin/sh", "-c"]:
+                    lines.append(cmd[2])
+                elif cmd and "router" not in " ".join(cmd):
+                    lines.append(shlex.join(cmd))
+    return lines
+
+
+def argv_of(line: str) -> list[str]:
+    """A launch line as the engine receives it: shell arithmetic and addresses filled in."""
+    line = re.sub(r"\$\(\([^)]*\)\)|\$\(?LWS_WORKER_INDEX\)?", "1", line.removeprefix("exec "))
+    line = re.sub(r"\$\(?[A-Z_]+\)?", "10.0.0.1", line)
+    return shlex.split(line)
+
+
+@pytest.mark.parametrize("target", ["shell", "k8s"])
+def test_sglang_commands_parse_with_sglangs_own_argument_definitions(plan_path: Path, tmp_path: Path, target: str) -> None:
     from pipeline.engine_args import EngineArgsMissing, check_sglang
 
-    deploy(plan_path, tmp_path / "d")
-    scripts = sorted((tmp_path / "d" / "hosts").glob("*/*.sh"))
-    assert scripts
+    deploy(plan_path, tmp_path / "d", f"target={target}")
+    lines = launch_lines(tmp_path / "d", target)
+    assert lines
     try:
         check_sglang(["--model-path", "m"])
     except EngineArgsMissing as err:
         pytest.skip(str(err))
     plan = json.loads(plan_path.read_text())
     decode = next(i for i in plan["islands"] if i["role"] == "decode")
-    for script in scripts:
-        line = script.read_text().strip().splitlines()[-1]
-        argv = shlex.split(line.removeprefix("exec ").replace("$LEADER_ADDR", "10.0.0.1"))
+    for line in lines:
+        argv = argv_of(line)
         assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
         ns = check_sglang(argv[3:])
         assert ns.disaggregation_mode in ("prefill", "decode") and ns.tp_size == ns.ep_size
@@ -71,6 +99,34 @@ def test_sglang_commands_parse_with_sglangs_own_argument_definitions(plan_path: 
     for bad in (["--tp-sizes", "4"], ["--moe-a2a-backend", "deepepx"], ["--enable-dp-attention"]):
         with pytest.raises(ValueError):
             check_sglang(["--model-path", "m", *bad])
+
+
+@pytest.mark.parametrize("target", ["shell", "k8s"])
+def test_vllm_commands_parse_with_vllms_own_argument_definitions(plan_path: Path, tmp_path: Path, target: str) -> None:
+    from pipeline.engine_args import check_vllm, vllm_source
+
+    deploy(plan_path, tmp_path / "d", "engine=vllm", f"target={target}")
+    lines = launch_lines(tmp_path / "d", target)
+    assert lines
+    root = vllm_source()  # vLLM's pinned sdist from PyPI (cached): its arg_utils.py and config classes
+    plan = json.loads(plan_path.read_text())
+    groups = {(i["role"], i["ep_group"], i["redundant_experts"]) for i in plan["islands"]}
+    for line in lines:
+        argv = argv_of(line)
+        assert argv[:2] == ["vllm", "serve"]
+        ns = check_vllm(argv[2:], root)
+        assert ns.enable_expert_parallel and ns.kv_transfer_config["kv_connector"] == "NixlConnector"
+        role = "decode" if ns.max_num_seqs else "prefill"  # an island of the plan, its experts held as planned
+        redundant = (ns.eplb_config or {}).get("num_redundant_experts", 0)
+        assert (role, ns.tensor_parallel_size * ns.data_parallel_size, redundant) in groups
+        assert bool(ns.enable_eplb) == (redundant > 0)
+        if ns.headless:  # a secondary host: it joins its leader's data parallel group at its first rank
+            assert ns.data_parallel_address and ns.data_parallel_start_rank is not None
+    # strict: a renamed flag, an unknown KV role, a misspelt EPLB field or an out-of-range size fails
+    for bad in (["--tp", "4"], ["--kv-transfer-config", '{"kv_connector": "NixlConnector", "kv_role": "both"}'],
+                ["--eplb-config", '{"num_redundant": 8}'], ["--tensor-parallel-size", "0"]):  # fmt: skip
+        with pytest.raises(ValueError):
+            check_vllm(["m", *bad], root)
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
