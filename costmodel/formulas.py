@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from costmodel.calibration import knobs_for
 from costmodel.profile import CostProfile
 from costmodel.specs import GPU, GPUArray, Model
 
@@ -52,26 +53,33 @@ GIB = 2.0**30
 
 
 class Rates:
-    """Derated throughputs of a GPU array in one phase (prefill reserves `comm_sm` SMs)."""
+    """Derated throughputs of a GPU array in one phase (prefill reserves `comm_sm` SMs), each
+    multiplied by its calibration factor (1 without a calibration: costmodel/calibration.py)."""
 
     def __init__(self, g: GPUArray, phase: str, profile: CostProfile) -> None:
+        self.knobs = k = knobs_for(profile.calibration, g.names, np.shape(g.sm))
         sm_frac = (g.sm - g.comm_sm) / g.sm if phase == "prefill" else 1.0
         self.f16 = g.tflops_bf16 * DERATE * sm_frac
         self.f8 = g.tflops_fp8 * DERATE * sm_frac
         self.f4 = g.tflops_fp4 * DERATE * sm_frac
-        self.bw = g.mem_bw_gb_s * DERATE
+        self.bw = g.mem_bw_gb_s * DERATE * k["hbm"]  # weights streaming
+        self.kv_bw = g.mem_bw_gb_s * DERATE * k["attention_decode"]  # the attention kernel's KV reads
+        self.attn = self.f16 * k[f"attention_{phase}"]  # the attention kernel's FLOP rate
         self.nvl = g.nvlink_bw_gb_s * DERATE
         self.net = g.scaleout_bw_gb_s * DERATE
+        self.a2a = k["a2a_normal" if phase == "prefill" else "a2a_low_latency"]  # link efficiency
+        self.allreduce = k["allreduce"]
         self.has_fp4 = g.tflops_fp4 > 0
         has_fp8 = g.tflops_fp8 > 0
         # Dense GEMM rate and bytes per weight / KV element: FP8 where the GPU has it.
         if profile.precision_per_gpu:
-            self.gemm = np.where(has_fp8, self.f8, self.f16)
+            gemm = np.where(has_fp8, self.f8, self.f16)
             self.wbytes = np.where(has_fp8, 1.0, 2.0)
         else:
-            self.gemm = self.f8
+            gemm = self.f8
             self.wbytes = np.ones_like(self.f8)
-        self.expert = np.where(self.has_fp4, self.f4, self.gemm)
+        self.gemm = gemm * k["dense_gemm"]
+        self.expert = np.where(self.has_fp4, self.f4, gemm) * k[f"grouped_gemm_{phase}"]
 
 
 def _xfer_ms(nbytes: np.ndarray, bw_gb_s: np.ndarray, p: CostProfile) -> np.ndarray:
@@ -112,9 +120,9 @@ SUF_H20 = _octave_start_suffix_min(ETA_H20)
 
 
 def _grouped_gemm_ms(
-    model: Model, tokens: np.ndarray, m: np.ndarray, rate: np.ndarray, use_h20: np.ndarray, p: CostProfile
+    gflop: np.ndarray, m: np.ndarray, rate: np.ndarray, use_h20: np.ndarray, p: CostProfile
 ) -> np.ndarray:
-    """Expert GEMM time for `tokens` token-expert pairs whose efficiency is looked up at m.
+    """Expert GEMM time for `gflop` GFLOP (proportional to m) whose efficiency is looked up at m.
 
     eta(P) is a step function, so FLOPs / eta drops when m crosses a power of two: more tokens
     would finish sooner. Under `monotone_gemm_time` the time is the lower envelope over larger
@@ -122,11 +130,11 @@ def _grouped_gemm_ms(
     """
     eta = _eta(m, use_h20)
     if not p.monotone_gemm_time:
-        return _expert_gflop(model, tokens) / (rate * eta)
+        return gflop / (rate * eta)
     idx = _eta_index(m)
     suf = np.where(use_h20, SUF_H20[idx], SUF_DEFAULT[idx])
     safe_m = np.where(m > 0, m, 1.0)
-    per_unit = _expert_gflop(model, tokens) / safe_m  # tokens is proportional to m
+    per_unit = gflop / safe_m
     return np.where(m > 0, per_unit * np.minimum(m / eta, suf) / rate, 0.0)
 
 
@@ -199,11 +207,11 @@ def _attn_weight_bytes(model: Model, r: Rates, p: CostProfile) -> np.ndarray:
 
 def _attn_ms(gemm: np.ndarray, attn: np.ndarray, wbytes: np.ndarray, r: Rates, p: CostProfile) -> np.ndarray:
     """Attention time of one layer without TP (the 'dense MLA' figure)."""
-    full = gemm / r.gemm / MLA_DISCOUNT + attn / r.f16 / MLA_DISCOUNT + _xfer_ms(wbytes, r.bw, p)
+    full = gemm / r.gemm / MLA_DISCOUNT + attn / r.attn / MLA_DISCOUNT + _xfer_ms(wbytes, r.bw, p)
     if p.fp4_consistent:
         return full
     # shallowsim: the FP4 branch drops the 0.7 factor on GEMMs and the weight load [B3]
-    fp4 = gemm / np.where(r.has_fp4, r.f4, 1.0) + attn / r.f16 / MLA_DISCOUNT
+    fp4 = gemm / np.where(r.has_fp4, r.f4, 1.0) + attn / r.attn / MLA_DISCOUNT
     return np.where(r.has_fp4, fp4, full)
 
 
@@ -214,7 +222,7 @@ def _allreduce_ms(
     if p.ring_allreduce:
         nbytes = nbytes * 2.0 * (tp - 1) / tp
     link = np.where(tp <= g.gpus_per_node, r.nvl, r.net) if p.topology_comm else r.nvl
-    return _xfer_ms(nbytes, link, p) + ALLREDUCE_LATENCY_MS
+    return _xfer_ms(nbytes, link * r.allreduce, p) + ALLREDUCE_LATENCY_MS
 
 
 def _tp_split_ms(
@@ -258,7 +266,7 @@ def _a2a_split_ms(nbytes: np.ndarray, group: np.ndarray, g: GPUArray, r: Rates, 
     local = np.minimum(group, g.gpus_per_node)
     intra = nbytes * (local - 1) / group
     inter = nbytes * (group - local) / group
-    return np.maximum(_xfer_ms(intra, r.nvl, p), _xfer_ms(inter, r.net, p))
+    return np.maximum(_xfer_ms(intra, r.nvl * r.a2a, p), _xfer_ms(inter, r.net * r.a2a, p))
 
 
 # --- prefill -------------------------------------------------------------------------------------
@@ -314,7 +322,7 @@ def prefill_parts(
         e_loc = np.ceil(e_total / g.gpus_per_node)
         raw_rack = (e_total - e_loc) / e_total * k * (q / tp) * d
         raw = np.where(node8, raw_node, raw_rack)
-        link = np.where(node8, r.net * 8.0, r.nvl)
+        link = np.where(node8, r.net * 8.0, r.nvl) * r.a2a
         dispatch = _xfer_ms(raw * dispatch_elem, link, p) + PREFILL_A2A_LATENCY_MS
         combine = _xfer_ms(raw * 2.0, link, p) + PREFILL_A2A_LATENCY_MS
 
@@ -394,9 +402,9 @@ def decode_parts(
     kv_shard = 1 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
     kv_bytes = c * model.kv_elems_per_token_layer * bs * kv_elem_bytes
     if p.si_units:
-        t_kv = _xfer_ms(kv_bytes / kv_shard, r.bw, p)
+        t_kv = _xfer_ms(kv_bytes / kv_shard, r.kv_bw, p)
     else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
-        t_kv = kv_bytes / kv_shard / GIB / r.bw * 1000.0
+        t_kv = kv_bytes / kv_shard / GIB / r.kv_bw * 1000.0
     sparse_mla = _tp_split_ms(mla, bs, model, tp, g, r, p) + t_kv
     dense_mla = sparse_mla if p.tp_dense_layers else mla + t_kv
     dense_mlp = _dense_mlp_ms(bs, model, tp, g, r, p)
@@ -407,9 +415,9 @@ def decode_parts(
     use_h20 = _h20_table(g, p)
     m_routed = b * k / gx  # tokens per routed expert
     m_shared = b if p.shared_expert_own_efficiency else m_routed
-    shared_gemm = _grouped_gemm_ms(model, b, m_shared, r.expert, use_h20, p)
+    shared_gemm = _grouped_gemm_ms(_expert_gflop(model, b), m_shared, r.expert, use_h20, p)
     f = expert_imbalance
-    routed_gemm = _grouped_gemm_ms(model, b * k * f, m_routed * f, r.expert, use_h20, p)
+    routed_gemm = _grouped_gemm_ms(_expert_gflop(model, b * k * f), m_routed * f, r.expert, use_h20, p)
     shared = MICRO_BATCHES * model.n_shared_experts * (shared_gemm + t_w)
     routed = MICRO_BATCHES * (routed_gemm + t_w * gx)
 
@@ -425,7 +433,7 @@ def decode_parts(
         single_node = e_total / gx == 8  # only N = 8 counts as one node [B13]
         rack_nvl = np.isin(g.gpus_per_node, SS_RACK_DOMAINS) & (n <= g.gpus_per_node)
         use_nvl = np.where(node8, single_node, rack_nvl)
-        link = np.where(use_nvl, r.nvl, r.net)
+        link = np.where(use_nvl, r.nvl, r.net) * r.a2a
         dispatch = _xfer_ms(copies, link, p) + latency
         combine = _xfer_ms(copies * comb_elem, link, p) + latency
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+from costmodel.calibration import Calibration
+
 # What each fix does, keyed by switch name (the spec's bug numbers in brackets).
 FIX_DOCS: dict[str, str] = {
     "fp8_dispatch": ("[B1] prefill dispatch is FP8 (1 byte/element), not halved to 4 bits on every GPU"),
@@ -75,6 +77,7 @@ class CostProfile:
     weights_from_config: bool
     monotone_gemm_time: bool
     precision_per_gpu: bool
+    calibration: Calibration | None = None  # component efficiency factors per GPU (costmodel/calibration.py)
 
     @staticmethod
     def shallowsim() -> CostProfile:
@@ -102,7 +105,12 @@ class CostProfile:
         return replace(self, name=f"{self.name}[{tag}]", **changed)
 
     def switches(self) -> dict[str, bool]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("name", "calibration")}
+
+    def calibrated(self, cal: Calibration | None) -> CostProfile:
+        """This profile with `cal`'s factors applied to its components (None: none)."""
+        base = self.name.split("+")[0]
+        return replace(self, name=base if cal is None else f"{base}+{cal.name}", calibration=cal)
 
 
 PROFILES = {"shallowsim": CostProfile.shallowsim, "corrected": CostProfile.corrected}

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from costmodel.calibration import Calibration
 from costmodel.profile import FIX_DOCS, CostProfile
 from costmodel.specs import SpecError
 
@@ -61,6 +62,7 @@ class CostSettings:
             "tpot_percentile": self.tpot_percentile,
             "prefill_batch_tokens": self.prefill_batch_tokens,
             "engine_configs": self.engine_configs,
+            "calibration": None if self.profile.calibration is None else self.profile.calibration.to_json(),
         }
 
     @staticmethod
@@ -70,8 +72,11 @@ class CostSettings:
             raise SpecError(f"{where}: `cost` must be a mapping (profile, switches, cache_hit, ...), got {data!r}")
         expected = {"profile", "switches", "cache_hit", "fp8_combine", "ttft_ms", "tpot_ms", "ttft_percentile",
                     "tpot_percentile", "prefill_batch_tokens", "engine_configs"}  # fmt: skip
-        if set(data) != expected:
-            raise SpecError(f"{where}: `cost` must have exactly the fields {sorted(expected)}, got {sorted(data)}")
+        if not expected <= set(data) <= expected | {"calibration"}:  # plans before calibrations lack it
+            raise SpecError(f"{where}: `cost` must have exactly the fields {sorted(expected)} (and `calibration`), "
+                            f"got {sorted(data)}")  # fmt: skip
+        cal = data.get("calibration")
+        calibration = None if cal is None else Calibration.from_json(cal, f"{where}: cost.calibration")
         switches = data["switches"]
         if not isinstance(switches, Mapping) or set(switches) != set(FIX_DOCS):
             raise SpecError(f"{where}: `cost.switches` must give every cost-model fix {sorted(FIX_DOCS)} true or false")
@@ -90,7 +95,7 @@ class CostSettings:
             raise SpecError(f"{where}: `cost.fp8_combine` must be true or false")
         try:
             return CostSettings(
-                CostProfile(name=str(data["profile"]), **switches),
+                CostProfile(name=str(data["profile"]), **switches, calibration=calibration),
                 float(data["cache_hit"]),
                 data["fp8_combine"],
                 None if data["ttft_ms"] is None else float(data["ttft_ms"]),

@@ -12,7 +12,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from costmodel.catalog import build
+from costmodel.calibration import load_calibration
+from costmodel.catalog import CONF_DIR, build
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model, SpecError
@@ -41,9 +42,24 @@ def model_from_cfg(name: str, cfg: Mapping[str, Any]) -> Model:
 
 def profile_from_cfg(cfg: Mapping[str, Any]) -> CostProfile:
     try:
-        return CostProfile.named(str(cfg["profile"])).with_fixes(**(plain(cfg.get("fixes")) or {}))
+        profile = CostProfile.named(str(cfg["profile"])).with_fixes(**(plain(cfg.get("fixes")) or {}))
     except ValueError as err:
         raise ConfigError(f"costmodel: {err}") from None
+    cal = cfg.get("calibration")
+    if cal is None:
+        return profile
+    try:
+        return profile.calibrated(load_calibration(calibration_path(str(cal))))
+    except SpecError as err:
+        raise ConfigError(f"costmodel.calibration: {err}") from None
+
+
+def calibration_path(name: str) -> Path:
+    """`costmodel.calibration`: a shipped calibration's name (conf/calibration/<name>.yaml) or a file."""
+    shipped = CONF_DIR / "calibration" / f"{name}.yaml"
+    if "/" not in name and not name.endswith((".yaml", ".yml", ".json")) and shipped.is_file():
+        return shipped
+    return Path(name).expanduser()
 
 
 def positive_int(value: Any, key: str) -> int:

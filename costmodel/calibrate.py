@@ -1,0 +1,419 @@
+"""Fit the cost model's component efficiencies to measurements: `python -m costmodel.calibrate`.
+
+    python -m costmodel.calibrate conf/calibration/published.csv --out my.yaml
+    python -m costmodel.calibrate published.csv mine.csv --out my.yaml   # several files, one fit
+
+A measurement file is CSV, one measurement a row:
+
+    component,gpu,shape,value,unit,source
+    dense_gemm,H800,m=64 n=2112 k=7168,206,TFLOPS,DeepGEMM README (55ab91f) normal GEMMs table
+
+`component` is one of COMPONENTS, `gpu` a catalogue name, `shape` the `key=value` parameters the
+component needs, `value` and `unit` the measurement, `source` where it was published or who
+measured it. Every row is checked on load; a bad one stops the load with its file and line.
+
+The fit: each row's value is predicted by the cost model's own formula for that component, as a
+function of the knobs (costmodel/calibration.py) it uses; the log of each knob's factor gets a
+Gaussian prior (median 1, sigma `--prior-sigma`), and the fit maximises the posterior (least
+squares in log space, `scipy.optimize.least_squares`). The sigma of each factor is the Laplace
+approximation (the inverse Hessian of the log posterior at the optimum, the measurement scatter
+estimated from the residuals). A knob no row of a GPU informs keeps its prior and is reported so.
+The leave-one-out error refits without each row and predicts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from costmodel.calibration import KNOBS, Calibration, Factor
+from costmodel.catalog import CatalogError, gpu_names, load_gpu, load_model
+from costmodel.cli import UserError, run
+from costmodel.formulas import (
+    DECODE_A2A_LATENCY_MS,
+    MLA_DISCOUNT,
+    Rates,
+    _a2a_split_ms,
+    _allreduce_ms,
+    _grouped_gemm_ms,
+    _h20_table,
+    _xfer_ms,
+    decode_step_ms,
+    prefill_time_ms,
+)
+from costmodel.profile import CostProfile
+from costmodel.specs import GPUArray
+
+TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3}
+
+
+@dataclass(frozen=True)
+class Component:
+    """What a measurement of one component looks like, and which knobs its prediction uses."""
+
+    params: tuple[str, ...]  # required shape keys (numbers unless listed in `words`)
+    units: tuple[str, ...]
+    knobs: tuple[str, ...]
+    doc: str
+    optional: tuple[str, ...] = ()
+    words: dict[str, tuple[str, ...]] | None = None  # shape keys that take a word, and its choices
+
+
+COMPONENTS: dict[str, Component] = {
+    "dense_gemm": Component(("m", "n", "k"), ("TFLOPS", "ms", "us"), ("dense_gemm", "hbm"),
+                            "FP8 (BF16 without FP8) GEMM of m x k by k x n; weights n x k streamed once"),
+    "grouped_gemm": Component(("groups", "m", "n", "k", "layout"), ("TFLOPS", "ms", "us"),
+                              ("grouped_gemm_prefill", "grouped_gemm_decode", "hbm"),
+                              "`groups` expert GEMMs of m tokens each; `layout` contiguous (prefill) or masked "
+                              "(decode, the profile's efficiency table)",
+                              words={"layout": ("contiguous", "masked")}),
+    "attention_prefill": Component((), ("TFLOPS",), ("attention_prefill",),
+                                   "attention kernel's sustained FLOP rate in prefill (compute-bound)"),
+    "attention_decode": Component((), ("TFLOPS", "GB/s"), ("attention_decode",),
+                                  "MLA decode kernel: TFLOPS when compute-bound, GB/s of KV read when memory-bound"),
+    "a2a_normal": Component(("ep",), ("GB/s",), ("a2a_normal",),
+                            "expert-parallel dispatch/combine, normal kernels: bandwidth of the bottleneck link "
+                            "(NVLink within the scale-up domain, the NIC beyond)"),
+    "a2a_low_latency": Component(("tokens", "hidden", "topk", "ep", "op"), ("us", "ms"), ("a2a_low_latency",),
+                                 "decode dispatch (FP8) or combine (BF16) of `tokens` per GPU, low-latency kernels",
+                                 words={"op": ("dispatch", "combine")}),
+    "allreduce": Component(("bytes", "tp"), ("us", "ms"), ("allreduce",), "all-reduce of `bytes` over a TP group"),
+    "prefill_step": Component(("batch", "input_len", "tp"), ("s", "ms"), tuple(k for k in KNOBS if k not in (
+        "attention_decode", "a2a_low_latency", "grouped_gemm_decode")), "one prefill forward of `batch` prompts on one TP group "
+        "(an engine benchmark's prefill latency)", optional=("model",)),  # fmt: skip
+    "decode_step": Component(("batch", "context", "tp"), ("s", "ms"), tuple(k for k in KNOBS if k not in (
+        "attention_prefill", "a2a_normal", "grouped_gemm_prefill")), "one decode step of `batch` sequences at `context` tokens on one "
+        "TP group (an engine benchmark's median decode latency)", optional=("model",)),  # fmt: skip
+}  # fmt: skip
+
+
+class MeasurementError(UserError):
+    """A measurement row that cannot be used; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    component: str
+    gpu: str
+    shape: tuple[tuple[str, Any], ...]
+    value: float
+    unit: str
+    source: str
+    where: str  # file:line
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.shape)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.component, self.gpu)
+
+
+def parse_shape(text: str, comp: Component, where: str) -> tuple[tuple[str, Any], ...]:
+    out: dict[str, Any] = {}
+    for item in text.split():
+        k, sep, v = item.partition("=")
+        if not sep or not k or not v:
+            raise MeasurementError(f"{where}: shape item {item!r} is not key=value")
+        if comp.words and k in comp.words:
+            if v not in comp.words[k]:
+                raise MeasurementError(f"{where}: shape {k}={v!r} must be one of {list(comp.words[k])}")
+            out[k] = v
+        elif k == "model":
+            out[k] = v
+        else:
+            try:
+                num = float(v)
+            except ValueError:
+                raise MeasurementError(f"{where}: shape {k}={v!r} is not a number") from None
+            if not (math.isfinite(num) and num > 0):
+                raise MeasurementError(f"{where}: shape {k}={v!r} must be a positive number")
+            out[k] = num
+    missing = [k for k in comp.params if k not in out]
+    extra = [k for k in out if k not in comp.params and k not in comp.optional]
+    if missing or extra:
+        raise MeasurementError(f"{where}: shape needs exactly {list(comp.params)}"
+                               f"{' (optional: ' + ', '.join(comp.optional) + ')' if comp.optional else ''}; "
+                               f"missing {missing}, unknown {extra}")  # fmt: skip
+    return tuple(sorted(out.items()))
+
+
+def load_measurements(paths: Iterable[str | Path]) -> list[Measurement]:
+    """Every row of the measurement files, checked: component, GPU, shape, value, unit, source."""
+    rows: list[Measurement] = []
+    known = set(gpu_names())
+    header = ["component", "gpu", "shape", "value", "unit", "source"]
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise MeasurementError(f"measurement file {path} not found")
+        lines = [ln for ln in path.read_text().splitlines()]
+        body = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip() and not ln.lstrip().startswith("#")]
+        if not body:
+            raise MeasurementError(f"{path}: no measurements (header {','.join(header)} and one row per measurement)")
+        reader = csv.reader([ln for _, ln in body])
+        got = next(reader)
+        if [h.strip() for h in got] != header:
+            raise MeasurementError(f"{path}:{body[0][0]}: header must be {','.join(header)}, got {','.join(got)}")
+        for (lineno, _), rec in zip(body[1:], reader, strict=True):
+            where = f"{path}:{lineno}"
+            if len(rec) != len(header):
+                raise MeasurementError(f"{where}: {len(rec)} fields, want {len(header)} ({','.join(header)}); "
+                                       "quote a field that holds a comma")  # fmt: skip
+            comp_name, gpu, shape, value, unit, source = (f.strip() for f in rec)
+            comp = COMPONENTS.get(comp_name)
+            if comp is None:
+                raise MeasurementError(f"{where}: unknown component {comp_name!r}; components: {list(COMPONENTS)}")
+            if gpu not in known:
+                raise MeasurementError(f"{where}: unknown GPU {gpu!r}; the catalogue has {sorted(known)}")
+            if unit not in comp.units:
+                raise MeasurementError(f"{where}: {comp_name} is measured in {list(comp.units)}, got {unit!r}")
+            try:
+                v = float(value)
+            except ValueError:
+                raise MeasurementError(f"{where}: value {value!r} is not a number") from None
+            if not (math.isfinite(v) and v > 0):
+                raise MeasurementError(f"{where}: value must be a positive number, got {value!r}")
+            if not source:
+                raise MeasurementError(f"{where}: every measurement names its source (paper, benchmark table, run)")
+            rows.append(Measurement(comp_name, gpu, parse_shape(shape, comp, where), v, unit, source, where))
+    return rows
+
+
+# --- predictions: the cost model's own formula for each component ---------------------------------
+
+
+def predict(row: Measurement, profile: CostProfile) -> float:
+    """The row's quantity, in its unit, as the cost model (with `profile`'s calibration) gives it."""
+    gpu = load_gpu(row.gpu)
+    g = GPUArray.of(gpu)
+    p = row.params
+    r = Rates(g, "decode", profile)  # kernel benchmarks run on every SM
+    c = row.component
+    if c == "dense_gemm":
+        gflop = 2.0 * p["m"] * p["n"] * p["k"] / 1e9
+        ms = gflop / r.gemm + _xfer_ms(p["n"] * p["k"] * r.wbytes, r.bw, profile)
+    elif c == "grouped_gemm":
+        gflop = 2.0 * p["groups"] * p["m"] * p["n"] * p["k"] / 1e9
+        if p["layout"] == "masked":  # decode's kernel: the efficiency table at m tokens per expert
+            m = np.asarray(float(p["m"]))
+            compute = _grouped_gemm_ms(np.asarray(gflop), m, r.expert, _h20_table(g, profile), profile)
+        else:  # prefill's: the plain rate, its own knob
+            k = r.knobs
+            compute = gflop / (r.expert / k["grouped_gemm_decode"] * k["grouped_gemm_prefill"])
+        ms = compute + _xfer_ms(p["groups"] * p["n"] * p["k"] * r.wbytes, r.bw, profile)
+    elif c == "attention_prefill":
+        return float(r.f16 * r.knobs["attention_prefill"] * MLA_DISCOUNT)
+    elif c == "attention_decode":
+        return float(r.attn * MLA_DISCOUNT if row.unit == "TFLOPS" else r.kv_bw)
+    elif c == "a2a_normal":
+        link = r.nvl if p["ep"] <= gpu.gpus_per_node else r.net
+        return float(link * r.knobs["a2a_normal"])  # `r` is decode's: its own a2a is the low-latency knob
+    elif c == "a2a_low_latency":
+        elem = 1.0 if p["op"] == "dispatch" else 2.0
+        nbytes = p["tokens"] * p["hidden"] * p["topk"] * elem
+        ms = _a2a_split_ms(np.asarray(nbytes), np.asarray(p["ep"]), g, r, profile) + DECODE_A2A_LATENCY_MS
+    elif c == "allreduce":
+        tp = np.asarray(p["tp"])
+        tokens = p["bytes"] / (load_model("deepseek_v3").hidden * 2.0)  # _allreduce_ms counts BF16 hidden vectors
+        ms = _allreduce_ms(np.asarray(tokens), load_model("deepseek_v3"), tp, g, r, profile)
+    elif c == "prefill_step":
+        model = load_model(p.get("model", "deepseek_v3"))
+        ms = p["batch"] * prefill_time_ms(gpu, model, p["input_len"], p["tp"], 1, 0.0, profile)
+    elif c == "decode_step":
+        model = load_model(p.get("model", "deepseek_v3"))
+        ms = decode_step_ms(gpu, model, p["context"], p["batch"], p["tp"], p["tp"], False, profile)
+    else:  # pragma: no cover - COMPONENTS and this function list the same names
+        raise AssertionError(c)
+    ms = float(ms)
+    if row.unit == "TFLOPS":
+        return gflop / ms
+    return ms / TIME_UNITS[row.unit]
+
+
+# --- the fit -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Fit:
+    calibration: Calibration
+    rows: list[Measurement]
+    before: np.ndarray  # log(pred / measured) under the base profile
+    after: np.ndarray  # ... under the calibration
+    scatter: float  # estimated sigma of one measurement's log error
+    seconds: float
+
+
+def knobs_of(row: Measurement) -> tuple[str, ...]:
+    """The knobs a row's prediction depends on."""
+    knobs = COMPONENTS[row.component].knobs
+    if row.component == "grouped_gemm":
+        drop = "grouped_gemm_decode" if row.params["layout"] == "contiguous" else "grouped_gemm_prefill"
+        knobs = tuple(k for k in knobs if k != drop)
+    return knobs
+
+
+def _params(rows: Sequence[Measurement]) -> list[tuple[str, str]]:
+    """The (GPU, knob) pairs the rows inform, in a fixed order."""
+    seen: dict[tuple[str, str], None] = {}
+    for row in rows:
+        for knob in knobs_of(row):
+            seen[(row.gpu, knob)] = None
+    return list(seen)
+
+
+def _calibration(name: str, pairs: list[tuple[str, str]], theta: np.ndarray, sigma: np.ndarray,
+                 counts: dict[tuple[str, str], int], prior_sigma: float, source: str) -> Calibration:  # fmt: skip
+    fs = [(g, k, Factor(float(math.exp(t)), float(s), "fit", counts.get((g, k), 0)))
+          for (g, k), t, s in zip(pairs, theta, sigma, strict=True)]  # fmt: skip
+    fitted = {(g, k) for g, k, _ in fs}
+    for g in gpu_names():
+        for k in KNOBS:
+            if (g, k) not in fitted:
+                fs.append((g, k, Factor(1.0, prior_sigma, "prior", 0)))
+    return Calibration(name, tuple(sorted(fs, key=lambda f: f[:2])), source, prior_sigma)
+
+
+def log_errors(rows: Sequence[Measurement], profile: CostProfile) -> np.ndarray:
+    return np.array([math.log(predict(r, profile) / r.value) for r in rows])
+
+
+def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigma: float = 0.3,
+        name: str = "calibration", source: str = "") -> Fit:  # fmt: skip
+    """The maximum a-posteriori factors for `rows` over `base` (default: corrected)."""
+    from scipy.optimize import least_squares
+
+    t0 = time.perf_counter()
+    base = base or CostProfile.corrected()
+    rows = list(rows)
+    if not rows:
+        raise UserError("no measurements to fit")
+    pairs = _params(rows)
+    counts: dict[tuple[str, str], int] = {}
+    for row in rows:
+        for knob in knobs_of(row):
+            counts[(row.gpu, knob)] = counts.get((row.gpu, knob), 0) + 1
+    logv = np.log([r.value for r in rows])
+    meas_sigma = 0.1  # the fit's weighting only; the reported sigma uses the residual scatter
+
+    def profile_of(theta: np.ndarray) -> CostProfile:
+        fs = tuple(sorted(((g, k, Factor(float(math.exp(t)), 0.0, "fit")) for (g, k), t in zip(pairs, theta,
+                                                                                                 strict=True)),
+                          key=lambda f: f[:2]))  # fmt: skip
+        return base.calibrated(Calibration(name, fs))
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        prof = profile_of(theta)
+        pred = np.log([predict(r, prof) for r in rows])
+        return np.concatenate([(pred - logv) / meas_sigma, theta / prior_sigma])
+
+    # soft-L1 (Huber-like) loss: a row whose shape the model's structure cannot follow (an error
+    # past ~10 %) weighs linearly, not quadratically, so it does not drag the factor off the rest
+    sol = least_squares(residuals, np.zeros(len(pairs)), method="trf", loss="soft_l1", f_scale=1.0)
+    n = len(rows)
+    data_res = sol.fun[:n] * meas_sigma
+    dof = max(n - len(pairs), 1)
+    scatter = max(float(np.sqrt(np.sum(data_res**2) / dof)), 0.02)
+    j = sol.jac.copy()
+    j[:n] *= meas_sigma / scatter  # re-weight the data rows by the scatter actually seen
+    try:
+        cov = np.linalg.inv(j.T @ j)
+        sigma = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    except np.linalg.LinAlgError:
+        sigma = np.full(len(pairs), prior_sigma)
+    cal = _calibration(name, pairs, sol.x, np.minimum(sigma, prior_sigma), counts, prior_sigma, source)
+    calibrated = base.calibrated(cal)
+    return Fit(cal, rows, log_errors(rows, base), log_errors(rows, calibrated), scatter, time.perf_counter() - t0)
+
+
+def leave_one_out(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigma: float = 0.3) -> np.ndarray:
+    """log(pred / measured) of each row under a fit to all the other rows."""
+    base = base or CostProfile.corrected()
+    out = []
+    for i, row in enumerate(rows):
+        rest = [r for j, r in enumerate(rows) if j != i]
+        cal = fit(rest, base, prior_sigma).calibration
+        out.append(math.log(predict(row, base.calibrated(cal)) / row.value))
+    return np.array(out)
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+
+def summary(rows: Sequence[Measurement], columns: dict[str, np.ndarray]) -> str:
+    """Median |error| per component and overall, one column per model (errors in log space -> %)."""
+    head = "| component | rows | " + " | ".join(columns) + " |"
+    lines = [head, "|---|---:|" + "---:|" * len(columns)]
+    comps = sorted({r.component for r in rows}, key=list(COMPONENTS).index)
+    for comp in [*comps, "all"]:
+        idx = [i for i, r in enumerate(rows) if comp in ("all", r.component)]
+        cells = [f"{100 * (math.exp(float(np.median(np.abs(v[idx])))) - 1):.1f} %" for v in columns.values()]
+        label = "**all**" if comp == "all" else comp
+        lines.append(f"| {label} | {len(idx)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def factor_table(cal: Calibration, gpus: Iterable[str] | None = None) -> str:
+    gpus = sorted(set(gpus) if gpus is not None else {g for g, _, _ in cal.factors})
+    lines = ["| GPU | knob | factor | sigma (log) | origin | rows |", "|---|---|---:|---:|---|---:|"]
+    for g, k, f in cal.factors:
+        if g in gpus:
+            lines.append(f"| {g} | {k} | {f.factor:.3f} | {f.sigma:.3f} | {f.origin} | {f.rows} |")
+    return "\n".join(lines)
+
+
+def write_calibration(cal: Calibration, path: Path, header: str = "") -> None:
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(cal.to_json(), sort_keys=False, width=110)
+    path.write_text((header + "\n" if header else "") + text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m costmodel.calibrate", description=__doc__.split("\n")[0])
+    ap.add_argument("data", nargs="+", help="measurement CSV file(s)")
+    ap.add_argument("--out", type=Path, help="write the calibration here (YAML); costmodel.calibration=PATH uses it")
+    ap.add_argument("--name", help="the calibration's name (default: the output file's stem)")
+    ap.add_argument("--base", default="corrected", help="the profile whose components it calibrates")
+    ap.add_argument("--prior-sigma", type=float, default=0.3, help="sigma of log(factor) before any measurement")
+    ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out error (one refit per row)")
+    args = ap.parse_args(argv)
+    if not args.prior_sigma > 0:
+        raise UserError(f"--prior-sigma must be > 0, got {args.prior_sigma}")
+    try:
+        base = CostProfile.named(args.base)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    rows = load_measurements(args.data)
+    name = args.name or (args.out.stem if args.out else "calibration")
+    source = ", ".join(Path(d).name for d in args.data)
+    f = fit(rows, base, args.prior_sigma, name, source)
+    print(f"{len(rows)} measurements of {len({r.gpu for r in rows})} GPU(s), {len({r.component for r in rows})} "
+          f"component(s); fit in {f.seconds:.2f} s, measurement scatter {100 * f.scatter:.1f} % (log sigma)\n")  # fmt: skip
+    cols = {f"{args.base} (before)": f.before, "fitted (in-sample)": f.after}
+    if not args.no_loo:
+        cols["fitted (leave-one-out)"] = leave_one_out(rows, base, args.prior_sigma)
+    print("Median |error| of the predictions, per component:\n")
+    print(summary(rows, cols))
+    print("\nFactors of the measured GPUs:\n")
+    print(factor_table(f.calibration, {r.gpu for r in rows}))
+    unmeasured = sorted({g for g, _, fc in f.calibration.factors if fc.origin == "prior"} - {r.gpu for r in rows})
+    print(f"\nNo measurements for {', '.join(unmeasured) or 'no other GPU'}: every knob keeps its prior "
+          f"(factor 1, sigma {args.prior_sigma}), and so does every knob of a measured GPU no row informs.")  # fmt: skip
+    if args.out:
+        write_calibration(f.calibration, args.out, f"# python -m costmodel.calibrate {' '.join(args.data)}")
+        print(f"\nwrote {args.out}; use it with costmodel.calibration={args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    run(main, (CatalogError,))

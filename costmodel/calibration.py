@@ -1,0 +1,184 @@
+"""Calibration: per-GPU efficiency factors of the cost model's components, with their uncertainty.
+
+The cost profiles (`shallowsim`, `corrected`) take every efficiency from the original program:
+0.85 of every datasheet peak, 0.7 for attention kernels, a step table for grouped GEMMs, the full
+link bandwidth for all-to-all. A `Calibration` multiplies each component's rate by a factor fitted
+to measurements (`python -m costmodel.calibrate`), per GPU type:
+
+| knob | multiplies | measured by |
+|---|---|---|
+| `dense_gemm` | the dense GEMM rate (attention projections, dense MLP) | FP8 GEMM benchmarks |
+| `grouped_gemm_prefill` | the expert GEMM rate in prefill (routed and shared experts) | grouped GEMMs, contiguous layout |
+| `grouped_gemm_decode` | the expert GEMM rate in decode, over the efficiency table | grouped GEMMs, masked layout |
+| `hbm` | the bandwidth weights stream at | small-M GEMMs (memory-bound) |
+| `attention_prefill` | the attention kernel's FLOP rate in prefill | attention prefill kernels |
+| `attention_decode` | the attention kernel's FLOP rate and KV-read bandwidth in decode | MLA decode kernels |
+| `a2a_normal` | the link bandwidth of prefill dispatch/combine | expert-parallel all-to-all (normal kernels) |
+| `a2a_low_latency` | the link bandwidth of decode dispatch/combine | expert-parallel all-to-all (low-latency kernels) |
+| `allreduce` | the link bandwidth of TP all-reduce | all-reduce benchmarks |
+
+A factor above 1 means the component runs faster than the profile assumes. Each factor is
+lognormal: `factor` is its median, `sigma` the standard deviation of its logarithm. `origin` says
+where it came from: `fit` (measurements of this GPU) or `prior` (nothing measured on this GPU for
+this knob: 1, the profile's own value, with the prior's sigma). Factors are not carried from one
+GPU to another: a knob also absorbs the error of its GPU's catalogue figures (H800's 4000 GB/s
+is the spec's, 3350 the datasheet's), which does not transfer. With every factor 1 the numbers
+are the profile's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from costmodel.specs import SpecError
+
+KNOBS: dict[str, str] = {
+    "dense_gemm": "dense GEMM rate (attention projections, dense MLP)",
+    "grouped_gemm_prefill": "expert (grouped) GEMM rate, prefill",
+    "grouped_gemm_decode": "expert (grouped) GEMM rate, decode (over its efficiency table)",
+    "hbm": "weight-streaming memory bandwidth",
+    "attention_prefill": "attention kernel FLOP rate, prefill",
+    "attention_decode": "attention kernel FLOP rate and KV-read bandwidth, decode",
+    "a2a_normal": "prefill all-to-all link bandwidth (normal kernels)",
+    "a2a_low_latency": "decode all-to-all link bandwidth (low-latency kernels)",
+    "allreduce": "TP all-reduce link bandwidth",
+}
+ORIGINS = ("fit", "prior")
+
+
+@dataclass(frozen=True)
+class Factor:
+    factor: float  # median multiplier of the component's rate
+    sigma: float  # std of log(factor)
+    origin: str  # fit | prior
+    rows: int = 0  # measurements of this GPU that inform it
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.factor) and self.factor > 0):
+            raise SpecError(f"a calibration factor must be a positive number, got {self.factor!r}")
+        if not (math.isfinite(self.sigma) and self.sigma >= 0):
+            raise SpecError(f"a calibration sigma must be >= 0, got {self.sigma!r}")
+        if self.origin not in ORIGINS:
+            raise SpecError(f"a calibration factor's origin must be one of {ORIGINS}, got {self.origin!r}")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Factors per (GPU, knob); a GPU or knob it does not name keeps factor 1."""
+
+    name: str
+    factors: tuple[tuple[str, str, Factor], ...] = ()  # (gpu, knob, factor), sorted
+    source: str = ""  # what it was fitted to (file names), for the record
+    default_sigma: float = 0.0  # sigma of a (gpu, knob) it does not name
+
+    def __post_init__(self) -> None:
+        for gpu, knob, _ in self.factors:
+            if knob not in KNOBS:
+                raise SpecError(f"calibration {self.name!r}: unknown knob {knob!r} for {gpu}; knobs: {list(KNOBS)}")
+
+    @property
+    def table(self) -> dict[tuple[str, str], Factor]:
+        return {(g, k): f for g, k, f in self.factors}
+
+    def get(self, gpu: str, knob: str) -> Factor:
+        return self.table.get((gpu, knob), Factor(1.0, self.default_sigma, "prior"))
+
+    def array(self, names: Iterable[str], knob: str, shape: tuple[int, ...]) -> np.ndarray:
+        """The factors of GPUs `names` for `knob`, shaped like the GPUArray's fields."""
+        t = self.table
+        vals = [t[(n, knob)].factor if (n, knob) in t else 1.0 for n in names]
+        return np.asarray(vals, dtype=float).reshape(shape)
+
+    @property
+    def uncertain(self) -> bool:
+        return any(f.sigma > 0 for _, _, f in self.factors)
+
+    def draws(self, n: int, seed: int = 0) -> list[Calibration]:
+        """`n` calibrations with every factor drawn from its lognormal (independently)."""
+        rng = np.random.default_rng(seed)
+        out = []
+        for i in range(n):
+            z = rng.standard_normal(len(self.factors))
+            fs = tuple(
+                (g, k, Factor(f.factor * math.exp(f.sigma * zi), 0.0, f.origin, f.rows))
+                for (g, k, f), zi in zip(self.factors, z, strict=True)
+            )
+            out.append(replace(self, name=f"{self.name}#draw{i}", factors=fs, default_sigma=0.0))
+        return out
+
+    def shifted(self, z: float) -> Calibration:
+        """Every factor moved `z` standard deviations (z < 0: the pessimistic side), sigma 0."""
+        fs = tuple((g, k, Factor(f.factor * math.exp(z * f.sigma), 0.0, f.origin, f.rows)) for g, k, f in self.factors)
+        return replace(self, name=f"{self.name}@{z:+.2f}sigma", factors=fs, default_sigma=0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        by_gpu: dict[str, dict[str, Any]] = {}
+        for g, k, f in self.factors:
+            by_gpu.setdefault(g, {})[k] = {"factor": f.factor, "sigma": f.sigma, "origin": f.origin, "rows": f.rows}
+        return {"name": self.name, "source": self.source, "default_sigma": self.default_sigma, "factors": by_gpu}
+
+    @staticmethod
+    def from_json(data: Any, where: str) -> Calibration:
+        """The record `to_json` wrote (a calibration file's content); SpecError names `where`."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("factors"), Mapping):
+            raise SpecError(f"{where}: a calibration is a mapping with `name` and `factors: {{GPU: {{knob: ...}}}}`")
+        unknown = sorted(set(data) - {"name", "source", "default_sigma", "factors"})
+        if unknown:
+            raise SpecError(f"{where}: unknown calibration field(s) {unknown}")
+        rows = []
+        for gpu, knobs in data["factors"].items():
+            if not isinstance(knobs, Mapping):
+                raise SpecError(f"{where}: factors.{gpu} must map knobs to {{factor, sigma, origin}}")
+            for knob, f in knobs.items():
+                if knob not in KNOBS:
+                    raise SpecError(f"{where}: factors.{gpu}: unknown knob {knob!r}; knobs: {list(KNOBS)}")
+                if not isinstance(f, Mapping) or not {"factor", "sigma", "origin"} <= set(f):
+                    raise SpecError(f"{where}: factors.{gpu}.{knob} needs factor, sigma and origin")
+                try:
+                    rows.append((str(gpu), str(knob), Factor(float(f["factor"]), float(f["sigma"]), str(f["origin"]),
+                                                            int(f.get("rows", 0)))))  # fmt: skip
+                except (TypeError, ValueError, SpecError) as err:
+                    raise SpecError(f"{where}: factors.{gpu}.{knob}: {err}") from None
+        try:
+            sigma = float(data.get("default_sigma", 0.0))
+        except (TypeError, ValueError):
+            raise SpecError(f"{where}: default_sigma must be a number") from None
+        return Calibration(str(data.get("name", Path(where).stem)), tuple(sorted(rows, key=lambda r: r[:2])),
+                           str(data.get("source", "")), sigma)  # fmt: skip
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """A calibration file (YAML or JSON) as `python -m costmodel.calibrate` writes it."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"calibration file {p} not found: give costmodel.calibration=PATH of a file "
+                        "`python -m costmodel.calibrate` wrote (conf/calibration/ ships one)")  # fmt: skip
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError(f"{p}: not YAML/JSON ({err})") from None
+    return Calibration.from_json(data, str(p))
+
+
+@dataclass
+class Knobs:
+    """The factor arrays one `Rates` applies (all 1.0 without a calibration)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, knob: str) -> Any:
+        return self.values.get(knob, 1.0)
+
+
+def knobs_for(cal: Calibration | None, names: tuple[str, ...], shape: tuple[int, ...]) -> Knobs:
+    if cal is None:
+        return Knobs()
+    return Knobs({k: cal.array(names, k, shape) for k in KNOBS})

@@ -1,0 +1,200 @@
+"""Calibration: the fit recovers factors it is given, files round-trip, bad rows are one clear error,
+a calibration of ones changes nothing, and a plan carries its calibration."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodel.calibrate import (
+    COMPONENTS,
+    Measurement,
+    MeasurementError,
+    fit,
+    leave_one_out,
+    load_measurements,
+    predict,
+    write_calibration,
+)
+from costmodel.calibration import KNOBS, Calibration, Factor, load_calibration
+from costmodel.catalog import load_gpu, load_model
+from costmodel.formulas import decode_parts, decode_step_ms, max_batch, prefill_time_ms
+from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = ROOT / "conf" / "calibration" / "published.csv"
+DSV3 = load_model("deepseek_v3")
+
+
+def synthetic_rows(gpu: str, truth: Calibration) -> list[Measurement]:
+    """Measurements the cost model itself produces under `truth`, over varied shapes."""
+    prof = CostProfile.corrected().calibrated(truth)
+    shapes: list[tuple[str, dict, str]] = []
+    for m, n, k in itertools.product((64, 512, 4096), (2112, 7168), (2048, 7168)):
+        shapes.append(("dense_gemm", {"m": m, "n": n, "k": k}, "TFLOPS"))
+    for g, m in ((4, 4096), (8, 2048), (2, 8192)):
+        shapes.append(("grouped_gemm", {"groups": g, "m": m, "n": 4096, "k": 7168, "layout": "contiguous"}, "ms"))
+    for g, m in ((1, 1024), (4, 256), (8, 64)):
+        shapes.append(("grouped_gemm", {"groups": g, "m": m, "n": 7168, "k": 2048, "layout": "masked"}, "us"))
+    shapes += [("attention_decode", {}, "TFLOPS"), ("attention_decode", {}, "GB/s"), ("attention_prefill", {}, "TFLOPS")]
+    for ep in (8, 16, 64):
+        shapes.append(("a2a_normal", {"ep": ep}, "GB/s"))
+        for op in ("dispatch", "combine"):
+            shapes.append(("a2a_low_latency", {"tokens": 128, "hidden": 7168, "topk": 8, "ep": ep, "op": op}, "us"))
+    for b, s in ((1, 1024), (4, 4096)):
+        shapes.append(("prefill_step", {"batch": b, "input_len": s, "tp": 8}, "ms"))
+        shapes.append(("decode_step", {"batch": 16 * b, "context": s, "tp": 8}, "ms"))
+    rows = []
+    for comp, params, unit in shapes:
+        shape = tuple(sorted((k, v if isinstance(v, str) else float(v)) for k, v in params.items()))
+        probe = Measurement(comp, gpu, shape, 1.0, unit, "synthetic", "test")
+        rows.append(Measurement(comp, gpu, shape, predict(probe, prof), unit, "synthetic: the cost model", "test"))
+    return rows
+
+
+def test_the_fit_recovers_the_factors_that_generated_its_data() -> None:
+    true = {"dense_gemm": 0.8, "grouped_gemm_prefill": 0.85, "grouped_gemm_decode": 1.3, "hbm": 0.9,
+            "attention_prefill": 1.15, "attention_decode": 1.1, "a2a_normal": 0.95, "a2a_low_latency": 0.7}  # fmt: skip
+    truth = Calibration("truth", tuple(sorted(("H20", k, Factor(v, 0.0, "fit")) for k, v in true.items())))
+    f = fit(synthetic_rows("H20", truth), prior_sigma=2.0)  # a weak prior: the data decide
+    got = f.calibration
+    for knob, v in true.items():
+        assert got.get("H20", knob).factor == pytest.approx(v, rel=0.01), knob
+        assert got.get("H20", knob).origin == "fit"
+    assert got.get("H20", "allreduce").factor == pytest.approx(1.0, rel=0.01)  # left alone by the truth, found so
+    assert got.get("H800", "dense_gemm").origin == "prior"  # no H800 rows: its prior, said so
+    assert np.max(np.abs(f.after)) < 0.01 < np.max(np.abs(f.before))
+
+
+def test_a_calibration_of_ones_changes_no_number() -> None:
+    ones = Calibration("ones", tuple(("H800", k, Factor(1.0, 0.2, "fit")) for k in sorted(KNOBS)))
+    for name in ("shallowsim", "corrected"):
+        base = CostProfile.named(name)
+        cal = base.calibrated(ones)
+        gpu = load_gpu("H800")
+        s, b, tp = np.array([512.0, 4096.0, 16384.0]), np.array([1.0, 32.0, 128.0]), np.array([1.0, 4.0, 8.0])
+        assert np.array_equal(prefill_time_ms(gpu, DSV3, s, tp, 4, 0.3, base), prefill_time_ms(gpu, DSV3, s, tp, 4, 0.3, cal))
+        assert np.array_equal(decode_step_ms(gpu, DSV3, 4096, b, 1, 32, False, base),
+                              decode_step_ms(gpu, DSV3, 4096, b, 1, 32, False, cal))  # fmt: skip
+        assert np.array_equal(max_batch(gpu, DSV3, 4096, 1024, 1, 9, base), max_batch(gpu, DSV3, 4096, 1024, 1, 9, cal))
+
+
+def test_a_factor_moves_its_own_gpu_and_component_only() -> None:
+    fast = Calibration("fast", (("H800", "a2a_low_latency", Factor(2.0, 0.0, "fit")),))
+    base = CostProfile.corrected()
+    h800, h20 = load_gpu("H800"), load_gpu("H20")
+    args = (DSV3, 4096, 64, 1, 64, False)
+    fast_h800 = decode_parts(h800, *args, base.calibrated(fast))["Dispatch"]
+    assert fast_h800 < decode_parts(h800, *args, base)["Dispatch"]
+    assert decode_step_ms(h20, *args, base.calibrated(fast)) == decode_step_ms(h20, *args, base)
+    # prefill all-to-all is the normal kernels' knob, not this one
+    assert prefill_time_ms(h800, DSV3, 4096, 4, 16, 0.0, base.calibrated(fast)) == prefill_time_ms(
+        h800, DSV3, 4096, 4, 16, 0.0, base
+    )
+
+
+def test_a_calibration_file_and_a_plans_cost_record_round_trip(tmp_path: Path) -> None:
+    f = fit(load_measurements([PUBLISHED]), name="published")
+    write_calibration(f.calibration, tmp_path / "c.yaml")
+    back = load_calibration(tmp_path / "c.yaml")
+    assert back == f.calibration
+    settings = CostSettings(CostProfile.corrected().calibrated(back), ttft_ms=2000.0)
+    assert CostSettings.from_json(json.loads(json.dumps(settings.to_json())), "plan.json") == settings
+    old = {k: v for k, v in settings.to_json().items() if k != "calibration"}  # a plan from before calibrations
+    assert CostSettings.from_json(old, "plan.json").profile.calibration is None
+
+
+def test_the_shipped_calibration_is_the_fit_of_the_shipped_measurements() -> None:
+    shipped = load_calibration(ROOT / "conf" / "calibration" / "published.yaml")
+    refit = fit(load_measurements([PUBLISHED]), name=shipped.name, source=shipped.source).calibration
+    for (g, k, a), (g2, k2, b) in zip(shipped.factors, refit.factors, strict=True):
+        assert (g, k, a.origin, a.rows) == (g2, k2, b.origin, b.rows)
+        assert a.factor == pytest.approx(b.factor, rel=1e-6) and a.sigma == pytest.approx(b.sigma, rel=1e-6)
+
+
+def test_every_published_row_names_its_source_and_the_loo_error_is_finite() -> None:
+    rows = load_measurements([PUBLISHED])
+    assert len(rows) >= 40 and {r.component for r in rows} >= {"dense_gemm", "grouped_gemm", "a2a_low_latency"}
+    assert all(r.source and ("README at" in r.source) for r in rows)  # each cites a commit of the table
+    sub = [r for r in rows if r.component in ("a2a_normal", "attention_decode")]
+    loo = leave_one_out(sub)
+    assert loo.shape == (len(sub),) and np.all(np.isfinite(loo))
+
+
+BAD = {
+    "component,gpu,shape,value,unit\n": "header must be",
+    "component,gpu,shape,value,unit,source\nflash_gemm,H800,m=1 n=1 k=1,5,TFLOPS,x\n": "unknown component",
+    "component,gpu,shape,value,unit,source\ndense_gemm,H900,m=1 n=1 k=1,5,TFLOPS,x\n": "unknown GPU",
+    "component,gpu,shape,value,unit,source\ndense_gemm,H800,m=1 n=1 k=1,5,GB/s,x\n": "is measured in",
+    "component,gpu,shape,value,unit,source\ndense_gemm,H800,m=1 n=1,5,TFLOPS,x\n": "missing ['k']",
+    "component,gpu,shape,value,unit,source\ndense_gemm,H800,m=1 n=1 k=1,-5,TFLOPS,x\n": "positive number",
+    "component,gpu,shape,value,unit,source\ndense_gemm,H800,m=1 n=1 k=1,5,TFLOPS,\n": "names its source",
+    "component,gpu,shape,value,unit,source\ndense_gemm,H800,m=a n=1 k=1,5,TFLOPS,x\n": "not a number",
+    "component,gpu,shape,value,unit,source\ndense_gemm,H800,m=1 n=1 k=1,5,TFLOPS\n": "5 fields",
+}
+
+
+@pytest.mark.parametrize("text", list(BAD))
+def test_a_malformed_measurement_is_one_clear_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text("# a comment line\n" + text)
+    with pytest.raises(MeasurementError, match=re.escape(BAD[text])) as err:
+        load_measurements([path])
+    if "header" not in BAD[text]:
+        assert f"{path}:3" in str(err.value)  # file and line
+
+
+def test_the_command_fits_writes_and_fails_cleanly(tmp_path: Path) -> None:
+    out = tmp_path / "cal.yaml"
+    r = subprocess.run([sys.executable, "-m", "costmodel.calibrate", str(PUBLISHED), "--out", str(out), "--no-loo"],
+                       capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "| dense_gemm |" in r.stdout and "prior" in r.stdout and load_calibration(out).name == "cal"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("component,gpu,shape,value,unit,source\ndense_gemm,H900,m=1 n=1 k=1,5,TFLOPS,x\n")
+    r = subprocess.run([sys.executable, "-m", "costmodel.calibrate", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown GPU 'H900'" in r.stderr
+
+
+def test_sglang_one_batch_results_become_measurements_the_fit_takes(tmp_path: Path) -> None:
+    # lines in the layout sglang.benchmark.one_batch writes (its measurement_results dict); the
+    # numbers are the cost model's own under a known calibration, so the fit must find it again
+    truth = Calibration("truth", (("H20", "dense_gemm", Factor(0.7, 0.0, "fit")),
+                                  ("H20", "grouped_gemm_decode", Factor(1.2, 0.0, "fit"))))  # fmt: skip
+    prof = CostProfile.corrected().calibrated(truth)
+    h20 = load_gpu("H20")
+    lines = []
+    for b, s in itertools.product((1, 8, 64), (512, 2048, 8192)):
+        pre = b * float(prefill_time_ms(h20, DSV3, s, 8, 1, 0.0, prof)) / 1e3
+        dec = float(decode_step_ms(h20, DSV3, s + 8, b, 8, 8, False, prof)) / 1e3
+        lines.append(json.dumps({"run_name": "t", "batch_size": b, "input_len": s, "output_len": 16,
+                                 "prefill_latency": pre, "prefill_throughput": b * s / pre,
+                                 "median_decode_latency": dec, "median_decode_throughput": b / dec}))  # fmt: skip
+    (tmp_path / "result.jsonl").write_text("\n".join(lines) + "\n")
+    r = subprocess.run([sys.executable, "-m", "costmodel.readers", "sglang-one-batch", str(tmp_path / "result.jsonl"),
+                        "--gpu", "H20", "--tp", "8"], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "mine.csv").write_text(r.stdout)
+    rows = load_measurements([tmp_path / "mine.csv"])
+    assert len(rows) == 18 and {r.component for r in rows} == {"prefill_step", "decode_step"}
+    f = fit(rows)
+    assert np.median(np.abs(f.after)) < 0.25 * np.median(np.abs(f.before))
+    assert math.log(f.calibration.get("H20", "dense_gemm").factor) < 0  # it finds the slow GEMMs
+    (tmp_path / "broken.jsonl").write_text('{"batch_size": 1}\n')
+    r = subprocess.run([sys.executable, "-m", "costmodel.readers", "sglang-one-batch", str(tmp_path / "broken.jsonl"),
+                        "--gpu", "H20", "--tp", "8"], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert r.returncode == 2 and "lacks" in r.stderr and "broken.jsonl:1" in r.stderr
+
+
+def test_every_component_names_knobs_the_model_has() -> None:
+    for comp in COMPONENTS.values():
+        assert set(comp.knobs) <= set(KNOBS)
