@@ -77,7 +77,7 @@ COMPONENTS: dict[str, Component] = {
                               words={"layout": ("contiguous", "masked")}),
     "attention_prefill": Component((), ("TFLOPS",), ("attention_prefill",),
                                    "attention kernel's sustained FLOP rate in prefill (compute-bound)"),
-    "attention_decode": Component((), ("TFLOPS", "GB/s"), ("attention_decode",),
+    "attention_decode": Component((), ("TFLOPS", "GB/s"), ("attention_decode", "kv_read"),
                                   "MLA decode kernel: TFLOPS when compute-bound, GB/s of KV read when memory-bound"),
     "a2a_normal": Component(("ep",), ("GB/s",), ("a2a_normal",),
                             "expert-parallel dispatch/combine, normal kernels: bandwidth of the bottleneck link "
@@ -87,8 +87,8 @@ COMPONENTS: dict[str, Component] = {
                                  words={"op": ("dispatch", "combine")}),
     "allreduce": Component(("bytes", "tp"), ("us", "ms"), ("allreduce",), "all-reduce of `bytes` over a TP group"),
     "prefill_step": Component(("batch", "input_len", "tp"), ("s", "ms"), tuple(k for k in KNOBS if k not in (
-        "attention_decode", "a2a_low_latency", "grouped_gemm_decode")), "one prefill forward of `batch` prompts on one TP group "
-        "(an engine benchmark's prefill latency)", optional=("model",)),  # fmt: skip
+        "attention_decode", "kv_read", "a2a_low_latency", "grouped_gemm_decode")), "one prefill forward of `batch` "
+        "prompts on one TP group (an engine benchmark's prefill latency)", optional=("model",)),  # fmt: skip
     "decode_step": Component(("batch", "context", "tp"), ("s", "ms"), tuple(k for k in KNOBS if k not in (
         "attention_prefill", "a2a_normal", "grouped_gemm_prefill")), "one decode step of `batch` sequences at `context` tokens on one "
         "TP group (an engine benchmark's median decode latency)", optional=("model",)),  # fmt: skip
@@ -258,6 +258,8 @@ def knobs_of(row: Measurement) -> tuple[str, ...]:
     if row.component == "grouped_gemm":
         drop = "grouped_gemm_decode" if row.params["layout"] == "contiguous" else "grouped_gemm_prefill"
         knobs = tuple(k for k in knobs if k != drop)
+    if row.component == "attention_decode":  # compute-bound rows measure the FLOP rate, memory-bound the KV reads
+        knobs = ("attention_decode",) if row.unit == "TFLOPS" else ("kv_read",)
     return knobs
 
 

@@ -12,7 +12,8 @@ to measurements (`python -m costmodel.calibrate`), per GPU type:
 | `grouped_gemm_decode` | the expert GEMM rate in decode, over the efficiency table | grouped GEMMs, masked layout |
 | `hbm` | the bandwidth weights stream at | small-M GEMMs (memory-bound) |
 | `attention_prefill` | the attention kernel's FLOP rate in prefill | attention prefill kernels |
-| `attention_decode` | the attention kernel's FLOP rate and KV-read bandwidth in decode | MLA decode kernels |
+| `attention_decode` | the attention kernel's FLOP rate in decode | MLA decode kernels, compute-bound |
+| `kv_read` | the bandwidth the decode attention kernel reads the KV cache at | MLA decode kernels, memory-bound |
 | `a2a_normal` | the link bandwidth of prefill dispatch/combine | expert-parallel all-to-all (normal kernels) |
 | `a2a_low_latency` | the link bandwidth of decode dispatch/combine | expert-parallel all-to-all (low-latency kernels) |
 | `allreduce` | the link bandwidth of TP all-reduce | all-reduce benchmarks |
@@ -44,7 +45,8 @@ KNOBS: dict[str, str] = {
     "grouped_gemm_decode": "expert (grouped) GEMM rate, decode (over its efficiency table)",
     "hbm": "weight-streaming memory bandwidth",
     "attention_prefill": "attention kernel FLOP rate, prefill",
-    "attention_decode": "attention kernel FLOP rate and KV-read bandwidth, decode",
+    "attention_decode": "attention kernel FLOP rate, decode",
+    "kv_read": "KV-cache read bandwidth of the decode attention kernel",
     "a2a_normal": "prefill all-to-all link bandwidth (normal kernels)",
     "a2a_low_latency": "decode all-to-all link bandwidth (low-latency kernels)",
     "allreduce": "TP all-reduce link bandwidth",

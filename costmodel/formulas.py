@@ -63,7 +63,7 @@ class Rates:
         self.f8 = g.tflops_fp8 * DERATE * sm_frac
         self.f4 = g.tflops_fp4 * DERATE * sm_frac
         self.bw = g.mem_bw_gb_s * DERATE * k["hbm"]  # weights streaming
-        self.kv_bw = g.mem_bw_gb_s * DERATE * k["attention_decode"]  # the attention kernel's KV reads
+        self.kv_bw = g.mem_bw_gb_s * DERATE * k["kv_read"]  # the attention kernel's KV reads
         self.attn = self.f16 * k[f"attention_{phase}"]  # the attention kernel's FLOP rate
         self.nvl = g.nvlink_bw_gb_s * DERATE
         self.net = g.scaleout_bw_gb_s * DERATE

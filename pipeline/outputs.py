@@ -239,6 +239,24 @@ def convergence_plot(
     plt.close(fig)
 
 
+def _band_rows(plan: Mapping[str, Any]) -> list[str]:
+    """The headline's range over the calibration's uncertainty (pipeline/band.py), if it has one."""
+    band = plan.get("band")
+    rows = []
+    if plan.get("robust"):
+        rows.append("| planned at | every calibration factor's 10th percentile (search.robust) |")
+    if not band:
+        cal = (plan.get("cost") or {}).get("calibration")
+        why = "no calibration (costmodel.calibration)" if cal is None else "search.band_draws=0"
+        return [*rows, f"| range | not estimated: {why} |"]
+    return [
+        *rows,
+        f"| range over the calibration (10th / 50th / 90th percentile) | {band['p10_req_s']:.1f} / "
+        f"{band['p50_req_s']:.1f} / {band['p90_req_s']:.1f} req/s ({band['draws']} draws of "
+        f"{band['calibration']}) |",
+    ]
+
+
 def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str) -> str:
     lines = [header, ""]
     gap = plan.get("gap")
@@ -248,6 +266,7 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str) -> str:
         "|---|---|",
         f"| **rate** (within the SLOs) | **{plan['rate_req_s']:.2f} req/s** "
         f"({plan['output_tok_s']:.0f} output tok/s) |",
+        *_band_rows(plan),
         *_verification_rows(plan.get("verification")),
         f"| fluid bound (diagnostic: islands busy 100 %, no SLO) | {plan.get('fluid_req_s', float('nan')):.2f} req/s |",
         f"| re-scored at every length (diagnostic) | {plan['evaluated_req_s']:.2f} req/s |",

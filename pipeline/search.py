@@ -93,6 +93,9 @@ def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
         "workload": settings.workload_name,
         "model": planner.model.name,
         "cost_profile": planner.profile.name,
+        "calibration": "none" if settings.calibration is None else
+        f"{settings.calibration.name} ({settings.calibration.source or 'fitted'})"
+        + (", robust: 10th percentile" if settings.robust else ""),
         "generator": settings.generator,
         "sampler": settings.sampler,
         "objective": settings.objective,
@@ -188,6 +191,21 @@ def _finish(
     )
     if settings.objective == "goodput" and run.best is not None:
         plan["simulated_req_s"] = run.best.get("simulated_req_s")  # the goodput the search scored it with
+    plan["robust"] = settings.robust
+    plan["band"] = None
+    if settings.calibration is not None and settings.calibration.uncertain and settings.band_draws:
+        from pipeline.band import rate_band
+
+        t0 = time.perf_counter()
+        print(f"[search] rate band: the best layout under {settings.band_draws} draws of calibration "
+              f"{settings.calibration.name} ...", flush=True)  # fmt: skip
+        plan["band"] = rate_band(planner, best_layout, plan["rate_req_s"], plan["searched_req_s"],
+                                 settings.calibration, settings.band_draws, ctx.inner_time_limit_s, ctx.backend,
+                                 settings.seed)  # fmt: skip
+        if plan["band"]:
+            b = plan["band"]
+            print(f"[search] rate band: {b['p10_req_s']:.1f} - {b['p90_req_s']:.1f} req/s (10th-90th percentile; "
+                  f"{time.perf_counter() - t0:.1f} s)", flush=True)  # fmt: skip
     write_json(run.dir / "plan.json", plan)
     if settings.verify and plan["rate_req_s"] > 0:
         _verify(run, plan, cfg, settings)
@@ -214,6 +232,7 @@ def _finish(
             "trials": float(len(run.records)),
             "fluid_req_s": plan["fluid_req_s"],
             "searched_req_s": plan["searched_req_s"],
+            **({f"band_{k}": v for k, v in plan["band"].items() if k.endswith("_req_s")} if plan.get("band") else {}),
             **({"goodput_req_s": float(plan["simulated_req_s"])} if plan.get("simulated_req_s") is not None else {}),
             **{
                 f"simulated_{k}": float(v)

@@ -63,6 +63,9 @@ class Settings:
     reference_time_limit_s: float
     resume: bool
     verify: bool  # simulate the best plan at its stated rate
+    band_draws: int  # calibration draws the best layout is re-planned under for its rate band (0: none)
+    robust: bool  # plan at every calibration factor's 10th percentile
+    calibration: Any  # the calibration of the cost model (before robust's shift), or None
     run_root: Path  # outputs/search/<name>-<hash>
     ray_address: str | None
     ray_num_cpus: int | None
@@ -152,6 +155,19 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         raise ConfigError(f"search.seed must be a whole number >= 0, got search.seed={seed!r}")
     workload_name = choice("workload")
     planner = planner_from_cfg(cfg, {g.name: g for g in inventory.gpus}, kv_transfer, budget)
+    calibration = planner.profile.calibration
+    robust = boolean(s.get("robust", False), "search.robust")
+    band_draws = s.get("band_draws", 0)
+    if isinstance(band_draws, bool) or not isinstance(band_draws, int) or band_draws < 0:
+        raise ConfigError(f"search.band_draws must be a whole number >= 0, got {band_draws!r}")
+    if robust:
+        from pipeline.band import Z10, redrawn
+
+        if calibration is None or not calibration.uncertain:
+            raise ConfigError("search.robust=true plans for the pessimistic end of a calibration's range, and "
+                              "this cost model has none: add costmodel.calibration=published (or a file of "
+                              "yours from python -m costmodel.calibrate)")  # fmt: skip
+        planner = redrawn(planner, calibration.shifted(-Z10))
     shapes = str(s.shapes)
     if shapes not in SHAPES:
         raise ConfigError(
@@ -197,6 +213,9 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         reference_time_limit_s=ref_limit,
         resume=boolean(s.resume, "search.resume"),
         verify=boolean(s.verify, "search.verify"),
+        band_draws=band_draws,
+        robust=robust,
+        calibration=calibration,
         run_root=Path(str(cfg.out_root)) / name,
         ray_address=None if cfg.ray.address is None else str(cfg.ray.address),
         ray_num_cpus=None if cfg.ray.num_cpus is None else positive_int(cfg.ray.num_cpus, "ray.num_cpus"),

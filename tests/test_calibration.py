@@ -63,7 +63,8 @@ def synthetic_rows(gpu: str, truth: Calibration) -> list[Measurement]:
 
 def test_the_fit_recovers_the_factors_that_generated_its_data() -> None:
     true = {"dense_gemm": 0.8, "grouped_gemm_prefill": 0.85, "grouped_gemm_decode": 1.3, "hbm": 0.9,
-            "attention_prefill": 1.15, "attention_decode": 1.1, "a2a_normal": 0.95, "a2a_low_latency": 0.7}  # fmt: skip
+            "attention_prefill": 1.15, "attention_decode": 1.1, "kv_read": 0.92, "a2a_normal": 0.95,
+            "a2a_low_latency": 0.7}  # fmt: skip
     truth = Calibration("truth", tuple(sorted(("H20", k, Factor(v, 0.0, "fit")) for k, v in true.items())))
     f = fit(synthetic_rows("H20", truth), prior_sigma=2.0)  # a weak prior: the data decide
     got = f.calibration
@@ -198,3 +199,43 @@ def test_sglang_one_batch_results_become_measurements_the_fit_takes(tmp_path: Pa
 def test_every_component_names_knobs_the_model_has() -> None:
     for comp in COMPONENTS.values():
         assert set(comp.knobs) <= set(KNOBS)
+
+
+def test_robust_plans_at_the_pessimistic_factors_and_needs_a_calibration() -> None:
+    from test_glue import compose
+
+    from pipeline.band import Z10
+    from pipeline.errors import ConfigError
+    from pipeline.settings import inventory_of, settings_from_cfg
+
+    base = ["+inventory=tiny_hetero", "ranges.width=1000"]
+    cfg = compose([*base, "search.robust=true"])
+    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    central = settings.calibration  # the band draws from this; the search plans with the shifted one
+    shifted = ctx.planner.profile.calibration
+    assert settings.robust and central.name == "published" and not shifted.uncertain
+    for (g, k, f), (_, _, s) in zip(central.factors, shifted.factors, strict=True):
+        assert s.factor == pytest.approx(f.factor * math.exp(-Z10 * f.sigma))
+    plain = compose(base)
+    _, pctx = settings_from_cfg(plain, *inventory_of(plain))
+    assert ctx.planner.benchmark("H200", 8).prefill_req_s.max() < pctx.planner.benchmark("H200", 8).prefill_req_s.max()
+    cfg = compose([*base, "search.robust=true", "costmodel=corrected"])
+    with pytest.raises(ConfigError, match="costmodel.calibration=published"):
+        settings_from_cfg(cfg, *inventory_of(cfg))
+
+
+def test_the_band_spans_the_draws_and_vanishes_without_uncertainty() -> None:
+    from test_glue import compose
+
+    from pipeline.band import rate_band
+    from pipeline.reference import exact_layout, reference
+    from pipeline.settings import inventory_of, settings_from_cfg
+
+    cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", "search.shapes=any", "slo=null"])
+    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    layout = exact_layout(reference(settings, ctx, ctx.planner))
+    _, sol = ctx.planner.solve(layout, "max_rate", 10.0)
+    band = rate_band(ctx.planner, layout, sol.rate_req_s, sol.rate_req_s, settings.calibration, 16, 10.0)
+    assert band is not None and band["p10_req_s"] < sol.rate_req_s < band["p90_req_s"]
+    assert rate_band(ctx.planner, layout, 1.0, 1.0, settings.calibration.shifted(0.0), 16, 10.0) is None
+    assert rate_band(ctx.planner, layout, 1.0, 1.0, None, 16, 10.0) is None

@@ -73,6 +73,16 @@ def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(tmp_path: Path) ->
         assert (d / f).stat().st_size > 0
     parent = json.loads((d / "state.json").read_text())["parent_run_id"]
     assert len(child_runs(tmp_path, parent)) == 12
+    # the default cost model is calibrated: the plan carries the calibration and a range over its draws
+    assert plan["cost"]["calibration"]["name"] == "published" and plan["cost_profile"] == "corrected+published"
+    band = plan["band"]
+    assert band["draws"] == 32 and 0 < band["p10_req_s"] <= band["p50_req_s"] <= band["p90_req_s"]
+    assert "range over the calibration" in (d / "report.md").read_text()
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(parent)
+    assert run.data.params["calibration"] == "published (published.csv)"
+    assert run.data.metrics["band_p10_req_s"] == pytest.approx(band["p10_req_s"])
     assert "[search] 12/12 trials" in r.stdout
     # search.polish=0.2 by default: through Ray Tune, the last 2 trials step from the best of the first 8
     assert "(the last 2 polish the best)" in r.stdout

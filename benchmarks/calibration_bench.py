@@ -1,0 +1,122 @@
+"""How far the cost model's components are off, before and after calibration, and what it does to plans.
+
+    python benchmarks/calibration_bench.py                 # the shipped measurements, the Table 5.1 cells
+    python benchmarks/calibration_bench.py --data mine.csv --cells hetero_a:azure_code
+
+1. Held-out error per component: for every measurement row, |log(predicted / measured)| under
+   `shallowsim`, `corrected` (no fit) and the calibration fitted to all the other rows
+   (leave-one-out); the table gives each component's median, as a percentage. The target: the
+   calibration halves `corrected`'s median error on held-out rows.
+2. The wall time of one fit and of the leave-one-out (one fit per row), measured in this run.
+3. The Table 5.1 cells: the exact optimum (default settings, node-aligned islands) with
+   `corrected` and with the calibration, side by side, and the calibrated optimum's range (10th /
+   90th percentile over draws of the calibration's factors, pipeline/band.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from costmodel.calibrate import COMPONENTS, fit, leave_one_out, load_measurements, log_errors
+from costmodel.catalog import CONF_DIR
+from costmodel.profile import CostProfile
+
+CELLS = [f"{i}:{w}" for i in ("hetero_a", "hetero_b", "homo_c") for w in ("azure_code", "azure_conv")]
+
+
+def pct(v: np.ndarray) -> str:
+    return f"{100 * (math.exp(float(np.median(np.abs(v)))) - 1):.1f} %" if len(v) else "-"
+
+
+def errors(data: list[str]) -> None:
+    rows = load_measurements(data)
+    t0 = time.perf_counter()
+    f = fit(rows)
+    t_fit = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    loo = leave_one_out(rows)
+    t_loo = time.perf_counter() - t0
+    ss = log_errors(rows, CostProfile.shallowsim())
+    corr = log_errors(rows, CostProfile.corrected())
+    print(f"{len(rows)} measurements ({', '.join(Path(d).name for d in data)}); one fit {t_fit:.2f} s, "
+          f"leave-one-out ({len(rows)} fits) {t_loo:.1f} s\n")  # fmt: skip
+    print("Median |error|, held-out rows (calibration: fitted without the row):\n")
+    print("| component | rows | shallowsim | corrected | calibrated (held out) | calibrated (in sample) | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    comps = [c for c in COMPONENTS if any(r.component == c for r in rows)]
+    for comp in [*comps, "all"]:
+        idx = [i for i, r in enumerate(rows) if comp in ("all", r.component)]
+        med_c, med_l = np.median(np.abs(corr[idx])), np.median(np.abs(loo[idx]))
+        ratio = f"{med_l / med_c:.2f}" if med_c > 0 else "-"
+        label = "**all**" if comp == "all" else comp
+        print(f"| {label} | {len(idx)} | {pct(ss[idx])} | {pct(corr[idx])} | {pct(loo[idx])} | "
+              f"{pct(f.after[idx])} | {ratio} |")  # fmt: skip
+    med_c, med_l = np.median(np.abs(corr)), np.median(np.abs(loo))
+    print(f"\nheld-out median error: corrected {pct(corr)}, calibrated {pct(loo)}: the calibration "
+          f"{'halves' if med_l <= med_c / 2 else 'does not halve'} it (ratio {med_l / med_c:.2f}, target <= 0.50)")  # fmt: skip
+
+
+def plans(cells: list[str], calibration: str, draws: int) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from pipeline.band import rate_band
+    from pipeline.outputs import build_plan
+    from pipeline.reference import exact_layout, reference
+    from pipeline.settings import settings_from_cfg
+
+    def optimum(inv: str, wl: str, cal: str | None) -> tuple[float, dict, object, object]:
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = compose("search", [f"+inventory={inv}", f"workload={wl}", "costmodel=corrected",
+                                     f"costmodel.calibration={cal or 'null'}"], return_hydra_config=True)  # fmt: skip
+        HydraConfig.instance().set_config(cfg)
+        settings, ctx = settings_from_cfg(cfg, inv, cfg.inventory)
+        ref = reference(settings, ctx, ctx.planner)
+        layout = exact_layout(ref)
+        plan = build_plan(ctx.planner, layout, 30.0) if layout is not None else {}
+        return ref.rate_req_s, plan, ctx.planner, layout
+
+    print(f"\nThe Table 5.1 cells, exact optimum (default SLOs, node-aligned islands), corrected vs calibration "
+          f"{calibration}:\n")  # fmt: skip
+    print("| cell | corrected (req/s) | calibrated (req/s) | change | calibrated range, 10th-90th pct (req/s) | "
+          "range width | s |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for cell in cells:
+        inv, wl = cell.split(":")
+        t0 = time.perf_counter()
+        base, _, _, _ = optimum(inv, wl, None)
+        cal_rate, plan, planner, layout = optimum(inv, wl, calibration)
+        band = None
+        if plan:
+            band = rate_band(planner, layout, plan["rate_req_s"], plan["searched_req_s"],
+                             planner.profile.calibration, draws, 30.0)  # fmt: skip
+        rng = "-" if not band else f"{band['p10_req_s']:.1f} - {band['p90_req_s']:.1f}"
+        width = "-" if not band else f"{(band['p90_req_s'] - band['p10_req_s']) / plan['rate_req_s']:.0%}"
+        print(f"| {cell} | {base:.2f} | {cal_rate:.2f} | {cal_rate / base - 1:+.1%} | {rng} | {width} | "
+              f"{time.perf_counter() - t0:.0f} |", flush=True)  # fmt: skip
+    print("\n(the range is of the calibrated plan's headline, rate within the SLOs; the exact optima are the "
+          "whole-mix model's, as the search's gap uses)")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", nargs="+", default=[str(CONF_DIR / "calibration" / "published.csv")])
+    ap.add_argument("--calibration", default="published", help="for the plans: a shipped name or a file")
+    ap.add_argument("--cells", default=",".join(CELLS), help="comma-separated inventory:workload (empty: none)")
+    ap.add_argument("--draws", type=int, default=32)
+    args = ap.parse_args()
+    errors(args.data)
+    if args.cells:
+        plans(args.cells.split(","), args.calibration, args.draws)
+
+
+if __name__ == "__main__":
+    main()
