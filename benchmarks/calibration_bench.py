@@ -61,7 +61,8 @@ def errors(data: list[str]) -> None:
               f"{pct(f.after[idx])} | {ratio} |")  # fmt: skip
     med_c, med_l = np.median(np.abs(corr)), np.median(np.abs(loo))
     print(f"\nheld-out median error: corrected {pct(corr)}, calibrated {pct(loo)}: the calibration "
-          f"{'halves' if med_l <= med_c / 2 else 'does not halve'} it (ratio {med_l / med_c:.2f}, target <= 0.50)")  # fmt: skip
+          f"{'halves' if med_l <= med_c / 2 else 'does not halve'} it "
+          f"(ratio {med_l / med_c:.2f}, target <= 0.50)")  # fmt: skip
 
 
 def plans(cells: list[str], calibration: str, draws: int) -> None:

@@ -27,7 +27,7 @@ import argparse
 import csv
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,12 +86,21 @@ COMPONENTS: dict[str, Component] = {
                                  "decode dispatch (FP8) or combine (BF16) of `tokens` per GPU, low-latency kernels",
                                  words={"op": ("dispatch", "combine")}),
     "allreduce": Component(("bytes", "tp"), ("us", "ms"), ("allreduce",), "all-reduce of `bytes` over a TP group"),
-    "prefill_step": Component(("batch", "input_len", "tp"), ("s", "ms"), tuple(k for k in KNOBS if k not in (
-        "attention_decode", "kv_read", "a2a_low_latency", "grouped_gemm_decode")), "one prefill forward of `batch` "
-        "prompts on one TP group (an engine benchmark's prefill latency)", optional=("model",)),  # fmt: skip
-    "decode_step": Component(("batch", "context", "tp"), ("s", "ms"), tuple(k for k in KNOBS if k not in (
-        "attention_prefill", "a2a_normal", "grouped_gemm_prefill")), "one decode step of `batch` sequences at `context` tokens on one "
-        "TP group (an engine benchmark's median decode latency)", optional=("model",)),  # fmt: skip
+    "prefill_step": Component(
+        ("batch", "input_len", "tp"),
+        ("s", "ms"),
+        tuple(k for k in KNOBS if k not in ("attention_decode", "kv_read", "a2a_low_latency", "grouped_gemm_decode")),
+        "one prefill forward of `batch` prompts on one TP group (an engine benchmark's prefill latency)",
+        optional=("model",),
+    ),
+    "decode_step": Component(
+        ("batch", "context", "tp"),
+        ("s", "ms"),
+        tuple(k for k in KNOBS if k not in ("attention_prefill", "a2a_normal", "grouped_gemm_prefill")),
+        "one decode step of `batch` sequences at `context` tokens on one TP group (an engine benchmark's median "
+        "decode latency)",
+        optional=("model",),
+    ),
 }  # fmt: skip
 
 
@@ -118,6 +127,17 @@ class Measurement:
         return (self.component, self.gpu)
 
 
+def positive(text: str, what: str) -> float:
+    """`text` as a positive finite number; MeasurementError names `what` otherwise."""
+    try:
+        num = float(text)
+    except ValueError:
+        raise MeasurementError(f"{what} is not a number") from None
+    if not (math.isfinite(num) and num > 0):
+        raise MeasurementError(f"{what} must be a positive number")
+    return num
+
+
 def parse_shape(text: str, comp: Component, where: str) -> tuple[tuple[str, Any], ...]:
     out: dict[str, Any] = {}
     for item in text.split():
@@ -131,13 +151,7 @@ def parse_shape(text: str, comp: Component, where: str) -> tuple[tuple[str, Any]
         elif k == "model":
             out[k] = v
         else:
-            try:
-                num = float(v)
-            except ValueError:
-                raise MeasurementError(f"{where}: shape {k}={v!r} is not a number") from None
-            if not (math.isfinite(num) and num > 0):
-                raise MeasurementError(f"{where}: shape {k}={v!r} must be a positive number")
-            out[k] = num
+            out[k] = positive(v, f"{where}: shape {k}={v!r}")
     missing = [k for k in comp.params if k not in out]
     extra = [k for k in out if k not in comp.params and k not in comp.optional]
     if missing or extra:
@@ -176,12 +190,7 @@ def load_measurements(paths: Iterable[str | Path]) -> list[Measurement]:
                 raise MeasurementError(f"{where}: unknown GPU {gpu!r}; the catalogue has {sorted(known)}")
             if unit not in comp.units:
                 raise MeasurementError(f"{where}: {comp_name} is measured in {list(comp.units)}, got {unit!r}")
-            try:
-                v = float(value)
-            except ValueError:
-                raise MeasurementError(f"{where}: value {value!r} is not a number") from None
-            if not (math.isfinite(v) and v > 0):
-                raise MeasurementError(f"{where}: value must be a positive number, got {value!r}")
+            v = positive(value, f"{where}: value {value!r}")
             if not source:
                 raise MeasurementError(f"{where}: every measurement names its source (paper, benchmark table, run)")
             rows.append(Measurement(comp_name, gpu, parse_shape(shape, comp, where), v, unit, source, where))
@@ -400,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     source = ", ".join(Path(d).name for d in args.data)
     f = fit(rows, base, args.prior_sigma, name, source)
     print(f"{len(rows)} measurements of {len({r.gpu for r in rows})} GPU(s), {len({r.component for r in rows})} "
-          f"component(s); fit in {f.seconds:.2f} s, measurement scatter {100 * f.scatter:.1f} % (log sigma)\n")  # fmt: skip
+          f"component(s); fit in {f.seconds:.2f} s, "
+          f"measurement scatter {100 * f.scatter:.1f} % (log sigma)\n")  # fmt: skip
     cols = {f"{args.base} (before)": f.before, "fitted (in-sample)": f.after}
     if not args.no_loo:
         cols["fitted (leave-one-out)"] = leave_one_out(rows, base, args.prior_sigma)
@@ -410,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     print(factor_table(f.calibration, {r.gpu for r in rows}))
     unmeasured = sorted({g for g, _, fc in f.calibration.factors if fc.origin == "prior"} - {r.gpu for r in rows})
     print(f"\nNo measurements for {', '.join(unmeasured) or 'no other GPU'}: every knob keeps its prior "
-          f"(factor 1, sigma {args.prior_sigma}), and so does every knob of a measured GPU no row informs.")  # fmt: skip
+          f"(factor 1, sigma {args.prior_sigma}), "
+          "and so does every knob of a measured GPU no row informs.")  # fmt: skip
     if args.out:
         write_calibration(f.calibration, args.out, f"# python -m costmodel.calibrate {' '.join(args.data)}")
         print(f"\nwrote {args.out}; use it with costmodel.calibration={args.out}")

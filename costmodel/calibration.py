@@ -8,7 +8,7 @@ to measurements (`python -m costmodel.calibrate`), per GPU type:
 | knob | multiplies | measured by |
 |---|---|---|
 | `dense_gemm` | the dense GEMM rate (attention projections, dense MLP) | FP8 GEMM benchmarks |
-| `grouped_gemm_prefill` | the expert GEMM rate in prefill (routed and shared experts) | grouped GEMMs, contiguous layout |
+| `grouped_gemm_prefill` | the expert GEMM rate in prefill (routed, shared experts) | grouped GEMMs, contiguous |
 | `grouped_gemm_decode` | the expert GEMM rate in decode, over the efficiency table | grouped GEMMs, masked layout |
 | `hbm` | the bandwidth weights stream at | small-M GEMMs (memory-bound) |
 | `attention_prefill` | the attention kernel's FLOP rate in prefill | attention prefill kernels |

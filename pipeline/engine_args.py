@@ -17,7 +17,7 @@ import ast
 import functools
 import importlib.util
 from pathlib import Path
-
+from typing import Any
 
 SGLANG_VERSION = "0.5.23"  # the versions whose definitions the generated commands are checked against
 VLLM_VERSION = "0.33.0"
@@ -113,16 +113,20 @@ def sglang_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_sglang(argv: list[str]) -> argparse.Namespace:
-    """Parse a `python -m sglang.launch_server` argument list; ValueError names what SGLang would reject."""
-    parser = sglang_parser()
+def parse_strictly(parser: argparse.ArgumentParser, argv: list[str], engine: str) -> argparse.Namespace:
+    """Parse `argv` as the engine would; ValueError names the flag or value `engine` rejects."""
     try:
         ns, unknown = parser.parse_known_args(argv)
     except (argparse.ArgumentError, SystemExit) as err:
-        raise ValueError(f"SGLang {sglang_version()} rejects {argv}: {err}") from None
+        raise ValueError(f"{engine} rejects {argv}: {err}") from None
     if unknown:
-        raise ValueError(f"SGLang {sglang_version()} has no flag(s) {unknown}")
+        raise ValueError(f"{engine} has no flag(s) {unknown}")
     return ns
+
+
+def check_sglang(argv: list[str]) -> argparse.Namespace:
+    """Parse a `python -m sglang.launch_server` argument list; ValueError names what SGLang would reject."""
+    return parse_strictly(sglang_parser(), argv, f"SGLang {sglang_version()}")
 
 
 # --- vLLM ----------------------------------------------------------------------------------------
@@ -332,8 +336,13 @@ def _json_of(mod: _Module, cls: str, flag: str) -> Any:
     return parse
 
 
-def _add(parser: argparse.ArgumentParser, mod: _Module, flags: list[str], field: ast.AnnAssign | None,
-         explicit: dict[str, ast.expr]) -> None:
+def _add(
+    parser: argparse.ArgumentParser,
+    mod: _Module,
+    flags: list[str],
+    field: ast.AnnAssign | None,
+    explicit: dict[str, ast.expr],
+) -> None:
     flags = [f for f in flags if f not in parser._option_string_actions]
     if not flags:
         return
@@ -371,14 +380,20 @@ def _add_argument_calls(fn: ast.FunctionDef, mod: _Module, parser: argparse.Argu
     sources: dict[str, tuple[str, str | None]] = {}  # kwargs variable -> (config class, field or None)
 
     def source(expr: ast.expr) -> ast.AnnAssign | None:
-        if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name) and isinstance(expr.slice, ast.Constant):
+        if (
+            isinstance(expr, ast.Subscript)
+            and isinstance(expr.value, ast.Name)
+            and isinstance(expr.slice, ast.Constant)
+        ):
             cls, _ = sources.get(expr.value.id, (None, None))
             return mod.fields(cls).get(expr.slice.value) if cls in mod.classes else None
         if isinstance(expr, ast.Name) and expr.id in sources:
             cls, name = sources[expr.id]
             return mod.fields(cls).get(name) if cls in mod.classes and name else None
         if isinstance(expr, ast.Dict):
-            return next((f for k, v in zip(expr.keys, expr.values) if k is None and (f := source(v))), None)
+            return next(
+                (f for k, v in zip(expr.keys, expr.values, strict=True) if k is None and (f := source(v))), None
+            )
         return None
 
     for node in ast.walk(fn):
@@ -428,11 +443,4 @@ def vllm_parser(root: Path | None = None) -> argparse.ArgumentParser:
 
 def check_vllm(argv: list[str], root: Path | None = None) -> argparse.Namespace:
     """Parse the arguments after `vllm serve`; ValueError names what vLLM would reject."""
-    parser = vllm_parser(root)
-    try:
-        ns, unknown = parser.parse_known_args(argv)
-    except (argparse.ArgumentError, SystemExit) as err:
-        raise ValueError(f"vLLM {VLLM_VERSION} rejects {argv}: {err}") from None
-    if unknown:
-        raise ValueError(f"vLLM {VLLM_VERSION} has no flag(s) {unknown}")
-    return ns
+    return parse_strictly(vllm_parser(root), argv, f"vLLM {VLLM_VERSION}")

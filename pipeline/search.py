@@ -93,8 +93,9 @@ def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
         "workload": settings.workload_name,
         "model": planner.model.name,
         "cost_profile": planner.profile.name,
-        "calibration": "none" if settings.calibration is None else
-        f"{settings.calibration.name} ({settings.calibration.source or 'fitted'})"
+        "calibration": "none"
+        if settings.calibration is None
+        else f"{settings.calibration.name} ({settings.calibration.source or 'fitted'})"
         + (", robust: 10th percentile" if settings.robust else ""),
         "generator": settings.generator,
         "sampler": settings.sampler,

@@ -45,7 +45,11 @@ def synthetic_rows(gpu: str, truth: Calibration) -> list[Measurement]:
         shapes.append(("grouped_gemm", {"groups": g, "m": m, "n": 4096, "k": 7168, "layout": "contiguous"}, "ms"))
     for g, m in ((1, 1024), (4, 256), (8, 64)):
         shapes.append(("grouped_gemm", {"groups": g, "m": m, "n": 7168, "k": 2048, "layout": "masked"}, "us"))
-    shapes += [("attention_decode", {}, "TFLOPS"), ("attention_decode", {}, "GB/s"), ("attention_prefill", {}, "TFLOPS")]
+    shapes += [
+        ("attention_decode", {}, "TFLOPS"),
+        ("attention_decode", {}, "GB/s"),
+        ("attention_prefill", {}, "TFLOPS"),
+    ]
     for ep in (8, 16, 64):
         shapes.append(("a2a_normal", {"ep": ep}, "GB/s"))
         for op in ("dispatch", "combine"):
@@ -83,7 +87,9 @@ def test_a_calibration_of_ones_changes_no_number() -> None:
         cal = base.calibrated(ones)
         gpu = load_gpu("H800")
         s, b, tp = np.array([512.0, 4096.0, 16384.0]), np.array([1.0, 32.0, 128.0]), np.array([1.0, 4.0, 8.0])
-        assert np.array_equal(prefill_time_ms(gpu, DSV3, s, tp, 4, 0.3, base), prefill_time_ms(gpu, DSV3, s, tp, 4, 0.3, cal))
+        assert np.array_equal(
+            prefill_time_ms(gpu, DSV3, s, tp, 4, 0.3, base), prefill_time_ms(gpu, DSV3, s, tp, 4, 0.3, cal)
+        )
         assert np.array_equal(decode_step_ms(gpu, DSV3, 4096, b, 1, 32, False, base),
                               decode_step_ms(gpu, DSV3, 4096, b, 1, 32, False, cal))  # fmt: skip
         assert np.array_equal(max_batch(gpu, DSV3, 4096, 1024, 1, 9, base), max_batch(gpu, DSV3, 4096, 1024, 1, 9, cal))
@@ -162,7 +168,9 @@ def test_the_command_fits_writes_and_fails_cleanly(tmp_path: Path) -> None:
     assert "| dense_gemm |" in r.stdout and "prior" in r.stdout and load_calibration(out).name == "cal"
     bad = tmp_path / "bad.csv"
     bad.write_text("component,gpu,shape,value,unit,source\ndense_gemm,H900,m=1 n=1 k=1,5,TFLOPS,x\n")
-    r = subprocess.run([sys.executable, "-m", "costmodel.calibrate", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "costmodel.calibrate", str(bad)], capture_output=True, text=True, cwd=ROOT
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown GPU 'H900'" in r.stderr
 
 
@@ -214,13 +222,13 @@ def test_robust_plans_at_the_pessimistic_factors_and_needs_a_calibration() -> No
     central = settings.calibration  # the band draws from this; the search plans with the shifted one
     shifted = ctx.planner.profile.calibration
     assert settings.robust and central.name == "published" and not shifted.uncertain
-    for (g, k, f), (_, _, s) in zip(central.factors, shifted.factors, strict=True):
+    for (_, _, f), (_, _, s) in zip(central.factors, shifted.factors, strict=True):
         assert s.factor == pytest.approx(f.factor * math.exp(-Z10 * f.sigma))
     plain = compose(base)
     _, pctx = settings_from_cfg(plain, *inventory_of(plain))
     assert ctx.planner.benchmark("H200", 8).prefill_req_s.max() < pctx.planner.benchmark("H200", 8).prefill_req_s.max()
     cfg = compose([*base, "search.robust=true", "costmodel=corrected"])
-    with pytest.raises(ConfigError, match="costmodel.calibration=published"):
+    with pytest.raises(ConfigError, match=r"costmodel\.calibration=published"):
         settings_from_cfg(cfg, *inventory_of(cfg))
 
 

@@ -19,7 +19,9 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_island_report() -> None:
     r = run("gpu=H200", "size=16", "model=deepseek_v3")
     assert r.returncode == 0, r.stderr
-    assert "Island: 16 x H200 serving deepseek_v3 (cost profile corrected+published)" in r.stdout  # the default: calibrated
+    assert (
+        "Island: 16 x H200 serving deepseek_v3 (cost profile corrected+published)" in r.stdout
+    )  # the default: calibrated
     assert re.search(r"Prefill  tp=\d+ dp=\d+ ep=16 ", r.stdout)
     assert "Decode   tp=" in r.stdout
     rows = [line for line in r.stdout.splitlines() if line.strip() and line.strip()[0].isdigit()]

@@ -76,7 +76,9 @@ def argv_of(line: str) -> list[str]:
 
 
 @pytest.mark.parametrize("target", ["shell", "k8s"])
-def test_sglang_commands_parse_with_sglangs_own_argument_definitions(plan_path: Path, tmp_path: Path, target: str) -> None:
+def test_sglang_commands_parse_with_sglangs_own_argument_definitions(
+    plan_path: Path, tmp_path: Path, target: str
+) -> None:
     from pipeline.engine_args import EngineArgsMissing, check_sglang
 
     deploy(plan_path, tmp_path / "d", f"target={target}")
