@@ -40,11 +40,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate-scale", type=float, default=0.8)
     ap.add_argument("--routers", default="plan,p2c,sal,mapper,dp_select")
+    ap.add_argument("--extra", nargs="*", default=[], help="config overrides of the plan, e.g. search.shapes=any")
     args = ap.parse_args()
     if not TRACE.is_file():
         sys.exit(f"needs the Azure conversation trace at {TRACE} (../shared beside the checkout)")
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("search", ["+inventory=hetero_a", "workload=azure_conv"], return_hydra_config=True)
+        cfg = compose("search", ["+inventory=hetero_a", "workload=azure_conv", *args.extra], return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     settings, ctx = settings_from_cfg(cfg, "hetero_a", cfg.inventory)
     t = time.perf_counter()
@@ -53,7 +54,8 @@ def main() -> None:
     islands = islands_from_plan(plan)
     lam = plan["rate_req_s"]
     print(
-        f"plan: exact optimum for hetero_a / azure_conv, {sum(i.size for i in islands)} GPUs in {len(islands)} "
+        f"plan: exact optimum for hetero_a / azure_conv {' '.join(args.extra)}, {sum(i.size for i in islands)} GPUs "
+        f"in {len(islands)} "
         f"islands, Λ = {lam:.1f} req/s ({time.perf_counter() - t:.1f} s to plan)"
     )
     trace = load_trace(TRACE)
@@ -62,7 +64,7 @@ def main() -> None:
     scale = args.rate_scale * lam / (len(trace) / span)
     base = from_trace(trace.arrival_s, trace.input_tokens, trace.output_tokens, scale)
     gpus = {g: load_gpu(g) for g in {i.gpu for i in islands}}
-    model, cost = load_model("deepseek_v3"), CostSettings()
+    model, cost = load_model("deepseek_v3"), CostSettings.from_json(plan["cost"], "plan")  # the plan's own model
     print(f"requests: the whole trace, {len(base):,}, timestamps / {scale:.1f} -> {args.rate_scale} x Λ offered\n")
     print(
         "| router | engines (prefill / decode) | simulated req/s | vs target 10,000 | served / offered | p99 TTFT ms |"
@@ -81,7 +83,9 @@ def main() -> None:
         wall = time.perf_counter() - t
         m = summary(sim, float(r.arrival[len(r) // 10]))
         speed = len(r) / wall
-        print(f"| {router} | {len(pre)} / {len(dec)} | {speed:,.0f} | {speed / TARGET:.2f}x | {m['ttft_ms_p99']:.0f} |")
+        served = m["throughput_req_s"] / m["offered_req_s"] if m["offered_req_s"] > 0 else 0.0
+        print(f"| {router} | {len(pre)} / {len(dec)} | {speed:,.0f} | {speed / TARGET:.2f}x | {served:.3f} | "
+              f"{m['ttft_ms_p99']:.0f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
