@@ -337,6 +337,12 @@ def _max_rate(
             model.helper.set_var_integrality(col, True)
 
     status, x = _solve_matrix(model, backend if prob.roles is None else "GLOP", time_limit_s)
+    extra: dict[str, float] = {}
+    if status == "time_limit" and prob.roles is None and not explicit_a:
+        # out of time without an incumbent (many distinct islands): the LP relaxation's roles, rounded
+        found = _rounded_incumbent(model, col_y, col_lam)
+        if found is not None:
+            status, x, extra = "feasible", found[0], {"bound_req_s": found[1]}
     if status in ("infeasible", "time_limit"):
         return _empty(prob, status, t0)
     rate = float(x[col_lam])
@@ -353,7 +359,32 @@ def _max_rate(
     rate = min(rate, float(delivered))
     xp, xd = _trim_to_demand(xp, bp, prob.p * rate), _trim_to_demand(xd, bd, prob.p * rate)
     x_pi, x_di, roles = _expand(prob, classes, xp, xd, n_pre, n_dec)
-    return _solution(prob, classes, status, rate, roles, x_pi, x_di, thesis_deviation(prob, x_pi, x_di), t0, {})
+    return _solution(prob, classes, status, rate, roles, x_pi, x_di, thesis_deviation(prob, x_pi, x_di), t0, extra)
+
+
+def _rounded_incumbent(model: mb.Model, col_y: int, col_lam: int) -> tuple[np.ndarray, float] | None:
+    """A feasible max_rate solution and an upper bound when the MILP ran out of time without one.
+
+    The LP relaxation (GLOP) bounds Λ from above and says how many islands of each class decode,
+    fractionally; those counts, rounded, fix every role, and the LP that is left routes the ranges.
+    Its Λ is achievable (a solution of the MILP), the relaxation's is the bound the gap is taken to.
+    """
+    relaxed = model.clone()
+    for col in range(col_y, col_lam):
+        relaxed.helper.set_var_integrality(col, False)
+    status, x = _solve_matrix(relaxed, "GLOP", 60.0)
+    if status not in ("optimal", "feasible"):
+        return None
+    bound = float(x[col_lam])
+    fixed = relaxed.clone()
+    for col in range(col_y, col_lam):
+        v = float(np.round(x[col]))
+        fixed.helper.set_var_lower_bound(col, v)
+        fixed.helper.set_var_upper_bound(col, v)
+    status, xf = _solve_matrix(fixed, "GLOP", 60.0)
+    if status not in ("optimal", "feasible"):
+        return None
+    return xf, bound
 
 
 _MB_STATUS = {"OPTIMAL": "optimal", "FEASIBLE": "feasible", "INFEASIBLE": "infeasible"}

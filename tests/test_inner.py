@@ -377,3 +377,29 @@ def test_the_returned_routing_delivers_the_returned_rate_exactly(backend: str) -
     cap_d = (pr.decode_req_s * s.x_decode).sum(axis=0)
     assert (cap_p >= s.rate_req_s * pr.p - 1e-9).all() and (cap_d >= s.rate_req_s * pr.p - 1e-9).all()
     assert (s.x_prefill >= 0).all() and (s.x_prefill.sum(axis=1) <= 1 + 1e-12).all()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_out_of_time_without_an_incumbent_the_rounded_relaxation_is_a_feasible_bounded_answer(seed: int) -> None:
+    # every island distinct (no classes merge): a MILP stopped at 1 ms has no incumbent of its own
+    rng = np.random.default_rng(seed)
+    n_i, n_j = 20, 12
+    fall = np.linspace(1.0, 0.1, n_j)
+    prob = InnerProblem(
+        tuple((f"T{k}", 8) for k in range(n_i)),
+        rng.dirichlet(np.ones(n_j)),
+        rng.uniform(5, 100, (n_i, n_j)) * fall,
+        rng.uniform(5, 100, (n_i, n_j)) * np.sqrt(fall),
+        "max_rate",
+    )
+    exact = solve(prob, time_limit_s=60.0, backend="SCIP")
+    quick = solve(prob, time_limit_s=0.001, backend="SCIP")
+    assert exact.status == "optimal" and quick.status == "feasible"
+    # achievable (every range served at the stated rate by islands in one role each) and bounded
+    assert 0 < quick.rate_req_s <= exact.rate_req_s * (1 + 1e-9) <= quick.extra["bound_req_s"] * (1 + 1e-9)
+    for i, role in enumerate(quick.roles):
+        assert quick.x_prefill[i].sum() == 0 if role == "decode" else quick.x_decode[i].sum() == 0
+    served_p = (prob.prefill_req_s * quick.x_prefill).sum(axis=0)
+    served_d = (prob.decode_req_s * quick.x_decode).sum(axis=0)
+    assert np.all(served_p >= quick.rate_req_s * prob.p * (1 - 1e-6))
+    assert np.all(served_d >= quick.rate_req_s * prob.p * (1 - 1e-6))
