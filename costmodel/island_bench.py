@@ -133,8 +133,13 @@ def benchmark_island(
     max_decode: int,
     cost: CostSettings | None = None,
     output_pmf: np.ndarray | None = None,
+    only: tuple[tuple[int, int], tuple[int, int]] | None = None,
 ) -> IslandBenchmark:
     """Benchmark island (gpu, size): per-length throughput of every configuration, and the choice.
+
+    `only` = ((prefill tp, dp), (decode tp, dp)) benchmarks just those two configurations (each
+    row is computed on its own, so it is the row the full benchmark has for them): re-scoring a
+    chosen configuration at every input length costs one row, not one per configuration.
 
     With a TPOT target and the workload's output-length distribution (`output_pmf`), the decode
     batch is sized so its mean step leaves room for the wait at a step boundary that short
@@ -161,7 +166,7 @@ def benchmark_island(
     d = max(round(mean_decode), 1)
 
     # Prefill: every (tp, dp) with tp·dp = size.
-    cfg = np.array(runnable(prefill_configs(size), model, cost), dtype=float)
+    cfg = np.array([only[0]] if only else runnable(prefill_configs(size), model, cost), dtype=float)
     tp, dp = cfg[:, :1], cfg[:, 1:]
     e_pre = np.ceil(model.n_routed_experts / size) if p.whole_experts_per_gpu else model.n_routed_experts / size
     fits = max_batch(gpu, model, s, 0.0, tp, e_pre, p) >= 1.0
@@ -191,7 +196,7 @@ def benchmark_island(
     )
 
     # Decode: dp replicas of an EP group of size/dp GPUs, tp | size/dp.
-    cfg = np.array(runnable(decode_configs(size), model, cost), dtype=float)
+    cfg = np.array([only[1]] if only else runnable(decode_configs(size), model, cost), dtype=float)
     tp, dp = cfg[:, :1], cfg[:, 1:]
     ep = size / dp
     routed = np.ceil(model.n_routed_experts / ep)

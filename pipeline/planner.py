@@ -91,9 +91,15 @@ class Planner:
         return self.ranges.benchmark_lengths(self.cost.slo)
 
     def benchmark(
-        self, gpu: str, size: int, lengths: np.ndarray | None = None, weights: np.ndarray | None = None
+        self,
+        gpu: str,
+        size: int,
+        lengths: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
+        only: tuple[tuple[int, int], tuple[int, int]] | None = None,
     ) -> IslandBenchmark:
-        """The island's benchmark at the ranges' lengths (`lengths`; cached), or at other lengths (not cached)."""
+        """The island's benchmark at the ranges' lengths (`lengths`; cached), or at other lengths (not cached;
+        `only` restricts it to one prefill and one decode configuration, as `benchmark_island` says)."""
         if gpu not in self.gpus:
             raise ConfigError(f"GPU {gpu!r} of the layout is not in the inventory {sorted(self.gpus)}")
         if lengths is None:
@@ -112,6 +118,7 @@ class Planner:
             self.workload.max_decode,
             self.cost,
             self.workload.output_pmf,
+            only,
         )
         if lengths is None:
             self._cache[(gpu, size)] = bench
@@ -262,11 +269,19 @@ class Planner:
         lengths, p_len = self.support()
         range_of = np.searchsorted(self.ranges.end, lengths, side="right")
         for gpu, size in set(layout.islands) - set(self._full):
-            coarse, fine = self.benchmark(gpu, size), self.benchmark(gpu, size, lengths, p_len)
+            coarse = self.benchmark(gpu, size)
+            pre, dec = coarse.prefill, coarse.decode
+            if pre.chosen < 0 and dec.chosen < 0:
+                self._full[(gpu, size)] = (np.zeros(len(lengths)), np.zeros(len(lengths)))
+                continue
+            only = tuple(  # the configurations chosen at range resolution: one row each at every length
+                (int(t.tp[max(t.chosen, 0)]), int(t.dp[max(t.chosen, 0)])) for t in (pre, dec)
+            )
+            fine = self.benchmark(gpu, size, lengths, p_len, only)  # type: ignore[arg-type]
             u_pre, u_dec = self.caps(gpu, size)  # ones without SLOs
             self._full[(gpu, size)] = (
-                _row(fine.prefill.req_s, coarse.prefill.chosen, len(lengths)) * u_pre[range_of],
-                _row(fine.decode.req_s, coarse.decode.chosen, len(lengths)) * u_dec[range_of],
+                _row(fine.prefill.req_s, 0 if pre.chosen >= 0 else -1, len(lengths)) * u_pre[range_of],
+                _row(fine.decode.req_s, 0 if dec.chosen >= 0 else -1, len(lengths)) * u_dec[range_of],
             )
         rows = [self._full[isl] for isl in layout.islands]
         return np.array([r[0] for r in rows]), np.array([r[1] for r in rows])

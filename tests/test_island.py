@@ -128,3 +128,22 @@ def test_gqa_model_island() -> None:
     b = benchmark_island(load_gpu("L40S"), 2, m, RANGES.mid, RANGES.p, 100, 1000)
     assert b.prefill.chosen >= 0 and b.decode.chosen >= 0
     assert (b.decode_req_s > 0).all() and (b.prefill_req_s > 0).all()
+
+
+@pytest.mark.parametrize("slo", [{}, {"ttft_ms": 2000.0, "tpot_ms": 50.0}])
+@pytest.mark.parametrize(("gpu", "n"), [("H200", 8), ("H800", 16), ("H20", 32), ("H20", 8)])
+def test_one_configuration_benchmarked_alone_is_its_row_of_the_whole_benchmark(gpu: str, n: int, slo: dict) -> None:
+    # the plan is re-scored at every length with only its chosen configurations (pipeline.planner.exact_rates)
+    lengths = np.arange(1, 8001, 7)
+    weights = WL.pmf[lengths] if len(WL.pmf) > lengths.max() else np.ones(len(lengths))
+    cost = CostSettings(**slo)
+    args = (load_gpu(gpu), n, DSV3, lengths, weights, WL.mean_decode, WL.max_decode, cost, WL.output_pmf)
+    whole = benchmark_island(*args)
+    for k in range(len(whole.prefill.tp)):
+        for m in range(0, len(whole.decode.tp), 3):
+            pre = (int(whole.prefill.tp[k]), int(whole.prefill.dp[k]))
+            dec = (int(whole.decode.tp[m]), int(whole.decode.dp[m]))
+            one = benchmark_island(*args, only=(pre, dec))
+            assert np.array_equal(one.prefill.req_s[0], whole.prefill.req_s[k])
+            assert np.array_equal(one.decode.req_s[0], whole.decode.req_s[m])
+            assert np.array_equal(one.decode.batch[0], whole.decode.batch[m])
