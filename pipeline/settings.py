@@ -180,7 +180,7 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         tuple((g.name, n) for g, n in zip(inventory.gpus, inventory.counts, strict=True)),
         tuple(mins.items()),
         skew_range=skew_range,
-        max_islands=positive_int(s.max_islands, "search.max_islands"),
+        max_islands=None if str(s.max_islands) == "auto" else positive_int(s.max_islands, "search.max_islands"),
         k_slots=positive_int(s.get("k_slots", 16), "search.k_slots"),
         repair=on_violation == "repair",
         counts_are_bounds=objective == "rate_per_dollar" or budget is not None,

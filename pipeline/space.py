@@ -31,7 +31,7 @@ class Space:
     inventory: tuple[tuple[str, int], ...]  # (gpu, count)
     min_island: tuple[tuple[str, int], ...]  # (gpu, minimum island size)
     skew_range: float = 5.0
-    max_islands: int = 32
+    max_islands: int | None = 32  # divider: islands per type at most (None: as many as the inventory allows)
     k_slots: int = 16
     repair: bool = False
     counts_are_bounds: bool = False  # divider: also choose how many GPUs of each type to use
@@ -56,7 +56,8 @@ class Space:
         mins = dict(self.min_island)
         for gpu, count in self.inventory:
             if self.generator == "divider":
-                out[f"n_{gpu}"] = IntDistribution(1, max(1, min(self.max_islands, count // mins[gpu])))
+                cap = count // mins[gpu] if self.max_islands is None else min(self.max_islands, count // mins[gpu])
+                out[f"n_{gpu}"] = IntDistribution(1, max(1, cap))
                 out[f"skew_{gpu}"] = FloatDistribution(-self.skew_range, self.skew_range)
                 if self.counts_are_bounds:
                     out[f"gpus_{gpu}"] = IntDistribution(0, count)

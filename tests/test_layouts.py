@@ -124,3 +124,13 @@ def test_node_shapes_are_divisors_of_a_host_or_whole_hosts() -> None:
     assert divide_shaped(64, 3, 0.0, 2, 8) == [24, 24, 16]
     assert divide_shaped(64, 3, 0.0, 6, 8) == [24, 24, 16]  # min 6 rounds up to a whole node
     assert divide_shaped(7, 1, 0.0, 8, 8) == []  # no host-aligned island of 8 in 7 GPUs
+
+
+def test_max_islands_auto_leaves_the_island_count_to_the_inventory() -> None:
+    from pipeline.space import Space
+
+    inv, mins = (("H200", 2000), ("H20", 24)), (("H200", 8), ("H20", 8))
+    auto = Space("divider", inv, mins, max_islands=None).distributions()
+    capped = Space("divider", inv, mins, max_islands=32).distributions()
+    assert auto["n_H200"].high == 250 and capped["n_H200"].high == 32  # 2000 H200 in islands of 8 or more
+    assert auto["n_H20"].high == capped["n_H20"].high == 3
