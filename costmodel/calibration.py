@@ -92,10 +92,15 @@ class Calibration:
         return self.table.get((gpu, knob), Factor(1.0, self.default_sigma, "prior"))
 
     def array(self, names: Iterable[str], knob: str, shape: tuple[int, ...]) -> np.ndarray:
-        """The factors of GPUs `names` for `knob`, shaped like the GPUArray's fields."""
-        t = self.table
-        vals = [t[(n, knob)].factor if (n, knob) in t else 1.0 for n in names]
-        return np.asarray(vals, dtype=float).reshape(shape)
+        """The factors of GPUs `names` for `knob`, shaped like the GPUArray's fields (cached on the
+        instance, outside its fields: every cost-model call looks them up)."""
+        key = (tuple(names), knob)
+        cache = self.__dict__.setdefault("_arrays", {})
+        if key not in cache:
+            t = self.table
+            cache[key] = np.asarray([t[(n, knob)].factor if (n, knob) in t else 1.0 for n in key[0]], dtype=float)
+            cache[key].flags.writeable = False
+        return cache[key].reshape(shape)
 
     @property
     def uncertain(self) -> bool:
