@@ -45,7 +45,7 @@ def errors(data: list[str]) -> None:
     loo = leave_one_out(rows)
     t_loo = time.perf_counter() - t0
     ss = log_errors(rows, CostProfile.shallowsim())
-    corr = log_errors(rows, CostProfile.corrected())
+    corr = f.before  # the fit's base is corrected
     print(f"{len(rows)} measurements ({', '.join(Path(d).name for d in data)}); one fit {t_fit:.2f} s, "
           f"leave-one-out ({len(rows)} fits) {t_loo:.1f} s\n")  # fmt: skip
     print("Median |error|, held-out rows (calibration: fitted without the row):\n")

@@ -70,6 +70,13 @@ def positive_int(value: Any, key: str) -> int:
     return value
 
 
+def whole_number(value: Any, key: str) -> int:
+    """`value` as a whole number >= 0; ConfigError names `key` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{key} must be a whole number >= 0, got {key}={value!r}")
+    return value
+
+
 def optional_positive(value: Any, key: str) -> float | None:
     if value is None:
         return None

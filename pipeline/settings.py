@@ -28,6 +28,7 @@ from pipeline.config import (
     optional_positive,
     plain,
     positive_int,
+    whole_number,
 )
 from pipeline.errors import ConfigError
 from pipeline.goodput import GoodputCheck
@@ -150,16 +151,12 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
     inner_limit = number(s.inner_time_limit_s, "search.inner_time_limit_s", low=0.001)
     ref_limit = number(s.reference_time_limit_s, "search.reference_time_limit_s", low=0.001)
     cpus_per_trial = number(cfg.ray.cpus_per_trial, "ray.cpus_per_trial", low=0.01)
-    seed = s.seed
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"search.seed must be a whole number >= 0, got search.seed={seed!r}")
+    seed = whole_number(s.seed, "search.seed")
     workload_name = choice("workload")
     planner = planner_from_cfg(cfg, {g.name: g for g in inventory.gpus}, kv_transfer, budget)
     calibration = planner.profile.calibration
     robust = boolean(s.get("robust", False), "search.robust")
-    band_draws = s.get("band_draws", 0)
-    if isinstance(band_draws, bool) or not isinstance(band_draws, int) or band_draws < 0:
-        raise ConfigError(f"search.band_draws must be a whole number >= 0, got {band_draws!r}")
+    band_draws = whole_number(s.get("band_draws", 0), "search.band_draws")
     if robust:
         from pipeline.band import Z10, redrawn
 
