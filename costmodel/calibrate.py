@@ -28,7 +28,7 @@ import csv
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +43,14 @@ from costmodel.formulas import (
     Rates,
     _a2a_split_ms,
     _allreduce_ms,
+    _gemm_ms,
     _grouped_gemm_ms,
     _h20_table,
     _xfer_ms,
     decode_step_ms,
     prefill_time_ms,
 )
-from costmodel.profile import CostProfile
+from costmodel.profile import MODEL_DOCS, CostProfile
 from costmodel.specs import GPUArray
 
 TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3}
@@ -68,7 +69,7 @@ class Component:
 
 
 COMPONENTS: dict[str, Component] = {
-    "dense_gemm": Component(("m", "n", "k"), ("TFLOPS", "ms", "us"), ("dense_gemm", "hbm"),
+    "dense_gemm": Component(("m", "n", "k"), ("TFLOPS", "ms", "us"), ("dense_gemm", "hbm", "gemm_fixed"),
                             "FP8 (BF16 without FP8) GEMM of m x k by k x n; weights n x k streamed once"),
     "grouped_gemm": Component(("groups", "m", "n", "k", "layout"), ("TFLOPS", "ms", "us"),
                               ("grouped_gemm_prefill", "grouped_gemm_decode", "hbm"),
@@ -83,8 +84,11 @@ COMPONENTS: dict[str, Component] = {
                             "expert-parallel dispatch/combine, normal kernels: bandwidth of the bottleneck link "
                             "(NVLink within the scale-up domain, the NIC beyond)"),
     "a2a_low_latency": Component(("tokens", "hidden", "topk", "ep", "op"), ("us", "ms"), ("a2a_low_latency",),
-                                 "decode dispatch (FP8) or combine (BF16) of `tokens` per GPU, low-latency kernels",
-                                 words={"op": ("dispatch", "combine")}),
+                                 "decode dispatch (FP8) or combine (BF16) of `tokens` per GPU, low-latency kernels; "
+                                 "`links=nic` where the kernels sent every copy over the NIC, even inside a node "
+                                 "(DeepEP's pure-RDMA low-latency kernels), default `nvlink+nic`",
+                                 optional=("links",),
+                                 words={"op": ("dispatch", "combine"), "links": ("nvlink+nic", "nic")}),
     "allreduce": Component(("bytes", "tp"), ("us", "ms"), ("allreduce",), "all-reduce of `bytes` over a TP group"),
     "prefill_step": Component(
         ("batch", "input_len", "tp"),
@@ -209,7 +213,7 @@ def predict(row: Measurement, profile: CostProfile) -> float:
     c = row.component
     if c == "dense_gemm":
         gflop = 2.0 * p["m"] * p["n"] * p["k"] / 1e9
-        ms = gflop / r.gemm + _xfer_ms(p["n"] * p["k"] * r.wbytes, r.bw, profile)
+        ms = _gemm_ms(np.asarray(float(p["m"])), p["n"], p["k"], r, profile)
     elif c == "grouped_gemm":
         gflop = 2.0 * p["groups"] * p["m"] * p["n"] * p["k"] / 1e9
         if p["layout"] == "masked":  # decode's kernel: the efficiency table at m tokens per expert
@@ -229,7 +233,9 @@ def predict(row: Measurement, profile: CostProfile) -> float:
     elif c == "a2a_low_latency":
         elem = 1.0 if p["op"] == "dispatch" else 2.0
         nbytes = p["tokens"] * p["hidden"] * p["topk"] * elem
-        ms = _a2a_split_ms(np.asarray(nbytes), np.asarray(p["ep"]), g, r, profile) + DECODE_A2A_LATENCY_MS
+        # the cost model's split, over a scale-up domain of one GPU where the kernels used only the NIC
+        links = g if p.get("links", "nvlink+nic") == "nvlink+nic" else GPUArray.of(replace(gpu, gpus_per_node=1))
+        ms = _a2a_split_ms(np.asarray(nbytes), np.asarray(p["ep"]), links, r, profile) + DECODE_A2A_LATENCY_MS
     elif c == "allreduce":
         tp = np.asarray(p["tp"])
         tokens = p["bytes"] / (load_model("deepseek_v3").hidden * 2.0)  # _allreduce_ms counts BF16 hidden vectors
@@ -261,9 +267,21 @@ class Fit:
     seconds: float
 
 
-def knobs_of(row: Measurement) -> tuple[str, ...]:
-    """The knobs a row's prediction depends on."""
+def default_base() -> CostProfile:
+    """The structure a calibration is fitted on unless told: `corrected` with every refinement."""
+    return CostProfile.corrected().with_fixes(**{k: True for k in MODEL_DOCS})
+
+
+def structure(base: CostProfile) -> tuple[tuple[str, bool], ...]:
+    """`base`'s refinement switches, which a calibration fitted on it carries."""
+    return tuple((k, bool(getattr(base, k))) for k in sorted(MODEL_DOCS))
+
+
+def knobs_of(row: Measurement, base: CostProfile) -> tuple[str, ...]:
+    """The knobs a row's prediction depends on under `base`'s structure."""
     knobs = COMPONENTS[row.component].knobs
+    if not base.gemm_roofline:
+        knobs = tuple(k for k in knobs if k != "gemm_fixed")
     if row.component == "grouped_gemm":
         drop = "grouped_gemm_decode" if row.params["layout"] == "contiguous" else "grouped_gemm_prefill"
         knobs = tuple(k for k in knobs if k != drop)
@@ -272,17 +290,18 @@ def knobs_of(row: Measurement) -> tuple[str, ...]:
     return knobs
 
 
-def _params(rows: Sequence[Measurement]) -> list[tuple[str, str]]:
+def _params(rows: Sequence[Measurement], base: CostProfile) -> list[tuple[str, str]]:
     """The (GPU, knob) pairs the rows inform, in a fixed order."""
     seen: dict[tuple[str, str], None] = {}
     for row in rows:
-        for knob in knobs_of(row):
+        for knob in knobs_of(row, base):
             seen[(row.gpu, knob)] = None
     return list(seen)
 
 
 def _calibration(name: str, pairs: list[tuple[str, str]], theta: np.ndarray, sigma: np.ndarray,
-                 counts: dict[tuple[str, str], int], prior_sigma: float, source: str) -> Calibration:  # fmt: skip
+                 counts: dict[tuple[str, str], int], prior_sigma: float, source: str,
+                 switches: tuple[tuple[str, bool], ...]) -> Calibration:  # fmt: skip
     fs = [(g, k, Factor(float(math.exp(t)), float(s), "fit", counts.get((g, k), 0)))
           for (g, k), t, s in zip(pairs, theta, sigma, strict=True)]  # fmt: skip
     fitted = {(g, k) for g, k, _ in fs}
@@ -290,7 +309,7 @@ def _calibration(name: str, pairs: list[tuple[str, str]], theta: np.ndarray, sig
         for k in KNOBS:
             if (g, k) not in fitted:
                 fs.append((g, k, Factor(1.0, prior_sigma, "prior", 0)))
-    return Calibration(name, tuple(sorted(fs, key=lambda f: f[:2])), source, prior_sigma)
+    return Calibration(name, tuple(sorted(fs, key=lambda f: f[:2])), source, prior_sigma, switches)
 
 
 def log_errors(rows: Sequence[Measurement], profile: CostProfile) -> np.ndarray:
@@ -299,18 +318,19 @@ def log_errors(rows: Sequence[Measurement], profile: CostProfile) -> np.ndarray:
 
 def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigma: float = 0.3,
         name: str = "calibration", source: str = "") -> Fit:  # fmt: skip
-    """The maximum a-posteriori factors for `rows` over `base` (default: corrected)."""
+    """The maximum a-posteriori factors for `rows` over `base` (default: `default_base()`)."""
     from scipy.optimize import least_squares
 
     t0 = time.perf_counter()
-    base = base or CostProfile.corrected()
+    base = base or default_base()
+    switches = structure(base)
     rows = list(rows)
     if not rows:
         raise UserError("no measurements to fit")
-    pairs = _params(rows)
+    pairs = _params(rows, base)
     counts: dict[tuple[str, str], int] = {}
     for row in rows:
-        for knob in knobs_of(row):
+        for knob in knobs_of(row, base):
             counts[(row.gpu, knob)] = counts.get((row.gpu, knob), 0) + 1
     logv = np.log([r.value for r in rows])
     meas_sigma = 0.1  # the fit's weighting only; the reported sigma uses the residual scatter
@@ -319,7 +339,7 @@ def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigm
         fs = tuple(sorted(((g, k, Factor(float(math.exp(t)), 0.0, "fit")) for (g, k), t in zip(pairs, theta,
                                                                                                  strict=True)),
                           key=lambda f: f[:2]))  # fmt: skip
-        return base.calibrated(Calibration(name, fs))
+        return base.calibrated(Calibration(name, fs, switches=switches))
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         prof = profile_of(theta)
@@ -340,14 +360,14 @@ def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigm
         sigma = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     except np.linalg.LinAlgError:
         sigma = np.full(len(pairs), prior_sigma)
-    cal = _calibration(name, pairs, sol.x, np.minimum(sigma, prior_sigma), counts, prior_sigma, source)
+    cal = _calibration(name, pairs, sol.x, np.minimum(sigma, prior_sigma), counts, prior_sigma, source, switches)
     calibrated = base.calibrated(cal)
     return Fit(cal, rows, log_errors(rows, base), log_errors(rows, calibrated), scatter, time.perf_counter() - t0)
 
 
 def leave_one_out(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigma: float = 0.3) -> np.ndarray:
     """log(pred / measured) of each row under a fit to all the other rows."""
-    base = base or CostProfile.corrected()
+    base = base or default_base()
     out = []
     for i, row in enumerate(rows):
         rest = [r for j, r in enumerate(rows) if j != i]
@@ -395,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the calibration here (YAML); costmodel.calibration=PATH uses it")
     ap.add_argument("--name", help="the calibration's name (default: the output file's stem)")
     ap.add_argument("--base", default="corrected", help="the profile whose components it calibrates")
+    ap.add_argument("--plain", action="store_true",
+                    help=f"fit the profile's own structure, without the refinements {sorted(MODEL_DOCS)}")  # fmt: skip
     ap.add_argument("--prior-sigma", type=float, default=0.3, help="sigma of log(factor) before any measurement")
     ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out error (one refit per row)")
     args = ap.parse_args(argv)
@@ -402,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--prior-sigma must be > 0, got {args.prior_sigma}")
     try:
         base = CostProfile.named(args.base)
+        if not args.plain:
+            base = base.with_fixes(**{k: True for k in MODEL_DOCS})
     except ValueError as err:
         raise UserError(str(err)) from None
     rows = load_measurements(args.data)
@@ -411,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(rows)} measurements of {len({r.gpu for r in rows})} GPU(s), {len({r.component for r in rows})} "
           f"component(s); fit in {f.seconds:.2f} s, "
           f"measurement scatter {100 * f.scatter:.1f} % (log sigma)\n")  # fmt: skip
-    cols = {f"{args.base} (before)": f.before, "fitted (in-sample)": f.after}
+    cols = {f"{base.name} (before)": f.before, "fitted (in-sample)": f.after}
     if not args.no_loo:
         cols["fitted (leave-one-out)"] = leave_one_out(rows, base, args.prior_sigma)
     print("Median |error| of the predictions, per component:\n")

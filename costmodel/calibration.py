@@ -17,6 +17,7 @@ to measurements (`python -m costmodel.calibrate`), per GPU type:
 | `a2a_normal` | the link bandwidth of prefill dispatch/combine | expert-parallel all-to-all (normal kernels) |
 | `a2a_low_latency` | the link bandwidth of decode dispatch/combine | expert-parallel all-to-all (low-latency kernels) |
 | `allreduce` | the link bandwidth of TP all-reduce | all-reduce benchmarks |
+| `gemm_fixed` | 1 / the fixed cost of one dense GEMM kernel (`gemm_roofline` structure) | small dense GEMMs |
 
 A factor above 1 means the component runs faster than the profile assumes. Each factor is
 lognormal: `factor` is its median, `sigma` the standard deviation of its logarithm. `origin` says
@@ -50,6 +51,7 @@ KNOBS: dict[str, str] = {
     "a2a_normal": "prefill all-to-all link bandwidth (normal kernels)",
     "a2a_low_latency": "decode all-to-all link bandwidth (low-latency kernels)",
     "allreduce": "TP all-reduce link bandwidth",
+    "gemm_fixed": "1 / the fixed cost of one dense GEMM kernel (pipeline fill, epilogue, tail; gemm_roofline only)",
 }
 ORIGINS = ("fit", "prior")
 
@@ -78,8 +80,15 @@ class Calibration:
     factors: tuple[tuple[str, str, Factor], ...] = ()  # (gpu, knob, factor), sorted
     source: str = ""  # what it was fitted to (file names), for the record
     default_sigma: float = 0.0  # sigma of a (gpu, knob) it does not name
+    switches: tuple[tuple[str, bool], ...] = ()  # the model structure it was fitted with (profile.MODEL_DOCS)
 
     def __post_init__(self) -> None:
+        from costmodel.profile import MODEL_DOCS  # profile imports this module
+
+        for name, on in self.switches:
+            if name not in MODEL_DOCS or not isinstance(on, bool):
+                raise SpecError(f"calibration {self.name!r}: `switches` maps {sorted(MODEL_DOCS)} to true or false, "
+                                f"got {name!r}: {on!r}")  # fmt: skip
         for gpu, knob, _ in self.factors:
             if knob not in KNOBS:
                 raise SpecError(f"calibration {self.name!r}: unknown knob {knob!r} for {gpu}; knobs: {list(KNOBS)}")
@@ -128,14 +137,15 @@ class Calibration:
         by_gpu: dict[str, dict[str, Any]] = {}
         for g, k, f in self.factors:
             by_gpu.setdefault(g, {})[k] = {"factor": f.factor, "sigma": f.sigma, "origin": f.origin, "rows": f.rows}
-        return {"name": self.name, "source": self.source, "default_sigma": self.default_sigma, "factors": by_gpu}
+        return {"name": self.name, "source": self.source, "default_sigma": self.default_sigma,
+                "switches": dict(self.switches), "factors": by_gpu}  # fmt: skip
 
     @staticmethod
     def from_json(data: Any, where: str) -> Calibration:
         """The record `to_json` wrote (a calibration file's content); SpecError names `where`."""
         if not isinstance(data, Mapping) or not isinstance(data.get("factors"), Mapping):
             raise SpecError(f"{where}: a calibration is a mapping with `name` and `factors: {{GPU: {{knob: ...}}}}`")
-        unknown = sorted(set(data) - {"name", "source", "default_sigma", "factors"})
+        unknown = sorted(set(data) - {"name", "source", "default_sigma", "switches", "factors"})
         if unknown:
             raise SpecError(f"{where}: unknown calibration field(s) {unknown}")
         rows = []
@@ -156,8 +166,14 @@ class Calibration:
             sigma = float(data.get("default_sigma", 0.0))
         except (TypeError, ValueError):
             raise SpecError(f"{where}: default_sigma must be a number") from None
-        return Calibration(str(data.get("name", Path(where).stem)), tuple(sorted(rows, key=lambda r: r[:2])),
-                           str(data.get("source", "")), sigma)  # fmt: skip
+        switches = data.get("switches") or {}
+        if not isinstance(switches, Mapping):
+            raise SpecError(f"{where}: `switches` must map model refinements to true or false")
+        try:
+            return Calibration(str(data.get("name", Path(where).stem)), tuple(sorted(rows, key=lambda r: r[:2])),
+                               str(data.get("source", "")), sigma, tuple(sorted(switches.items())))  # fmt: skip
+        except SpecError as err:
+            raise SpecError(f"{where}: {err}") from None
 
 
 def load_calibration(path: str | Path) -> Calibration:

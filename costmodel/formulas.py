@@ -37,6 +37,11 @@ ATTN_STATIC_MS = 0.05
 PREFILL_A2A_LATENCY_MS = 0.05
 DECODE_A2A_LATENCY_MS = 0.005  # per micro-batch
 MICRO_BATCHES = 2
+# Fixed cost of one dense GEMM kernel under `gemm_roofline` (pipeline fill, epilogue, the last
+# wave's tail), before calibration. A modelling prior of a few microseconds, not a measured
+# figure: the `gemm_fixed` knob scales it per GPU (H800: fitted to DeepGEMM's published small-M
+# GEMMs, conf/calibration/published.csv).
+GEMM_FIXED_MS = 0.002
 MEM_UTIL = 0.9
 SS_OTHER_PARAMS_GB = 2.91  # shallowsim's embedding / head / misc constant
 SS_MLA_PARAMS_M = 187.17  # shallowsim's per-layer MLA constant (decimal M, used as MiB)
@@ -69,6 +74,7 @@ class Rates:
         self.net = g.scaleout_bw_gb_s * DERATE
         self.a2a = k["a2a_normal" if phase == "prefill" else "a2a_low_latency"]  # link efficiency
         self.allreduce = k["allreduce"]
+        self.gemm_fixed_ms = GEMM_FIXED_MS / k["gemm_fixed"]
         self.has_fp4 = g.tflops_fp4 > 0
         has_fp8 = g.tflops_fp8 > 0
         # Dense GEMM rate and bytes per weight / KV element: FP8 where the GPU has it.
@@ -85,6 +91,23 @@ class Rates:
 def _xfer_ms(nbytes: np.ndarray, bw_gb_s: np.ndarray, p: CostProfile) -> np.ndarray:
     """Transfer time. shallowsim divides MiB by GB/s and calls the result ms (2.4 % off)."""
     return nbytes / 1e6 / bw_gb_s if p.si_units else nbytes / MIB / bw_gb_s
+
+
+def _gemm_ms(m: np.ndarray, n: float, k: float, r: Rates, p: CostProfile, rate: np.ndarray | None = None,
+             groups: float = 1.0) -> np.ndarray:  # fmt: skip
+    """One dense GEMM kernel, `groups` x (m x k by k x n), weights n x k streamed once per group.
+
+    Under `gemm_roofline`: max(FLOPs / (rate x 0.7), bytes / bandwidth) + the kernel's fixed
+    cost, the bytes being weights and inputs at the weight precision and BF16 outputs. Else the
+    original's form, FLOPs / rate + weights / bandwidth.
+    """
+    rate = r.gemm if rate is None else rate
+    gflop = 2.0 * groups * m * n * k / 1e9
+    weights = groups * n * k * r.wbytes
+    if not p.gemm_roofline:
+        return gflop / rate + _xfer_ms(weights, r.bw, p)
+    io = groups * (m * k * r.wbytes + 2.0 * m * n)
+    return np.maximum(gflop / rate / MLA_DISCOUNT, _xfer_ms(weights + io, r.bw, p)) + r.gemm_fixed_ms
 
 
 def _expert_gflop(model: Model, tokens: np.ndarray) -> np.ndarray:
@@ -199,15 +222,41 @@ def _attn_decode_gflop(model: Model, c: np.ndarray, p: CostProfile) -> tuple[np.
     return 2.0 * gemm / 1e9, 2.0 * attn / 1e9
 
 
+def _attn_gemms(model: Model, q: np.ndarray, c: np.ndarray, kv: np.ndarray, decode: bool) -> list[tuple]:
+    """The projection GEMMs of one layer's attention as (m, n, k, groups): q new tokens over c
+    context tokens, kv of them needing the KV down-projection (MLA). Their FLOPs are the `gemm`
+    part of `_attn_prefill_gflop` / `_attn_decode_gflop` (the output projection of MLA is in the
+    attention part there, and here in the remaining weights `_attn_ms` streams)."""
+    d, h = model.hidden, model.n_heads
+    if model.attention != "mla":
+        hd = model.head_dim
+        return [(q, hd * (h + 2 * model.n_kv_heads), d, 1.0), (q, d, h * hd, 1.0)]
+    rq, rkv = model.q_lora_rank, model.kv_lora_rank
+    dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    gemms = [(q, rq, d, 1.0), (q, h * (dn + dr), rq, 1.0)]  # wq_a, wq_b
+    if decode:  # weight-absorbed: the query's nope part into the latent space, per head
+        gemms.append((q, rkv, dn, float(h)))
+    else:  # wkv_b up-projects the latent KV of every context token
+        gemms.append((c, h * (dn + dv), rkv, 1.0))
+    return [*gemms, (kv, rkv + dr, d, 1.0)]  # wkv_a
+
+
 def _attn_weight_bytes(model: Model, r: Rates, p: CostProfile) -> np.ndarray:
     if p.weights_from_config:
         return model.attn_params_per_layer * r.wbytes
     return model.attn_params_per_layer * np.ones_like(r.wbytes)  # 1 byte/param (FP8)
 
 
-def _attn_ms(gemm: np.ndarray, attn: np.ndarray, wbytes: np.ndarray, r: Rates, p: CostProfile) -> np.ndarray:
-    """Attention time of one layer without TP (the 'dense MLA' figure)."""
-    full = gemm / r.gemm / MLA_DISCOUNT + attn / r.attn / MLA_DISCOUNT + _xfer_ms(wbytes, r.bw, p)
+def _attn_ms(gemm: np.ndarray, attn: np.ndarray, wbytes: np.ndarray, r: Rates, p: CostProfile,
+             gemms: list[tuple]) -> np.ndarray:  # fmt: skip
+    """Attention time of one layer without TP (the 'dense MLA' figure); `gemms` are its
+    projections (`_attn_gemms`), timed one by one under `gemm_roofline`."""
+    if p.gemm_roofline:
+        projections = sum(_gemm_ms(m, n, k, r, p, groups=gr) for m, n, k, gr in gemms)
+        rest = np.maximum(wbytes - sum(gr * n * k for _, n, k, gr in gemms) * r.wbytes, 0.0)
+        full = projections + attn / r.attn / MLA_DISCOUNT + _xfer_ms(rest, r.bw, p)
+    else:
+        full = gemm / r.gemm / MLA_DISCOUNT + attn / r.attn / MLA_DISCOUNT + _xfer_ms(wbytes, r.bw, p)
     if p.fp4_consistent:
         return full
     # shallowsim: the FP4 branch drops the 0.7 factor on GEMMs and the weight load [B3]
@@ -226,10 +275,20 @@ def _allreduce_ms(
 
 
 def _tp_split_ms(
-    t: np.ndarray, tokens: np.ndarray, model: Model, tp: np.ndarray, g: GPUArray, r: Rates, p: CostProfile
+    t: np.ndarray,
+    tokens: np.ndarray,
+    model: Model,
+    tp: np.ndarray,
+    g: GPUArray,
+    r: Rates,
+    p: CostProfile,
+    kernels: int = 0,
 ) -> np.ndarray:
+    """`t` split over tp GPUs, plus the all-reduce; the fixed cost of `kernels` GEMM kernels
+    (`gemm_roofline`) is paid whole on every GPU."""
     ar = _allreduce_ms(tokens, model, tp, g, r, p)
-    return np.where(tp > 1, t / tp + ar, t) + ATTN_STATIC_MS
+    fixed = kernels * r.gemm_fixed_ms if p.gemm_roofline else 0.0
+    return np.where(tp > 1, (t - fixed) / tp + fixed + ar, t) + ATTN_STATIC_MS
 
 
 def _dense_mlp_ms(
@@ -240,6 +299,13 @@ def _dense_mlp_ms(
     gflop = 3.0 * tokens * model.hidden * model.dense_inter * 2.0 / 1e9
     wbytes = 3.0 * model.hidden * model.dense_inter * (r.wbytes if p.weights_from_config else 1.0)
     rate = r.gemm if p.fp4_consistent else np.where(r.has_fp4, r.f4, r.gemm)
+    if p.gemm_roofline:  # gate and up in one GEMM, then down; split by TP (column, then row)
+        split = tp if p.tp_dense_layers else 1.0
+        i = model.dense_inter
+        t = _gemm_ms(tokens, 2.0 * i / split, model.hidden, r, p, rate) + _gemm_ms(
+            tokens, model.hidden, i / split, r, p, rate
+        )
+        return np.where(split > 1, t + _allreduce_ms(tokens, model, tp, g, r, p), t)
     if not p.tp_dense_layers:
         return gflop / rate + _xfer_ms(wbytes, r.bw, p)
     t = gflop / rate / tp + _xfer_ms(wbytes / tp, r.bw, p)
@@ -300,8 +366,9 @@ def prefill_parts(
     gemm, attn = _attn_prefill_gflop(model, q, s, p)
     kv_tokens = q if p.new_tokens_only else (1.0 - rho) * s
     gemm = gemm + _kv_down_gflop(model, kv_tokens)
-    mla = _attn_ms(gemm, attn, _attn_weight_bytes(model, r, p), r, p)
-    tp_mla = _tp_split_ms(mla, q, model, tp, g, r, p)
+    gemms = _attn_gemms(model, q, s, kv_tokens, decode=False)
+    mla = _attn_ms(gemm, attn, _attn_weight_bytes(model, r, p), r, p, gemms)
+    tp_mla = _tp_split_ms(mla, q, model, tp, g, r, p, len(gemms))
     dense_attn = tp_mla if p.tp_dense_layers else mla
     dense_mlp = _dense_mlp_ms(q, model, tp, g, r, p)
 
@@ -397,7 +464,9 @@ def decode_parts(
     gx = np.ceil(e_total / n)  # routed experts (GEMM groups) per GPU
 
     gemm1, attn1 = _attn_decode_gflop(model, c, p)
-    mla = _attn_ms(gemm1 * bs, attn1 * bs, _attn_weight_bytes(model, r, p), r, p)
+    new_kv = bs if p.new_tokens_only or model.attention != "mla" else np.zeros_like(bs)
+    gemms = _attn_gemms(model, bs, c, new_kv, decode=True)
+    mla = _attn_ms(gemm1 * bs, attn1 * bs, _attn_weight_bytes(model, r, p), r, p, gemms)
     kv_elem_bytes = r.wbytes if p.precision_per_gpu else 1.0
     kv_shard = 1 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
     kv_bytes = c * model.kv_elems_per_token_layer * bs * kv_elem_bytes
@@ -405,7 +474,7 @@ def decode_parts(
         t_kv = _xfer_ms(kv_bytes / kv_shard, r.kv_bw, p)
     else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
         t_kv = kv_bytes / kv_shard / GIB / r.kv_bw * 1000.0
-    sparse_mla = _tp_split_ms(mla, bs, model, tp, g, r, p) + t_kv
+    sparse_mla = _tp_split_ms(mla, bs, model, tp, g, r, p, len(gemms)) + t_kv
     dense_mla = sparse_mla if p.tp_dense_layers else mla + t_kv
     dense_mlp = _dense_mlp_ms(bs, model, tp, g, r, p)
 

@@ -2,7 +2,12 @@
 
 Each fix of `reference/shallowsim_spec.md` section 5 is one named switch, so its effect can be
 measured alone (`docs/costmodel.md` has the table). `shallowsim` has every switch off;
-`corrected` has every switch on; any mix is a valid profile (`CostProfile.with_fixes`).
+`corrected` has every fix on; any mix is a valid profile (`CostProfile.with_fixes`).
+
+Besides the fixes, `MODEL_DOCS` lists refinements of the model's structure that go beyond the
+original program's formulas. They are off in both named profiles (so `corrected` stays the
+spec's model with its errors fixed) and on where a calibration was fitted with them: a
+calibration carries the structure its factors belong to (`Calibration.switches`).
 """
 
 from __future__ import annotations
@@ -55,10 +60,19 @@ FIX_DOCS: dict[str, str] = {
     "precision_per_gpu": ("GPUs without FP8 (A100, ...) hold weights and KV in BF16 (2 bytes) and compute in BF16"),
 }
 
+# Refinements of the model's structure (off in `shallowsim` and `corrected`).
+MODEL_DOCS: dict[str, str] = {
+    "gemm_roofline": (
+        "a dense GEMM takes max(FLOPs / rate, bytes / bandwidth) plus a fixed cost per kernel, the bytes being its "
+        "weights, inputs and BF16 outputs (not FLOPs / rate + weights / bandwidth), one kernel per projection"
+    ),
+}
+SWITCH_DOCS: dict[str, str] = {**FIX_DOCS, **MODEL_DOCS}
+
 
 @dataclass(frozen=True)
 class CostProfile:
-    """One switch per fix; see FIX_DOCS for what each does."""
+    """One switch per fix or refinement; see FIX_DOCS and MODEL_DOCS for what each does."""
 
     name: str
     fp8_dispatch: bool
@@ -77,6 +91,7 @@ class CostProfile:
     weights_from_config: bool
     monotone_gemm_time: bool
     precision_per_gpu: bool
+    gemm_roofline: bool = False
     calibration: Calibration | None = None  # component efficiency factors per GPU (costmodel/calibration.py)
 
     @staticmethod
@@ -95,9 +110,9 @@ class CostProfile:
 
     def with_fixes(self, **switches: bool) -> CostProfile:
         """This profile with some switches changed; the name records the change."""
-        unknown = sorted(set(switches) - set(FIX_DOCS))
+        unknown = sorted(set(switches) - set(SWITCH_DOCS))
         if unknown:
-            raise ValueError(f"unknown cost-model fix {unknown}; choose from {sorted(FIX_DOCS)}")
+            raise ValueError(f"unknown cost-model switch {unknown}; choose from {sorted(SWITCH_DOCS)}")
         changed = {k: bool(v) for k, v in switches.items() if getattr(self, k) != bool(v)}
         if not changed:
             return self
@@ -108,9 +123,12 @@ class CostProfile:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("name", "calibration")}
 
     def calibrated(self, cal: Calibration | None) -> CostProfile:
-        """This profile with `cal`'s factors applied to its components (None: none)."""
+        """This profile with `cal`'s factors applied to its components (None: none), and the model
+        structure `cal` was fitted with (its `switches`): the factors mean nothing under another."""
         base = self.name.split("+")[0]
-        return replace(self, name=base if cal is None else f"{base}+{cal.name}", calibration=cal)
+        if cal is None:
+            return replace(self, name=base, calibration=None)
+        return replace(self, name=f"{base}+{cal.name}", calibration=cal, **dict(cal.switches))
 
 
 PROFILES = {"shallowsim": CostProfile.shallowsim, "corrected": CostProfile.corrected}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel.calibration import Calibration
-from costmodel.profile import FIX_DOCS, CostProfile
+from costmodel.profile import FIX_DOCS, MODEL_DOCS, CostProfile
 from costmodel.specs import SpecError
 
 
@@ -78,8 +78,12 @@ class CostSettings:
         cal = data.get("calibration")
         calibration = None if cal is None else Calibration.from_json(cal, f"{where}: cost.calibration")
         switches = data["switches"]
-        if not isinstance(switches, Mapping) or set(switches) != set(FIX_DOCS):
-            raise SpecError(f"{where}: `cost.switches` must give every cost-model fix {sorted(FIX_DOCS)} true or false")
+        # every fix; the refinements (MODEL_DOCS) are absent from plans written before them (false)
+        if not isinstance(switches, Mapping) or not set(FIX_DOCS) <= set(switches) <= set(FIX_DOCS) | set(MODEL_DOCS):
+            raise SpecError(
+                f"{where}: `cost.switches` must give every cost-model fix {sorted(FIX_DOCS)} true or false "
+                f"(and may give {sorted(MODEL_DOCS)})"
+            )
         if not all(isinstance(v, bool) for v in switches.values()):
             raise SpecError(f"{where}: every `cost.switches` value must be true or false")
         for key in ("cache_hit", "ttft_ms", "tpot_ms", "ttft_percentile", "tpot_percentile"):

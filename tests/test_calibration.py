@@ -18,6 +18,7 @@ from costmodel.calibrate import (
     COMPONENTS,
     Measurement,
     MeasurementError,
+    default_base,
     fit,
     leave_one_out,
     load_measurements,
@@ -26,9 +27,23 @@ from costmodel.calibrate import (
 )
 from costmodel.calibration import KNOBS, Calibration, Factor, load_calibration
 from costmodel.catalog import load_gpu, load_model
-from costmodel.formulas import decode_parts, decode_step_ms, max_batch, prefill_time_ms
+from costmodel.formulas import (
+    GEMM_FIXED_MS,
+    MLA_DISCOUNT,
+    Rates,
+    _attn_decode_gflop,
+    _attn_gemms,
+    _attn_prefill_gflop,
+    _gemm_ms,
+    _kv_down_gflop,
+    decode_parts,
+    decode_step_ms,
+    max_batch,
+    prefill_time_ms,
+)
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
+from costmodel.specs import GPUArray, SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "conf" / "calibration" / "published.csv"
@@ -36,8 +51,8 @@ DSV3 = load_model("deepseek_v3")
 
 
 def synthetic_rows(gpu: str, truth: Calibration) -> list[Measurement]:
-    """Measurements the cost model itself produces under `truth`, over varied shapes."""
-    prof = CostProfile.corrected().calibrated(truth)
+    """Measurements the cost model itself produces under `truth` (on the fit's default structure)."""
+    prof = default_base().calibrated(truth)
     shapes: list[tuple[str, dict, str]] = []
     for m, n, k in itertools.product((64, 512, 4096), (2112, 7168), (2048, 7168)):
         shapes.append(("dense_gemm", {"m": m, "n": n, "k": k}, "TFLOPS"))
@@ -53,7 +68,9 @@ def synthetic_rows(gpu: str, truth: Calibration) -> list[Measurement]:
     for ep in (8, 16, 64):
         shapes.append(("a2a_normal", {"ep": ep}, "GB/s"))
         for op in ("dispatch", "combine"):
-            shapes.append(("a2a_low_latency", {"tokens": 128, "hidden": 7168, "topk": 8, "ep": ep, "op": op}, "us"))
+            for links in ("nic", "nvlink+nic"):
+                ll = {"tokens": 128, "hidden": 7168, "topk": 8, "ep": ep, "op": op, "links": links}
+                shapes.append(("a2a_low_latency", ll, "us"))
     for b, s in ((1, 1024), (4, 4096)):
         shapes.append(("prefill_step", {"batch": b, "input_len": s, "tp": 8}, "ms"))
         shapes.append(("decode_step", {"batch": 16 * b, "context": s, "tp": 8}, "ms"))
@@ -68,8 +85,9 @@ def synthetic_rows(gpu: str, truth: Calibration) -> list[Measurement]:
 def test_the_fit_recovers_the_factors_that_generated_its_data() -> None:
     true = {"dense_gemm": 0.8, "grouped_gemm_prefill": 0.85, "grouped_gemm_decode": 1.3, "hbm": 0.9,
             "attention_prefill": 1.15, "attention_decode": 1.1, "kv_read": 0.92, "a2a_normal": 0.95,
-            "a2a_low_latency": 0.7}  # fmt: skip
-    truth = Calibration("truth", tuple(sorted(("H20", k, Factor(v, 0.0, "fit")) for k, v in true.items())))
+            "a2a_low_latency": 0.7, "gemm_fixed": 1.25}  # fmt: skip
+    truth = Calibration("truth", tuple(sorted(("H20", k, Factor(v, 0.0, "fit")) for k, v in true.items())),
+                        switches=(("gemm_roofline", True),))  # fmt: skip
     f = fit(synthetic_rows("H20", truth), prior_sigma=2.0)  # a weak prior: the data decide
     got = f.calibration
     for knob, v in true.items():
@@ -81,9 +99,9 @@ def test_the_fit_recovers_the_factors_that_generated_its_data() -> None:
 
 
 def test_a_calibration_of_ones_changes_no_number() -> None:
-    ones = Calibration("ones", tuple(("H800", k, Factor(1.0, 0.2, "fit")) for k in sorted(KNOBS)))
-    for name in ("shallowsim", "corrected"):
-        base = CostProfile.named(name)
+    factors = tuple(("H800", k, Factor(1.0, 0.2, "fit")) for k in sorted(KNOBS))
+    for base in (CostProfile.shallowsim(), CostProfile.corrected(), default_base()):
+        ones = Calibration("ones", factors, switches=(("gemm_roofline", base.gemm_roofline),))
         cal = base.calibrated(ones)
         gpu = load_gpu("H800")
         s, b, tp = np.array([512.0, 4096.0, 16384.0]), np.array([1.0, 32.0, 128.0]), np.array([1.0, 4.0, 8.0])
@@ -114,10 +132,43 @@ def test_a_calibration_file_and_a_plans_cost_record_round_trip(tmp_path: Path) -
     write_calibration(f.calibration, tmp_path / "c.yaml")
     back = load_calibration(tmp_path / "c.yaml")
     assert back == f.calibration
+    # the calibration brings the structure it was fitted on: its factors mean nothing under another
+    assert dict(back.switches) == {"gemm_roofline": True}
     settings = CostSettings(CostProfile.corrected().calibrated(back), ttft_ms=2000.0)
+    assert settings.profile.gemm_roofline and not CostProfile.corrected().gemm_roofline
     assert CostSettings.from_json(json.loads(json.dumps(settings.to_json())), "plan.json") == settings
     old = {k: v for k, v in settings.to_json().items() if k != "calibration"}  # a plan from before calibrations
-    assert CostSettings.from_json(old, "plan.json").profile.calibration is None
+    old["switches"] = {k: v for k, v in old["switches"].items() if k != "gemm_roofline"}  # ... and refinements
+    again = CostSettings.from_json(old, "plan.json").profile
+    assert again.calibration is None and not again.gemm_roofline
+    with pytest.raises(SpecError, match="gemm_roofline"):
+        Calibration("bad", switches=(("gemm_roofline", "yes"),))
+
+
+def test_the_roofline_gemms_are_the_attention_flops_the_model_counts() -> None:
+    """`_attn_gemms` lists the projections whose FLOPs `_attn_*_gflop` sums, for MLA and GQA."""
+    q, c = np.array([1.0, 700.0, 4096.0]), np.array([1.0, 3000.0, 4096.0])
+    p = CostProfile.corrected()
+    for name in ("deepseek_v3", "qwen3_30b_a3b"):
+        model = load_model(name)
+        kv = q if model.attention == "mla" else np.zeros_like(q)
+        gemm, _ = _attn_prefill_gflop(model, q, c, p)
+        listed = sum(2.0 * gr * m * n * k / 1e9 for m, n, k, gr in _attn_gemms(model, q, c, kv, decode=False))
+        assert np.allclose(gemm + _kv_down_gflop(model, kv), listed, rtol=1e-12)
+        gemm1, _ = _attn_decode_gflop(model, c, p)
+        ones = np.ones_like(c)
+        listed = sum(2.0 * gr * m * n * k / 1e9 for m, n, k, gr in _attn_gemms(model, ones, c, ones, decode=True))
+        assert np.allclose(gemm1, listed, rtol=1e-12)
+
+
+def test_a_small_gemm_pays_the_fixed_cost_and_a_large_one_its_flops() -> None:
+    """Under gemm_roofline a GEMM is max(compute, bytes) + the kernel's fixed cost."""
+    r = Rates(GPUArray.of(load_gpu("H800")), "decode", default_base())
+    tiny = float(_gemm_ms(np.asarray(1.0), 16.0, 16.0, r, default_base()))
+    assert tiny == pytest.approx(GEMM_FIXED_MS, rel=1e-3)  # nothing to move or compute: the fixed cost alone
+    m, n, k = 8192.0, 7168.0, 7168.0
+    big = float(_gemm_ms(np.asarray(m), n, k, r, default_base()))
+    assert big == pytest.approx(2 * m * n * k / 1e9 / r.gemm / MLA_DISCOUNT + GEMM_FIXED_MS, rel=1e-9)
 
 
 def test_the_shipped_calibration_is_the_fit_of_the_shipped_measurements() -> None:

@@ -42,7 +42,7 @@ def test_island_bad_inputs_exit_nonzero_with_one_line() -> None:
         (
             "gpu.mem_gb=-1",
         ): "error: conf/gpu/H200.yaml (or its overrides): `mem_gb > 0` must hold for GPU H200, got -1.0",
-        ("+costmodel.fixes.warp_drive=true",): "error: costmodel: unknown cost-model fix ['warp_drive']",
+        ("+costmodel.fixes.warp_drive=true",): "error: costmodel: unknown cost-model switch ['warp_drive']",
         ("rows=-1",): "error: `rows >= 0` (whole number; 0 = every range) must hold, got rows=-1",
         ("costmodel.cache_hit=1.5",): "error: `0 <= costmodel.cache_hit < 1` must hold",
         ("gpu=H20", "size=4"): "error: 4 x H20 cannot hold deepseek_v3's weights",

@@ -11,6 +11,7 @@ from costmodel.formulas import decode_step_ms, decode_steps_sum_ms, max_batch, p
 from costmodel.profile import CostProfile
 
 CORRECTED = CostProfile.corrected()
+ROOFLINE = CORRECTED.with_fixes(gemm_roofline=True)  # the structure the shipped calibration is fitted on
 FP8_GPUS = [g for g in gpu_names() if load_gpu(g).has_fp8]  # shallowsim assumes FP8
 
 gpus = st.sampled_from(gpu_names())
@@ -22,9 +23,10 @@ degrees = st.sampled_from([1, 2, 4, 8, 16, 32, 64])
 @given(gpus, models, degrees, degrees, st.integers(1, 32000), st.integers(1, 32000), st.floats(0.0, 0.9))
 def test_prefill_time_grows_with_length(g: str, m: str, tp: int, dp: int, s1: int, s2: int, rho: float) -> None:
     lo, hi = sorted((s1, s2))
-    t = prefill_time_ms(load_gpu(g), load_model(m), np.array([lo, hi]), tp, dp, rho, CORRECTED)
-    assert np.isfinite(t).all() and (t > 0).all()
-    assert t[0] <= t[1] * (1 + 1e-12)  # flat where comm dominates: allow rounding
+    for profile in (CORRECTED, ROOFLINE):
+        t = prefill_time_ms(load_gpu(g), load_model(m), np.array([lo, hi]), tp, dp, rho, profile)
+        assert np.isfinite(t).all() and (t > 0).all()
+        assert t[0] <= t[1] * (1 + 1e-12)  # flat where comm dominates: allow rounding
 
 
 @settings(max_examples=60, deadline=None)
@@ -39,9 +41,10 @@ def test_prefill_time_grows_with_length(g: str, m: str, tp: int, dp: int, s1: in
 )
 def test_decode_step_grows_with_batch(g: str, m: str, tp: int, ep: int, ctx: int, b1: int, b2: int) -> None:
     lo, hi = sorted((b1, b2))
-    t = decode_step_ms(load_gpu(g), load_model(m), ctx, np.array([lo, hi]), tp, ep, profile=CORRECTED)
-    assert np.isfinite(t).all() and (t > 0).all()
-    assert t[0] <= t[1] * (1 + 1e-12)  # flat where comm dominates: allow rounding
+    for profile in (CORRECTED, ROOFLINE):
+        t = decode_step_ms(load_gpu(g), load_model(m), ctx, np.array([lo, hi]), tp, ep, profile=profile)
+        assert np.isfinite(t).all() and (t > 0).all()
+        assert t[0] <= t[1] * (1 + 1e-12)  # flat where comm dominates: allow rounding
 
 
 @settings(max_examples=60, deadline=None)
