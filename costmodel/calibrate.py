@@ -90,17 +90,21 @@ COMPONENTS: dict[str, Component] = {
                                  optional=("links",),
                                  words={"op": ("dispatch", "combine"), "links": ("nvlink+nic", "nic")}),
     "allreduce": Component(("bytes", "tp"), ("us", "ms"), ("allreduce",), "all-reduce of `bytes` over a TP group"),
+    "kv_transfer": Component(("bytes",), ("GB/s", "us", "ms"), ("kv_transfer",),
+                             "one GPU sending `bytes` of KV cache to a GPU of another node (prefill to decode), "
+                             "as a time or as GB/s"),
     "prefill_step": Component(
         ("batch", "input_len", "tp"),
         ("s", "ms"),
-        tuple(k for k in KNOBS if k not in ("attention_decode", "kv_read", "a2a_low_latency", "grouped_gemm_decode")),
+        tuple(k for k in KNOBS
+              if k not in ("attention_decode", "kv_read", "a2a_low_latency", "grouped_gemm_decode", "kv_transfer")),
         "one prefill forward of `batch` prompts on one TP group (an engine benchmark's prefill latency)",
         optional=("model",),
     ),
     "decode_step": Component(
         ("batch", "context", "tp"),
         ("s", "ms"),
-        tuple(k for k in KNOBS if k not in ("attention_prefill", "a2a_normal", "grouped_gemm_prefill")),
+        tuple(k for k in KNOBS if k not in ("attention_prefill", "a2a_normal", "grouped_gemm_prefill", "kv_transfer")),
         "one decode step of `batch` sequences at `context` tokens on one TP group (an engine benchmark's median "
         "decode latency)",
         optional=("model",),
@@ -240,6 +244,10 @@ def predict(row: Measurement, profile: CostProfile) -> float:
         tp = np.asarray(p["tp"])
         tokens = p["bytes"] / (load_model("deepseek_v3").hidden * 2.0)  # _allreduce_ms counts BF16 hidden vectors
         ms = _allreduce_ms(np.asarray(tokens), load_model("deepseek_v3"), tp, g, r, profile)
+    elif c == "kv_transfer":
+        if row.unit == "GB/s":
+            return float(r.kv_link)
+        ms = _xfer_ms(p["bytes"], r.kv_link, profile)
     elif c == "prefill_step":
         model = load_model(p.get("model", "deepseek_v3"))
         ms = p["batch"] * prefill_time_ms(gpu, model, p["input_len"], p["tp"], 1, 0.0, profile)

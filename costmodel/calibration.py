@@ -17,6 +17,7 @@ to measurements (`python -m costmodel.calibrate`), per GPU type:
 | `a2a_normal` | the link bandwidth of prefill dispatch/combine | expert-parallel all-to-all (normal kernels) |
 | `a2a_low_latency` | the link bandwidth of decode dispatch/combine | expert-parallel all-to-all (low-latency kernels) |
 | `allreduce` | the link bandwidth of TP all-reduce | all-reduce benchmarks |
+| `kv_transfer` | the NIC bandwidth the KV cache moves at from prefill to decode islands | KV transfer benchmarks |
 | `gemm_fixed` | 1 / the fixed cost of one dense GEMM kernel (`gemm_roofline` structure) | small dense GEMMs |
 
 A factor above 1 means the component runs faster than the profile assumes. Each factor is
@@ -51,6 +52,7 @@ KNOBS: dict[str, str] = {
     "a2a_normal": "prefill all-to-all link bandwidth (normal kernels)",
     "a2a_low_latency": "decode all-to-all link bandwidth (low-latency kernels)",
     "allreduce": "TP all-reduce link bandwidth",
+    "kv_transfer": "KV-cache transfer bandwidth from prefill to decode islands (over the NIC)",
     "gemm_fixed": "1 / the fixed cost of one dense GEMM kernel (pipeline fill, epilogue, tail; gemm_roofline only)",
 }
 ORIGINS = ("fit", "prior")

@@ -75,6 +75,7 @@ class Rates:
         self.a2a = k["a2a_normal" if phase == "prefill" else "a2a_low_latency"]  # link efficiency
         self.allreduce = k["allreduce"]
         self.gemm_fixed_ms = GEMM_FIXED_MS / k["gemm_fixed"]
+        self.kv_link = g.scaleout_bw_gb_s * DERATE * k["kv_transfer"]  # prefill -> decode KV, per GPU
         self.has_fp4 = g.tflops_fp4 > 0
         has_fp8 = g.tflops_fp8 > 0
         # Dense GEMM rate and bytes per weight / KV element: FP8 where the GPU has it.
@@ -609,6 +610,12 @@ def weight_bytes_per_gpu(
     expert = experts * model.n_moe_layers * _expert_bytes(model, r, "decode", p)
     embed = 2.0 * model.vocab_size * model.hidden * 2.0  # embedding + LM head, BF16
     return attn + dense + expert + embed
+
+
+def kv_link_gb_s(gpu: GPU | GPUArray, profile: CostProfile | None = None) -> np.ndarray:
+    """GB/s one GPU moves KV cache at from a prefill to a decode island: its NIC, derated (and
+    calibrated: the `kv_transfer` knob)."""
+    return Rates(GPUArray.of(gpu), "decode", profile or CostProfile.corrected()).kv_link
 
 
 def kv_bytes_per_seq(

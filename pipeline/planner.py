@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.formulas import DERATE, kv_bytes_per_seq
+from costmodel.formulas import kv_bytes_per_seq, kv_link_gb_s
 from costmodel.island_bench import IslandBenchmark, benchmark_island, utilisation_caps
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
@@ -161,7 +161,8 @@ class Planner:
             if self.kv_transfer:
                 kw.setdefault("kv_gb", self.kv_gb_per_range(layout))
                 kw.setdefault(
-                    "link_gb_s", np.array([n * self.gpus[g].scaleout_bw_gb_s * DERATE for g, n in layout.islands])
+                    "link_gb_s",
+                    np.array([n * float(kv_link_gb_s(self.gpus[g], self.profile)) for g, n in layout.islands]),
                 )
             if self.budget_per_hour is not None:
                 kw.setdefault("budget_per_hour", self.budget_per_hour)

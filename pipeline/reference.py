@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from costmodel.formulas import DERATE
+from costmodel.formulas import kv_link_gb_s
 from pipeline.planner import Layout, Planner
 from pipeline.settings import Settings
 from pipeline.trial import Context
@@ -44,7 +44,7 @@ def reference(
                 sizes,
                 np.array([r[0] for r in rates]),
                 np.array([r[1] for r in rates]),
-                g.scaleout_bw_gb_s * DERATE,
+                float(kv_link_gb_s(g, planner.profile)),
                 None if layouts is None else layouts.get(g.name),
             )
         )

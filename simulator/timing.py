@@ -18,11 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.formulas import decode_step_ms, kv_bytes_per_seq, max_batch, prefill_time_ms
+from costmodel.formulas import decode_step_ms, kv_bytes_per_seq, kv_link_gb_s, max_batch, prefill_time_ms
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
-
-NIC_DERATE = 0.85  # achievable share of a NIC's line rate, as the inner solver's KV constraint uses
 
 
 @dataclass(frozen=True)
@@ -30,7 +28,7 @@ class PrefillTiming:
     lengths: np.ndarray  # grid of prompt lengths (tokens)
     ms: np.ndarray  # prefill time of one prompt at each grid length
     kv_bytes_per_token: float  # KV bytes one token of a prompt moves to decode (whole model)
-    link_gb_s: float  # the engine's scale-out bandwidth (its GPUs' NICs, derated)
+    link_gb_s: float  # the engine's KV transfer bandwidth (its GPUs' NICs, derated: kv_link_gb_s)
 
     def prefill_ms(self, tokens: float) -> float:
         return float(np.interp(tokens, self.lengths, self.ms))
@@ -66,7 +64,8 @@ def prefill_timing(gpu: GPU, model: Model, tp: int, dp: int, max_len: int, cost:
     n_tp, n_dp = np.full_like(lengths, tp), np.full_like(lengths, dp)
     ms = prefill_time_ms(gpu, model, lengths, n_tp, n_dp, cost.cache_hit, cost.profile)
     kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile)[0])
-    return PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, gpu.scaleout_bw_gb_s * tp * NIC_DERATE)
+    link = float(kv_link_gb_s(gpu, cost.profile)) * tp
+    return PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, link)
 
 
 def decode_timing(

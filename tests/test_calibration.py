@@ -38,6 +38,7 @@ from costmodel.formulas import (
     _kv_down_gflop,
     decode_parts,
     decode_step_ms,
+    kv_link_gb_s,
     max_batch,
     prefill_time_ms,
 )
@@ -71,6 +72,7 @@ def synthetic_rows(gpu: str, truth: Calibration) -> list[Measurement]:
             for links in ("nic", "nvlink+nic"):
                 ll = {"tokens": 128, "hidden": 7168, "topk": 8, "ep": ep, "op": op, "links": links}
                 shapes.append(("a2a_low_latency", ll, "us"))
+    shapes += [("kv_transfer", {"bytes": 2e8}, "ms"), ("kv_transfer", {"bytes": 1e9}, "GB/s")]
     for b, s in ((1, 1024), (4, 4096)):
         shapes.append(("prefill_step", {"batch": b, "input_len": s, "tp": 8}, "ms"))
         shapes.append(("decode_step", {"batch": 16 * b, "context": s, "tp": 8}, "ms"))
@@ -85,7 +87,7 @@ def synthetic_rows(gpu: str, truth: Calibration) -> list[Measurement]:
 def test_the_fit_recovers_the_factors_that_generated_its_data() -> None:
     true = {"dense_gemm": 0.8, "grouped_gemm_prefill": 0.85, "grouped_gemm_decode": 1.3, "hbm": 0.9,
             "attention_prefill": 1.15, "attention_decode": 1.1, "kv_read": 0.92, "a2a_normal": 0.95,
-            "a2a_low_latency": 0.7, "gemm_fixed": 1.25}  # fmt: skip
+            "a2a_low_latency": 0.7, "gemm_fixed": 1.25, "kv_transfer": 0.8}  # fmt: skip
     truth = Calibration("truth", tuple(sorted(("H20", k, Factor(v, 0.0, "fit")) for k, v in true.items())),
                         switches=(("gemm_roofline", True),))  # fmt: skip
     f = fit(synthetic_rows("H20", truth), prior_sigma=2.0)  # a weak prior: the data decide
@@ -125,6 +127,18 @@ def test_a_factor_moves_its_own_gpu_and_component_only() -> None:
     assert prefill_time_ms(h800, DSV3, 4096, 4, 16, 0.0, base.calibrated(fast)) == prefill_time_ms(
         h800, DSV3, 4096, 4, 16, 0.0, base
     )
+
+
+def test_the_kv_transfer_factor_moves_the_planners_and_the_simulators_link() -> None:
+    from simulator.timing import prefill_timing
+
+    slow = Calibration("slow", (("H800", "kv_transfer", Factor(0.5, 0.0, "fit")),))
+    h800, base = load_gpu("H800"), CostProfile.corrected()
+    assert float(kv_link_gb_s(h800, base.calibrated(slow))) == pytest.approx(0.5 * float(kv_link_gb_s(h800, base)))
+    t = [
+        prefill_timing(h800, DSV3, 8, 1, 4096, CostSettings(p)).transfer_ms(4096) for p in (base, base.calibrated(slow))
+    ]
+    assert t[1] == pytest.approx(2.0 * t[0])
 
 
 def test_a_calibration_file_and_a_plans_cost_record_round_trip(tmp_path: Path) -> None:
