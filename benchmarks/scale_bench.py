@@ -47,9 +47,9 @@ def run(types: int, scale: float, extra: list[str]) -> str:
         wall = time.perf_counter() - t0
     if r.returncode != 0:
         return f"| {sum(inv.values()):,} | {types} | failed: {r.stderr.strip().splitlines()[-1][:120]} | | |"
-    ref = re.search(r"exact optimum .*?, ([\d.]+) s\)", r.stdout)
-    gap = re.search(r"gap to the exact optimum ([\d.]+%)", r.stdout)
-    ref_s = float(ref.group(1)) if ref else float("nan")
+    ref = re.search(r"exact (?:optimum .*?, ([\d.]+) s\)|reference stopped at its time limit \(([\d.]+) s\))", r.stdout)
+    gap = re.search(r"gap ((?:<= )?[\d.]+%) to the exact optimum", r.stdout)
+    ref_s = float(ref.group(1) or ref.group(2)) if ref else float("nan")
     return (f"| {sum(inv.values()):,} | {types} | {wall:.0f} s | {ref_s:.0f} s ({ref_s / wall:.0%}) | "
             f"{gap.group(1) if gap else '-'} |")  # fmt: skip
 

@@ -257,6 +257,13 @@ def _band_rows(plan: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _gap_text(plan: Mapping[str, Any]) -> str:
+    if not plan.get("gap_is_bound"):
+        return f"{plan['gap']:.2%}"
+    return (f"at most {plan['gap']:.2%} (the reference stopped at its time limit; the optimum is at most "
+            f"{plan['reference_bound_req_s']:.2f} req/s)")  # fmt: skip
+
+
 def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str) -> str:
     lines = [header, ""]
     gap = plan.get("gap")
@@ -273,7 +280,7 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str) -> str:
         f"| cost | ${plan['cost_per_hour']:,.2f}/h, {plan['rate_per_dollar']:.4f} req/s per $/h |",
         f"| scored in the search (whole-mix caps, the reference's model) | {_fmt(plan.get('searched_req_s'))} req/s |",
         f"| exact optimum of that model | {_fmt(plan.get('reference_optimum_req_s'))} req/s |",
-        f"| gap to it | {'n/a' if gap is None or gap != gap else f'{gap:.2%}'} |",
+        f"| gap to it | {'n/a' if gap is None or gap != gap else _gap_text(plan)} |",
         f"| trials | {plan['trials']} ({plan.get('failed', 0)} failed, {plan.get('rejected', 0)} rejected) |",
         f"| islands | {plan['prefill_islands']} prefill + {plan['decode_islands']} decode |",
         "",

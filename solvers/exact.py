@@ -19,6 +19,11 @@ This is the inner `max_rate` model with the layout made a decision too, so its �
 every layout a generator can propose (each is a feasible point): a search's gap to it is
 >= 0 and measures the search alone.
 
+When the MILP stops at its time limit (`max_rate`, no multisets), the LP relaxation gives a proven
+upper bound and its counts rounded down a layout (`_unproven`): the result is `feasible` with the
+optimum between `rate_req_s` and `bound`, and a search's gap against `bound` is an upper bound on
+its true gap.
+
 `rate_per_dollar` maximises Λ / C (C = Σ_c cost_c (n^P_c + n^D_c)) by Dinkelbach's method:
 solve max Λ − θ C, set θ = Λ / C, repeat until the optimum is 0 (a few MILPs).
 """
@@ -85,7 +90,13 @@ def exact_optimum(
     theta, iters, best = 0.0, 0, None
     while True:
         iters += 1
-        res = _solve(types, p, theta, budget_per_hour, kv_gb, max(deadline - time.perf_counter(), 1.0), backend)
+        res, _ = _solve(types, p, theta, budget_per_hour, kv_gb, max(deadline - time.perf_counter(), 1.0), backend)
+        if (
+            objective == "max_rate"
+            and res.status in ("feasible", "time_limit")
+            and all(t.layouts is None for t in types)
+        ):
+            res = _unproven(types, p, budget_per_hour, kv_gb, res, t0)
         if res.status not in ("optimal", "feasible") or (best is not None and res.cost_per_hour <= 0):
             break  # at the optimal ratio the empty layout ties at 0: the previous layout is the answer
         if best is None or res.rate_per_dollar > best.rate_per_dollar:
@@ -109,9 +120,13 @@ def _solve(
     kv_gb: np.ndarray | None,
     time_limit_s: float,
     backend: str,
-) -> ExactResult:
+    relax: bool = False,
+    fix: list[tuple[int, int]] | None = None,
+) -> tuple[ExactResult, list[tuple[float, float]]]:
+    """One solve of the model (`relax`: integers continuous, an LP; `fix`: every class's (n^P, n^D)
+    given, an LP over the routing). Returns the result and each class's (n^P, n^D) as solved."""
     t0 = time.perf_counter()
-    s = new_solver(backend, time_limit_s)
+    s = new_solver("HIGHS" if relax or fix is not None else backend, time_limit_s)  # GLOP: ABNORMAL at 10k GPUs
     n_j = len(p)
     lam = s.NumVar(0.0, s.infinity(), "Lambda")
     classes: list[tuple[int, int]] = []  # (type index, size index) of usable islands
@@ -120,11 +135,16 @@ def _solve(
             if t.sizes[si] <= t.count and (t.prefill_req_s[si].any() or t.decode_req_s[si].any()):
                 classes.append((ti, si))
     n_p, n_d, x_p, x_d, cost = [], [], [], [], []
-    for ti, si in classes:
+    for c, (ti, si) in enumerate(classes):
         t, size = types[ti], int(types[ti].sizes[si])
         most = t.count // size
-        n_p.append(s.IntVar(0, most, f"nP[{t.gpu},{size}]"))
-        n_d.append(s.IntVar(0, most, f"nD[{t.gpu},{size}]"))
+        if fix is not None:
+            n_p.append(s.NumVar(fix[c][0], fix[c][0], ""))
+            n_d.append(s.NumVar(fix[c][1], fix[c][1], ""))
+        else:
+            var = s.NumVar if relax else s.IntVar
+            n_p.append(var(0, most, f"nP[{t.gpu},{size}]"))
+            n_d.append(var(0, most, f"nD[{t.gpu},{size}]"))
         x_p.append([s.NumVar(0.0, most, "") for _ in range(n_j)])
         x_d.append([s.NumVar(0.0, most, "") for _ in range(n_j)])
         cost.append(size * t.price_per_gpu_hour)
@@ -141,7 +161,7 @@ def _solve(
             s.Add(s.Sum([t.decode_req_s[si, j] * kv_gb[j] * x_d[c][j] for j in range(n_j)]) <= link * n_d[c])
     for ti, t in enumerate(types):
         if t.layouts is not None:  # (6) one of the given multisets (islands that cannot run stay idle)
-            z = [s.BoolVar(f"z[{t.gpu},{k}]") for k in range(len(t.layouts))]
+            z = [(s.NumVar(0.0, 1.0, "") if relax else s.BoolVar(f"z[{t.gpu},{k}]")) for k in range(len(t.layouts))]
             s.Add(s.Sum(z) == 1)
             for c, (tj, si) in enumerate(classes):
                 if tj == ti:
@@ -157,16 +177,74 @@ def _solve(
         s.Add(total_cost <= budget)
     s.Maximize(lam - theta * total_cost if theta > 0 else lam)
     params = pywraplp.MPSolverParameters()
-    params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
+    if not (relax or fix is not None):
+        params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
     status = _status(s, s.Solve(params), time_limit_s)
     if status in ("infeasible", "time_limit"):
-        return ExactResult(status, 0.0, 0.0, (), (time.perf_counter() - t0) * 1e3, 1, float("nan"))
+        return ExactResult(status, 0.0, 0.0, (), (time.perf_counter() - t0) * 1e3, 1, float("nan")), []
+    counts = [(n_p[c].solution_value(), n_d[c].solution_value()) for c in range(len(classes))]
     islands: list[tuple[str, int, str]] = []
     for c, (ti, si) in enumerate(classes):
         size = int(types[ti].sizes[si])
-        islands += [(types[ti].gpu, size, "prefill")] * round(n_p[c].solution_value())
-        islands += [(types[ti].gpu, size, "decode")] * round(n_d[c].solution_value())
+        islands += [(types[ti].gpu, size, "prefill")] * round(counts[c][0])
+        islands += [(types[ti].gpu, size, "decode")] * round(counts[c][1])
     spent = sum(size * next(t.price_per_gpu_hour for t in types if t.gpu == g) for g, size, _ in islands)
-    bound = s.Objective().BestBound() if theta == 0 else float("nan")
+    # the proven bound: Λ itself when optimal (or an LP's), above the incumbent when the time limit stopped it
+    bound = (
+        (lam.solution_value() if relax or fix is not None else s.Objective().BestBound())
+        if theta == 0
+        else float("nan")
+    )
     ms = (time.perf_counter() - t0) * 1e3
-    return ExactResult(status, lam.solution_value(), spent, tuple(islands), ms, 1, bound)
+    return ExactResult(status, lam.solution_value(), spent, tuple(islands), ms, 1, bound), counts
+
+
+def _round_counts(
+    types: list[TypeOptions], counts: list[tuple[float, float]], budget: float | None
+) -> list[tuple[float, float]]:
+    """Fractional island counts made whole: each rounded down, then the largest fractional parts
+    rounded up while the type's GPUs (and the budget) allow."""
+    classes = [(ti, si) for ti, t in enumerate(types) for si in range(len(t.sizes))
+               if t.sizes[si] <= t.count and (t.prefill_req_s[si].any() or t.decode_req_s[si].any())]  # fmt: skip
+    whole = [[float(np.floor(v + 1e-9)) for v in pair] for pair in counts]
+    left = {ti: t.count for ti, t in enumerate(types)}
+    spent = 0.0
+    for (ti, si), pair in zip(classes, whole, strict=True):
+        size = int(types[ti].sizes[si])
+        left[ti] -= size * int(sum(pair))
+        spent += size * types[ti].price_per_gpu_hour * sum(pair)
+    parts = sorted(((counts[c][r] - whole[c][r], c, r) for c in range(len(classes)) for r in (0, 1)), reverse=True)
+    for frac, c, r in parts:
+        ti, si = classes[c]
+        size, price = int(types[ti].sizes[si]), types[ti].price_per_gpu_hour
+        if frac > 1e-9 and size <= left[ti] and (budget is None or spent + size * price <= budget):
+            whole[c][r] += 1.0
+            left[ti] -= size
+            spent += size * price
+    return [(a, b) for a, b in whole]
+
+
+def _unproven(
+    types: list[TypeOptions],
+    p: np.ndarray,
+    budget: float | None,
+    kv_gb: np.ndarray | None,
+    milp: ExactResult,
+    t0: float,
+) -> ExactResult:
+    """max_rate when the MILP stopped at its time limit: a layout and a proven bound all the same.
+
+    The LP relaxation bounds the optimum from above. Its island counts made whole within the
+    inventory and the budget (`_round_counts`) and the LP over the routing with those counts fixed
+    give a layout.
+    The result is the better of that layout and the MILP's incumbent, `feasible`, with the lower of
+    the two bounds: the optimum lies between `rate_req_s` and `bound`.
+    """
+    relaxed, counts = _solve(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", relax=True)
+    if relaxed.status != "optimal":
+        return milp
+    rounded, _ = _solve(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", fix=_round_counts(types, counts, budget))
+    best = milp if milp.status == "feasible" and milp.rate_req_s >= rounded.rate_req_s else rounded
+    bound = min(relaxed.rate_req_s, milp.bound if milp.bound == milp.bound else float("inf"))
+    return ExactResult("feasible", best.rate_req_s, best.cost_per_hour, best.islands,
+                       (time.perf_counter() - t0) * 1e3, 1, bound)  # fmt: skip

@@ -196,8 +196,9 @@ def _status(solver: pywraplp.Solver, code: int, time_limit_s: float) -> str:
         return "infeasible"
     if code == pywraplp.Solver.FEASIBLE:
         return "feasible"  # stopped at the time limit with a solution in hand
-    if code == pywraplp.Solver.NOT_SOLVED and solver.wall_time() >= 0.95 * time_limit_s * 1e3:  # wall_time: ms
-        return "time_limit"
+    known = (pywraplp.Solver.UNBOUNDED, pywraplp.Solver.ABNORMAL, pywraplp.Solver.MODEL_INVALID)
+    if code not in known and solver.wall_time() >= 0.95 * time_limit_s * 1e3:  # wall_time: ms
+        return "time_limit"  # NOT_SOLVED, or HiGHS's unlisted code when its time ran out before a solution
     names = {
         pywraplp.Solver.UNBOUNDED: "UNBOUNDED",
         pywraplp.Solver.ABNORMAL: "ABNORMAL",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from costmodel.catalog import CONF_DIR
@@ -168,6 +169,31 @@ def test_a_locked_store_neither_fails_nor_doubles_a_finished_trial(tmp_path: Pat
     # a resume logs exactly the journalled trials MLflow does not have
     run.reconcile({"trial-0000", "trial-0002"})
     assert [r["trial"] for r in run.unlogged] == [1, 3]
+
+
+def test_a_reference_stopped_by_its_time_limit_bounds_the_gap(tmp_path: Path) -> None:
+    """A reference with a layout but no proof: the gap is against its proven bound, and says so."""
+    from pipeline.outputs import report
+    from pipeline.settings import inventory_of, settings_from_cfg
+    from pipeline.tune_driver import SearchRun
+    from solvers.exact import ExactResult
+
+    cfg = compose([*SMALL, f"out_root={tmp_path}/out", "search.iterations=1"])
+    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    run = SearchRun(settings, ctx, FlakyTracker(down=0))
+    run.ref = ExactResult("optimal", 100.0, 1.0, (), 1.0, 1, 100.0)
+    assert not run.gap_is_bound and run.gap(95.0) == pytest.approx(0.05) and run.gap_text(0.05) == "gap 5.00%"
+    run.ref = ExactResult("feasible", 90.0, 1.0, (), 1.0, 1, 120.0)  # incumbent 90, optimum <= 120
+    assert run.gap_is_bound and run.gap(96.0) == pytest.approx(0.2)  # against the bound, not the incumbent
+    assert run.gap_text(0.2) == "gap <= 20.00%"
+    plan = {"rate_req_s": 96.0, "output_tok_s": 1.0, "evaluated_req_s": 96.0, "cost_per_hour": 1.0,
+            "rate_per_dollar": 96.0, "searched_req_s": 96.0, "reference_optimum_req_s": 90.0, "gap": 0.2,
+            "gap_is_bound": True, "reference_bound_req_s": 120.0, "trials": 1, "prefill_islands": 0,
+            "decode_islands": 0, "islands": []}  # fmt: skip
+    text = report(plan, pd.DataFrame(), "# plan")
+    assert (
+        "| gap to it | at most 20.00% (the reference stopped at its time limit; the optimum is at most 120.00" in text
+    )
 
 
 # --- bad inputs: one line, exit 2 -----------------------------------------------------------------

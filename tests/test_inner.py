@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -403,3 +404,30 @@ def test_out_of_time_without_an_incumbent_the_rounded_relaxation_is_a_feasible_b
     served_d = (prob.decode_req_s * quick.x_decode).sum(axis=0)
     assert np.all(served_p >= quick.rate_req_s * prob.p * (1 - 1e-6))
     assert np.all(served_d >= quick.rate_req_s * prob.p * (1 - 1e-6))
+
+
+def test_an_unproven_exact_reference_still_has_a_layout_below_the_optimum_and_a_bound_above_it() -> None:
+    """When the exact MILP stops at its time limit, the LP relaxation bounds the optimum and its
+    rounded-down counts give a layout that fits the inventory (solvers/exact.py `_unproven`)."""
+    from solvers.exact import ExactResult, TypeOptions, _unproven, exact_optimum
+
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        n_j = 12
+        fall = np.linspace(1.0, 0.2, n_j)
+        types = []
+        for t, count in enumerate((48, 40, 96)):
+            sizes = np.array([8, 16, 32])
+            types.append(TypeOptions(f"T{t}", count, 1.0 + t, sizes,
+                                     rng.uniform(5, 100, (3, n_j)) * fall * sizes[:, None] / 8,
+                                     rng.uniform(5, 100, (3, n_j)) * np.sqrt(fall) * sizes[:, None] / 8))  # fmt: skip
+        p = rng.dirichlet(np.ones(n_j))
+        best = exact_optimum(types, p, time_limit_s=60)
+        assert best.status == "optimal"
+        stopped = ExactResult("time_limit", 0.0, 0.0, (), 1.0, 1, float("nan"))
+        out = _unproven(types, p, None, None, stopped, time.perf_counter())
+        assert out.status == "feasible"
+        assert out.rate_req_s <= best.rate_req_s * (1 + 1e-9) <= out.bound * (1 + 1e-9)
+        assert out.rate_req_s >= 0.8 * best.rate_req_s  # 0.83-0.98 on these small instances
+        for t in types:  # the layout fits the inventory
+            assert sum(size for g, size, _ in out.islands if g == t.gpu) <= t.count
