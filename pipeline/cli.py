@@ -39,10 +39,23 @@ def hydra_error_line(err: BaseException) -> str:
     return text
 
 
+def _announce_sweep_job() -> None:
+    """Under `-m` (multirun) say which job starts and with which sweep values (Hydra's own log is off)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        print(f"[multirun] job {hc.job.num}: {' '.join(hc.overrides.task) or '(no overrides)'}", flush=True)
+
+
 def run_task(task: Callable[[Any], int | None], errors: tuple[type[Exception], ...] = ()) -> Callable[[Any], None]:
     """Wrap a Hydra task: user errors (and `errors`) as one line and exit 2, Ctrl-C as 130, its return code."""
 
     def wrapped(cfg: Any) -> None:
+        _announce_sweep_job()
         try:
             code = task(cfg)
         except KeyboardInterrupt:

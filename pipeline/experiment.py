@@ -41,6 +41,7 @@ from pipeline.config import choice, plain, positive_int
 from pipeline.errors import ConfigError
 from pipeline.experiment_report import _best_trial, best_so_far_per_iteration, markdown, plot, tables
 from pipeline.journal import Journal, write_json
+from pipeline.planner import layout_id
 from pipeline.reference import exact_layout, reference
 from pipeline.samplers import make_sampler
 from pipeline.settings import Settings, run_identity, settings_from_cfg
@@ -242,7 +243,7 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
         + (f"\n[experiment] resuming: {total - len(todo)} searches already done" if len(todo) < total else ""),
         flush=True,
     )
-    tracker = Tracker(first.mlflow_uri, first.mlflow_experiment)
+    tracker = Tracker(first.mlflow_uri, first.mlflow_experiment, EXPERIMENT_NOTE)
     state_path = run_dir / "state.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     state["parent_run_id"] = tracker.start_parent(
@@ -257,6 +258,8 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
             "run_dir": str(run_dir),
         },
         state.get("parent_run_id"),
+        f"Experiment {spec.name}: {spec.title}. {len(cells)} cells x {spec.trials} seeded searches; children: one "
+        f"run per search (its cell, seed, best score); artifacts table.md, results and plots. Folder {run_dir}",
     )
     write_json(state_path, state)
 
@@ -361,12 +364,24 @@ def _run_tasks(
     return True
 
 
+EXPERIMENT_NOTE = (
+    "Archipelago experiments (`python -m pipeline.experiment +experiment=NAME`): each parent run is one "
+    "experiment (a grid of cells, several seeded searches each), with table.md and plots as artifacts; each child "
+    "run is one search, with its best score, wall time and best_so_far per iteration."
+)
+
+
 def _log_child(tracker: Any, cell: Cell, seed: int, rec: Mapping[str, Any]) -> None:
     curve = best_so_far_per_iteration(rec["trials"], cell.settings.batch)
     best = _best_trial(rec["trials"])
     tracker.child(
         f"{cell.key} seed={seed}",
-        {**dict(cell.label), "seed": seed, "sampler": cell.settings.sampler, "islands": rec["best_islands"]},
+        {
+            **dict(cell.label),
+            "seed": seed,
+            "sampler": cell.settings.sampler,
+            "layout_id": layout_id(rec["best_islands"] or ""),
+        },
         {
             "best_score": best["score"] if best else 0.0,
             "best_deviation": best["deviation"] if best else float("nan"),
@@ -375,6 +390,11 @@ def _log_child(tracker: Any, cell: Cell, seed: int, rec: Mapping[str, Any]) -> N
         },
         failed=False,
         series={"best_so_far": curve},
+        tags={
+            "islands": rec["best_islands"] or "-",
+            "description": f"{cell.key}, seed {seed}: best {best['score'] if best else 0.0:.4g} with islands "
+            f"{rec['best_islands'] or '-'}",
+        },
     )
 
 

@@ -63,5 +63,18 @@ def write_text(path: Path, text: str) -> None:
         raise
 
 
+def link_latest(root: Path, target: Path) -> None:
+    """Point `root/latest` at `target` (a finished run's folder), replacing the old link atomically;
+    never fails the run over it (a filesystem without symlinks simply has no link)."""
+    link = root / "latest"
+    tmp = root / f".latest.{os.getpid()}.tmp"
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(os.path.relpath(target, root), target_is_directory=True)
+        os.replace(tmp, link)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 def write_json(path: Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=1, default=float) + "\n")

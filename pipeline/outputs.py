@@ -219,9 +219,17 @@ def write_trials(path: Path, records: Sequence[Mapping[str, Any]]) -> pd.DataFra
 
 
 def convergence_plot(
-    path: Path, records: Sequence[Mapping[str, Any]], batch: int, reference: float | None, unit: str, title: str
+    path: Path,
+    records: Sequence[Mapping[str, Any]],
+    batch: int,
+    reference: float | None,
+    unit: str,
+    title: str,
+    polish_from: int | None = None,
+    reference_is_bound: bool = False,
 ) -> None:
-    """Best score so far per iteration (thesis Fig 5.5 style) with every trial's score behind it."""
+    """Best score so far per iteration (thesis Fig 5.5 style) with every trial's score behind it;
+    `polish_from`: the trial the polish phase starts at (a marked line)."""
     fig, ax = plt.subplots(figsize=(7, 4))
     scores = np.array([float(r["score"]) if r["status"] in ("optimal", "feasible") else np.nan for r in records])
     if scores.size:
@@ -231,7 +239,10 @@ def convergence_plot(
         per_iter = [best[it == k].max() for k in np.unique(it)]
         ax.plot(np.unique(it), per_iter, lw=2, label="best so far")
     if reference is not None and math.isfinite(reference):
-        ax.axhline(reference, color="k", ls="--", lw=1, label="exact optimum")
+        label = "bound on the exact optimum" if reference_is_bound else "exact optimum (reference MILP)"
+        ax.axhline(reference, color="k", ls="--", lw=1, label=f"{label}: {reference:.4g}")
+    if polish_from is not None and 0 < polish_from < len(records):
+        ax.axvline(polish_from // batch + 1, color="tab:red", ls=":", lw=1, label="polish starts")
     ax.set(xlabel=f"iteration ({batch} trials each)", ylabel=unit, title=title)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -257,6 +268,23 @@ def _band_rows(plan: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def best_so_far(records: Sequence[Mapping[str, Any]]) -> list[float]:
+    """The best score after each trial, in trial order (failed trials keep the previous best)."""
+    out, best = [], 0.0
+    for r in records:
+        ok = r.get("status") in ("optimal", "feasible")  # pipeline.trial.OK
+        if ok and isinstance(r.get("score"), (int, float)):
+            best = max(best, float(r["score"]))
+        out.append(best)
+    return out
+
+
+def usd_per_m_tokens(plan: Mapping[str, Any]) -> float:
+    """$ per million output tokens at the plan's rate (the inventory's $/h over its tok/s)."""
+    tok_s = float(plan.get("output_tok_s") or 0.0)
+    return float(plan.get("cost_per_hour", 0.0)) / (tok_s * 3600.0) * 1e6 if tok_s > 0 else float("nan")
+
+
 def _gap_text(plan: Mapping[str, Any]) -> str:
     if not plan.get("gap_is_bound"):
         return f"{plan['gap']:.2%}"
@@ -264,37 +292,62 @@ def _gap_text(plan: Mapping[str, Any]) -> str:
             f"{plan['reference_bound_req_s']:.2f} req/s)")  # fmt: skip
 
 
-def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str) -> str:
+def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str, routing_png: str | None = None) -> str:
     lines = [header, ""]
     gap = plan.get("gap")
-    lines += [f"What the rates mean: {'; '.join(f'`{k}`: {v}' for k, v in RATES.items())}.", ""]
+    rate = plan["rate_req_s"]
     lines += [
+        "**The rate to plan with is the first row**: what the layout sustains within the SLOs, checked request "
+        "by request by the simulator in the row below it. The rows under *Diagnostics* explain how the search "
+        "got there; none of them is a rate to deploy for.",
+        "",
         "| | |",
         "|---|---|",
-        f"| **rate** (within the SLOs) | **{plan['rate_req_s']:.2f} req/s** "
-        f"({plan['output_tok_s']:.0f} output tok/s) |",
-        *_band_rows(plan),
+        f"| **rate** (within the SLOs) | **{rate:.2f} req/s** ({plan['output_tok_s']:.0f} output tok/s) |",
         *_verification_rows(plan.get("verification")),
-        f"| fluid bound (diagnostic: islands busy 100 %, no SLO) | {plan.get('fluid_req_s', float('nan')):.2f} req/s |",
-        f"| re-scored at every length (diagnostic) | {plan['evaluated_req_s']:.2f} req/s |",
-        f"| cost | ${plan['cost_per_hour']:,.2f}/h, {plan['rate_per_dollar']:.4f} req/s per $/h |",
+        *_band_rows(plan),
+        f"| cost | ${plan['cost_per_hour']:,.2f}/h: ${usd_per_m_tokens(plan):.2f} per million output tokens, "
+        f"{plan['rate_per_dollar']:.4f} req/s per $/h |",
+        f"| islands | {plan['prefill_islands']} prefill + {plan['decode_islands']} decode |",
+        "",
+        "Islands (batch: for prefill, prompts one forward pass takes, one per DP replica; for decode, running "
+        "sequences per attention-DP rank of TP GPUs, so the island decodes batch x ep / tp at once. ranges: input "
+        "lengths routed to the island, as first-last token (number of ranges), with the island's share of "
+        "those requests. traffic: share of all requests through the island in its role; busy: share of its time "
+        "at the plan's rate):",
+        "",
+        "| island | role | TP / DP / EP | batch | ranges (share of their requests) | traffic | busy | req/s | "
+        "output tok/s | $/h |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for isl in plan["islands"]:
+        share = isl.get("traffic_share", 0.0)
+        decode = isl["role"] == "decode"
+        tok = f"{share * plan['output_tok_s']:.0f}" if decode else "-"
+        lines.append(
+            f"| {isl['size']} x {isl['gpu']} | {isl['role']} | {isl['tp']} / {isl['dp']} / {isl['ep']} | "
+            f"{isl['batch']} | {_ranges_text(isl['ranges'])} | {share:.1%} | {isl.get('utilisation', 0.0):.1%} | "
+            f"{share * rate:.1f} | {tok} | {isl.get('cost_per_hour', 0.0):,.0f} |"
+        )
+    if routing_png:
+        lines += ["", f"![which island serves which input lengths]({routing_png})"]
+    lines += _node_map(plan["islands"])
+    lines += [
+        "",
+        "Diagnostics:",
+        "",
+        "| | |",
+        "|---|---|",
         f"| scored in the search (whole-mix caps, the reference's model) | {_fmt(plan.get('searched_req_s'))} req/s |",
         f"| exact optimum of that model | {_fmt(plan.get('reference_optimum_req_s'))} req/s |",
         f"| gap to it | {'n/a' if gap is None or gap != gap else _gap_text(plan)} |",
+        f"| fluid bound (islands busy 100 %, no SLO) | {plan.get('fluid_req_s', float('nan')):.2f} req/s |",
+        f"| re-scored at every input length (the routing of whole ranges, each length its own cost) | "
+        f"{plan['evaluated_req_s']:.2f} req/s |",
         f"| trials | {plan['trials']} ({plan.get('failed', 0)} failed, {plan.get('rejected', 0)} rejected) |",
-        f"| islands | {plan['prefill_islands']} prefill + {plan['decode_islands']} decode |",
         "",
-        "| island | role | tp | dp | ep | batch | ranges |",
-        "|---|---|---:|---:|---:|---:|---|",
+        f"What each rate means: {'; '.join(f'`{k}`: {v}' for k, v in RATES.items())}.",
     ]
-    for isl in plan["islands"]:
-        rng = isl["ranges"]
-        span = f"{rng[0]['start']}-{rng[-1]['end']} ({len(rng)})" if rng else "-"
-        lines.append(
-            f"| {isl['size']} x {isl['gpu']} | {isl['role']} | {isl['tp']} | {isl['dp']} | {isl['ep']} | "
-            f"{isl['batch']} | {span} |"
-        )
-    lines += _node_map(plan["islands"])
     if not df.empty and "score" in df:
         ok = df[df["status"].isin(["optimal", "feasible"])].sort_values("score", ascending=False).head(5)
         lines += [
@@ -312,29 +365,61 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ranges_text(ranges: Sequence[Mapping[str, Any]]) -> str:
+    """`0-1250 (5 ranges, 96 %)`: the span, how many ranges, the island's mean share of their requests."""
+    if not ranges:
+        return "-"
+    share = float(np.mean([r["fraction"] for r in ranges]))
+    n = len(ranges)
+    return f"{ranges[0]['start']}-{ranges[-1]['end']} ({n} range{'s' if n > 1 else ''}, {share:.0%})"
+
+
+def routing_plot(path: Path, plan: Mapping[str, Any], title: str) -> None:
+    """Which island serves which input lengths, prefill above decode: one row per island, each range
+    a bar shaded by the island's share of that range's requests."""
+    islands = [isl for isl in plan["islands"] if isl["role"] != "idle" and isl["ranges"]]
+    if not islands:
+        return
+    islands.sort(key=lambda isl: (isl["role"] != "prefill", isl["ranges"][0]["start"]))
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(islands) + 1.4))
+    colors = {"prefill": "tab:blue", "decode": "tab:orange"}
+    for row, isl in enumerate(islands):
+        for r in isl["ranges"]:
+            ax.barh(row, r["end"] - r["start"], left=r["start"], height=0.8, color=colors[isl["role"]],
+                    alpha=0.25 + 0.75 * min(max(r["fraction"], 0.0), 1.0), edgecolor="none")  # fmt: skip
+    ax.set_yticks(range(len(islands)), [f"{isl['role'][0].upper()} {isl['size']}x{isl['gpu']}" for isl in islands],
+                  fontsize=7)  # fmt: skip
+    ax.invert_yaxis()
+    ax.set(xlabel="input length (tokens)", title=title)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()],
+              labels=["prefill (P)", "decode (D); darker: more of the range's requests"], fontsize=7,
+              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _node_map(islands: Sequence[Mapping[str, Any]]) -> list[str]:
     """Which island runs on which hosts, and what each serving island is expected to do there."""
     if not any("placement" in isl for isl in islands):
         return []
     out = [
         "",
-        "Node map (hosts numbered per GPU type; traffic: share of all requests through the island in its role; "
-        "busy: share of its time at the plan's rate; expected latency: the queueing model's TTFT at the SLO "
+        "Node map (hosts numbered per GPU type; expected latency: the queueing model's TTFT at the SLO "
         "percentile for prefill, the mean decode step for decode; redundant experts: replicas added so the "
         "routed experts divide evenly over the EP group):",
         "",
-        "| hosts | island | role | traffic | busy | expected latency | EP group: experts/GPU (+redundant) |",
-        "|---|---|---|---:|---:|---:|---|",
+        "| hosts | island | role | expected latency | EP group: experts/GPU (+redundant) |",
+        "|---|---|---|---:|---|",
     ]
     for isl in islands:
         if isl["role"] == "idle":
-            out.append(f"| {isl.get('placement', '-')} | {isl['size']} x {isl['gpu']} | idle | - | - | - | - |")
+            out.append(f"| {isl.get('placement', '-')} | {isl['size']} x {isl['gpu']} | idle | - | - |")
             continue
         lat = (f"TTFT {isl['ttft_ms_expected']:.0f} ms" if "ttft_ms_expected" in isl
                else f"TPOT {isl['tpot_ms_expected']:.1f} ms" if "tpot_ms_expected" in isl else "-")  # fmt: skip
         out.append(
-            f"| {isl.get('placement', '-')} | {isl['size']} x {isl['gpu']} | {isl['role']} | "
-            f"{isl.get('traffic_share', 0.0):.1%} | {isl.get('utilisation', 0.0):.1%} | {lat} | "
+            f"| {isl.get('placement', '-')} | {isl['size']} x {isl['gpu']} | {isl['role']} | {lat} | "
             f"{isl.get('ep_group', '-')}: {isl.get('experts_per_gpu', '-')} (+{isl.get('redundant_experts', 0)}) |"
         )
     return out

@@ -41,13 +41,18 @@ class Layout:
 
     @property
     def short_hash(self) -> str:
-        return hashlib.sha1(self.key.encode()).hexdigest()[:10]
+        return layout_id(self.key)
 
     def describe(self) -> str:
         counts: dict[tuple[str, int], int] = {}
         for isl in self.islands:
             counts[isl] = counts.get(isl, 0) + 1
         return ", ".join(f"{g} {n}x{c}" for (g, n), c in counts.items())
+
+
+def layout_id(key: str) -> str:
+    """A short, stable name of a layout from its `Layout.key` ("-" for none), for MLflow's tables."""
+    return hashlib.sha1(key.encode()).hexdigest()[:10] if key else "-"
 
 
 def layout_from_cfg(cfg: Any, where: str) -> Layout:

@@ -29,6 +29,7 @@ def reference(
     planner: Planner,
     layouts: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
     backend: str = "HIGHS",
+    tick: Callable[[], None] | None = None,
 ) -> ExactResult:
     """The exact optimum over every layout of the inventory, or, per type in `layouts`, over those
     island multisets only (`solvers/exact.py`, (6))."""
@@ -62,15 +63,17 @@ def reference(
         kv_gb=kv,
         time_limit_s=settings.reference_time_limit_s,
         backend=backend,
+        tick=tick,
     )
 
 
-def interruptible(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def interruptible(fn: Callable[..., T], *args: Any, tick: Callable[[], None] | None = None, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` in a forked child process, so Ctrl-C stops it at once.
 
     A MILP solve runs in C++ for minutes and sees no Python signal until it returns; in a child
     the parent stays responsive, and on Ctrl-C kills the child and raises KeyboardInterrupt.
     Where fork is unavailable (or inside a Ray worker, whose process should not fork) it runs here.
+    `tick` is called while the parent waits (a progress display).
     """
     if "fork" not in mp.get_all_start_methods() or _in_ray_worker():
         return fn(*args, **kwargs)
@@ -81,6 +84,8 @@ def interruptible(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     send.close()
     try:
         while not recv.poll(0.2):
+            if tick is not None:
+                tick()
             if not child.is_alive():
                 raise RuntimeError(f"the exact reference's process died (exit code {child.exitcode})")
         ok, value = recv.recv()

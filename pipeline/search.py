@@ -25,9 +25,18 @@ import time
 from typing import Any
 
 from pipeline import cli
-from pipeline.journal import write_json, write_text
-from pipeline.outputs import build_plan, convergence_plot, report, write_trials
+from pipeline.journal import link_latest, write_json, write_text
+from pipeline.outputs import (
+    best_so_far,
+    build_plan,
+    convergence_plot,
+    report,
+    routing_plot,
+    usd_per_m_tokens,
+    write_trials,
+)
 from pipeline.planner import Layout
+from pipeline.progress import Progress
 from pipeline.reference import exact_layout, reference
 from pipeline.samplers import make_sampler
 from pipeline.settings import idle_types, inventory_of, settings_from_cfg
@@ -39,22 +48,25 @@ from solvers.exact import ExactResult
 NO_PLAN = 1  # exit code of a search that finished without a usable layout
 
 
+EXPERIMENT_NOTE = (
+    "Archipelago searches. Each parent run is one search (`python -m pipeline.search`): its parameters are the "
+    "inventory, workload and search settings; its metrics the plan's rate (best_rate_req_s, within the SLOs), "
+    "output_tok_s, cost_per_hour, usd_per_m_output_tokens, the gap to the exact optimum and best_so_far per trial "
+    "(a chart of it is the convergence); its artifacts plan.json, report.md, convergence.png and trials.parquet. "
+    "Its child runs are the trials: layout_id (the islands in full are the `islands` tag), status and rates."
+)
+
+
 def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
     """Run the search `cfg` describes; returns the exit code (0 done, 1 no plan, 130 interrupted)."""
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
     if settings.planner == "search":
         make_sampler(settings.sampler, settings.seed, ctx.space)  # an optional extra missing: say so now
     check_ray_address(settings.ray_address)
-    tracker = Tracker(settings.mlflow_uri, settings.mlflow_experiment)  # a store that cannot be written: now
+    tracker = Tracker(settings.mlflow_uri, settings.mlflow_experiment, EXPERIMENT_NOTE)  # unwritable store: now
     run = SearchRun(settings, ctx, tracker)
     planner = ctx.planner
-    polish = f" (the last {round(settings.polish * settings.trials)} polish the best)" if settings.polish else ""
-    what = (
-        "the exact MILP plans the layout (no trials)"
-        if settings.planner == "exact"
-        else f"{settings.generator} layouts, sampler {settings.sampler}, {settings.iterations} x "
-        f"{settings.batch} trials{polish}"
-    )
+    what = _what(settings)
     print(
         f"[search] {settings.inventory.describe()}; workload {settings.workload_name}; {what}, objective "
         f"{settings.objective}; minimum island "
@@ -76,10 +88,14 @@ def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
         saved = json.loads(ref_path.read_text())
         run.ref = ExactResult(**{**saved, "islands": tuple(tuple(t) for t in saved["islands"])})
     elif settings.reference or settings.planner == "exact":
-        print(
-            f"[search] solving the exact reference MILP (at most {settings.reference_time_limit_s:g} s) ...", flush=True
-        )
-        run.ref = reference(settings, ctx, planner)
+        limit = settings.reference_time_limit_s
+        print(f"[search] solving the exact reference MILP (at most {limit:g} s; Ctrl-C stops the search) ...",
+              flush=True)  # fmt: skip
+        bar = Progress("search", "exact reference MILP", limit, "s", every_s=15.0)
+        run.ref = reference(settings, ctx, planner,
+                            tick=lambda: bar.update(bar.elapsed, f"exact reference: {bar.elapsed:.0f} s of at most "
+                                                                 f"{limit:g} s"))  # fmt: skip
+        bar.close()
         r = run.ref
         if run.gap_is_bound:  # stopped by its time limit with a layout: the optimum lies between the two
             print(f"[search] exact reference stopped at its time limit ({r.solve_ms / 1e3:.1f} s): the optimum is "
@@ -107,10 +123,15 @@ def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
         "batch": settings.batch,
         "seed": settings.seed,
         "run_dir": str(run.dir),
-        **{f"search.{k}": v for k, v in settings.config["search"].items() if k not in ("resume",)},
-    }
+        # the rest of the search settings, each once (the ones above by their short name)
+        **{f"search.{k}": v for k, v in settings.config["search"].items()
+           if k not in ("resume", "generator", "sampler", "objective", "iterations", "batch", "seed")},
+    }  # fmt: skip
     resumed_parent = state.get("parent_run_id")
-    state["parent_run_id"] = tracker.start_parent(run.dir.parent.name, params, resumed_parent)
+    note = (f"Search: {settings.inventory.describe()}, workload {settings.workload_name}, {what}, objective "
+            f"{settings.objective}. Children: one run per trial (layout_id, status, rates). "
+            f"Run folder: {run.dir}")  # fmt: skip
+    state["parent_run_id"] = tracker.start_parent(run.dir.parent.name, params, resumed_parent, note)
     write_json(state_path, state)
     write_json(run.dir / "config.json", settings.config)
     try:
@@ -121,6 +142,15 @@ def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
     except BaseException:
         tracker.end_parent("FAILED")
         raise
+
+
+def _what(settings: Any) -> str:
+    """How the layout is found, in the banner's words."""
+    if settings.planner == "exact":
+        return "the exact MILP plans the layout (no trials)"
+    polish = f" (the last {round(settings.polish * settings.trials)} polish the best)" if settings.polish else ""
+    return (f"{settings.generator} layouts, sampler {settings.sampler}, {settings.iterations} x {settings.batch} "
+            f"trials{polish}")  # fmt: skip
 
 
 def _finish(
@@ -159,9 +189,11 @@ def _finish(
         run.dir / "convergence.png",
         run.records,
         settings.batch,
-        ref_score if settings.objective != "thesis" else None,
+        (run.ref.bound if run.gap_is_bound else ref_score) if settings.objective != "thesis" else None,
         unit,
         f"{settings.inventory.name}, {settings.workload_name}: {settings.sampler} ({settings.generator})",
+        run.polish_from,
+        run.gap_is_bound,
     )
     if best_layout is None:
         return _no_plan(run, settings, tracker, complete, wall_s)
@@ -218,6 +250,7 @@ def _finish(
     elif settings.verify:
         print("[search] warning: the best layout serves no requests (no island can run the model in one role): "
               "nothing to simulate; see report.md's islands", file=sys.stderr, flush=True)  # fmt: skip
+    routing_plot(run.dir / "routing.png", plan, f"{settings.inventory.name}, {settings.workload_name}: routing")
     write_text(
         run.dir / "report.md",
         report(
@@ -226,12 +259,16 @@ def _finish(
             f"# Search: {run.dir.parent.name}\n\n{settings.inventory.describe()}; workload "
             f"{settings.workload_name}; model {planner.model.name}, cost profile {planner.profile.name}; "
             f"{settings.generator} + {settings.sampler}, objective {settings.objective}",
+            "routing.png" if (run.dir / "routing.png").exists() else None,
         ),
     )
     tracker.finish_parent(
         {
             "best_rate_req_s": plan.get("rate_req_s", 0.0),
             "best_rate_per_dollar": plan.get("rate_per_dollar", 0.0),
+            "output_tok_s": plan.get("output_tok_s", 0.0),
+            "cost_per_hour": plan.get("cost_per_hour", 0.0),
+            "usd_per_m_output_tokens": usd_per_m_tokens(plan),
             "gap": plan["gap"] if plan["gap"] is not None else float("nan"),
             "reference_optimum_req_s": plan["reference_optimum_req_s"] or float("nan"),
             "wall_s": wall_s,
@@ -246,10 +283,22 @@ def _finish(
                 if isinstance(v, (int, float))  # `sustained` logs as 1 or 0
             },
         },
-        [run.dir / f for f in ("plan.json", "report.md", "convergence.png", "trials.parquet", "reference.json")],
+        [
+            run.dir / f
+            for f in ("plan.json", "report.md", "convergence.png", "routing.png", "trials.parquet", "reference.json")
+        ],
         status="FINISHED" if complete else "KILLED",
+        series={"best_so_far": best_so_far(run.records)},
     )
     gap = plan["gap"]
+    tracker.describe_parent(
+        f"{plan['rate_req_s']:.2f} req/s ({plan['output_tok_s']:.0f} output tok/s) at ${plan['cost_per_hour']:,.0f}/h "
+        f"on {settings.inventory.describe()}, workload {settings.workload_name}"
+        + (f", {run.gap_text(gap)} to the exact optimum" if gap is not None and gap == gap else "")
+        + f". {len(run.records)} trials ({_what(settings)}). Plan, report and trials are this run's artifacts; "
+        f"run folder {run.dir}"
+    )
+    link_latest(settings.run_root.parent, run.dir)  # outputs/search/latest: the newest finished plan
     refined = plan["searched_req_s"] != plan["rate_req_s"]
     print(
         f"[search] plan: {plan.get('rate_req_s', 0.0):.2f} req/s"
@@ -257,7 +306,7 @@ def _finish(
         + f" (${plan.get('cost_per_hour', 0.0):,.0f}/h)"
         + (f"; scored {plan['searched_req_s']:.2f} in the search's model (whole-mix caps)" if refined else "")
         + (f", {run.gap_text(gap)} to the exact optimum" if gap is not None and gap == gap else "")
-        + f"; wrote {run.dir}/ (plan.json, report.md, trials.parquet, convergence.png)",
+        + f"; wrote {run.dir}/ (plan.json, report.md, routing.png, convergence.png, trials.parquet)",
         flush=True,
     )
     _unlogged_warning(run)

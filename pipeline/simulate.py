@@ -26,7 +26,7 @@ from costmodel.specs import SpecError
 from pipeline import cli
 from pipeline.config import choice, make_dir, number, optional_positive, plain, positive_int, slo_from_cfg
 from pipeline.errors import ConfigError
-from pipeline.journal import write_json
+from pipeline.journal import link_latest, write_json
 from simulator.arrivals import ARRIVALS, from_trace, sampled
 from simulator.core import Requests, Simulation
 from simulator.metrics import steady_state_note, summary, verdict
@@ -192,10 +192,26 @@ class Runner:
         return sim, m, wall
 
 
+def _cell(v: Any) -> str:
+    """A number as a reader takes it in: thousands separated, no exponent, 3-4 significant digits."""
+    if isinstance(v, bool) or not isinstance(v, float):
+        return str(v)
+    if v != v:
+        return "-"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 1 or a == 0:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
 def _table(rows: list[dict[str, Any]], keys: list[str]) -> str:
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     for row in rows:
-        cells = [f"{row[k]:.4g}" if isinstance(row[k], float) else str(row[k]) for k in keys]
+        cells = [_cell(row[k]) for k in keys]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -351,7 +367,11 @@ def execute(cfg: Any) -> int:
     runner = Runner(cfg, plan)
     base, workload = requests_from_cfg(cfg, plan, rate, n)
     tracker = Tracker(
-        None if cfg.mlflow.tracking_uri is None else str(cfg.mlflow.tracking_uri), str(cfg.mlflow.experiment)
+        None if cfg.mlflow.tracking_uri is None else str(cfg.mlflow.tracking_uri),
+        str(cfg.mlflow.experiment),
+        "Archipelago simulations (`python -m pipeline.simulate plan=...`): each parent run simulates one plan "
+        "(mode run, compare or saturate) with its router, scheduler, workload and offered rate as parameters and its "
+        "throughput and latency percentiles as metrics; children are the compared policies or rate scales.",
     )
     ident = hashlib.sha1(str(plan_path.resolve()).encode()).hexdigest()[:8]
     out = Path(str(cfg.out_root)) / f"{mode}-{workload}-{cfg.router}-{cfg.scheduler}-{ident}"
@@ -362,11 +382,20 @@ def execute(cfg: Any) -> int:
         "arrivals": cfg.arrivals, "offered_req_s": rate, "plan_rate_req_s": lam, "requests": len(base),
         "inventory": plan.get("inventory", {}).get("name", ""),
     }  # fmt: skip
-    tracker.start_parent(out.parent.name, params)
+    tracker.start_parent(out.parent.name, params, description=(
+        f"Simulation ({mode}) of {plan_path}: router {cfg.router}, scheduler {cfg.scheduler}, workload {workload}, "
+        f"{rate:.1f} req/s offered (the plan states {lam:.1f}), {len(base)} requests. Folder {out}"))  # fmt: skip
+    policies = "every router x scheduler" if mode == "compare" else f"router {cfg.router}, scheduler {cfg.scheduler}"
     head = (
-        f"# Simulation of {plan_path}\n\nplan Λ = {lam:.1f} req/s; workload {workload}, {len(base)} requests, "
-        f"{cfg.arrivals} arrivals; {slo_text(runner.slo)}\n\n"
+        f"# Simulation of {plan_path}\n\n{policies}; plan Λ = {lam:.1f} req/s; workload {workload}, {len(base)} "
+        f"requests, {cfg.arrivals} arrivals; {slo_text(runner.slo)}\n\n"
     )
+    own = str(plan.get("workload", ""))
+    if own and workload != own:  # the offered rate is a multiple of a Λ planned for another mix
+        note = (f"Note: the plan was made for workload {own}; the offered rate here is a multiple of its Λ "
+                f"({lam:.1f} req/s), not a rate planned for {workload}.")  # fmt: skip
+        head += note + "\n\n"
+        print(f"[simulate] {note}", flush=True)
     if mode == "run":
         sim, m, _ = runner.simulate(base, str(cfg.router), str(cfg.scheduler))
         _cdf_plots(
@@ -419,6 +448,7 @@ def execute(cfg: Any) -> int:
         files = ["metrics.json", "metrics.md", "throughput.png"]
     (out / "metrics.md").write_text(text)
     tracker.finish_parent({k: v for k, v in m.items() if isinstance(v, (int, float))}, [out / f for f in files])
+    link_latest(Path(str(cfg.out_root)), out)  # outputs/simulate/latest: the newest finished simulation
     print(text + f"[simulate] wrote {out}/", flush=True)
     return 0
 

@@ -37,8 +37,14 @@ def _check_server(uri: str) -> None:
                   "start it (mlflow server) or drop mlflow.tracking_uri for the local SQLite store")  # fmt: skip
 
 
+# MLflow 3 opens an experiment on its GenAI overview unless its kind says otherwise: ours are
+# training-style runs (parameters and metrics per run), which the UI shows as the runs table.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+NOTE = "mlflow.note.content"  # the description the UI shows for an experiment or a run
+
+
 class Tracker:
-    def __init__(self, uri: str | None, experiment: str) -> None:
+    def __init__(self, uri: str | None, experiment: str, description: str = "") -> None:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         # a server that stops answering mid-run costs seconds per call, not minutes of retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -75,8 +81,10 @@ class Tracker:
                 self.experiment_id = self.client.create_experiment(experiment, artifact_location=loc)
             else:
                 self.experiment_id = exp.experiment_id
-            # a write, so a read-only or locked store fails now rather than after the work
-            self.client.set_experiment_tag(self.experiment_id, "archipelago.last_opened", str(int(time.time())))
+            # writes, so a read-only or locked store fails now rather than after the work
+            self.client.set_experiment_tag(self.experiment_id, *EXPERIMENT_KIND)
+            if description:
+                self.client.set_experiment_tag(self.experiment_id, NOTE, description)
         except Exception as err:
             raise ConfigError(
                 f"mlflow.tracking_uri={self.uri}: cannot open the tracking store for writing "
@@ -84,15 +92,23 @@ class Tracker:
             ) from None
         self.parent_id: str | None = None
 
-    def start_parent(self, name: str, params: Mapping[str, Any], run_id: str | None = None) -> str:
+    def start_parent(
+        self, name: str, params: Mapping[str, Any], run_id: str | None = None, description: str = ""
+    ) -> str:
         if run_id is not None:
             self.client.update_run(run_id, status="RUNNING")
             self.parent_id = run_id
             return run_id
-        run = self.client.create_run(self.experiment_id, run_name=name)
+        tags = {NOTE: description} if description else None
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         self.parent_id = run.info.run_id
         self._log(self.parent_id, params, {})
         return self.parent_id
+
+    def describe_parent(self, description: str) -> None:
+        """Replace the parent's description (e.g. with its result, once known)."""
+        assert self.parent_id is not None
+        self.client.set_tag(self.parent_id, NOTE, description)
 
     def child_names(self) -> set[str]:
         """Run names of the parent's children (a resume logs only the trials missing here)."""
@@ -109,16 +125,29 @@ class Tracker:
         metrics: Mapping[str, float],
         failed: bool,
         series: Mapping[str, Sequence[float]] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> None:
-        """One child run; `series` are metrics logged per step (e.g. best so far per iteration)."""
+        """One child run; `series` are metrics logged per step (e.g. best so far per iteration), `tags`
+        long values a user reads but does not compare (a `description` becomes the run's note)."""
         assert self.parent_id is not None
-        run = self.client.create_run(self.experiment_id, run_name=name, tags={"mlflow.parentRunId": self.parent_id})
+        extra = {NOTE if k == "description" else k: str(v)[:5000] for k, v in (tags or {}).items()}
+        run = self.client.create_run(
+            self.experiment_id, run_name=name, tags={"mlflow.parentRunId": self.parent_id, **extra}
+        )
         self._log(run.info.run_id, params, metrics, series)
         self.client.set_terminated(run.info.run_id, status="FAILED" if failed else "FINISHED")
 
-    def finish_parent(self, metrics: Mapping[str, float], artifacts: list[Path], status: str = "FINISHED") -> None:
+    def finish_parent(
+        self,
+        metrics: Mapping[str, float],
+        artifacts: list[Path],
+        status: str = "FINISHED",
+        series: Mapping[str, Sequence[float]] | None = None,
+    ) -> None:
+        """`series`: metrics per step on the parent (e.g. the best score after each trial), so
+        MLflow's own charts draw the convergence."""
         assert self.parent_id is not None
-        self._log(self.parent_id, {}, metrics)
+        self._log(self.parent_id, {}, metrics, series)
         for path in artifacts:
             if path.exists():
                 self.client.log_artifact(self.parent_id, str(path))
@@ -144,8 +173,9 @@ class Tracker:
 
         now = int(time.time() * 1000)
         steps = [Metric(k, float(v), now, i) for k, vs in (series or {}).items() for i, v in enumerate(vs) if v == v]
-        self.client.log_batch(
-            run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v == v] + steps,  # NaN dropped
-            params=[Param(k, str(v)[:6000]) for k, v in params.items()],
-        )
+        ms = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v == v] + steps  # NaN dropped
+        ps = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(ps), 100):  # MLflow takes at most 100 params ...
+            self.client.log_batch(run_id, params=ps[i : i + 100])
+        for i in range(0, len(ms), 1000):  # ... and 1000 metrics per batch
+            self.client.log_batch(run_id, metrics=ms[i : i + 1000])

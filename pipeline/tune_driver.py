@@ -26,6 +26,8 @@ import optuna
 from pipeline.config import check_answers, make_dir
 from pipeline.errors import ConfigError
 from pipeline.journal import Journal
+from pipeline.planner import layout_id
+from pipeline.progress import Progress
 from pipeline.samplers import make_sampler
 from pipeline.settings import Settings
 from pipeline.trial import GOODPUT_METRICS, METRICS, OK, Context, run_trial, unscored
@@ -65,7 +67,10 @@ class SearchRun:
         self.unlogged: list[dict[str, Any]] = []  # finished trials MLflow has not taken yet
         self.store_warned = False  # one console line when the store stops answering, not one per trial
         self.t0 = time.perf_counter()
-        self.last_print = 0.0
+        self.bar: Progress | None = None
+        self.closed = False
+        n_polish = round(settings.polish * settings.trials) if settings.planner == "search" else 0
+        self.polish_from = settings.trials - n_polish if n_polish else None  # the trial polish starts at
 
     def _run_dir(self) -> Path:
         root = self.s.run_root
@@ -108,9 +113,14 @@ class SearchRun:
             try:
                 self.tracker.child(
                     trial_run_name(rec["trial"]),
-                    {**rec["params"], "islands": rec["islands"], "status": rec["status"]},
+                    {**rec["params"], "layout_id": layout_id(rec["islands"]), "status": rec["status"]},
                     {k: rec[k] for k in (*METRICS, *GOODPUT_METRICS, "gap") if isinstance(rec.get(k), (int, float))},
                     failed=rec["status"] == "error",
+                    tags={
+                        "islands": rec["islands"] or "-",
+                        "description": f"Trial {rec['trial']}: {rec['status']}; islands {rec['islands'] or '-'}"
+                        + (f"; {rec['note']}" if rec.get("note") else ""),
+                    },
                 )
             except Exception as err:  # the store is locked or gone: the journal has the trial
                 if not self.store_warned:
@@ -145,10 +155,10 @@ class SearchRun:
         return f"gap {'<= ' if self.gap_is_bound else ''}{gap:.2%}" if gap == gap else ""
 
     def progress(self, force: bool = False) -> None:
+        """Trials done, the best score and its gap: a bar on a terminal, a line every 2 s in a log."""
+        if self.bar is None:
+            self.bar = Progress("search", "trials", self.s.trials, "trials")
         now = time.perf_counter()
-        if not force and now - self.last_print < 2.0 and len(self.records) < self.s.trials:
-            return
-        self.last_print = now
         done_here = len(self.records) - self.resumed
         rate = done_here / max(now - self.t0, 1e-9)
         best = self.best["score"] + 0.0 if self.best else 0.0
@@ -156,11 +166,19 @@ class SearchRun:
         gap = self.gap(best) if self.s.objective != "goodput" else float("nan")  # simulated vs analytic: no gap
         gap_txt = f"  {self.gap_text(gap)}" if gap == gap else ""
         failed = sum(r["status"] == "error" for r in self.records)
-        print(
-            f"[search] {len(self.records)}/{self.s.trials} trials  best {best:.4g} {unit}{gap_txt}  "
-            f"{rate:.2f} trials/s{f'  {failed} failed' if failed else ''}",
-            flush=True,
-        )
+        text = (f"{len(self.records)}/{self.s.trials} trials  best {best:.4g} {unit}{gap_txt}  "
+                f"{rate:.2f} trials/s{f'  {failed} failed' if failed else ''}")  # fmt: skip
+        if force or len(self.records) >= self.s.trials:
+            # the last state once, with the rate it ended at (not again with the time of later work)
+            if not self.closed:
+                self.bar.update(len(self.records))
+                self.bar.close(text)
+                self.closed = True
+            return
+        self.bar.update(len(self.records), text)
+        if self.polish_from is not None and len(self.records) == self.polish_from:
+            print(f"[search] polish: trials {self.polish_from + 1}-{self.s.trials} step from the best layout so far "
+                  f"to its neighbours", flush=True)  # fmt: skip
 
     # the loop -----------------------------------------------------------------------------------
 
@@ -294,6 +312,9 @@ def with_ray(settings: Settings, body: Callable[[], bool]) -> bool:
         check_ray_address(settings.ray_address)
         try:
             if settings.ray_address is None:
+                # Ray enables token authentication for a new local cluster and warns that it did, on every
+                # start; the choice is the secure default and ours to keep, so that one notice is silenced
+                logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
                 ray.init(
                     address="local",  # a new Ray of our own, never a cluster someone else started here
                     num_cpus=settings.ray_num_cpus,

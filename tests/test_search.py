@@ -80,9 +80,24 @@ def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(tmp_path: Path) ->
     assert "range over the calibration" in (d / "report.md").read_text()
     from mlflow.tracking import MlflowClient
 
-    run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(parent)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.get_run(parent)
     assert run.data.params["calibration"] == "published (published.csv)"
     assert run.data.metrics["band_p10_req_s"] == pytest.approx(band["p10_req_s"])
+    # what the MLflow UI shows: the experiment opens on its runs, described; the parent has the plan's
+    # numbers, a best-so-far curve and each setting once; a child has a short layout key, not the islands
+    exp = client.get_experiment(run.info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development" and exp.tags["mlflow.note.content"]
+    assert {"output_tok_s", "cost_per_hour", "usd_per_m_output_tokens"} <= set(run.data.metrics)
+    curve = [m.value for m in sorted(client.get_metric_history(parent, "best_so_far"), key=lambda m: m.step)]
+    assert len(curve) == 12 and curve == sorted(curve) and curve[-1] == pytest.approx(trials["score"].max())
+    assert "generator" in run.data.params and "search.generator" not in run.data.params
+    assert f"{plan['rate_req_s']:.2f} req/s" in run.data.tags["mlflow.note.content"]
+    child = child_runs(tmp_path, parent)[0]
+    assert "islands" not in child.data.params and len(child.data.params["layout_id"]) == 10
+    assert child.data.tags["islands"] and child.data.tags["mlflow.note.content"].startswith("Trial ")
+    assert (tmp_path / "out" / "latest").resolve() == d.resolve()  # the newest finished plan
+    assert (d / "routing.png").stat().st_size > 0
     assert "[search] 12/12 trials" in r.stdout
     # search.polish=0.2 by default: through Ray Tune, the last 2 trials step from the best of the first 8
     assert "(the last 2 polish the best)" in r.stdout
@@ -242,6 +257,9 @@ def test_hydra_multirun_runs_every_job_in_its_own_folder(tmp_path: Path) -> None
     r = search(tmp_path, "-m", *SMALL, "search.iterations=1", "search.reference=false", "search.verify=false",
                "search.skew_range=1,3", "search.min_island=8", timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr
+    # each job says what it sweeps; Hydra's record goes beside out_root, not into the checkout
+    assert "[multirun] job 0: " in r.stdout and "search.skew_range=3" in r.stdout
+    assert list((tmp_path / "multirun").glob("*/multirun.yaml"))
     dirs = run_dirs(tmp_path)
     assert len(dirs) == 2 and len({d.parent for d in dirs}) == 2
     ranges = sorted(json.loads((d / "config.json").read_text())["search"]["skew_range"] for d in dirs)
