@@ -243,7 +243,9 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
         + (f"\n[experiment] resuming: {total - len(todo)} searches already done" if len(todo) < total else ""),
         flush=True,
     )
-    tracker = Tracker(first.mlflow_uri, first.mlflow_experiment, EXPERIMENT_NOTE)
+    tracker = Tracker(first.mlflow_uri, first.mlflow_experiment, EXPERIMENT_NOTE,
+                      ("metrics.best_score", "metrics.wall_s", "metrics.searches", "params.experiment", "params.seed",
+                       "params.sampler", "params.layout_id"))  # fmt: skip
     state_path = run_dir / "state.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     state["parent_run_id"] = tracker.start_parent(

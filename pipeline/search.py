@@ -57,13 +57,19 @@ EXPERIMENT_NOTE = (
 )
 
 
+# the runs table's columns (pipeline/tracking.py VIEW_KEY): the parent's plan and each trial's result
+COLUMNS = ("metrics.best_rate_req_s", "metrics.gap", "metrics.output_tok_s", "metrics.usd_per_m_output_tokens",
+           "metrics.score", "metrics.rate_req_s", "params.inventory", "params.workload", "params.sampler",
+           "params.layout_id", "params.status")  # fmt: skip
+
+
 def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
     """Run the search `cfg` describes; returns the exit code (0 done, 1 no plan, 130 interrupted)."""
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
     if settings.planner == "search":
         make_sampler(settings.sampler, settings.seed, ctx.space)  # an optional extra missing: say so now
     check_ray_address(settings.ray_address)
-    tracker = Tracker(settings.mlflow_uri, settings.mlflow_experiment, EXPERIMENT_NOTE)  # unwritable store: now
+    tracker = Tracker(settings.mlflow_uri, settings.mlflow_experiment, EXPERIMENT_NOTE, COLUMNS)  # bad store: now
     run = SearchRun(settings, ctx, tracker)
     planner = ctx.planner
     what = _what(settings)

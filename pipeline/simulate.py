@@ -372,7 +372,9 @@ def execute(cfg: Any) -> int:
         "Archipelago simulations (`python -m pipeline.simulate plan=...`): each parent run simulates one plan "
         "(mode run, compare or saturate) with its router, scheduler, workload and offered rate as parameters and its "
         "throughput and latency percentiles as metrics; children are the compared policies or rate scales.",
-    )
+        ("metrics.throughput_req_s", "metrics.offered_req_s", "metrics.ttft_ms_p99", "metrics.tpot_ms_p99",
+         "metrics.slo_attainment", "params.router", "params.scheduler", "params.workload", "params.rate_scale"),
+    )  # fmt: skip
     ident = hashlib.sha1(str(plan_path.resolve()).encode()).hexdigest()[:8]
     out = Path(str(cfg.out_root)) / f"{mode}-{workload}-{cfg.router}-{cfg.scheduler}-{ident}"
     out = out / datetime.now().strftime("%Y%m%d-%H%M%S-%f")

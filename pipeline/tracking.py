@@ -12,6 +12,7 @@ not answer within seconds — each is one `ConfigError` naming `mlflow.tracking_
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -41,10 +42,20 @@ def _check_server(uri: str) -> None:
 # training-style runs (parameters and metrics per run), which the UI shows as the runs table.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 NOTE = "mlflow.note.content"  # the description the UI shows for an experiment or a run
+# A saved runs-table view (columns, order) the UI opens with `?viewStateShareKey=archipelago`: what a
+# user compares shows without picking columns (pipeline/ui.py prints the address).
+VIEW_KEY = "archipelago"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+
+
+def runs_view_url(base: str, experiment_id: str) -> str:
+    """The address of an experiment's runs table with Archipelago's columns, on a UI at `base`."""
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
 
 
 class Tracker:
-    def __init__(self, uri: str | None, experiment: str, description: str = "") -> None:
+    def __init__(self, uri: str | None, experiment: str, description: str = "", columns: Sequence[str] = ()) -> None:
+        """`columns`: the runs table's columns in the saved view, as `metrics.name` / `params.name`."""
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         # a server that stops answering mid-run costs seconds per call, not minutes of retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -85,6 +96,11 @@ class Tracker:
             self.client.set_experiment_tag(self.experiment_id, *EXPERIMENT_KIND)
             if description:
                 self.client.set_experiment_tag(self.experiment_id, NOTE, description)
+            if columns:
+                kind_key = [c.split(".", 1) for c in columns]
+                view = {"selectedColumns": [f"{kind}.`{key}`" for kind, key in kind_key],
+                        "orderByKey": "attributes.start_time", "orderByAsc": False}  # fmt: skip
+                self.client.set_experiment_tag(self.experiment_id, VIEW_TAG, json.dumps(view))
         except Exception as err:
             raise ConfigError(
                 f"mlflow.tracking_uri={self.uri}: cannot open the tracking store for writing "

@@ -18,6 +18,7 @@ factor by which a decode step's routed experts and all-to-all wait for the busie
 (`costmodel.formulas.decode_parts(expert_imbalance=...)`).
 
     python -m solvers.expert_placement A.npy W.npy --gpus 8 [--method milp|heuristic|contiguous]
+    python -m solvers.expert_placement --example DIR --gpus 8   # writes a sample A.csv, W.csv, then places them
 """
 
 from __future__ import annotations
@@ -183,12 +184,18 @@ def main(argv: list[str]) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m solvers.expert_placement", description=__doc__.split("\n\n")[0])
-    ap.add_argument("activation", help=".npy or .csv, layers x experts")
-    ap.add_argument("traffic", help=".npy or .csv, experts x experts")
+    ap.add_argument("activation", nargs="?", help=".npy or .csv, layers x experts")
+    ap.add_argument("traffic", nargs="?", help=".npy or .csv, experts x experts")
     ap.add_argument("--gpus", type=int, required=True)
+    ap.add_argument("--example", metavar="DIR", help="write a synthetic sample (A.csv, W.csv) to DIR and place it")
     ap.add_argument("--method", choices=("milp", "heuristic", "contiguous"), default="milp")
     ap.add_argument("--time-limit", type=float, default=30.0)
     args = ap.parse_args(argv)
+    if args.example:
+        args.activation, args.traffic = write_example(args.example)
+        print(f"wrote {args.activation} and {args.traffic}: a synthetic sample (see `write_example`)")
+    elif not (args.activation and args.traffic):
+        raise UserError("give the activation and traffic matrices (A W), or --example DIR for a sample to try")
     try:
         a, w = (_load_matrix(f) for f in (args.activation, args.traffic))
         _, m = _check(a, args.gpus)
@@ -214,6 +221,27 @@ def main(argv: list[str]) -> int:
     )
     print("expert_imbalance for pipeline.simulate:", round(imbalance(a, pl, args.gpus), 4))
     return 0
+
+
+def write_example(folder: str, layers: int = 4, experts: int = 32, seed: int = 0) -> tuple[str, str]:
+    """A synthetic input to try the command on: activation counts that follow a Zipf law over a
+    random permutation of the experts per layer (a few hot experts, as routed MoE layers show),
+    and traffic that pairs each expert with two partners, ten times the background. Not a
+    measurement: the shapes and skews only. Written as DIR/A.csv and DIR/W.csv."""
+    from pathlib import Path
+
+    rng = np.random.default_rng(seed)
+    zipf = 1.0 / np.arange(1, experts + 1) ** 0.8
+    a = np.stack([rng.permutation(zipf) for _ in range(layers)]) * 10_000
+    w = rng.uniform(0, 10, (experts, experts))
+    for j in range(experts):
+        w[j, rng.choice(experts, 2, replace=False)] += 100
+    np.fill_diagonal(w, 0)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savetxt(out / "A.csv", a.round(), delimiter=",", fmt="%.0f")
+    np.savetxt(out / "W.csv", w.round(1), delimiter=",", fmt="%.1f")
+    return str(out / "A.csv"), str(out / "W.csv")
 
 
 def _load_matrix(path: str) -> np.ndarray:

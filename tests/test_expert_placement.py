@@ -52,3 +52,19 @@ def test_a_better_placement_is_a_faster_decode_step() -> None:
     assert step(worse) > step(better) > step(1.0)
     with pytest.raises(ValueError, match="expert_imbalance >= 1"):
         step(0.5)
+
+
+def test_the_example_gives_a_sample_to_try_and_places_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "solvers.expert_placement", "--example", str(tmp_path), "--gpus", "8",
+                        "--method", "heuristic"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    a, w = np.loadtxt(tmp_path / "A.csv", delimiter=","), np.loadtxt(tmp_path / "W.csv", delimiter=",")
+    assert a.shape == (4, 32) and w.shape == (32, 32) and (a > 0).all() and (w >= 0).all()
+    factor = float(r.stdout.strip().splitlines()[-1].split()[-1])
+    assert factor >= 1.0  # the busiest GPU over the mean
+    r = subprocess.run([sys.executable, "-m", "solvers.expert_placement", "--gpus", "8"], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode != 0 and "--example DIR" in r.stderr

@@ -1,0 +1,91 @@
+"""The MLflow UI as a user opens it after a search: headless Chromium through Selenium.
+
+Needs the `selenium` package (the `test` extra) and Chromium with its driver (Debian: `apt-get
+install chromium chromium-driver`, which .ci/run does); without them the test is skipped and says
+which is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+DRIVER = shutil.which("chromedriver")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+NO_BROWSER = "needs Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)"
+
+
+@pytest.mark.skipif(BROWSER is None or DRIVER is None, reason=NO_BROWSER)
+def test_the_mlflow_ui_opens_on_the_runs_with_the_plans_metrics_and_its_trials(tmp_path: Path) -> None:
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[test]')")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from pipeline import ui
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    r = subprocess.run(
+        [sys.executable, "-m", "pipeline.search", "+inventory=tiny_hetero", "ranges.width=1000", "search.batch=4",
+         "search.iterations=1", "search.verify=false", "search.band_draws=0", "ray.num_cpus=2",
+         f"out_root={tmp_path}/out", f"mlflow.tracking_uri={uri}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (run_dir,) = [p.parent for p in (tmp_path / "out").glob("*/*/plan.json")]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    port = free_port()
+    server = ui.start(uri, port)
+    opts = Options()
+    opts.binary_location = BROWSER
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1800,1000"):
+        opts.add_argument(arg)
+    browser = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    try:
+        (url,) = [u for name, u in ui.experiment_urls(uri, port).items() if name == "archipelago"]
+        browser.get(url)
+        wait = WebDriverWait(browser, 60)
+        # the runs table, not the GenAI overview, with the saved view's metric columns and the parent's values
+        wait.until(ec.presence_of_element_located((By.XPATH, "//*[@role='row']//a[contains(., 'tiny_hetero')]")))
+        body = browser.find_element(By.TAG_NAME, "body").text
+        assert "best_rate_req_s" in body and "usd_per_m_output_tokens" in body and "layout_id" in body
+        assert "Archipelago searches" in body  # the experiment's description
+        assert f"{plan['rate_req_s']:.4f}"[:6] in body  # the plan's rate, in the parent's row
+        # the parent expands to its trials
+        expand = browser.find_element(
+            By.XPATH, "//*[@role='row'][.//a[contains(., 'tiny_hetero')]]//button[contains(@data-component-id, "
+            "'runnamecellrenderer')]"
+        )  # fmt: skip
+        expand.click()
+        wait.until(ec.presence_of_element_located((By.XPATH, "//*[@role='row']//a[contains(., 'trial-0000')]")))
+        trials = browser.find_elements(By.XPATH, "//*[@role='row']//a[starts-with(normalize-space(.), 'trial-')]")
+        assert len(trials) == 4
+    finally:
+        browser.quit()
+        server.terminate()
+        server.wait(20)
+
+
+def test_the_ui_command_says_what_is_missing_when_there_is_no_store(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "pipeline.ui", "--uri", f"sqlite:///{tmp_path}/none.db"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"error: no MLflow store at sqlite:///{tmp_path}/none.db: run a search first "
+                                "(python -m pipeline.search), or give --uri")  # fmt: skip
