@@ -224,19 +224,11 @@ def main(argv: list[str]) -> int:
 
 
 def write_example(folder: str, layers: int = 4, experts: int = 32, seed: int = 0) -> tuple[str, str]:
-    """A synthetic input to try the command on: activation counts that follow a Zipf law over a
-    random permutation of the experts per layer (a few hot experts, as routed MoE layers show),
-    and traffic that pairs each expert with two partners, ten times the background. Not a
-    measurement: the shapes and skews only. Written as DIR/A.csv and DIR/W.csv."""
+    """`synthetic`'s sample as DIR/A.csv and DIR/W.csv, to try the command on (shapes and skews, not a
+    measurement)."""
     from pathlib import Path
 
-    rng = np.random.default_rng(seed)
-    zipf = 1.0 / np.arange(1, experts + 1) ** 0.8
-    a = np.stack([rng.permutation(zipf) for _ in range(layers)]) * 10_000
-    w = rng.uniform(0, 10, (experts, experts))
-    for j in range(experts):
-        w[j, rng.choice(experts, 2, replace=False)] += 100
-    np.fill_diagonal(w, 0)
+    a, w = synthetic(layers, experts, seed)
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     np.savetxt(out / "A.csv", a.round(), delimiter=",", fmt="%.0f")
