@@ -54,7 +54,9 @@ def _random(seed: int, space: Space) -> optuna.samplers.BaseSampler:
 
 
 def _qmc(seed: int, space: Space) -> optuna.samplers.BaseSampler:
-    return optuna.samplers.QMCSampler(seed=seed, scramble=True, warn_independent_sampling=False)
+    with warnings.catch_warnings():  # experimental in Optuna 4.2-5.0, the versions pyproject allows
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.QMCSampler(seed=seed, scramble=True, warn_independent_sampling=False)
 
 
 def _grid(seed: int, space: Space) -> optuna.samplers.BaseSampler:
