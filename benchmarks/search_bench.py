@@ -14,7 +14,8 @@
    in-process so that the samplers x seeds fit in minutes; the sampler sees exactly what it sees
    under Ray Tune.
 3. Trials/s through Ray Tune (2 workers, MLflow children logged) vs the same `run_trial` in a
-   plain in-process Optuna loop, as a ratio, with the per-trial cost breakdown.
+   plain in-process Optuna loop, as a ratio, with the per-trial cost breakdown. With `--nodes`,
+   trials/s on a local Ray cluster of 1 node and of 2 nodes (1 CPU each), side by side.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--polish", default="default,0", help="search.polish values to compare (default: the config's)")
     ap.add_argument("--ceiling", action="store_true", help="also solve for the best divider layout")
+    ap.add_argument("--nodes", action="store_true", help="also: Ray Tune trials/s on a local cluster of 1 vs 2 nodes")
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="search_bench_"))
@@ -165,6 +167,36 @@ def main() -> None:
         f"orchestration ~{2 * tuned / n * 1e3 - np.mean(trial_ms):.0f} ms per trial"
     )
     print(f"in-process per trial: median {np.median([r['trial_ms'] for r in results]):.0f} ms")
+    if args.nodes:
+        nodes_scaling(tmp, n, args.batch)
+
+
+def nodes_scaling(tmp: Path, n: int, batch: int) -> None:
+    """Trials/s through Ray Tune on a local Ray cluster of 1 and of 2 nodes (1 CPU each, ray.cluster_utils)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    rates = {}
+    for nodes in (1, 2):
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        for _ in range(nodes - 1):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        settings, ctx = load([f"out_root={tmp}/nodes{nodes}", f"search.batch={batch}",
+                              f"search.iterations={n // batch}", "search.sampler=random", "search.reference=false",
+                              f"ray.address={cluster.address}"])  # fmt: skip
+        ray.init(address=cluster.address, log_to_driver=False)
+        tracker = Tracker(f"sqlite:///{tmp}/mlflow.db", "bench-nodes")
+        run = SearchRun(settings, ctx, tracker)
+        tracker.start_parent(f"nodes{nodes}", {})
+        t = time.perf_counter()
+        run.run_tune(run_trial)
+        rates[nodes] = n / (time.perf_counter() - t)
+        seen = len({r.get("node") for r in run.records})
+        ray.shutdown()
+        cluster.shutdown()
+        print(f"{nodes} node(s), 1 CPU each: {rates[nodes]:.2f} trials/s ({n} trials, ran on {seen} node(s))")
+    print(f"2 nodes / 1 node: {rates[2] / rates[1]:.2f}x (the driver shares this 2-core machine with both nodes)")
 
 
 if __name__ == "__main__":

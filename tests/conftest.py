@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,3 +17,19 @@ def reference_csv() -> Path:
     if not REFERENCE_CSV.is_file():
         pytest.skip(f"{REFERENCE_CSV} not present (needs ../shared beside the checkout)")
     return REFERENCE_CSV
+
+
+# A small finished search (Ray Tune, MLflow, the exact reference, the simulated check), run once per
+# session: the end-to-end test checks its outputs and the browser test opens its MLflow store.
+FINISHED_SEARCH = ["+inventory=tiny_hetero", "ranges.width=1000", "search.batch=4", "ray.num_cpus=2",
+                   "search.iterations=3", "slo=null", "search.shapes=any"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def finished_search(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """(its folder: out/ and mlflow.db, the finished command) of `FINISHED_SEARCH`."""
+    tmp = tmp_path_factory.mktemp("finished_search")
+    r = subprocess.run([sys.executable, "-m", "pipeline.search", *FINISHED_SEARCH, f"out_root={tmp}/out",
+                        f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    return tmp, r

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,9 @@ NO_BROWSER = "needs Chromium and chromedriver (Debian: apt-get install chromium 
 
 
 @pytest.mark.skipif(BROWSER is None or DRIVER is None, reason=NO_BROWSER)
-def test_the_mlflow_ui_opens_on_the_runs_with_the_plans_metrics_and_its_trials(tmp_path: Path) -> None:
+def test_the_mlflow_ui_opens_on_the_runs_with_the_plans_metrics_and_its_trials(
+    finished_search: tuple[Path, Any],
+) -> None:
     webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[test]')")
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -41,14 +44,9 @@ def test_the_mlflow_ui_opens_on_the_runs_with_the_plans_metrics_and_its_trials(t
 
     from pipeline import ui
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    r = subprocess.run(
-        [sys.executable, "-m", "pipeline.search", "+inventory=tiny_hetero", "ranges.width=1000", "search.batch=4",
-         "search.iterations=1", "search.verify=false", "search.band_draws=0", "ray.num_cpus=2",
-         f"out_root={tmp_path}/out", f"mlflow.tracking_uri={uri}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    tmp_path, r = finished_search  # conftest's FINISHED_SEARCH: 12 trials on tiny_hetero
     assert r.returncode == 0, r.stderr
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
     (run_dir,) = [p.parent for p in (tmp_path / "out").glob("*/*/plan.json")]
     plan = json.loads((run_dir / "plan.json").read_text())
     port = free_port()
@@ -76,7 +74,7 @@ def test_the_mlflow_ui_opens_on_the_runs_with_the_plans_metrics_and_its_trials(t
         expand.click()
         wait.until(ec.presence_of_element_located((By.XPATH, "//*[@role='row']//a[contains(., 'trial-0000')]")))
         trials = browser.find_elements(By.XPATH, "//*[@role='row']//a[starts-with(normalize-space(.), 'trial-')]")
-        assert len(trials) == 4
+        assert len(trials) == 12
     finally:
         browser.quit()
         server.terminate()
