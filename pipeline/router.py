@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError, KeyError, TypeError) as err:
         print(f"error: {args.routing}: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    counts = {role: len(isl) for role, isl in config["islands"].items()}
+    print(f"[router] {args.routing}: {counts.get('prefill', 0)} prefill and {counts.get('decode', 0)} decode islands; "
+          f"listening on http://{args.host}:{args.port} (GET /health; Ctrl-C stops it)", flush=True)  # fmt: skip
     web.run_app(application, host=args.host, port=args.port, print=None)
 
 
