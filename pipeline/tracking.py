@@ -191,7 +191,6 @@ class Tracker:
         steps = [Metric(k, float(v), now, i) for k, vs in (series or {}).items() for i, v in enumerate(vs) if v == v]
         ms = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v == v] + steps  # NaN dropped
         ps = [Param(k, str(v)[:6000]) for k, v in params.items()]
-        for i in range(0, len(ps), 100):  # MLflow takes at most 100 params ...
-            self.client.log_batch(run_id, params=ps[i : i + 100])
-        for i in range(0, len(ms), 1000):  # ... and 1000 metrics per batch
-            self.client.log_batch(run_id, metrics=ms[i : i + 1000])
+        # one write for a trial; MLflow takes at most 100 params and 1000 metrics per batch
+        for k in range(max(-(-len(ps) // 100), -(-len(ms) // 1000))):
+            self.client.log_batch(run_id, metrics=ms[1000 * k : 1000 * (k + 1)], params=ps[100 * k : 100 * (k + 1)])

@@ -112,6 +112,12 @@ def exact_optimum(
     )
 
 
+def _classes(types: list[TypeOptions]) -> list[tuple[int, int]]:
+    """(type index, size index) of every island that fits the inventory and serves in some role."""
+    return [(ti, si) for ti, t in enumerate(types) for si in range(len(t.sizes))
+            if t.sizes[si] <= t.count and (t.prefill_req_s[si].any() or t.decode_req_s[si].any())]  # fmt: skip
+
+
 def _solve(
     types: list[TypeOptions],
     p: np.ndarray,
@@ -129,11 +135,7 @@ def _solve(
     s = new_solver("HIGHS" if relax or fix is not None else backend, time_limit_s)  # GLOP: ABNORMAL at 10k GPUs
     n_j = len(p)
     lam = s.NumVar(0.0, s.infinity(), "Lambda")
-    classes: list[tuple[int, int]] = []  # (type index, size index) of usable islands
-    for ti, t in enumerate(types):
-        for si in range(len(t.sizes)):
-            if t.sizes[si] <= t.count and (t.prefill_req_s[si].any() or t.decode_req_s[si].any()):
-                classes.append((ti, si))
+    classes = _classes(types)
     n_p, n_d, x_p, x_d, cost = [], [], [], [], []
     for c, (ti, si) in enumerate(classes):
         t, size = types[ti], int(types[ti].sizes[si])
@@ -204,8 +206,7 @@ def _round_counts(
 ) -> list[tuple[float, float]]:
     """Fractional island counts made whole: each rounded down, then the largest fractional parts
     rounded up while the type's GPUs (and the budget) allow."""
-    classes = [(ti, si) for ti, t in enumerate(types) for si in range(len(t.sizes))
-               if t.sizes[si] <= t.count and (t.prefill_req_s[si].any() or t.decode_req_s[si].any())]  # fmt: skip
+    classes = _classes(types)
     whole = [[float(np.floor(v + 1e-9)) for v in pair] for pair in counts]
     left = {ti: t.count for ti, t in enumerate(types)}
     spent = 0.0
