@@ -275,9 +275,14 @@ class Fit:
     seconds: float
 
 
+def refined(base: CostProfile) -> CostProfile:
+    """`base` with every structure refinement (profile.MODEL_DOCS) on."""
+    return base.with_fixes(**dict.fromkeys(MODEL_DOCS, True))
+
+
 def default_base() -> CostProfile:
     """The structure a calibration is fitted on unless told: `corrected` with every refinement."""
-    return CostProfile.corrected().with_fixes(**{k: True for k in MODEL_DOCS})
+    return refined(CostProfile.corrected())
 
 
 def structure(base: CostProfile) -> tuple[tuple[str, bool], ...]:
@@ -433,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base = CostProfile.named(args.base)
         if not args.plain:
-            base = base.with_fixes(**{k: True for k in MODEL_DOCS})
+            base = refined(base)
     except ValueError as err:
         raise UserError(str(err)) from None
     rows = load_measurements(args.data)
