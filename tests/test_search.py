@@ -127,6 +127,7 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path: Path) -> None:
     ]
     from pipeline.errors import ConfigError
     from pipeline.settings import inventory_of, settings_from_cfg
+    from pipeline.tune_driver import SearchRun
 
     for k, (args, message) in enumerate(cases):
         if k < 2:  # through the command: one line on stderr, exit 2
@@ -139,10 +140,8 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path: Path) -> None:
         else:  # the same check in-process: the command prints exactly this ConfigError's text
             cfg = compose([*args, f"out_root={tmp_path}/out"])
             with pytest.raises(ConfigError) as err:
-                settings_from_cfg(cfg, *inventory_of(cfg))
-                from pipeline.tune_driver import SearchRun
-
-                SearchRun(*settings_from_cfg(cfg, *inventory_of(cfg)), None)  # resume: the run folder is checked here
+                settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+                SearchRun(settings, ctx, None)  # resume: the run folder is checked here
             assert f"error: {err.value}".startswith(message), (args, str(err.value))
 
 
