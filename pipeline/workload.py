@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import lognorm, norm
 
 from pipeline.errors import WorkloadError
 from pipeline.traces import Columns, Trace, load_histogram, load_trace
@@ -109,7 +108,7 @@ def synthetic_normal(
             f"got sigma={sigma}, min_len={min_len}, max_len={max_len}"
         )
     s = np.arange(max_len + 1)
-    dens = np.where(s >= min_len, norm.pdf(s, loc=mu, scale=sigma), 0.0)
+    dens = np.where(s >= min_len, np.exp(-0.5 * ((s - mu) / sigma) ** 2), 0.0)  # the normal pdf, up to a constant
     return Workload(name, dens / dens.sum(), float(mean_decode), int(max_decode))
 
 
@@ -121,7 +120,7 @@ def synthetic_lognormal(
         raise WorkloadError(f"workload {name}: `median > 0`, `sigma > 0` and `max_len >= 1` must hold")
     s = np.arange(max_len + 1, dtype=float)
     dens = np.zeros_like(s)
-    dens[1:] = lognorm.pdf(s[1:], sigma, scale=median)
+    dens[1:] = np.exp(-0.5 * (np.log(s[1:] / median) / sigma) ** 2) / s[1:]  # the lognormal pdf, up to a constant
     return Workload(name, dens / dens.sum(), float(mean_decode), int(max_decode))
 
 
