@@ -10,7 +10,7 @@ trying the layouts next to the best one. `PolishSampler` wraps any Optuna sample
   the nearest value that changes the layout) of the best finished trial; when every neighbour of
   it is tried, of the next best distinct layout; when none is left, the wrapped sampler again.
 
-With batches (Ray Tune's `ConcurrencyLimiter(batch=True)`, or `ask_tell`), the best trial is
+With batches (`pipeline.tune_batch.BatchSearcher` under Ray Tune, or `ask_tell`), the best trial is
 fixed while a batch is asked, so a batch evaluates the whole neighbourhood of the incumbent at
 once: steepest ascent, one step per batch. Trials the wrapped sampler did not propose are
 ordinary finished trials to it (it sees their parameters and scores), so it can take over again.
@@ -39,7 +39,7 @@ class PolishSampler(BaseSampler):
         self.start = trials - round(fraction * trials)  # trials before refinement begins
         self._names = set(space.distributions())
         self._proposal: dict[int, dict[str, Any]] = {}  # trial number -> the neighbour it evaluates
-        self._neighbours: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # by parameter values
+        self._neighbours: dict[tuple[Any, ...], list[tuple[dict[str, Any], Any]]] = {}  # (params, layout key)
         self._keys: dict[int, Any] = {}  # trial number -> layout key (a trial's parameters never change)
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -89,15 +89,16 @@ class PolishSampler(BaseSampler):
             if key in incumbents:
                 continue
             incumbents.add(key)
-            for params in self._around(best.params):
-                if self.space.layout_key(params) not in tried:
+            for params, key in self._around(best.params):
+                if key not in tried:
                     return params
         return None
 
-    def _around(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+    def _around(self, params: dict[str, Any]) -> list[tuple[dict[str, Any], Any]]:
+        """The neighbours of `params` with their layouts, worked out once per incumbent."""
         at = tuple(sorted(params.items()))
         if at not in self._neighbours:
-            self._neighbours[at] = self.space.neighbours(params)
+            self._neighbours[at] = [(n, self.space.layout_key(n)) for n in self.space.neighbours(params)]
         return self._neighbours[at]
 
 
