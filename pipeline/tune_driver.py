@@ -1,21 +1,26 @@
 """The search driver: a run folder, its journal, MLflow runs, the progress line, and the Ray Tune loop.
 
 Three layers around Ray Tune (STYLE.md 9): `pipeline.trial.run_trial` scores a layout, the
-trainable `_tune_trial` unpacks a config and reports, and `SearchRun.run_tune` wires the Tuner.
+trainable `pipeline.tune_batch.batch_trial` scores one batch of proposals as Ray tasks and
+reports them, and `SearchRun.run_tune` wires the Tuner. A "trial" everywhere else (the journal,
+MLflow, the progress line) is one layout.
 
 A trial that raises is a failed trial (recorded, the search goes on); a trial whose worker or
-node dies is retried by Tune (`FailureConfig(max_failures=RETRIES)`). Every finished trial is
-journalled before anything else, so a logging failure (an MLflow store locked or gone) can
-neither lose a trial nor turn it into a failed one: its child run is logged once the store
-answers again, or on resume (which also logs any journalled trial MLflow does not have).
+node dies runs again (`tune_batch.RETRIES` times). Every finished trial is journalled before
+anything else, so a logging failure (an MLflow store locked or gone) can neither lose a trial nor
+turn it into a failed one: its child run is logged once the store answers again, or on resume
+(which also logs any journalled trial MLflow does not have). Child runs are written by a
+thread beside the Tune loop, so MLflow's ~15 ms per run does not hold up the next batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,25 +35,10 @@ from pipeline.planner import layout_id
 from pipeline.progress import Progress
 from pipeline.samplers import make_sampler
 from pipeline.settings import Settings
-from pipeline.trial import GOODPUT_METRICS, METRICS, OK, Context, run_trial, unscored
+from pipeline.trial import GOODPUT_METRICS, METRICS, OK, Context, run_trial
 from solvers.exact import ExactResult
 
-RETRIES = 2  # a trial whose Ray worker or node dies runs again, this many times at most
 TrialFn = Callable[[Context, Mapping[str, Any]], dict]
-
-
-def _tune_trial(config: dict[str, Any], ctx: Context, trial_fn: TrialFn) -> None:
-    import ray
-    from ray import tune
-
-    t0 = time.perf_counter()
-    try:
-        out = trial_fn(ctx, config)
-    except Exception as err:  # the layout's failure, not the worker's: recorded, not retried
-        out = unscored("error", f"{type(err).__name__}: {err}"[:500], t0)
-    out["node"] = ray.get_runtime_context().get_node_id()
-    out["pid"] = os.getpid()
-    tune.report(out)
 
 
 class SearchRun:
@@ -69,8 +59,18 @@ class SearchRun:
         self.t0 = time.perf_counter()
         self.bar: Progress | None = None
         self.closed = False
+        self._logging = threading.Lock()  # one writer of child runs at a time
+        self._logger: threading.Thread | None = None  # logs child runs while Tune runs (`_background_logging`)
+        self._wake = threading.Event()
         n_polish = round(settings.polish * settings.trials) if settings.planner == "search" else 0
         self.polish_from = settings.trials - n_polish if n_polish else None  # the trial polish starts at
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its callbacks, and with them this run, into its experiment state; locks do not pickle
+        return {k: v for k, v in self.__dict__.items() if k not in ("_logging", "_logger", "_wake")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _logging=threading.Lock(), _logger=None, _wake=threading.Event())
 
     def _run_dir(self) -> Path:
         root = self.s.run_root
@@ -101,13 +101,20 @@ class SearchRun:
         if rec["status"] in OK and (self.best is None or rec["score"] > self.best["score"]):
             self.best = rec
         self.unlogged.append(rec)
-        self.log_trials()
+        if self._logger is not None:
+            self._wake.set()  # the logger thread takes it: MLflow's ~15 ms of CPU per child off this loop
+        else:
+            self.log_trials()
         if rec["status"] == "error":
             print(f"[search] trial {idx} failed: {rec['note']}", flush=True)
         self.progress()
 
     def log_trials(self) -> bool:
         """Log the trials MLflow has not taken yet as child runs; False while the store does not answer."""
+        with self._logging:
+            return self._log_trials()
+
+    def _log_trials(self) -> bool:
         while self.unlogged:
             rec = self.unlogged[0]
             try:
@@ -130,6 +137,29 @@ class SearchRun:
                 return False
             self.unlogged.pop(0)
         return True
+
+    @contextlib.contextmanager
+    def _background_logging(self) -> Iterator[None]:
+        """Child runs logged by a thread while the trials run; every queued one is logged (or left for
+        `log_trials` to retry) by the time this exits."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                self._wake.wait(1.0)  # a new trial, or a second to retry a store that did not answer
+                self._wake.clear()
+                self.log_trials()
+
+        self._logger = threading.Thread(target=loop, name="mlflow-children", daemon=True)
+        self._logger.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            self._wake.set()
+            self._logger.join()
+            self._logger = None
+            self.log_trials()
 
     def reconcile(self, logged: set[str]) -> None:
         """On resume: queue every journalled trial whose child run MLflow does not have."""
@@ -192,16 +222,19 @@ class SearchRun:
         # Tune's per-trial JSON/CSV files and periodic experiment snapshots would only duplicate them.
         os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
         os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "3600")
+        import ray
         from ray import tune
-        from ray.tune.search import ConcurrencyLimiter
-        from ray.tune.search.optuna import OptunaSearch
+
+        from pipeline.tune_batch import RETRIES, BatchSearcher, batch_trial, resources
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        searcher = OptunaSearch(
+        # as many workers as the cluster has room for, and no more than a batch can keep busy
+        workers = max(1, min(self.s.batch, int(ray.cluster_resources().get("CPU", 1) / self.s.cpus_per_trial)))
+        searcher = BatchSearcher(
+            make_sampler(self.s.sampler, self.s.seed, self.ctx.space, self.s.polish, self.s.trials),
             self.ctx.space.distributions(),
-            metric="score",
-            mode="max",
-            sampler=make_sampler(self.s.sampler, self.s.seed, self.ctx.space, self.s.polish, self.s.trials),
+            self.s.batch,
+            remaining,
         )
         for r in self.records:  # a resumed search: the sampler learns what is done, nothing re-runs
             searcher.add_evaluated_point(r["params"], float(r["score"]), error=r["status"] == "error")
@@ -215,19 +248,25 @@ class SearchRun:
                 self.results[trial.trial_id] = result
 
             def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-                run.add(trial.config, self.results.pop(trial.trial_id, trial.last_result), None)
+                outs = self.results.pop(trial.trial_id, trial.last_result)["results"]
+                for params, out in zip(trial.config["layouts"], outs, strict=True):
+                    run.add(params, out, None)
 
             def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-                run.add(trial.config, None, f"the trial's Ray worker failed {RETRIES + 1} times: {_error_line(trial)}")
+                error = f"the trial's Ray worker failed {RETRIES + 1} times: {_error_line(trial)}"
+                for params in trial.config["layouts"]:
+                    run.add(params, None, error)
 
+        ctx_ref = [ray.put(self.ctx)]
         trainable = tune.with_resources(
-            tune.with_parameters(_tune_trial, ctx=self.ctx, trial_fn=trial_fn), {"cpu": self.s.cpus_per_trial}
+            tune.with_parameters(batch_trial, key=self.ctx.key, ctx_ref=ctx_ref, trial_fn=trial_fn, workers=workers),
+            resources(workers, self.s.cpus_per_trial),
         )
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(
-                search_alg=ConcurrencyLimiter(searcher, max_concurrent=self.s.batch, batch=True),
-                num_samples=remaining,
+                search_alg=searcher,  # one trial per batch (pipeline/tune_batch.py)
+                num_samples=-1,  # the searcher says when it is done
                 reuse_actors=True,
             ),
             run_config=tune.RunConfig(
@@ -242,7 +281,8 @@ class SearchRun:
         level = tune_log.level
         tune_log.setLevel(logging.CRITICAL)  # failed trials are reported one line each, by `add`
         try:
-            tuner.fit()
+            with self._background_logging():
+                tuner.fit()
         except KeyboardInterrupt:
             pass
         finally:

@@ -226,7 +226,8 @@ def test_a_failing_trial_is_recorded_and_the_search_goes_on(tmp_path: Path) -> N
     from pipeline.search import execute
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
-    cfg = compose([*SMALL, "search.iterations=3", "search.sampler=random", "search.reference=false",
+    # one Ray CPU: the trainable scores its batch itself (with more, as Ray tasks: the tests below)
+    cfg = compose([*SMALL, "search.iterations=3", "search.sampler=random", "search.reference=false", "ray.num_cpus=1",
                    f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])  # fmt: skip
     assert execute(cfg, trial_fn=raising_trial) == 0
     (d,) = run_dirs(tmp_path)
@@ -236,6 +237,7 @@ def test_a_failing_trial_is_recorded_and_the_search_goes_on(tmp_path: Path) -> N
     assert failed and all(r["params"]["skew_H20"] < 0 for r in failed)
     assert all("injected failure" in r["note"] for r in failed)
     assert all(r["status"] == "optimal" for r in recs if r["params"]["skew_H20"] >= 0)
+    assert len({r["pid"] for r in recs}) == 1  # the trainable's own process scored every batch
     plan = json.loads((d / "plan.json").read_text())
     assert plan["failed"] == len(failed) and plan["rate_req_s"] > 0
 
@@ -478,3 +480,39 @@ def test_polish_in_the_search_refines_the_real_layouts(tmp_path: Path) -> None:
     untried = [m for m in ctx.space.neighbours(first["params"]) if ctx.space.layout_key(m) not in tried]
     assert [r["params"] for r in out[8:12]] == untried[:4]  # the first polish batch: the best's neighbours
     assert max(r["score"] for r in out) >= first["score"]
+
+
+def test_the_tune_searcher_shows_the_sampler_what_the_in_process_loop_shows_it(tmp_path: Path) -> None:
+    """One Tune trial per batch (pipeline/tune_batch.py): the same proposals, batch by batch, as
+    `ask_tell`, with a failed trial told as failed; polish makes the proposals depend on what was told."""
+    import optuna
+    from ray.tune.search import Searcher
+
+    from pipeline.samplers import make_sampler
+    from pipeline.trial import ask_tell, guarded
+    from pipeline.tune_batch import BatchSearcher
+
+    settings, ctx = small_context(tmp_path, "search.polish=0.5", "search.shapes=any")
+    expected = ask_tell(ctx, make_sampler("random", 0, ctx.space, settings.polish, 16), 16, 4)
+    searcher = BatchSearcher(
+        make_sampler("random", 0, ctx.space, settings.polish, 16), ctx.space.distributions(), 4, 16
+    )
+    seen: list[dict[str, Any]] = []
+    for k in range(4):
+        config = searcher.suggest(f"t{k}")
+        assert isinstance(config, dict) and len(config["layouts"]) == 4
+        assert searcher.suggest(f"t{k}-early") is None  # no proposal while a batch is out
+        outs = [guarded(ctx, params) for params in config["layouts"]]
+        searcher.on_trial_complete(f"t{k}", {"score": 0.0, "results": outs})
+        seen += [{**o, "params": p} for o, p in zip(outs, config["layouts"], strict=True)]
+    assert searcher.suggest("t-end") == Searcher.FINISHED
+    assert [r["params"] for r in seen] == [r["params"] for r in expected]
+    assert [r["score"] for r in seen] == pytest.approx([r["score"] for r in expected])
+
+    # a batch whose Tune trial failed outright: every proposal of it is a failed trial to the sampler
+    searcher = BatchSearcher(optuna.samplers.RandomSampler(seed=0), ctx.space.distributions(), 2, 4)
+    first = searcher.suggest("a")
+    searcher.on_trial_complete("a", None, error=True)
+    assert isinstance(first, dict) and isinstance(searcher.suggest("b"), dict)
+    states = [t.state for t in searcher.study.get_trials()]
+    assert states[:2] == [optuna.trial.TrialState.FAIL] * 2

@@ -1,0 +1,138 @@
+"""One Ray Tune trial per batch of proposals: the searcher, and the trainable that fans a batch out.
+
+Why batches, not one Tune trial per layout: a Tune trial costs ~0.15-0.25 s of orchestration
+(scheduling, the actor round trip, result handling), where scoring a layout costs ~15-30 ms on a
+few hundred GPUs. Worse, Tune keeps only as many idle actors as it has trials waiting, and a
+batched sampler has none waiting while it waits for its batch: after every batch all but one
+actor stopped, so one-layout trials ran on a single worker, one round trip each
+(docs/search.md, "Measured").
+
+So a Tune trial is one batch, as the sampler sees it anyway (`pipeline.trial.ask_tell`: `batch`
+proposals asked, then all `batch` results told). Its trainable scores the layouts as Ray tasks,
+one per layout, inside the trial's placement group: one bundle of `cpus_per_trial` per worker,
+as many workers as the cluster has room for, on any of its nodes. A task is a few milliseconds
+of Ray, and its worker process keeps the search's planner (and its benchmark cache) from one
+batch to the next. With room for one worker only, the trial scores its batch in place.
+
+Failures: a layout that raises is a failed trial (recorded, the search goes on). A task whose
+worker dies runs again (`RETRIES` times), then is recorded as failed; a trainable whose actor
+dies is retried by Tune, batch and all.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import optuna
+import ray
+from ray import tune
+from ray.tune.search import Searcher
+
+if TYPE_CHECKING:  # the trainable's actor only coordinates: it never loads the planner
+    from pipeline.trial import Context
+
+RETRIES = 2  # a trial whose Ray worker or node dies runs again, this many times at most
+TrialFn = Callable[["Context", Mapping[str, Any]], dict]
+
+_CONTEXTS: dict[str, Context] = {}  # per worker process: the search's context, fetched once
+
+
+class BatchSearcher(Searcher):
+    """The sampler's proposals, one batch per Ray Tune trial, its results told back together."""
+
+    def __init__(self, sampler: Any, distributions: dict[str, Any], batch: int, total: int) -> None:
+        super().__init__(metric="score", mode="max")
+        self.study = optuna.create_study(direction="maximize", sampler=sampler)
+        self.dists, self.batch, self.left = distributions, batch, total
+        self.asked: dict[str, list[optuna.trial.Trial]] = {}
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if self.asked:
+            return None  # the next batch is proposed once this one's results are told
+        if self.left == 0:
+            return Searcher.FINISHED
+        n = min(self.batch, self.left)
+        self.left -= n
+        self.asked[trial_id] = [self.study.ask(self.dists) for _ in range(n)]
+        return {"layouts": [t.params for t in self.asked[trial_id]]}
+
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
+        trials = self.asked.pop(trial_id, [])
+        outs = (result or {}).get("results") if not error else None
+        for t, out in zip(trials, outs or [None] * len(trials), strict=True):
+            if out is None or out["status"] == "error":
+                self.study.tell(t, state=optuna.trial.TrialState.FAIL)
+            else:
+                self.study.tell(t, float(out["score"]))
+
+    def add_evaluated_point(self, parameters: dict[str, Any], value: float, error: bool = False, *_: Any) -> None:
+        """A journalled trial of a resumed search: the sampler learns it, nothing re-runs."""
+        state = optuna.trial.TrialState.FAIL if error else optuna.trial.TrialState.COMPLETE
+        value_or_none = None if error else value
+        self.study.add_trial(
+            optuna.trial.create_trial(state=state, value=value_or_none, params=parameters, distributions=self.dists)
+        )
+
+
+def resources(workers: int, cpus_per_trial: float) -> Any:
+    """A batch trial's resources: one bundle per worker, the first the trainable's own."""
+    return tune.PlacementGroupFactory([{"CPU": cpus_per_trial}] * workers)
+
+
+def batch_trial(config: dict[str, Any], key: str, ctx_ref: list[Any], trial_fn: TrialFn, workers: int) -> None:
+    """The trainable: score the batch, a share of it here and the others' as Ray tasks, and report it.
+
+    `ctx_ref` holds the search's context in Ray's object store (a list, so that Ray passes the
+    reference on instead of fetching it); `key` names it in a worker's cache.
+    """
+    layouts = config["layouts"]
+    parts = [layouts[k::workers] for k in range(workers)]  # dealt out, so slow and fast layouts mix
+    task = _score_task.options(max_retries=RETRIES)
+    refs = [task.remote(key, ctx_ref, trial_fn, part) for part in parts[1:] if part]  # the other workers' shares
+    by_part = [_score_all(context(key, ctx_ref), trial_fn, parts[0])]  # this worker's own share
+    for r, part in zip(refs, parts[1:], strict=False):
+        t0 = time.perf_counter()
+        try:
+            by_part.append(ray.get(r))
+        except ray.exceptions.RayError as err:  # the task's worker or node died, RETRIES + 1 times
+            from pipeline.trial import unscored
+
+            text = " ".join(str(err).split())[:300]
+            note = f"the trial's Ray worker failed {RETRIES + 1} times: {text}"
+            by_part.append([unscored("error", note, t0) for _ in part])
+    outs = [by_part[i % workers][i // workers] for i in range(len(layouts))]  # back in proposal order
+    tune.report({"score": max(o["score"] for o in outs), "results": outs})
+
+
+def context(key: str, ctx_ref: list[Any]) -> Context:
+    """The search's context in this worker process: fetched from the object store once, then kept."""
+    ctx = _CONTEXTS.get(key)
+    if ctx is None:
+        ctx = _CONTEXTS[key] = ray.get(ctx_ref[0])
+    return ctx
+
+
+def _score_all(ctx: Context, trial_fn: TrialFn, layouts: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    from pipeline.trial import unscored
+
+    node, pid = ray.get_runtime_context().get_node_id(), os.getpid()
+    outs = []
+    for params in layouts:
+        t0 = time.perf_counter()
+        try:
+            out = trial_fn(ctx, params)
+        except Exception as err:  # the layout's failure, not the worker's: recorded, not retried
+            out = unscored("error", f"{type(err).__name__}: {err}"[:500], t0)
+        outs.append({**out, "node": node, "pid": pid})
+    return outs
+
+
+@ray.remote
+def _score_task(
+    key: str, ctx_ref: list[Any], trial_fn: TrialFn, layouts: list[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """A worker's share of a batch, in a process that keeps the context (and its planner) between batches."""
+    return _score_all(context(key, ctx_ref), trial_fn, layouts)
