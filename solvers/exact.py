@@ -202,11 +202,18 @@ def _solve(
 
 
 def _round_counts(
-    types: list[TypeOptions], counts: list[tuple[float, float]], budget: float | None
+    types: list[TypeOptions], counts: list[tuple[float, float]], budget: float | None, fill: bool = False
 ) -> list[tuple[float, float]]:
     """Fractional island counts made whole: each rounded down, then the largest fractional parts
-    rounded up while the type's GPUs (and the budget) allow."""
+    rounded up while the type's GPUs (and the budget) allow.
+
+    `fill`: the fractional parts, most GPUs first, each made one island of its size or of the
+    largest size the type's GPUs and the budget still allow, in the same role. This keeps a
+    type's split between prefill and decode where the relaxation used a fraction of an island
+    larger than what is left (10,000 GPUs of 8 types: 0.68 of the optimum, against 0.25 without).
+    """
     classes = _classes(types)
+    index = {cls: c for c, cls in enumerate(classes)}
     whole = [[float(np.floor(v + 1e-9)) for v in pair] for pair in counts]
     left = {ti: t.count for ti, t in enumerate(types)}
     spent = 0.0
@@ -214,14 +221,20 @@ def _round_counts(
         size = int(types[ti].sizes[si])
         left[ti] -= size * int(sum(pair))
         spent += size * types[ti].price_per_gpu_hour * sum(pair)
-    parts = sorted(((counts[c][r] - whole[c][r], c, r) for c in range(len(classes)) for r in (0, 1)), reverse=True)
-    for frac, c, r in parts:
+    weight = [int(types[ti].sizes[si]) if fill else 1 for ti, si in classes]
+    parts = sorted(((counts[c][r] - whole[c][r]) * weight[c], c, r) for c in range(len(classes)) for r in (0, 1))
+    for frac, c, r in reversed(parts):
         ti, si = classes[c]
-        size, price = int(types[ti].sizes[si]), types[ti].price_per_gpu_hour
-        if frac > 1e-9 and size <= left[ti] and (budget is None or spent + size * price <= budget):
-            whole[c][r] += 1.0
+        t = types[ti]
+        rows = t.prefill_req_s if r == 0 else t.decode_req_s
+        room = left[ti] if budget is None else min(left[ti], (budget - spent) / max(t.price_per_gpu_hour, 1e-12))
+        candidates = range(si + 1) if fill else (si,)
+        fits = [k for k in candidates if (ti, k) in index and rows[k].any() and t.sizes[k] <= room + 1e-9]
+        if frac > 1e-9 and fits:
+            size = int(t.sizes[fits[-1]])  # sizes ascend: the largest that fits
+            whole[index[(ti, fits[-1])]][r] += 1.0
             left[ti] -= size
-            spent += size * price
+            spent += size * t.price_per_gpu_hour
     return [(a, b) for a, b in whole]
 
 
@@ -236,15 +249,19 @@ def _unproven(
     """max_rate when the MILP stopped at its time limit: a layout and a proven bound all the same.
 
     The LP relaxation bounds the optimum from above. Its island counts made whole within the
-    inventory and the budget (`_round_counts`) and the LP over the routing with those counts fixed
-    give a layout.
+    inventory and the budget (`_round_counts`, both ways) and the LP over the routing with those
+    counts fixed give a layout.
     The result is the better of that layout and the MILP's incumbent, `feasible`, with the lower of
     the two bounds: the optimum lies between `rate_req_s` and `bound`.
     """
     relaxed, counts = _solve(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", relax=True)
     if relaxed.status != "optimal":
         return milp
-    rounded, _ = _solve(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", fix=_round_counts(types, counts, budget))
+    rounded = max(
+        (_solve(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", fix=_round_counts(types, counts, budget, fill))[0]
+         for fill in (False, True)),
+        key=lambda r: r.rate_req_s,
+    )  # fmt: skip
     best = milp if milp.status == "feasible" and milp.rate_req_s >= rounded.rate_req_s else rounded
     bound = min(relaxed.rate_req_s, milp.bound if milp.bound == milp.bound else float("inf"))
     return ExactResult("feasible", best.rate_req_s, best.cost_per_hour, best.islands,

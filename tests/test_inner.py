@@ -431,3 +431,32 @@ def test_an_unproven_exact_reference_still_has_a_layout_below_the_optimum_and_a_
         assert out.rate_req_s >= 0.8 * best.rate_req_s  # 0.83-0.98 on these small instances
         for t in types:  # the layout fits the inventory
             assert sum(size for g, size, _ in out.islands if g == t.gpu) <= t.count
+
+
+@pytest.mark.parametrize("fill", [False, True])
+def test_rounded_relaxation_counts_are_whole_and_fit_the_inventory_and_the_budget(fill: bool) -> None:
+    from solvers.exact import TypeOptions, _classes, _round_counts
+
+    rng = np.random.default_rng(7)
+    sizes = np.array([8, 16, 32, 64])
+    types = [TypeOptions(f"T{t}", count, 1.0 + t, sizes, rng.uniform(1, 9, (4, 3)), rng.uniform(1, 9, (4, 3)))
+             for t, count in enumerate((72, 40, 128))]  # fmt: skip
+    classes = _classes(types)
+    gpus = np.array([types[ti].sizes[si] for ti, si in classes], dtype=float)
+    price = np.array([types[ti].price_per_gpu_hour for ti, _ in classes]) * gpus
+    of_type = np.array([ti for ti, _ in classes])
+    for trial in range(20):
+        # fractional counts as a relaxation gives them: within every type's GPUs and the budget
+        counts = rng.uniform(0, 2, (len(classes), 2))
+        for ti, t in enumerate(types):
+            counts[of_type == ti] *= min(1.0, t.count / (gpus[of_type == ti] @ counts[of_type == ti].sum(axis=1)))
+        budget = None if trial % 2 else 150.0
+        if budget is not None:
+            counts *= min(1.0, budget / (price @ counts.sum(axis=1)))
+        whole = np.array(_round_counts(types, [tuple(c) for c in counts], budget, fill))
+        assert (whole == np.round(whole)).all() and (whole >= 0).all()
+        assert (whole >= np.floor(counts + 1e-9)).all()  # nothing the relaxation had whole is dropped
+        for ti, t in enumerate(types):
+            assert gpus[of_type == ti] @ whole[of_type == ti].sum(axis=1) <= t.count
+        if budget is not None:
+            assert price @ whole.sum(axis=1) <= budget + 1e-9
