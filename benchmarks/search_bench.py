@@ -16,7 +16,8 @@
 3. Trials/s through Ray Tune (2 workers, MLflow children logged) vs the same `run_trial` in a
    plain in-process Optuna loop, as a ratio, with the per-trial cost breakdown (`--tune-trials`,
    240 by default: one default search). Target: >= 0.7x. With `--nodes`, trials/s on a local Ray
-   cluster of 1 node and of 2 nodes (1 CPU each), side by side. `--speed-only` skips 2.
+   cluster of 1 node and of 2 nodes (1 CPU each), side by side, for cheap trials and for trials
+   of ~1 s (`search.objective=goodput`). `--speed-only` skips 2.
 """
 
 from __future__ import annotations
@@ -110,10 +111,11 @@ def main() -> None:
             + f"; {time.perf_counter() - t:.0f} s"
         )
 
-    print(
-        f"\nbest / exact after {args.evals} evaluations (batches of {args.batch}), median over {args.seeds} seeds"
-        f" from {args.first_seed}; minimum island " + ", ".join(f"{g} {n}" for g, n in ctx.space.min_island) + ":"
-    )
+    if not args.speed_only:
+        print(
+            f"\nbest / exact after {args.evals} evaluations (batches of {args.batch}), median over {args.seeds} seeds"
+            f" from {args.first_seed}; minimum island " + ", ".join(f"{g} {n}" for g, n in ctx.space.min_island) + ":"
+        )
     polishes = [settings.polish if p == "default" else float(p) for p in args.polish.split(",")]
     for name in [] if args.speed_only else args.samplers.split(","):
         for polish in dict.fromkeys(polishes):
@@ -169,10 +171,13 @@ def main() -> None:
         f"round trip, MLflow, shared cores) ~{2 * tuned / n * 1e3 - np.mean(trial_ms):.0f} ms per trial"
     )
     if args.nodes:
-        nodes_scaling(tmp, n, args.batch)
+        print("\ncheap trials (the default objective):")
+        nodes_scaling(tmp, n, args.batch, [])
+        print("\ntrials of ~1 s (search.objective=goodput: a simulation per layout):")
+        nodes_scaling(tmp, 32, args.batch, ["search.objective=goodput"])
 
 
-def nodes_scaling(tmp: Path, n: int, batch: int) -> None:
+def nodes_scaling(tmp: Path, n: int, batch: int, extra: list[str]) -> None:
     """Trials/s through Ray Tune on a local Ray cluster of 1 and of 2 nodes (1 CPU each, ray.cluster_utils)."""
     import ray
     from ray.cluster_utils import Cluster
@@ -183,13 +188,13 @@ def nodes_scaling(tmp: Path, n: int, batch: int) -> None:
         for _ in range(nodes - 1):
             cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
-        settings, ctx = load([f"out_root={tmp}/nodes{nodes}", f"search.batch={batch}",
+        settings, ctx = load([f"out_root={tmp}/nodes{nodes}{len(extra)}", f"search.batch={batch}",
                               f"search.iterations={n // batch}", "search.sampler=random", "search.reference=false",
-                              f"ray.address={cluster.address}"])  # fmt: skip
+                              f"ray.address={cluster.address}", *extra])  # fmt: skip
         ray.init(address=cluster.address, log_to_driver=False)
         tracker = Tracker(f"sqlite:///{tmp}/mlflow.db", "bench-nodes")
         run = SearchRun(settings, ctx, tracker)
-        tracker.start_parent(f"nodes{nodes}", {})
+        tracker.start_parent(f"nodes{nodes}{'-'.join(['', *extra])}", {})
         t = time.perf_counter()
         run.run_tune(run_trial)
         rates[nodes] = n / (time.perf_counter() - t)
