@@ -8,11 +8,11 @@ actor stopped, so one-layout trials ran on a single worker, one round trip each
 (docs/search.md, "Measured").
 
 So a Tune trial is one batch, as the sampler sees it anyway (`pipeline.trial.ask_tell`: `batch`
-proposals asked, then all `batch` results told). Its trainable scores the layouts as Ray tasks,
-one per layout, inside the trial's placement group: one bundle of `cpus_per_trial` per worker,
-as many workers as the cluster has room for, on any of its nodes. A task is a few milliseconds
-of Ray, and its worker process keeps the search's planner (and its benchmark cache) from one
-batch to the next. With room for one worker only, the trial scores its batch in place.
+proposals asked, then all `batch` results told). Its trainable deals the layouts out over the
+workers of the trial's placement group (one bundle of `cpus_per_trial` per worker, as many as the
+cluster has room for, on any of its nodes): it scores its own share and hands every other worker
+its share as one Ray task. A worker process keeps the search's planner (and its benchmark cache)
+from one batch to the next. With room for one worker only, the trainable scores the whole batch.
 
 Failures: a layout that raises is a failed trial (recorded, the search goes on). A task whose
 worker dies runs again (`RETRIES` times), then is recorded as failed; a trainable whose actor
