@@ -228,11 +228,12 @@ def _round_counts(
         t = types[ti]
         rows = t.prefill_req_s if r == 0 else t.decode_req_s
         room = left[ti] if budget is None else min(left[ti], (budget - spent) / max(t.price_per_gpu_hour, 1e-12))
-        candidates = range(si + 1) if fill else (si,)
+        candidates = [k for k in range(len(t.sizes)) if t.sizes[k] <= t.sizes[si]] if fill else [si]
         fits = [k for k in candidates if (ti, k) in index and rows[k].any() and t.sizes[k] <= room + 1e-9]
         if frac > 1e-9 and fits:
-            size = int(t.sizes[fits[-1]])  # sizes ascend: the largest that fits
-            whole[index[(ti, fits[-1])]][r] += 1.0
+            k = max(fits, key=lambda k: t.sizes[k])  # the largest that fits
+            size = int(t.sizes[k])
+            whole[index[(ti, k)]][r] += 1.0
             left[ti] -= size
             spent += size * t.price_per_gpu_hour
     return [(a, b) for a, b in whole]
