@@ -7,7 +7,7 @@ Pure of Ray, MLflow and files: `run_trial` is what a Ray Tune trial calls, what 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,7 @@ METRICS = (
     "n_islands",
 )
 GOODPUT_METRICS = ("simulated_req_s", "stated_req_s")  # objective goodput only: the simulated and analytic rates
+TrialFn = Callable[[Context, Mapping[str, Any]], dict]  # run_trial, or a test's stand-in for it
 
 
 def run_trial(ctx: Context, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -122,11 +123,12 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def guarded(ctx: Context, params: Mapping[str, Any]) -> dict[str, Any]:
-    """`run_trial`, with an exception recorded as a failed trial (as a failed Ray Tune trial is)."""
+def guarded(ctx: Context, params: Mapping[str, Any], trial_fn: TrialFn | None = None) -> dict[str, Any]:
+    """`run_trial` (or `trial_fn`), with an exception recorded as a failed trial: one layout's
+    failure, not the worker's, so it is recorded and never retried."""
     t0 = time.perf_counter()
     try:
-        return run_trial(ctx, params)
+        return (trial_fn or run_trial)(ctx, params)
     except Exception as err:  # one layout's failure must not end the search
         return unscored("error", f"{type(err).__name__}: {err}"[:500], t0)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -31,11 +31,10 @@ import ray
 from ray import tune
 from ray.tune.search import Searcher
 
-if TYPE_CHECKING:  # the trainable's actor only coordinates: it never loads the planner
-    from pipeline.trial import Context
+if TYPE_CHECKING:
+    from pipeline.trial import Context, TrialFn
 
 RETRIES = 2  # a trial whose Ray worker or node dies runs again, this many times at most
-TrialFn = Callable[["Context", Mapping[str, Any]], dict]
 
 _CONTEXTS: dict[str, Context] = {}  # per worker process: the search's context, fetched once
 
@@ -116,18 +115,10 @@ def context(key: str, ctx_ref: list[Any]) -> Context:
 
 
 def _score_all(ctx: Context, trial_fn: TrialFn, layouts: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    from pipeline.trial import unscored
+    from pipeline.trial import guarded
 
     node, pid = ray.get_runtime_context().get_node_id(), os.getpid()
-    outs = []
-    for params in layouts:
-        t0 = time.perf_counter()
-        try:
-            out = trial_fn(ctx, params)
-        except Exception as err:  # the layout's failure, not the worker's: recorded, not retried
-            out = unscored("error", f"{type(err).__name__}: {err}"[:500], t0)
-        outs.append({**out, "node": node, "pid": pid})
-    return outs
+    return [{**guarded(ctx, params, trial_fn), "node": node, "pid": pid} for params in layouts]
 
 
 @ray.remote

@@ -35,10 +35,8 @@ from pipeline.planner import layout_id
 from pipeline.progress import Progress
 from pipeline.samplers import make_sampler
 from pipeline.settings import Settings
-from pipeline.trial import GOODPUT_METRICS, METRICS, OK, Context, run_trial
+from pipeline.trial import GOODPUT_METRICS, METRICS, OK, Context, TrialFn, run_trial
 from solvers.exact import ExactResult
-
-TrialFn = Callable[[Context, Mapping[str, Any]], dict]
 
 
 class SearchRun:
