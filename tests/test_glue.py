@@ -387,7 +387,10 @@ def test_ctrl_c_during_the_exact_reference_exits_130_without_a_traceback(tmp_pat
     import signal
     import time
 
+    # free sizes without SLOs: a reference of about a minute, so the signal lands inside it (the
+    # default reference of this cell is solved in about a second)
     cmd = [sys.executable, "-m", "pipeline.search", "+inventory=hetero_b", "workload=azure_conv",
+           "search.shapes=any", "slo=null",
            f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
