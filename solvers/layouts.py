@@ -23,6 +23,7 @@ direct generator rounds each slot down to a shape. GPUs a rounding leaves over s
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -118,12 +119,18 @@ def divider_layout(
         total = count if use is None else use[gpu]
         if total > count:
             raise LayoutError(f"divider: {total} {gpu} asked for, the inventory has {count}")
-        if node is None:
-            sizes = divide(total, n_target[gpu], skew[gpu], min_island[gpu])
-        else:
-            sizes = divide_shaped(total, n_target[gpu], skew[gpu], min_island[gpu], node[gpu])
-        out += [(gpu, s) for s in sorted(sizes, reverse=True)]
+        sizes = _divided(total, n_target[gpu], float(skew[gpu]), min_island[gpu], None if node is None else node[gpu])
+        out += [(gpu, s) for s in sizes]
     return out
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _divided(total: int, n_target: int, skew: float, min_island: int, node: int | None) -> tuple[int, ...]:
+    """One type's islands, largest first. Cached: a search's local moves re-divide every type while
+    walking one parameter (`pipeline.space.Space.neighbours`), so all but one are repeats."""
+    if node is None:
+        return tuple(sorted(divide(total, n_target, skew, min_island), reverse=True))
+    return tuple(sorted(divide_shaped(total, n_target, skew, min_island, node), reverse=True))
 
 
 def direct_layout(
