@@ -11,32 +11,28 @@ So a Tune trial is one batch, as the sampler sees it anyway (`pipeline.trial.ask
 proposals asked, then all `batch` results told). Its trainable deals the layouts out over the
 workers of the trial's placement group (one bundle of `cpus_per_trial` per worker, as many as the
 cluster has room for, on any of its nodes): it scores its own share and hands every other worker
-its share as one Ray task. A worker process keeps the search's planner (and its benchmark cache)
-from one batch to the next. With room for one worker only, the trainable scores the whole batch.
+its share as one Ray task (`pipeline.tune_worker`). A worker process keeps the search's planner
+(and its benchmark cache) from one batch to the next. The other workers' processes start with the
+trainable's first batch; until they are ready (~1-1.5 s on a busy 2-core machine) the trainable
+scores the batches alone, and so it does throughout with room for one worker only.
 
 Failures: a layout that raises is a failed trial (recorded, the search goes on). A task whose
-worker dies runs again (`RETRIES` times), then is recorded as failed; a trainable whose actor
-dies is retried by Tune, batch and all.
+worker dies runs again (`tune_worker.RETRIES` times), then is recorded as failed; a trainable
+whose actor dies is retried by Tune, batch and all.
 """
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import optuna
-import ray
 from ray import tune
 from ray.tune.search import Searcher
 
+from pipeline import tune_worker
+
 if TYPE_CHECKING:
-    from pipeline.trial import Context, TrialFn
-
-RETRIES = 2  # a trial whose Ray worker or node dies runs again, this many times at most
-
-_CONTEXTS: dict[str, Context] = {}  # per worker process: the search's context, fetched once
+    from pipeline.trial import TrialFn
 
 
 class BatchSearcher(Searcher):
@@ -82,48 +78,12 @@ def resources(workers: int, cpus_per_trial: float) -> Any:
 
 
 def batch_trial(config: dict[str, Any], key: str, ctx_ref: list[Any], trial_fn: TrialFn, workers: int) -> None:
-    """The trainable: score the batch, a share of it here and the others' as Ray tasks, and report it.
-
-    `ctx_ref` holds the search's context in Ray's object store (a list, so that Ray passes the
-    reference on instead of fetching it); `key` names it in a worker's cache.
-    """
+    """The trainable: score the batch, a share of it here and the others' as Ray tasks, and report it."""
     layouts = config["layouts"]
+    workers = 1 + tune_worker.ready_helpers(key, ctx_ref, workers - 1)  # those whose process is up
     parts = [layouts[k::workers] for k in range(workers)]  # dealt out, so slow and fast layouts mix
-    task = _score_task.options(max_retries=RETRIES)
-    refs = [task.remote(key, ctx_ref, trial_fn, part) for part in parts[1:] if part]  # the other workers' shares
-    by_part = [_score_all(context(key, ctx_ref), trial_fn, parts[0])]  # this worker's own share
-    for r, part in zip(refs, parts[1:], strict=False):
-        t0 = time.perf_counter()
-        try:
-            by_part.append(ray.get(r))
-        except ray.exceptions.RayError as err:  # the task's worker or node died, RETRIES + 1 times
-            from pipeline.trial import unscored
-
-            text = " ".join(str(err).split())[:300]
-            note = f"the trial's Ray worker failed {RETRIES + 1} times: {text}"
-            by_part.append([unscored("error", note, t0) for _ in part])
+    others = [(tune_worker.score_share(key, ctx_ref, trial_fn, part), part) for part in parts[1:] if part]
+    by_part = [tune_worker.score_here(tune_worker.context(key, ctx_ref), trial_fn, parts[0])]  # this one's share
+    by_part += [tune_worker.collect(ref, part) for ref, part in others]
     outs = [by_part[i % workers][i // workers] for i in range(len(layouts))]  # back in proposal order
     tune.report({"score": max(o["score"] for o in outs), "results": outs})
-
-
-def context(key: str, ctx_ref: list[Any]) -> Context:
-    """The search's context in this worker process: fetched from the object store once, then kept."""
-    ctx = _CONTEXTS.get(key)
-    if ctx is None:
-        ctx = _CONTEXTS[key] = ray.get(ctx_ref[0])
-    return ctx
-
-
-def _score_all(ctx: Context, trial_fn: TrialFn, layouts: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    from pipeline.trial import guarded
-
-    node, pid = ray.get_runtime_context().get_node_id(), os.getpid()
-    return [{**guarded(ctx, params, trial_fn), "node": node, "pid": pid} for params in layouts]
-
-
-@ray.remote
-def _score_task(
-    key: str, ctx_ref: list[Any], trial_fn: TrialFn, layouts: list[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
-    """A worker's share of a batch, in a process that keeps the context (and its planner) between batches."""
-    return _score_all(context(key, ctx_ref), trial_fn, layouts)

@@ -6,7 +6,7 @@ reports them, and `SearchRun.run_tune` wires the Tuner. A "trial" everywhere els
 MLflow, the progress line) is one layout.
 
 A trial that raises is a failed trial (recorded, the search goes on); a trial whose worker or
-node dies runs again (`tune_batch.RETRIES` times). Every finished trial is journalled before
+node dies runs again (`tune_worker.RETRIES` times). Every finished trial is journalled before
 anything else, so a logging failure (an MLflow store locked or gone) can neither lose a trial nor
 turn it into a failed one: its child run is logged once the store answers again, or on resume
 (which also logs any journalled trial MLflow does not have). Child runs are written by a
@@ -223,7 +223,8 @@ class SearchRun:
         import ray
         from ray import tune
 
-        from pipeline.tune_batch import RETRIES, BatchSearcher, batch_trial, resources
+        from pipeline.tune_batch import BatchSearcher, batch_trial, resources
+        from pipeline.tune_worker import RETRIES
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         # as many workers as the cluster has room for, and no more than a batch can keep busy

@@ -327,16 +327,16 @@ def out_of_time(ctx: Any, params: Any) -> dict[str, Any]:
     return {**unscored("time_limit", "inner max_rate solve: time_limit after 10 ms", 0.0), "islands": "H200x8"}
 
 
-def dies_once(ctx: Any, params: Any) -> dict[str, Any]:
-    """The real trial, but the first attempt of each trial takes its Ray worker down (a lost node)."""
-    import hashlib
-
+def dies_twice(ctx: Any, params: Any) -> dict[str, Any]:
+    """The real trial, but the first two attempts of the search take their Ray worker down (a node
+    lost twice): as many deaths as a batch survives, whether they hit the trainable or a task."""
     from pipeline.trial import run_trial
 
-    key = hashlib.sha1(json.dumps(dict(params), sort_keys=True).encode()).hexdigest()[:12]
-    marker = Path(os.environ["ARCHIPELAGO_TEST_DIR"]) / f"died-{key}"
-    if not marker.exists():
-        marker.write_text("")
+    for k in range(2):
+        try:
+            os.close(os.open(Path(os.environ["ARCHIPELAGO_TEST_DIR"]) / f"died-{k}", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue
         os._exit(1)
     return run_trial(ctx, params)
 
@@ -366,11 +366,41 @@ def test_a_search_without_any_layout_says_why_and_exits_nonzero(tmp_path: Path, 
 
 def test_a_trial_whose_worker_dies_is_retried_not_lost(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setenv("ARCHIPELAGO_TEST_DIR", str(tmp_path))
-    assert run_search(tmp_path, dies_once) == 0
+    assert run_search(tmp_path, dies_twice) == 0
     (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/trials.jsonl")]
     recs = Journal(d / "trials.jsonl").load()
-    assert len(recs) == 4 and all(r["status"] == "optimal" for r in recs)
-    assert len(list(tmp_path.glob("died-*"))) == 4  # every trial lost its first worker and ran again
+    assert len(recs) == 4 and all(r["status"] == "optimal" for r in recs)  # each died attempt ran again
+    assert len(list(tmp_path.glob("died-*"))) == 2
+
+
+def dies_first_or_always(ctx: Any, params: Any) -> dict[str, Any]:
+    """Layout `once` takes its Ray worker down on its first attempt, layout `always` on every one."""
+    marker = Path(os.environ["ARCHIPELAGO_TEST_DIR"]) / f"task-died-{params['layout']}"
+    if params["layout"] == "always" or not marker.exists():
+        marker.touch()
+        os._exit(1)
+    return {"status": "optimal", "score": 1.0}
+
+
+def test_a_share_whose_worker_dies_runs_again_then_is_recorded_failed(tmp_path: Path, monkeypatch: Any) -> None:
+    import ray
+    from ray import cloudpickle
+
+    from pipeline import tune_worker
+
+    monkeypatch.setenv("ARCHIPELAGO_TEST_DIR", str(tmp_path))  # before Ray starts: its workers inherit it
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        ctx_ref = [ray.put("context")]
+        shares = [[{"layout": "once"}], [{"layout": "always"}]]
+        refs = [tune_worker.score_share("k", ctx_ref, dies_first_or_always, share) for share in shares]
+        (once,), (always,) = [tune_worker.collect(ref, share) for ref, share in zip(refs, shares, strict=True)]
+    finally:
+        ray.shutdown()
+    assert once["status"] == "optimal" and once["score"] == 1.0  # its task ran again on a new worker
+    assert always["status"] == "error" and always["score"] == 0.0
+    assert always["note"].startswith(f"the trial's Ray worker failed {tune_worker.RETRIES + 1} times")
 
 
 def test_a_gpu_type_that_cannot_hold_the_model_is_named_in_the_plan(tmp_path: Path) -> None:
