@@ -13,8 +13,8 @@ workers of the trial's placement group (one bundle of `cpus_per_trial` per worke
 cluster has room for, on any of its nodes): it scores its own share and hands every other worker
 its share as one Ray task (`pipeline.tune_worker`). A worker process keeps the search's planner
 (and its benchmark cache) from one batch to the next. The other workers' processes start with the
-trainable's first batch; until they are ready (~1-1.5 s on a busy 2-core machine) the trainable
-scores the batches alone, and so it does throughout with room for one worker only.
+trainable's first batch; until one is ready (~1-1.5 s on a busy 2-core machine) the trainable
+scores layouts alone, one after another, and so it does throughout with room for one worker only.
 
 Failures: a layout that raises is a failed trial (recorded, the search goes on). A task whose
 worker dies runs again (`tune_worker.RETRIES` times), then is recorded as failed; a trainable
@@ -78,12 +78,20 @@ def resources(workers: int, cpus_per_trial: float) -> Any:
 
 
 def batch_trial(config: dict[str, Any], key: str, ctx_ref: list[Any], trial_fn: TrialFn, workers: int) -> None:
-    """The trainable: score the batch, a share of it here and the others' as Ray tasks, and report it."""
+    """The trainable: score the batch, a share of it here and the others' as Ray tasks, and report it.
+
+    While none of the other workers' processes is up yet, it scores one layout after another
+    itself; once some are, it deals what is left of the batch out over itself and them."""
     layouts = config["layouts"]
-    workers = 1 + tune_worker.ready_helpers(key, ctx_ref, workers - 1)  # those whose process is up
-    parts = [layouts[k::workers] for k in range(workers)]  # dealt out, so slow and fast layouts mix
+    ctx = tune_worker.context(key, ctx_ref)
+    first: list[dict[str, Any]] = []  # scored here before any other worker was up
+    while len(first) < len(layouts) and (ready := tune_worker.ready_helpers(key, ctx_ref, workers - 1)) == 0:
+        first += tune_worker.score_here(ctx, trial_fn, [layouts[len(first)]])
+    rest = layouts[len(first) :]
+    n = 1 + ready if rest else 1
+    parts = [rest[k::n] for k in range(n)]  # dealt out, so slow and fast layouts mix
     others = [(tune_worker.score_share(key, ctx_ref, trial_fn, part), part) for part in parts[1:] if part]
-    by_part = [tune_worker.score_here(tune_worker.context(key, ctx_ref), trial_fn, parts[0])]  # this one's share
+    by_part = [tune_worker.score_here(ctx, trial_fn, parts[0])]  # this worker's own share
     by_part += [tune_worker.collect(ref, part) for ref, part in others]
-    outs = [by_part[i % workers][i // workers] for i in range(len(layouts))]  # back in proposal order
+    outs = first + [by_part[i % n][i // n] for i in range(len(rest))]  # back in proposal order
     tune.report({"score": max(o["score"] for o in outs), "results": outs})
