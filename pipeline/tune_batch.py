@@ -85,10 +85,12 @@ def batch_trial(config: dict[str, Any], key: str, ctx_ref: list[Any], trial_fn: 
     layouts = config["layouts"]
     ctx = tune_worker.context(key, ctx_ref)
     first: list[dict[str, Any]] = []  # scored here before any other worker was up
-    while len(first) < len(layouts) and (ready := tune_worker.ready_helpers(key, ctx_ref, workers - 1)) == 0:
+    ready = tune_worker.ready_helpers(key, ctx_ref, workers - 1)
+    while ready == 0 and len(first) < len(layouts):
         first += tune_worker.score_here(ctx, trial_fn, [layouts[len(first)]])
+        ready = tune_worker.ready_helpers(key, ctx_ref, workers - 1)
     rest = layouts[len(first) :]
-    n = 1 + ready if rest else 1
+    n = 1 + ready
     parts = [rest[k::n] for k in range(n)]  # dealt out, so slow and fast layouts mix
     others = [(tune_worker.score_share(key, ctx_ref, trial_fn, part), part) for part in parts[1:] if part]
     by_part = [tune_worker.score_here(ctx, trial_fn, parts[0])]  # this worker's own share

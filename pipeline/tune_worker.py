@@ -36,9 +36,9 @@ def context(key: str, ctx_ref: list[Any]) -> Context:
 def ready_helpers(key: str, ctx_ref: list[Any], helpers: int) -> int:
     """How many of the other workers are up, the search's code imported and its context fetched.
 
-    On this process's first batch none is: each is asked to start (a task that imports the code
-    and fetches the context), and until it has, this process scores the batches alone rather than
-    wait ~1 s for a Python process to start and import OR-Tools and NumPy."""
+    On this process's first call none is: each is asked to start (a task that imports the code and
+    fetches the context), and until one has, the trainable scores layouts itself rather than wait
+    ~1-1.5 s for a Python process to start and import OR-Tools and NumPy."""
     if key not in _HELPERS:
         _HELPERS[key] = [_warm_task.remote(key, ctx_ref) for _ in range(helpers)]
     refs = _HELPERS[key]
