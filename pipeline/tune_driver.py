@@ -224,7 +224,7 @@ class SearchRun:
         from ray import tune
 
         from pipeline.tune_batch import BatchSearcher, batch_trial, resources
-        from pipeline.tune_worker import RETRIES
+        from pipeline.tune_worker import RETRIES, worker_failed
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         # as many workers as the cluster has room for, and no more than a batch can keep busy
@@ -252,7 +252,7 @@ class SearchRun:
                     run.add(params, out, None)
 
             def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-                error = f"the trial's Ray worker failed {RETRIES + 1} times: {_error_line(trial)}"
+                error = worker_failed(_error_line(trial))
                 for params in trial.config["layouts"]:
                     run.add(params, None, error)
 

@@ -65,8 +65,12 @@ def collect(ref: Any, layouts: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     except ray.exceptions.RayError as err:
         from pipeline.trial import unscored
 
-        text = " ".join(str(err).split())[:300]
-        return [unscored("error", f"the trial's Ray worker failed {RETRIES + 1} times: {text}", t0) for _ in layouts]
+        return [unscored("error", worker_failed(" ".join(str(err).split())[:300]), t0) for _ in layouts]
+
+
+def worker_failed(reason: str) -> str:
+    """The note of a trial whose Ray worker (a task's, or the trainable's actor) died every time it ran."""
+    return f"the trial's Ray worker failed {RETRIES + 1} times: {reason}"
 
 
 @ray.remote
