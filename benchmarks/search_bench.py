@@ -2,7 +2,7 @@
 
     python benchmarks/search_bench.py [--seeds 5] [--evals 240] [--batch 16] [--samplers tpe,gp,random,grid,qmc]
                                       [--polish default,0] [--tune-trials 240] [--min-island auto] [--first-seed 0]
-                                      [--ceiling] [--nodes] [--speed-only]
+                                      [--ceiling] [--nodes] [--speed-only] [--repeats 3]
 
 1. The exact reference MILP: optimum and wall time. With `--ceiling`, also the best any divider
    layout reaches (a few minutes of SCIP): what the search could find at most.
@@ -15,10 +15,12 @@
    under Ray Tune.
 3. Trials/s through Ray Tune (2 workers, MLflow children logged) vs the same `run_trial` in a
    plain in-process Optuna loop, as a ratio, with the per-trial cost breakdown (`--tune-trials`,
-   240 by default: one default search). Target: >= 0.7x. With `--nodes`, trials/s on a local Ray
-   cluster of 1 node and of 2 nodes (1 CPU each), side by side, for cheap trials and for trials
-   of ~1 s (`search.objective=goodput`). `--speed-only` skips 2. A diagnostic row runs the Tune search
-   again without MLflow child runs, to show what they cost.
+   240 by default: one default search), alternated `--repeats` times after one untimed warm-up
+   (both then start from the same filled benchmark caches): the median ratio and every run's.
+   Target: >= 0.7x. A diagnostic row runs the Tune search again without MLflow child runs, to show
+   what they cost. With `--nodes`, trials/s on a local Ray cluster of 1 node and of 2 nodes (1 CPU
+   each), side by side, for cheap trials and for trials of ~1 s (`search.objective=goodput`).
+   `--speed-only` skips 2.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--samplers", default="tpe,gp,random,grid,qmc")
     ap.add_argument("--tune-trials", type=int, default=240, help="trials of the Tune vs in-process comparison")
+    ap.add_argument("--repeats", type=int, default=3, help="alternated runs of the Tune vs in-process comparison")
     ap.add_argument("--speed-only", action="store_true", help="only the Tune measurements (3.), not the samplers")
     ap.add_argument("--min-island", default="auto", help="search.min_island: auto (the default) or a number")
     ap.add_argument("--first-seed", type=int, default=0)
@@ -140,20 +143,23 @@ def main() -> None:
                     flush=True,
                 )
 
-    # orchestration: the same trials through Ray Tune vs in-process
+    # orchestration: the same trials through Ray Tune vs in-process, alternated `repeats` times (this
+    # machine is shared: one pair drifts with whatever else runs; the median of alternated pairs less)
     n = args.tune_trials
     settings, ctx = load([f"out_root={tmp}/out", f"search.batch={args.batch}", f"search.iterations={n // args.batch}",
                           "search.sampler=random", "ray.num_cpus=2"])  # fmt: skip
-    t = time.perf_counter()
-    sampler = make_sampler("random", 0, ctx.space, settings.polish, n)  # as run_tune's
-    _, results = optuna_loop(ctx, sampler, n, args.batch)
-    local = time.perf_counter() - t
     import ray
+
+    def in_process() -> tuple[list[dict[str, Any]], float]:
+        t = time.perf_counter()
+        sampler = make_sampler("random", 0, ctx.space, settings.polish, n)  # as run_tune's
+        _, results = optuna_loop(ctx, sampler, n, args.batch)
+        return results, time.perf_counter() - t
 
     def through_tune(tracker: Tracker) -> tuple[SearchRun, float]:
         """One search through Ray Tune on a Ray of its own (no worker process warm from another)."""
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        run = SearchRun(settings, ctx, tracker)
+        run = Timed(settings, ctx, tracker)
         tracker.start_parent("bench", {})
         t = time.perf_counter()
         run.run_tune(run_trial)
@@ -161,31 +167,60 @@ def main() -> None:
         ray.shutdown()
         return run, wall
 
-    run, tuned = through_tune(Tracker(f"sqlite:///{tmp}/mlflow.db", "bench"))
-    # the same search once more with MLflow's child runs left out: what they cost, on these cores
-    _, unlogged = through_tune(NoChildren(f"sqlite:///{tmp}/mlflow.db", "bench"))
+    in_process()  # fills the planner's full-resolution benchmarks, which Tune's workers then receive
+    local, tuned, unlogged, steady = [], [], [], []
+    for _ in range(args.repeats):
+        results, wall = in_process()
+        local.append(wall)
+        run, wall = through_tune(Tracker(f"sqlite:///{tmp}/mlflow.db", "bench"))
+        tuned.append(wall)
+        # after the first batch is back: Tune's per-trial cost without its start-up (the in-process
+        # loop has none to leave out: its first batch takes what any other does)
+        steady.append((n - args.batch) / (run.done[-1] - run.done[args.batch - 1]))
+        # the same search once more with MLflow's child runs left out: what they cost, on these cores
+        unlogged.append(through_tune(NoChildren(f"sqlite:///{tmp}/mlflow.db", "bench"))[1])
+    ratios = [a / b for a, b in zip(local, tuned, strict=True)]
+    bare = [a / b for a, b in zip(local, unlogged, strict=True)]
+    med = statistics.median
     trial_ms = np.array([r["trial_ms"] for r in run.records])
     solve_ms = np.array([r["solve_ms"] for r in run.records])
     print(
-        f"\n{n} trials: in-process Optuna loop {n / local:.2f} trials/s (1 process); Ray Tune {n / tuned:.2f} "
-        f"trials/s (2 workers, incl. Ray start-up of workers and MLflow child runs); ratio Tune / in-process "
-        f"{local / tuned:.2f}x"
+        f"\n{n} trials, {args.repeats} alternated runs each (median, then every run): in-process Optuna loop "
+        f"{n / med(local):.2f} trials/s (1 process); Ray Tune {n / med(tuned):.2f} trials/s (2 workers, incl. Ray "
+        f"start-up of workers and MLflow child runs); ratio Tune / in-process {med(ratios):.2f}x  "
+        + " ".join(f"{r:.2f}" for r in ratios)
+    )
+    first = [wall - (n - args.batch) / rate for wall, rate in zip(tuned, steady, strict=True)]
+    print(
+        f"Ray Tune after its first batch: {med(steady):.2f} trials/s, {med(steady) * med(local) / n:.2f}x the "
+        f"in-process loop (the first batch, with Ray Tune's start-up: {med(first):.1f} s of {med(tuned):.1f})"
     )
     print(
-        f"diagnostic, the same without MLflow child runs: {n / unlogged:.2f} trials/s, {local / unlogged:.2f}x "
-        f"(the child runs cost {tuned - unlogged:.1f} s of {tuned:.1f})"
+        f"diagnostic, the same without MLflow child runs: {n / med(unlogged):.2f} trials/s, {med(bare):.2f}x  "
+        + " ".join(f"{r:.2f}" for r in bare)
+        + f" (the child runs cost {med(tuned) - med(unlogged):.1f} s of {med(tuned):.1f})"
     )
     print(
-        f"per trial (Tune): median {np.median(trial_ms):.0f} ms in the worker, of which inner MILP "
+        f"per trial (Tune, last run): median {np.median(trial_ms):.0f} ms in the worker, of which inner MILP "
         f"{np.median(solve_ms):.0f} ms; in-process: median {np.median([r['trial_ms'] for r in results]):.0f} ms. "
-        f"Wall x 2 workers per trial {2 * tuned / n * 1e3:.0f} ms, so orchestration (Ray start-up, the batch's "
-        f"round trip, MLflow, shared cores) ~{2 * tuned / n * 1e3 - np.mean(trial_ms):.0f} ms per trial"
+        f"Wall x 2 workers per trial {2 * med(tuned) / n * 1e3:.0f} ms, so orchestration (Ray start-up, the "
+        f"batch's round trip, MLflow, shared cores) ~{2 * med(tuned) / n * 1e3 - np.mean(trial_ms):.0f} ms per trial"
     )
     if args.nodes:
         print("\ncheap trials (the default objective):")
         nodes_scaling(tmp, n, args.batch, [])
         print("\ntrials of ~1 s (search.objective=goodput: a simulation per layout):")
         nodes_scaling(tmp, 32, args.batch, ["search.objective=goodput"])
+
+
+class Timed(SearchRun):
+    """A search that notes when each trial's result came back (seconds on the benchmark's clock)."""
+
+    done: list[float]
+
+    def add(self, *args: Any, **kwargs: Any) -> None:
+        self.__dict__.setdefault("done", []).append(time.perf_counter())
+        super().add(*args, **kwargs)
 
 
 class NoChildren(Tracker):
