@@ -11,7 +11,7 @@ layouts (the local moves of `pipeline.polish`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,21 +125,41 @@ class Space:
         out: list[dict[str, Any]] = []
         for name, dist in self.distributions().items():
             for direction in (-1, 1):
-                moved = self._move(params, name, dist, direction, here)
+                moved = self._move(params, name, dist, direction)
                 if moved is not None and (key := self.layout_key(moved)) is not None and key not in seen:
                     seen.add(key)
                     out.append(moved)
         return out
 
+    def _walk_key(self, name: str) -> Callable[[Mapping[str, Any]], Any]:
+        """What a walk along parameter `name` compares to tell layouts apart. The divider's `name`
+        shapes one GPU type and the others' islands cannot change, so that type's islands are enough
+        (a tenth of the cost of the whole layout, at up to FLOAT_STEPS steps per walk)."""
+        if self.generator != "divider":
+            return self.layout_key
+        gpu = name.split("_", 1)[1]  # n_<t>, skew_<t>, gpus_<t>
+        inv, mins, node = dict(self.inventory), dict(self.min_island), self.nodes
+        one = {gpu: inv[gpu]}
+        return lambda p: divider_layout(
+            one,
+            {gpu: int(p[f"n_{gpu}"])},
+            {gpu: float(p[f"skew_{gpu}"])},
+            {gpu: mins[gpu]},
+            {gpu: int(p[f"gpus_{gpu}"])} if self.counts_are_bounds else None,
+            None if node is None else {gpu: node[gpu]},
+        )
+
     def _move(
-        self, params: Mapping[str, Any], name: str, dist: BaseDistribution, direction: int, here: Any
+        self, params: Mapping[str, Any], name: str, dist: BaseDistribution, direction: int
     ) -> dict[str, Any] | None:
         """`params` with `name` moved, in `direction`, to the nearest value that changes the layout."""
         values = _walk(dist, params[name], direction)
+        key_of = self._walk_key(name)
+        here = key_of(params)
         there: Any = here
         first = last = -1
         for i, v in enumerate(values):  # stop at the end of the first other layout's interval
-            key = self.layout_key({**params, name: v})
+            key = key_of({**params, name: v})
             if first < 0 and key != here:
                 if isinstance(dist, IntDistribution):
                     return {**params, name: v}

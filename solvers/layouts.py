@@ -23,6 +23,7 @@ direct generator rounds each slot down to a shape. GPUs a rounding leaves over s
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -66,6 +67,7 @@ def divide(total: int, n_target: int, skew: float, min_island: int) -> list[int]
     return [min_island + e for e in extra]
 
 
+@functools.lru_cache(maxsize=1024)
 def node_shapes(node: int, count: int) -> tuple[int, ...]:
     """Island sizes that fit hosts of `node` GPUs, up to `count`: divisors of a node and multiples of it."""
     if node < 1:
@@ -75,8 +77,9 @@ def node_shapes(node: int, count: int) -> tuple[int, ...]:
 
 
 def snap(size: int, shapes: Sequence[int]) -> int:
-    """The largest shape <= size (0 when none is)."""
-    return max((x for x in shapes if x <= size), default=0)
+    """The largest shape <= size (0 when none is); `shapes` ascending."""
+    k = bisect.bisect_right(shapes, size)
+    return shapes[k - 1] if k else 0
 
 
 def smallest_shape(min_island: int, shapes: Sequence[int]) -> int:

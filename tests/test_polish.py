@@ -58,6 +58,31 @@ def test_every_neighbour_is_one_parameter_moved_to_the_nearest_other_layout(spac
         assert space.neighbours(params) == moves  # deterministic
 
 
+@pytest.mark.parametrize(
+    "space",
+    [
+        DIVIDER,
+        Space(
+            "divider",
+            (("H_1", 64), ("H_2", 48)),
+            (("H_1", 8), ("H_2", 4)),
+            max_islands=8,
+            node=(("H_1", 8), ("H_2", 4)),
+        ),
+        Space("divider", (("A", 24), ("B", 40)), (("A", 2), ("B", 4)), max_islands=8, counts_are_bounds=True),
+    ],
+    ids=["divider", "node-aligned", "counts-are-bounds"],
+)
+def test_a_divider_walk_comparing_one_types_islands_finds_what_comparing_layouts_finds(
+    space: Space, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    points = random_points(space, 10, seed=2)
+    fast = [space.neighbours(p) for p in points]
+    monkeypatch.setattr(Space, "_walk_key", lambda self, name: self.layout_key)  # the whole layout at each step
+    assert [space.neighbours(p) for p in points] == fast
+    assert any(fast)
+
+
 def test_divider_neighbours_hand_worked() -> None:
     # 24 GPUs, min island 2, n=3, skew 0: 3 x 2 GPUs plus 18 shared equally -> 8, 8, 8.
     # n - 1 -> 12, 12; n + 1 -> 6, 6, 6, 6. Skew down: weights 1, 2^s, 3^s share the 18 as
