@@ -73,6 +73,7 @@ def _gp(seed: int, space: Space) -> optuna.samplers.BaseSampler:
 def _saasbo(seed: int, space: Space) -> optuna.samplers.BaseSampler:
     require("botorch", "saasbo", "BoTorch")
     require("optuna_integration", "saasbo", "optuna-integration")
+    require("numpyro", "saasbo", "NumPyro")  # BoTorch fits the SAAS GP with it, at the first model proposal
     from pipeline.saasbo import saasbo_sampler
 
     return saasbo_sampler(seed)
