@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -73,11 +74,13 @@ def interruptible(fn: Callable[..., T], *args: Any, tick: Callable[[], None] | N
     A MILP solve runs in C++ for minutes and sees no Python signal until it returns; in a child
     the parent stays responsive, and on Ctrl-C kills the child and raises KeyboardInterrupt.
     Where fork is unavailable (or inside a Ray worker, whose process should not fork) it runs here.
-    `tick` is called while the parent waits (a progress display).
+    A process that has loaded JAX (the saasbo sampler's NUTS fits) must not fork either: JAX's
+    threads do not survive it. The child then starts from a fork server, a clean process, and is
+    handed `fn` and its arguments pickled. `tick` is called while the parent waits (a progress display).
     """
     if "fork" not in mp.get_all_start_methods() or _in_ray_worker():
         return fn(*args, **kwargs)
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("forkserver" if "jax" in sys.modules else "fork")
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True)
     child.start()

@@ -196,6 +196,30 @@ def test_a_reference_stopped_by_its_time_limit_bounds_the_gap(tmp_path: Path) ->
     )
 
 
+def test_once_jax_is_loaded_the_reference_runs_in_a_fork_server_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JAX (the saasbo sampler's fits) must not be forked: the reference's MILP then starts from a
+    fork server, and solves to the same optimum."""
+    import types
+
+    from pipeline import reference as ref_mod
+    from pipeline.settings import inventory_of, settings_from_cfg
+
+    cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", f"out_root={tmp_path}/out"])
+    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    methods: list[str] = []
+    real = ref_mod.mp.get_context
+    monkeypatch.setattr(ref_mod.mp, "get_context", lambda method: methods.append(method) or real(method))
+    monkeypatch.setitem(sys.modules, "jax", sys.modules.get("jax") or types.ModuleType("jax"))
+    served = ref_mod.reference(settings, ctx, ctx.planner)
+    assert methods == ["forkserver"]
+    monkeypatch.setattr(ref_mod, "interruptible", lambda fn, *args, tick=None, **kw: fn(*args, **kw))
+    here = ref_mod.reference(settings, ctx, ctx.planner)  # the same MILP in this process
+    assert served.status == here.status == "optimal" and served.islands == here.islands
+    assert served.rate_req_s == pytest.approx(here.rate_req_s, rel=1e-9)
+
+
 # --- bad inputs: one line, exit 2 -----------------------------------------------------------------
 
 
