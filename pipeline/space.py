@@ -133,8 +133,8 @@ class Space:
 
     def _walk_key(self, name: str) -> Callable[[Mapping[str, Any]], Any]:
         """What a walk along parameter `name` compares to tell layouts apart. The divider's `name`
-        shapes one GPU type and the others' islands cannot change, so that type's islands are enough
-        (a tenth of the cost of the whole layout, at up to FLOAT_STEPS steps per walk)."""
+        shapes one GPU type and the others' islands cannot change, so that type's islands are enough:
+        the other types are not divided again and sorted at each of up to FLOAT_STEPS steps."""
         if self.generator != "divider":
             return self.layout_key
         gpu = name.split("_", 1)[1]  # n_<t>, skew_<t>, gpus_<t>
