@@ -144,7 +144,7 @@ def main() -> None:
                 )
 
     # orchestration: the same trials through Ray Tune vs in-process, alternated `repeats` times (this
-    # machine is shared: one pair drifts with whatever else runs; the median of alternated pairs less)
+    # machine is shared: one pair drifts with whatever else runs, the median of alternated pairs less)
     n = args.tune_trials
     settings, ctx = load([f"out_root={tmp}/out", f"search.batch={args.batch}", f"search.iterations={n // args.batch}",
                           "search.sampler=random", "ray.num_cpus=2"])  # fmt: skip
@@ -216,10 +216,12 @@ def main() -> None:
 class Timed(SearchRun):
     """A search that notes when each trial's result came back (seconds on the benchmark's clock)."""
 
-    done: list[float]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.done: list[float] = []
 
     def add(self, *args: Any, **kwargs: Any) -> None:
-        self.__dict__.setdefault("done", []).append(time.perf_counter())
+        self.done.append(time.perf_counter())
         super().add(*args, **kwargs)
 
 
