@@ -39,6 +39,33 @@ def _check_server(uri: str) -> None:
                   "start it (mlflow server) or drop mlflow.tracking_uri for the local SQLite store")  # fmt: skip
 
 
+LOCK_WAIT_S = 5.0  # how long a store another process writes may stay locked before the tracker gives up
+
+
+def _check_unlocked(db: Path, uri: str) -> None:
+    """Fail in seconds on a SQLite store another process holds locked, not after MLflow's 20 s wait.
+
+    Another search writing its child runs holds the lock for milliseconds at a time; a lock held
+    for `LOCK_WAIT_S` is a process that keeps it (an open transaction, a stuck writer).
+    """
+    import sqlite3
+
+    if not db.is_file():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(db, timeout=LOCK_WAIT_S, isolation_level=None)) as con:
+            con.execute("BEGIN IMMEDIATE")  # takes the write lock, as MLflow's first write will
+            con.execute("ROLLBACK")
+    except sqlite3.OperationalError as err:
+        if "locked" in str(err):
+            raise ConfigError(
+                f"mlflow.tracking_uri={uri}: cannot open the tracking store for writing (database is locked: "
+                f"another process has held it for {LOCK_WAIT_S:.0f} s; let it finish, or point "
+                "mlflow.tracking_uri at another file)"
+            ) from None
+        # anything else (read-only, not a database) MLflow's own first write reports below
+
+
 def _write_ahead_log(db: Path) -> None:
     """A SQLite store in write-ahead-log mode, synced at checkpoints rather than at every commit.
 
@@ -104,6 +131,7 @@ class Tracker:
             _check_server(self.uri)
         elif scheme == "sqlite":
             make_dir(Path(self.uri.removeprefix("sqlite:///")).parent, "mlflow.tracking_uri", self.uri)
+            _check_unlocked(Path(self.uri.removeprefix("sqlite:///")), self.uri)
             _write_ahead_log(Path(self.uri.removeprefix("sqlite:///")))
         elif scheme not in ("file", "databricks", "postgresql", "mysql", "mssql"):
             raise ConfigError(

@@ -483,3 +483,22 @@ def test_a_locked_store_is_refused_before_any_work(tmp_path: Path) -> None:
         con.close()
     one_line(r, f"error: mlflow.tracking_uri=sqlite:///{db}: cannot open the tracking store for writing")
     assert "database is locked" in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_store_locked_only_briefly_is_waited_for(tmp_path: Path) -> None:
+    import sqlite3
+    import threading
+
+    from pipeline.tracking import LOCK_WAIT_S, Tracker
+
+    db = tmp_path / "mlflow.db"
+    Tracker(f"sqlite:///{db}", "archipelago")
+    con = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    con.execute("BEGIN EXCLUSIVE")  # another writer, done within a second
+    release = threading.Timer(min(1.0, LOCK_WAIT_S / 2), lambda: (con.execute("COMMIT"), con.close()))
+    release.start()
+    try:
+        tracker = Tracker(f"sqlite:///{db}", "archipelago")
+    finally:
+        release.join()
+    assert tracker.start_parent("after the lock", {"a": 1})
