@@ -220,15 +220,15 @@ class Timed(SearchRun):
         super().__init__(*args, **kwargs)
         self.done: list[float] = []
 
-    def add(self, *args: Any, **kwargs: Any) -> None:
-        self.done.append(time.perf_counter())
-        super().add(*args, **kwargs)
+    def add_batch(self, trials: Any) -> None:
+        self.done += [time.perf_counter()] * len(trials)
+        super().add_batch(trials)
 
 
 class NoChildren(Tracker):
     """A tracker that logs no child runs (the diagnostic row only; a search always logs them)."""
 
-    def child(self, *args: Any, **kwargs: Any) -> None:
+    def children(self, *args: Any, **kwargs: Any) -> None:
         pass
 
 

@@ -1,9 +1,10 @@
 """What survives a kill: the append-only journal of finished work, and whole-file writes that are atomic.
 
 A search journals every finished trial (`trials.jsonl`), an experiment every finished search
-(`searches.jsonl`): one JSON line each, flushed and fsynced before the next starts. A kill can
-cut only the last line short; `load` drops such a line, and the next `append` starts on a fresh
-line, so a torn line never swallows the record after it, on this resume or any later one.
+(`searches.jsonl`): one JSON line each, flushed and fsynced before the next starts (a batch of
+trials that came back together goes in one write). A kill can cut only the last line short;
+`load` drops such a line, and the next `append` starts on a fresh line, so a torn line never
+swallows the record after it, on this resume or any later one.
 
 `write_json` (plan.json, state.json, reference.json, ...) writes a temporary file beside the
 target and renames it over: a reader sees the old file or the new one, never half of one.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +39,19 @@ class Journal:
         return out
 
     def append(self, rec: Mapping[str, Any]) -> None:
-        cut = False  # the file ends mid-line after a kill: start this record on a line of its own
+        self.extend([rec])
+
+    def extend(self, recs: Sequence[Mapping[str, Any]]) -> None:
+        """Records that finished together (a batch of trials): one write, one fsync."""
+        if not recs:
+            return
+        cut = False  # the file ends mid-line after a kill: start these records on a line of their own
         if self.path.exists() and self.path.stat().st_size > 0:
             with self.path.open("rb") as f:
                 f.seek(-1, os.SEEK_END)
                 cut = f.read(1) != b"\n"
         with self.path.open("a") as f:
-            f.write(("\n" if cut else "") + json.dumps(rec, default=float) + "\n")
+            f.write(("\n" if cut else "") + "".join(json.dumps(rec, default=float) + "\n" for rec in recs))
             f.flush()
             os.fsync(f.fileno())
 

@@ -3,7 +3,11 @@
 Default store: an absolute SQLite file `outputs/mlflow.db`; a SQLite store keeps artifacts in
 `mlartifacts/` beside its database file; any tracking URI (e.g. http://host:5000) by config.
 Children are logged from the driver as trials finish, so workers on other Ray nodes need no
-access to the store.
+access to the store. A SQL store (the default SQLite file, or a database URI) takes a batch of
+children in one transaction of plain inserts into MLflow's own tables (`Tracker.children`):
+0.3-1.5 ms of CPU a child (in a batch of 240, or alone) instead of the ~12 ms of MLflow's
+create / log / terminate calls, which competed with the search for the driver's cores. Any
+other store (a tracking server) gets those calls, one child at a time.
 
 The store is checked when the tracker is made, before any expensive work: a URI MLflow does not
 know, a SQLite file that cannot be created or written (read-only, locked), a server that does
@@ -17,7 +21,9 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -118,6 +124,22 @@ def runs_view_url(base: str, experiment_id: str) -> str:
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
 
 
+@dataclass(frozen=True)
+class Child:
+    """One child run of the parent: a trial, or one search of an experiment.
+
+    `series` are metrics logged per step (e.g. best so far per iteration); `tags` long values a user
+    reads but does not compare (a `description` becomes the run's note).
+    """
+
+    name: str
+    params: Mapping[str, Any]
+    metrics: Mapping[str, float]
+    failed: bool = False
+    series: Mapping[str, Sequence[float]] | None = None
+    tags: Mapping[str, str] | None = None
+
+
 class Tracker:
     def __init__(self, uri: str | None, experiment: str, description: str = "", columns: Sequence[str] = ()) -> None:
         """`columns`: the runs table's columns in the saved view, as `metrics.name` / `params.name`."""
@@ -174,6 +196,16 @@ class Tracker:
                 f"({type(err).__name__}: {' '.join(str(err).split())[:200]})"
             ) from None
         self.parent_id: str | None = None
+        # does `children` write a whole batch in one transaction (all or none)? Else pass one at a time
+        self.bulk = self._sql_store() is not None
+        self._artifacts = self.client.get_experiment(self.experiment_id).artifact_location if self.bulk else ""
+
+    def _sql_store(self) -> Any:
+        """The SQL store MLflow's client writes through (MLflow keeps one per URI), or None."""
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        store = self.client._tracking_client.store
+        return store if isinstance(store, SqlAlchemyStore) else None
 
     def start_parent(
         self, name: str, params: Mapping[str, Any], run_id: str | None = None, description: str = ""
@@ -210,15 +242,67 @@ class Tracker:
         series: Mapping[str, Sequence[float]] | None = None,
         tags: Mapping[str, str] | None = None,
     ) -> None:
-        """One child run; `series` are metrics logged per step (e.g. best so far per iteration), `tags`
-        long values a user reads but does not compare (a `description` becomes the run's note)."""
+        """One child run (`Child` says what each argument is)."""
+        self.children([Child(name, params, metrics, failed, series, tags)])
+
+    def children(self, runs: Sequence[Child]) -> None:
+        """Child runs of the parent, finished (FINISHED, or FAILED). A SQL store takes them in one
+        transaction: all or none, so a caller that retries after an error logs none twice."""
         assert self.parent_id is not None
-        extra = {NOTE if k == "description" else k: str(v)[:5000] for k, v in (tags or {}).items()}
-        run = self.client.create_run(
-            self.experiment_id, run_name=name, tags={"mlflow.parentRunId": self.parent_id, **extra}
-        )
-        self._log(run.info.run_id, params, metrics, series)
-        self.client.set_terminated(run.info.run_id, status="FAILED" if failed else "FINISHED")
+        if self.bulk:
+            self._insert(runs)
+            return
+        for c in runs:
+            run = self.client.create_run(self.experiment_id, run_name=c.name, tags=self._tags(c))
+            self._log(run.info.run_id, c.params, c.metrics, c.series)
+            self.client.set_terminated(run.info.run_id, status="FAILED" if c.failed else "FINISHED")
+
+    def _tags(self, c: Child) -> dict[str, str]:
+        extra = {NOTE if k == "description" else k: str(v)[:5000] for k, v in (c.tags or {}).items()}
+        return {"mlflow.parentRunId": str(self.parent_id), **extra}
+
+    def _insert(self, runs: Sequence[Child]) -> None:
+        """`runs` as MLflow's `create_run`, `log_batch` and `set_terminated` would leave them, written as
+        plain inserts into its tables (its own table definitions, its own checks of keys and values)."""
+        from mlflow.entities import LifecycleStage, RunStatus, RunTag, SourceType
+        from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric, SqlParam, SqlRun, SqlTag
+        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+        from mlflow.utils.uri import append_to_uri_path
+        from mlflow.utils.validation import _validate_batch_log_data
+        from sqlalchemy import insert
+
+        store = self._sql_store()
+        now = int(time.time() * 1000)
+        rows: dict[Any, list[dict[str, Any]]] = {t: [] for t in (SqlRun, SqlTag, SqlParam, SqlMetric, SqlLatestMetric)}
+        for c in runs:
+            run_id = uuid.uuid4().hex
+            tags = {MLFLOW_RUN_NAME: c.name, **self._tags(c)}
+            params, metrics = self._entities(c.params, c.metrics, c.series, now)
+            _validate_batch_log_data(metrics, params, [RunTag(k, v) for k, v in tags.items()])
+            status = RunStatus.FAILED if c.failed else RunStatus.FINISHED
+            rows[SqlRun].append({
+                "run_uuid": run_id, "name": c.name, "experiment_id": int(self.experiment_id), "user_id": "unknown",
+                "artifact_uri": append_to_uri_path(self._artifacts, run_id, "artifacts"),
+                "status": RunStatus.to_string(status), "start_time": now, "end_time": now, "deleted_time": None,
+                "source_type": SourceType.to_string(SourceType.UNKNOWN), "source_name": "", "entry_point_name": "",
+                "source_version": "", "lifecycle_stage": LifecycleStage.ACTIVE,
+            })  # fmt: skip
+            rows[SqlTag] += [{"run_uuid": run_id, "key": k, "value": v} for k, v in tags.items()]
+            rows[SqlParam] += [{"run_uuid": run_id, "key": p.key, "value": p.value} for p in params]
+            latest: dict[str, dict[str, Any]] = {}
+            for m in dict.fromkeys(metrics):  # MLflow drops exact duplicates
+                is_nan, value = store.sanitize_metric_value(m.value)
+                row = {"run_uuid": run_id, "key": m.key, "value": value, "timestamp": m.timestamp, "step": m.step,
+                       "is_nan": is_nan}  # fmt: skip
+                rows[SqlMetric].append(row)
+                old = latest.get(m.key)  # the latest value: highest step, then timestamp, then value, as MLflow
+                if old is None or (m.step, m.timestamp, value) > (old["step"], old["timestamp"], old["value"]):
+                    latest[m.key] = row
+            rows[SqlLatestMetric] += latest.values()
+        with store.ManagedSessionMaker(read_only=False) as session:
+            for table, values in rows.items():
+                if values:
+                    session.execute(insert(table.__table__), values)
 
     def finish_parent(
         self,
@@ -252,12 +336,21 @@ class Tracker:
         metrics: Mapping[str, float],
         series: Mapping[str, Sequence[float]] | None = None,
     ) -> None:
-        from mlflow.entities import Metric, Param
-
-        now = int(time.time() * 1000)
-        steps = [Metric(k, float(v), now, i) for k, vs in (series or {}).items() for i, v in enumerate(vs) if v == v]
-        ms = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v == v] + steps  # NaN dropped
-        ps = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        ps, ms = self._entities(params, metrics, series, int(time.time() * 1000))
         # one write for a trial; MLflow takes at most 100 params and 1000 metrics per batch
         for k in range(max(-(-len(ps) // 100), -(-len(ms) // 1000))):
             self.client.log_batch(run_id, metrics=ms[1000 * k : 1000 * (k + 1)], params=ps[100 * k : 100 * (k + 1)])
+
+    @staticmethod
+    def _entities(
+        params: Mapping[str, Any],
+        metrics: Mapping[str, float],
+        series: Mapping[str, Sequence[float]] | None,
+        now: int,
+    ) -> tuple[list[Any], list[Any]]:
+        """MLflow's Params and Metrics for a run: values cut to MLflow's limit, NaN left out."""
+        from mlflow.entities import Metric, Param
+
+        steps = [Metric(k, float(v), now, i) for k, vs in (series or {}).items() for i, v in enumerate(vs) if v == v]
+        ms = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v == v] + steps  # NaN dropped
+        return [Param(k, str(v)[:6000]) for k, v in params.items()], ms

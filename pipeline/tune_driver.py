@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from pipeline.planner import layout_id
 from pipeline.progress import Progress
 from pipeline.samplers import make_sampler
 from pipeline.settings import Settings
+from pipeline.tracking import Child
 from pipeline.trial import GOODPUT_METRICS, METRICS, OK, Context, TrialFn, run_trial
 from solvers.exact import ExactResult
 
@@ -84,7 +85,29 @@ class SearchRun:
     # trials -------------------------------------------------------------------------------------
 
     def add(self, params: Mapping[str, Any], result: Mapping[str, Any] | None, error: str | None) -> None:
-        idx = len(self.records)
+        self.add_batch([(params, result, error)])
+
+    def add_batch(self, trials: Sequence[tuple[Mapping[str, Any], Mapping[str, Any] | None, str | None]]) -> None:
+        """Finished trials, in order: (params, result, or the error that stopped the trial). A batch
+        comes back together, and is journalled in one write."""
+        recs = [self._record(len(self.records) + k, *trial) for k, trial in enumerate(trials)]
+        self.journal.extend(recs)  # first: what is journalled is done, whatever happens next
+        for rec in recs:
+            self.records.append(rec)
+            if rec["status"] in OK and (self.best is None or rec["score"] > self.best["score"]):
+                self.best = rec
+            self.unlogged.append(rec)
+            if rec["status"] == "error":
+                print(f"[search] trial {rec['trial']} failed: {rec['note']}", flush=True)
+        if self._logger is not None:
+            self._wake.set()  # the logger thread takes them, off this loop
+        else:
+            self.log_trials()
+        self.progress()
+
+    def _record(
+        self, idx: int, params: Mapping[str, Any], result: Mapping[str, Any] | None, error: str | None
+    ) -> dict[str, Any]:
         rec: dict[str, Any] = {"trial": idx, "iteration": idx // self.s.batch, "params": dict(params)}
         if error is not None:
             rec.update(dict.fromkeys(METRICS, 0.0), status="error", islands="", note=error)
@@ -94,18 +117,7 @@ class SearchRun:
             rec.update({k: result[k] for k in GOODPUT_METRICS if k in result})
         # a goodput trial's score is simulated; its gap is that of its analytic rate to the analytic optimum
         rec["gap"] = self.gap(rec["rate_req_s"] if self.s.objective == "goodput" else rec["score"])
-        self.journal.append(rec)  # first: what is journalled is done, whatever happens next
-        self.records.append(rec)
-        if rec["status"] in OK and (self.best is None or rec["score"] > self.best["score"]):
-            self.best = rec
-        self.unlogged.append(rec)
-        if self._logger is not None:
-            self._wake.set()  # the logger thread takes it: MLflow's ~15 ms of CPU per child off this loop
-        else:
-            self.log_trials()
-        if rec["status"] == "error":
-            print(f"[search] trial {idx} failed: {rec['note']}", flush=True)
-        self.progress()
+        return rec
 
     def log_trials(self) -> bool:
         """Log the trials MLflow has not taken yet as child runs; False while the store does not answer."""
@@ -114,27 +126,31 @@ class SearchRun:
 
     def _log_trials(self) -> bool:
         while self.unlogged:
-            rec = self.unlogged[0]
+            chunk = self.unlogged[: 256 if self.tracker.bulk else 1]  # a bulk store takes them all or none
             try:
-                self.tracker.child(
-                    trial_run_name(rec["trial"]),
-                    {**rec["params"], "layout_id": layout_id(rec["islands"]), "status": rec["status"]},
-                    {k: rec[k] for k in (*METRICS, *GOODPUT_METRICS, "gap") if isinstance(rec.get(k), (int, float))},
-                    failed=rec["status"] == "error",
-                    tags={
-                        "islands": rec["islands"] or "-",
-                        "description": f"Trial {rec['trial']}: {rec['status']}; islands {rec['islands'] or '-'}"
-                        + (f"; {rec['note']}" if rec.get("note") else ""),
-                    },
-                )
-            except Exception as err:  # the store is locked or gone: the journal has the trial
+                self.tracker.children([self._child(rec) for rec in chunk])
+            except Exception as err:  # the store is locked or gone: the journal has the trials
                 if not self.store_warned:
-                    print(f"[search] MLflow did not take trial {rec['trial']} ({_short(err)}); "
+                    print(f"[search] MLflow did not take trial {chunk[0]['trial']} ({_short(err)}); "
                           "logging it when the store answers again", flush=True)  # fmt: skip
                     self.store_warned = True
                 return False
-            self.unlogged.pop(0)
+            del self.unlogged[: len(chunk)]
         return True
+
+    @staticmethod
+    def _child(rec: Mapping[str, Any]) -> Child:
+        return Child(
+            trial_run_name(rec["trial"]),
+            {**rec["params"], "layout_id": layout_id(rec["islands"]), "status": rec["status"]},
+            {k: rec[k] for k in (*METRICS, *GOODPUT_METRICS, "gap") if isinstance(rec.get(k), (int, float))},
+            failed=rec["status"] == "error",
+            tags={
+                "islands": rec["islands"] or "-",
+                "description": f"Trial {rec['trial']}: {rec['status']}; islands {rec['islands'] or '-'}"
+                + (f"; {rec['note']}" if rec.get("note") else ""),
+            },
+        )
 
     @contextlib.contextmanager
     def _background_logging(self) -> Iterator[None]:
@@ -248,13 +264,11 @@ class SearchRun:
 
             def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
                 outs = self.results.pop(trial.trial_id, trial.last_result)["results"]
-                for params, out in zip(trial.config["layouts"], outs, strict=True):
-                    run.add(params, out, None)
+                run.add_batch([(p, out, None) for p, out in zip(trial.config["layouts"], outs, strict=True)])
 
             def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
                 error = worker_failed(_error_line(trial))
-                for params in trial.config["layouts"]:
-                    run.add(params, None, error)
+                run.add_batch([(p, None, error) for p in trial.config["layouts"]])
 
         ctx_ref = [ray.put(self.ctx)]
         trainable = tune.with_resources(

@@ -130,6 +130,15 @@ def test_a_torn_journal_line_is_dropped_on_every_later_resume(tmp_path: Path) ->
     assert Journal(j.path).load() == j.load()  # and the next resume reads the same
 
 
+def test_a_batch_journalled_after_a_torn_line_loads_whole(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "trials.jsonl")
+    j.append({"trial": 0})
+    with j.path.open("a") as f:
+        f.write('{"trial": 1, "sc')  # a kill mid-write
+    j.extend([{"trial": 1}, {"trial": 2}, {"trial": 3}])
+    assert j.load() == [{"trial": k} for k in range(4)]
+
+
 def test_write_json_replaces_whole_and_leaves_no_temporary_file(tmp_path: Path) -> None:
     p = tmp_path / "state.json"
     write_json(p, {"a": 1})
@@ -141,31 +150,36 @@ def test_write_json_replaces_whole_and_leaves_no_temporary_file(tmp_path: Path) 
 
 
 class FlakyTracker:
-    """A store that refuses the first `down` child runs (locked), then takes everything."""
+    """A store that refuses the first `down` writes (locked), then takes everything; with `bulk`, a
+    write is a whole batch, all or none (a SQL store), else one child run."""
 
-    def __init__(self, down: int) -> None:
-        self.down, self.children = down, []
+    def __init__(self, down: int, bulk: bool = False) -> None:
+        self.down, self.bulk, self.logged = down, bulk, []
 
-    def child(self, name: str, params: Any, metrics: Any, failed: bool, tags: Any = None) -> None:
+    def children(self, runs: Any) -> None:
+        assert self.bulk or len(runs) == 1
         if self.down > 0:
             self.down -= 1
             raise RuntimeError("(sqlite3.OperationalError) database is locked")
-        self.children.append((name, failed))
+        self.logged += [(c.name, c.failed) for c in runs]
 
 
-def test_a_locked_store_neither_fails_nor_doubles_a_finished_trial(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bulk", [False, True], ids=["one-by-one", "bulk"])
+def test_a_locked_store_neither_fails_nor_doubles_a_finished_trial(tmp_path: Path, bulk: bool) -> None:
     from pipeline.settings import inventory_of, settings_from_cfg
     from pipeline.tune_driver import SearchRun
 
     cfg = compose([*SMALL, f"out_root={tmp_path}/out", "search.iterations=1"])
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
-    tracker = FlakyTracker(down=2)
+    tracker = FlakyTracker(down=2, bulk=bulk)
     run = SearchRun(settings, ctx, tracker)
     ok = {"status": "optimal", "score": 1.0, "islands": "H200x8", "note": ""}
-    for k in range(4):
-        run.add({"n_H200": k}, ok, None)
+    run.add({"n_H200": 0}, ok, None)  # refused
+    run.add({"n_H200": 1}, ok, None)  # refused
+    run.add_batch([({"n_H200": k}, ok, None) for k in (2, 3)])  # a batch back together: one write
     assert [r["status"] for r in run.journal.load()] == ["optimal"] * 4  # journalled once each, none failed
-    assert tracker.children == [(f"trial-{k:04d}", False) for k in range(4)]  # caught up, in order, once
+    assert [r["trial"] for r in run.journal.load()] == [0, 1, 2, 3] == [r["trial"] for r in run.records]
+    assert tracker.logged == [(f"trial-{k:04d}", False) for k in range(4)]  # caught up, in order, once
     # a resume logs exactly the journalled trials MLflow does not have
     run.reconcile({"trial-0000", "trial-0002"})
     assert [r["trial"] for r in run.unlogged] == [1, 3]
