@@ -44,7 +44,7 @@ from pipeline.samplers import make_sampler
 from pipeline.settings import settings_from_cfg
 from pipeline.tracking import Tracker
 from pipeline.trial import ask_tell, run_trial
-from pipeline.tune_driver import SearchRun
+from pipeline.tune_driver import SearchRun, start_local_ray
 from solvers.layouts import divide
 
 
@@ -158,7 +158,7 @@ def main() -> None:
 
     def through_tune(tracker: Tracker) -> tuple[SearchRun, float]:
         """One search through Ray Tune on a Ray of its own (no worker process warm from another)."""
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        start_local_ray(2)  # as the main job starts its local Ray
         run = Timed(settings, ctx, tracker)
         tracker.start_parent("bench", {})
         t = time.perf_counter()

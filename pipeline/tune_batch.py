@@ -12,9 +12,11 @@ proposals asked, then all `batch` results told). Its trainable deals the layouts
 workers of the trial's placement group (one bundle of `cpus_per_trial` per worker, as many as the
 cluster has room for, on any of its nodes): it scores its own share and hands every other worker
 its share as one Ray task (`pipeline.tune_worker`). A worker process keeps the search's planner
-(and its benchmark cache) from one batch to the next. The other workers' processes start with the
-trainable's first batch; until one is ready (~1-1.5 s on a busy 2-core machine) the trainable
-scores layouts alone, one after another, and so it does throughout with room for one worker only.
+(and its benchmark cache) from one batch to the next. On a one-node Ray the driver starts the
+other workers' processes while Ray Tune starts the trainable (`tune_worker.prewarm`); on a cluster
+they start with the trainable's first batch. Until one is ready (~1-1.5 s on a busy 2-core
+machine) the trainable scores layouts alone, one after another, and so it does throughout with
+room for one worker only.
 
 Failures: a layout that raises is a failed trial (recorded, the search goes on). A task whose
 worker dies runs again (`tune_worker.RETRIES` times), then is recorded as failed; a trainable
@@ -23,6 +25,7 @@ whose actor dies is retried by Tune, batch and all.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -70,6 +73,14 @@ class BatchSearcher(Searcher):
         self.study.add_trial(
             optuna.trial.create_trial(state=state, value=value_or_none, params=parameters, distributions=self.dists)
         )
+
+
+def trainable_env() -> dict[str, Any]:
+    """The runtime env Ray Tune gives a trainable's actor, and so every task the actor starts
+    (`ray.tune.execution.class_cache`): a process started in another env cannot run them."""
+    from ray.tune.execution.class_cache import DEFAULT_ENV_VARS, ENV_VARS_TO_PROPAGATE
+
+    return {"env_vars": {**DEFAULT_ENV_VARS, **{k: os.environ[k] for k in ENV_VARS_TO_PROPAGATE if k in os.environ}}}
 
 
 def resources(workers: int, cpus_per_trial: float) -> Any:

@@ -239,8 +239,8 @@ class SearchRun:
         import ray
         from ray import tune
 
-        from pipeline.tune_batch import BatchSearcher, batch_trial, resources
-        from pipeline.tune_worker import RETRIES, worker_failed
+        from pipeline.tune_batch import BatchSearcher, batch_trial, resources, trainable_env
+        from pipeline.tune_worker import RETRIES, prewarm, worker_failed
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         # as many workers as the cluster has room for, and no more than a batch can keep busy
@@ -271,6 +271,10 @@ class SearchRun:
                 run.add_batch([(p, None, error) for p in trial.config["layouts"]])
 
         ctx_ref = [ray.put(self.ctx)]
+        # one node: the other workers' processes start now, beside the trainable's (on a cluster the
+        # driver cannot know which nodes the trial's bundles will be on, so they start with its first batch)
+        one_node = sum(1 for n in ray.nodes() if n.get("Alive")) == 1
+        warming = prewarm(self.ctx.key, ctx_ref, workers - 1, trainable_env()) if one_node else []
         trainable = tune.with_resources(
             tune.with_parameters(batch_trial, key=self.ctx.key, ctx_ref=ctx_ref, trial_fn=trial_fn, workers=workers),
             resources(workers, self.s.cpus_per_trial),
@@ -300,6 +304,7 @@ class SearchRun:
             pass
         finally:
             tune_log.setLevel(level)
+            del warming  # its tasks' references, held while Tune ran
         return len(self.records) >= self.s.trials
 
 
@@ -356,6 +361,22 @@ def check_ray_address(address: str | None) -> None:
                   "start it (ray start --head) or drop ray.address to run on a local Ray")  # fmt: skip
 
 
+def start_local_ray(num_cpus: int | None) -> None:
+    """A new Ray of our own on this machine, never a cluster someone else started here."""
+    import ray
+
+    # Ray enables token authentication for a new local cluster and warns that it did, on every
+    # start; the choice is the secure default and ours to keep, so that one notice is silenced
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
+
+
 def with_ray(settings: Settings, body: Callable[[], bool]) -> bool:
     """Run `body` on a local Ray (started and stopped here) or the cluster at `ray.address`."""
     import ray
@@ -365,16 +386,7 @@ def with_ray(settings: Settings, body: Callable[[], bool]) -> bool:
         check_ray_address(settings.ray_address)
         try:
             if settings.ray_address is None:
-                # Ray enables token authentication for a new local cluster and warns that it did, on every
-                # start; the choice is the secure default and ours to keep, so that one notice is silenced
-                logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-                ray.init(
-                    address="local",  # a new Ray of our own, never a cluster someone else started here
-                    num_cpus=settings.ray_num_cpus,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    logging_level=logging.WARNING,
-                )
+                start_local_ray(settings.ray_num_cpus)
             else:
                 ray.init(address=settings.ray_address, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError, PermissionError) as err:

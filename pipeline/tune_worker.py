@@ -33,6 +33,18 @@ def context(key: str, ctx_ref: list[Any]) -> Context:
     return ctx
 
 
+def prewarm(key: str, ctx_ref: list[Any], helpers: int, runtime_env: Mapping[str, Any]) -> list[Any]:
+    """Start the other workers' processes from the driver, while Ray Tune starts the trainable.
+
+    The trainable's tasks run in its runtime env (Ray Tune gives its actor one), which no idle
+    worker has, so Ray would start a process for the first of them only when the first batch is
+    out, and it took ~1 s to be ready. A task in that env now starts one at once; it imports the
+    search's code and fetches its context, and the trainable's first task finds it idle and warm.
+    It reserves no CPU (the trial's placement group holds the cluster's), so it may run on any
+    node: the driver calls it on a one-node Ray only."""
+    return [_warm_task.options(num_cpus=0, runtime_env=dict(runtime_env)).remote(key, ctx_ref) for _ in range(helpers)]
+
+
 def ready_helpers(key: str, ctx_ref: list[Any], helpers: int) -> int:
     """How many of the other workers are up, the search's code imported and its context fetched.
 

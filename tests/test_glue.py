@@ -411,6 +411,26 @@ def test_a_trial_whose_worker_dies_is_retried_not_lost(tmp_path: Path, monkeypat
     assert len(list(tmp_path.glob("died-*"))) == 2
 
 
+def notes_its_runtime_env(ctx: Any, params: Any) -> dict[str, Any]:
+    import ray
+
+    from pipeline.trial import run_trial
+
+    env = ray.get_runtime_context().runtime_env.get("env_vars", {})
+    return {**run_trial(ctx, params), "note": json.dumps(env, sort_keys=True)}
+
+
+def test_every_trial_runs_in_the_runtime_env_the_prewarmed_workers_start_in(tmp_path: Path) -> None:
+    """The driver starts the other workers' processes early in `trainable_env()`; Ray reuses them for
+    the trainable's tasks only if that is the env Ray Tune gives the trainable (its tasks inherit it)."""
+    from pipeline.tune_batch import trainable_env
+
+    assert run_search(tmp_path, notes_its_runtime_env, "search.verify=false", "search.band_draws=0") == 0
+    (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/trials.jsonl")]
+    notes = {r["note"] for r in Journal(d / "trials.jsonl").load()}
+    assert notes == {json.dumps(trainable_env()["env_vars"], sort_keys=True)}, notes
+
+
 def dies_first_or_always(ctx: Any, params: Any) -> dict[str, Any]:
     """Layout `once` takes its Ray worker down on its first attempt, layout `always` on every one."""
     marker = Path(os.environ["ARCHIPELAGO_TEST_DIR"]) / f"task-died-{params['layout']}"
