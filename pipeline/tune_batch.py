@@ -88,22 +88,25 @@ def resources(workers: int, cpus_per_trial: float) -> Any:
     return tune.PlacementGroupFactory([{"CPU": cpus_per_trial}] * workers)
 
 
-def batch_trial(config: dict[str, Any], key: str, ctx_ref: list[Any], trial_fn: TrialFn, workers: int) -> None:
-    """The trainable: score the batch, a share of it here and the others' as Ray tasks, and report it.
+def batch_trial(
+    config: dict[str, Any], key: str, ctx_ref: list[Any], trial_fn: TrialFn, workers: int, cpus: float
+) -> None:
+    """The trainable: score the batch, a share of it here and the others' as Ray tasks (of `cpus`
+    CPUs each, one bundle of the trial's placement group), and report it.
 
     While none of the other workers' processes is up yet, it scores one layout after another
     itself; once some are, it deals what is left of the batch out over itself and them."""
     layouts = config["layouts"]
     ctx = tune_worker.context(key, ctx_ref)
     first: list[dict[str, Any]] = []  # scored here before any other worker was up
-    ready = tune_worker.ready_helpers(key, ctx_ref, workers - 1)
+    ready = tune_worker.ready_helpers(key, ctx_ref, workers - 1, cpus)
     while ready == 0 and len(first) < len(layouts):
         first += tune_worker.score_here(ctx, trial_fn, [layouts[len(first)]])
-        ready = tune_worker.ready_helpers(key, ctx_ref, workers - 1)
+        ready = tune_worker.ready_helpers(key, ctx_ref, workers - 1, cpus)
     rest = layouts[len(first) :]
     n = 1 + ready
     parts = [rest[k::n] for k in range(n)]  # dealt out, so slow and fast layouts mix
-    others = [(tune_worker.score_share(key, ctx_ref, trial_fn, part), part) for part in parts[1:] if part]
+    others = [(tune_worker.score_share(key, ctx_ref, trial_fn, part, cpus), part) for part in parts[1:] if part]
     by_part = [tune_worker.score_here(ctx, trial_fn, parts[0])]  # this worker's own share
     by_part += [tune_worker.collect(ref, part) for ref, part in others]
     outs = first + [by_part[i % n][i // n] for i in range(len(rest))]  # back in proposal order

@@ -275,10 +275,11 @@ class SearchRun:
         # driver cannot know which nodes the trial's bundles will be on, so they start with its first batch)
         one_node = sum(1 for n in ray.nodes() if n.get("Alive")) == 1
         warming = prewarm(self.ctx.key, ctx_ref, workers - 1, trainable_env()) if one_node else []
-        trainable = tune.with_resources(
-            tune.with_parameters(batch_trial, key=self.ctx.key, ctx_ref=ctx_ref, trial_fn=trial_fn, workers=workers),
-            resources(workers, self.s.cpus_per_trial),
+        cpus = self.s.cpus_per_trial
+        trial = tune.with_parameters(
+            batch_trial, key=self.ctx.key, ctx_ref=ctx_ref, trial_fn=trial_fn, workers=workers, cpus=cpus
         )
+        trainable = tune.with_resources(trial, resources(workers, cpus))
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(

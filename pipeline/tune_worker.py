@@ -45,21 +45,25 @@ def prewarm(key: str, ctx_ref: list[Any], helpers: int, runtime_env: Mapping[str
     return [_warm_task.options(num_cpus=0, runtime_env=dict(runtime_env)).remote(key, ctx_ref) for _ in range(helpers)]
 
 
-def ready_helpers(key: str, ctx_ref: list[Any], helpers: int) -> int:
+def ready_helpers(key: str, ctx_ref: list[Any], helpers: int, cpus: float = 1.0) -> int:
     """How many of the other workers are up, the search's code imported and its context fetched.
 
     On this process's first call none is: each is asked to start (a task that imports the code and
     fetches the context), and until one has, the trainable scores layouts itself rather than wait
     ~1-1.5 s for a Python process to start and import OR-Tools and NumPy."""
     if key not in _HELPERS:
-        _HELPERS[key] = [_warm_task.remote(key, ctx_ref) for _ in range(helpers)]
+        _HELPERS[key] = [_warm_task.options(num_cpus=cpus).remote(key, ctx_ref) for _ in range(helpers)]
     refs = _HELPERS[key]
     return len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) if refs else 0
 
 
-def score_share(key: str, ctx_ref: list[Any], trial_fn: TrialFn, layouts: list[Mapping[str, Any]]) -> Any:
-    """Another worker's share of a batch, as a Ray task (retried when its worker dies)."""
-    return _score_task.options(max_retries=RETRIES).remote(key, ctx_ref, trial_fn, layouts)
+def score_share(
+    key: str, ctx_ref: list[Any], trial_fn: TrialFn, layouts: list[Mapping[str, Any]], cpus: float = 1.0
+) -> Any:
+    """Another worker's share of a batch, as a Ray task of `cpus` CPUs, the size of a bundle of the
+    trial's placement group (a task that asked for more than a bundle holds could not be placed in
+    it); retried when its worker dies."""
+    return _score_task.options(num_cpus=cpus, max_retries=RETRIES).remote(key, ctx_ref, trial_fn, layouts)
 
 
 def score_here(ctx: Context, trial_fn: TrialFn, layouts: list[Mapping[str, Any]]) -> list[dict[str, Any]]:

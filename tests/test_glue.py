@@ -431,6 +431,16 @@ def test_every_trial_runs_in_the_runtime_env_the_prewarmed_workers_start_in(tmp_
     assert notes == {json.dumps(trainable_env()["env_vars"], sort_keys=True)}, notes
 
 
+def test_a_fraction_of_a_cpu_per_trial_gives_more_workers_and_every_trial_runs(tmp_path: Path) -> None:
+    """ray.cpus_per_trial=0.5 on 2 CPUs: 4 bundles of half a CPU, each worker's task sized to one."""
+    from pipeline.trial import run_trial
+
+    assert run_search(tmp_path, run_trial, "ray.cpus_per_trial=0.5", "search.verify=false", "search.band_draws=0") == 0
+    (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/trials.jsonl")]
+    recs = Journal(d / "trials.jsonl").load()
+    assert len(recs) == 4 and all(r["status"] != "error" for r in recs), [r.get("note") for r in recs]
+
+
 def dies_first_or_always(ctx: Any, params: Any) -> dict[str, Any]:
     """Layout `once` takes its Ray worker down on its first attempt, layout `always` on every one."""
     marker = Path(os.environ["ARCHIPELAGO_TEST_DIR"]) / f"task-died-{params['layout']}"
