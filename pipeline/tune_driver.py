@@ -84,9 +84,6 @@ class SearchRun:
 
     # trials -------------------------------------------------------------------------------------
 
-    def add(self, params: Mapping[str, Any], result: Mapping[str, Any] | None, error: str | None) -> None:
-        self.add_batch([(params, result, error)])
-
     def add_batch(self, trials: Sequence[tuple[Mapping[str, Any], Mapping[str, Any] | None, str | None]]) -> None:
         """Finished trials, in order: (params, result, or the error that stopped the trial). A batch
         comes back together, and is journalled in one write."""

@@ -174,8 +174,8 @@ def test_a_locked_store_neither_fails_nor_doubles_a_finished_trial(tmp_path: Pat
     tracker = FlakyTracker(down=2, bulk=bulk)
     run = SearchRun(settings, ctx, tracker)
     ok = {"status": "optimal", "score": 1.0, "islands": "H200x8", "note": ""}
-    run.add({"n_H200": 0}, ok, None)  # refused
-    run.add({"n_H200": 1}, ok, None)  # refused
+    run.add_batch([({"n_H200": 0}, ok, None)])  # refused
+    run.add_batch([({"n_H200": 1}, ok, None)])  # refused
     run.add_batch([({"n_H200": k}, ok, None) for k in (2, 3)])  # a batch back together: one write
     assert [r["status"] for r in run.journal.load()] == ["optimal"] * 4  # journalled once each, none failed
     assert [r["trial"] for r in run.journal.load()] == [0, 1, 2, 3] == [r["trial"] for r in run.records]
