@@ -1,6 +1,6 @@
 """Inner-solver speed, measured side by side in one run (absolute times drift on a shared machine).
 
-    python benchmarks/inner_bench.py [--seeds 3] [--time-limit 30]
+    python benchmarks/inner_bench.py [--seeds 3] [--time-limit 30] [--only distinct --distinct-seeds 3]
 
 1. 64 islands x 32 ranges (6 island classes: 3 GPU types x 2 sizes, random benchmark rows with
    throughput falling with length; a fresh instance per seed). Median solve time of
@@ -15,6 +15,12 @@
    (AUTO = SCIP for up to 1 s, then HiGHS; the default), at W = 250 and 125, and SCIP with its own
    settings (cuts and primal heuristics on) beside ours (off: `solvers.inner.SCIP_PARAMETERS`).
    Target: <= 50 ms.
+3. 64 islands x 32 ranges with every island distinct (independent random rows, so no classes
+   merge and the MILP has 64 binaries): `max_rate` proven by ours (SCIP) and by PuLP + CBC on
+   the same model, each up to `--distinct-limit`; then ours with a 0.5 s MILP limit, after which
+   the role search (`solvers.role_search`, at most 0.5 s) improves what it has. Printed: the time
+   ratios, how far the quick answer is below the proven optimum, and its gap to its own bound.
+   Target: <= 1 s with the same optimum (not met: the quick answer is not proven; docs/inner.md).
 """
 
 from __future__ import annotations
@@ -47,6 +53,38 @@ def instance(seed: int, n_i: int = 64, n_j: int = 32, n_classes: int = 6) -> Inn
     p = rng.dirichlet(np.ones(n_j))
     islands = tuple((f"T{k // 2}", 8 * (1 + k % 2)) for k in kinds)
     return InnerProblem(islands, p, bp[kinds], bd[kinds], "thesis")
+
+
+def distinct_instance(seed: int, n_i: int = 64, n_j: int = 32) -> InnerProblem:
+    """Every island its own class: independent random rows, prefill throughput falling with length."""
+    rng = np.random.default_rng(seed)
+    fall = np.linspace(1.0, 0.1, n_j)
+    bp = rng.uniform(5, 100, (n_i, n_j)) * fall
+    bd = rng.uniform(5, 100, (n_i, n_j)) * np.sqrt(fall)
+    p = rng.dirichlet(np.ones(n_j))
+    return InnerProblem(tuple((f"T{k}", 8) for k in range(n_i)), p, bp, bd, "max_rate")
+
+
+def max_rate_pulp(prob: InnerProblem, time_limit_s: float) -> tuple[float, str, float]:
+    """max_rate (module docstring of solvers/inner.py, one binary per island) in PuLP + CBC."""
+    t0 = time.perf_counter()
+    bp, bd, p = prob.prefill_req_s, prob.decode_req_s, prob.p
+    n_i, n_j = bp.shape
+    m = pulp.LpProblem("max_rate", pulp.LpMaximize)
+    lam = pulp.LpVariable("lam", 0)
+    xp = [[pulp.LpVariable(f"xP_{i}_{j}", 0) for j in range(n_j)] for i in range(n_i)]
+    xd = [[pulp.LpVariable(f"xD_{i}_{j}", 0) for j in range(n_j)] for i in range(n_i)]
+    y = [pulp.LpVariable(f"y_{i}", cat="Binary") for i in range(n_i)]
+    m += lam
+    for j in range(n_j):
+        m += pulp.lpSum(bp[i, j] * xp[i][j] for i in range(n_i)) >= p[j] * lam
+        m += pulp.lpSum(bd[i, j] * xd[i][j] for i in range(n_i)) >= p[j] * lam
+    for i in range(n_i):
+        m += pulp.lpSum(xp[i]) <= 1 - y[i]
+        m += pulp.lpSum(xd[i]) <= y[i]
+    m.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=1e-7))
+    status = "optimal" if pulp.LpStatus[m.status] == "Optimal" and m.sol_status == 1 else "time_limit"
+    return time.perf_counter() - t0, status, float(pulp.value(lam) or 0.0)
 
 
 def thesis_pulp(prob: InnerProblem, time_limit_s: float) -> tuple[float, str, float]:
@@ -143,6 +181,31 @@ def bench_solvers(seeds: int, time_limit_s: float) -> None:
         print(f"  PuLP+CBC / ours (thesis as written, same model): {med['pulp'] / med['literal']:.1f}x")
 
 
+def bench_distinct(seeds: int, time_limit_s: float, quick_limit_s: float = 0.5) -> None:
+    limits = f"time limit {time_limit_s:g} s; quick: {quick_limit_s:g} s MILP"
+    print(f"\n64 distinct islands x 32 ranges, max_rate ({limits}):")
+    print(
+        f"  {'seed':>4s} | {'ours, proven':>25s} | {'PuLP + CBC':>25s} | {'quick (MILP + role search)':>28s}"
+        f" | below optimum | bound gap | exact / quick time"
+    )
+    for seed in range(seeds):
+        prob = distinct_instance(seed)
+        exact = solve(prob, time_limit_s=time_limit_s, backend="SCIP")
+        cbc_s, cbc_status, cbc_rate = max_rate_pulp(prob, time_limit_s)
+        quick = solve(prob, time_limit_s=quick_limit_s, backend="SCIP")
+        bound = quick.extra.get("bound_req_s", quick.rate_req_s)
+        proven = exact.status == "optimal"
+        below = f"{100 * (1 - quick.rate_req_s / exact.rate_req_s):11.3f} %" if proven else "  (unproven)"
+        print(
+            f"  {seed:4d} | {exact.rate_req_s:8.2f} {exact.solve_ms / 1e3:6.1f} s {exact.status:10s}"
+            f" | {cbc_rate:8.2f} {cbc_s:6.1f} s {cbc_status:10s}"
+            f" | {quick.rate_req_s:8.2f} {quick.solve_ms / 1e3:5.2f} s {quick.status:12s}"
+            f" | {below} | {100 * (1 - quick.rate_req_s / bound):7.3f} % | {exact.solve_ms / quick.solve_ms:6.1f}x"
+            f"{'' if proven else ' (>=, time limit)'}"
+        )
+    print("  PuLP + CBC / ours: read the two time columns (a time-limited one is a lower bound)")
+
+
 def bench_evaluation(repeats: int, width: int) -> None:
     model, profile = load_model("deepseek_v3"), CostProfile.corrected()
     workload = workload_from_cfg("azure_code", {"kind": "histogram", "histogram": "azure_code"})
@@ -206,10 +269,17 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--distinct-seeds", type=int, default=1)
+    ap.add_argument("--distinct-limit", type=float, default=150.0)
+    ap.add_argument("--only", choices=("solvers", "evaluation", "distinct"), help="run one section")
     args = ap.parse_args()
-    bench_solvers(args.seeds, args.time_limit)
-    for width in (250, 125):  # the search's default W, and a finer one
-        bench_evaluation(args.repeats, width)
+    if args.only in (None, "solvers"):
+        bench_solvers(args.seeds, args.time_limit)
+    if args.only in (None, "evaluation"):
+        for width in (250, 125):  # the search's default W, and a finer one
+            bench_evaluation(args.repeats, width)
+    if args.only in (None, "distinct"):
+        bench_distinct(args.distinct_seeds, args.distinct_limit)
 
 
 if __name__ == "__main__":

@@ -56,12 +56,15 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 from ortools.linear_solver.python import model_builder as mb
 
+from solvers import role_search
+
 OBJECTIVES = ("max_rate", "thesis")
 STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
 ROLES = ("prefill", "decode", "idle")
 MILP_BACKENDS = ("SCIP", "HIGHS", "CBC")
 BACKENDS = ("AUTO", *MILP_BACKENDS)  # AUTO: SCIP for AUTO_SCIP_S, then HiGHS (see `_solve_matrix`)
 AUTO_SCIP_S = 1.0  # AUTO's SCIP stint before HiGHS takes over (docs/inner.md)
+ROLE_SEARCH_S = 0.5  # out of time: the role search's own limit, after the MILP's (docs/inner.md)
 
 # SCIP on both inner models: the LP relaxation is within a few % of the optimum and the trees are
 # small, so cutting planes and primal heuristics cost more than they save. Without them the median
@@ -339,9 +342,9 @@ def _max_rate(
 
     status, x = _solve_matrix(model, backend if prob.roles is None else "GLOP", time_limit_s)
     extra: dict[str, float] = {}
-    if status == "time_limit" and prob.roles is None and not explicit_a:
-        # out of time without an incumbent (many distinct islands): the LP relaxation's roles, rounded
-        found = _rounded_incumbent(model, col_y, col_lam)
+    if status in ("time_limit", "feasible") and prob.roles is None and not explicit_a:
+        # out of time (many distinct islands): role search from the incumbent, or from the LP relaxation
+        found = _searched_incumbent(model, col_y, col_lam, prob, first, m, x)
         if found is not None:
             status, x, extra = "feasible", found[0], {"bound_req_s": found[1]}
     if status in ("infeasible", "time_limit"):
@@ -363,12 +366,22 @@ def _max_rate(
     return _solution(prob, classes, status, rate, roles, x_pi, x_di, thesis_deviation(prob, x_pi, x_di), t0, extra)
 
 
-def _rounded_incumbent(model: mb.Model, col_y: int, col_lam: int) -> tuple[np.ndarray, float] | None:
-    """A feasible max_rate solution and an upper bound when the MILP ran out of time without one.
+def _searched_incumbent(
+    model: mb.Model,
+    col_y: int,
+    col_lam: int,
+    prob: InnerProblem,
+    first: list[int],
+    m: np.ndarray,
+    incumbent: np.ndarray,
+) -> tuple[np.ndarray, float] | None:
+    """A max_rate solution and an upper bound when the MILP ran out of time, with or without an incumbent.
 
-    The LP relaxation (GLOP) bounds Λ from above and says how many islands of each class decode,
-    fractionally; those counts, rounded, fix every role, and the LP that is left routes the ranges.
-    Its Λ is achievable (a solution of the MILP), the relaxation's is the bound the gap is taken to.
+    The LP relaxation (GLOP) bounds Λ from above. The role search (`solvers.role_search`, at most
+    ROLE_SEARCH_S) starts from the incumbent's decode counts per class, or without one from the
+    relaxation's, rounded, and improves them one move at a time; the LP left with those roles fixed
+    routes the ranges. Its Λ is achievable (a solution of the MILP), the relaxation's is the bound
+    the gap is taken to.
     """
     relaxed = model.clone()
     for col in range(col_y, col_lam):
@@ -377,14 +390,26 @@ def _rounded_incumbent(model: mb.Model, col_y: int, col_lam: int) -> tuple[np.nd
     if status not in ("optimal", "feasible"):
         return None
     bound = float(x[col_lam])
+    start = incumbent if len(incumbent) else x  # `first`: each class's first island, whose rows it has
+    decode, _ = role_search.improve(
+        prob.prefill_req_s[first],
+        prob.decode_req_s[first],
+        prob.p,
+        m,
+        np.round(start[col_y:col_lam]),
+        kv_gb=prob.kv_gb,
+        link_gb_s=None if prob.link_gb_s is None else prob.link_gb_s[first],
+        budget_s=ROLE_SEARCH_S,
+    )
     fixed = relaxed.clone()
-    for col in range(col_y, col_lam):
-        v = float(np.round(x[col]))
-        fixed.helper.set_var_lower_bound(col, v)
-        fixed.helper.set_var_upper_bound(col, v)
+    for col, v in zip(range(col_y, col_lam), decode, strict=True):
+        fixed.helper.set_var_lower_bound(col, float(v))
+        fixed.helper.set_var_upper_bound(col, float(v))
     status, xf = _solve_matrix(fixed, "GLOP", 60.0)
     if status not in ("optimal", "feasible"):
         return None
+    if len(incumbent) and xf[col_lam] < incumbent[col_lam]:
+        return incumbent, bound  # (the search keeps or improves its start; this guards LP tolerances)
     return xf, bound
 
 

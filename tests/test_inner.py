@@ -381,7 +381,7 @@ def test_the_returned_routing_delivers_the_returned_rate_exactly(backend: str) -
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_out_of_time_without_an_incumbent_the_rounded_relaxation_is_a_feasible_bounded_answer(seed: int) -> None:
+def test_out_of_time_without_an_incumbent_the_role_search_gives_a_feasible_bounded_answer(seed: int) -> None:
     # every island distinct (no classes merge): a MILP stopped at 1 ms has no incumbent of its own
     rng = np.random.default_rng(seed)
     n_i, n_j = 20, 12
