@@ -390,17 +390,20 @@ def _searched_incumbent(
     if status not in ("optimal", "feasible"):
         return None
     bound = float(x[col_lam])
-    start = incumbent if len(incumbent) else x  # `first`: each class's first island, whose rows it has
-    decode, _ = role_search.improve(
-        prob.prefill_req_s[first],
-        prob.decode_req_s[first],
-        prob.p,
-        m,
-        np.round(start[col_y:col_lam]),
-        kv_gb=prob.kv_gb,
-        link_gb_s=None if prob.link_gb_s is None else prob.link_gb_s[first],
-        budget_s=ROLE_SEARCH_S,
-    )
+    start = np.round((incumbent if len(incumbent) else x)[col_y:col_lam])
+    try:  # `first`: each class's first island, whose rows the class has
+        decode, _ = role_search.improve(
+            prob.prefill_req_s[first],
+            prob.decode_req_s[first],
+            prob.p,
+            m,
+            start,
+            kv_gb=prob.kv_gb,
+            link_gb_s=None if prob.link_gb_s is None else prob.link_gb_s[first],
+            budget_s=ROLE_SEARCH_S,
+        )
+    except RuntimeError:  # a phase LP GLOP could not solve: the start is still a solution
+        decode = start
     fixed = relaxed.clone()
     for col, v in zip(range(col_y, col_lam), decode, strict=True):
         fixed.helper.set_var_lower_bound(col, float(v))

@@ -406,6 +406,29 @@ def test_out_of_time_without_an_incumbent_the_role_search_gives_a_feasible_bound
     assert np.all(served_d >= quick.rate_req_s * prob.p * (1 - 1e-6))
 
 
+def test_out_of_time_a_role_search_that_fails_leaves_the_rounded_relaxation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from solvers import role_search
+
+    def fails(*args: object, **kw: object) -> None:
+        raise RuntimeError("role search: a phase LP ended with status 2")
+
+    rng = np.random.default_rng(4)
+    n_i, n_j = 16, 8
+    prob = InnerProblem(
+        tuple((f"T{k}", 8) for k in range(n_i)),
+        rng.dirichlet(np.ones(n_j)),
+        rng.uniform(5, 100, (n_i, n_j)),
+        rng.uniform(5, 100, (n_i, n_j)),
+        "max_rate",
+    )
+    searched = solve(prob, time_limit_s=0.001, backend="SCIP")
+    monkeypatch.setattr(role_search, "improve", fails)
+    rounded = solve(prob, time_limit_s=0.001, backend="SCIP")
+    assert rounded.status == searched.status == "feasible"
+    assert 0 < rounded.rate_req_s <= searched.rate_req_s * (1 + 1e-9)
+    assert rounded.extra["bound_req_s"] == pytest.approx(searched.extra["bound_req_s"])
+
+
 def test_an_unproven_exact_reference_still_has_a_layout_below_the_optimum_and_a_bound_above_it() -> None:
     """When the exact MILP stops at its time limit, the LP relaxation bounds the optimum and its
     rounded-down counts give a layout that fits the inventory (solvers/exact.py `_unproven`)."""
