@@ -12,10 +12,9 @@ proposals asked, then all `batch` results told). Its trainable deals the layouts
 workers of the trial's placement group (one bundle of `cpus_per_trial` per worker, as many as the
 cluster has room for, on any of its nodes): it scores its own share and hands every other worker
 its share as one Ray task (`pipeline.tune_worker`). A worker process keeps the search's planner
-(and its benchmark cache) from one batch to the next. The driver starts the other workers'
-processes while Ray Tune starts the trainable, on every node a bundle may land on
-(`tune_worker.prewarm`; on a cluster with room for far more workers than the search uses, they
-start with the trainable's first batch instead). Until one is ready (~1-1.5 s on a busy 2-core
+(and its benchmark cache) from one batch to the next. On a one-node Ray the driver starts the
+other workers' processes while Ray Tune starts the trainable (`tune_worker.prewarm`); on a cluster
+they start with the trainable's first batch. Until one is ready (~1-1.5 s on a busy 2-core
 machine) the trainable scores layouts alone, one after another, and so it does throughout with
 room for one worker only.
 

@@ -268,9 +268,11 @@ class SearchRun:
                 run.add_batch([(p, None, error) for p in trial.config["layouts"]])
 
         ctx_ref = [ray.put(self.ctx)]
-        # the other workers' processes start now, beside the trainable's, on every node a bundle may land on
+        # one node: the other workers' processes start now, beside the trainable's (on a cluster the
+        # driver cannot know which nodes the trial's bundles will be on, so they start with its first batch)
+        one_node = sum(1 for n in ray.nodes() if n.get("Alive")) == 1
+        warming = prewarm(self.ctx.key, ctx_ref, workers - 1, trainable_env()) if one_node else []
         cpus = self.s.cpus_per_trial
-        warming = prewarm(self.ctx.key, ctx_ref, workers - 1, trainable_env(), cpus)
         trial = tune.with_parameters(
             batch_trial, key=self.ctx.key, ctx_ref=ctx_ref, trial_fn=trial_fn, workers=workers, cpus=cpus
         )

@@ -33,40 +33,16 @@ def context(key: str, ctx_ref: list[Any]) -> Context:
     return ctx
 
 
-def prewarm(
-    key: str, ctx_ref: list[Any], helpers: int, runtime_env: Mapping[str, Any], cpus_per_trial: float
-) -> list[Any]:
+def prewarm(key: str, ctx_ref: list[Any], helpers: int, runtime_env: Mapping[str, Any]) -> list[Any]:
     """Start the other workers' processes from the driver, while Ray Tune starts the trainable.
 
     The trainable's tasks run in its runtime env (Ray Tune gives its actor one), which no idle
     worker has, so Ray would start a process for the first of them only when the first batch is
     out, and it took ~1 s to be ready. A task in that env now starts one at once; it imports the
     search's code and fetches its context, and the trainable's first task finds it idle and warm.
-    Where they start: `prewarm_counts`. They reserve no CPU (the trial's placement group holds the
-    cluster's) and each is pinned to its node."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    nodes = {n["NodeID"]: n.get("Resources", {}).get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")}
-    refs = []
-    for node, count in prewarm_counts(nodes, helpers, cpus_per_trial).items():
-        where = NodeAffinitySchedulingStrategy(node, soft=False)
-        task = _warm_task.options(num_cpus=0, runtime_env=dict(runtime_env), scheduling_strategy=where)
-        refs += [task.remote(key, ctx_ref) for _ in range(count)]
-    return refs
-
-
-def prewarm_counts(node_cpus: Mapping[str, float], helpers: int, cpus_per_trial: float) -> dict[str, int]:
-    """How many processes `prewarm` starts on each node.
-
-    Which nodes the trial's bundles land on is Ray's choice, so each node gets as many as it could
-    hold bundles, `helpers` at most. On a cluster with room for many more than that (more than
-    twice `helpers` in all) most would idle for the whole search, holding memory: then none starts
-    early, and the first batch starts them where its bundles are."""
-    counts = {node: min(helpers, int(cpus / cpus_per_trial + 1e-9)) for node, cpus in node_cpus.items()}
-    counts = {node: n for node, n in counts.items() if n > 0}
-    if len(counts) > 1 and sum(counts.values()) > 2 * helpers:
-        return {}
-    return counts
+    It reserves no CPU (the trial's placement group holds the cluster's), so it may run on any
+    node: the driver calls it on a one-node Ray only."""
+    return [_warm_task.options(num_cpus=0, runtime_env=dict(runtime_env)).remote(key, ctx_ref) for _ in range(helpers)]
 
 
 def ready_helpers(key: str, ctx_ref: list[Any], helpers: int, cpus: float = 1.0) -> int:

@@ -431,19 +431,6 @@ def test_every_trial_runs_in_the_runtime_env_the_prewarmed_workers_start_in(tmp_
     assert notes == {json.dumps(trainable_env()["env_vars"], sort_keys=True)}, notes
 
 
-def test_the_other_workers_start_early_on_every_node_a_bundle_may_land_on_unless_the_cluster_is_far_larger() -> None:
-    from pipeline.tune_worker import prewarm_counts
-
-    assert prewarm_counts({"a": 2.0}, 1, 1.0) == {"a": 1}  # one node: the trainable's bundle, one other
-    assert prewarm_counts({"a": 1.0, "b": 1.0}, 1, 1.0) == {"a": 1, "b": 1}  # either may hold the other bundle
-    assert prewarm_counts({"a": 8.0, "b": 4.0, "c": 0.0}, 11, 1.0) == {"a": 8, "b": 4}  # a CPU-less node: none
-    assert prewarm_counts({"a": 2.0, "b": 2.0}, 7, 0.5) == {"a": 4, "b": 4}  # bundles of half a CPU
-    assert prewarm_counts({"a": 1.0}, 0, 1.0) == {}  # a search of one worker: no other to start
-    # 10 nodes of 8 CPUs for a batch of 16: 80 processes for 15 helpers would mostly idle; none start early
-    assert prewarm_counts({str(k): 8.0 for k in range(10)}, 15, 1.0) == {}
-    assert prewarm_counts({"a": 64.0}, 15, 1.0) == {"a": 15}  # one big node: exactly the helpers
-
-
 def test_a_fraction_of_a_cpu_per_trial_gives_more_workers_and_every_trial_runs(tmp_path: Path) -> None:
     """ray.cpus_per_trial=0.5 on 2 CPUs: 4 bundles of half a CPU, each worker's task sized to one."""
     from pipeline.trial import run_trial
