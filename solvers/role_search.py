@@ -45,12 +45,13 @@ class _Phase:
         cols = [np.arange(cj), np.full(n_j, cj), np.arange(cj)]
         vals = [b.ravel(), -p, np.ones(cj)]
         row_ub = [np.full(n_j, np.inf), u.astype(float)]
-        if kv is not None and link is not None:
+        has_kv = kv is not None and link is not None
+        if has_kv:
             rows.append(n_j + n_c + cc.ravel())
             cols.append(np.arange(cj))
             vals.append((b * kv[None, :]).ravel())
             row_ub.append(u * link)
-        n_row = n_j + n_c * (2 if len(rows) == 4 else 1)
+        n_row = n_j + n_c * (2 if has_kv else 1)
         matrix = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_row, cj + 1))
         lb, ub = np.zeros(cj + 1), np.where(np.append(b.ravel() > 0, True), np.inf, 0.0)
         row_lb = np.concatenate([np.zeros(n_j), np.full(n_row - n_j, -np.inf)])
@@ -65,7 +66,7 @@ class _Phase:
             raise RuntimeError(f"role search could not load a phase LP: {error}")
         rows_ = self.solver.constraints()
         self.demand, self.cap = rows_[:n_j], rows_[n_j : n_j + n_c]
-        self.kv = rows_[n_j + n_c :] if len(rows_) > n_j + n_c else []
+        self.kv = rows_[n_j + n_c :]  # empty without KV rows
         self.lam = self.solver.variables()[cj]
         self.rate = self.solve()
 
