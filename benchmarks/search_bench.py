@@ -19,8 +19,9 @@
    (both then start from the same filled benchmark caches): the median ratio and every run's.
    Target: >= 0.7x. A diagnostic row runs the Tune search again without MLflow child runs, to show
    what they cost. With `--nodes`, trials/s on a local Ray cluster of 1 node and of 2 nodes (1 CPU
-   each), side by side, for cheap trials and for trials of ~1 s (`search.objective=goodput`): the
-   whole search and after its first batch (the exact reference first, untimed, as in the main job).
+   each), side by side, for cheap trials, for trials of ~1 s (`search.objective=goodput`) and for
+   the trials of a 2,488-GPU inventory of 8 types (scale_bench.py's 8:0.25, 128 trials): the whole
+   search and after its first batch (the exact reference first, untimed, as in the main job).
    `--speed-only` skips 2.
 """
 
@@ -38,6 +39,7 @@ import optuna
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
+from scale_bench import inventory as scale_inventory  # benchmarks/, the script's own folder
 
 from costmodel.catalog import CONF_DIR
 from pipeline.reference import reference
@@ -49,12 +51,14 @@ from pipeline.tune_driver import SearchRun, start_local_ray
 from solvers.layouts import divide
 
 
-def load(overrides: list[str]) -> Any:
+def load(overrides: list[str], gpus: dict[str, int] | None = None) -> Any:
+    """(settings, context) of a search on hetero_a, or on an inventory of `gpus` (type: count)."""
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("search", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
-    inv = OmegaConf.load(CONF_DIR / "inventory" / "hetero_a.yaml")
-    return settings_from_cfg(cfg, "hetero_a", inv)
+    if gpus is None:
+        return settings_from_cfg(cfg, "hetero_a", OmegaConf.load(CONF_DIR / "inventory" / "hetero_a.yaml"))
+    return settings_from_cfg(cfg, "scale", OmegaConf.create({"gpus": gpus}))
 
 
 def optuna_loop(ctx: Any, sampler: Any, evals: int, batch: int) -> tuple[list[float], list[dict[str, Any]]]:
@@ -212,6 +216,9 @@ def main() -> None:
         nodes_scaling(tmp, n, args.batch, [])
         print("\ntrials of ~1 s (search.objective=goodput: a simulation per layout):")
         nodes_scaling(tmp, 32, args.batch, ["search.objective=goodput"])
+        gpus = scale_inventory(8, 0.25)
+        print(f"\ntrials of a large inventory ({sum(gpus.values()):,} GPUs of 8 types, scale_bench.py's 8:0.25):")
+        nodes_scaling(tmp, 128, args.batch, [], gpus)
 
 
 class Timed(SearchRun):
@@ -233,7 +240,7 @@ class NoChildren(Tracker):
         pass
 
 
-def nodes_scaling(tmp: Path, n: int, batch: int, extra: list[str]) -> None:
+def nodes_scaling(tmp: Path, n: int, batch: int, extra: list[str], gpus: dict[str, int] | None = None) -> None:
     """Trials/s through Ray Tune on a local Ray cluster of 1 and of 2 nodes (1 CPU each, ray.cluster_utils):
     the whole search, and after its first batch. The exact reference runs first, untimed, as in the
     main job: it benchmarks every island size, so every worker starts with the planner's cache warm."""
@@ -246,14 +253,16 @@ def nodes_scaling(tmp: Path, n: int, batch: int, extra: list[str]) -> None:
         for _ in range(nodes - 1):
             cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
-        settings, ctx = load([f"out_root={tmp}/nodes{nodes}{len(extra)}", f"search.batch={batch}",
-                              f"search.iterations={n // batch}", "search.sampler=random", "search.reference=false",
-                              f"ray.address={cluster.address}", *extra])  # fmt: skip
+        tag = f"{nodes}{'-'.join(['', *extra])}{'-big' if gpus else ''}"  # the MLflow parent's name
+        out = f"{tmp}/nodes{nodes}-{len(extra)}{'-big' if gpus else ''}"
+        settings, ctx = load([f"out_root={out}", f"search.batch={batch}", f"search.iterations={n // batch}",
+                              "search.sampler=random", "search.reference=false", f"ray.address={cluster.address}",
+                              *extra], gpus)  # fmt: skip
         reference(settings, ctx, ctx.planner)
         ray.init(address=cluster.address, log_to_driver=False)
         tracker = Tracker(f"sqlite:///{tmp}/mlflow.db", "bench-nodes")
         run = Timed(settings, ctx, tracker)
-        tracker.start_parent(f"nodes{nodes}{'-'.join(['', *extra])}", {})
+        tracker.start_parent(f"nodes{tag}", {})
         t = time.perf_counter()
         run.run_tune(run_trial)
         rates[nodes] = n / (time.perf_counter() - t)
