@@ -31,7 +31,8 @@ RATES = {
     "simulated_req_s": "objective goodput: the highest rate the simulator sustained within the SLOs for this "
     "layout in the search (bisection from rate_req_s; pipeline/goodput.py)",
     "verification": "the plan simulated request by request at its rate (pipeline.simulate): throughput, latency "
-    "percentiles and whether the SLOs held",
+    "percentiles and whether the SLOs held; where they broke, `sustained_req_s`: the highest rate below it the "
+    "simulator sustains within them",
 }
 
 
@@ -298,8 +299,9 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str, routing_png: 
     rate = plan["rate_req_s"]
     lines += [
         "**The rate to plan with is the first row**: what the layout sustains within the SLOs, checked request "
-        "by request by the simulator in the row below it. The rows under *Diagnostics* explain how the search "
-        "got there; none of them is a rate to deploy for.",
+        "by request by the simulator in the row below it (where the simulator sustains less, that row gives the "
+        "rate it sustains). The rows under *Diagnostics* explain how the search got there; none of them is a rate "
+        "to deploy for.",
         "",
         "| | |",
         "|---|---|",
@@ -429,7 +431,13 @@ def _verification_rows(v: Mapping[str, Any] | None) -> list[str]:
     if not v:
         return ["| simulated | not checked (search.verify=false) |"]
     verdict = "SLOs held" if v["sustained"] else f"**not sustained**: {v['why_not']}"
-    if not v["sustained"] and v.get("holds_at_0_95"):
+    if not v["sustained"] and v.get("sustained_req_s"):  # the highest rate below the stated one that held
+        verdict += (f"; the simulator sustains **{v['sustained_req_s']:.2f} req/s**"
+                    f"{' within the SLOs' if v['slo'].startswith('SLO ') else ''} "
+                    f"({v['sustained_over_stated']:.3f} x stated): plan with that")  # fmt: skip
+    elif not v["sustained"] and "sustained_req_s" in v:
+        verdict += "; none of the lower rates simulated held either (down to half the stated rate)"
+    elif not v["sustained"] and v.get("holds_at_0_95"):  # a plan.json written before `sustained_req_s`
         verdict += "; the SLOs hold at 0.95 x stated (within 5 %)"
     return [
         f"| simulated at that rate | {v['throughput_req_s']:.2f} req/s = {v['simulated_over_stated']:.3f} x stated; "

@@ -110,6 +110,35 @@ def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(finished_search: t
     assert sum(ctx.space.layout_key(r["params"]) in around for r in recs[8:]) >= 2
 
 
+@pytest.mark.xdist_group("finished_search")  # conftest: one finished search per process
+def test_a_plan_the_simulator_does_not_sustain_is_given_the_rate_it_does(finished_search: tuple[Path, Any]) -> None:
+    """The main job's check (`pipeline.simulate.verify`) on the finished plan, and on the same plan
+    claiming 1.6 x its rate: there the check fails, and the rate the simulator sustains is found below."""
+    from omegaconf import OmegaConf
+
+    from pipeline.outputs import _verification_rows
+    from pipeline.simulate import VERIFY_LOW, verify
+
+    tmp_path, r = finished_search
+    assert r.returncode == 0, r.stderr
+    (d,) = run_dirs(tmp_path)
+    plan = json.loads((d / "plan.json").read_text())
+    cfg, rate = OmegaConf.create(json.loads((d / "config.json").read_text())), plan["rate_req_s"]
+    own = plan["verification"]  # at the plan's own rate (throughput-only: its islands busy all the time)
+    assert own["sustained_req_s"] == rate if own["sustained"] else 0.5 * rate <= own["sustained_req_s"] < rate
+    inflated = {**plan, "rate_req_s": 1.6 * rate}
+    (tmp_path / "inflated").mkdir(exist_ok=True)
+    (tmp_path / "inflated" / "plan.json").write_text(json.dumps(inflated))
+    v = verify(inflated, tmp_path / "inflated" / "plan.json", cfg, plan["workload"])
+    assert not v["sustained"] and v["why_not"] and v["holds_at_0_95"] is False
+    # 1.52 x rate fails, then bisection in [0.8, 1.52] x rate lands where the plan's own check held, within its
+    # resolution (0.09 x rate)
+    assert max(0.85 * rate, VERIFY_LOW * 1.6 * rate) <= v["sustained_req_s"] < 0.95 * 1.6 * rate
+    assert v["sustained_req_s"] >= own["sustained_req_s"] - 0.1 * rate
+    assert v["sustained_over_stated"] == pytest.approx(v["sustained_req_s"] / (1.6 * rate))
+    assert f"sustains **{v['sustained_req_s']:.2f} req/s**" in _verification_rows(v)[0]
+
+
 def test_bad_input_is_one_line_and_nonzero(tmp_path: Path) -> None:
     cases = [
         (["+inventory=nope"], "error: inventory=nope: there is no config 'nope' in group 'inventory'"),
