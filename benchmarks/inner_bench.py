@@ -1,6 +1,7 @@
 """Inner-solver speed, measured side by side in one run (absolute times drift on a shared machine).
 
     python benchmarks/inner_bench.py [--seeds 3] [--time-limit 30] [--only distinct --distinct-seeds 3]
+                                     [--only real --real-seeds 10]
 
 1. 64 islands x 32 ranges (6 island classes: 3 GPU types x 2 sizes, random benchmark rows with
    throughput falling with length; a fresh instance per seed). Median solve time of
@@ -21,6 +22,11 @@
    the role search (`solvers.role_search`, at most 0.5 s) improves what it has. Printed: the time
    ratios, how far the quick answer is below the proven optimum, and its gap to its own bound.
    Target: <= 1 s with the same optimum (not met: the quick answer is not proven; docs/inner.md).
+4. 64 distinct islands from the cost model instead: each seed draws 64 different (GPU type, size)
+   pairs from 8 GPU types x sizes 8-128 (whole 8-GPU hosts), DeepSeek-V3, the main job's SLOs and
+   ranges, both Azure workloads; `max_rate` with the search's defaults (AUTO backend, 10 s limit).
+   Printed per workload: how many were proven optimal, and the median and slowest solve (the
+   island benchmarks cached, as in a search).
 """
 
 from __future__ import annotations
@@ -264,6 +270,35 @@ def _timed(planner: Planner, layout: Layout, backend: str) -> float:
     return time.perf_counter() - t
 
 
+REAL_TYPES = ("H200", "H800", "H20", "H100-SXM", "DGX-B200", "MI300X", "A100-80GB", "H20-3E")  # scale_bench's 8
+
+
+def bench_real_distinct(seeds: int) -> None:
+    model, profile = load_model("deepseek_v3"), CostProfile.corrected()
+    pairs = [(g, n) for g in REAL_TYPES for n in range(8, 129, 8)]
+    print(
+        f"\n64 distinct islands of the cost model ({len(REAL_TYPES)} GPU types x sizes 8-128, {seeds} draws), "
+        "SLOs TTFT p99 <= 2 s, TPOT p99 <= 50 ms, W=250; max_rate, AUTO, 10 s limit:"
+    )
+    for name in ("azure_code", "azure_conv"):
+        workload = workload_from_cfg(name, {"kind": "histogram", "histogram": name})
+        planner = Planner(model, workload, make_ranges(workload, 250), CostSettings(profile, ttft_ms=2000, tpot_ms=50),
+                          {g: load_gpu(g) for g in REAL_TYPES})  # fmt: skip
+        rng, times, proven, usable = np.random.default_rng(0), [], 0, []
+        for _ in range(seeds):
+            layout = Layout.of([pairs[k] for k in rng.choice(len(pairs), 64, replace=False)])
+            planner.solve(layout)  # the first sight of each (GPU, size) benchmarks it
+            t = time.perf_counter()
+            prob, sol = planner.solve(layout)
+            times.append(time.perf_counter() - t)
+            proven += sol.status == "optimal"
+            usable.append(int((prob.prefill_req_s.sum(1) > 0).sum()))
+        print(
+            f"  {name:10s}: {proven}/{seeds} proven optimal; solve median {1e3 * np.median(times):.0f} ms, slowest "
+            f"{1e3 * max(times):.0f} ms ({min(usable)}-{max(usable)} of the 64 islands hold the model)"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
@@ -271,7 +306,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--distinct-seeds", type=int, default=1)
     ap.add_argument("--distinct-limit", type=float, default=150.0)
-    ap.add_argument("--only", choices=("solvers", "evaluation", "distinct"), help="run one section")
+    ap.add_argument("--real-seeds", type=int, default=10, help="draws of 64 distinct cost-model islands (section 4)")
+    ap.add_argument("--only", choices=("solvers", "evaluation", "distinct", "real"), help="run one section")
     args = ap.parse_args()
     if args.only in (None, "solvers"):
         bench_solvers(args.seeds, args.time_limit)
@@ -280,6 +316,8 @@ def main() -> None:
             bench_evaluation(args.repeats, width)
     if args.only in (None, "distinct"):
         bench_distinct(args.distinct_seeds, args.distinct_limit)
+    if args.only in (None, "real"):
+        bench_real_distinct(args.real_seeds)
 
 
 if __name__ == "__main__":
