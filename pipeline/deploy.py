@@ -418,8 +418,11 @@ def readme(plan: dict[str, Any], es: list[Engine], cfg: Any, files: list[str]) -
     hosts: dict[str, set[int]] = {}
     for e in es:
         hosts.setdefault(e.gpu, set()).update(e.hosts)
+    v = plan.get("verification") or {}  # where the simulator sustains less than the stated rate, say so
+    lower = v.get("sustained") is False and v.get("sustained_req_s")
+    sim = f", {v['sustained_req_s']:.1f} in the simulator" if lower else ""
     lines = [
-        f"# Deployment of a plan: {plan['rate_req_s']:.1f} req/s within the SLOs ({cfg.engine}, {cfg.target})",
+        f"# Deployment of a plan: {plan['rate_req_s']:.1f} req/s within the SLOs{sim} ({cfg.engine}, {cfg.target})",
         "",
         f"Made by `python -m pipeline.deploy` from {cfg.plan}. Hosts are numbered per GPU type, as the plan's "
         "report.md node map numbers them: " + "; ".join(f"{g}: {len(h)} hosts" for g, h in sorted(hosts.items())) + ".",

@@ -255,6 +255,22 @@ def test_a_plan_without_node_aligned_islands_is_refused_with_the_fix(plan_path: 
     assert r.returncode == 2 and "search.shapes=nodes" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_the_deployment_readme_names_the_rate_the_simulator_sustains_where_it_is_lower(
+    plan_path: Path, tmp_path: Path
+) -> None:
+    plan = json.loads(plan_path.read_text())
+    for sustained, title in (
+        (True, "req/s within the SLOs (sglang"),
+        (False, "req/s within the SLOs, 123.4 in the simulator"),
+    ):
+        plan["verification"] = {**plan.get("verification", {}), "sustained": sustained, "sustained_req_s": 123.4}
+        path = tmp_path / f"plan_{sustained}.json"
+        path.write_text(json.dumps(plan))
+        deploy(path, tmp_path / f"d_{sustained}")
+        first = (tmp_path / f"d_{sustained}" / "README.md").read_text().splitlines()[0]
+        assert first.startswith(f"# Deployment of a plan: {plan['rate_req_s']:.1f} ") and title in first, first
+
+
 def test_configurations_engines_cannot_run_are_never_proposed() -> None:
     from costmodel.catalog import load_gpu, load_model
     from costmodel.island_bench import benchmark_island
