@@ -23,7 +23,7 @@
    ratios, how far the quick answer is below the proven optimum, and its gap to its own bound.
    Target: <= 1 s with the same optimum (not met: the quick answer is not proven; docs/inner.md).
 4. 64 distinct islands from the cost model instead: each seed draws 64 different (GPU type, size)
-   pairs from 8 GPU types x sizes 8-128 (whole 8-GPU hosts), DeepSeek-V3, the main job's SLOs and
+   pairs from 8 GPU types x sizes 8-128 (whole 8-GPU hosts), DeepSeek-V3 (`corrected`), the main job's SLOs and
    ranges, both Azure workloads; `max_rate` with the search's defaults (AUTO backend, 10 s limit).
    Printed per workload: how many were proven optimal, and the median and slowest solve (the
    island benchmarks cached, as in a search).
