@@ -21,7 +21,7 @@ def reference_csv() -> Path:
 
 # A small finished search (Ray Tune, MLflow, the exact reference, the simulated check), run once per
 # session (the tests that use it are in one xdist group, so in one process): the end-to-end test checks its
-# outputs, the check of the plan's simulated rate re-runs it, and the browser test opens its MLflow store.
+# outputs, the test of the simulated-rate check checks its plan again, and the browser test opens its MLflow store.
 FINISHED_SEARCH = ["+inventory=tiny_hetero", "ranges.width=1000", "search.batch=4", "ray.num_cpus=2",
                    "search.iterations=3", "slo=null", "search.shapes=any"]  # fmt: skip
 
