@@ -438,12 +438,15 @@ def _verification_rows(v: Mapping[str, Any] | None) -> list[str]:
         verdict += "; none of the lower rates simulated held either (down to half the stated rate)"
     elif not v["sustained"] and v.get("holds_at_0_95"):  # a plan.json written before `sustained_req_s`
         verdict += "; the SLOs hold at 0.95 x stated (within 5 %)"
-    return [
+    rows = [
         f"| simulated at that rate | {v['throughput_req_s']:.2f} req/s = {v['simulated_over_stated']:.3f} x stated; "
         f"{verdict} |",
         f"| simulated latency | TTFT p50 {v['ttft_ms_p50']:.0f} ms, p99 {v['ttft_ms_p99']:.0f} ms; TPOT p99 "
         f"{v['tpot_ms_p99']:.1f} ms; {v['slo_attainment']:.1%} of requests within the SLOs ({v['slo']}) |",
     ]
+    if v.get("steady_state"):  # the verdict rests on a window that may be too short (or an overload)
+        rows.append(f"| simulated window | {v.get('requests', 0):,} requests: {v['steady_state']} |")
+    return rows
 
 
 def _fmt(v: Any) -> str:

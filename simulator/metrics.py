@@ -88,7 +88,7 @@ def steady_state_note(m: dict[str, float]) -> str:
     """A warning when the measuring window is shorter than the slowest requests take (no steady state)."""
     if m.get("e2e_ms_p99", 0.0) / 1e3 > m.get("window_s", 0.0):
         return (
-            f"the measuring window ({m.get('window_s', 0.0):.0f} s of arrivals) is shorter than the p99 request "
-            f"({m['e2e_ms_p99'] / 1e3:.0f} s): too short for a steady state, simulate more requests"
+            f"the measuring window ({m.get('window_s', 0.0):.3g} s of arrivals) is shorter than the p99 request "
+            f"({m['e2e_ms_p99'] / 1e3:.3g} s): too short for a steady state, simulate more requests"
         )
     return ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -137,6 +138,52 @@ def test_a_plan_the_simulator_does_not_sustain_is_given_the_rate_it_does(finishe
     assert v["sustained_req_s"] >= own["sustained_req_s"] - 0.1 * rate
     assert v["sustained_over_stated"] == pytest.approx(v["sustained_req_s"] / (1.6 * rate))
     assert f"sustains **{v['sustained_req_s']:.2f} req/s**" in _verification_rows(v)[0]
+
+
+@pytest.mark.xdist_group("finished_search")
+def test_a_window_shorter_than_the_slowest_requests_is_lengthened(
+    finished_search: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large plan fills the check's request cap in a second, before decoding fills up. Here the cap
+    is cut to 800 requests (about 5 s of this small plan's arrivals, shorter than its slowest requests):
+    kept at 800, the check misjudges the plan; lengthened, it agrees with the check on 90 s, and an
+    overloaded plan is called overloaded instead of lengthened further."""
+    from omegaconf import OmegaConf
+
+    import pipeline.simulate as simulate
+    from pipeline.outputs import _verification_rows
+
+    tmp_path, r = finished_search
+    assert r.returncode == 0, r.stderr
+    (d,) = run_dirs(tmp_path)
+    plan = json.loads((d / "plan.json").read_text())
+    cfg = OmegaConf.create(json.loads((d / "config.json").read_text()))
+    own = plan["verification"]  # on 90 s of arrivals
+    assert own["requests"] > 800 and not own["steady_state"]
+    monkeypatch.setattr(simulate, "VERIFY_REQUESTS", (800, 800))
+
+    monkeypatch.setattr(simulate, "VERIFY_LONGEST", (800, 1e9))  # not lengthened: the window is too short
+    kept = simulate.verify(plan, d / "plan.json", cfg, plan["workload"])
+    assert kept["requests"] == 800 and "too short for a steady state" in kept["steady_state"]
+    assert kept["simulated_over_stated"] < own["simulated_over_stated"] - 0.1  # decoding had not filled up
+    assert f"800 requests: {kept['steady_state']}" in _verification_rows(kept)[-1]
+
+    monkeypatch.setattr(simulate, "VERIFY_LONGEST", (1_200_000, 600.0))
+    longer = simulate.verify(plan, d / "plan.json", cfg, plan["workload"])
+    assert 800 < longer["requests"] < 600 * plan["rate_req_s"] and longer["steady_state"] == ""
+    counts = [w["requests"] for w in longer["windows"]]
+    assert counts[0] == 800 and counts[-1] == longer["requests"]
+    assert all(b >= int(1.5 * a) for a, b in itertools.pairwise(counts))
+    assert longer["windows"][-1]["window_s"] >= longer["windows"][-1]["e2e_ms_p99"] / 1e3  # the window holds it
+    assert longer["simulated_over_stated"] == pytest.approx(own["simulated_over_stated"], abs=0.03)
+    assert len(_verification_rows(longer)) == 2  # no window row
+
+    inflated = {**plan, "rate_req_s": 1.6 * plan["rate_req_s"]}
+    (tmp_path / "inflated_short").mkdir(exist_ok=True)
+    (tmp_path / "inflated_short" / "plan.json").write_text(json.dumps(inflated))
+    over = simulate.verify(inflated, tmp_path / "inflated_short" / "plan.json", cfg, plan["workload"])
+    assert not over["sustained"] and "the plan is overloaded" in over["steady_state"]
+    assert over["requests"] < 100 * 800  # stopped once a longer window left the shortfall as it was
 
 
 def test_bad_input_is_one_line_and_nonzero(tmp_path: Path) -> None:
