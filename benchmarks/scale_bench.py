@@ -2,9 +2,10 @@
 
     python benchmarks/scale_bench.py                          # 2,500 and 10,000 GPUs of 8 types, 10,000 of 3
     python benchmarks/scale_bench.py --cells 8:0.25 3:0.25    # types:scale
+    python benchmarks/scale_bench.py --cells 8:1 --verify     # with the simulated check, as users run it
 
 Each cell is `python -m pipeline.search` (default settings: 240 trials, the exact reference, the rate
-band; `search.verify=false`) on an inventory written to a temporary config dir. With 8 types it is
+band; `search.verify=false` unless --verify) on an inventory written to a temporary config dir. With 8 types it is
 2000 H200, 1500 H800, 2500 H20, 1500 H100-SXM, 1000 DGX-B200, 800 MI300X, 400 A100-80GB and 300
 H20-3E, times the scale. With 3 types it is H200, H800 and H20 in the proportions of hetero_a,
 with the same total. The table gives the wall time, the exact reference's share, and the search's
@@ -34,36 +35,45 @@ def inventory(types: int, scale: float) -> dict[str, int]:
     return {g: max(8, round(n * scale / 8) * 8) for g, n in base.items()}
 
 
-def run(types: int, scale: float, extra: list[str]) -> str:
+def run(types: int, scale: float, extra: list[str], verify: bool = False) -> str:
     inv = inventory(types, scale)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "inventory").mkdir()
         (Path(tmp) / "inventory" / "scale.yaml").write_text("gpus: " + json.dumps(inv) + "\n")
         cmd = [sys.executable, "-m", "pipeline.search", "--config-dir", tmp, "+inventory=scale",
-               "search.verify=false", f"out_root={tmp}/out", f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
+               f"search.verify={str(verify).lower()}", f"out_root={tmp}/out", f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
                *extra]  # fmt: skip
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - t0
+        plans = list(Path(tmp, "out").glob("*/*/plan.json"))
+        v = json.loads(plans[0].read_text()).get("verification", {}) if plans else {}
     if r.returncode != 0:
         return f"| {sum(inv.values()):,} | {types} | failed: {r.stderr.strip().splitlines()[-1][:120]} | | |"
     ref = re.search(r"exact (?:optimum .*?, ([\d.]+) s\)|reference stopped at its time limit \(([\d.]+) s\))", r.stdout)
     gap = re.search(r"gap ((?:<= )?[\d.]+%) to the exact optimum", r.stdout)
     ref_s = float(ref.group(1) or ref.group(2)) if ref else float("nan")
-    return (f"| {sum(inv.values()):,} | {types} | {wall:.0f} s | {ref_s:.0f} s ({ref_s / wall:.0%}) | "
-            f"{gap.group(1) if gap else '-'} |")  # fmt: skip
+    row = (f"| {sum(inv.values()):,} | {types} | {wall:.0f} s | {ref_s:.0f} s ({ref_s / wall:.0%}) | "
+           f"{gap.group(1) if gap else '-'} |")  # fmt: skip
+    if verify:
+        held = "SLOs held" if v.get("sustained") else f"sustains {v.get('sustained_over_stated', 0):.3f} x"
+        row += (f" {v['simulated_over_stated']:.3f} x, {held}; {v['requests']:,} requests, {v['sim_wall_s']:.1f} s |"
+                if v else " - |")  # fmt: skip
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cells", nargs="+", default=["8:0.25", "8:1", "3:1"], help="types:scale (scale 1 = 10,000 GPUs)")
     ap.add_argument("--extra", nargs="*", default=[], help="config overrides for every search")
+    ap.add_argument("--verify", action="store_true", help="keep the main job's simulated check on (a column)")
     args = ap.parse_args()
-    print("| GPUs | types | wall | exact reference (share) | gap to the exact optimum |")
-    print("|---:|---:|---:|---:|---:|")
+    check = " simulated / stated, verdict; requests, check's time |" if args.verify else ""
+    print("| GPUs | types | wall | exact reference (share) | gap to the exact optimum |" + check)
+    print("|---:|---:|---:|---:|---:|" + ("---|" if args.verify else ""))
     for cell in args.cells:
         types, scale = cell.split(":")
-        print(run(int(types), float(scale), args.extra), flush=True)
+        print(run(int(types), float(scale), args.extra, args.verify), flush=True)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ import numpy as np
 
 from pipeline.planner import Layout, Planner
 from simulator.arrivals import sampled
-from simulator.core import Simulation
-from simulator.metrics import summary, verdict
+from simulator.core import Requests, Simulation
+from simulator.metrics import RAMP_DEFICIT_MAX, ramp_deficit, steady_state_note, summary, verdict
 from simulator.plan import build, islands_from_plan
 from simulator.schedulers import make_scheduler
 
@@ -37,7 +37,8 @@ WARMUP = 0.1  # the first 10 % of arrivals warm the system up (conf/simulate.yam
 class GoodputCheck:
     """How hard each layout is simulated (`search.goodput` in conf/search/*.yaml)."""
 
-    seconds: float = 30.0  # of Poisson arrivals per simulation
+    seconds: float = 30.0  # of Poisson arrivals per simulation, ...
+    longest_s: float = 120.0  # ... or up to this many where that window is too short for a steady state
     steps: int = 4  # simulations per layout: the stated rate, then bisection
     min_requests: int = 6000  # per simulation, however low the rate
     low: float = 0.5  # bisection bracket, as fractions of the stated rate
@@ -66,6 +67,51 @@ def sustainable_rate(
     return best, why_fail
 
 
+OVERLOADED = 0.75  # a longer window that leaves the throughput's shortfall above this share of itself: overloaded
+
+
+def until_steady(
+    simulate: Callable[[int], tuple[Simulation, dict[str, float]]], n: int, rate: float, most: int, tolerance: float
+) -> tuple[dict[str, float], list[dict[str, float]], str]:
+    """Simulate `n` requests at `rate` req/s; where the measuring window is too short for a steady state
+    (`steady_state_note`: a large plan fills a request cap in a second, heavy-tailed answers outlast
+    a short window), again on enough for a window past 1.5 x the p99 request whose ramp-up costs at
+    most half of `RAMP_DEFICIT_MAX` (at least 1.5 x as many each time, at most `most`), until the
+    window is long enough or a longer one leaves the throughput's shortfall above `OVERLOADED` of
+    itself: then queues grow with time and the plan is overloaded at `rate`.
+
+    Returns (the metrics of the last simulation, each simulation's window, requests, ramp deficit,
+    offered and served rate, and why the last window fell short, "" if it did not)."""
+    keys = ("window_s", "e2e_ms_p99", "ramp_deficit", "offered_req_s", "throughput_req_s")
+    sim, m = simulate(n)
+    windows, steady = [{"requests": n, **{k: m.get(k, float("nan")) for k in keys}}], steady_state_note(m)
+    while steady and n < most:
+        longer = min(most, max(int(1.5 * n), int(rate * 2 * _steady_window_s(sim.r, m, most / rate))))
+        del sim  # (a million requests' arrays)
+        sim, m_longer = simulate(longer)
+        short, short_longer = (
+            max(0.0, 1 - x["throughput_req_s"] / max(x["offered_req_s"], 1e-9)) for x in (m, m_longer)
+        )
+        n, m, steady = longer, m_longer, steady_state_note(m_longer)
+        windows.append({"requests": n, **{k: m.get(k, float("nan")) for k in keys}})
+        if steady and short > tolerance and short_longer > OVERLOADED * short:
+            steady = (
+                f"throughput falls {short_longer:.0%} short of the offered rate ({short:.0%} on fewer "
+                "requests): a longer window does not close the gap; queues grow, the plan is overloaded"
+            )
+            break
+    return m, windows, steady
+
+
+def _steady_window_s(r: Requests, m: dict[str, float], longest_s: float) -> float:
+    """The shortest window past 1.5 x the p99 request whose ramp-up costs at most half of `RAMP_DEFICIT_MAX`,
+    had the requests taken as long as these did (in 5 % steps, at most `longest_s`)."""
+    w = max(1.5 * m.get("e2e_ms_p99", 0.0), m["window_s"] * 1e3, 1.0)
+    while ramp_deficit(r, w) > RAMP_DEFICIT_MAX / 2 and w < longest_s * 1e3:
+        w *= 1.05
+    return w / 1e3
+
+
 def simulated_goodput(planner: Planner, plan: dict[str, Any], check: GoodputCheck) -> tuple[float, str]:
     """(the highest rate `plan` sustains within the planner's SLOs, why the next probe above failed)."""
     islands = islands_from_plan(plan)
@@ -80,6 +126,10 @@ def simulated_goodput(planner: Planner, plan: dict[str, Any], check: GoodputChec
 
     def sustains(rate: float) -> str:
         n = max(int(rate * check.seconds), check.min_requests)
+        m, _, _ = until_steady(lambda k: simulate(rate, k), n, rate, max(n, int(rate * check.longest_s)), TOLERANCE)
+        return verdict(m, cost.ttft_ms, cost.tpot_ms, TOLERANCE)
+
+    def simulate(rate: float, n: int) -> tuple[Simulation, dict[str, float]]:
         r = sampled(n, hist[0], hist[1], "poisson", rate, check.seed)
         stats = {"mean_input": float(r.input_len.mean()), "mean_output": float(r.output_len.mean()),
                  "std_output": float(r.output_len.std())}  # fmt: skip
@@ -91,8 +141,7 @@ def simulated_goodput(planner: Planner, plan: dict[str, Any], check: GoodputChec
         sim = Simulation(r, pre, dec, router, make_scheduler("fcfs", max_output=int(r.output_len.max())))
         sim.run()
         warm = float(r.arrival[int(len(r) * WARMUP)])
-        m = summary(sim, warm, cost.ttft_ms, cost.tpot_ms, cost.ttft_percentile, cost.tpot_percentile)
-        return verdict(m, cost.ttft_ms, cost.tpot_ms, TOLERANCE)
+        return sim, summary(sim, warm, cost.ttft_ms, cost.tpot_ms, cost.ttft_percentile, cost.tpot_percentile)
 
     return sustainable_rate(sustains, plan["rate_req_s"], check.steps, check.low, check.high)
 

@@ -225,15 +225,20 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
 
 
 def goodput_from_cfg(g: Any) -> GoodputCheck:
-    """`search.goodput`: seconds of arrivals per simulation and simulations (bisection steps) per layout."""
+    """`search.goodput`: seconds of arrivals per simulation (and at most, where that window is too short
+    for a steady state) and simulations (bisection steps) per layout."""
     if not isinstance(g, Mapping):
-        raise ConfigError(f"search.goodput must be a mapping (seconds, steps), got {g!r}")
-    unknown = sorted(set(g) - {"seconds", "steps"})
+        raise ConfigError(f"search.goodput must be a mapping (seconds, longest_s, steps), got {g!r}")
+    unknown = sorted(set(g) - {"seconds", "longest_s", "steps"})
     if unknown:
-        raise ConfigError(f"search.goodput.{unknown[0]} is not a goodput setting: choose from seconds, steps")
+        raise ConfigError(
+            f"search.goodput.{unknown[0]} is not a goodput setting: choose from seconds, longest_s, steps"
+        )
     default = GoodputCheck()
+    seconds = number(g.get("seconds", default.seconds), "search.goodput.seconds", low=1)
     return GoodputCheck(
-        seconds=number(g.get("seconds", default.seconds), "search.goodput.seconds", low=1),
+        seconds=seconds,
+        longest_s=number(g.get("longest_s", max(default.longest_s, seconds)), "search.goodput.longest_s", low=seconds),
         steps=positive_int(g.get("steps", default.steps), "search.goodput.steps"),
     )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -276,10 +277,8 @@ def _throughput_plot(rows: list[dict[str, Any]], lam: float, best: float, path: 
 
 VERIFY_SECONDS_OF_ARRIVALS = 90.0  # a plan is checked on this much simulated time at its stated rate ...
 VERIFY_REQUESTS = (3000, 40000)  # ... within these bounds on the number of requests
-VERIFY_WINDOW_OVER_P99 = 1.5  # where the p99 request outlasts the measuring window, simulate again with a
-VERIFY_LONGEST = (1_200_000, 600.0)  # window this much longer than it, up to these many requests and seconds,
-VERIFY_OVERLOADED = 0.75  # unless the throughput's shortfall kept over this share of itself: a longer window
-# does not close it, queues grow without bound, the plan is overloaded and more requests tell nothing new
+VERIFY_LONGEST = (1_500_000, 600.0)  # where that window is too short for a steady state, again on more requests
+# (pipeline.goodput.until_steady), up to these many and these seconds of arrivals
 VERIFY_MARGIN = 0.95  # a plan whose SLOs hold here but break at its stated rate is within 5 % of it
 VERIFY_PROBES = 4  # where the SLOs break at the stated rate: rates below it simulated, 0.95 x stated first ...
 VERIFY_LOW = 0.5  # ... then bisection between the stated rate and this fraction of it
@@ -289,10 +288,12 @@ def verify(plan: dict[str, Any], plan_path: Path, search_cfg: Any, workload_name
     """Simulate `plan` at its stated rate with the search's workload and SLOs (the simulator's other
     settings at their conf/simulate.yaml defaults): what it sustains, its latencies, a verdict.
 
-    The requests span `VERIFY_SECONDS_OF_ARRIVALS` within `VERIFY_REQUESTS`. Where the p99 request
-    outlasts the measuring window (a plan serving tens of thousands of requests a second fills its
-    cap in a second), the check runs again on more requests until the window holds it, a longer
-    window leaves the throughput as short as before (overloaded) or `VERIFY_LONGEST` is reached.
+    The requests span `VERIFY_SECONDS_OF_ARRIVALS` within `VERIFY_REQUESTS`. Where the measuring
+    window is then too short for a steady state (`steady_state_note`: a plan serving tens of
+    thousands of requests a second fills its cap in a second, before decoding has filled up), the
+    check runs again on more requests until the window is long enough, a longer window leaves the
+    throughput as short as before (overloaded) or `VERIFY_LONGEST` is reached
+    (`pipeline.goodput.until_steady`).
     `windows` lists each of these simulations, `requests` is the count the verdict rests on and
     `steady_state` says why its window fell short ("" when it did not).
 
@@ -303,7 +304,7 @@ def verify(plan: dict[str, Any], plan_path: Path, search_cfg: Any, workload_name
     seed and request count as the check at the stated rate. 0 if none of them held."""
     from omegaconf import OmegaConf
 
-    from pipeline.goodput import sustainable_rate
+    from pipeline.goodput import sustainable_rate, until_steady
 
     cfg = OmegaConf.load(CONF_DIR / "simulate.yaml")
     cfg.plan = str(plan_path)
@@ -313,30 +314,17 @@ def verify(plan: dict[str, Any], plan_path: Path, search_cfg: Any, workload_name
     rate = float(plan["rate_req_s"])
     n = int(np.clip(rate * VERIFY_SECONDS_OF_ARRIVALS, *VERIFY_REQUESTS))
     runner = Runner(cfg, plan)
-    req, _ = requests_from_cfg(cfg, plan, rate, n)
-    _, m, wall = runner.simulate(req, "plan", "fcfs")
+    walls: list[float] = []
 
-    def window(m: dict[str, float], n: int) -> dict[str, float]:
-        keys = ("window_s", "e2e_ms_p99", "offered_req_s", "throughput_req_s")
-        return {"requests": n, **{k: m.get(k, float("nan")) for k in keys}}
+    def simulate(k: int) -> tuple[Simulation, dict[str, float]]:
+        req, _ = requests_from_cfg(cfg, plan, rate, k)
+        sim, m, wall = runner.simulate(req, "plan", "fcfs")
+        walls.append(wall)
+        return sim, m
 
-    windows, steady = [window(m, n)], steady_state_note(m)
     most = min(VERIFY_LONGEST[0], int(rate * VERIFY_LONGEST[1]))
-    while steady and n < most:  # decoding has not filled up inside the window: a longer one
-        need = rate * 2 * VERIFY_WINDOW_OVER_P99 * m["e2e_ms_p99"] / 1e3  # arrivals of which half hold it
-        longer = min(most, max(int(1.5 * n), int(need)))
-        req, _ = requests_from_cfg(cfg, plan, rate, longer)
-        _, m_longer, wall_n = runner.simulate(req, "plan", "fcfs")
-        wall += wall_n
-        short, short_longer = (max(0.0, 1 - x["throughput_req_s"] / x["offered_req_s"]) for x in (m, m_longer))
-        n, m, steady = longer, m_longer, steady_state_note(m_longer)
-        windows.append(window(m, n))
-        if steady and short > runner.tolerance and short_longer > VERIFY_OVERLOADED * short:
-            steady = (
-                f"throughput falls {short_longer:.0%} short of the offered rate ({short:.0%} on fewer "
-                "requests): a longer window does not close the gap; queues grow, the plan is overloaded"
-            )
-            break
+    m, windows, steady = until_steady(simulate, n, rate, most, runner.tolerance)
+    wall, n = sum(walls), int(windows[-1]["requests"])
     why = verdict(m, runner.slo["ttft_ms"], runner.slo["tpot_ms"], runner.tolerance)
     out = {
         "offered_req_s": m["offered_req_s"],
@@ -491,6 +479,8 @@ def execute(cfg: Any) -> int:
                 f"req/s, p99 TTFT {m.get('ttft_ms_p99', float('nan')):.0f} ms -> {'ok' if ok else 'no'}",
                 flush=True,
             )
+            if note := steady_state_note(m):
+                print(f"[simulate] warning: at {scale:g} x Λ {note} (saturate.duration_s)", file=sys.stderr, flush=True)
         m = {"sustained_req_s": best, "plan_rate_req_s": lam, "ratio": best / lam}
         _throughput_plot(
             rows, lam, best, out / "throughput.png", f"{cfg.router} + {cfg.scheduler}; {slo_text(runner.slo)}"

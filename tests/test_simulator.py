@@ -136,6 +136,26 @@ def test_well_below_saturation_throughput_equals_the_offered_rate() -> None:
     assert s["ttft_ms_p50"] > 0 and s["tpot_ms_p50"] > 0 and s["preemptions"] == 0
 
 
+@pytest.mark.parametrize("span_ms", [1500.0, 3000.0, 6000.0])
+def test_the_ramp_deficit_is_what_a_run_starting_empty_misses(span_ms: float) -> None:
+    """Without queueing every request takes as long however full the engines are, so the estimate of
+    what starting empty costs the measured throughput is exact: evenly spaced arrivals, answers of 2-399
+    tokens at 5 ms a step (up to 2 s), windows of 0.75, 1.5 and 3 s."""
+    from simulator.metrics import steady_state_note
+
+    n = 4000
+    r = Requests(np.linspace(0.0, span_ms, n), np.full(n, 50), 2 + (np.arange(n) * 37) % 398)
+    pre = [PrefillEngine(0, 0, flat_prefill(0.01), 10**9)]
+    dec = [DecodeEngine(0, 0, flat_decode(5.0, n, 10**8), flat_prefill(1.0))]
+    sim = Simulation(r, pre, dec, RoundRobin())
+    sim.run()
+    m = summary(sim)
+    assert m["throughput_req_s"] / m["offered_req_s"] == pytest.approx(1 - m["ramp_deficit"], abs=0.002)
+    assert {1500.0: 0.15, 3000.0: 0.002, 6000.0: 0.0}[span_ms] <= m["ramp_deficit"] <= 0.25
+    assert bool(steady_state_note(m)) == (m["ramp_deficit"] > 0.01 or m["e2e_ms_p99"] > m["window_s"] * 1e3)
+    assert bool(steady_state_note(m)) == (span_ms < 6000.0)
+
+
 def test_a_plan_without_a_decode_island_is_refused(tmp_path: Path) -> None:
     plan = tiny_plan()
     plan["islands"] = plan["islands"][:2]  # type: ignore[index]

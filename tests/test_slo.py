@@ -181,6 +181,7 @@ def test_sustainable_rate_bisects_from_the_stated_rate_to_the_threshold() -> Non
         (["search.objective=goodput", "slo=null"], "search.objective=goodput counts requests served within the SLOs"),
         (["search.objective=goodput", "+search.goodput.minutes=3"], "search.goodput.minutes is not a goodput setting"),
         (["search.objective=goodput", "search.goodput.steps=0"], "search.goodput.steps"),
+        (["search.objective=goodput", "search.goodput.longest_s=10"], "search.goodput.longest_s must be"),
     ],
 )
 def test_goodput_settings_are_checked_before_any_work(overrides: list[str], message: str) -> None:
