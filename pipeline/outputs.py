@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ RATES = {
     "mix, the model of the exact reference (the gap compares these two); rate_req_s refines the caps for the mix "
     "the routing gives each island (docs/inner.md)",
     "evaluated_req_s": "diagnostic: the plan's routing re-scored at every input length of the workload instead of "
-    "each range's representative length",
+    "each range's representative length, under the utilisation caps it was solved with",
     "simulated_req_s": "objective goodput: the highest rate the simulator sustained within the SLOs for this "
     "layout in the search (bisection from rate_req_s; pipeline/goodput.py)",
     "verification": "the plan simulated request by request at its rate (pipeline.simulate): throughput, latency "
@@ -316,24 +316,30 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str, routing_png: 
         "sequences per attention-DP rank of TP GPUs, so the island decodes batch x ep / tp at once. ranges: input "
         "lengths routed to the island, as first-last token (number of ranges), with the island's share of "
         "those requests. traffic: share of all requests through the island in its role; busy: share of its time "
-        "at the plan's rate):",
+        "at the plan's rate). Identical islands side by side share a row, (xN) counting them; its numbers are "
+        "each island's:",
         "",
         "| island | role | TP / DP / EP | batch | ranges (share of their requests) | traffic | busy | req/s | "
         "output tok/s | $/h |",
         "|---|---|---|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for isl in plan["islands"]:
+
+    def cells(isl: Mapping[str, Any]) -> str:
         share = isl.get("traffic_share", 0.0)
-        decode = isl["role"] == "decode"
-        tok = f"{share * plan['output_tok_s']:.0f}" if decode else "-"
-        lines.append(
-            f"| {isl['size']} x {isl['gpu']} | {isl['role']} | {isl['tp']} / {isl['dp']} / {isl['ep']} | "
-            f"{isl['batch']} | {_ranges_text(isl['ranges'])} | {share:.1%} | {isl.get('utilisation', 0.0):.1%} | "
-            f"{share * rate:.1f} | {tok} | {isl.get('cost_per_hour', 0.0):,.0f} |"
+        tok = f"{share * plan['output_tok_s']:.0f}" if isl["role"] == "decode" else "-"
+        return (
+            f"{isl['role']} | {isl['tp']} / {isl['dp']} / {isl['ep']} | {isl['batch']} | "
+            f"{_ranges_text(isl['ranges'])} | {share:.1%} | {isl.get('utilisation', 0.0):.1%} | {share * rate:.1f} | "
+            f"{tok} | {isl.get('cost_per_hour', 0.0):,.0f} |"
         )
+
+    for group in _alike(plan["islands"], lambda isl: f"{isl['size']} x {isl['gpu']} | {cells(isl)}"):
+        lines.append(f"| {_label(group)} | {cells(group[0])}")
     if routing_png:
         lines += ["", f"![which island serves which input lengths]({routing_png})"]
     lines += _node_map(plan["islands"])
+    cut = plan.get("gap_is_bound")  # a reference stopped by its time limit: a layout, not the optimum
+    ref_label = "the exact reference, stopped at its time limit: its layout" if cut else "exact optimum of that model"
     lines += [
         "",
         "Diagnostics:",
@@ -341,7 +347,7 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str, routing_png: 
         "| | |",
         "|---|---|",
         f"| scored in the search (whole-mix caps, the reference's model) | {_fmt(plan.get('searched_req_s'))} req/s |",
-        f"| exact optimum of that model | {_fmt(plan.get('reference_optimum_req_s'))} req/s |",
+        f"| {ref_label} | {_fmt(plan.get('reference_optimum_req_s'))} req/s |",
         f"| gap to it | {'n/a' if gap is None or gap != gap else _gap_text(plan)} |",
         f"| fluid bound (islands busy 100 %, no SLO) | {plan.get('fluid_req_s', float('nan')):.2f} req/s |",
         f"| re-scored at every input length (the routing of whole ranges, each length its own cost) | "
@@ -367,6 +373,34 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str, routing_png: 
     return "\n".join(lines) + "\n"
 
 
+def _alike(islands: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], Any]) -> list[list[Any]]:
+    """Runs of consecutive islands with the same `key` (a 10,000-GPU plan has hundreds of identical islands)."""
+    groups: list[list[Any]] = []
+    for isl in islands:
+        if groups and key(groups[-1][0]) == key(isl):
+            groups[-1].append(isl)
+        else:
+            groups.append([isl])
+    return groups
+
+
+def _label(group: Sequence[Mapping[str, Any]]) -> str:
+    """`8 x H200`, or `8 x H200 (x125)` for a run of 125 such islands."""
+    isl = group[0]
+    return f"{isl['size']} x {isl['gpu']}" + (f" (x{len(group)})" if len(group) > 1 else "")
+
+
+def _spans(hosts: Iterable[int]) -> str:
+    """`0-124` or `3, 5-7`: host numbers as runs."""
+    out: list[list[int]] = []
+    for h in sorted(set(hosts)):
+        if out and h == out[-1][1] + 1:
+            out[-1][1] = h
+        else:
+            out.append([h, h])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
+
+
 def _ranges_text(ranges: Sequence[Mapping[str, Any]]) -> str:
     """`0-1250 (5 ranges, 96 %)`: the span, how many ranges, the island's mean share of their requests."""
     if not ranges:
@@ -377,24 +411,29 @@ def _ranges_text(ranges: Sequence[Mapping[str, Any]]) -> str:
 
 
 def routing_plot(path: Path, plan: Mapping[str, Any], title: str) -> None:
-    """Which island serves which input lengths, prefill above decode: one row per island, each range
-    a bar shaded by the island's share of that range's requests."""
+    """Which island serves which input lengths, prefill above decode: one row per island (or per run
+    of identical ones), each range a bar shaded by its share of that range's requests."""
     islands = [isl for isl in plan["islands"] if isl["role"] != "idle" and isl["ranges"]]
     if not islands:
         return
     islands.sort(key=lambda isl: (isl["role"] != "prefill", isl["ranges"][0]["start"]))
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(islands) + 1.4))
+    groups = _alike(islands, lambda isl: (isl["role"], isl["size"], isl["gpu"],
+                                          [(r["start"], r["end"], r["fraction"]) for r in isl["ranges"]]))  # fmt: skip
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(groups) + 1.4))
     colors = {"prefill": "tab:blue", "decode": "tab:orange"}
-    for row, isl in enumerate(islands):
-        for r in isl["ranges"]:
-            ax.barh(row, r["end"] - r["start"], left=r["start"], height=0.8, color=colors[isl["role"]],
-                    alpha=0.25 + 0.75 * min(max(r["fraction"], 0.0), 1.0), edgecolor="none")  # fmt: skip
-    ax.set_yticks(range(len(islands)), [f"{isl['role'][0].upper()} {isl['size']}x{isl['gpu']}" for isl in islands],
-                  fontsize=7)  # fmt: skip
+    for row, group in enumerate(groups):  # a row of N islands is shaded by their share together
+        for r in group[0]["ranges"]:
+            share = min(max(r["fraction"] * len(group), 0.0), 1.0)
+            ax.barh(row, r["end"] - r["start"], left=r["start"], height=0.8, color=colors[group[0]["role"]],
+                    alpha=0.25 + 0.75 * share, edgecolor="none")  # fmt: skip
+    labels = [f"{g[0]['role'][0].upper()} {g[0]['size']}x{g[0]['gpu']}" + (f" (x{len(g)})" if len(g) > 1 else "")
+              for g in groups]  # fmt: skip
+    ax.set_yticks(range(len(groups)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set(xlabel="input length (tokens)", title=title)
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()],
-              labels=["prefill (P)", "decode (D); darker: more of the range's requests"], fontsize=7,
+              labels=["prefill (P)", "decode (D); darker: more of the range's requests (a row of xN: all N)"],
+              fontsize=7,
               loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -414,16 +453,26 @@ def _node_map(islands: Sequence[Mapping[str, Any]]) -> list[str]:
         "| hosts | island | role | expected latency | EP group: experts/GPU (+redundant) |",
         "|---|---|---|---:|---|",
     ]
-    for isl in islands:
+
+    def cells(isl: Mapping[str, Any]) -> str:
         if isl["role"] == "idle":
-            out.append(f"| {isl.get('placement', '-')} | {isl['size']} x {isl['gpu']} | idle | - | - |")
-            continue
+            return "idle | - | - |"
         lat = (f"TTFT {isl['ttft_ms_expected']:.0f} ms" if "ttft_ms_expected" in isl
                else f"TPOT {isl['tpot_ms_expected']:.1f} ms" if "tpot_ms_expected" in isl else "-")  # fmt: skip
-        out.append(
-            f"| {isl.get('placement', '-')} | {isl['size']} x {isl['gpu']} | {isl['role']} | {lat} | "
-            f"{isl.get('ep_group', '-')}: {isl.get('experts_per_gpu', '-')} (+{isl.get('redundant_experts', 0)}) |"
-        )
+        return (f"{isl['role']} | {lat} | {isl.get('ep_group', '-')}: {isl.get('experts_per_gpu', '-')} "
+                f"(+{isl.get('redundant_experts', 0)}) |")  # fmt: skip
+
+    def aligned(isl: Mapping[str, Any]) -> bool:
+        return "not host-aligned" not in isl.get("placement", "")
+
+    for group in _alike(islands, lambda isl: (isl["size"], isl["gpu"], cells(isl), "nodes" in isl, aligned(isl))):
+        isl = group[0]
+        hosts = isl.get("placement", "-")
+        if len(group) > 1 and "nodes" in isl:  # a run of islands: the hosts they cover
+            nodes = [h for member in group for h in member["nodes"]]
+            hosts = f"{isl['gpu']} node{'s' if len(set(nodes)) > 1 else ''} {_spans(nodes)}"
+            hosts += "" if aligned(isl) else " (islands not host-aligned)"
+        out.append(f"| {hosts} | {_label(group)} | {cells(isl)}")
     return out
 
 

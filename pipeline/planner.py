@@ -266,8 +266,11 @@ class Planner:
         lengths = np.flatnonzero(self.workload.pmf > 0)
         return lengths, self.workload.pmf[lengths]
 
-    def exact_rates(self, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
-        """(I, L) prefill and decode req/s of each island's chosen configuration at every support length.
+    def exact_rates(self, layout: Layout, prob: InnerProblem | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(I, L) prefill and decode req/s of each island's chosen configuration at every support length,
+        at the load the SLOs allow: each length under its range's utilisation cap, the one `prob` was
+        built with (a routed solve's caps, from the mix the routing gives each island), else the
+        whole workload's.
 
         The plan's configuration is the one chosen at range resolution; each (GPU, size) is
         benchmarked at full resolution once per planner.
@@ -284,19 +287,27 @@ class Planner:
                 (int(t.tp[max(t.chosen, 0)]), int(t.dp[max(t.chosen, 0)])) for t in (pre, dec)
             )
             fine = self.benchmark(gpu, size, lengths, p_len, only)  # type: ignore[arg-type]
-            u_pre, u_dec = self.caps(gpu, size)  # ones without SLOs
             self._full[(gpu, size)] = (
-                _row(fine.prefill.req_s, 0 if pre.chosen >= 0 else -1, len(lengths)) * u_pre[range_of],
-                _row(fine.decode.req_s, 0 if dec.chosen >= 0 else -1, len(lengths)) * u_dec[range_of],
+                _row(fine.prefill.req_s, 0 if pre.chosen >= 0 else -1, len(lengths)),
+                _row(fine.decode.req_s, 0 if dec.chosen >= 0 else -1, len(lengths)),
             )
-        rows = [self._full[isl] for isl in layout.islands]
-        return np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+        full = [np.array([self._full[isl][k] for isl in layout.islands]) for k in (0, 1)]
+        if not self.cost.slo:
+            return full[0], full[1]
+        caps = []
+        for k, rows in enumerate((None, None) if prob is None else (prob.prefill_req_s, prob.decode_req_s)):
+            if rows is None:
+                caps.append(np.array([self.caps(g, n)[k] for g, n in layout.islands]))
+                continue
+            fluid = np.array([self.rates(g, n, queueing=False)[k] for g, n in layout.islands])
+            caps.append(np.divide(rows, fluid, out=np.zeros_like(rows), where=fluid > 0))
+        return full[0] * caps[0][:, range_of], full[1] * caps[1][:, range_of]
 
     def evaluate(self, layout: Layout, prob: InnerProblem, sol: InnerSolution) -> tuple[Evaluation, np.ndarray]:
         """Re-score `sol` at every input length the workload has (thesis 5.2.2); returns the lengths too."""
         lengths, p_len = self.support()
         range_of = np.searchsorted(self.ranges.end, lengths, side="right")
-        exact_p, exact_d = self.exact_rates(layout)
+        exact_p, exact_d = self.exact_rates(layout, prob)
         ev = evaluate(
             sol.x_prefill, sol.x_decode, range_of, p_len, prob.prefill_req_s, prob.decode_req_s, exact_p, exact_d
         )

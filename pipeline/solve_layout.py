@@ -114,7 +114,7 @@ def plot_per_length(out: Path, planner: Planner, layout: Layout, prob: InnerProb
     p_len = planner.workload.pmf[lengths]
     range_of = np.searchsorted(planner.ranges.end, lengths, side="right")
     p_j = planner.ranges.p[range_of]
-    exact = planner.exact_rates(layout)
+    exact = planner.exact_rates(layout, prob)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharex=True)
     for ax, x, mid, full, phase in (
         (axes[0], sol.x_prefill, prob.prefill_req_s, exact[0], "prefill"),

@@ -208,6 +208,26 @@ def test_a_reference_stopped_by_its_time_limit_bounds_the_gap(tmp_path: Path) ->
     assert (
         "| gap to it | at most 20.00% (the reference stopped at its time limit; the optimum is at most 120.00" in text
     )
+    assert "| the exact reference, stopped at its time limit: its layout | 90.00 req/s |" in text  # not "optimum"
+
+
+def test_identical_islands_side_by_side_share_a_row_of_the_report(tmp_path: Path) -> None:
+    """A 10,000-GPU plan has hundreds of identical islands: report.md gives each run of them one row, (xN)
+    counting them, and the node map the hosts they cover."""
+    from pipeline.outputs import report
+
+    path, _ = plan_of(tmp_path)
+    plan = json.loads(path.read_text())
+    first = next(isl for isl in plan["islands"] if isl["role"] != "idle")
+    copies = [{**first, "nodes": [10 + k], "placement": f"{first['gpu']} node {10 + k}"} for k in range(3)]
+    plan["islands"] = copies + [isl for isl in plan["islands"] if isl is not first]
+    plan["trials"] = 1
+    text = report(plan, pd.DataFrame(), "# plan")
+    name = f"{first['size']} x {first['gpu']}"
+    islands_table = text.split("Node map")[0]
+    assert islands_table.count(f"| {name} (x3) | {first['role']} |") == 1
+    assert f"| {first['gpu']} nodes 10-12 | {name} (x3) | {first['role']} |" in text
+    assert text.count(f"{name} (x3)") == 2  # one row in each table
 
 
 def test_once_jax_is_loaded_the_reference_runs_in_a_fork_server_child(
