@@ -7,10 +7,12 @@ a planner of its own: the exact MILP's layout is the plan.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import signal
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -83,23 +85,47 @@ def interruptible(fn: Callable[..., T], *args: Any, tick: Callable[[], None] | N
     ctx = mp.get_context("forkserver" if "jax" in sys.modules else "fork")
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True)
-    child.start()
-    send.close()
-    try:
-        while not recv.poll(0.2):
-            if tick is not None:
-                tick()
-            if not child.is_alive():
-                raise RuntimeError(f"the exact reference's process died (exit code {child.exitcode})")
-        ok, value = recv.recv()
-    except BaseException:
-        child.kill()
-        raise
-    finally:
-        child.join(5)
+    with _ctrl_c_noted() as pressed:
+        child.start()
+        send.close()
+        try:
+            while not recv.poll(0.2):
+                if pressed:
+                    raise KeyboardInterrupt
+                if tick is not None:
+                    tick()
+                if not child.is_alive():
+                    raise RuntimeError(f"the exact reference's process died (exit code {child.exitcode})")
+            ok, value = recv.recv()
+        except BaseException:
+            child.kill()
+            raise
+        finally:
+            child.join(5)
+    if pressed:  # as the child finished
+        raise KeyboardInterrupt
     if not ok:
         raise value
     return value
+
+
+@contextlib.contextmanager
+def _ctrl_c_noted() -> Iterator[list[int]]:
+    """Ctrl-C noted (an entry in the list) instead of raised, for the caller to act on.
+
+    A KeyboardInterrupt raised where Python runs a callback (the at-fork hooks of os.fork, where
+    logging releases its lock; a weakref callback during garbage collection) is printed as
+    "Exception ignored" and dropped, and the search would go on solving. Off the main thread
+    signal handlers cannot be set and nothing is noted."""
+    pressed: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _child(send: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

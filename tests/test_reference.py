@@ -46,3 +46,28 @@ def test_cli_clear_error_on_malformed_file(tmp_path: Path, capsys: pytest.Captur
     assert "expected columns" in capsys.readouterr().err
     assert reference.main([str(tmp_path / "missing.csv")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_that_lands_in_a_callback_still_stops_the_reference() -> None:
+    """Python drops a KeyboardInterrupt raised inside a callback ("Exception ignored": a weakref callback
+    in garbage collection, fork's hooks), and the search used to go on solving. Here Ctrl-C arrives inside
+    a weakref callback while a 30 s solve runs in the child: the wait still stops at once."""
+    import os
+    import signal
+    import time
+    import weakref
+
+    from pipeline.reference import interruptible
+
+    class Thing:
+        pass
+
+    def tick() -> None:  # the progress display's hook, called while the parent waits
+        thing = Thing()
+        weakref.finalize(thing, os.kill, os.getpid(), signal.SIGINT)
+        del thing  # the finalizer runs here, and the signal lands inside it
+
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        interruptible(time.sleep, 30, tick=tick)
+    assert time.perf_counter() - t0 < 10
