@@ -20,7 +20,9 @@ every layout a generator can propose (each is a feasible point): a search's gap 
 >= 0 and measures the search alone.
 
 When the MILP stops at its time limit (`max_rate`, no multisets), the LP relaxation gives a proven
-upper bound and its counts rounded down a layout (`_unproven`): the result is `feasible` with the
+upper bound, and a layout comes from the MILP's incumbent and the relaxation's counts made whole,
+each improved by a local search over island counts (`_unproven`, `solvers/count_search.py`; the
+last `COUNT_SEARCH_S` of the time limit are kept for it): the result is `feasible` with the
 optimum between `rate_req_s` and `bound`, and a search's gap against `bound` is an upper bound on
 its true gap.
 
@@ -36,9 +38,11 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.linear_solver import pywraplp
 
+from solvers import count_search
 from solvers.inner import MILP_BACKENDS, _status, new_solver
 
 GAP = 1e-6  # relative MIP gap: the reference is exact to this
+COUNT_SEARCH_S = 10.0  # max_rate: the end of the time limit kept for the count search if the MILP stops there
 EXACT_OBJECTIVES = ("max_rate", "rate_per_dollar")
 
 
@@ -87,16 +91,15 @@ def exact_optimum(
         raise ValueError(f"unknown MILP backend {backend!r}; choose from {list(MILP_BACKENDS)}")
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
+    unprovable = objective == "max_rate" and all(t.layouts is None for t in types)
+    search_s = min(COUNT_SEARCH_S, time_limit_s / 4) if unprovable else 0.0
     theta, iters, best = 0.0, 0, None
     while True:
         iters += 1
-        res, _ = _solve(types, p, theta, budget_per_hour, kv_gb, max(deadline - time.perf_counter(), 1.0), backend)
-        if (
-            objective == "max_rate"
-            and res.status in ("feasible", "time_limit")
-            and all(t.layouts is None for t in types)
-        ):
-            res = _unproven(types, p, budget_per_hour, kv_gb, res, t0)
+        milp_s = max(deadline - search_s - time.perf_counter(), 1.0)
+        res, counts = _solve(types, p, theta, budget_per_hour, kv_gb, milp_s, backend)
+        if unprovable and res.status in ("feasible", "time_limit"):
+            res = _unproven(types, p, budget_per_hour, kv_gb, res, counts, t0, search_s)
         if res.status not in ("optimal", "feasible") or (best is not None and res.cost_per_hour <= 0):
             break  # at the optimal ratio the empty layout ties at 0: the previous layout is the answer
         if best is None or res.rate_per_dollar > best.rate_per_dollar:
@@ -239,31 +242,80 @@ def _round_counts(
     return [(a, b) for a, b in whole]
 
 
+def _round_pooled(
+    types: list[TypeOptions], counts: list[tuple[float, float]], budget: float | None
+) -> list[tuple[float, float]]:
+    """Fractional island counts made whole by GPUs: each class keeps its whole islands, and each
+    type's fractional islands in one role, pooled as GPUs, become one island of the smallest size
+    that holds them (or the largest the type's free GPUs allow), the role with more GPUs first.
+
+    A relaxation that takes slivers of several giant islands (their rate per GPU, a few dozen
+    GPUs' worth) so gets one island of that many GPUs, where `_round_counts` drops the slivers or
+    makes one of them whole. The budget is kept: an island it cannot pay for is left out.
+    """
+    classes = _classes(types)
+    whole = [[float(np.floor(v + 1e-9)) for v in pair] for pair in counts]
+    spent = sum(int(types[ti].sizes[si]) * types[ti].price_per_gpu_hour * sum(whole[c])
+                for c, (ti, si) in enumerate(classes))  # fmt: skip
+    for ti, t in enumerate(types):
+        mine = [c for c, (tj, _) in enumerate(classes) if tj == ti]
+        size = {c: int(t.sizes[classes[c][1]]) for c in mine}
+        free = t.count - sum(size[c] * sum(whole[c]) for c in mine)
+        pooled = {r: sum((counts[c][r] - whole[c][r]) * size[c] for c in mine) for r in (0, 1)}
+        for r in sorted(pooled, key=lambda r: -pooled[r]):
+            rows = t.prefill_req_s if r == 0 else t.decode_req_s
+            room = free if budget is None else min(free, (budget - spent) / max(t.price_per_gpu_hour, 1e-12))
+            fit = [c for c in mine if rows[classes[c][1]].any() and size[c] <= room + 1e-9]
+            if pooled[r] <= 1e-6 or not fit:
+                continue
+            holds = [c for c in fit if size[c] >= pooled[r] - 1e-6]
+            c = min(holds, key=size.__getitem__) if holds else max(fit, key=size.__getitem__)
+            whole[c][r] += 1.0
+            free -= size[c]
+            spent += size[c] * t.price_per_gpu_hour
+    return [(a, b) for a, b in whole]
+
+
 def _unproven(
     types: list[TypeOptions],
     p: np.ndarray,
     budget: float | None,
     kv_gb: np.ndarray | None,
     milp: ExactResult,
+    milp_counts: list[tuple[float, float]],
     t0: float,
+    search_s: float = COUNT_SEARCH_S,
 ) -> ExactResult:
     """max_rate when the MILP stopped at its time limit: a layout and a proven bound all the same.
 
-    The LP relaxation bounds the optimum from above. Its island counts made whole within the
-    inventory and the budget (`_round_counts`, both ways) and the LP over the routing with those
-    counts fixed give a layout.
-    The result is the better of that layout and the MILP's incumbent, `feasible`, with the lower of
-    the two bounds: the optimum lies between `rate_req_s` and `bound`.
+    The LP relaxation bounds the optimum from above. The layout: the MILP's incumbent (if it has
+    one) and the relaxation's counts made whole within the inventory and the budget
+    (`_round_pooled`, and `_round_counts` both ways), each improved by the count search (`solvers/count_search.py`)
+    for an equal share of `search_s` (a start that ends early leaves its time to the next), the
+    best kept, its routing the LP with those counts fixed.
+    The result is `feasible`, with the lower of the two bounds: the optimum lies between
+    `rate_req_s` and `bound`.
     """
     relaxed, counts = _solve(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", relax=True)
     if relaxed.status != "optimal":
         return milp
-    rounded = max(
-        (_solve(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", fix=_round_counts(types, counts, budget, fill))[0]
-         for fill in (False, True)),
-        key=lambda r: r.rate_req_s,
-    )  # fmt: skip
-    best = milp if milp.status == "feasible" and milp.rate_req_s >= rounded.rate_req_s else rounded
+    starts = [_round_pooled(types, counts, budget)] + [
+        _round_counts(types, counts, budget, fill) for fill in (False, True)
+    ]
+    if milp.status == "feasible" and milp_counts:
+        starts.insert(1, [(float(round(a)), float(round(b))) for a, b in milp_counts])
+    classes = _classes(types)
+    rates = count_search.PhaseRates(types, classes, p, kv_gb)
+    end = time.perf_counter() + search_s
+    found = []
+    for k, start in enumerate(starts):
+        share = max(end - time.perf_counter(), 0.0) / (len(starts) - k)
+        found.append(count_search.improve(types, classes, p, start, kv_gb=kv_gb, budget=budget,
+                                          time_limit_s=share, rates=rates))  # fmt: skip
+    _, whole = max(found, key=lambda f: f[0])
+    best = _solve(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", fix=whole)[0]
+    if milp.status == "feasible" and milp.rate_req_s > best.rate_req_s:
+        best = milp
     bound = min(relaxed.rate_req_s, milp.bound if milp.bound == milp.bound else float("inf"))
     return ExactResult("feasible", best.rate_req_s, best.cost_per_hour, best.islands,
                        (time.perf_counter() - t0) * 1e3, 1, bound)  # fmt: skip
