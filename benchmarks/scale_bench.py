@@ -3,6 +3,7 @@
     python benchmarks/scale_bench.py                          # 2,500 and 10,000 GPUs of 8 types, 10,000 of 3
     python benchmarks/scale_bench.py --cells 8:0.25 3:0.25    # types:scale
     python benchmarks/scale_bench.py --cells 8:1 --verify     # with the simulated check, as users run it
+    python benchmarks/scale_bench.py --reference --prove      # the exact reference cut short, against the optimum
 
 Each cell is `python -m pipeline.search` (default settings: 240 trials, the exact reference, the rate
 band; `search.verify=false` unless --verify) on an inventory written to a temporary config dir. With 8 types it is
@@ -11,6 +12,13 @@ H20-3E, times the scale. With 3 types it is H200, H800 and H20 in the proportion
 with the same total. The table gives the wall time, the exact reference's share, and the search's
 gap to the exact optimum, all measured in this run. Target: 10,000 GPUs of 8 types within 5
 minutes on a 2-core machine.
+
+`--reference` instead solves the exact reference of the first cell in-process, as a search cut
+short by its time limit makes it: the LP relaxation's bound, then each starting layout (the
+relaxation's counts made whole three ways) before and after the count search
+(solvers/count_search.py), then the reference as the main job runs it (`--limit`, 120 s); with
+`--prove` also the MILP left to prove the optimum (about 3.5 minutes at 10,000 GPUs), so every
+layout's share of the optimum is printed beside its share of the bound.
 """
 
 from __future__ import annotations
@@ -62,12 +70,65 @@ def run(types: int, scale: float, extra: list[str], verify: bool = False) -> str
     return row
 
 
+def bench_reference(types: int, scale: float, limit_s: float, prove: bool) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from search_bench import load
+
+    from pipeline.reference import type_options
+    from solvers import count_search
+    from solvers.exact import _classes, _round_counts, _round_pooled, _solve, exact_optimum
+
+    inv = inventory(types, scale)
+    settings, ctx = load(["search.verify=false"], inv)
+    t0 = time.perf_counter()
+    options, kv = type_options(settings, ctx, ctx.planner)
+    p, budget, classes = ctx.planner.ranges.p, ctx.planner.budget_per_hour, _classes(options)
+    print(f"{sum(inv.values()):,} GPUs of {types} types: {len(classes)} (type, size) classes, "
+          f"benchmarked in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+    t0 = time.perf_counter()
+    relaxed, frac = _solve(options, p, 0.0, budget, kv, 600.0, "HIGHS", relax=True)
+    bound = relaxed.rate_req_s
+    print(f"LP relaxation: bound {bound:,.1f} req/s ({time.perf_counter() - t0:.1f} s)")
+    rows: list[tuple[str, float, float]] = []
+    for name, start in (("pooled", _round_pooled(options, frac, budget)),
+                        ("rounded down, largest parts up", _round_counts(options, frac, budget, False)),
+                        ("rounded down, parts filled", _round_counts(options, frac, budget, True))):  # fmt: skip
+        before = _solve(options, p, 0.0, budget, kv, 600.0, "HIGHS", fix=start)[0].rate_req_s
+        t0 = time.perf_counter()
+        after, _ = count_search.improve(options, classes, p, start, kv_gb=kv, budget=budget, time_limit_s=120.0)
+        rows += [(f"{name}, made whole", before, float("nan")), (f"{name}, then the count search", after,
+                                                                 time.perf_counter() - t0)]  # fmt: skip
+    t0 = time.perf_counter()
+    ref = exact_optimum(options, p, budget_per_hour=budget, kv_gb=kv, time_limit_s=limit_s)
+    rows.append((f"the reference as a search runs it ({limit_s:g} s limit): {ref.status}", ref.rate_req_s,
+                 time.perf_counter() - t0))  # fmt: skip
+    optimum = float("nan")
+    if prove:
+        t0 = time.perf_counter()
+        best = exact_optimum(options, p, budget_per_hour=budget, kv_gb=kv, time_limit_s=1800.0)
+        optimum = best.rate_req_s if best.status == "optimal" else float("nan")
+        rows.append((f"the MILP left to finish: {best.status}", best.rate_req_s, time.perf_counter() - t0))
+    print("\n| layout | req/s | / bound | / optimum | time |\n|---|---:|---:|---:|---:|")
+    for name, rate, s in rows:
+        rate = max(rate, 0.0)  # an LP's -0.0
+        took = "" if s != s else f"{s:.1f} s"
+        share = "-" if optimum != optimum else f"{rate / optimum:.4f}"
+        print(f"| {name} | {rate:,.1f} | {rate / bound:.4f} | {share} | {took} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cells", nargs="+", default=["8:0.25", "8:1", "3:1"], help="types:scale (scale 1 = 10,000 GPUs)")
     ap.add_argument("--extra", nargs="*", default=[], help="config overrides for every search")
     ap.add_argument("--verify", action="store_true", help="keep the main job's simulated check on (a column)")
+    ap.add_argument("--reference", action="store_true", help="the exact reference cut short (first cell; default 8:1)")
+    ap.add_argument("--limit", type=float, default=120.0, help="--reference: the reference's time limit (s)")
+    ap.add_argument("--prove", action="store_true", help="--reference: also let the MILP prove the optimum")
     args = ap.parse_args()
+    if args.reference:
+        types, scale = (args.cells[0] if args.cells != ap.get_default("cells") else "8:1").split(":")
+        bench_reference(int(types), float(scale), args.limit, args.prove)
+        return
     check = " simulated / stated, verdict; requests, check's time |" if args.verify else ""
     print("| GPUs | types | wall | exact reference (share) | gap to the exact optimum |" + check)
     print("|---:|---:|---:|---:|---:|" + ("---|" if args.verify else ""))

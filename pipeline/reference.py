@@ -36,6 +36,28 @@ def reference(
 ) -> ExactResult:
     """The exact optimum over every layout of the inventory, or, per type in `layouts`, over those
     island multisets only (`solvers/exact.py`, (6))."""
+    types, kv = type_options(settings, ctx, planner, layouts)
+    return interruptible(
+        exact_optimum,
+        types,
+        planner.ranges.p,
+        objective="rate_per_dollar" if settings.objective == "rate_per_dollar" else "max_rate",
+        budget_per_hour=planner.budget_per_hour,
+        kv_gb=kv,
+        time_limit_s=settings.reference_time_limit_s,
+        backend=backend,
+        tick=tick,
+    )
+
+
+def type_options(
+    settings: Settings,
+    ctx: Context,
+    planner: Planner,
+    layouts: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
+) -> tuple[list[TypeOptions], np.ndarray | None]:
+    """The reference's data: every GPU type's candidate islands with their benchmarks, and the KV
+    GB of one request per range (None without the KV-transfer constraint)."""
     types = []
     for g, n in zip(settings.inventory.gpus, settings.inventory.counts, strict=True):
         sizes = np.array(ctx.space.sizes(g.name), dtype=int)  # node-aligned shapes unless search.shapes=any
@@ -57,17 +79,7 @@ def reference(
         if planner.kv_transfer
         else None
     )
-    return interruptible(
-        exact_optimum,
-        types,
-        planner.ranges.p,
-        objective="rate_per_dollar" if settings.objective == "rate_per_dollar" else "max_rate",
-        budget_per_hour=planner.budget_per_hour,
-        kv_gb=kv,
-        time_limit_s=settings.reference_time_limit_s,
-        backend=backend,
-        tick=tick,
-    )
+    return types, kv
 
 
 def interruptible(fn: Callable[..., T], *args: Any, tick: Callable[[], None] | None = None, **kwargs: Any) -> T:
