@@ -293,6 +293,18 @@ def _gap_text(plan: Mapping[str, Any]) -> str:
             f"{plan['reference_bound_req_s']:.2f} req/s)")  # fmt: skip
 
 
+REFERENCE_AHEAD = 1e-4  # the reference's own layout scoring this much more than the plan's is pointed out
+
+
+def _reference_ahead_row(plan: Mapping[str, Any]) -> list[str]:
+    """A row where the exact reference's own layout scores more than the plan's (pipeline/search.py)."""
+    ahead = plan.get("reference_layout_ahead")
+    if ahead is None or ahead <= REFERENCE_AHEAD:
+        return []
+    return [f"| the exact reference's own layout | scores {ahead:.2%} more in the same model: `search.sampler=exact` "
+            "plans it (reference.json) |"]  # fmt: skip
+
+
 def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str, routing_png: str | None = None) -> str:
     lines = [header, ""]
     gap = plan.get("gap")
@@ -349,6 +361,7 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str, routing_png: 
         f"| scored in the search (whole-mix caps, the reference's model) | {_fmt(plan.get('searched_req_s'))} req/s |",
         f"| {ref_label} | {_fmt(plan.get('reference_optimum_req_s'))} req/s |",
         f"| gap to it | {'n/a' if gap is None or gap != gap else _gap_text(plan)} |",
+        *_reference_ahead_row(plan),
         f"| fluid bound (islands busy 100 %, no SLO) | {plan.get('fluid_req_s', float('nan')):.2f} req/s |",
         f"| re-scored at every input length (the routing of whole ranges, each length its own cost) | "
         f"{plan['evaluated_req_s']:.2f} req/s |",

@@ -57,6 +57,11 @@ def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(finished_search: t
     assert plan["trials"] == 12 and plan["sampler"] == "tpe" and plan["workload"] == "azure_code"
     # the exact reference bounds every layout the divider can propose
     assert plan["gap"] >= -1e-6 and plan["rate_req_s"] <= plan["reference_optimum_req_s"] * (1 + 1e-6)
+    # the proven optimum's own layout scores this much more, and the report and console point to it
+    ahead = plan["reference_layout_ahead"]
+    assert ahead == pytest.approx(plan["gap"] / (1 - plan["gap"]), abs=1e-9)
+    pointed = "the exact reference's own layout" in (d / "report.md").read_text()
+    assert pointed == ("the exact reference's own layout scores" in r.stdout) == (ahead > 1e-4)
     assert plan["rate_req_s"] > 0 and plan["output_tok_s"] > plan["rate_req_s"]
     used = {g: 0 for g in plan["inventory"]["gpus"]}
     for isl in plan["islands"]:
@@ -277,6 +282,7 @@ def test_exact_sampler_plans_the_global_optimum(tmp_path: Path) -> None:
     (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/plan.json")]
     plan = json.loads((d / "plan.json").read_text())
     assert plan["trials"] == 0 and plan["gap"] == pytest.approx(0.0, abs=1e-5)
+    assert plan["reference_layout_ahead"] is None  # the plan is the reference's layout
 
 
 def raising_trial(ctx: Any, params: Mapping[str, Any]) -> dict[str, Any]:
