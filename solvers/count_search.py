@@ -36,7 +36,8 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-from ortools.linear_solver import pywraplp
+from ortools.linear_solver.python import model_builder as mb
+from scipy.sparse import csr_matrix
 
 if TYPE_CHECKING:
     from solvers.exact import TypeOptions
@@ -71,30 +72,39 @@ class PhaseRates:
         if not islands:
             return 0.0
         self.solves += 1
-        s = pywraplp.Solver.CreateSolver("GLOP")
-        lam = s.NumVar(0.0, s.infinity(), "Lambda")
         n_j = len(self.p)
-        capacity = [s.Constraint(0.0, s.infinity()) for _ in range(n_j)]  # (1), as Σ b x - Λ p >= 0
-        for j in range(n_j):
-            capacity[j].SetCoefficient(lam, -float(self.p[j]))
-        for c, n in islands:
-            b = self.rows(c, r)
-            x = [s.NumVar(0.0, s.infinity(), "") for _ in range(n_j)]
-            held = s.Constraint(-s.infinity(), float(n))  # (2)
-            for j in range(n_j):
-                capacity[j].SetCoefficient(x[j], float(b[j]))
-                held.SetCoefficient(x[j], 1.0)
-            if self.kv_gb is not None:  # (3)
-                t = self.types[self.classes[c][0]]
-                link = float(t.sizes[self.classes[c][1]]) * t.link_gb_s_per_gpu
-                kv = s.Constraint(-s.infinity(), link * n)
-                for j in range(n_j):
-                    kv.SetCoefficient(x[j], float(b[j] * self.kv_gb[j]))
-        s.Maximize(lam)
-        status = s.Solve()
-        if status != pywraplp.Solver.OPTIMAL:  # Λ = 0 is always feasible and capacity bounds Λ
-            raise RuntimeError(f"count search: a phase LP ended with status {status}")
-        return float(lam.solution_value())
+        b = np.array([self.rows(c, r) for c, _ in islands])  # (k, J)
+        n = np.array([float(m) for _, m in islands])
+        k = len(islands)
+        lam = k * n_j  # columns: x[c, j] row-major, then Λ
+        grid = np.arange(k * n_j).reshape(k, n_j)
+        rows = [np.tile(np.arange(n_j), k), np.arange(n_j), np.repeat(n_j + np.arange(k), n_j)]  # (1) (1) (2)
+        cols = [grid.ravel(), np.full(n_j, lam), grid.ravel()]
+        vals = [b.ravel(), -self.p.astype(float), np.ones(k * n_j)]
+        row_lb = [np.zeros(n_j), np.full(k, -np.inf)]
+        row_ub = [np.full(n_j, np.inf), n]
+        if self.kv_gb is not None:  # (3)
+            link = np.array([float(self.types[self.classes[c][0]].sizes[self.classes[c][1]])
+                             * self.types[self.classes[c][0]].link_gb_s_per_gpu for c, _ in islands])  # fmt: skip
+            rows.append(np.repeat(n_j + k + np.arange(k), n_j))
+            cols.append(grid.ravel())
+            vals.append((b * self.kv_gb[None, :]).ravel())
+            row_lb.append(np.full(k, -np.inf))
+            row_ub.append(link * n)
+        n_row = n_j + k * (2 if self.kv_gb is not None else 1)
+        matrix = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                            shape=(n_row, lam + 1))  # fmt: skip
+        objective = np.zeros(lam + 1)
+        objective[lam] = 1.0
+        model = mb.Model()
+        model.helper.fill_model_from_sparse_data(np.zeros(lam + 1), np.full(lam + 1, np.inf), objective,
+                                                 np.concatenate(row_lb), np.concatenate(row_ub), matrix)  # fmt: skip
+        model.helper.set_maximize(True)
+        solver = mb.Solver("glop")
+        code = solver.solve(model)
+        if code.name != "OPTIMAL":  # Λ = 0 is always feasible and capacity bounds Λ
+            raise RuntimeError(f"count search: a phase LP ended with status {code.name}")
+        return float(solver.objective_value)
 
 
 def neighbours(types: Sequence[TypeOptions], classes: Sequence[tuple[int, int]], layout: Layout,
