@@ -370,20 +370,33 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str, routing_png: 
         f"What each rate means: {'; '.join(f'`{k}`: {v}' for k, v in RATES.items())}.",
     ]
     if not df.empty and "score" in df:
-        ok = df[df["status"].isin(["optimal", "feasible"])].sort_values("score", ascending=False).head(5)
+        ok = df[df["status"].isin(["optimal", "feasible"])].sort_values(["score", "trial"], ascending=[False, True])
+        times = ok.groupby("islands")["trial"].size()  # a sampler and polish propose the best layouts again
         lines += [
             "",
-            "Top trials:",
+            "Top layouts (each once: the first trial that scored it, and how many trials did):",
             "",
-            "| trial | score | rate (req/s) | $/h | islands |",
-            "|---:|---:|---:|---:|---|",
+            "| trial | trials | score | rate (req/s) | $/h | islands |",
+            "|---:|---:|---:|---:|---:|---|",
         ]
-        for _, r in ok.iterrows():
-            cells = [str(r["trial"]), f"{r['score']:.4g}", f"{r['rate_req_s']:.2f}", f"{r['cost_per_hour']:.0f}"]
-            lines.append(f"| {' | '.join(cells)} | {r['islands']} |")
+        for _, r in ok.drop_duplicates("islands").head(5).iterrows():
+            cells = [str(r["trial"]), str(times[r["islands"]]), f"{r['score']:.4g}", f"{r['rate_req_s']:.2f}",
+                     f"{r['cost_per_hour']:.0f}", _runs_text(str(r["islands"]))]  # fmt: skip
+            lines.append(f"| {' | '.join(cells)} |")
     for note in plan.get("notes", []):
         lines += ["", f"Note: {note}"]
     return "\n".join(lines) + "\n"
+
+
+def _runs_text(islands: str) -> str:
+    """'H200x8;H200x8;H800x16' as 'H200x8 (x2); H800x16'."""
+    runs: list[list[str]] = []
+    for isl in islands.split(";"):
+        if runs and runs[-1][0] == isl:
+            runs[-1].append(isl)
+        else:
+            runs.append([isl])
+    return "; ".join(r[0] + (f" (x{len(r)})" if len(r) > 1 else "") for r in runs)
 
 
 def _alike(islands: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], Any]) -> list[list[Any]]:

@@ -60,8 +60,13 @@ def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(finished_search: t
     # the proven optimum's own layout scores this much more, and the report and console point to it
     ahead = plan["reference_layout_ahead"]
     assert ahead == pytest.approx(plan["gap"] / (1 - plan["gap"]), abs=1e-9)
-    pointed = "the exact reference's own layout" in (d / "report.md").read_text()
+    text = (d / "report.md").read_text()
+    pointed = "the exact reference's own layout" in text
     assert pointed == ("the exact reference's own layout scores" in r.stdout) == (ahead > 1e-4)
+    # report.md's top layouts: each layout once, with how many of the 12 trials scored it
+    top = [row.split(" | ") for row in text.split("Top layouts")[1].splitlines() if row.startswith("| ") and
+           not row.startswith("| trial")]  # fmt: skip
+    assert top and len({row[-1] for row in top}) == len(top) and sum(int(row[1]) for row in top) <= 12
     assert plan["rate_req_s"] > 0 and plan["output_tok_s"] > plan["rate_req_s"]
     used = {g: 0 for g in plan["inventory"]["gpus"]}
     for isl in plan["islands"]:
