@@ -91,14 +91,14 @@ def exact_optimum(
         raise ValueError(f"unknown MILP backend {backend!r}; choose from {list(MILP_BACKENDS)}")
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
-    unprovable = objective == "max_rate" and all(t.layouts is None for t in types)
-    search_s = min(COUNT_SEARCH_S, time_limit_s / 4) if unprovable else 0.0
+    fallback = objective == "max_rate" and all(t.layouts is None for t in types)  # `_unproven` if cut short
+    search_s = min(COUNT_SEARCH_S, time_limit_s / 4) if fallback else 0.0
     theta, iters, best = 0.0, 0, None
     while True:
         iters += 1
         milp_s = max(deadline - search_s - time.perf_counter(), 1.0)
         res, counts = _solve(types, p, theta, budget_per_hour, kv_gb, milp_s, backend)
-        if unprovable and res.status in ("feasible", "time_limit"):
+        if fallback and res.status in ("feasible", "time_limit"):
             res = _unproven(types, p, budget_per_hour, kv_gb, res, counts, t0, search_s)
         if res.status not in ("optimal", "feasible") or (best is not None and res.cost_per_hour <= 0):
             break  # at the optimal ratio the empty layout ties at 0: the previous layout is the answer
@@ -290,9 +290,9 @@ def _unproven(
 
     The LP relaxation bounds the optimum from above. The layout: the MILP's incumbent (if it has
     one) and the relaxation's counts made whole within the inventory and the budget
-    (`_round_pooled`, and `_round_counts` both ways), each improved by the count search (`solvers/count_search.py`)
-    for an equal share of `search_s` (a start that ends early leaves its time to the next), the
-    best kept, its routing the LP with those counts fixed.
+    (`_round_pooled`, and `_round_counts` both ways), each improved by the count search
+    (`solvers/count_search.py`) for an equal share of `search_s` (a start that ends early leaves
+    its time to the next), the best kept, its routing the LP with those counts fixed.
     The result is `feasible`, with the lower of the two bounds: the optimum lies between
     `rate_req_s` and `bound`.
     """
