@@ -110,7 +110,7 @@ def bench_reference(types: int, scale: float, limit_s: float, prove: bool) -> No
         rows.append((f"the MILP left to finish: {best.status}", best.rate_req_s, time.perf_counter() - t0))
     print("\n| layout | req/s | / bound | / optimum | time |\n|---|---:|---:|---:|---:|")
     for name, rate, s in rows:
-        rate = max(rate, 0.0)  # an LP's -0.0
+        rate = max(rate, 0.0) + 0.0  # an LP's -0.0 prints as 0.0
         took = "" if s != s else f"{s:.1f} s"
         share = "-" if optimum != optimum else f"{rate / optimum:.4f}"
         print(f"| {name} | {rate:,.1f} | {rate / bound:.4f} | {share} | {took} |")
