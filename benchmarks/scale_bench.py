@@ -16,7 +16,8 @@ minutes on a 2-core machine.
 `--reference` instead solves the exact reference of the first cell in-process, as a search cut
 short by its time limit makes it: the LP relaxation's bound, then each starting layout (the
 relaxation's counts made whole three ways) before and after the count search
-(solvers/count_search.py), then the reference as the main job runs it (`--limit`, 120 s); with
+(solvers/count_search.py), the MILP over the sizes near where those end, then the reference as the
+main job runs it (`--limit`, 120 s); with
 `--prove` also the MILP left to prove the optimum (about 3.5 minutes at 10,000 GPUs), so every
 layout's share of the optimum is printed beside its share of the bound.
 """
@@ -76,7 +77,7 @@ def bench_reference(types: int, scale: float, limit_s: float, prove: bool) -> No
 
     from pipeline.reference import type_options
     from solvers import count_search
-    from solvers.exact import _classes, _round_counts, _round_pooled, _solve, exact_optimum
+    from solvers.exact import NEAR_SIZES, _classes, _near, _round_counts, _round_pooled, _solve, exact_optimum
 
     inv = inventory(types, scale)
     settings, ctx = load(["search.verify=false"], inv)
@@ -90,14 +91,21 @@ def bench_reference(types: int, scale: float, limit_s: float, prove: bool) -> No
     bound = relaxed.rate_req_s
     print(f"LP relaxation: bound {bound:,.1f} req/s ({time.perf_counter() - t0:.1f} s)")
     rows: list[tuple[str, float, float]] = []
+    ends = []
     for name, start in (("pooled", _round_pooled(options, frac, budget)),
                         ("rounded down, largest parts up", _round_counts(options, frac, budget, False)),
                         ("rounded down, parts filled", _round_counts(options, frac, budget, True))):  # fmt: skip
         before = _solve(options, p, 0.0, budget, kv, 600.0, "HIGHS", fix=start)[0].rate_req_s
         t0 = time.perf_counter()
-        after, _ = count_search.improve(options, classes, p, start, kv_gb=kv, budget=budget, time_limit_s=120.0)
+        after, end = count_search.improve(options, classes, p, start, kv_gb=kv, budget=budget, time_limit_s=120.0)
+        ends.append(end)
         rows += [(f"{name}, made whole", before, float("nan")), (f"{name}, then the count search", after,
                                                                  time.perf_counter() - t0)]  # fmt: skip
+    t0 = time.perf_counter()
+    near = _near(options, ends, NEAR_SIZES)
+    res = _solve(near, p, 0.0, budget, kv, 120.0, "HIGHS")[0]
+    rows.append((f"the MILP over the sizes within {NEAR_SIZES} of those three ({len(_classes(near))} classes): "
+                 f"{res.status}", res.rate_req_s, time.perf_counter() - t0))  # fmt: skip
     t0 = time.perf_counter()
     ref = exact_optimum(options, p, budget_per_hour=budget, kv_gb=kv, time_limit_s=limit_s)
     rows.append((f"the reference as a search runs it ({limit_s:g} s limit): {ref.status}", ref.rate_req_s,
