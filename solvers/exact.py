@@ -338,11 +338,12 @@ def _unproven(
                                           time_limit_s=share, rates=rates))  # fmt: skip
     _, whole = max(found, key=lambda f: f[0])
     layouts = [_solve(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", fix=whole)[0]]
-    near = _near(types, [counts for _, counts in found], NEAR_SIZES)
+    near = _near(types, [end_counts for _, end_counts in found], NEAR_SIZES)
     layouts.append(_solve(near, p, 0.0, budget, kv_gb, max(end - time.perf_counter(), 1.0), backend)[0])
     if milp.status == "feasible":
         layouts.append(milp)
-    best = max((r for r in layouts if r.status in ("optimal", "feasible")), key=lambda r: r.rate_req_s)
+    solved = [r for r in layouts if r.status in ("optimal", "feasible")]
+    best = max(solved, key=lambda r: r.rate_req_s) if solved else milp
     bound = min(relaxed.rate_req_s, milp.bound if milp.bound == milp.bound else float("inf"))
     return ExactResult("feasible", best.rate_req_s, best.cost_per_hour, best.islands,
                        (time.perf_counter() - t0) * 1e3, 1, bound)  # fmt: skip
