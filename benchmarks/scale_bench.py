@@ -17,9 +17,9 @@ minutes on a 2-core machine.
 short by its time limit makes it: the LP relaxation's bound, then each starting layout (the
 relaxation's counts made whole three ways) before and after the count search
 (solvers/count_search.py), the MILP over the sizes near where those end, then the reference as the
-main job runs it (`--limit`, 120 s); with
-`--prove` also the MILP left to prove the optimum (about 3.5 minutes at 10,000 GPUs), so every
-layout's share of the optimum is printed beside its share of the bound.
+main job runs it (`--limit`, 120 s); with `--prove` also the MILP left to prove the optimum (about
+3.5 minutes at 10,000 GPUs), so every layout's share of the optimum is printed beside its share of
+the bound.
 """
 
 from __future__ import annotations
