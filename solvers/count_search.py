@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from ortools.linear_solver.python import model_builder as mb
-from scipy.sparse import csr_matrix
+
+from solvers import role_search
 
 if TYPE_CHECKING:
     from solvers.exact import TypeOptions
@@ -72,34 +73,11 @@ class PhaseRates:
         if not islands:
             return 0.0
         self.solves += 1
-        n_j = len(self.p)
         b = np.array([self.rows(c, r) for c, _ in islands])  # (k, J)
         n = np.array([float(m) for _, m in islands])
-        k = len(islands)
-        lam = k * n_j  # columns: x[c, j] row-major, then Λ
-        grid = np.arange(k * n_j).reshape(k, n_j)
-        rows = [np.tile(np.arange(n_j), k), np.arange(n_j), np.repeat(n_j + np.arange(k), n_j)]  # (1) (1) (2)
-        cols = [grid.ravel(), np.full(n_j, lam), grid.ravel()]
-        vals = [b.ravel(), -self.p.astype(float), np.ones(k * n_j)]
-        row_lb = [np.zeros(n_j), np.full(k, -np.inf)]
-        row_ub = [np.full(n_j, np.inf), n]
-        if self.kv_gb is not None:  # (3)
-            link = np.array([float(self.types[self.classes[c][0]].sizes[self.classes[c][1]])
-                             * self.types[self.classes[c][0]].link_gb_s_per_gpu for c, _ in islands])  # fmt: skip
-            rows.append(np.repeat(n_j + k + np.arange(k), n_j))
-            cols.append(grid.ravel())
-            vals.append((b * self.kv_gb[None, :]).ravel())
-            row_lb.append(np.full(k, -np.inf))
-            row_ub.append(link * n)
-        n_row = n_j + k * (2 if self.kv_gb is not None else 1)
-        matrix = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                            shape=(n_row, lam + 1))  # fmt: skip
-        objective = np.zeros(lam + 1)
-        objective[lam] = 1.0
-        model = mb.Model()
-        model.helper.fill_model_from_sparse_data(np.zeros(lam + 1), np.full(lam + 1, np.inf), objective,
-                                                 np.concatenate(row_lb), np.concatenate(row_ub), matrix)  # fmt: skip
-        model.helper.set_maximize(True)
+        link = np.array([float(self.types[self.classes[c][0]].sizes[self.classes[c][1]])
+                         * self.types[self.classes[c][0]].link_gb_s_per_gpu for c, _ in islands])  # fmt: skip
+        model = role_search.phase_model(b, self.p, n, self.kv_gb, link)  # (1)-(3)
         solver = mb.Solver("glop")
         code = solver.solve(model)
         if code.name != "OPTIMAL":  # Λ = 0 is always feasible and capacity bounds Λ

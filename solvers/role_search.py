@@ -33,33 +33,42 @@ from scipy.sparse import csr_matrix
 _IMPROVES = 1 + 1e-9  # a move must beat the current rate by more than LP noise
 
 
-class _Phase:
+def phase_model(b: np.ndarray, p: np.ndarray, u: np.ndarray, kv: np.ndarray | None,
+                link: np.ndarray | None) -> mb.Model:  # fmt: skip
+    """One phase's LP, max Λ: Σ_c b_cj x_cj >= Λ p_j ∀ j, Σ_j x_cj <= u_c ∀ c and, with `kv` and
+    `link`, Σ_j b_cj kv_j x_cj <= u_c link_c ∀ c. Columns x[c, j] row-major, then Λ; rows the demands,
+    the capacities, then the KV rows."""
+    n_c, n_j = b.shape
+    cj = n_c * n_j
+    cc, jj = np.meshgrid(np.arange(n_c), np.arange(n_j), indexing="ij")
+    rows = [jj.ravel(), np.arange(n_j), n_j + cc.ravel()]
+    cols = [np.arange(cj), np.full(n_j, cj), np.arange(cj)]
+    vals = [b.ravel(), -p, np.ones(cj)]
+    row_ub = [np.full(n_j, np.inf), u.astype(float)]
+    if kv is not None and link is not None:
+        rows.append(n_j + n_c + cc.ravel())
+        cols.append(np.arange(cj))
+        vals.append((b * kv[None, :]).ravel())
+        row_ub.append(u * link)
+    n_row = n_j + n_c * (2 if kv is not None and link is not None else 1)
+    matrix = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_row, cj + 1))
+    lb, ub = np.zeros(cj + 1), np.where(np.append(b.ravel() > 0, True), np.inf, 0.0)
+    row_lb = np.concatenate([np.zeros(n_j), np.full(n_row - n_j, -np.inf)])
+    objective = np.zeros(cj + 1)
+    objective[cj] = 1.0
+    model = mb.Model()
+    model.helper.fill_model_from_sparse_data(lb, ub, objective, row_lb, np.concatenate(row_ub), matrix)
+    model.helper.set_maximize(True)
+    return model
+
+
+class Phase:
     """One phase's LP over all classes; u_c of class c's islands take part."""
 
     def __init__(self, b: np.ndarray, p: np.ndarray, u: np.ndarray, kv: np.ndarray | None, link: np.ndarray | None):
         n_c, n_j = b.shape
         self.b, self.link = b, link
-        cj = n_c * n_j
-        cc, jj = np.meshgrid(np.arange(n_c), np.arange(n_j), indexing="ij")
-        rows = [jj.ravel(), np.arange(n_j), n_j + cc.ravel()]
-        cols = [np.arange(cj), np.full(n_j, cj), np.arange(cj)]
-        vals = [b.ravel(), -p, np.ones(cj)]
-        row_ub = [np.full(n_j, np.inf), u.astype(float)]
-        has_kv = kv is not None and link is not None
-        if has_kv:
-            rows.append(n_j + n_c + cc.ravel())
-            cols.append(np.arange(cj))
-            vals.append((b * kv[None, :]).ravel())
-            row_ub.append(u * link)
-        n_row = n_j + n_c * (2 if has_kv else 1)
-        matrix = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_row, cj + 1))
-        lb, ub = np.zeros(cj + 1), np.where(np.append(b.ravel() > 0, True), np.inf, 0.0)
-        row_lb = np.concatenate([np.zeros(n_j), np.full(n_row - n_j, -np.inf)])
-        objective = np.zeros(cj + 1)
-        objective[cj] = 1.0
-        model = mb.Model()
-        model.helper.fill_model_from_sparse_data(lb, ub, objective, row_lb, np.concatenate(row_ub), matrix)
-        model.helper.set_maximize(True)
+        model = phase_model(b, p, u, kv, link)
         self.solver = pywraplp.Solver.CreateSolver("GLOP")
         error = self.solver.LoadModelFromProto(model.export_to_proto())
         if error:
@@ -67,7 +76,7 @@ class _Phase:
         rows_ = self.solver.constraints()
         self.demand, self.cap = rows_[:n_j], rows_[n_j : n_j + n_c]
         self.kv = rows_[n_j + n_c :]  # empty without KV rows
-        self.lam = self.solver.variables()[cj]
+        self.lam = self.solver.variables()[n_c * n_j]
         self.rate = self.solve()
 
     def set(self, c: int, u: float) -> None:
@@ -114,8 +123,8 @@ def improve(
     t0 = time.perf_counter()
     d = np.asarray(decode, dtype=int).copy()
     m = np.asarray(m, dtype=int)
-    pre = _Phase(bp, p, m - d, kv_gb, link_gb_s)
-    dec = _Phase(bd, p, d, kv_gb, link_gb_s)
+    pre = Phase(bp, p, m - d, kv_gb, link_gb_s)
+    dec = Phase(bd, p, d, kv_gb, link_gb_s)
     while time.perf_counter() - t0 < budget_s:
         rate = min(pre.rate, dec.rate)
         move = _next_move(pre, dec, m, d, rate, t0 + budget_s)
@@ -126,7 +135,7 @@ def improve(
     return d, min(pre.rate, dec.rate)
 
 
-def _next_move(pre: _Phase, dec: _Phase, m: np.ndarray, d: np.ndarray, rate: float, deadline: float) -> dict | None:
+def _next_move(pre: Phase, dec: Phase, m: np.ndarray, d: np.ndarray, rate: float, deadline: float) -> dict | None:
     """The first move (class → change in its decode count), in the order of the bounds, whose rate
     beats `rate`; None when no move's bound does (a local optimum) or at the deadline."""
     gain_p, loss_p = pre.bounds()
@@ -157,7 +166,7 @@ def _next_move(pre: _Phase, dec: _Phase, m: np.ndarray, d: np.ndarray, rate: flo
     return None
 
 
-def _apply(pre: _Phase, dec: _Phase, m: np.ndarray, d: np.ndarray, move: dict) -> None:
+def _apply(pre: Phase, dec: Phase, m: np.ndarray, d: np.ndarray, move: dict) -> None:
     for c, k in move.items():
         d[c] += k
         pre.set(c, float(m[c] - d[c]))

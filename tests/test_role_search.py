@@ -39,11 +39,11 @@ def fixed_rate(prob: InnerProblem, decode: np.ndarray) -> float:
     return s.rate_req_s if s.status == "optimal" else 0.0
 
 
-def phases(prob: InnerProblem, decode: np.ndarray) -> tuple[role_search._Phase, role_search._Phase]:
+def phases(prob: InnerProblem, decode: np.ndarray) -> tuple[role_search.Phase, role_search.Phase]:
     m = np.ones(len(decode), dtype=int)
     return (
-        role_search._Phase(prob.prefill_req_s, prob.p, m - decode, prob.kv_gb, prob.link_gb_s),
-        role_search._Phase(prob.decode_req_s, prob.p, decode, prob.kv_gb, prob.link_gb_s),
+        role_search.Phase(prob.prefill_req_s, prob.p, m - decode, prob.kv_gb, prob.link_gb_s),
+        role_search.Phase(prob.decode_req_s, prob.p, decode, prob.kv_gb, prob.link_gb_s),
     )
 
 
