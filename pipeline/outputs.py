@@ -390,16 +390,11 @@ def report(plan: Mapping[str, Any], df: pd.DataFrame, header: str, routing_png: 
 
 def _runs_text(islands: str) -> str:
     """'H200x8;H200x8;H800x16' as 'H200x8 (x2); H800x16'."""
-    runs: list[list[str]] = []
-    for isl in islands.split(";"):
-        if runs and runs[-1][0] == isl:
-            runs[-1].append(isl)
-        else:
-            runs.append([isl])
+    runs = _alike(islands.split(";"), lambda isl: isl)
     return "; ".join(r[0] + (f" (x{len(r)})" if len(r) > 1 else "") for r in runs)
 
 
-def _alike(islands: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], Any]) -> list[list[Any]]:
+def _alike(islands: Iterable[Any], key: Callable[[Any], Any]) -> list[list[Any]]:
     """Runs of consecutive islands with the same `key` (a 10,000-GPU plan has hundreds of identical islands)."""
     groups: list[list[Any]] = []
     for isl in islands:
