@@ -53,7 +53,6 @@ class PhaseRates:
                  kv_gb: np.ndarray | None) -> None:  # fmt: skip
         self.types, self.classes, self.p, self.kv_gb = types, classes, p, kv_gb
         self._cache: dict[tuple[int, tuple[tuple[int, int], ...]], float] = {}
-        self.solves = 0
 
     def rows(self, c: int, r: int) -> np.ndarray:
         ti, si = self.classes[c]
@@ -72,7 +71,6 @@ class PhaseRates:
     def _solve(self, r: int, islands: tuple[tuple[int, int], ...]) -> float:
         if not islands:
             return 0.0
-        self.solves += 1
         b = np.array([self.rows(c, r) for c, _ in islands])  # (k, J)
         n = np.array([float(m) for _, m in islands])
         link = np.array([float(self.types[self.classes[c][0]].sizes[self.classes[c][1]])
