@@ -87,7 +87,7 @@ def check(calibration: str) -> None:
     from costmodel.calibration import load_calibration
     from costmodel.catalog import load_gpu, load_model
     from costmodel.formulas import decode_step_ms, prefill_time_ms
-    from pipeline.config import calibration_path
+    from pipeline.planning.config import calibration_path
 
     gpu, model = load_gpu("H800"), load_model("deepseek_v3")
     cal = load_calibration(calibration_path(calibration))
@@ -118,10 +118,10 @@ def plans(cells: list[str], calibration: str, draws: int) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
-    from pipeline.band import rate_band
-    from pipeline.outputs import build_plan
-    from pipeline.reference import exact_layout, reference
-    from pipeline.settings import settings_from_cfg
+    from pipeline.planning.band import rate_band
+    from pipeline.records.report import build_plan
+    from pipeline.search.reference import exact_layout, reference
+    from pipeline.search.settings import settings_from_cfg
 
     def optimum(inv: str, wl: str, cal: str | None) -> tuple[float, dict, object, object]:
         with initialize_config_dir(str(CONF_DIR), version_base="1.3"):

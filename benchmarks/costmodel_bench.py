@@ -20,7 +20,7 @@ from costmodel.catalog import load_gpu, load_model
 from costmodel.formulas import decode_step_ms
 from costmodel.island_bench import benchmark_island, decode_configs, prefill_configs
 from costmodel.specs import GPUArray
-from pipeline.workload import make_ranges, synthetic_normal
+from pipeline.planning.workload import make_ranges, synthetic_normal
 
 GPUS = ["H200", "H800", "H20", "DGX-B300", "GB200-NVL72", "MI300X", "A100-80GB", "L40S"]
 

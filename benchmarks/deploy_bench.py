@@ -10,7 +10,7 @@ the table prints both optima, what node alignment costs, and the solve times, si
 
 Each node-aligned exact plan is also deployed (SGLang scripts and Kubernetes manifests, as
 `pipeline.deploy` writes them) and checked: every SGLang command against SGLang's own argument
-definitions (`pipeline.engine_args`, needs `pip install --no-deps sglang==0.5.23`), every vLLM
+definitions (`deployment.engine_args`, needs `pip install --no-deps sglang==0.5.23`), every vLLM
 command against vLLM 0.33.0's (its sdist's argument definitions, fetched from PyPI), every manifest
 against the Kubernetes 1.30 schemas (`kubernetes-validate`; LeaderWorkerSet pod templates as core
 PodTemplates).
@@ -29,9 +29,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
 from costmodel.catalog import CONF_DIR
-from pipeline.outputs import build_plan
-from pipeline.reference import exact_layout, reference
-from pipeline.settings import settings_from_cfg
+from pipeline.records.report import build_plan
+from pipeline.search.reference import exact_layout, reference
+from pipeline.search.settings import settings_from_cfg
 
 CELLS = [f"{i}:{w}" for i in ("hetero_a", "hetero_b", "homo_c") for w in ("azure_code", "azure_conv")]
 
@@ -70,7 +70,7 @@ def deployable(plan: dict) -> str:
     from omegaconf import OmegaConf
 
     from pipeline.deploy import COMMANDS, engines, k8s_manifests, routing, shell_line
-    from pipeline.engine_args import check_sglang, check_vllm
+    from deployment.engine_args import check_sglang, check_vllm
 
     cfg = OmegaConf.load(CONF_DIR / "deploy.yaml")
     es = engines(plan)

@@ -43,8 +43,8 @@ import pulp
 from costmodel.catalog import load_gpu, load_model
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
-from pipeline.planner import Layout, Planner
-from pipeline.workload import make_ranges, workload_from_cfg
+from pipeline.planning.planner import Layout, Planner
+from pipeline.planning.workload import make_ranges, workload_from_cfg
 from solvers import inner
 from solvers.inner import InnerProblem, solve
 from solvers.layouts import divider_layout

@@ -75,7 +75,7 @@ def bench_reference(types: int, scale: float, limit_s: float, prove: bool) -> No
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from search_bench import load
 
-    from pipeline.reference import type_options
+    from pipeline.search.reference import type_options
     from solvers import count_search
     from solvers.exact import NEAR_SIZES, _classes, _near, _round_counts, _round_pooled, _solve, exact_optimum
 

@@ -33,14 +33,14 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
 from costmodel.catalog import CONF_DIR
-from pipeline.goodput import sustainable_rate
-from pipeline.journal import write_json
-from pipeline.outputs import build_plan
-from pipeline.planner import Layout
-from pipeline.samplers import make_sampler
-from pipeline.settings import settings_from_cfg
+from pipeline.planning.goodput import sustainable_rate
+from pipeline.records.journal import write_json
+from pipeline.records.report import build_plan
+from pipeline.planning.planner import Layout
+from pipeline.search.samplers import make_sampler
+from pipeline.search.settings import settings_from_cfg
 from pipeline.simulate import Runner, requests_from_cfg
-from pipeline.trial import OK, ask_tell
+from pipeline.search.trial import OK, ask_tell
 from simulator.metrics import verdict
 
 CELLS = [f"{i}:{w}" for i in ("hetero_a", "hetero_b", "homo_c") for w in ("azure_code", "azure_conv")]
@@ -61,7 +61,7 @@ def plan_for(inv: str, wl: str, evals: int, extra: list[str]) -> tuple[dict, obj
 
 def sustained_rate(plan: dict, cfg: object, path: Path, seconds: float, steps: int) -> tuple[float, str]:
     """Highest offered rate the simulator sustains within the SLOs: the stated rate first, then bisection
-    in [0.2, 1.4] x stated (`pipeline.goodput.sustainable_rate`, as objective=goodput probes a layout)."""
+    in [0.2, 1.4] x stated (`pipeline.planning.goodput.sustainable_rate`, as objective=goodput probes a layout)."""
     from omegaconf import OmegaConf
 
     sim = OmegaConf.load(CONF_DIR / "simulate.yaml")

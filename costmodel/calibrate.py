@@ -23,7 +23,6 @@ The leave-one-out error refits without each row and predicts it.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import time
@@ -36,7 +35,7 @@ import numpy as np
 
 from costmodel.calibration import KNOBS, Calibration, Factor
 from costmodel.catalog import CatalogError, gpu_names, load_gpu, load_model
-from costmodel.cli import UserError, run
+from costmodel.cli import ArgumentParser, UserError, run
 from costmodel.formulas import (
     DECODE_A2A_LATENCY_MS,
     MLA_DISCOUNT,
@@ -423,7 +422,7 @@ def write_calibration(cal: Calibration, path: Path, header: str = "") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m costmodel.calibrate", description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="python -m costmodel.calibrate", description=__doc__.split("\n")[0])
     ap.add_argument("data", nargs="+", help="measurement CSV file(s)")
     ap.add_argument("--out", type=Path, help="write the calibration here (YAML); costmodel.calibration=PATH uses it")
     ap.add_argument("--name", help="the calibration's name (default: the output file's stem)")

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -24,6 +25,14 @@ INTERRUPTED = 130
 
 class UserError(ValueError):
     """Input a user can fix; the message says what, where and how."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse under the contract: a bad command line is one `error:` line with the usage in it, exit 2
+    (argparse's own prints its usage block over several lines)."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} (usage: {' '.join(self.format_usage().split()).removeprefix('usage: ')})")
 
 
 def fail(message: str) -> NoReturn:

@@ -89,6 +89,15 @@ class Rates:
         self.expert = np.where(self.has_fp4, self.f4, gemm) * k[f"grouped_gemm_{phase}"]
 
 
+def priced_precision(gpu: GPU, profile: CostProfile) -> tuple[str, str]:
+    """(dense layers and KV cache, routed experts): the formats `Rates` prices an island of `gpu` in.
+
+    FP8 where the GPU has it (BF16 where it does not, unless the profile prices FP8 everywhere as
+    shallowsim does), and routed experts in FP4 on GPUs with an FP4 rate."""
+    dense = "fp8" if gpu.tflops_fp8 > 0 or not profile.precision_per_gpu else "bf16"
+    return dense, "fp4" if gpu.tflops_fp4 > 0 else dense
+
+
 def _xfer_ms(nbytes: np.ndarray, bw_gb_s: np.ndarray, p: CostProfile) -> np.ndarray:
     """Transfer time. shallowsim divides MiB by GB/s and calls the result ms (2.4 % off)."""
     return nbytes / 1e6 / bw_gb_s if p.si_units else nbytes / MIB / bw_gb_s

@@ -14,7 +14,6 @@ half the output (the median step's).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -24,7 +23,7 @@ from typing import Any
 
 from costmodel.calibrate import MeasurementError
 from costmodel.catalog import CatalogError, gpu_names, model_names
-from costmodel.cli import UserError, run
+from costmodel.cli import ArgumentParser, UserError, run
 
 HEADER = ["component", "gpu", "shape", "value", "unit", "source"]
 
@@ -72,7 +71,7 @@ READERS = {"sglang-one-batch": sglang_one_batch}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m costmodel.readers", description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="python -m costmodel.readers", description=__doc__.split("\n")[0])
     ap.add_argument("format", choices=sorted(READERS))
     ap.add_argument("result", type=Path, help="the benchmark's result file")
     ap.add_argument("--gpu", required=True, help="the catalogue name of the GPUs it ran on")

@@ -10,7 +10,6 @@ printed and, last, `rows=<N> max_rel_err=<x>`. Exit 0 only if every row is withi
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from costmodel.catalog import CatalogError, load_gpu, load_model
+from costmodel.cli import ArgumentParser, run
 from costmodel.formulas import decode_parts, max_batch, prefill_parts
 from costmodel.profile import CostProfile
 from costmodel.specs import Model
@@ -162,7 +162,7 @@ def check(path: Path, model: Model) -> tuple[dict[str, float], int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m costmodel.reference", description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="python -m costmodel.reference", description=__doc__.split("\n")[0])
     ap.add_argument("csv", type=Path)
     ap.add_argument("--model", default="deepseek_v3")
     ap.add_argument("--tol", type=float, default=1e-9)
@@ -182,6 +182,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from costmodel.cli import run
-
     run(main)

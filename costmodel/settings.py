@@ -1,6 +1,6 @@
 """One frozen record of everything besides GPU, model and workload that decides a cost-model number.
 
-`CostSettings` is built once from the config (`pipeline.config.cost_settings_from_cfg`), used by
+`CostSettings` is built once from the config (`pipeline.planning.config.cost_settings_from_cfg`), used by
 the island benchmark, the planner, the exact reference and the simulator's step times, and
 written whole into plan.json (`to_json`). `from_json` rebuilds exactly that record, so a plan is
 simulated with the model it was made with, whatever switches and values it used.
@@ -15,6 +15,39 @@ from typing import Any
 from costmodel.calibration import Calibration
 from costmodel.profile import FIX_DOCS, MODEL_DOCS, CostProfile
 from costmodel.specs import SpecError
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency targets: a TTFT and a TPOT bound (ms; None: no target), each met by a percentile of requests."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    ttft_percentile: float = 99.0
+    tpot_percentile: float = 99.0
+
+    def __post_init__(self) -> None:
+        for key in ("ttft_ms", "tpot_ms"):
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                raise SpecError(f"`{key} > 0` must hold (or null for no cap), got {key}={v!r}")
+        for key in ("ttft_percentile", "tpot_percentile"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 50.0 <= v < 100.0:
+                raise SpecError(f"`50 <= {key} < 100` must hold, got {key}={v!r}")
+
+    @property
+    def any(self) -> bool:
+        return self.ttft_ms is not None or self.tpot_ms is not None
+
+    def text(self) -> str:
+        """'SLO TTFT p99 <= 2000 ms, TPOT p99 <= 50 ms', or 'no SLO'."""
+        parts = [
+            f"{k.upper()} p{getattr(self, f'{k}_percentile'):g} <= {getattr(self, f'{k}_ms'):g} ms"
+            for k in ("ttft", "tpot")
+            if getattr(self, f"{k}_ms") is not None
+        ]
+        return "SLO " + ", ".join(parts) if parts else "no SLO"
 
 
 @dataclass(frozen=True)
@@ -35,14 +68,12 @@ class CostSettings:
             raise SpecError(f"`prefill_batch_tokens >= 1` (a whole number) must hold, got {batch!r}")
         if not 0.0 <= self.cache_hit < 1.0:
             raise SpecError(f"`0 <= cache_hit < 1` must hold, got cache_hit={self.cache_hit!r}")
-        for key in ("ttft_ms", "tpot_ms"):
-            v = getattr(self, key)
-            if v is not None and not v > 0:
-                raise SpecError(f"`{key} > 0` must hold (or null for no cap), got {key}={v!r}")
-        for key in ("ttft_percentile", "tpot_percentile"):
-            v = getattr(self, key)
-            if not 50.0 <= v < 100.0:
-                raise SpecError(f"`50 <= {key} < 100` must hold, got {key}={v!r}")
+        self.targets  # noqa: B018  (the SLO fields, checked)
+
+    @property
+    def targets(self) -> Slo:
+        """The latency targets a plan made with these settings is judged against."""
+        return Slo(self.ttft_ms, self.tpot_ms, self.ttft_percentile, self.tpot_percentile)
 
     @property
     def slo(self) -> bool:

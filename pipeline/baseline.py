@@ -19,9 +19,9 @@ import numpy as np
 
 from pipeline import cli
 from pipeline.errors import ConfigError
-from pipeline.reference import reference
-from pipeline.settings import inventory_of, settings_from_cfg
-from pipeline.traces import load_histogram
+from pipeline.planning.traces import load_histogram
+from pipeline.search.reference import reference
+from pipeline.search.settings import inventory_of, settings_from_cfg
 from solvers.tp_estimator import plan as estimator_plan
 
 SAMPLE = 200  # requests the estimator batches (seed 001 L237 uses 200 ShareGPT requests)

@@ -18,6 +18,20 @@ from costmodel.cli import INTERRUPTED, USAGE_ERROR, fail, interrupted  # noqa: F
 from pipeline.errors import USER_ERRORS
 
 
+def plain(cfg: Any) -> Any:
+    """A DictConfig/ListConfig as plain Python containers (resolved); anything else unchanged."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
+
+
+def choice(group: str) -> str:
+    """Which option of config group `group` Hydra composed (e.g. 'H200' for gpu)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return str(HydraConfig.get().runtime.choices[group])
+
+
 def hydra_error_line(err: BaseException) -> str:
     """A Hydra / OmegaConf / YAML composition error as one line that says how to fix it."""
     from hydra.errors import MissingConfigException

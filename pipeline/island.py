@@ -12,9 +12,11 @@ import numpy as np
 
 from costmodel.island_bench import IslandBenchmark, PhaseTable, benchmark_island
 from pipeline import cli
-from pipeline.config import choice, cost_settings_from_cfg, gpu_from_cfg, model_from_cfg, plain, positive_int
+from pipeline.checks import positive_int
+from pipeline.cli import choice, plain
 from pipeline.errors import ConfigError
-from pipeline.workload import Ranges, Workload, ranges_from_cfg, workload_from_cfg
+from pipeline.planning.config import cost_settings_from_cfg, gpu_from_cfg, model_from_cfg
+from pipeline.planning.workload import Ranges, Workload, ranges_from_cfg, workload_from_cfg
 
 
 def island_report(bench: IslandBenchmark, workload: Workload, ranges: Ranges, rows: int) -> str:

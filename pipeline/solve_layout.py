@@ -21,11 +21,12 @@ import matplotlib.pyplot as plt
 
 from costmodel.catalog import CONF_DIR, gpu_names, load_gpu
 from pipeline import cli
-from pipeline.config import boolean, make_dir, number, optional_positive, plain
+from pipeline.checks import boolean, make_dir, number, optional_positive
+from pipeline.cli import plain
 from pipeline.errors import ConfigError
-from pipeline.journal import write_json
-from pipeline.planner import Layout, Planner, layout_from_cfg
-from pipeline.settings import planner_from_cfg
+from pipeline.planning.planner import Layout, Planner, layout_from_cfg
+from pipeline.records.journal import write_json
+from pipeline.search.settings import planner_from_cfg
 from solvers.inner import BACKENDS, InnerProblem, InnerSolution, problem_to_json
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.cli import UserError, run
+from costmodel.cli import ArgumentParser, UserError, run
 
 
 @dataclass(frozen=True)
@@ -181,9 +181,7 @@ def synthetic(
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m solvers.expert_placement", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="python -m solvers.expert_placement", description=__doc__.split("\n\n")[0])
     ap.add_argument("activation", nargs="?", help=".npy or .csv, layers x experts")
     ap.add_argument("traffic", nargs="?", help=".npy or .csv, experts x experts")
     ap.add_argument("--gpus", type=int, required=True)

@@ -130,7 +130,7 @@ def divider_layout(
 @functools.lru_cache(maxsize=1 << 16)
 def _divided(total: int, n_target: int, skew: float, min_island: int, node: int | None) -> tuple[int, ...]:
     """One type's islands, largest first. Cached: a search divides the same types again and again
-    (each move `pipeline.space.Space.neighbours` finds is checked as a whole layout, whose other
+    (each move `pipeline.search.space.Space.neighbours` finds is checked as a whole layout, whose other
     types are unchanged; samplers repeat proposals)."""
     if node is None:
         return tuple(sorted(divide(total, n_target, skew, min_island), reverse=True))

@@ -277,9 +277,9 @@ def test_every_component_names_knobs_the_model_has() -> None:
 def test_robust_plans_at_the_pessimistic_factors_and_needs_a_calibration() -> None:
     from test_glue import compose
 
-    from pipeline.band import Z10
+    from pipeline.planning.band import Z10
     from pipeline.errors import ConfigError
-    from pipeline.settings import inventory_of, settings_from_cfg
+    from pipeline.search.settings import inventory_of, settings_from_cfg
 
     base = ["+inventory=tiny_hetero", "ranges.width=1000"]
     cfg = compose([*base, "search.robust=true"])
@@ -300,9 +300,9 @@ def test_robust_plans_at_the_pessimistic_factors_and_needs_a_calibration() -> No
 def test_the_band_spans_the_draws_and_vanishes_without_uncertainty() -> None:
     from test_glue import compose
 
-    from pipeline.band import rate_band
-    from pipeline.reference import exact_layout, reference
-    from pipeline.settings import inventory_of, settings_from_cfg
+    from pipeline.planning.band import rate_band
+    from pipeline.search.reference import exact_layout, reference
+    from pipeline.search.settings import inventory_of, settings_from_cfg
 
     cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", "search.shapes=any", "slo=null"])
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))

@@ -10,8 +10,8 @@ import pytest
 from costmodel import catalog
 from costmodel.catalog import CatalogError, build, gpu_names, load_gpu, load_model, model_names
 from costmodel.specs import GPU, Model
-from pipeline.config import ConfigError
-from pipeline.inventory import inventory_from_cfg
+from pipeline.errors import ConfigError
+from pipeline.planning.inventory import inventory_from_cfg
 
 CONF = catalog.CONF_DIR
 SPEC_GPUS = [

@@ -13,10 +13,10 @@ import pytest
 from costmodel.catalog import load_gpu, load_model
 from costmodel.settings import CostSettings
 from pipeline.errors import ConfigError
-from pipeline.samplers import SAMPLERS, make_sampler
-from pipeline.space import GENERATORS, Space
+from pipeline.search.samplers import SAMPLERS, make_sampler
+from pipeline.search.space import GENERATORS, Space
 from simulator.core import Requests, Simulation
-from simulator.plan import build, islands_from_plan
+from simulator.build import build, islands_from_plan
 from simulator.routers import ROUTERS
 from simulator.schedulers import SCHEDULERS, make_scheduler
 from solvers.layouts import LayoutRejected

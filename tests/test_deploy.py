@@ -79,7 +79,7 @@ def argv_of(line: str) -> list[str]:
 def test_sglang_commands_parse_with_sglangs_own_argument_definitions(
     plan_path: Path, tmp_path: Path, target: str
 ) -> None:
-    from pipeline.engine_args import EngineArgsMissing, check_sglang
+    from deployment.engine_args import EngineArgsMissing, check_sglang
 
     deploy(plan_path, tmp_path / "d", f"target={target}")
     lines = launch_lines(tmp_path / "d", target)
@@ -105,7 +105,7 @@ def test_sglang_commands_parse_with_sglangs_own_argument_definitions(
 
 @pytest.mark.parametrize("target", ["shell", "k8s"])
 def test_vllm_commands_parse_with_vllms_own_argument_definitions(plan_path: Path, tmp_path: Path, target: str) -> None:
-    from pipeline.engine_args import check_vllm, vllm_source
+    from deployment.engine_args import check_vllm, vllm_source
 
     deploy(plan_path, tmp_path / "d", "engine=vllm", f"target={target}")
     lines = launch_lines(tmp_path / "d", target)
@@ -275,7 +275,7 @@ def test_configurations_engines_cannot_run_are_never_proposed() -> None:
     from costmodel.catalog import load_gpu, load_model
     from costmodel.island_bench import benchmark_island
     from costmodel.settings import CostSettings
-    from pipeline.workload import make_ranges, synthetic_normal
+    from pipeline.planning.workload import make_ranges, synthetic_normal
 
     wl = synthetic_normal("n", 2000, 1000, 0, 8000, 100, 1000)
     r = make_ranges(wl, 1000)

@@ -31,7 +31,7 @@ def run(tmp: Path, name: str, *extra: str) -> tuple[int, Path]:
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
-    from pipeline.experiment import run_experiment
+    from pipeline.experiment.run import run_experiment
 
     passthrough = [f"out_root={tmp}/search", f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db", *extra]
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):

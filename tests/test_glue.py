@@ -19,7 +19,7 @@ from costmodel.catalog import CONF_DIR
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
 from costmodel.specs import SpecError
-from pipeline.journal import Journal, write_json
+from pipeline.records.journal import Journal, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["+inventory=tiny_hetero", "ranges.width=1000", "search.batch=4", "ray.num_cpus=2"]
@@ -68,9 +68,9 @@ def compose(overrides: list[str]) -> Any:
 
 def plan_of(tmp: Path, *overrides: str) -> tuple[Path, Any]:
     """A plan.json as the search writes it, for the exact layout of tiny_hetero under `overrides`."""
-    from pipeline.outputs import build_plan
-    from pipeline.reference import exact_layout, reference
-    from pipeline.settings import inventory_of, settings_from_cfg
+    from pipeline.records.report import build_plan
+    from pipeline.search.reference import exact_layout, reference
+    from pipeline.search.settings import inventory_of, settings_from_cfg
 
     cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", f"out_root={tmp}/out", *overrides])
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
@@ -166,8 +166,8 @@ class FlakyTracker:
 
 @pytest.mark.parametrize("bulk", [False, True], ids=["one-by-one", "bulk"])
 def test_a_locked_store_neither_fails_nor_doubles_a_finished_trial(tmp_path: Path, bulk: bool) -> None:
-    from pipeline.settings import inventory_of, settings_from_cfg
-    from pipeline.tune_driver import SearchRun
+    from pipeline.search.settings import inventory_of, settings_from_cfg
+    from pipeline.tune.driver import SearchRun
 
     cfg = compose([*SMALL, f"out_root={tmp_path}/out", "search.iterations=1"])
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
@@ -187,9 +187,9 @@ def test_a_locked_store_neither_fails_nor_doubles_a_finished_trial(tmp_path: Pat
 
 def test_a_reference_stopped_by_its_time_limit_bounds_the_gap(tmp_path: Path) -> None:
     """A reference with a layout but no proof: the gap is against its proven bound, and says so."""
-    from pipeline.outputs import report
-    from pipeline.settings import inventory_of, settings_from_cfg
-    from pipeline.tune_driver import SearchRun
+    from pipeline.records.report import report
+    from pipeline.search.settings import inventory_of, settings_from_cfg
+    from pipeline.tune.driver import SearchRun
     from solvers.exact import ExactResult
 
     cfg = compose([*SMALL, f"out_root={tmp_path}/out", "search.iterations=1"])
@@ -214,7 +214,7 @@ def test_a_reference_stopped_by_its_time_limit_bounds_the_gap(tmp_path: Path) ->
 def test_identical_islands_side_by_side_share_a_row_of_the_report(tmp_path: Path) -> None:
     """A 10,000-GPU plan has hundreds of identical islands: report.md gives each run of them one row, (xN)
     counting them, and the node map the hosts they cover."""
-    from pipeline.outputs import report
+    from pipeline.records.report import report
 
     path, _ = plan_of(tmp_path)
     plan = json.loads(path.read_text())
@@ -237,8 +237,8 @@ def test_once_jax_is_loaded_the_reference_runs_in_a_fork_server_child(
     fork server, and solves to the same optimum."""
     import types
 
-    from pipeline import reference as ref_mod
-    from pipeline.settings import inventory_of, settings_from_cfg
+    from pipeline.search import reference as ref_mod
+    from pipeline.search.settings import inventory_of, settings_from_cfg
 
     cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", f"out_root={tmp_path}/out"])
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
@@ -380,7 +380,7 @@ def test_the_thesis_objective_at_its_time_limit_is_a_status_not_a_crash() -> Non
 
 def out_of_time(ctx: Any, params: Any) -> dict[str, Any]:
     """Every inner solve out of time: what a too-small search.inner_time_limit_s gives on a big inventory."""
-    from pipeline.trial import unscored
+    from pipeline.search.trial import unscored
 
     return {**unscored("time_limit", "inner max_rate solve: time_limit after 10 ms", 0.0), "islands": "H200x8"}
 
@@ -388,7 +388,7 @@ def out_of_time(ctx: Any, params: Any) -> dict[str, Any]:
 def dies_twice(ctx: Any, params: Any) -> dict[str, Any]:
     """The real trial, but the first two attempts of the search take their Ray worker down (a node
     lost twice): as many deaths as a batch survives, whether they hit the trainable or a task."""
-    from pipeline.trial import run_trial
+    from pipeline.search.trial import run_trial
 
     for k in range(2):
         try:
@@ -402,7 +402,7 @@ def dies_twice(ctx: Any, params: Any) -> dict[str, Any]:
 def run_search(tmp: Path, trial_fn: Any, *extra: str) -> int:
     from ray import cloudpickle
 
-    from pipeline.search import execute
+    from pipeline.search.run import execute
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
     cfg = compose([*SMALL, "search.iterations=1", "search.sampler=random", "search.reference=false",
@@ -434,7 +434,7 @@ def test_a_trial_whose_worker_dies_is_retried_not_lost(tmp_path: Path, monkeypat
 def notes_its_runtime_env(ctx: Any, params: Any) -> dict[str, Any]:
     import ray
 
-    from pipeline.trial import run_trial
+    from pipeline.search.trial import run_trial
 
     env = ray.get_runtime_context().runtime_env.get("env_vars", {})
     return {**run_trial(ctx, params), "note": json.dumps(env, sort_keys=True)}
@@ -443,7 +443,7 @@ def notes_its_runtime_env(ctx: Any, params: Any) -> dict[str, Any]:
 def test_every_trial_runs_in_the_runtime_env_the_prewarmed_workers_start_in(tmp_path: Path) -> None:
     """The driver starts the other workers' processes early in `trainable_env()`; Ray reuses them for
     the trainable's tasks only if that is the env Ray Tune gives the trainable (its tasks inherit it)."""
-    from pipeline.tune_batch import trainable_env
+    from pipeline.tune.batch import trainable_env
 
     assert run_search(tmp_path, notes_its_runtime_env, "search.verify=false", "search.band_draws=0") == 0
     (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/trials.jsonl")]
@@ -453,7 +453,7 @@ def test_every_trial_runs_in_the_runtime_env_the_prewarmed_workers_start_in(tmp_
 
 def test_a_fraction_of_a_cpu_per_trial_gives_more_workers_and_every_trial_runs(tmp_path: Path) -> None:
     """ray.cpus_per_trial=0.5 on 2 CPUs: 4 bundles of half a CPU, each worker's task sized to one."""
-    from pipeline.trial import run_trial
+    from pipeline.search.trial import run_trial
 
     assert run_search(tmp_path, run_trial, "ray.cpus_per_trial=0.5", "search.verify=false", "search.band_draws=0") == 0
     (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/trials.jsonl")]
@@ -474,7 +474,7 @@ def test_a_share_whose_worker_dies_runs_again_then_is_recorded_failed(tmp_path: 
     import ray
     from ray import cloudpickle
 
-    from pipeline import tune_worker
+    from pipeline.tune import worker as tune_worker
 
     monkeypatch.setenv("ARCHIPELAGO_TEST_DIR", str(tmp_path))  # before Ray starts: its workers inherit it
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -492,7 +492,7 @@ def test_a_share_whose_worker_dies_runs_again_then_is_recorded_failed(tmp_path: 
 
 
 def test_a_gpu_type_that_cannot_hold_the_model_is_named_in_the_plan(tmp_path: Path) -> None:
-    from pipeline.trial import run_trial
+    from pipeline.search.trial import run_trial
 
     assert run_search(tmp_path, run_trial, "+inventory.gpus.L40S=4") == 0
     (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/plan.json")]
@@ -535,7 +535,7 @@ def test_a_trace_longer_than_the_models_context_is_refused_when_planning(tmp_pat
 def test_a_locked_store_is_refused_before_any_work(tmp_path: Path) -> None:
     import sqlite3
 
-    from pipeline.tracking import Tracker
+    from pipeline.records.tracking import Tracker
 
     db = tmp_path / "mlflow.db"
     Tracker(f"sqlite:///{db}", "archipelago")  # the store exists ...
@@ -553,7 +553,7 @@ def test_a_store_locked_only_briefly_is_waited_for(tmp_path: Path) -> None:
     import sqlite3
     import threading
 
-    from pipeline.tracking import LOCK_WAIT_S, Tracker
+    from pipeline.records.tracking import LOCK_WAIT_S, Tracker
 
     db = tmp_path / "mlflow.db"
     Tracker(f"sqlite:///{db}", "archipelago")

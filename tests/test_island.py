@@ -11,7 +11,7 @@ from costmodel.island_bench import aligned_batch, benchmark_island, decode_confi
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
 from costmodel.specs import SpecError
-from pipeline.workload import make_ranges, synthetic_normal
+from pipeline.planning.workload import make_ranges, synthetic_normal
 
 WL = synthetic_normal("fig4_2", 500, 2000, 0, 8000, 100, 1000)
 RANGES = make_ranges(WL, 125)
@@ -133,7 +133,7 @@ def test_gqa_model_island() -> None:
 @pytest.mark.parametrize("slo", [{}, {"ttft_ms": 2000.0, "tpot_ms": 50.0}])
 @pytest.mark.parametrize(("gpu", "n"), [("H200", 8), ("H800", 16), ("H20", 32), ("H20", 8)])
 def test_one_configuration_benchmarked_alone_is_its_row_of_the_whole_benchmark(gpu: str, n: int, slo: dict) -> None:
-    # the plan is re-scored at every length with only its chosen configurations (pipeline.planner.exact_rates)
+    # the plan is re-scored at every length with only its chosen configurations (pipeline.planning.planner.exact_rates)
     lengths = np.arange(1, 8001, 7)
     weights = WL.pmf[lengths] if len(WL.pmf) > lengths.max() else np.ones(len(lengths))
     cost = CostSettings(**slo)

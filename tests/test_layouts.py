@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import ConfigError
-from pipeline.space import Space
+from pipeline.errors import ConfigError
+from pipeline.search.space import Space
 from solvers.layouts import LayoutError, LayoutRejected, direct_layout, divide, divider_layout
 
 
@@ -127,7 +127,7 @@ def test_node_shapes_are_divisors_of_a_host_or_whole_hosts() -> None:
 
 
 def test_max_islands_auto_leaves_the_island_count_to_the_inventory() -> None:
-    from pipeline.space import Space
+    from pipeline.search.space import Space
 
     inv, mins = (("H200", 2000), ("H20", 24)), (("H200", 8), ("H20", 8))
     auto = Space("divider", inv, mins, max_islands=None).distributions()

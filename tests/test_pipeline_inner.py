@@ -13,8 +13,8 @@ import pytest
 from costmodel.catalog import load_gpu, load_model
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
-from pipeline.planner import Layout, Planner
-from pipeline.workload import make_ranges, synthetic_normal
+from pipeline.planning.planner import Layout, Planner
+from pipeline.planning.workload import make_ranges, synthetic_normal
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,8 +11,8 @@ import optuna
 import pytest
 from optuna.distributions import IntDistribution
 
-from pipeline.polish import PolishSampler, with_polish
-from pipeline.space import Space
+from pipeline.search.polish import PolishSampler, with_polish
+from pipeline.search.space import Space
 
 DIVIDER = Space("divider", (("A", 24), ("B", 40)), (("A", 2), ("B", 4)), skew_range=3.0, max_islands=8)
 DIRECT = Space("direct", (("A", 12), ("B", 16)), (("A", 2), ("B", 2)), k_slots=3)

@@ -57,7 +57,7 @@ def test_a_ctrl_c_that_lands_in_a_callback_still_stops_the_reference() -> None:
     import time
     import weakref
 
-    from pipeline.reference import interruptible
+    from pipeline.search.reference import interruptible
 
     class Thing:
         pass

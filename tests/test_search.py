@@ -127,7 +127,7 @@ def test_a_plan_the_simulator_does_not_sustain_is_given_the_rate_it_does(finishe
     claiming 1.6 x its rate: there the check fails, and the rate the simulator sustains is found below."""
     from omegaconf import OmegaConf
 
-    from pipeline.outputs import _verification_rows
+    from pipeline.records.report import _verification_rows
     from pipeline.simulate import VERIFY_LOW, verify
 
     tmp_path, r = finished_search
@@ -161,7 +161,7 @@ def test_a_window_shorter_than_the_slowest_requests_is_lengthened(
     from omegaconf import OmegaConf
 
     import pipeline.simulate as simulate
-    from pipeline.outputs import _verification_rows
+    from pipeline.records.report import _verification_rows
     from simulator.metrics import RAMP_DEFICIT_MAX
 
     tmp_path, r = finished_search
@@ -216,8 +216,8 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path: Path) -> None:
         (["+inventory=tiny_hetero", "search.resume=true"], "error: search.resume=true: no earlier run"),
     ]
     from pipeline.errors import ConfigError
-    from pipeline.settings import inventory_of, settings_from_cfg
-    from pipeline.tune_driver import SearchRun
+    from pipeline.search.settings import inventory_of, settings_from_cfg
+    from pipeline.tune.driver import SearchRun
 
     for k, (args, message) in enumerate(cases):
         if k < 2:  # through the command: one line on stderr, exit 2
@@ -291,7 +291,7 @@ def test_exact_sampler_plans_the_global_optimum(tmp_path: Path) -> None:
 
 
 def raising_trial(ctx: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    from pipeline.trial import run_trial
+    from pipeline.search.trial import run_trial
 
     if float(params["skew_H20"]) < 0:
         raise RuntimeError("injected failure for a negative H20 skew")
@@ -314,7 +314,7 @@ def compose(overrides: list[str]) -> Any:
 def test_a_failing_trial_is_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
     from ray import cloudpickle
 
-    from pipeline.search import execute
+    from pipeline.search.run import execute
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
     # one Ray CPU: the trainable scores its batch itself (with more, as Ray tasks: the tests below)
@@ -336,7 +336,7 @@ def test_a_failing_trial_is_recorded_and_the_search_goes_on(tmp_path: Path) -> N
 def slow_trial(ctx: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     """The real trial, held for a second: with ~0.1 s trials one reused actor can finish a batch
     before a second node's actor has started, and the test is about placement, not speed."""
-    from pipeline.trial import run_trial
+    from pipeline.search.trial import run_trial
 
     time.sleep(1.0)
     return run_trial(ctx, params)
@@ -347,7 +347,7 @@ def test_two_node_ray_cluster_runs_trials_on_both_nodes(tmp_path: Path) -> None:
     from ray import cloudpickle
     from ray.cluster_utils import Cluster
 
-    from pipeline.search import execute
+    from pipeline.search.run import execute
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
 
@@ -387,7 +387,7 @@ def small_context(tmp: Path, *extra: str) -> tuple[Any, Any]:
     from omegaconf import OmegaConf
 
     from costmodel.catalog import CONF_DIR
-    from pipeline.settings import settings_from_cfg
+    from pipeline.search.settings import settings_from_cfg
 
     cfg = compose(["ranges.width=1000", f"out_root={tmp}/out", *extra])
     return settings_from_cfg(cfg, "tiny_hetero", OmegaConf.load(CONF_DIR / "inventory" / "tiny_hetero.yaml"))
@@ -397,8 +397,8 @@ def small_context(tmp: Path, *extra: str) -> tuple[Any, Any]:
 def test_exact_reference_bounds_every_sampled_layout(tmp_path: Path, objective: str) -> None:
     import optuna
 
-    from pipeline.reference import reference
-    from pipeline.trial import run_trial
+    from pipeline.search.reference import reference
+    from pipeline.search.trial import run_trial
 
     settings, ctx = small_context(tmp_path, f"search.objective={objective}")
     ref = reference(settings, ctx, ctx.planner)
@@ -415,7 +415,7 @@ def test_exact_reference_bounds_every_sampled_layout(tmp_path: Path, objective: 
     assert max(scores) > 0
     assert max(scores) <= best * (1 + 1e-5)
     # the reference's own layout, solved by the inner loop, reaches it
-    from pipeline.planner import Layout
+    from pipeline.planning.planner import Layout
 
     layout = Layout.of([(g, n) for g, n, _ in ref.islands])
     _, sol = ctx.planner.solve(layout)
@@ -427,8 +427,8 @@ def test_exact_reference_limited_to_given_layouts_is_their_best(tmp_path: Path) 
     # several -> the best of them, and never above the unrestricted optimum
     import optuna
 
-    from pipeline.reference import reference
-    from pipeline.trial import run_trial
+    from pipeline.search.reference import reference
+    from pipeline.search.trial import run_trial
 
     settings, ctx = small_context(tmp_path, "search.reference_time_limit_s=120")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=4))
@@ -449,7 +449,7 @@ def test_exact_reference_limited_to_given_layouts_is_their_best(tmp_path: Path) 
 
 
 def test_min_island_auto_is_the_smallest_island_that_runs_the_model_and_loses_no_optimum(tmp_path: Path) -> None:
-    from pipeline.reference import reference
+    from pipeline.search.reference import reference
 
     settings, ctx = small_context(tmp_path, "search.shapes=any")  # the default: search.min_island=auto
     mins = dict(ctx.space.min_island)
@@ -483,8 +483,8 @@ def test_min_island_auto_is_the_smallest_island_that_runs_the_model_and_loses_no
 def test_grid_search_longer_than_its_grid_revisits_points_instead_of_failing(tmp_path: Path) -> None:
     # Optuna's GridSampler calls study.stop() once the grid is exhausted, which raises outside
     # Study.optimize (homo_c's grid of 16 points failed every 240-trial grid search)
-    from pipeline.samplers import make_sampler
-    from pipeline.trial import ask_tell
+    from pipeline.search.samplers import make_sampler
+    from pipeline.search.trial import ask_tell
 
     _, ctx = small_context(tmp_path, "search.grid_points=2")
     points = ctx.space.grid_size()
@@ -494,7 +494,7 @@ def test_grid_search_longer_than_its_grid_revisits_points_instead_of_failing(tmp
 
 
 def test_direct_proposals_over_the_inventory_are_rejected_or_repaired(tmp_path: Path) -> None:
-    from pipeline.trial import run_trial
+    from pipeline.search.trial import run_trial
 
     over = {f"slot_{g}_{k}": 0 for g in ("H200", "H800", "H20") for k in range(4)}
     over.update({"slot_H200_0": 16, "slot_H200_1": 8, "slot_H800_0": 16, "slot_H20_0": 32})
@@ -510,8 +510,8 @@ def test_saasbo_proposes_from_its_fitted_model_after_the_random_start(tmp_path: 
     pytest.importorskip("botorch")
     pytest.importorskip("numpyro")
     pytest.importorskip("optuna_integration")
-    from pipeline.samplers import make_sampler
-    from pipeline.trial import ask_tell
+    from pipeline.search.samplers import make_sampler
+    from pipeline.search.trial import ask_tell
 
     _, ctx = small_context(tmp_path)
     sampler = make_sampler("saasbo", 0, ctx.space)
@@ -538,7 +538,7 @@ def test_saasbo_proposes_from_its_fitted_model_after_the_random_start(tmp_path: 
 def test_an_in_process_search_records_a_raising_trial_and_goes_on(tmp_path: Path, monkeypatch: Any) -> None:
     import optuna
 
-    import pipeline.trial as trial
+    import pipeline.search.trial as trial
 
     _, ctx = small_context(tmp_path)
     real, calls = trial.run_trial, []
@@ -557,8 +557,8 @@ def test_an_in_process_search_records_a_raising_trial_and_goes_on(tmp_path: Path
 
 
 def test_polish_in_the_search_refines_the_real_layouts(tmp_path: Path) -> None:
-    from pipeline.samplers import make_sampler
-    from pipeline.trial import ask_tell
+    from pipeline.search.samplers import make_sampler
+    from pipeline.search.trial import ask_tell
 
     # throughput-only (slo=null): the landscape this exact expectation was worked out on
     settings, ctx = small_context(tmp_path, "search.polish=0.5", "slo=null", "search.shapes=any")
@@ -579,9 +579,9 @@ def test_the_tune_searcher_shows_the_sampler_what_the_in_process_loop_shows_it(t
     import optuna
     from ray.tune.search import Searcher
 
-    from pipeline.samplers import make_sampler
-    from pipeline.trial import ask_tell, guarded
-    from pipeline.tune_batch import BatchSearcher
+    from pipeline.search.samplers import make_sampler
+    from pipeline.search.trial import ask_tell, guarded
+    from pipeline.tune.batch import BatchSearcher
 
     settings, ctx = small_context(tmp_path, "search.polish=0.5", "search.shapes=any")
     expected = ask_tell(ctx, make_sampler("random", 0, ctx.space, settings.polish, 16), 16, 4)

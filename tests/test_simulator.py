@@ -13,7 +13,7 @@ from costmodel.catalog import load_gpu, load_model
 from costmodel.settings import CostSettings
 from simulator.core import DecodeEngine, PrefillEngine, Requests, Simulation
 from simulator.metrics import summary
-from simulator.plan import Island, build, islands_from_plan
+from simulator.build import Island, build, islands_from_plan
 from simulator.routers import PlanRouter, PowerOfTwo, RoundRobin
 from simulator.timing import DecodeTiming, PrefillTiming
 

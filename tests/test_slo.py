@@ -13,14 +13,14 @@ from test_glue import cli, compose, plan_of
 
 
 def settings_of(*overrides: str, inventory: str = "tiny_hetero") -> tuple[Any, Any]:
-    from pipeline.settings import inventory_of, settings_from_cfg
+    from pipeline.search.settings import inventory_of, settings_from_cfg
 
     cfg = compose([f"+inventory={inventory}", *overrides])
     return settings_from_cfg(cfg, *inventory_of(cfg))
 
 
 def test_slo_null_reproduces_the_throughput_only_optimum_exactly() -> None:
-    from pipeline.reference import reference
+    from pipeline.search.reference import reference
 
     settings, ctx = settings_of("slo=null", "search.shapes=any", "costmodel=corrected", inventory="hetero_a")
     assert not ctx.planner.cost.slo
@@ -35,8 +35,8 @@ def test_slo_null_reproduces_the_throughput_only_optimum_exactly() -> None:
 def test_caps_lower_every_rate_and_the_reference_still_bounds_every_layout(tmp_path: Path) -> None:
     import optuna
 
-    from pipeline.reference import reference
-    from pipeline.trial import run_trial
+    from pipeline.search.reference import reference
+    from pipeline.search.trial import run_trial
 
     settings, ctx = settings_of(f"out_root={tmp_path}", "ranges.width=1000")
     planner = ctx.planner
@@ -82,7 +82,7 @@ def test_short_answers_make_the_decode_batch_leave_room_for_the_step_boundary_wa
     from costmodel.island_bench import benchmark_island
     from costmodel.queueing import tpot_step_cap_ms
     from costmodel.settings import CostSettings
-    from pipeline.workload import make_ranges, synthetic_normal
+    from pipeline.planning.workload import make_ranges, synthetic_normal
 
     wl = synthetic_normal("n", 500, 2000, 0, 8000, 20, 200)
     r = make_ranges(wl, 1000)
@@ -121,7 +121,7 @@ def test_the_simulator_sustains_a_small_plan_at_its_stated_rate_and_not_much_bey
 
 
 def test_a_decode_engine_runs_one_batch_whose_throughput_is_the_range_by_range_capacity() -> None:
-    from pipeline.outputs import _engine_batch
+    from pipeline.records.report import _engine_batch
 
     _, ctx = settings_of("ranges.width=1000")
     table = ctx.planner.benchmark("H20", 32).decode
@@ -136,7 +136,7 @@ def test_a_decode_engine_runs_one_batch_whose_throughput_is_the_range_by_range_c
 
 
 def test_routed_caps_settle_and_see_each_islands_own_mix(tmp_path: Path) -> None:
-    from pipeline.planner import Layout
+    from pipeline.planning.planner import Layout
 
     _, ctx = settings_of(f"out_root={tmp_path}", "ranges.width=1000")
     planner = ctx.planner
@@ -163,7 +163,7 @@ def test_routed_caps_settle_and_see_each_islands_own_mix(tmp_path: Path) -> None
 
 
 def test_sustainable_rate_bisects_from_the_stated_rate_to_the_threshold() -> None:
-    from pipeline.goodput import sustainable_rate
+    from pipeline.planning.goodput import sustainable_rate
 
     for threshold in (55.0, 87.0, 100.0, 121.0):
         probes: list[float] = []
@@ -198,7 +198,7 @@ def test_goodput_settings_are_checked_before_any_work(overrides: list[str], mess
 def test_a_goodput_search_scores_every_layout_by_what_the_simulator_sustains(tmp_path: Path) -> None:
     from test_glue import SMALL, search
 
-    from pipeline.goodput import GoodputCheck, simulated_goodput
+    from pipeline.planning.goodput import GoodputCheck, simulated_goodput
 
     goodput = ["search.objective=goodput", "search.goodput.seconds=20", "search.goodput.steps=3"]
     r = search(tmp_path, *SMALL, "search.iterations=1", "search.polish=0", *goodput, timeout=400)
@@ -214,8 +214,8 @@ def test_a_goodput_search_scores_every_layout_by_what_the_simulator_sustains(tmp
     # the score repeats: the same layout, simulated again with the same check, sustains the same rate
     best = max(scored, key=lambda t: t["score"])
     _, ctx = settings_of(f"out_root={tmp_path}/again", "ranges.width=1000", "search.objective=goodput")
-    from pipeline.outputs import build_plan
-    from pipeline.planner import Layout
+    from pipeline.records.report import build_plan
+    from pipeline.planning.planner import Layout
 
     layout = Layout.of([(g, int(n)) for g, n in (i.split("x") for i in best["islands"].split(";"))])
     again = build_plan(ctx.planner, layout, 10.0)

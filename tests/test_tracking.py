@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.tracking import Child, Tracker
+from pipeline.records.tracking import Child, Tracker
 
 CHILDREN = [
     Child("trial-0000", {"n_H200": 3, "s_H200": 0.25, "status": "optimal"},

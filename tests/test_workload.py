@@ -12,8 +12,8 @@ import yaml
 
 from costmodel.catalog import CONF_DIR
 from pipeline.errors import WorkloadError
-from pipeline.traces import Columns, load_trace
-from pipeline.workload import empirical, make_ranges, synthetic_lognormal, synthetic_normal, workload_from_cfg
+from pipeline.planning.traces import Columns, load_trace
+from pipeline.planning.workload import empirical, make_ranges, synthetic_lognormal, synthetic_normal, workload_from_cfg
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 

@@ -1,0 +1,126 @@
+"""Engine command lines for one host of an engine: SGLang's `launch_server` and `vllm serve`.
+
+Every value a modelled quantity depends on comes from the plan: the parallelism, the redundant
+experts, the decode engines' running requests and the prefill batch (`--max-prefill-tokens` /
+`--max-num-batched-tokens`, the cost settings' `prefill_batch_tokens`). The commands are written
+for, and checked against the argument definitions of, the releases `deployment.engine_args` pins.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from deployment.engine_args import SGLANG_VERSION, VLLM_VERSION
+from deployment.engines import DeployError, Engine
+from plan import Plan
+
+ENGINES = ("sglang", "vllm")
+TARGETS = ("shell", "k8s")
+TRANSFER_BACKENDS = ("mooncake", "nixl")
+ENGINE_PORT = 30000
+BOOTSTRAP_PORT = 8998  # SGLang's prefill bootstrap server (--disaggregation-bootstrap-port default)
+DIST_PORT = 5000  # the leader's port for the engine's distributed init
+ROUTER_PORT = 8000
+WORKER = -1  # the rank of a Kubernetes worker pod: read from LeaderWorkerSet's LWS_WORKER_INDEX at start
+# the engine releases whose argument definitions the commands are checked against (deployment.engine_args)
+IMAGES = {"sglang": f"lmsysorg/sglang:v{SGLANG_VERSION}", "vllm": f"vllm/vllm-openai:v{VLLM_VERSION}"}
+VERSIONS = {"sglang": f"SGLang {SGLANG_VERSION}", "vllm": f"vLLM {VLLM_VERSION}"}
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    """What the launch files are written for (conf/deploy.yaml): the engine, the target, and what the
+    cluster provides."""
+
+    engine: str = "sglang"
+    target: str = "shell"
+    model_path: str = "/models/DeepSeek-V3"  # the weights' path on every host
+    image: str | None = None  # k8s: the engine image (None: the release the commands are checked against)
+    router_image: str = "archipelago:latest"  # k8s: an image with Archipelago installed (runs the router)
+    transfer_backend: str = "mooncake"  # SGLang's KV transfer between prefill and decode engines
+    gpu_label: str = "archipelago/gpu"  # k8s: the node label whose value is the GPU type
+
+    def __post_init__(self) -> None:
+        for key, allowed in (("engine", ENGINES), ("target", TARGETS), ("transfer_backend", TRANSFER_BACKENDS)):
+            if getattr(self, key) not in allowed:
+                raise DeployError(f"{key}={getattr(self, key)!r}: choose from {list(allowed)}")
+        if not self.model_path:
+            raise DeployError("model_path is empty: give the weights' path on every host")
+
+    @property
+    def engine_image(self) -> str:
+        return self.image or IMAGES[self.engine]
+
+
+def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> list[str]:
+    """`python -m sglang.launch_server ...` for host `rank` of engine `e` (SGLang 0.5 flags)."""
+    cmd = [
+        "python3", "-m", "sglang.launch_server",
+        "--model-path", opts.model_path,
+        "--trust-remote-code",
+        "--host", "0.0.0.0",
+        "--port", str(ENGINE_PORT),
+        "--disaggregation-mode", e.role,
+        "--disaggregation-transfer-backend", opts.transfer_backend,
+        "--tp-size", str(e.gpus),
+        "--ep-size", str(e.gpus),
+        "--moe-a2a-backend", "deepep",
+        "--deepep-mode", "normal" if e.role == "prefill" else "low_latency",
+        "--max-prefill-tokens", str(plan.cost.prefill_batch_tokens),
+    ]  # fmt: skip
+    if e.attn_dp > 1:  # DP attention: SGLang 0.5.2x's --attn-dp-size (was --dp-size N --enable-dp-attention)
+        # dense MLP and LM head split over the attention TP group, as the cost model counts them (tp_dense_layers)
+        cmd += ["--attn-dp-size", str(e.attn_dp), "--moe-dense-tp-size", str(e.attn_tp), "--enable-dp-lm-head"]
+    if e.redundant_experts:
+        cmd += ["--ep-num-redundant-experts", str(e.redundant_experts)]
+    if e.role == "prefill":
+        cmd += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
+    else:
+        cmd += ["--max-running-requests", str(e.max_running)]
+    if e.nnodes > 1:
+        node_rank = "$LWS_WORKER_INDEX" if rank == WORKER else str(rank)
+        cmd += ["--nnodes", str(e.nnodes), "--node-rank", node_rank, "--dist-init-addr", f"$LEADER_ADDR:{DIST_PORT}"]
+    return cmd
+
+
+def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> list[str]:
+    """`vllm serve ...` for host `rank` of engine `e`: data parallel attention ranks of the plan's TP,
+    experts parallel over the engine, the NIXL KV connector for disaggregation."""
+    local = min(e.gpus, e.node_gpus) // e.attn_tp  # attention DP ranks on one host
+    cmd = [
+        "vllm", "serve", opts.model_path,
+        "--trust-remote-code",
+        "--tensor-parallel-size", str(e.attn_tp),
+        "--data-parallel-size", str(e.attn_dp),
+        "--enable-expert-parallel",
+        "--max-num-batched-tokens", str(plan.cost.prefill_batch_tokens),
+        "--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}),
+    ]  # fmt: skip
+    if e.role == "decode":
+        cmd += ["--max-num-seqs", str(max(e.max_running // e.attn_dp, 1))]  # vLLM counts sequences per DP rank
+    if e.redundant_experts:
+        cmd += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": e.redundant_experts})]
+    if e.nnodes > 1:
+        cmd += ["--data-parallel-size-local", str(local), "--data-parallel-address", "$LEADER_ADDR",
+                "--data-parallel-rpc-port", str(DIST_PORT)]  # fmt: skip
+        if rank != 0:
+            start = f"$((LWS_WORKER_INDEX * {local}))" if rank == WORKER else str(rank * local)
+            cmd += ["--data-parallel-start-rank", start, "--headless"]
+    if rank == 0:
+        cmd += ["--port", str(ENGINE_PORT)]
+    return cmd
+
+
+COMMANDS = {"sglang": sglang_command, "vllm": vllm_command}
+
+
+def command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> list[str]:
+    """The command line of host `rank` of engine `e` for the engine `opts` names."""
+    return COMMANDS[opts.engine](e, rank, plan, opts)
+
+
+def shell_line(cmd: list[str]) -> str:
+    """One shell line; `$LEADER_ADDR`, `$LWS_...` and `$((...))` values stay expandable."""
+    return " ".join(a if "$" in a and "{" not in a else shlex.quote(a) for a in cmd)

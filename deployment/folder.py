@@ -1,0 +1,119 @@
+"""The launch folder of a plan: engine scripts or manifests, routing.json, and a README that says what to
+fill in and how to start (`write`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from deployment import k8s
+from deployment.commands import ENGINE_PORT, ROUTER_PORT, VERSIONS, DeployOptions
+from deployment.engines import DeployError, Engine, engines
+from deployment.routing import routing
+from deployment.shell import scripts
+from plan import Plan
+
+
+def files(plan: Plan, opts: DeployOptions, source: str) -> tuple[list[Engine], dict[str, str]]:
+    """(the engines, {path in the folder: text}) of the launch files of `plan`; `source` names the plan."""
+    es = engines(plan)
+    out: dict[str, str] = {}
+    if opts.target == "shell":
+        route = routing(plan, es, opts.engine, lambda e: f"http://HOST-{e.gpu.lower()}-{e.hosts[0]}:{ENGINE_PORT}")
+        out.update(scripts(plan, es, opts))
+    else:
+        route = routing(plan, es, opts.engine, lambda e: f"http://{e.name}:{ENGINE_PORT}")
+        out["manifests.yaml"] = k8s.dump(k8s.manifests(plan, es, opts, route))
+    out["routing.json"] = json.dumps(route, indent=1) + "\n"
+    out["README.md"] = readme(plan, es, opts, source, sorted(out))
+    return es, out
+
+
+def write(plan: Plan, opts: DeployOptions, out: Path, source: str) -> list[Engine]:
+    """Write the launch files of `plan` into the folder `out` (made if missing); the engines."""
+    es, texts = files(plan, opts, source)
+    try:
+        for rel, text in texts.items():
+            path = out / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            if rel.endswith(".sh"):
+                path.chmod(0o755)
+    except OSError as err:
+        raise DeployError(f"out={out}: cannot write the launch files there ({err.strerror or err}): choose a "
+                          "folder you can write") from None  # fmt: skip
+    return es
+
+
+def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, listed: list[str]) -> str:
+    hosts: dict[str, set[int]] = {}
+    for e in es:
+        hosts.setdefault(e.gpu, set()).update(e.hosts)
+    v = plan.verification  # where the simulator sustains less than the stated rate, say so
+    sim = f", {v.sustained_req_s:.1f} in the simulator" if v is not None and not v.sustained and v.sustained_req_s \
+        else ""  # fmt: skip
+    lines = [
+        f"# Deployment of a plan: {plan.rate_req_s:.1f} req/s within the SLOs{sim} ({opts.engine}, {opts.target})",
+        "",
+        f"Made by `python -m pipeline.deploy` from {source}. Hosts are numbered per GPU type, as the plan's "
+        "report.md node map numbers them: " + "; ".join(f"{g}: {len(h)} hosts" for g, h in sorted(hosts.items())) + ".",
+        "",
+        f"The commands are written for, and checked against the argument definitions of, {VERSIONS[opts.engine]}; "
+        "another release may rename a flag.",
+        "",
+        "## Fill in",
+        "",
+        f"- the model weights' path on every host (now `{opts.model_path}`: `model_path=` when deploying);",
+    ]
+    if opts.target == "shell":
+        lines += [
+            "- for each multi-host engine, `LEADER_ADDR`: the address of its first host (the scripts stop if unset);",
+            "- the router's `routing.json`: replace each `HOST-<gpu>-<n>` with that host's address.",
+            "",
+            "## Start",
+            "",
+            "On each host run its scripts (`hosts/<gpu>-host<NNN>/*.sh`, one per engine there; every rank of a",
+            "multi-host engine must start), then the router anywhere that reaches the engines:",
+            "",
+            "```bash",
+            f"python -m deployment.router routing.json --port {ROUTER_PORT}   # OpenAI-compatible, on :{ROUTER_PORT}",
+            "```",
+        ]
+    else:
+        lines += [
+            f"- the engine image (now `{opts.engine_image}`) and the router image (now `{opts.router_image}`: an "
+            "image with Archipelago installed);",
+            f"- label each GPU node with its type: `kubectl label node NODE {opts.gpu_label}=H20` (the manifests "
+            "select nodes by it); multi-host engines need the LeaderWorkerSet controller "
+            "(https://github.com/kubernetes-sigs/lws) installed.",
+            "",
+            "## Start",
+            "",
+            "```bash",
+            "kubectl apply -f manifests.yaml",
+            f"kubectl port-forward svc/archipelago-router {ROUTER_PORT}   # then send OpenAI-compatible requests",
+            "```",
+        ]
+    lines += [
+        "",
+        "## What enforces the routing",
+        "",
+        "`deployment.router` (aiohttp): for each request it estimates the prompt's length (token ids when given, else "
+        "characters / `chars_per_token`), finds its range, draws a prefill island and a decode island with the plan's "
+        "fractions for that range, then an engine of each at random, and sends the request to both in the "
+        + (
+            "SGLang PD protocol (bootstrap host, port and room added to the request)."
+            if opts.engine == "sglang"
+            else "vLLM NIXL protocol (prefill with max_tokens 1 returning kv_transfer_params, then decode with them)."
+        ),
+        "",
+        "## Engines",
+        "",
+        "| engine | role | GPUs | hosts | attention TP x DP | redundant experts | max running |",
+        "|---|---|---:|---|---|---:|---:|",
+    ]
+    for e in es:
+        lines.append(f"| {e.name} | {e.role} | {e.gpus} | {e.where} | {e.attn_tp} x {e.attn_dp} | "
+                     f"{e.redundant_experts} | {e.max_running or '-'} |")  # fmt: skip
+    lines += ["", "Files: " + ", ".join(f"`{f}`" for f in listed), ""]
+    return "\n".join(lines)

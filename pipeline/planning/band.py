@@ -1,0 +1,51 @@
+"""How far to trust a plan's rate: its layout re-planned under draws of the cost model's calibration.
+
+A calibration (costmodel/calibration.py) gives each component factor a lognormal uncertainty: the
+fit's where the component was measured on that GPU, the prior's where it was not. `rate_band`
+draws `n` calibrations from it, solves the plan's layout under each (same workload, SLOs and
+ranges; roles and routing re-optimised, as a team would re-tune the router after measuring), and
+reports the 10th, 50th and 90th percentile of those rates, scaled onto the plan's headline (the
+draws use the search's whole-mix model; the headline routes each island its own mix, and the
+ratio of the two carries over).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from costmodel.calibration import Calibration
+from pipeline.planning.planner import Layout, Planner
+from plan import Band
+
+Z10 = 1.2815515655446004  # the standard normal's 90th percentile: search.robust plans at -Z10 sigma
+
+
+def redrawn(planner: Planner, cal: Calibration) -> Planner:
+    """`planner` with its cost model under calibration `cal` (fresh caches)."""
+    cost = dataclasses.replace(planner.cost, profile=planner.profile.calibrated(cal))
+    return dataclasses.replace(planner, cost=cost, _cache={}, _full={}, _caps={}, hits=0, misses=0)
+
+
+def rate_band(
+    planner: Planner,
+    layout: Layout,
+    headline_req_s: float,
+    searched_req_s: float,
+    cal: Calibration | None,
+    draws: int,
+    time_limit_s: float,
+    backend: str = "AUTO",
+    seed: int = 0,
+) -> Band | None:
+    """The 10th, 50th and 90th percentile rate; None without an uncertain calibration or draws."""
+    if cal is None or not cal.uncertain or draws < 1 or searched_req_s <= 0:
+        return None
+    rates = []
+    for c in cal.draws(draws, seed):
+        _, sol = redrawn(planner, c).solve(layout, "max_rate", time_limit_s, backend=backend)
+        rates.append(sol.rate_req_s)
+    scale = headline_req_s / searched_req_s
+    q = np.quantile(np.asarray(rates), [0.1, 0.5, 0.9]) * scale
+    return Band(float(q[0]), float(q[1]), float(q[2]), draws, cal.name)

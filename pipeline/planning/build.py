@@ -1,0 +1,180 @@
+"""The one builder of a `Plan`: a layout solved, routed and described island by island.
+
+`build_plan` solves the layout in the search's model (each island's utilisation caps for the whole
+workload's mix: what the search scored and the exact reference solves), then again with each
+island's caps for the mix its routing gives it (`Planner.solve_routed`: the plan's rate), re-scores
+that routing at every input length, and describes every island: role, parallelism, the batch its
+engines run, precision, the ranges it serves with their shares, what it is expected to do at the
+plan's rate, and its hosts. What the search adds (how it was found, the reference and gap, the
+rate band, the simulated check) goes onto the record with `dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from costmodel.formulas import priced_precision
+from costmodel.island_bench import IslandBenchmark, PhaseTable
+from costmodel.queueing import mix_moments, mix_quantile, wait_quantile
+from pipeline.planning.planner import Layout, Planner
+from plan import Hosts, InventoryInfo, Island, Plan, Precision, RangeShare, Rates
+
+
+def build_plan(
+    planner: Planner,
+    layout: Layout,
+    time_limit_s: float,
+    backend: str = "AUTO",
+    inventory: InventoryInfo | None = None,
+) -> Plan:
+    """Solve `layout` (max_rate, routed caps) and describe every island: the plan of that layout."""
+    searched = planner.solve(layout, "max_rate", time_limit_s, backend=backend)  # the search's model
+    prob, sol = planner.solve_routed(layout, time_limit_s, backend=backend, first=searched)
+    ev, _ = planner.evaluate(layout, prob, sol)
+    r = planner.ranges
+    hosts = place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
+    islands = []
+    for i, (gpu, size) in enumerate(layout.islands):
+        serves = sol.x_prefill[i].sum() + sol.x_decode[i].sum() > 1e-9
+        bench = planner.benchmark(gpu, size)
+        phase = "decode" if sol.roles[i] == "decode" else "prefill"
+        x, b = (sol.x_decode, prob.decode_req_s) if phase == "decode" else (sol.x_prefill, prob.prefill_req_s)
+        cap = b * x
+        tot = cap.sum(axis=0)
+        served = np.flatnonzero(cap[i] > 0)
+        cfg = bench.config(phase) if serves else None
+        table = bench.decode if phase == "decode" else bench.prefill
+        fraction = cap[i] / np.where(tot > 0, tot, 1.0)
+        facts = _serving_facts(planner, bench, phase, cfg, fraction, sol.rate_req_s) if cfg else {}
+        islands.append(
+            Island(
+                gpu=gpu,
+                size=size,
+                role=phase if cfg else "idle",  # an island too small to hold the model serves nothing
+                tp=cfg["tp"] if cfg else 0,
+                dp=cfg["dp"] if cfg else 0,
+                ep=cfg["ep"] if cfg else 0,
+                batch=engine_batch(table, cap[i], served, phase) if cfg else 0,
+                precision=Precision(*priced_precision(planner.gpus[gpu], planner.profile)),
+                cost_per_hour=size * planner.gpus[gpu].price_per_hour,
+                ranges=tuple(
+                    RangeShare(int(r.start[j]), int(r.end[j]), float(cap[i, j] / tot[j]), float(x[i, j]))
+                    for j in served
+                )
+                if cfg
+                else (),
+                hosts=hosts[i],
+                **facts,
+            )
+        )
+    fluid = sol.rate_req_s  # without SLOs all three are one rate
+    if planner.cost.slo:
+        fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False)[1].rate_req_s
+    rates = Rates(
+        rate_req_s=sol.rate_req_s,
+        fluid_req_s=fluid,
+        searched_req_s=searched[1].rate_req_s,
+        evaluated_req_s=ev.rate_req_s,
+        output_tok_s=sol.rate_req_s * planner.workload.mean_decode,
+    )
+    return Plan(tuple(islands), rates, planner.model, planner.cost, planner.workload.name, sol.status, inventory)
+
+
+def _serving_facts(
+    planner: Planner, bench: IslandBenchmark, phase: str, cfg: Mapping[str, int], fraction: np.ndarray, rate: float
+) -> dict[str, Any]:
+    """What a deployment needs to know of one serving island besides its shape.
+
+    - `redundant_experts`: r >= 0 extra expert replicas so the E + r routed experts divide evenly
+      over the island's EP group (G GPUs, ceil(E / G) each: the memory the cost model counts);
+      engines require (E + r) % G == 0 (SGLang --ep-num-redundant-experts).
+    - `traffic_share`: the share of all requests that pass through the island in its phase.
+    - `utilisation`: the share of its time it is busy at the plan's rate (at most its SLO cap).
+    - prefill `ttft_ms_expected`: the TTFT bound at the SLO percentile the queueing model gives the
+      island at that load (W_q + batching + S_q, docs/inner.md); decode `tpot_ms_expected`: its mean
+      step over the mix it serves.
+    """
+    experts = planner.model.n_routed_experts
+    group = int(cfg["ep"]) if phase == "decode" else int(cfg["tp"]) * int(cfg["dp"])
+    per_gpu = -(-experts // group)
+    table = bench.decode if phase == "decode" else bench.prefill
+    raw = bench.decode_req_s if phase == "decode" else bench.prefill_req_s
+    routed = rate * planner.ranges.p * fraction  # req/s of each range through this island
+    ok = routed > 0
+    out: dict[str, Any] = {
+        "experts_per_gpu": per_gpu,
+        "redundant_experts": per_gpu * group - experts,
+        "traffic_share": float(planner.ranges.p @ fraction),
+        "utilisation": float((routed[ok] / raw[ok]).sum()) if ok.any() else 0.0,
+    }
+    if not ok.any() or table.chosen < 0:
+        return out
+    times_s = table.time_ms[table.chosen, ok] / 1e3
+    if phase == "decode":
+        out["tpot_ms_expected"] = float(routed[ok] @ times_s / routed[ok].sum() * 1e3)
+        return out
+    cost = planner.cost
+    q = cost.ttft_percentile / 100
+    mean, cs2 = mix_moments(times_s, routed[ok])
+    c = int(cfg["dp"])
+    rho = min(out["utilisation"], 0.9999)
+    wait = wait_quantile(c, rho * c / mean, mean, cs2, q)
+    tokens = float(routed[ok] @ planner.lengths[ok] / routed[ok].sum())
+    batch_s = mean / tokens * max(cost.prefill_batch_tokens - tokens, 0.0)
+    out["ttft_ms_expected"] = float((wait + min(rho * wait, batch_s) + mix_quantile(times_s, routed[ok], q)) * 1e3)
+    return out
+
+
+def place(islands: Sequence[tuple[str, int]], node_gpus: Mapping[str, int]) -> list[Hosts]:
+    """Every island's hosts, in the order given: per GPU type, whole-host islands first on hosts 0, 1, ...,
+    then islands smaller than a host packed into the next hosts (first fit). An island that is
+    neither (search.shapes=any) spans hosts from where the last one ended (`Hosts.aligned` says so)."""
+    out: list[Hosts | None] = [None] * len(islands)
+    by_type: dict[str, list[int]] = {}
+    for k, (gpu, _) in enumerate(islands):
+        by_type.setdefault(gpu, []).append(k)
+    for gpu, ks in by_type.items():
+        n = node_gpus[gpu]
+        nxt = 0  # next free GPU, counted over the type's hosts
+        free: list[tuple[int, int]] = []  # (host, first free GPU) of partly used hosts
+        for k in sorted(ks, key=lambda k: -islands[k][1]):
+            size = islands[k][1]
+            if size < n and n % size == 0:
+                spot = next((s for s, (_, g) in enumerate(free) if g + size <= n), None)
+                if spot is None:
+                    host = -(-nxt // n)
+                    free.append((host, 0))
+                    nxt = (host + 1) * n
+                    spot = len(free) - 1
+                host, first = free[spot]
+                free[spot] = (host, first + size)
+                out[k] = Hosts(n, (host,), first)
+                continue
+            start = -(-nxt // n) * n if size % n == 0 else nxt  # whole hosts start on a host boundary
+            out[k] = Hosts(n, tuple(range(start // n, (start + size - 1) // n + 1)), start % n)
+            nxt = start + size
+    return [h for h in out if h is not None]
+
+
+def engine_batch(table: PhaseTable, routed: np.ndarray, served: np.ndarray, phase: str) -> int:
+    """The one batch an island's engines run with, from the per-range batches of its benchmark.
+
+    Prefill: the batch at the range with the most traffic. Decode: the benchmark sizes a batch
+    per range as if each range decoded alone (the largest that fits in memory and meets the
+    TPOT step cap). An engine running the island's mix holds one batch whose step and KV use are
+    set by the mix's mean context; with step time and KV memory linear in the batch's summed
+    context, that batch is the traffic-weighted harmonic mean of the per-range batches: its
+    throughput equals the range-by-range capacity the inner solve counted (docs/inner.md).
+    Rounded down, so the mix's step stays within the cap.
+    """
+    if table.chosen < 0 or not served.size:
+        return 0
+    b = table.batch[table.chosen, served]
+    w = routed[served]
+    if phase == "prefill" or (b <= 0).any():
+        return int(b[np.argmax(w)])
+    return max(int(np.floor(w.sum() / (w / b).sum() + 1e-9)), 1)
+

@@ -1,0 +1,107 @@
+"""The domain objects a composed config describes: GPU, model, cost profile and calibration, SLOs, and the
+one cost-settings record every layer shares.
+
+Errors a user can fix are `ConfigError`s (`pipeline.errors`); `pipeline.cli` prints them as one
+line and exits with 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from costmodel.calibration import load_calibration
+from costmodel.catalog import CONF_DIR, build
+from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings, Slo
+from costmodel.specs import GPU, Model, SpecError
+from pipeline.checks import boolean, fraction, number, optional_positive, positive_int
+from pipeline.cli import plain
+from pipeline.errors import ConfigError
+
+
+def gpu_from_cfg(name: str, cfg: Mapping[str, Any]) -> GPU:
+    return build(GPU, {**plain(cfg), "name": name}, f"conf/gpu/{name}.yaml (or its overrides)")
+
+
+def model_from_cfg(name: str, cfg: Mapping[str, Any]) -> Model:
+    return build(Model, {**plain(cfg), "name": name}, f"conf/model/{name}.yaml (or its overrides)")
+
+
+def profile_from_cfg(cfg: Mapping[str, Any]) -> CostProfile:
+    try:
+        profile = CostProfile.named(str(cfg["profile"])).with_fixes(**(plain(cfg.get("fixes")) or {}))
+    except ValueError as err:
+        raise ConfigError(f"costmodel: {err}") from None
+    cal = cfg.get("calibration")
+    if cal is None:
+        return profile
+    try:
+        return profile.calibrated(load_calibration(calibration_path(str(cal))))
+    except SpecError as err:
+        raise ConfigError(f"costmodel.calibration: {err}") from None
+
+
+def calibration_path(name: str) -> Path:
+    """`costmodel.calibration`: a shipped calibration's name (conf/calibration/<name>.yaml) or a file."""
+    shipped = CONF_DIR / "calibration" / f"{name}.yaml"
+    if "/" not in name and not name.endswith((".yaml", ".yml", ".json")) and shipped.is_file():
+        return shipped
+    return Path(name).expanduser()
+
+
+SLO_KEYS = ("ttft_ms", "ttft_percentile", "tpot_ms", "tpot_percentile")
+FROM_PLAN = "plan"  # an SLO value that takes the plan's own (conf/slo/plan.yaml: pipeline.simulate's default)
+
+
+def slo_from_cfg(cfg: Any, own: Slo | None = None) -> tuple[Slo, str]:
+    """The `slo` block (conf/slo/), checked: targets in ms (null: none) and their percentiles; `slo=null`: no
+    targets. A value `plan` takes the plan's own from `own`. Returns (the targets, where they come from:
+    "the plan's own targets", "the command's targets", "the plan's targets, tpot_ms from the command")."""
+    slo = cfg.get("slo")
+    if slo is None:
+        return Slo(), "no targets: slo=null"
+    unknown = sorted(set(slo) - set(SLO_KEYS))
+    if unknown:
+        raise ConfigError(f"slo.{unknown[0]} is not an SLO setting: the settings are {list(SLO_KEYS)} (or slo=null)")
+    values: dict[str, Any] = {}
+    given = []
+    for key in SLO_KEYS:
+        v = slo.get(key, 99 if key.endswith("percentile") else None)
+        if v == FROM_PLAN:
+            if own is None:
+                raise ConfigError(f"slo.{key}=plan takes the plan's own target, and there is no plan here: give a "
+                                  "number (or null)")  # fmt: skip
+            values[key] = getattr(own, key)
+            continue
+        given.append(key)
+        if key.endswith("_ms"):
+            values[key] = optional_positive(v, f"slo.{key}")
+        else:
+            values[key] = number(v, f"slo.{key}", low=50, high=99.99)
+    source = ("the plan's own targets" if not given else "the command's targets"
+              if len(given) == len(SLO_KEYS) or own is None
+              else f"the plan's targets, {', '.join(given)} from the command")  # fmt: skip
+    return Slo(**values), source
+
+
+def cost_settings_from_cfg(cfg: Any) -> CostSettings:
+    """The one cost-settings record of a command: `costmodel` (profile, fixes, cache_hit, fp8_combine,
+    prefill_batch_tokens) and `slo`."""
+    c = cfg.costmodel
+    try:
+        return CostSettings(
+            profile_from_cfg(c),
+            fraction(c.cache_hit, "costmodel.cache_hit"),
+            boolean(c.fp8_combine, "costmodel.fp8_combine"),
+            **dataclasses.asdict(slo_from_cfg(cfg)[0]),
+            prefill_batch_tokens=positive_int(c.prefill_batch_tokens, "costmodel.prefill_batch_tokens"),
+            # search.shapes=any plans the thesis's free sizes and configurations; everything else, what engines run
+            engine_configs=cfg.get("search") is None or str(cfg.search.get("shapes", "nodes")) != "any",
+        )
+    except SpecError as err:
+        raise ConfigError(f"costmodel: {err}") from None
+
+

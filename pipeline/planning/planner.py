@@ -1,0 +1,318 @@
+"""From an island layout to a solved, evaluated plan: benchmarks (cached), problem, solve, evaluate.
+
+`Planner` holds what stays fixed across layouts (model, workload, ranges, cost profile, GPU
+specs) and a cache of island benchmarks keyed by (GPU, size): for a fixed workload and profile
+a repeated island costs nothing, so a repeated layout costs only the solve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel.formulas import kv_bytes_per_seq, kv_link_gb_s
+from costmodel.island_bench import IslandBenchmark, benchmark_island, utilisation_caps
+from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
+from costmodel.specs import GPU, Model
+from pipeline.errors import ConfigError
+from pipeline.planning.workload import Ranges, Workload
+from solvers.evaluate import Evaluation, evaluate
+from solvers.inner import InnerProblem, InnerSolution, solve
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Islands as (gpu, size) pairs, kept in a canonical sorted order."""
+
+    islands: tuple[tuple[str, int], ...]
+
+    @staticmethod
+    def of(islands: Sequence[tuple[str, int]]) -> Layout:
+        return Layout(tuple(sorted(((str(g), int(n)) for g, n in islands), key=lambda t: (t[0], -t[1]))))
+
+    @property
+    def key(self) -> str:
+        return ";".join(f"{g}x{n}" for g, n in self.islands)
+
+    @property
+    def short_hash(self) -> str:
+        return layout_id(self.key)
+
+    def describe(self) -> str:
+        counts: dict[tuple[str, int], int] = {}
+        for isl in self.islands:
+            counts[isl] = counts.get(isl, 0) + 1
+        return ", ".join(f"{g} {n}x{c}" for (g, n), c in counts.items())
+
+
+def layout_id(key: str) -> str:
+    """A short, stable name of a layout from its `Layout.key` ("-" for none), for MLflow's tables."""
+    return hashlib.sha1(key.encode()).hexdigest()[:10] if key else "-"
+
+
+def layout_from_cfg(cfg: Any, where: str) -> Layout:
+    """`[{gpu: H200, size: 8, count: 4}, ...]` -> Layout; errors name `where`."""
+    if not isinstance(cfg, Sequence) or isinstance(cfg, str) or not cfg:
+        raise ConfigError(f"{where}: `islands` must be a list of {{gpu, size, count}}")
+    out: list[tuple[str, int]] = []
+    for k, item in enumerate(cfg):
+        if not isinstance(item, Mapping) or not {"gpu", "size"} <= set(item):
+            raise ConfigError(f"{where}: islands[{k}] must have `gpu` and `size` (and optional `count`)")
+        size, count = item["size"], item.get("count", 1)
+        for name, v in (("size", size), ("count", count)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{where}: islands[{k}].{name} must be a whole number >= 1, got {v!r}")
+        out += [(str(item["gpu"]), size)] * count
+    return Layout.of(out)
+
+
+@dataclass
+class Planner:
+    model: Model
+    workload: Workload
+    ranges: Ranges
+    cost: CostSettings
+    gpus: Mapping[str, GPU]
+    kv_transfer: bool = False  # max_rate: cap KV GB/s out of prefill and into decode islands by their NICs
+    budget_per_hour: float | None = None  # max_rate: $/h cap on the islands in use (others stay idle)
+    _cache: dict[tuple[str, int], IslandBenchmark] = field(default_factory=dict, repr=False)
+    _full: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _caps: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    hits: int = 0
+    misses: int = 0
+
+    @property
+    def profile(self) -> CostProfile:
+        return self.cost.profile
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """The length each range is benchmarked at (`Ranges.benchmark_lengths`)."""
+        return self.ranges.benchmark_lengths(self.cost.slo)
+
+    def benchmark(
+        self,
+        gpu: str,
+        size: int,
+        lengths: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
+        only: tuple[tuple[int, int], tuple[int, int]] | None = None,
+    ) -> IslandBenchmark:
+        """The island's benchmark at the ranges' lengths (`lengths`; cached), or at other lengths (not cached;
+        `only` restricts it to one prefill and one decode configuration, as `benchmark_island` says)."""
+        if gpu not in self.gpus:
+            raise ConfigError(f"GPU {gpu!r} of the layout is not in the inventory {sorted(self.gpus)}")
+        if lengths is None:
+            key = (gpu, size)
+            if key in self._cache:
+                self.hits += 1
+                return self._cache[key]
+            self.misses += 1
+        bench = benchmark_island(
+            self.gpus[gpu],
+            size,
+            self.model,
+            self.lengths if lengths is None else lengths,
+            self.ranges.p if weights is None else weights,
+            self.workload.mean_decode,
+            self.workload.max_decode,
+            self.cost,
+            self.workload.output_pmf,
+            only,
+        )
+        if lengths is None:
+            self._cache[(gpu, size)] = bench
+        return bench
+
+    def caps(self, gpu: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per range, the share of its time the island may be busy in each phase and meet the SLOs (cached)."""
+        key = (gpu, size)
+        if key not in self._caps:
+            bench = self.benchmark(gpu, size)
+            self._caps[key] = utilisation_caps(bench, self.ranges.p, self.workload.mean_decode, self.cost)
+        return self._caps[key]
+
+    def rates(self, gpu: str, size: int, queueing: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(prefill, decode) req/s per range of island (gpu, size): with `queueing`, at the load the SLOs
+        allow (the benchmark's rate times its utilisation cap); without, the fluid rate of a busy island."""
+        bench = self.benchmark(gpu, size)
+        if not queueing or not self.cost.slo:
+            return bench.prefill_req_s, bench.decode_req_s
+        u_pre, u_dec = self.caps(gpu, size)
+        return bench.prefill_req_s * u_pre, bench.decode_req_s * u_dec
+
+    def problem(
+        self,
+        layout: Layout,
+        objective: str = "max_rate",
+        queueing: bool = True,
+        caps: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+        **kw: Any,
+    ) -> InnerProblem:
+        """`caps`: per island, utilisation caps to use instead of the cached whole-workload ones (`routed_caps`)."""
+        if caps is None:
+            rates = [self.rates(g, n, queueing) for g, n in layout.islands]
+        else:
+            rates = []
+            for (g, n), (u_pre, u_dec) in zip(layout.islands, caps, strict=True):
+                bench = self.benchmark(g, n)
+                rates.append((bench.prefill_req_s * u_pre, bench.decode_req_s * u_dec))
+        if objective == "max_rate":
+            if self.kv_transfer:
+                kw.setdefault("kv_gb", self.kv_gb_per_range(layout))
+                kw.setdefault(
+                    "link_gb_s",
+                    np.array([n * float(kv_link_gb_s(self.gpus[g], self.profile)) for g, n in layout.islands]),
+                )
+            if self.budget_per_hour is not None:
+                kw.setdefault("budget_per_hour", self.budget_per_hour)
+                kw.setdefault("cost_per_hour", self.cost_per_hour(layout))
+        return InnerProblem(
+            layout.islands,
+            self.ranges.p,
+            np.array([r[0] for r in rates]),
+            np.array([r[1] for r in rates]),
+            objective,
+            range_start=self.ranges.start,
+            range_end=self.ranges.end,
+            **kw,
+        )
+
+    def cost_per_hour(self, layout: Layout) -> np.ndarray:
+        """$/h of each island (size x the GPU's price, inventory overrides included)."""
+        return np.array([n * self.gpus[g].price_per_hour for g, n in layout.islands], dtype=float)
+
+    def kv_gb_per_range(self, layout: Layout) -> np.ndarray:
+        """GB of KV cache one request of each range hands from prefill to decode.
+
+        At the range's representative length, in the largest KV element any GPU of the layout
+        stores (BF16 where a GPU lacks FP8): conservative when GPU types mix.
+        """
+        tokens = self.ranges.mid.astype(float)
+        per_gpu = [
+            kv_bytes_per_seq(self.gpus[g], self.model, tokens, np.ones_like(tokens), self.profile)
+            for g in {g for g, _ in layout.islands}
+        ]
+        return np.max(per_gpu, axis=0) / 1e9
+
+    def solve(
+        self,
+        layout: Layout,
+        objective: str = "max_rate",
+        time_limit_s: float = 10.0,
+        backend: str = "AUTO",
+        queueing: bool = True,
+        **kw: Any,
+    ) -> tuple[InnerProblem, InnerSolution]:
+        prob = self.problem(layout, objective, queueing, **kw)
+        return prob, solve(prob, time_limit_s=time_limit_s, backend=backend)
+
+    def routed_caps(
+        self, layout: Layout, prob: InnerProblem, sol: InnerSolution
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per island, its utilisation caps for the service mix the solution routes to it.
+
+        The cached caps (`caps`) assume an island serves the whole workload's mix of lengths; an
+        island given only long prompts, or a few long among many short, queues differently.
+        Islands that serve nothing keep the cached caps.
+        """
+        out = []
+        for i, (g, n) in enumerate(layout.islands):
+            routed = sol.x_prefill[i] * prob.prefill_req_s[i] + sol.x_decode[i] * prob.decode_req_s[i]
+            if routed.sum() <= 0:
+                out.append(self.caps(g, n))
+            else:
+                out.append(utilisation_caps(self.benchmark(g, n), routed, self.workload.mean_decode, self.cost))
+        return out
+
+    def solve_routed(
+        self,
+        layout: Layout,
+        time_limit_s: float = 10.0,
+        backend: str = "AUTO",
+        rounds: int = 4,
+        first: tuple[InnerProblem, InnerSolution] | None = None,
+    ) -> tuple[InnerProblem, InnerSolution]:
+        """max_rate with every island's caps computed from the mix the routing gives it (docs/inner.md).
+
+        The caps depend on the routing and the routing on the caps: solve, recompute each island's
+        caps from its routed mix, solve again, until the caps settle (at most `rounds` solves).
+        Without SLOs there are no caps and this is `solve`. `first`: that whole-mix solve, if already made.
+        """
+        prob, sol = first or self.solve(layout, "max_rate", time_limit_s, backend=backend)
+        if not self.cost.slo or sol.rate_req_s <= 0:
+            return prob, sol
+        caps = None
+        for _ in range(rounds - 1):
+            new = self.routed_caps(layout, prob, sol)
+            if caps is not None and all(
+                np.allclose(a, b, atol=1e-3)
+                for old, cur in zip(caps, new, strict=True)
+                for a, b in zip(old, cur, strict=True)
+            ):
+                break
+            caps = new
+            prob = self.problem(layout, "max_rate", caps=caps)
+            sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
+        return prob, sol
+
+    def support(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every input length the workload has, and its probability."""
+        lengths = np.flatnonzero(self.workload.pmf > 0)
+        return lengths, self.workload.pmf[lengths]
+
+    def exact_rates(self, layout: Layout, prob: InnerProblem | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(I, L) prefill and decode req/s of each island's chosen configuration at every support length,
+        at the load the SLOs allow: each length under its range's utilisation cap, the one `prob` was
+        built with (a routed solve's caps, from the mix the routing gives each island), else the
+        whole workload's.
+
+        The plan's configuration is the one chosen at range resolution; each (GPU, size) is
+        benchmarked at full resolution once per planner.
+        """
+        lengths, p_len = self.support()
+        range_of = np.searchsorted(self.ranges.end, lengths, side="right")
+        for gpu, size in set(layout.islands) - set(self._full):
+            coarse = self.benchmark(gpu, size)
+            pre, dec = coarse.prefill, coarse.decode
+            if pre.chosen < 0 and dec.chosen < 0:
+                self._full[(gpu, size)] = (np.zeros(len(lengths)), np.zeros(len(lengths)))
+                continue
+            only = tuple(  # the configurations chosen at range resolution: one row each at every length
+                (int(t.tp[max(t.chosen, 0)]), int(t.dp[max(t.chosen, 0)])) for t in (pre, dec)
+            )
+            fine = self.benchmark(gpu, size, lengths, p_len, only)  # type: ignore[arg-type]
+            self._full[(gpu, size)] = (
+                _row(fine.prefill.req_s, 0 if pre.chosen >= 0 else -1, len(lengths)),
+                _row(fine.decode.req_s, 0 if dec.chosen >= 0 else -1, len(lengths)),
+            )
+        full = [np.array([self._full[isl][k] for isl in layout.islands]) for k in (0, 1)]
+        if not self.cost.slo:
+            return full[0], full[1]
+        caps = []
+        for k, rows in enumerate((None, None) if prob is None else (prob.prefill_req_s, prob.decode_req_s)):
+            if rows is None:
+                caps.append(np.array([self.caps(g, n)[k] for g, n in layout.islands]))
+                continue
+            fluid = np.array([self.rates(g, n, queueing=False)[k] for g, n in layout.islands])
+            caps.append(np.divide(rows, fluid, out=np.zeros_like(rows), where=fluid > 0))
+        return full[0] * caps[0][:, range_of], full[1] * caps[1][:, range_of]
+
+    def evaluate(self, layout: Layout, prob: InnerProblem, sol: InnerSolution) -> tuple[Evaluation, np.ndarray]:
+        """Re-score `sol` at every input length the workload has (thesis 5.2.2); returns the lengths too."""
+        lengths, p_len = self.support()
+        range_of = np.searchsorted(self.ranges.end, lengths, side="right")
+        exact_p, exact_d = self.exact_rates(layout, prob)
+        ev = evaluate(
+            sol.x_prefill, sol.x_decode, range_of, p_len, prob.prefill_req_s, prob.decode_req_s, exact_p, exact_d
+        )
+        return ev, lengths
+
+
+def _row(table: np.ndarray, chosen: int, n: int) -> np.ndarray:
+    return table[chosen] if chosen >= 0 else np.zeros(n)

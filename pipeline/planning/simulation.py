@@ -1,0 +1,202 @@
+"""A plan simulated request by request: its requests (`RequestMix`) and its engines (`Runner`), as
+`pipeline.simulate`, the post-search check (`pipeline.planning.check`) and the goodput objective
+(`pipeline.planning.goodput`) run it. The simulator itself (simulator/) knows nothing of configs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from costmodel.catalog import load_gpu
+from costmodel.settings import Slo
+from costmodel.specs import GPU
+from pipeline.errors import ConfigError
+from pipeline.planning.traces import Trace
+from pipeline.planning.workload import Workload, from_trace, trace_from_cfg, workload_from_cfg
+from plan import Plan
+from simulator.arrivals import ARRIVALS, sampled
+from simulator.arrivals import from_trace as trace_requests
+from simulator.build import build
+from simulator.core import Requests, Simulation
+from simulator.metrics import RAMP_DEFICIT_MAX, ramp_deficit, steady_state_note, summary, verdict
+from simulator.schedulers import make_scheduler
+
+MAX_REQUESTS = 5_000_000  # per simulation: ~120 bytes of arrays a request, minutes of simulation at this many
+SIMULATED_REQ_S = 10_000  # a floor on the simulator's speed (benchmarks/sim_bench.py), for estimates of run time
+
+
+@dataclass(frozen=True)
+class RequestMix:
+    """Where a simulation's requests come from: input and output lengths as a workload has them, drawn
+    independently, and the trace itself where arrivals replay its timestamps."""
+
+    name: str
+    inputs: tuple[np.ndarray, np.ndarray]  # (lengths, weights)
+    outputs: tuple[np.ndarray, np.ndarray]
+    trace: Trace | None = None
+
+    @staticmethod
+    def of(workload: Workload, trace: Trace | None = None) -> RequestMix:
+        inputs = np.flatnonzero(workload.pmf > 0)
+        if workload.output_pmf is None:  # a workload that gives only the mean output: every answer that long
+            outputs = (np.array([max(round(workload.mean_decode), 1)]), np.ones(1))
+        else:
+            out = np.flatnonzero(workload.output_pmf > 0)
+            outputs = (out, workload.output_pmf[out])
+        return RequestMix(workload.name, (inputs, workload.pmf[inputs]), outputs, trace)
+
+    def requests(self, n: int, rate: float, arrivals: str = "poisson", seed: int = 0) -> Requests:
+        """`n` requests at `rate` req/s: `poisson` or `constant` arrivals, or the trace's own (`trace`) scaled to
+        `rate`."""
+        if arrivals not in ARRIVALS:
+            raise ConfigError(f"arrivals={arrivals!r}: choose from {list(ARRIVALS)}")
+        if n > MAX_REQUESTS:
+            raise ConfigError(
+                f"requests={n:,} is over {MAX_REQUESTS:,} per simulation (about {n / SIMULATED_REQ_S / 60:,.0f} min "
+                f"at {SIMULATED_REQ_S:,} simulated requests/s and {n * 120 / 1e9:,.0f} GB of arrays): lower requests"
+            )
+        if arrivals != "trace":
+            return sampled(n, self.inputs, self.outputs, arrivals, rate, seed)
+        t = self.trace
+        if t is None or t.arrival_s is None:
+            raise ConfigError(f"arrivals=trace needs timestamps; workload {self.name} has none: use +workload=trace "
+                              "with a timestamped trace, or arrivals=poisson")  # fmt: skip
+        scale = rate / (len(t) / max(float(t.arrival_s.max() - t.arrival_s.min()), 1e-9))
+        return trace_requests(t.arrival_s, t.input_tokens, t.output_tokens, scale, n)
+
+
+def request_mix(name: str, cfg: Mapping[str, Any]) -> RequestMix:
+    """The requests of workload `name` (its conf/workload mapping, plain)."""
+    if cfg.get("kind") == "trace":
+        trace = trace_from_cfg(name, cfg)
+        return RequestMix.of(from_trace(trace), trace)
+    return RequestMix.of(workload_from_cfg(name, cfg))
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """How a plan is simulated besides its requests (conf/simulate.yaml's defaults)."""
+
+    seed: int = 0
+    token_budget: int | None = None  # prompt tokens per prefill batch (None: the plan's)
+    expert_imbalance: float = 1.0
+    warmup_fraction: float = 0.1  # the first arrivals warm the system up and are not measured
+    tolerance: float = 0.03  # throughput within this share of offered counts as keeping up
+    larry_alpha: float = 1.0
+    sjf_theta_age_ms: float = 5000.0
+
+
+class Runner:
+    """Engines for one plan, rebuilt per simulation (they carry state), judged against `slo`."""
+
+    def __init__(
+        self, plan: Plan, slo: Slo, settings: SimSettings | None = None, gpus: Mapping[str, GPU] | None = None
+    ) -> None:
+        """`gpus`: the GPU figures to simulate with (default: the catalogue's)."""
+        self.plan, self.slo, self.s = plan, slo, settings or SimSettings()
+        given = gpus or {}
+        self.gpus = {g: given[g] if g in given else load_gpu(g) for g in {isl.gpu for isl in plan.serving}}
+
+    @property
+    def tolerance(self) -> float:
+        return self.s.tolerance
+
+    def verdict(self, m: Mapping[str, float]) -> str:
+        """"" when the SLOs held and throughput kept up, else why not (`simulator.metrics.verdict`)."""
+        return verdict(m, self.slo.ttft_ms, self.slo.tpot_ms, self.s.tolerance)
+
+    def simulate(
+        self, req: Requests, router: str = "plan", scheduler: str = "fcfs"
+    ) -> tuple[Simulation, dict[str, float], float]:
+        """(the finished simulation, its metrics, wall seconds)."""
+        r = Requests(req.arrival, req.input_len, req.output_len, req.user)  # fresh outcome arrays
+        stats = {"mean_input": float(r.input_len.mean()), "mean_output": float(r.output_len.mean()),
+                 "std_output": float(r.output_len.std())}  # fmt: skip
+        pre, dec, rt = build(
+            self.plan, self.gpus, router=router, max_len=int(r.input_len.max()),
+            max_context=int((r.input_len + r.output_len).max()), token_budget=self.s.token_budget, seed=self.s.seed,
+            stats=stats, expert_imbalance=self.s.expert_imbalance,
+        )  # fmt: skip
+        sched = make_scheduler(scheduler, max_output=int(r.output_len.max()), theta_age_ms=self.s.sjf_theta_age_ms,
+                               alpha=self.s.larry_alpha)  # fmt: skip
+        sim = Simulation(r, pre, dec, rt, sched)
+        t0 = time.perf_counter()
+        sim.run()
+        wall = time.perf_counter() - t0
+        warm = float(r.arrival[int(len(r) * self.s.warmup_fraction)]) if len(r) else 0.0
+        slo = self.slo
+        m = summary(sim, warm, slo.ttft_ms, slo.tpot_ms, slo.ttft_percentile, slo.tpot_percentile)
+        m["sustained"] = float(not self.verdict(m))
+        m["sim_wall_s"] = wall
+        m["sim_req_per_s"] = len(r) / wall if wall > 0 else 0.0
+        return sim, m, wall
+
+
+def sustainable_rate(
+    sustains: Callable[[float], str], stated: float, steps: int, low: float, high: float
+) -> tuple[float, str]:
+    """The highest rate `sustains` accepts ("" = sustained, else why not) in `steps` probes.
+
+    The stated rate first; then bisection above it (up to high x stated) if it holds, below it
+    (down to low x stated) if not. Returns (the highest sustained rate probed, 0 if none; why the
+    lowest failing probe failed)."""
+    best, why_fail = 0.0, ""
+    lo, hi = low * stated, high * stated
+    mid = stated
+    for _ in range(steps):
+        why = sustains(mid)
+        if why:
+            hi, why_fail = mid, why
+        else:
+            best = lo = mid
+        mid = 0.5 * (lo + hi)
+    return best, why_fail
+
+
+OVERLOADED = 0.75  # a longer window that leaves the throughput's shortfall above this share of itself: overloaded
+
+
+def until_steady(
+    simulate: Callable[[int], tuple[Simulation, dict[str, float]]], n: int, rate: float, most: int, tolerance: float
+) -> tuple[dict[str, float], list[dict[str, float]], str]:
+    """Simulate `n` requests at `rate` req/s; where the measuring window is too short for a steady state
+    (`steady_state_note`: a large plan fills a request cap in a second, heavy-tailed answers outlast
+    a short window), again on enough for a window past 1.5 x the p99 request whose ramp-up costs at
+    most half of `RAMP_DEFICIT_MAX` (at least 1.5 x as many each time, at most `most`), until the
+    window is long enough or a longer one leaves the throughput's shortfall above `OVERLOADED` of
+    itself: then queues grow with time and the plan is overloaded at `rate`.
+
+    Returns (the metrics of the last simulation, each simulation's window, requests, ramp deficit,
+    offered and served rate, and why the last window fell short, "" if it did not)."""
+    keys = ("window_s", "e2e_ms_p99", "ramp_deficit", "offered_req_s", "throughput_req_s")
+    sim, m = simulate(n)
+    windows, steady = [{"requests": n, **{k: m.get(k, float("nan")) for k in keys}}], steady_state_note(m)
+    while steady and n < most:
+        longer = min(most, max(int(1.5 * n), int(rate * 2 * _steady_window_s(sim.r, m, most / rate))))
+        del sim  # (a million requests' arrays)
+        sim, m_longer = simulate(longer)
+        short, short_longer = (
+            max(0.0, 1 - x["throughput_req_s"] / max(x["offered_req_s"], 1e-9)) for x in (m, m_longer)
+        )
+        n, m, steady = longer, m_longer, steady_state_note(m_longer)
+        windows.append({"requests": n, **{k: m.get(k, float("nan")) for k in keys}})
+        if steady and short > tolerance and short_longer > OVERLOADED * short:
+            steady = (
+                f"throughput falls {short_longer:.0%} short of the offered rate ({short:.0%} on fewer "
+                "requests): a longer window does not close the gap; queues grow, the plan is overloaded"
+            )
+            break
+    return m, windows, steady
+
+
+def _steady_window_s(r: Requests, m: dict[str, float], longest_s: float) -> float:
+    """The shortest window past 1.5 x the p99 request whose ramp-up costs at most half of `RAMP_DEFICIT_MAX`,
+    had the requests taken as long as these did (in 5 % steps, at most `longest_s`)."""
+    w = max(1.5 * m.get("e2e_ms_p99", 0.0), m["window_s"] * 1e3, 1.0)
+    while ramp_deficit(r, w) > RAMP_DEFICIT_MAX / 2 and w < longest_s * 1e3:
+        w *= 1.05
+    return w / 1e3

@@ -1,0 +1,244 @@
+"""Request traces: load (Arrow-backed), validate, and derive the compact histograms we ship.
+
+Formats: Azure LLM inference traces (`TIMESTAMP, ContextTokens, GeneratedTokens`), BurstGPT
+(`Timestamp, Model, Request tokens, Response tokens, ...`, timestamps in seconds), or any CSV /
+Parquet with a column mapping. A bad file fails whole, with the file and the row; nothing is
+half-loaded.
+
+`python -m pipeline.traces derive TRACE.csv OUT.npz` derives the histogram a fresh install ships.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from pipeline.errors import WorkloadError
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+# A request longer than this is no request any model of the catalogue serves (DeepSeek-V3's
+# context is 163,840 tokens): a trace that has one is broken, and a per-length histogram of it
+# would take memory in proportion. A model's own context is checked when a plan is made.
+MAX_TOKENS = 1 << 20
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which columns hold input tokens, output tokens and (optionally) the arrival time."""
+
+    input: str
+    output: str
+    timestamp: str | None = None
+    timestamp_kind: str = "datetime"  # "datetime" (wall clock) or "seconds" (numeric)
+
+
+FORMATS: dict[str, Columns] = {
+    "azure": Columns("ContextTokens", "GeneratedTokens", "TIMESTAMP", "datetime"),
+    "burstgpt": Columns("Request tokens", "Response tokens", "Timestamp", "seconds"),
+}
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    source: str
+    input_tokens: np.ndarray  # int64, >= 1
+    output_tokens: np.ndarray  # int64, >= 1
+    arrival_s: np.ndarray | None  # seconds since the first request, sorted as in the file
+
+    def __len__(self) -> int:
+        return len(self.input_tokens)
+
+
+def _read_table(path: Path) -> pa.Table:
+    if not path.is_file():
+        raise WorkloadError(f"{path}: no such trace file")
+    try:
+        head = path.open("rb").read(4096)
+    except OSError as err:
+        raise WorkloadError(f"{path}: cannot read it ({err.strerror})") from None
+    is_parquet = head.startswith(b"PAR1")
+    if not is_parquet and (b"\0" in head or not _utf8(head)):
+        raise WorkloadError(f"{path}: not a CSV or Parquet trace (the file is binary): expected a CSV with a header")
+    try:
+        if path.suffix.lower() in (".parquet", ".pq"):
+            return pq.read_table(path)
+        return pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(strings_can_be_null=False))
+    except (pa.ArrowInvalid, OSError) as err:
+        if "Empty CSV file" in str(err):
+            raise WorkloadError(f"{path}: the file is empty (expected a header and one row per request)") from None
+        text = " ".join(str(err).encode("ascii", "backslashreplace").decode().split())[:300]
+        raise WorkloadError(f"{path}: not a readable CSV/Parquet table ({text})") from None
+
+
+def _utf8(head: bytes) -> bool:
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.start >= len(head) - 3  # a character cut by the 4 KiB read is fine
+    return True
+
+
+def detect_format(names: list[str]) -> str | None:
+    for fmt, cols in FORMATS.items():
+        if {cols.input, cols.output} <= set(names):
+            return fmt
+    return None
+
+
+def _tokens(table: pa.Table, col: str, path: Path) -> np.ndarray:
+    arr = table.column(col)
+    if arr.null_count:
+        i = int(np.flatnonzero(pc.is_null(arr).to_numpy(zero_copy_only=False))[0])
+        raise WorkloadError(
+            f"{path}: row {i + 1} (line {i + 2}): column `{col}` has no value (empty, NaN or null): "
+            "every request needs a whole number of tokens"
+        )
+    if not pa.types.is_integer(arr.type):
+        try:
+            as_float = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
+            whole = np.isfinite(as_float) & (as_float == np.floor(as_float)) & (np.abs(as_float) <= 2.0**62)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            texts = pc.cast(arr, pa.string()).to_pylist()
+            whole = np.array([_is_whole(t) and abs(float(t)) <= 2.0**62 for t in texts])
+            as_float = np.array([float(t) if w else 0.0 for t, w in zip(texts, whole, strict=True)])
+        if not whole.all():
+            i = int(np.flatnonzero(~whole)[0])
+            text = pc.cast(arr, pa.string())[i].as_py()
+            raise WorkloadError(
+                f"{path}: row {i + 1} (line {i + 2}): column `{col}` must be a whole number of tokens, got {text!r}"
+            )
+        arr = pa.array(as_float.astype(np.int64))
+    values = arr.to_numpy(zero_copy_only=False).astype(np.int64)
+    bad = (values < 1) | (values > MAX_TOKENS)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise WorkloadError(
+            f"{path}: row {i + 1} (line {i + 2}): column `{col}` must be 1..{MAX_TOKENS:,} tokens, got {values[i]}"
+        )
+    return values
+
+
+def _arrivals(table: pa.Table, cols: Columns, path: Path) -> np.ndarray | None:
+    if cols.timestamp is None or cols.timestamp not in table.column_names:
+        return None
+    arr = table.column(cols.timestamp)
+    if cols.timestamp_kind == "seconds":
+        try:
+            secs = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
+        except pa.ArrowInvalid:
+            texts = pc.cast(arr, pa.string()).to_pylist()
+            i = next(i for i, t in enumerate(texts) if not _is_float(t))
+            raise WorkloadError(
+                f"{path}: row {i + 1} (line {i + 2}): column `{cols.timestamp}` must be seconds, got {texts[i]!r}"
+            ) from None
+    else:
+        if not pa.types.is_timestamp(arr.type):
+            texts = pc.cast(arr, pa.string()).to_pylist()
+            parsed = [_parse_time(t) for t in texts]
+            i = next((i for i, v in enumerate(parsed) if v is None), None)
+            if i is not None:
+                raise WorkloadError(
+                    f"{path}: row {i + 1} (line {i + 2}): column `{cols.timestamp}` is not a "
+                    f"timestamp (expected e.g. 2023-11-16 18:17:03.97), got {texts[i]!r}"
+                )
+            arr = pa.array(parsed, type=pa.timestamp("ns"))
+        secs = pc.cast(arr, pa.int64()).to_numpy(zero_copy_only=False) / 1e9
+    if not np.isfinite(secs).all():
+        raise WorkloadError(f"{path}: column `{cols.timestamp}` has missing or non-finite times")
+    return secs - secs.min()
+
+
+def _is_float(text: object) -> bool:
+    try:
+        float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _is_whole(text: object) -> bool:
+    return _is_float(text) and float(text).is_integer()  # type: ignore[arg-type]  # NaN, inf: not whole
+
+
+def _parse_time(text: str | None) -> np.datetime64 | None:
+    try:
+        return np.datetime64(str(text).strip().replace(" ", "T"), "ns")
+    except ValueError:
+        return None
+
+
+def load_trace(path: str | Path, fmt: str = "auto", columns: Columns | None = None, name: str | None = None) -> Trace:
+    """Load a whole trace or fail with the file, row and column of the first problem."""
+    path = Path(path)
+    table = _read_table(path)
+    if table.num_rows == 0:
+        raise WorkloadError(f"{path}: the file has a header but no requests")
+    if columns is None:
+        if fmt == "auto":
+            detected = detect_format(table.column_names)
+            if detected is None:
+                raise WorkloadError(
+                    f"{path}: columns {table.column_names} match no known format "
+                    f"({sorted(FORMATS)}); map them with workload.columns "
+                    "{input: ..., output: ..., timestamp: ...}"
+                )
+            fmt = detected
+        if fmt not in FORMATS:
+            raise WorkloadError(f"unknown trace format {fmt!r}; choose from {['auto', *sorted(FORMATS)]}")
+        columns = FORMATS[fmt]
+    needed = [c for c in (columns.input, columns.output) if c]
+    missing = [c for c in needed if c not in table.column_names]
+    if missing:
+        raise WorkloadError(f"{path}: missing column(s) {missing}; the file has {table.column_names}")
+    if columns.timestamp and columns.timestamp not in table.column_names and fmt != "auto":
+        raise WorkloadError(
+            f"{path}: missing timestamp column {columns.timestamp!r}; the file has {table.column_names}"
+        )
+    return Trace(
+        name=name or path.stem,
+        source=str(path),
+        input_tokens=_tokens(table, columns.input, path),
+        output_tokens=_tokens(table, columns.output, path),
+        arrival_s=_arrivals(table, columns, path),
+    )
+
+
+# --- shipped histograms ---------------------------------------------------------------------------
+
+
+def derive_histogram(trace: Trace, out: Path, attribution: str) -> None:
+    """Save the per-length request counts of a trace (no timestamps, no per-request rows)."""
+    iv, ic = np.unique(trace.input_tokens, return_counts=True)
+    ov, oc = np.unique(trace.output_tokens, return_counts=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        out,
+        input_values=iv,
+        input_counts=ic,
+        output_values=ov,
+        output_counts=oc,
+        source=np.array(Path(trace.source).name),
+        attribution=np.array(attribution),
+    )
+
+
+def load_histogram(name: str) -> dict[str, np.ndarray]:
+    path = DATA_DIR / f"{name}.npz"
+    if not path.is_file():
+        shipped = sorted(p.stem for p in DATA_DIR.glob("*.npz"))
+        raise WorkloadError(f"no shipped histogram {name!r}; choose from {shipped}")
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+AZURE_ATTRIBUTION = (
+    "Derived from the Azure LLM inference trace 2023 (Azure/AzurePublicDataset), CC BY 4.0; "
+    "cite Patel et al., 'Splitwise: Efficient generative LLM inference using phase splitting', ISCA 2024."
+)

@@ -1,0 +1,162 @@
+"""The exact reference of a search: the global optimum of the same model over every layout the
+inventory allows (`solvers/exact.py`), built from the search's settings and planner.
+
+It is the yardstick of every search (each trial's gap to it) and, as `search.sampler=exact`,
+a planner of its own: the exact MILP's layout is the plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+
+from costmodel.formulas import kv_link_gb_s
+from pipeline.planning.planner import Layout, Planner
+from pipeline.search.settings import Settings
+from pipeline.search.trial import Context
+from solvers.exact import ExactResult, TypeOptions, exact_optimum
+
+T = TypeVar("T")
+
+
+def reference(
+    settings: Settings,
+    ctx: Context,
+    planner: Planner,
+    layouts: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
+    backend: str = "HIGHS",
+    tick: Callable[[], None] | None = None,
+) -> ExactResult:
+    """The exact optimum over every layout of the inventory, or, per type in `layouts`, over those
+    island multisets only (`solvers/exact.py`, (6))."""
+    types, kv = type_options(settings, ctx, planner, layouts)
+    return interruptible(
+        exact_optimum,
+        types,
+        planner.ranges.p,
+        objective="rate_per_dollar" if settings.objective == "rate_per_dollar" else "max_rate",
+        budget_per_hour=planner.budget_per_hour,
+        kv_gb=kv,
+        time_limit_s=settings.reference_time_limit_s,
+        backend=backend,
+        tick=tick,
+    )
+
+
+def type_options(
+    settings: Settings,
+    ctx: Context,
+    planner: Planner,
+    layouts: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
+) -> tuple[list[TypeOptions], np.ndarray | None]:
+    """The reference's data: every GPU type's candidate islands with their benchmarks, and the KV
+    GB of one request per range (None without the KV-transfer constraint)."""
+    types = []
+    for g, n in zip(settings.inventory.gpus, settings.inventory.counts, strict=True):
+        sizes = np.array(ctx.space.sizes(g.name), dtype=int)  # node-aligned shapes unless search.shapes=any
+        rates = [planner.rates(g.name, int(s)) for s in sizes]  # at the load the SLOs allow, as the inner solve
+        types.append(
+            TypeOptions(
+                g.name,
+                n,
+                g.price_per_hour,
+                sizes,
+                np.array([r[0] for r in rates]),
+                np.array([r[1] for r in rates]),
+                float(kv_link_gb_s(g, planner.profile)),
+                None if layouts is None else layouts.get(g.name),
+            )
+        )
+    kv = (
+        planner.kv_gb_per_range(Layout.of([(g.name, 1) for g in settings.inventory.gpus]))
+        if planner.kv_transfer
+        else None
+    )
+    return types, kv
+
+
+def interruptible(fn: Callable[..., T], *args: Any, tick: Callable[[], None] | None = None, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` in a forked child process, so Ctrl-C stops it at once.
+
+    A MILP solve runs in C++ for minutes and sees no Python signal until it returns; in a child
+    the parent stays responsive, and on Ctrl-C kills the child and raises KeyboardInterrupt.
+    Where fork is unavailable (or inside a Ray worker, whose process should not fork) it runs here.
+    A process that has loaded JAX (the saasbo sampler's NUTS fits) must not fork either: JAX's
+    threads do not survive it. The child then starts from a fork server, a clean process, and is
+    handed `fn` and its arguments pickled. `tick` is called while the parent waits (a progress display).
+    """
+    if "fork" not in mp.get_all_start_methods() or _in_ray_worker():
+        return fn(*args, **kwargs)
+    ctx = mp.get_context("forkserver" if "jax" in sys.modules else "fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True)
+    with _ctrl_c_noted() as pressed:
+        child.start()
+        send.close()
+        try:
+            while not recv.poll(0.2):
+                if pressed:
+                    raise KeyboardInterrupt
+                if tick is not None:
+                    tick()
+                if not child.is_alive():
+                    raise RuntimeError(f"the exact reference's process died (exit code {child.exitcode})")
+            ok, value = recv.recv()
+        except BaseException:
+            child.kill()
+            raise
+        finally:
+            child.join(5)
+    if pressed:  # as the child finished
+        raise KeyboardInterrupt
+    if not ok:
+        raise value
+    return value
+
+
+@contextlib.contextmanager
+def _ctrl_c_noted() -> Iterator[list[int]]:
+    """Ctrl-C noted (an entry in the list) instead of raised, for the caller to act on.
+
+    A KeyboardInterrupt raised where Python runs a callback (the at-fork hooks of os.fork, where
+    logging releases its lock; a weakref callback during garbage collection) is printed as
+    "Exception ignored" and dropped, and the search would go on solving. Off the main thread
+    signal handlers cannot be set and nothing is noted."""
+    pressed: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _child(send: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C stops
+    try:
+        send.send((True, fn(*args, **kwargs)))
+    except Exception as err:
+        send.send((False, err))
+
+
+def _in_ray_worker() -> bool:
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+    except Exception:
+        return False
+
+
+def exact_layout(ref: ExactResult) -> Layout | None:
+    """The layout of the exact optimum (None if the MILP found none)."""
+    return Layout.of([(g, n) for g, n, _ in ref.islands]) if ref.islands else None

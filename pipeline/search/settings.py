@@ -1,0 +1,312 @@
+"""A search's settings: the composed config turned into validated, frozen objects, before any work.
+
+`settings_from_cfg` is the one place a search config is read (`pipeline.search`,
+`pipeline.experiment`, `pipeline.baseline` and the benchmarks all call it); `planner_from_cfg`
+the one place a `Planner` is built from a config. Every value is checked here, with a message
+that names the key and how to fix it, so nothing expensive starts on a config that cannot run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from costmodel.catalog import CONF_DIR
+from pipeline.checks import boolean, fraction, number, optional_positive, positive_int, whole_number
+from pipeline.cli import choice, plain
+from pipeline.errors import ConfigError
+from pipeline.planning.config import cost_settings_from_cfg, model_from_cfg
+from pipeline.planning.goodput import GoodputCheck
+from pipeline.planning.inventory import Inventory, inventory_from_cfg
+from pipeline.planning.planner import Planner
+from pipeline.planning.workload import Workload, ranges_from_cfg, workload_from_cfg
+from pipeline.search.samplers import SAMPLERS
+from pipeline.search.space import GENERATORS, Space
+from solvers.inner import BACKENDS
+from solvers.layouts import node_shapes, smallest_shape
+
+OBJECTIVES = ("max_rate", "rate_per_dollar", "thesis", "goodput")
+SHAPES = ("nodes", "any")  # search.shapes: node-aligned islands (solvers/layouts.py) or any size
+DEFAULT_INVENTORY = "hetero_a"
+# every key a `conf/search/*.yaml` sets: anything else under `search.` is a typo, not a setting
+SEARCH_KEYS = frozenset(k for p in (CONF_DIR / "search").glob("*.yaml") for k in (yaml.safe_load(p.read_text()) or {}))
+SEARCH_KEYS = SEARCH_KEYS - {"defaults"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    inventory: Inventory
+    workload_name: str
+    planner: str  # "search" or "exact" (search.sampler=exact)
+    sampler: str
+    generator: str
+    iterations: int
+    batch: int
+    polish: float  # fraction of trials, at the end, that refine the best layout locally
+    objective: str
+    seed: int
+    reference: bool
+    reference_time_limit_s: float
+    resume: bool
+    verify: bool  # simulate the best plan at its stated rate
+    band_draws: int  # calibration draws the best layout is re-planned under for its rate band (0: none)
+    robust: bool  # plan at every calibration factor's 10th percentile
+    calibration: Any  # the calibration of the cost model (before robust's shift), or None
+    run_root: Path  # outputs/search/<name>-<hash>
+    ray_address: str | None
+    ray_num_cpus: int | None
+    cpus_per_trial: float
+    mlflow_uri: str | None
+    mlflow_experiment: str
+    config: dict[str, Any] = field(default_factory=dict)  # the resolved config, for the record
+
+    @property
+    def trials(self) -> int:
+        return self.iterations * self.batch
+
+
+def inventory_of(cfg: Any) -> tuple[str, Any]:
+    """The inventory the command names (`+inventory=NAME`), or the default one."""
+    if "inventory" in cfg:
+        return choice("inventory"), cfg.inventory
+    from omegaconf import OmegaConf
+
+    return DEFAULT_INVENTORY, OmegaConf.load(CONF_DIR / "inventory" / f"{DEFAULT_INVENTORY}.yaml")
+
+
+def planner_from_cfg(
+    cfg: Any, gpus: Mapping[str, Any], kv_transfer: bool = False, budget: float | None = None
+) -> Planner:
+    """The planner of a config: model, workload, ranges and the one cost-settings record."""
+    model = model_from_cfg(choice("model"), cfg.model)
+    workload = workload_from_cfg(choice("workload"), plain(cfg.workload))
+    check_context(workload, model)
+    return Planner(
+        model=model,
+        workload=workload,
+        ranges=ranges_from_cfg(workload, cfg.ranges.width),
+        cost=cost_settings_from_cfg(cfg),
+        gpus=dict(gpus),
+        kv_transfer=kv_transfer,
+        budget_per_hour=budget,
+    )
+
+
+def check_context(workload: Workload, model: Any) -> None:
+    """Every request of the workload must fit the model's context (its longest prompt plus the longest output)."""
+    longest = len(workload.pmf) - 1 + workload.max_decode
+    if model.max_context and longest > model.max_context:
+        raise ConfigError(
+            f"workload {workload.name}: its longest prompt ({len(workload.pmf) - 1} tokens) plus its longest "
+            f"output ({workload.max_decode}) is {longest} tokens, over {model.name}'s context of "
+            f"{model.max_context} (max_context in conf/model/{model.name}.yaml): drop or cut those requests"
+        )
+
+
+def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Settings, Any]:
+    """(Settings, trial Context) of a composed search config; ConfigError names the first bad value."""
+    from pipeline.search.trial import Context
+
+    s = cfg.search
+    unknown = sorted(set(s) - SEARCH_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"search.{unknown[0]} is not a search setting (a typo?): the settings are {sorted(SEARCH_KEYS)}"
+        )
+    inventory = inventory_from_cfg(inventory_name, plain(inv_cfg))
+    sampler, objective, generator = str(s.sampler), str(s.objective), str(s.generator)
+    if sampler not in (*SAMPLERS, "exact"):
+        raise ConfigError(f"search.sampler={sampler!r} is unknown: choose from {[*SAMPLERS, 'exact']}")
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"search.objective={objective!r} is unknown: choose from {list(OBJECTIVES)}")
+    if generator not in GENERATORS:
+        raise ConfigError(f"search.generator={generator!r}: choose from {list(GENERATORS)}")
+    on_violation = str(s.get("on_violation", "reject"))
+    if on_violation not in ("reject", "repair"):
+        raise ConfigError(f"search.on_violation={on_violation!r}: choose reject or repair")
+    backend = str(s.inner_backend).upper()
+    if backend not in BACKENDS:
+        raise ConfigError(f"search.inner_backend={s.inner_backend!r}: choose from {list(BACKENDS)}")
+    budget = optional_positive(s.budget_per_hour, "search.budget_per_hour")
+    kv_transfer = boolean(s.kv_transfer, "search.kv_transfer")
+    if objective == "thesis" and (budget is not None or kv_transfer):
+        raise ConfigError("search.objective=thesis has no budget or KV-transfer constraint: drop those overrides")
+    goodput = goodput_from_cfg(s.get("goodput") or {}) if objective == "goodput" else None
+    skew_range = number(s.skew_range, "search.skew_range", low=0)
+    inner_limit = number(s.inner_time_limit_s, "search.inner_time_limit_s", low=0.001)
+    ref_limit = number(s.reference_time_limit_s, "search.reference_time_limit_s", low=0.001)
+    cpus_per_trial = number(cfg.ray.cpus_per_trial, "ray.cpus_per_trial", low=0.01)
+    seed = whole_number(s.seed, "search.seed")
+    workload_name = choice("workload")
+    planner = planner_from_cfg(cfg, {g.name: g for g in inventory.gpus}, kv_transfer, budget)
+    calibration = planner.profile.calibration
+    robust = boolean(s.get("robust", False), "search.robust")
+    band_draws = whole_number(s.get("band_draws", 0), "search.band_draws")
+    if robust:
+        from pipeline.planning.band import Z10, redrawn
+
+        if calibration is None or not calibration.uncertain:
+            raise ConfigError("search.robust=true plans for the pessimistic end of a calibration's range, and "
+                              "this cost model has none: add costmodel.calibration=published (or a file of "
+                              "yours from python -m costmodel.calibrate)")  # fmt: skip
+        planner = redrawn(planner, calibration.shifted(-Z10))
+    shapes = str(s.shapes)
+    if shapes not in SHAPES:
+        raise ConfigError(
+            f"search.shapes={shapes!r}: choose nodes (islands fit hosts) or any (the thesis's free sizes)"
+        )
+    node = {g.name: g.node_gpus for g in inventory.gpus} if shapes == "nodes" else None
+    mins = min_islands(s.min_island, plain(s.min_island_per_type) or {}, inventory, planner, node)
+    space = Space(
+        generator,
+        tuple((g.name, n) for g, n in zip(inventory.gpus, inventory.counts, strict=True)),
+        tuple(mins.items()),
+        skew_range=skew_range,
+        max_islands=None if str(s.max_islands) == "auto" else positive_int(s.max_islands, "search.max_islands"),
+        k_slots=positive_int(s.get("k_slots", 16), "search.k_slots"),
+        repair=on_violation == "repair",
+        counts_are_bounds=objective == "rate_per_dollar" or budget is not None,
+        grid_points=positive_int(s.grid_points, "search.grid_points"),
+        node=None if node is None else tuple(node.items()),
+    )
+    check_some_island_fits(planner, inventory, mins)
+    if goodput is not None and not planner.cost.slo:
+        raise ConfigError("search.objective=goodput counts requests served within the SLOs: set the slo block "
+                          "(slo=null plans for throughput only; use objective=max_rate there)")  # fmt: skip
+    record = {k: plain(cfg[k]) for k in cfg if k != "hydra"}
+    record["inventory"] = {"name": inventory_name, **plain(inv_cfg)}
+    record["search"]["min_island_per_type"] = record["search"].get("min_island_per_type") or {}
+    record["search"]["min_island_by_type"] = mins  # `auto` resolved
+    digest = hashlib.sha1(json.dumps(run_identity(record), sort_keys=True, default=str).encode()).hexdigest()[:8]
+    name = f"{inventory_name}-{workload_name}-{generator}-{sampler}-{objective}-{digest}"
+    ctx = Context(planner, space, objective, inner_limit, digest, backend, goodput)
+    settings = Settings(
+        inventory=inventory,
+        workload_name=workload_name,
+        planner="exact" if sampler == "exact" else "search",
+        sampler=sampler,
+        generator=generator,
+        iterations=positive_int(s.iterations, "search.iterations"),
+        batch=positive_int(s.batch, "search.batch"),
+        polish=fraction(s.polish, "search.polish"),
+        objective=objective,
+        seed=seed,
+        reference=boolean(s.reference, "search.reference"),
+        reference_time_limit_s=ref_limit,
+        resume=boolean(s.resume, "search.resume"),
+        verify=boolean(s.verify, "search.verify"),
+        band_draws=band_draws,
+        robust=robust,
+        calibration=calibration,
+        run_root=Path(str(cfg.out_root)) / name,
+        ray_address=None if cfg.ray.address is None else str(cfg.ray.address),
+        ray_num_cpus=None if cfg.ray.num_cpus is None else positive_int(cfg.ray.num_cpus, "ray.num_cpus"),
+        cpus_per_trial=cpus_per_trial,
+        mlflow_uri=None if cfg.mlflow.tracking_uri is None else str(cfg.mlflow.tracking_uri),
+        mlflow_experiment=str(cfg.mlflow.experiment),
+        config=record,
+    )
+    return settings, ctx
+
+
+def goodput_from_cfg(g: Any) -> GoodputCheck:
+    """`search.goodput`: seconds of arrivals per simulation (and at most, where that window is too short
+    for a steady state) and simulations (bisection steps) per layout."""
+    if not isinstance(g, Mapping):
+        raise ConfigError(f"search.goodput must be a mapping (seconds, longest_s, steps), got {g!r}")
+    unknown = sorted(set(g) - {"seconds", "longest_s", "steps"})
+    if unknown:
+        raise ConfigError(
+            f"search.goodput.{unknown[0]} is not a goodput setting: choose from seconds, longest_s, steps"
+        )
+    default = GoodputCheck()
+    seconds = number(g.get("seconds", default.seconds), "search.goodput.seconds", low=1)
+    return GoodputCheck(
+        seconds=seconds,
+        longest_s=number(g.get("longest_s", max(default.longest_s, seconds)), "search.goodput.longest_s", low=seconds),
+        steps=positive_int(g.get("steps", default.steps), "search.goodput.steps"),
+    )
+
+
+def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides a run's results: its config without where it runs, logs and writes, which MILP
+    backend solves it (speed, not the model: a run resumes under another backend) and what follows
+    from the rest (the resolved minimum island sizes)."""
+    out = {k: v for k, v in config.items() if k not in ("ray", "mlflow", "out_root")}
+    out["search"] = {
+        k: v
+        for k, v in config["search"].items()
+        if k not in ("resume", "inner_backend", "min_island_by_type", "verify")
+        and not (k == "goodput" and config["search"].get("objective") != "goodput")
+    }
+    return out
+
+
+def min_islands(
+    everywhere: Any,
+    per_type: Mapping[str, Any],
+    inventory: Inventory,
+    planner: Planner,
+    node: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """Minimum island size per GPU type: `search.min_island` (a number or `auto`), per-type overrides winning.
+
+    `auto`: the smallest island of that type that can run the model in prefill or decode (its
+    weights, KV cache and SLOs, as the cost model sees them). Smaller islands would only idle,
+    so the search does not spend trials on them; a type on which no island fits gets its largest
+    island as the minimum (one island, left idle by the inner solver). With node-aligned shapes
+    (`node`: GPUs per host) the minimum is a shape: a number rounds up to the next one.
+    """
+    if not isinstance(per_type, Mapping):
+        raise ConfigError(f"search.min_island_per_type must map GPU names to sizes, got {per_type!r}")
+    unknown = sorted(set(per_type) - {g.name for g in inventory.gpus})
+    if unknown:
+        raise ConfigError(f"search.min_island_per_type names {unknown}, not in inventory {inventory.describe()}")
+    out = {}
+    for g, count in zip(inventory.gpus, inventory.counts, strict=True):
+        value = per_type.get(g.name, everywhere)
+        where = f"search.min_island_per_type.{g.name}" if g.name in per_type else "search.min_island"
+        sizes = list(range(1, count + 1)) if node is None else list(node_shapes(node[g.name], count))
+        if value == "auto":
+            out[g.name] = next((n for n in sizes if runs(planner, g.name, n)), sizes[-1])
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where} must be a whole number >= 1 or auto, got {value!r}: set {where}=N or =auto")
+        elif node is not None and value <= count and not smallest_shape(value, sizes):
+            raise ConfigError(
+                f"{where}={value}: no island of at least {value} {g.name} fits whole hosts of {node[g.name]} within "
+                f"the {count} of the inventory: lower it, or set search.shapes=any"
+            )
+        else:
+            out[g.name] = smallest_shape(value, sizes) if node is not None and value <= count else value
+    return out
+
+
+def runs(planner: Planner, gpu: str, size: int) -> bool:
+    """Can an island of `size` GPUs of type `gpu` run the model in at least one phase?"""
+    b = planner.benchmark(gpu, size)
+    return b.prefill.chosen >= 0 or b.decode.chosen >= 0
+
+
+def idle_types(planner: Planner, inventory: Inventory) -> list[str]:
+    """GPU types of which not even one island of every GPU can run the model in either phase."""
+    return [g.name for g, n in zip(inventory.gpus, inventory.counts, strict=True) if not runs(planner, g.name, n)]
+
+
+def check_some_island_fits(planner: Planner, inventory: Inventory, mins: Mapping[str, int]) -> None:
+    """An inventory where no island of any type can hold the model is a config error, not 0 req/s."""
+    for g, n in zip(inventory.gpus, inventory.counts, strict=True):
+        if n >= mins[g.name]:
+            b = planner.benchmark(g.name, n)
+            if b.prefill.chosen >= 0 and b.decode.chosen >= 0:
+                return
+    raise ConfigError(
+        f"inventory {inventory.describe()}: not even an island of every GPU of one type can hold "
+        f"{planner.model.name} for both prefill and decode ({planner.model.name} needs more memory): "
+        "add GPUs or choose a smaller model"
+    )

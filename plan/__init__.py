@@ -1,0 +1,52 @@
+"""The typed plan at the centre of Archipelago: `Plan` (plan/record.py) and plan.json (plan/schema.py).
+
+The search builds a Plan (`pipeline.planning.build`); the post-search check, `pipeline.simulate`, the
+simulator (`simulator.build`), the report and the launch files (`deployment`) read it. Nothing else
+reads plan.json by key.
+"""
+
+from plan.record import (
+    MAX_DECODE_BATCH,
+    RATES,
+    REFERENCE_AHEAD,
+    ROLES,
+    Band,
+    Hosts,
+    InventoryInfo,
+    Island,
+    Plan,
+    PlanError,
+    Precision,
+    RangeShare,
+    Rates,
+    Reference,
+    SearchInfo,
+    Verification,
+    Window,
+)
+from plan.schema import READS, SCHEMA, from_json, load, to_json
+
+__all__ = [
+    "MAX_DECODE_BATCH",
+    "RATES",
+    "READS",
+    "REFERENCE_AHEAD",
+    "ROLES",
+    "SCHEMA",
+    "Band",
+    "Hosts",
+    "InventoryInfo",
+    "Island",
+    "Plan",
+    "PlanError",
+    "Precision",
+    "RangeShare",
+    "Rates",
+    "Reference",
+    "SearchInfo",
+    "Verification",
+    "Window",
+    "from_json",
+    "load",
+    "to_json",
+]

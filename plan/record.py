@@ -1,0 +1,498 @@
+"""The plan a search decides, as one frozen record tree.
+
+A `Plan` is what the search hands every later layer: the post-search check and `pipeline.simulate`
+(through `simulator.build`), the report, the rate band and the launch files (`deployment`).
+Nothing outside this package reads plan.json by key: `plan.schema` writes and reads its JSON form.
+
+    Plan
+    ├── islands: Island ...      GPU type and size, role, TP/DP/EP, batch, precision, the input-length
+    │                            ranges it serves (RangeShare), what it is expected to do, its hosts
+    ├── rates: Rates             the plan's rate and the diagnostic rates, each with its meaning (RATES)
+    ├── model, cost              the model's dimensions and the one cost-settings record (with the SLOs)
+    ├── workload, inventory      what it was planned for
+    ├── search, reference        how it was found: sampler, trials; the exact reference and the gap
+    ├── band                     the rate's range over the calibration's uncertainty
+    └── verification             the simulated check at the plan's rate
+
+Invariants are checked when a record is made (`__post_init__`), so a Plan read back from a file is
+as sound as one the search built: a bad value is a `PlanError` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from costmodel.cli import UserError
+from costmodel.settings import CostSettings, Slo
+from costmodel.specs import Model
+
+ROLES = ("prefill", "decode", "idle")
+MAX_DECODE_BATCH = 1024  # sequences per attention-DP rank; the island benchmark never plans more
+
+
+class PlanError(UserError):
+    """A plan (or plan.json) that cannot be right; the message names the field and the file."""
+
+
+RATES = {
+    "rate_req_s": "the plan's rate: requests/s the layout sustains with every island kept at a load whose "
+    "queue meets the SLO percentiles, each island's caps set for the mix of lengths its routing gives it "
+    "(docs/inner.md); without SLOs (slo=null), the fluid rate",
+    "fluid_req_s": "diagnostic: the same layout and routing with every island busy all the time (no queueing, "
+    "no SLO): an upper bound no deployment reaches",
+    "searched_req_s": "the rate the search scored this layout with: each island's caps set for the whole "
+    "workload's mix, the model the exact reference solves (the gap compares these two); rate_req_s is the "
+    "same layout with each island's caps set for its own routed mix",
+    "evaluated_req_s": "diagnostic: the plan's routing re-scored at every input length of the workload instead of "
+    "each range's representative length, under the utilisation caps it was solved with",
+    "output_tok_s": "output tokens/s at rate_req_s (the workload's mean output length)",
+    "simulated_req_s": "objective goodput: the highest rate the simulator sustained within the SLOs for this "
+    "layout in the search (bisection from rate_req_s; pipeline/planning/goodput.py)",
+}
+
+
+def _whole(value: Any, what: str, low: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise PlanError(f"{what} must be a whole number >= {low}, got {value!r}")
+
+
+def _real(value: Any, what: str, low: float | None = None, high: float | None = None) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not (ok and (low is None or value >= low) and (high is None or value <= high)):
+        bounds = " and ".join(b for b in (low is not None and f">= {low:g}", high is not None and f"<= {high:g}") if b)
+        raise PlanError(f"{what} must be a finite number{f' {bounds}' if bounds else ''}, got {value!r}")
+
+
+def _optional_real(value: Any, what: str, low: float | None = None) -> None:
+    if value is not None:
+        _real(value, what, low)
+
+
+@dataclass(frozen=True)
+class RangeShare:
+    """One input-length range an island serves: tokens [start, end), its share of the range's requests in
+    the island's role (`fraction`) and the share of the island's time they take (`capacity`)."""
+
+    start: int
+    end: int
+    fraction: float
+    capacity: float
+
+    def __post_init__(self) -> None:
+        _whole(self.start, "start")
+        _whole(self.end, "end", self.start + 1)
+        _real(self.fraction, "fraction", 0.0, 1.0 + 1e-9)
+        _real(self.capacity, "capacity", 0.0, 1.0 + 1e-6)
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """Where an island runs: host numbers of its GPU type (as report.md's node map numbers them), the first
+    GPU it takes on the first of them, and how many GPUs a host of that type has."""
+
+    node_gpus: int
+    nodes: tuple[int, ...]
+    first_gpu: int
+
+    def __post_init__(self) -> None:
+        _whole(self.node_gpus, "node_gpus", 1)
+        if not self.nodes:
+            raise PlanError("nodes is empty: an island runs on at least one host")
+        for k, h in enumerate(self.nodes):
+            _whole(h, f"nodes[{k}]")
+        _whole(self.first_gpu, "first_gpu")
+        if self.first_gpu >= self.node_gpus:
+            raise PlanError(f"first_gpu {self.first_gpu} is not a GPU of a {self.node_gpus}-GPU host")
+
+    def aligned(self, size: int) -> bool:
+        """Whole hosts, or a slice of one host: what engines can be placed on."""
+        if size % self.node_gpus == 0:
+            return self.first_gpu == 0
+        return self.node_gpus % size == 0 and self.first_gpu + size <= self.node_gpus
+
+    def describe(self, gpu: str, size: int) -> str:
+        """'H20 nodes 0-5', 'H20 node 6, GPUs 0-3', or a span that is not host-aligned, saying so."""
+        n, first = self.node_gpus, self.first_gpu
+        if size < n and n % size == 0:
+            return f"{gpu} node {self.nodes[0]}, GPUs {first}-{first + size - 1}"
+        many = len(self.nodes) > 1
+        text = f"{gpu} node{'s' if many else ''} {self.nodes[0]}" + (f"-{self.nodes[-1]}" if many else "")
+        if not self.aligned(size):
+            text += f" (GPUs {first}-{(first + size - 1) % n} of the last: not host-aligned)"
+        return text
+
+
+PRECISIONS = ("bf16", "fp8", "fp4")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The number formats the cost model priced an island's weights in: dense layers and KV cache (`dense`),
+    routed experts (`experts`)."""
+
+    dense: str
+    experts: str
+
+    def __post_init__(self) -> None:
+        for name in ("dense", "experts"):
+            if getattr(self, name) not in PRECISIONS:
+                raise PlanError(f"precision.{name} must be one of {list(PRECISIONS)}, got {getattr(self, name)!r}")
+
+    def describe(self) -> str:
+        return self.dense if self.experts == self.dense else f"{self.dense}, experts {self.experts}"
+
+
+@dataclass(frozen=True)
+class Island:
+    """One homogeneous island of the plan.
+
+    Prefill: `dp` replicas of `tp` GPUs, one engine whose expert-parallel group is the whole island.
+    Decode: `dp` engines, each an expert-parallel group of `ep` GPUs with attention-DP ranks of `tp` GPUs;
+    `batch` counts running sequences per rank. Idle: serves nothing (e.g. too small to hold the model)."""
+
+    gpu: str
+    size: int
+    role: str
+    tp: int
+    dp: int
+    ep: int
+    batch: int
+    precision: Precision
+    cost_per_hour: float
+    ranges: tuple[RangeShare, ...] = ()
+    hosts: Hosts | None = None
+    experts_per_gpu: int = 0  # routed experts a GPU of the EP group holds ...
+    redundant_experts: int = 0  # ... with this many replicas added so they divide over the group
+    traffic_share: float = 0.0  # share of all requests through the island in its role
+    utilisation: float = 0.0  # share of its time it is busy at the plan's rate
+    ttft_ms_expected: float | None = None  # prefill: the queueing model's TTFT at the SLO percentile
+    tpot_ms_expected: float | None = None  # decode: its mean step over the mix it serves
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpu, str) or not self.gpu:
+            raise PlanError(f"gpu must name a GPU type, got {self.gpu!r}")
+        _whole(self.size, "size", 1)
+        if self.role not in ROLES:
+            raise PlanError(f"role must be one of {list(ROLES)}, got {self.role!r}")
+        _real(self.cost_per_hour, "cost_per_hour", 0.0)
+        if self.role == "idle":
+            if self.ranges:
+                raise PlanError("an idle island serves no input-length ranges")
+            return
+        for name in ("tp", "dp", "ep", "batch", "experts_per_gpu"):
+            _whole(getattr(self, name), name, 1)
+        _whole(self.redundant_experts, "redundant_experts")
+        if self.role == "prefill" and self.tp * self.dp != self.size:
+            raise PlanError(f"prefill tp {self.tp} x dp {self.dp} must be the size {self.size}")
+        if self.role == "decode" and (self.ep * self.dp != self.size or self.ep % self.tp):
+            raise PlanError(f"decode ep {self.ep} x dp {self.dp} must be the size {self.size}, with tp {self.tp} "
+                            "dividing ep")  # fmt: skip
+        if self.role == "decode" and self.batch > MAX_DECODE_BATCH:
+            raise PlanError(f"decode batch {self.batch} is over {MAX_DECODE_BATCH} sequences per rank, which no "
+                            "plan of pipeline.search writes")  # fmt: skip
+        if not self.ranges:
+            raise PlanError(f"a {self.role} island serves at least one input-length range (ranges is empty)")
+        for a, b in zip(self.ranges, self.ranges[1:], strict=False):
+            if b.start < a.end:
+                raise PlanError(f"ranges overlap or are out of order: [{a.start}, {a.end}) then [{b.start}, {b.end})")
+        _real(self.traffic_share, "traffic_share", 0.0, 1.0 + 1e-9)
+        _real(self.utilisation, "utilisation", 0.0)
+        _optional_real(self.ttft_ms_expected, "ttft_ms_expected", 0.0)
+        _optional_real(self.tpot_ms_expected, "tpot_ms_expected", 0.0)
+
+    @property
+    def serving(self) -> bool:
+        return self.role != "idle"
+
+    @property
+    def ep_group(self) -> int:
+        """GPUs one engine spreads the routed experts over: the whole island for prefill, `ep` for decode."""
+        return self.ep if self.role == "decode" else self.tp * self.dp
+
+    @property
+    def engines(self) -> int:
+        """Engine instances of the island: one for prefill, `dp` for decode, none when idle."""
+        return 0 if not self.serving else 1 if self.role == "prefill" else self.dp
+
+    @property
+    def attention_ranks(self) -> int:
+        """Attention data-parallel ranks of one engine (each `tp` GPUs)."""
+        return self.ep_group // self.tp
+
+    @property
+    def placement(self) -> str:
+        return "-" if self.hosts is None else self.hosts.describe(self.gpu, self.size)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The plan's rates in requests/s (`RATES` says what each means)."""
+
+    rate_req_s: float
+    fluid_req_s: float
+    searched_req_s: float
+    evaluated_req_s: float
+    output_tok_s: float
+    simulated_req_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("rate_req_s", "fluid_req_s", "searched_req_s", "evaluated_req_s", "output_tok_s"):
+            _real(getattr(self, name), name, 0.0)
+        _optional_real(self.simulated_req_s, "simulated_req_s", 0.0)
+
+    @property
+    def refined(self) -> bool:
+        """Did routing each island its own mix change the rate from the one the search scored?"""
+        return not math.isclose(self.rate_req_s, self.searched_req_s, rel_tol=1e-9, abs_tol=1e-9)
+
+
+@dataclass(frozen=True)
+class InventoryInfo:
+    name: str
+    gpus: tuple[tuple[str, int], ...]  # (GPU type, count)
+    cost_per_hour: float
+
+    def __post_init__(self) -> None:
+        for gpu, n in self.gpus:
+            _whole(n, f"gpus.{gpu}", 1)
+        _real(self.cost_per_hour, "cost_per_hour", 0.0)
+
+
+@dataclass(frozen=True)
+class SearchInfo:
+    """How the plan was found."""
+
+    objective: str
+    sampler: str
+    generator: str
+    trials: int
+    failed: int
+    rejected: int
+    complete: bool
+    wall_s: float
+    robust: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("trials", "failed", "rejected"):
+            _whole(getattr(self, name), name)
+        _real(self.wall_s, "wall_s", 0.0)
+
+
+REFERENCE_AHEAD = 1e-4  # the reference's own layout scoring this much more than the plan's is pointed out
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The exact reference of the search's model, and the plan's gap to it.
+
+    `gap`: 1 - the plan's score in the search's model / the reference's optimum (or, where the reference
+    stopped at its time limit, `gap_is_bound`, / its proven bound `bound_req_s`: the true gap is at most this).
+    `layout_ahead`: how much more the reference's own layout scores than the plan's (0.0035: 0.35 %)."""
+
+    optimum_req_s: float | None
+    rate_per_dollar: float | None
+    bound_req_s: float | None
+    gap: float | None
+    gap_is_bound: bool = False
+    layout_ahead: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("optimum_req_s", "rate_per_dollar", "bound_req_s", "gap", "layout_ahead"):
+            _optional_real(getattr(self, name), name)
+
+    def gap_text(self) -> str:
+        """'gap 0.84%', 'gap <= 0.84%' where the reference only bounds the optimum, '' without a gap."""
+        return "" if self.gap is None else f"gap {'<= ' if self.gap_is_bound else ''}{self.gap:.2%}"
+
+    @property
+    def points_ahead(self) -> bool:
+        return self.layout_ahead is not None and self.layout_ahead > REFERENCE_AHEAD
+
+
+@dataclass(frozen=True)
+class Band:
+    """The plan's rate under draws of the calibration's factors: 10th, 50th and 90th percentile."""
+
+    p10_req_s: float
+    p50_req_s: float
+    p90_req_s: float
+    draws: int
+    calibration: str
+    method: str = "the layout re-planned under each draw of the calibration's factors (pipeline/planning/band.py)"
+
+    def __post_init__(self) -> None:
+        for name in ("p10_req_s", "p50_req_s", "p90_req_s"):
+            _real(getattr(self, name), name, 0.0)
+        if not self.p10_req_s <= self.p50_req_s <= self.p90_req_s:
+            raise PlanError("the band's percentiles must be ordered p10 <= p50 <= p90")
+        _whole(self.draws, "draws", 1)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One simulation of the check at the plan's rate: its requests and measuring window."""
+
+    requests: int
+    window_s: float
+    e2e_ms_p99: float
+    ramp_deficit: float
+    offered_req_s: float
+    throughput_req_s: float
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The plan simulated request by request at its rate (pipeline/planning/check.py).
+
+    `sustained`: throughput kept up and the SLO percentiles held (else `why_not`); where they did not,
+    `sustained_req_s` is the highest rate below the stated one the simulator sustains (0: none of those
+    tried, down to half the stated rate) and `holds_at_0_95` whether 0.95 x stated held.
+    `steady_state`: why the measuring window may be too short for a verdict ("" when it is not)."""
+
+    offered_req_s: float
+    throughput_req_s: float
+    simulated_over_stated: float
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    tpot_ms_p99: float
+    ttft_ms_at_slo: float
+    tpot_ms_at_slo: float
+    slo_attainment: float
+    sustained: bool
+    why_not: str
+    steady_state: str
+    requests: int
+    sim_wall_s: float
+    slo: str
+    sustained_req_s: float
+    sustained_over_stated: float
+    holds_at_0_95: bool | None = None
+    windows: tuple[Window, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A plan: islands, routing, rates, and what it was made with and for (module docstring)."""
+
+    islands: tuple[Island, ...]
+    rates: Rates
+    model: Model
+    cost: CostSettings
+    workload: str
+    status: str = "optimal"
+    inventory: InventoryInfo | None = None
+    search: SearchInfo | None = None
+    reference: Reference | None = None
+    band: Band | None = None
+    verification: Verification | None = None
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.islands:
+            raise PlanError("islands is empty: a plan has at least one island")
+        experts = self.model.n_routed_experts
+        for k, isl in enumerate(self.islands):
+            if not isl.serving:
+                continue
+            group = isl.ep_group
+            if isl.experts_per_gpu != -(-experts // group) or isl.redundant_experts != isl.experts_per_gpu * group - \
+                    experts:  # fmt: skip
+                raise PlanError(
+                    f"islands[{k}]: an EP group of {group} GPUs holds {experts} routed experts as "
+                    f"{-(-experts // group)} per GPU with {-(-experts // group) * group - experts} redundant, not "
+                    f"{isl.experts_per_gpu} with {isl.redundant_experts}"
+                )
+        serving = [isl for isl in self.islands if isl.serving]
+        if self.rates.rate_req_s > 0 and not ({"prefill", "decode"} <= {isl.role for isl in serving}):
+            raise PlanError(f"a rate of {self.rates.rate_req_s:g} req/s needs a prefill and a decode island")
+        if not isinstance(self.workload, str):
+            raise PlanError(f"workload must be a name, got {self.workload!r}")
+
+    # what follows from the islands ----------------------------------------------------------------
+
+    @property
+    def serving(self) -> tuple[Island, ...]:
+        return tuple(isl for isl in self.islands if isl.serving)
+
+    @property
+    def serves(self) -> bool:
+        """Can the plan serve a request at all (a rate, a prefill and a decode island)?"""
+        return self.rates.rate_req_s > 0
+
+    @property
+    def rate_req_s(self) -> float:
+        return self.rates.rate_req_s
+
+    @property
+    def cost_per_hour(self) -> float:
+        """$/h of the islands that serve (an island left idle need not be rented)."""
+        return float(sum(isl.cost_per_hour for isl in self.serving))
+
+    @property
+    def rate_per_dollar(self) -> float:
+        cost = self.cost_per_hour
+        return self.rates.rate_req_s / cost if cost > 0 else 0.0
+
+    @property
+    def usd_per_m_output_tokens(self) -> float:
+        """$ per million output tokens at the plan's rate."""
+        tok_s = self.rates.output_tok_s
+        return self.cost_per_hour / (tok_s * 3600.0) * 1e6 if tok_s > 0 else float("nan")
+
+    def count(self, role: str) -> int:
+        return sum(isl.role == role for isl in self.islands)
+
+    @property
+    def slo(self) -> Slo:
+        """The latency targets the plan was made for (its cost settings')."""
+        return self.cost.targets
+
+    @property
+    def profile_name(self) -> str:
+        return self.cost.profile.name
+
+    @property
+    def sustained_req_s(self) -> float:
+        """The rate to plan with: the stated rate, or where the simulated check found the SLOs break there,
+        the highest lower rate the simulator sustained."""
+        v = self.verification
+        if v is not None and not v.sustained:
+            return v.sustained_req_s
+        return self.rates.rate_req_s
+
+    def gpus_used(self) -> Mapping[str, int]:
+        out: dict[str, int] = {}
+        for isl in self.islands:
+            out[isl.gpu] = out.get(isl.gpu, 0) + isl.size
+        return out
+
+
+def checked_notes(notes: Any) -> tuple[str, ...]:
+    if not isinstance(notes, (list, tuple)) or not all(isinstance(n, str) for n in notes):
+        raise PlanError(f"notes must be a list of texts, got {notes!r}")
+    return tuple(notes)
+
+
+__all__ = [
+    "MAX_DECODE_BATCH",
+    "RATES",
+    "REFERENCE_AHEAD",
+    "ROLES",
+    "Band",
+    "Hosts",
+    "InventoryInfo",
+    "Island",
+    "Plan",
+    "PlanError",
+    "Precision",
+    "RangeShare",
+    "Rates",
+    "Reference",
+    "SearchInfo",
+    "Verification",
+    "Window",
+    "checked_notes",
+]
