@@ -8,10 +8,11 @@ exit code.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from costmodel.catalog import CONF_DIR
 from costmodel.cli import INTERRUPTED, USAGE_ERROR, fail, interrupted  # noqa: F401  (re-exported)
@@ -84,17 +85,52 @@ def run_task(task: Callable[[Any], int | None], errors: tuple[type[Exception], .
     return wrapped
 
 
+# Hydra's own options that take a value (hydra/_internal/utils.py get_args_parser); `--info` takes one optionally
+VALUED = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+          "--experimental-rerun")  # fmt: skip
+
+
+def options_first(argv: list[str]) -> list[str]:
+    """`argv` with Hydra's options before the overrides, wherever the user put them: argparse takes an option
+    after the positional overrides as an unknown argument (`+inventory=mine --config-dir DIR`)."""
+    options: list[str] = []
+    overrides: list[str] = []
+    k = 0
+    while k < len(argv):
+        arg = argv[k]
+        if arg in VALUED and k + 1 == len(argv):  # its value is missing: argparse says so where it stands
+            overrides.append(arg)
+        elif arg.startswith("-") and not arg.lstrip("-").startswith(("+", "~")):
+            options.append(arg)
+            if arg in VALUED:
+                options.append(argv[k + 1])
+                k += 1
+        else:
+            overrides.append(arg)
+        k += 1
+    return options + overrides
+
+
+def usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """argparse's error as the contract's one line (Hydra's parser prints its whole usage block)."""
+    fail(f"{message}: the command line is KEY=VALUE overrides and Hydra's options (see --help)")
+
+
 def main(config_name: str, task: Callable[[Any], int | None], errors: tuple[type[Exception], ...] = ()) -> None:
     """Run `task` as the Hydra app of `conf/<config_name>.yaml` (run or `-m` multirun)."""
+    from unittest import mock
+
     import hydra
     import yaml
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a screenful: we print one line
+    sys.argv = [sys.argv[0], *options_first(sys.argv[1:])]
     app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(run_task(task, errors))
     try:
-        app()
+        with mock.patch.object(argparse.ArgumentParser, "error", usage_error):
+            app()
     except KeyboardInterrupt:
         interrupted()
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as err:

@@ -195,6 +195,12 @@ class Island:
                             "plan of pipeline.search writes")  # fmt: skip
         if not self.ranges:
             raise PlanError(f"a {self.role} island serves at least one input-length range (ranges is empty)")
+        if self.hosts is not None:
+            h = self.hosts
+            need = -(-(h.first_gpu + self.size) // h.node_gpus)
+            if len(h.nodes) != need:
+                raise PlanError(f"hosts: {self.size} GPUs from GPU {h.first_gpu} of {h.node_gpus}-GPU hosts take "
+                                f"{need} host(s), not the {len(h.nodes)} in nodes")  # fmt: skip
         for a, b in zip(self.ranges, self.ranges[1:], strict=False):
             if b.start < a.end:
                 raise PlanError(f"ranges overlap or are out of order: [{a.start}, {a.end}) then [{b.start}, {b.end})")

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import REPO, SHARED
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 REFERENCE_CSV = SHARED / "reference" / "shallowsim_reference.csv"
 
 
@@ -34,3 +33,14 @@ def finished_search(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any
                         f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
     return tmp, r
+
+
+@pytest.fixture
+def local_ray() -> Any:
+    """A local Ray of two CPUs in this test process, started by the first test that asks for it and kept for the
+    next (a search's `with_ray` uses a Ray that is already up, and leaves it up): a Ray start costs 4-6 s."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return ray

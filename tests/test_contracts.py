@@ -9,14 +9,15 @@ from typing import Any
 import numpy as np
 import optuna
 import pytest
+from helpers import island, plan_with
 
-from costmodel.catalog import load_gpu, load_model
-from costmodel.settings import CostSettings
+from costmodel.catalog import load_gpu
 from pipeline.errors import ConfigError
 from pipeline.search.samplers import SAMPLERS, make_sampler
 from pipeline.search.space import GENERATORS, Space
+from plan import Plan
+from simulator.build import build
 from simulator.core import Requests, Simulation
-from simulator.build import build, islands_from_plan
 from simulator.routers import ROUTERS
 from simulator.schedulers import SCHEDULERS, make_scheduler
 from solvers.layouts import LayoutRejected
@@ -85,14 +86,13 @@ def test_generator_layouts_fit_the_inventory_and_are_deterministic(generator: st
     assert made >= 30
 
 
-def plan() -> list[Any]:
-    ranges = [{"start": 0, "end": 2000, "fraction": 0.5}, {"start": 2000, "end": 8000, "fraction": 0.5}]
-    dec = [{"start": 0, "end": 2000, "fraction": 1.0}, {"start": 2000, "end": 8000, "fraction": 1.0}]
-    return islands_from_plan({"islands": [
-        {"gpu": "H200", "size": 8, "role": "prefill", "tp": 8, "dp": 1, "ep": 8, "batch": 1, "ranges": ranges},
-        {"gpu": "H200", "size": 8, "role": "prefill", "tp": 4, "dp": 2, "ep": 8, "batch": 2, "ranges": ranges},
-        {"gpu": "H200", "size": 16, "role": "decode", "tp": 1, "dp": 2, "ep": 8, "batch": 32, "ranges": dec},
-    ]})  # fmt: skip
+def plan() -> Plan:
+    ranges = [(0, 2000, 0.5), (2000, 8000, 0.5)]
+    return plan_with([
+        island("H200", 8, "prefill", 8, 1, 8, 1, ranges),
+        island("H200", 8, "prefill", 4, 2, 8, 2, ranges),
+        island("H200", 16, "decode", 1, 2, 8, 32, [(0, 2000, 1.0), (2000, 8000, 1.0)]),
+    ])  # fmt: skip
 
 
 def simulate(router: str, scheduler: str, check_order: bool = False) -> Simulation:
@@ -102,8 +102,7 @@ def simulate(router: str, scheduler: str, check_order: bool = False) -> Simulati
                  rng.integers(0, 20, n))  # fmt: skip
     stats = {"mean_input": r.input_len.mean(), "mean_output": r.output_len.mean(), "std_output": r.output_len.std()}
     gpus = {g: load_gpu(g) for g in ("H200", "H20")}
-    pre, dec, rt = build(plan(), gpus, load_model("deepseek_v3"), CostSettings(), router=router, max_len=6000,
-                         max_context=6200, stats=stats)  # fmt: skip
+    pre, dec, rt = build(plan(), gpus, router=router, max_len=6000, max_context=6200, stats=stats)
     sched = make_scheduler(scheduler, max_output=200)
     if check_order:
         original = sched.order

@@ -147,3 +147,20 @@ def test_one_configuration_benchmarked_alone_is_its_row_of_the_whole_benchmark(g
             assert np.array_equal(one.prefill.req_s[0], whole.prefill.req_s[k])
             assert np.array_equal(one.decode.req_s[0], whole.decode.req_s[m])
             assert np.array_equal(one.decode.batch[0], whole.decode.batch[m])
+
+
+def test_the_island_command_reports_both_phases_and_every_range_it_is_asked_for() -> None:
+    import re
+
+    from helpers import in_process
+    from pipeline.island import execute
+
+    r = in_process(execute, "island", "gpu=H200", "size=16", "model=deepseek_v3")
+    assert r.returncode == 0, r.stderr
+    assert "Island: 16 x H200 serving deepseek_v3 (cost profile corrected+published)" in r.stdout  # calibrated
+    assert re.search(r"Prefill  tp=\d+ dp=\d+ ep=16 ", r.stdout) and "Decode   tp=" in r.stdout
+    assert len([ln for ln in r.stdout.splitlines() if ln.strip() and ln.strip()[0].isdigit()]) == 16
+    r = in_process(execute, "island", "gpu=H20", "size=32", "costmodel=shallowsim", "slo.tpot_ms=50", "rows=0")
+    assert r.returncode == 0, r.stderr
+    assert "cost profile shallowsim" in r.stdout
+    assert len([ln for ln in r.stdout.splitlines() if ln.strip() and ln.strip()[0].isdigit()]) == 64

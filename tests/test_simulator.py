@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import tiny_plan
 
-from costmodel.catalog import load_gpu, load_model
-from costmodel.settings import CostSettings
+import plan as plans
+from costmodel.catalog import load_gpu
+from plan import PlanError
+from simulator.build import build
 from simulator.core import DecodeEngine, PrefillEngine, Requests, Simulation
 from simulator.metrics import summary
-from simulator.build import Island, build, islands_from_plan
 from simulator.routers import PlanRouter, PowerOfTwo, RoundRobin
 from simulator.timing import DecodeTiming, PrefillTiming
 
@@ -108,23 +111,9 @@ def test_plan_routing_respects_the_fractions_over_many_requests() -> None:
     assert np.mean(r.decode_engine[long] == 1) == pytest.approx(0.5, abs=0.03)
 
 
-def tiny_plan() -> dict[str, object]:
-    """A plan as pipeline.search writes it: 2 prefill islands of 8 H200, 1 decode island of 16 H20."""
-    ranges = [{"start": 0, "end": 2000, "fraction": 0.5}, {"start": 2000, "end": 8000, "fraction": 0.5}]
-    dec_ranges = [{"start": 0, "end": 2000, "fraction": 1.0}, {"start": 2000, "end": 8000, "fraction": 1.0}]
-    return {
-        "islands": [
-            {"gpu": "H200", "size": 8, "role": "prefill", "tp": 8, "dp": 1, "ep": 8, "batch": 1, "ranges": ranges},
-            {"gpu": "H200", "size": 8, "role": "prefill", "tp": 4, "dp": 2, "ep": 8, "batch": 2, "ranges": ranges},
-            {"gpu": "H20", "size": 16, "role": "decode", "tp": 1, "dp": 1, "ep": 16, "batch": 64, "ranges": dec_ranges},
-        ]
-    }
-
-
 def test_well_below_saturation_throughput_equals_the_offered_rate() -> None:
-    isl = islands_from_plan(tiny_plan())
     gpus = {g: load_gpu(g) for g in ("H200", "H20")}
-    pre, dec, router = build(isl, gpus, load_model("deepseek_v3"), CostSettings(), max_len=4096)
+    pre, dec, router = build(tiny_plan(), gpus, max_len=4096)
     rng = np.random.default_rng(0)
     n, rate = 3000, 2.0  # req/s: far below what 16 GPUs of prefill serve at these lengths
     r = Requests(np.cumsum(rng.exponential(1000 / rate, n)), rng.integers(100, 4000, n), rng.integers(2, 100, n))
@@ -156,12 +145,9 @@ def test_the_ramp_deficit_is_what_a_run_starting_empty_misses(span_ms: float) ->
     assert bool(steady_state_note(m)) == (span_ms < 6000.0)
 
 
-def test_a_plan_without_a_decode_island_is_refused(tmp_path: Path) -> None:
-    plan = tiny_plan()
-    plan["islands"] = plan["islands"][:2]  # type: ignore[index]
-    with pytest.raises(ValueError, match="no decode island"):
-        islands_from_plan(json.loads(json.dumps(plan)))
-    assert isinstance(islands_from_plan(tiny_plan())[0], Island)
+def test_a_plan_without_a_decode_island_is_refused() -> None:
+    with pytest.raises(PlanError, match="a rate of 4 req/s needs a prefill and a decode island"):
+        dataclasses.replace(tiny_plan(), islands=tiny_plan().islands[:2])
 
 
 def test_requests_must_be_sorted_and_positive() -> None:
@@ -265,14 +251,8 @@ def test_dp_select_goes_to_the_least_used_engine_only_when_one_is_saturated() ->
 
 
 def write_plan(tmp: Path) -> Path:
-    import dataclasses
-
-    plan = {**tiny_plan(), "rate_req_s": 4.0, "model": "deepseek_v3", "cost_profile": "corrected"}
-    plan["model_spec"] = dataclasses.asdict(load_model("deepseek_v3"))
-    plan["cost"] = CostSettings().to_json()
-    plan["workload"] = "azure_conv"
     path = tmp / "plan.json"
-    path.write_text(json.dumps(plan))
+    path.write_text(json.dumps(plans.to_json(tiny_plan())))
     return path
 
 

@@ -1,4 +1,5 @@
-"""MLflow child runs: written in bulk to a SQL store, they read back as MLflow's own calls leave them."""
+"""MLflow (pipeline/records/tracking.py): child runs written in bulk read back as MLflow's own calls leave them; a
+locked or flaky store neither fails nor doubles a trial; metrics as a reader takes them in."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import SMALL, compose, in_process, one_line
 
 from pipeline.records.tracking import Child, Tracker
 
@@ -61,3 +63,83 @@ def test_a_bulk_batch_with_one_bad_child_writes_none_of_it(tmp_path: Path) -> No
     assert tracker.child_names() == set()  # the caller's retry cannot double trial-0000
     tracker.children(CHILDREN)
     assert tracker.child_names() == {"trial-0000", "trial-0001"}
+
+
+def test_metrics_keep_six_significant_digits_and_float_noise_is_zero() -> None:
+    from pipeline.records.tracking import tidy
+
+    assert tidy(4.440892098500626e-16) == 0.0 and tidy(-3e-12) == 0.0  # a gap of float noise is no gap
+    assert tidy(586.5738470304116) == 586.574 and tidy(0.0123456789) == 0.0123457 and tidy(16355.160753) == 16355.2
+    assert tidy(float("inf")) == float("inf")
+
+
+class FlakyTracker:
+    """A store that refuses the first `down` writes (locked), then takes everything; with `bulk`, a
+    write is a whole batch, all or none (a SQL store), else one child run."""
+
+    def __init__(self, down: int, bulk: bool = False) -> None:
+        self.down, self.bulk, self.logged = down, bulk, []
+
+    def children(self, runs: Any) -> None:
+        assert self.bulk or len(runs) == 1
+        if self.down > 0:
+            self.down -= 1
+            raise RuntimeError("(sqlite3.OperationalError) database is locked")
+        self.logged += [(c.name, c.failed) for c in runs]
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["one-by-one", "bulk"])
+def test_a_locked_store_neither_fails_nor_doubles_a_finished_trial(tmp_path: Path, bulk: bool) -> None:
+    from pipeline.search.settings import inventory_of, settings_from_cfg
+    from pipeline.search.trials import SearchRun
+
+    cfg = compose([*SMALL, f"out_root={tmp_path}/out", "search.iterations=1"])
+    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    tracker = FlakyTracker(down=2, bulk=bulk)
+    run = SearchRun(settings, ctx, tracker)
+    ok = {"status": "optimal", "score": 1.0, "islands": "H200x8", "note": ""}
+    run.add_batch([({"n_H200": 0}, ok, None)])  # refused
+    run.add_batch([({"n_H200": 1}, ok, None)])  # refused
+    run.add_batch([({"n_H200": k}, ok, None) for k in (2, 3)])  # a batch back together: one write
+    assert [r["status"] for r in run.journal.load()] == ["optimal"] * 4  # journalled once each, none failed
+    assert [r["trial"] for r in run.journal.load()] == [0, 1, 2, 3] == [r["trial"] for r in run.records]
+    assert tracker.logged == [(f"trial-{k:04d}", False) for k in range(4)]  # caught up, in order, once
+    # a resume logs exactly the journalled trials MLflow does not have
+    run.reconcile({"trial-0000", "trial-0002"})
+    assert [r["trial"] for r in run.unlogged] == [1, 3]
+
+
+def test_a_locked_store_is_refused_before_any_work(tmp_path: Path) -> None:
+    import sqlite3
+
+    from pipeline.search.run import execute
+
+    db = tmp_path / "mlflow.db"
+    Tracker(f"sqlite:///{db}", "archipelago")  # the store exists ...
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("BEGIN EXCLUSIVE")  # ... and another process holds it
+    try:
+        r = in_process(execute, "search", *SMALL, f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{db}")
+    finally:
+        con.close()
+    one_line(r, f"error: mlflow.tracking_uri=sqlite:///{db}: cannot open the tracking store for writing")
+    assert "database is locked" in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_store_locked_only_briefly_is_waited_for(tmp_path: Path) -> None:
+    import sqlite3
+    import threading
+
+    from pipeline.records.tracking import LOCK_WAIT_S
+
+    db = tmp_path / "mlflow.db"
+    Tracker(f"sqlite:///{db}", "archipelago")
+    con = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    con.execute("BEGIN EXCLUSIVE")  # another writer, done within a second
+    release = threading.Timer(min(1.0, LOCK_WAIT_S / 2), lambda: (con.execute("COMMIT"), con.close()))
+    release.start()
+    try:
+        tracker = Tracker(f"sqlite:///{db}", "archipelago")
+    finally:
+        release.join()
+    assert tracker.start_parent("after the lock", {"a": 1})

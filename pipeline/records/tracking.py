@@ -109,6 +109,16 @@ def _write_ahead_log(db: Path) -> None:
 _WAL_STORES: set[Path] = set()  # stores whose connections sync at checkpoints (one listener each)
 
 
+SIGNIFICANT = 6  # digits a metric keeps in MLflow: a rate to 0.001 req/s, not 586.5738470304116
+TINY = 1e-9  # below this a metric is float noise (a gap of 4.4e-16 is no gap): logged as 0
+
+
+def tidy(value: float) -> float:
+    """`value` as MLflow's tables should show it: `SIGNIFICANT` significant digits, float noise as 0."""
+    v = float(value)
+    return 0.0 if abs(v) < TINY else float(f"{v:.{SIGNIFICANT}g}")
+
+
 # MLflow 3 opens an experiment on its GenAI overview unless its kind says otherwise: ours are
 # training-style runs (parameters and metrics per run), which the UI shows as the runs table.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
@@ -351,6 +361,6 @@ class Tracker:
         """MLflow's Params and Metrics for a run: values cut to MLflow's limit, NaN left out."""
         from mlflow.entities import Metric, Param
 
-        steps = [Metric(k, float(v), now, i) for k, vs in (series or {}).items() for i, v in enumerate(vs) if v == v]
-        ms = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v == v] + steps  # NaN dropped
+        steps = [Metric(k, tidy(v), now, i) for k, vs in (series or {}).items() for i, v in enumerate(vs) if v == v]
+        ms = [Metric(k, tidy(v), now, 0) for k, v in metrics.items() if v == v] + steps  # NaN dropped
         return [Param(k, str(v)[:6000]) for k, v in params.items()], ms

@@ -88,13 +88,13 @@ def interruptible(fn: Callable[..., T], *args: Any, tick: Callable[[], None] | N
     A MILP solve runs in C++ for minutes and sees no Python signal until it returns; in a child
     the parent stays responsive, and on Ctrl-C kills the child and raises KeyboardInterrupt.
     Where fork is unavailable (or inside a Ray worker, whose process should not fork) it runs here.
-    A process that has loaded JAX (the saasbo sampler's NUTS fits) must not fork either: JAX's
-    threads do not survive it. The child then starts from a fork server, a clean process, and is
-    handed `fn` and its arguments pickled. `tick` is called while the parent waits (a progress display).
+    A process that has loaded JAX (the saasbo sampler's NUTS fits), or runs a Ray driver, must not
+    fork either: their threads do not survive it. The child then starts from a fork server, a clean
+    process, and is handed `fn` and its arguments pickled. `tick` is called while the parent waits (a progress display).
     """
     if "fork" not in mp.get_all_start_methods() or _in_ray_worker():
         return fn(*args, **kwargs)
-    ctx = mp.get_context("forkserver" if "jax" in sys.modules else "fork")
+    ctx = mp.get_context("forkserver" if "jax" in sys.modules or _ray_up() else "fork")
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True)
     with _ctrl_c_noted() as pressed:
@@ -146,6 +146,11 @@ def _child(send: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
         send.send((True, fn(*args, **kwargs)))
     except Exception as err:
         send.send((False, err))
+
+
+def _ray_up() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def _in_ray_worker() -> bool:

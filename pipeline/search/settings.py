@@ -175,7 +175,7 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         grid_points=positive_int(s.grid_points, "search.grid_points"),
         node=None if node is None else tuple(node.items()),
     )
-    check_some_island_fits(planner, inventory, mins)
+    check_a_plan_exists(planner, inventory, space)
     if goodput is not None and not planner.cost.slo:
         raise ConfigError("search.objective=goodput counts requests served within the SLOs: set the slo block "
                           "(slo=null plans for throughput only; use objective=max_rate there)")  # fmt: skip
@@ -298,15 +298,26 @@ def idle_types(planner: Planner, inventory: Inventory) -> list[str]:
     return [g.name for g, n in zip(inventory.gpus, inventory.counts, strict=True) if not runs(planner, g.name, n)]
 
 
-def check_some_island_fits(planner: Planner, inventory: Inventory, mins: Mapping[str, int]) -> None:
-    """An inventory where no island of any type can hold the model is a config error, not 0 req/s."""
-    for g, n in zip(inventory.gpus, inventory.counts, strict=True):
-        if n >= mins[g.name]:
-            b = planner.benchmark(g.name, n)
-            if b.prefill.chosen >= 0 and b.decode.chosen >= 0:
-                return
+def check_a_plan_exists(planner: Planner, inventory: Inventory, space: Space) -> None:
+    """A plan needs a prefill island and a decode island at once: an inventory where no layout has both is a
+    config error naming why (memory, or an SLO no configuration meets), not a search that ends at 0 req/s."""
+    full = {g.name: planner.benchmark(g.name, n) for g, n in zip(inventory.gpus, inventory.counts, strict=True)}
+    pre = [g for g, b in full.items() if b.prefill.chosen >= 0]
+    dec = [g for g, b in full.items() if b.decode.chosen >= 0]
+    if any(p != d for p in pre for d in dec):
+        return
+    for g in set(pre) & set(dec):  # one type does both: is there room for an island of each?
+
+        def smallest(phase: str, g: str = g) -> int:
+            ok = (s for s in space.sizes(g) if getattr(planner.benchmark(g, s), phase).chosen >= 0)
+            return next(ok, inventory.count(g) + 1)
+
+        if smallest("prefill") + smallest("decode") <= inventory.count(g):
+            return
+    why = "; ".join(f"{b.prefill.reason or b.decode.reason}" for b in full.values() if b.prefill.reason or
+                    b.decode.reason)  # fmt: skip
     raise ConfigError(
-        f"inventory {inventory.describe()}: not even an island of every GPU of one type can hold "
-        f"{planner.model.name} for both prefill and decode ({planner.model.name} needs more memory): "
-        "add GPUs or choose a smaller model"
+        f"inventory {inventory.describe()}: no layout of it serves {planner.model.name}: a plan needs a prefill "
+        f"island and a decode island at once" + (f", and {why}" if why else ", and no type has room for both")
+        + ": add GPUs, relax the SLOs (slo.ttft_ms, slo.tpot_ms) or choose a smaller model"
     )

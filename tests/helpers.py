@@ -1,0 +1,122 @@
+"""What many test files share: the repository's paths, running a command as a user does (and checking its
+one-line error), composing a config as the commands do, and plans made by hand or by the planner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from costmodel.catalog import CONF_DIR, load_gpu, load_model
+from costmodel.formulas import priced_precision
+from costmodel.settings import CostSettings
+from plan import Hosts, Island, Plan, Precision, RangeShare, Rates
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+# a small search: 64 GPUs of three types, 8 ranges, 4 trials a batch on a local Ray of two CPUs
+SMALL = ["+inventory=tiny_hetero", "ranges.width=1000", "search.batch=4", "ray.num_cpus=2"]
+
+
+def cli(module: str, *args: str, env: Mapping[str, str] | None = None, timeout: float = 180) -> Any:
+    """`python -m module args...` from the checkout, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def one_line(r: Any, start: str, code: int = 2) -> None:
+    """The command ended with `code` and exactly one stderr line, starting with `start`."""
+    assert r.returncode == code, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(start), r.stderr
+
+
+def compose(overrides: Sequence[str], config: str = "search") -> Any:
+    """`conf/<config>.yaml` composed with `overrides`, and Hydra's runtime set as a command's would be."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config, overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def island(gpu: str, size: int, role: str, tp: int, dp: int, ep: int, batch: int,
+           ranges: Sequence[tuple[int, int, float]], node: int | None = None, first: int = 0) -> Island:  # fmt: skip
+    """A serving island as the planner describes one: DeepSeek-V3's experts spread over its EP group, its
+    precision as the cost model prices it, hosts numbered from `node` (None: no hosts)."""
+    experts = load_model("deepseek_v3").n_routed_experts
+    group = ep if role == "decode" else tp * dp
+    per_gpu = -(-experts // group)
+    g = load_gpu(gpu)
+    hosts = None if node is None else Hosts(g.node_gpus, tuple(range(node, node + -(-(first + size) // g.node_gpus))),
+                                            first)  # fmt: skip
+    return Island(gpu, size, role, tp, dp, ep, batch, Precision(*priced_precision(g, CostSettings().profile)),
+                  size * g.price_per_hour, tuple(RangeShare(a, b, f, f / 2) for a, b, f in ranges), hosts, per_gpu,
+                  per_gpu * group - experts, 0.5, 0.5)  # fmt: skip
+
+
+def plan_with(islands: Sequence[Island], rate: float = 4.0, workload: str = "azure_conv",
+              cost: CostSettings | None = None) -> Plan:  # fmt: skip
+    """A plan of these islands at `rate` req/s, made for DeepSeek-V3 and `workload`."""
+    rates = Rates(rate, rate, rate, rate, rate * 250.0)
+    return Plan(tuple(islands), rates, load_model("deepseek_v3"), cost or CostSettings(), workload)
+
+
+def tiny_plan(rate: float = 4.0, hosts: bool = False) -> Plan:
+    """2 prefill islands of 8 H200 (TP 8, then TP 4 x DP 2), 1 decode island of 16 H20 (EP 16, batch 64)."""
+    ranges = [(0, 2000, 0.5), (2000, 8000, 0.5)]
+    return plan_with([
+        island("H200", 8, "prefill", 8, 1, 8, 1, ranges, 0 if hosts else None),
+        island("H200", 8, "prefill", 4, 2, 8, 2, ranges, 1 if hosts else None),
+        island("H20", 16, "decode", 1, 1, 16, 64, [(0, 2000, 1.0), (2000, 8000, 1.0)], 0 if hosts else None),
+    ], rate)  # fmt: skip
+
+
+def plan_of(tmp: Path, *overrides: str) -> tuple[Path, Any]:
+    """(plan.json, the planner) of the exact layout of tiny_hetero under `overrides`, built as the search builds it."""
+    import plan as plans
+    from pipeline.planning.build import build_plan
+    from pipeline.records.journal import write_json
+    from pipeline.search.reference import exact_layout, reference
+    from pipeline.search.settings import inventory_of, settings_from_cfg
+
+    cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", f"out_root={tmp}/out", *overrides])
+    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    layout = exact_layout(reference(settings, ctx, ctx.planner))
+    assert layout is not None
+    path = tmp / "plan.json"
+    write_json(path, plans.to_json(build_plan(ctx.planner, layout, 10.0)))
+    return path, ctx.planner
+
+
+def in_process(task: Any, config: str, *overrides: str, errors: tuple[type[Exception], ...] = ()) -> Any:
+    """A Hydra command run in this process as `python -m` runs it (`pipeline.cli`: composition errors and the
+    task's user errors as one `error:` line and exit 2), its output captured: what a subprocess would show,
+    without the seconds a new interpreter takes to import the stack. `task`: the command's `execute`."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+    from types import SimpleNamespace
+
+    import yaml
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from pipeline.cli import fail, hydra_error_line, run_task
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            try:
+                cfg = compose(overrides, config)
+            except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
+                fail(hydra_error_line(e))
+            run_task(task, errors)(cfg)
+        except SystemExit as e:
+            code = int(e.code or 0)
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())

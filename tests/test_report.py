@@ -1,0 +1,64 @@
+"""report.md (pipeline/records/report.py): what a reader of a plan is told, row by row."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+
+import plan as plans
+from helpers import plan_of, tiny_plan
+from pipeline.records.report import TWO_MODELS, report, verification_rows
+from plan import Hosts, Reference, SearchInfo, Verification
+
+
+def test_a_reference_stopped_at_its_time_limit_is_a_bound_and_says_so() -> None:
+    plan = dataclasses.replace(
+        tiny_plan(96.0),
+        reference=Reference(optimum_req_s=90.0, rate_per_dollar=1.0, bound_req_s=120.0, gap=0.2, gap_is_bound=True),
+        search=SearchInfo("max_rate", "tpe", "divider", 1, 0, 0, True, 1.0),
+    )
+    text = report(plan, pd.DataFrame(), "# plan")
+    assert "| gap to it | at most 20.00% (the reference stopped at its time limit; the optimum is at most 120.00" in text
+    assert "| the exact reference, stopped at its time limit: its layout | 90.00 req/s |" in text  # not "optimum"
+    assert "| trials | 1 (0 failed, 0 rejected) |" in text
+    assert f"Two rates of one layout: {TWO_MODELS}" in text  # the gap's model and the headline's, explained once
+
+
+def test_identical_islands_side_by_side_share_a_row_of_the_report(tmp_path: Path) -> None:
+    """A 10,000-GPU plan has hundreds of identical islands: report.md gives each run of them one row, (xN)
+    counting them, and the node map the hosts they cover."""
+    path, _ = plan_of(tmp_path)
+    plan = plans.load(path)
+    first = next(isl for isl in plan.islands if isl.serving)
+    assert first.hosts is not None
+    copies = [dataclasses.replace(first, hosts=Hosts(first.hosts.node_gpus, tuple(range(10 + k * len(first.hosts.nodes),
+              10 + (k + 1) * len(first.hosts.nodes))), 0)) for k in range(3)]  # fmt: skip
+    plan = dataclasses.replace(plan, islands=(*copies, *(isl for isl in plan.islands if isl is not first)))
+    text = report(plan, pd.DataFrame(), "# plan")
+    name = f"{first.size} x {first.gpu}"
+    islands_table = text.split("Node map")[0]
+    assert islands_table.count(f"| {name} (x3) | {first.role} |") == 1
+    last = 10 + 3 * len(first.hosts.nodes) - 1
+    assert f"| {first.gpu} nodes 10-{last} | {name} (x3) | {first.role} |" in text
+    assert text.count(f"{name} (x3)") == 2  # one row in each table
+
+
+def test_the_simulated_check_rows_say_what_held_and_what_to_plan_with() -> None:
+    def check(**kw: object) -> Verification:
+        base = dict(offered_req_s=10.0, throughput_req_s=9.9, simulated_over_stated=0.99, ttft_ms_p50=100.0,
+                    ttft_ms_p99=900.0, tpot_ms_p99=40.0, ttft_ms_at_slo=900.0, tpot_ms_at_slo=40.0, slo_attainment=1.0,
+                    sustained=True, why_not="", steady_state="", requests=3000, sim_wall_s=1.0,
+                    slo="SLO TTFT p99 <= 2000 ms", sustained_req_s=10.0, sustained_over_stated=1.0)  # fmt: skip
+        return Verification(**{**base, **kw})  # type: ignore[arg-type]
+
+    assert verification_rows(None) == ["| simulated | not checked (search.verify=false) |"]
+    held = verification_rows(check())
+    assert "SLOs held" in held[0] and len(held) == 2
+    broke = verification_rows(check(sustained=False, why_not="TTFT 2100 > 2000 ms", sustained_req_s=8.5,
+                                     sustained_over_stated=0.85, steady_state="the window is short"))  # fmt: skip
+    assert "**not sustained**: TTFT 2100 > 2000 ms; the simulator sustains **8.50 req/s** (0.850 x stated)" in broke[0]
+    assert broke[-1] == "| simulated window | 3,000 requests: the window is short |"
+    none = verification_rows(check(sustained=False, why_not="TTFT 9000 > 2000 ms", sustained_req_s=0.0))
+    assert "none of the lower rates simulated held either (down to half the stated rate)" in none[0]
