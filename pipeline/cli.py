@@ -111,6 +111,14 @@ def options_first(argv: list[str]) -> list[str]:
     return options + overrides
 
 
+SPELLINGS = {"slo=null": "slo=none"}  # `slo` is a config group; null, its documented spelling, is its option `none`
+
+
+def respelled(overrides: list[str]) -> list[str]:
+    """Overrides as Hydra takes them (`SPELLINGS`)."""
+    return [SPELLINGS.get(o, o) for o in overrides]
+
+
 def usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
     """argparse's error as the contract's one line (Hydra's parser prints its whole usage block)."""
     fail(f"{message}: the command line is KEY=VALUE overrides and Hydra's options (see --help)")
@@ -126,7 +134,7 @@ def main(config_name: str, task: Callable[[Any], int | None], errors: tuple[type
     from omegaconf.errors import OmegaConfBaseException
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a screenful: we print one line
-    sys.argv = [sys.argv[0], *options_first(sys.argv[1:])]
+    sys.argv = [sys.argv[0], *respelled(options_first(sys.argv[1:]))]
     app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(run_task(task, errors))
     try:
         with mock.patch.object(argparse.ArgumentParser, "error", usage_error):

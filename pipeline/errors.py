@@ -15,4 +15,9 @@ class WorkloadError(UserError):
     """A workload description or trace that cannot be used; the message says what and where."""
 
 
+class RecordsError(UserError):
+    """A run's records could not be written (a full disk, its folder deleted while it ran); what was journalled
+    is kept."""
+
+
 USER_ERRORS: tuple[type[Exception], ...] = (UserError, CatalogError, SpecError)

@@ -40,8 +40,10 @@ def compose(overrides: Sequence[str], config: str = "search") -> Any:
     from hydra import initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
+    from pipeline.cli import respelled
+
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config, overrides=list(overrides), return_hydra_config=True)
+        cfg = hydra_compose(config, overrides=respelled(list(overrides)), return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     return cfg
 

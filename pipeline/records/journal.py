@@ -51,10 +51,13 @@ class Journal:
             with self.path.open("rb") as f:
                 f.seek(-1, os.SEEK_END)
                 cut = f.read(1) != b"\n"
-        with self.path.open("a") as f:
-            f.write(("\n" if cut else "") + "".join(json.dumps(rec, default=float) + "\n" for rec in recs))
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with self.path.open("a") as f:
+                f.write(("\n" if cut else "") + "".join(json.dumps(rec, default=float) + "\n" for rec in recs))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:  # a write's error names no file: this one does
+            raise OSError(err.errno, err.strerror, str(self.path)) from err
 
 
 def write_text(path: Path, text: str) -> None:

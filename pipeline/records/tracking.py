@@ -22,7 +22,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,30 @@ def _write_ahead_log(db: Path) -> None:
 _WAL_STORES: set[Path] = set()  # stores whose connections sync at checkpoints (one listener each)
 
 
+@contextlib.contextmanager
+def _creating(db: Path | None) -> Iterator[None]:
+    """Hold `<db>.lock` while a SQLite store is opened: MLflow creates and migrates its tables on first use, and
+    two processes doing that at once on a new file fail half-way ("duplicate column name", "table ... already
+    exists"). Where the lock file cannot be made, the checks of the store report what is wrong."""
+    if db is None:
+        yield
+        return
+    import fcntl
+
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        lock = (db.parent / f"{db.name}.lock").open("a")
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 SIGNIFICANT = 6  # digits a metric keeps in MLflow: a rate to 0.001 req/s, not 586.5738470304116
 TINY = 1e-9  # below this a metric is float noise (a gap of 4.4e-16 is no gap): logged as 0
 
@@ -159,52 +183,50 @@ class Tracker:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         self.uri = uri or default_uri()
         scheme = urlparse(self.uri).scheme
-        if scheme in ("http", "https"):
-            _check_server(self.uri)
-        elif scheme == "sqlite":
-            make_dir(Path(self.uri.removeprefix("sqlite:///")).parent, "mlflow.tracking_uri", self.uri)
-            _check_unlocked(Path(self.uri.removeprefix("sqlite:///")), self.uri)
-            _write_ahead_log(Path(self.uri.removeprefix("sqlite:///")))
-        elif scheme not in ("file", "databricks", "postgresql", "mysql", "mssql"):
-            raise ConfigError(
-                f"mlflow.tracking_uri={self.uri}: MLflow does not know the scheme {scheme!r}: use "
-                "sqlite:////abs/path/mlflow.db or http://host:5000 (or null for the local store)"
-            )
-        import mlflow
-        from mlflow.tracking import MlflowClient
-
-        for name in ("alembic", "mlflow"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-        # it logs a store error with its traceback before raising it; we report the error in one line
-        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
-        try:
-            mlflow.set_tracking_uri(self.uri)
-            self.client = MlflowClient(self.uri)
-            exp = self.client.get_experiment_by_name(experiment)
-            if exp is None:
-                # a SQLite store keeps its artifacts beside the database file (not in ./mlruns)
-                loc = (
-                    (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
-                    if scheme == "sqlite"
-                    else None
+        db = Path(self.uri.removeprefix("sqlite:///")) if scheme == "sqlite" else None
+        with _creating(db):  # two searches starting on a new store: one creates its tables, then the other
+            if scheme in ("http", "https"):
+                _check_server(self.uri)
+            elif db is not None:
+                make_dir(db.parent, "mlflow.tracking_uri", self.uri)
+                _check_unlocked(db, self.uri)
+                _write_ahead_log(db)
+            elif scheme not in ("file", "databricks", "postgresql", "mysql", "mssql"):
+                raise ConfigError(
+                    f"mlflow.tracking_uri={self.uri}: MLflow does not know the scheme {scheme!r}: use "
+                    "sqlite:////abs/path/mlflow.db or http://host:5000 (or null for the local store)"
                 )
-                self.experiment_id = self.client.create_experiment(experiment, artifact_location=loc)
-            else:
-                self.experiment_id = exp.experiment_id
-            # writes, so a read-only or locked store fails now rather than after the work
-            self.client.set_experiment_tag(self.experiment_id, *EXPERIMENT_KIND)
-            if description:
-                self.client.set_experiment_tag(self.experiment_id, NOTE, description)
-            if columns:
-                kind_key = [c.split(".", 1) for c in columns]
-                view = {"selectedColumns": [f"{kind}.`{key}`" for kind, key in kind_key],
-                        "orderByKey": "attributes.start_time", "orderByAsc": False}  # fmt: skip
-                self.client.set_experiment_tag(self.experiment_id, VIEW_TAG, json.dumps(view))
-        except Exception as err:
-            raise ConfigError(
-                f"mlflow.tracking_uri={self.uri}: cannot open the tracking store for writing "
-                f"({type(err).__name__}: {' '.join(str(err).split())[:200]})"
-            ) from None
+            import mlflow
+            from mlflow.tracking import MlflowClient
+
+            for name in ("alembic", "mlflow"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+            # it logs a store error with its traceback before raising it; we report the error in one line
+            logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+            try:
+                mlflow.set_tracking_uri(self.uri)
+                self.client = MlflowClient(self.uri)
+                exp = self.client.get_experiment_by_name(experiment)
+                if exp is None:
+                    # a SQLite store keeps its artifacts beside the database file (not in ./mlruns)
+                    loc = None if db is None else (db.parent / "mlartifacts").as_uri()
+                    self.experiment_id = self.client.create_experiment(experiment, artifact_location=loc)
+                else:
+                    self.experiment_id = exp.experiment_id
+                # writes, so a read-only or locked store fails now rather than after the work
+                self.client.set_experiment_tag(self.experiment_id, *EXPERIMENT_KIND)
+                if description:
+                    self.client.set_experiment_tag(self.experiment_id, NOTE, description)
+                if columns:
+                    kind_key = [c.split(".", 1) for c in columns]
+                    view = {"selectedColumns": [f"{kind}.`{key}`" for kind, key in kind_key],
+                            "orderByKey": "attributes.start_time", "orderByAsc": False}  # fmt: skip
+                    self.client.set_experiment_tag(self.experiment_id, VIEW_TAG, json.dumps(view))
+            except Exception as err:
+                raise ConfigError(
+                    f"mlflow.tracking_uri={self.uri}: cannot open the tracking store for writing "
+                    f"({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+                ) from None
         self.parent_id: str | None = None
         # does `children` write a whole batch in one transaction (all or none)? Else pass one at a time
         self.bulk = self._sql_store() is not None

@@ -8,11 +8,14 @@ a planner of its own: the exact MILP's layout is the plan.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -48,6 +51,49 @@ def reference(
         backend=backend,
         tick=tick,
     )
+
+
+SAMPLED = 5  # island sizes per GPU type benchmarked to estimate what the reference's benchmarks cost
+ESTIMATE_ABOVE = 1000  # island sizes in all, above which the estimate is worked out and printed
+
+
+@dataclass(frozen=True)
+class ReferenceCost:
+    """What the exact reference's data costs before its MILP starts: every candidate island benchmarked."""
+
+    sizes: int  # island sizes over every GPU type
+    seconds: float  # estimated benchmark time
+    bytes: float  # estimated memory the benchmarks keep
+
+    def describe(self) -> str:
+        return (f"the exact reference benchmarks {self.sizes:,} island sizes first: about "
+                f"{self.seconds / 60:,.1f} min and {self.bytes / 1e9:,.1f} GB")  # fmt: skip
+
+
+def reference_cost(settings: Settings, ctx: Context, planner: Planner) -> ReferenceCost:
+    """The reference's benchmarking cost, from `SAMPLED` sizes of each type spread over its range (those
+    benchmarks are cached in the planner: the reference does not pay for them again)."""
+    sizes = {g.name: ctx.space.sizes(g.name) for g in settings.inventory.gpus}
+    total = sum(len(v) for v in sizes.values())
+    seconds = nbytes = 0.0
+    for g, ss in sizes.items():
+        if not ss:
+            continue
+        picks = sorted({ss[int(k)] for k in np.linspace(0, len(ss) - 1, min(SAMPLED, len(ss)))})
+        t0 = time.perf_counter()
+        benches = [planner.benchmark(g, int(n)) for n in picks]
+        seconds += (time.perf_counter() - t0) / len(picks) * len(ss)
+        nbytes += float(np.mean([_nbytes(b) for b in benches])) * len(ss)
+    return ReferenceCost(total, seconds, nbytes)
+
+
+def _nbytes(obj: Any) -> int:
+    """Bytes of the arrays a (nested) dataclass holds."""
+    out = 0
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        out += v.nbytes if isinstance(v, np.ndarray) else _nbytes(v) if dataclasses.is_dataclass(v) else 0
+    return out
 
 
 def type_options(

@@ -12,11 +12,15 @@ Each run writes `outputs/search/<inventory>-<workload>-<generator>-<sampler>-<ob
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pipeline import cli
+from pipeline.errors import ConfigError, RecordsError
 from pipeline.planning.band import rate_band
 from pipeline.planning.build import build_plan
 from pipeline.planning.check import LOW, check
@@ -26,7 +30,7 @@ from pipeline.records.journal import link_latest, read_json, write_json, write_t
 from pipeline.records.progress import Progress
 from pipeline.records.report import best_so_far, convergence_plot, report, routing_plot, write_trials
 from pipeline.records.tracking import Tracker
-from pipeline.search.reference import exact_layout, reference
+from pipeline.search.reference import ESTIMATE_ABOVE, exact_layout, reference, reference_cost
 from pipeline.search.samplers import make_sampler
 from pipeline.search.settings import Settings, idle_types, inventory_of, settings_from_cfg
 from pipeline.search.trial import Context, TrialFn, run_trial
@@ -75,25 +79,63 @@ def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
     ]
     for note in notes:
         print(f"[search] warning: {note}", flush=True)
-    run.ref = _reference(run, settings, ctx)
-    state_path = run.dir / "state.json"
-    state = read_json(state_path, "a new MLflow parent run records the search") or {}
-    resumed_parent = state.get("parent_run_id")
-    note = (f"Search: {settings.inventory.describe()}, workload {settings.workload_name}, {what}, objective "
-            f"{settings.objective}. Children: one run per trial (layout_id, status, rates). "
-            f"Run folder: {run.dir}")  # fmt: skip
-    state["parent_run_id"] = tracker.start_parent(run.dir.parent.name, _params(settings, ctx, run), resumed_parent,
-                                                  note)  # fmt: skip
-    write_json(state_path, state)
-    write_json(run.dir / "config.json", settings.config)
     try:
+        write_json(run.dir / "config.json", settings.config)
+        run.ref = _reference(run, settings, ctx)
+        state_path = run.dir / "state.json"
+        state = read_json(state_path, "a new MLflow parent run records the search") or {}
+        resumed_parent = state.get("parent_run_id")
+        note = (f"Search: {settings.inventory.describe()}, workload {settings.workload_name}, {what}, objective "
+                f"{settings.objective}. Children: one run per trial (layout_id, status, rates). "
+                f"Run folder: {run.dir}")  # fmt: skip
+        state["parent_run_id"] = tracker.start_parent(run.dir.parent.name, _params(settings, ctx, run),
+                                                      resumed_parent, note)  # fmt: skip
+        write_json(state_path, state)
         return _finish(run, settings, ctx, trial_fn, tracker, resumed_parent is not None, notes)
     except KeyboardInterrupt:
         tracker.end_parent("KILLED")
         raise
-    except BaseException:
+    except BaseException as err:
         tracker.end_parent("FAILED")
-        raise
+        line = records_error(err, run.dir)
+        if line is None:
+            raise
+        raise RecordsError(line) from None
+
+
+CANNOT_WRITE = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded",
+                errno.EROFS: "the file system is read-only"}  # fmt: skip
+
+
+def available_memory() -> float:
+    """Bytes of memory this machine has free for new work (MemAvailable; the total where that is not known)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def records_error(err: BaseException, run_dir: Path) -> str | None:
+    """One line for a failure to write the run's records (a full disk, the run folder deleted), found anywhere in
+    `err`'s chain (Ray Tune wraps what its callbacks raise); None for any other failure."""
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            if not (run_dir / "config.json").exists():  # written first: gone, the folder was deleted (Ray Tune
+                # may have made it again for its own files since)
+                return (f"the run folder {run_dir} was deleted while the search ran, and its trials with it: run "
+                        "the search again")  # fmt: skip
+            if e.errno in CANNOT_WRITE:
+                return (f"{CANNOT_WRITE[e.errno]} writing {e.filename or run_dir}: free space, then continue with "
+                        f"the same command plus search.resume=true (the trials journalled so far are kept in "
+                        f"{run_dir}/trials.jsonl)")  # fmt: skip
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _what(settings: Settings) -> str:
@@ -139,6 +181,15 @@ def _reference(run: SearchRun, settings: Settings, ctx: Context) -> ExactResult 
                   file=sys.stderr, flush=True)  # fmt: skip
     if not (settings.reference or settings.planner == "exact"):
         return None
+    if sum(len(ctx.space.sizes(g.name)) for g in settings.inventory.gpus) > ESTIMATE_ABOVE:
+        cost = reference_cost(settings, ctx, ctx.planner)
+        free = available_memory()
+        print(f"[search] {settings.inventory.total_gpus:,} GPUs: {cost.describe()} ({free / 1e9:,.1f} GB free)",
+              flush=True)  # fmt: skip
+        if cost.bytes > 0.8 * free:
+            raise ConfigError(f"{cost.describe()}, more than the {free / 1e9:,.1f} GB this machine has free: set "
+                              "search.reference=false (the search alone, without a gap), raise search.min_island, "
+                              "or plan on a machine with more memory")  # fmt: skip
     limit = settings.reference_time_limit_s
     print(f"[search] solving the exact reference MILP (at most {limit:g} s; Ctrl-C stops the search) ...", flush=True)
     bar = Progress("search", "exact reference MILP", limit, "s", every_s=15.0)

@@ -44,6 +44,7 @@ class SearchRun:
         )
         self.ref: ExactResult | None = None
         self.unlogged: list[dict[str, Any]] = []  # finished trials MLflow has not taken yet
+        self.fatal: OSError | None = None  # why the journal could not be written: the search stops asking for trials
         self.store_warned = False  # one console line when the store stops answering, not one per trial
         self.t0 = time.perf_counter()
         self.bar: Progress | None = None
@@ -63,8 +64,9 @@ class SearchRun:
 
     def _run_dir(self) -> Path:
         root = self.s.run_root
-        if self.s.resume:
-            runs = sorted(p for p in root.glob("*") if (p / "trials.jsonl").exists()) if root.exists() else []
+        if self.s.resume:  # a run cut short may have written any of its files, or all of them whole
+            made = ("trials.jsonl", "state.json", "config.json")
+            runs = sorted(p for p in root.glob("*") if any((p / f).exists() for f in made)) if root.exists() else []
             if not runs:
                 raise ConfigError(f"search.resume=true: no earlier run of this exact config under {root}")
             return runs[-1]
@@ -78,7 +80,11 @@ class SearchRun:
         """Finished trials, in order: (params, result, or the error that stopped the trial). A batch
         comes back together, and is journalled in one write."""
         recs = [self._record(len(self.records) + k, *trial) for k, trial in enumerate(trials)]
-        self.journal.extend(recs)  # first: what is journalled is done, whatever happens next
+        try:
+            self.journal.extend(recs)  # first: what is journalled is done, whatever happens next
+        except OSError as err:  # a full disk, the run folder gone: no more trials; the search ends and says why
+            self.fatal = self.fatal or err
+            return
         for rec in recs:
             self.records.append(rec)
             if rec["status"] in OK and (self.best is None or rec["score"] > self.best["score"]):

@@ -26,6 +26,7 @@ whose actor dies is retried by Tune, batch and all.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -41,16 +42,24 @@ if TYPE_CHECKING:
 class BatchSearcher(Searcher):
     """The sampler's proposals, one batch per Ray Tune trial, its results told back together."""
 
-    def __init__(self, sampler: Any, distributions: dict[str, Any], batch: int, total: int) -> None:
+    def __init__(
+        self,
+        sampler: Any,
+        distributions: dict[str, Any],
+        batch: int,
+        total: int,
+        halted: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """`halted`: True once the search must stop asking (its journal can no longer be written)."""
         super().__init__(metric="score", mode="max")
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
-        self.dists, self.batch, self.left = distributions, batch, total
+        self.dists, self.batch, self.left, self.halted = distributions, batch, total, halted
         self.asked: dict[str, list[optuna.trial.Trial]] = {}
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         if self.asked:
             return None  # the next batch is proposed once this one's results are told
-        if self.left == 0:
+        if self.left == 0 or self.halted():
             return Searcher.FINISHED
         n = min(self.batch, self.left)
         self.left -= n
@@ -59,6 +68,8 @@ class BatchSearcher(Searcher):
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         trials = self.asked.pop(trial_id, [])
+        if not trials:  # told already (Tune reports a trial whose callback failed once more, as an error)
+            return
         outs = (result or {}).get("results") if not error else None
         for t, out in zip(trials, outs or [None] * len(trials), strict=True):
             if out is None or out["status"] == "error":

@@ -51,6 +51,7 @@ def run_tune(run: SearchRun, trial_fn: TrialFn = run_trial) -> bool:
         run.ctx.space.distributions(),
         run.s.batch,
         remaining,
+        halted=lambda: run.fatal is not None,
     )
     for r in run.records:  # a resumed search: the sampler learns what is done, nothing re-runs
         searcher.add_evaluated_point(r["params"], float(r["score"]), error=r["status"] == "error")
@@ -106,6 +107,8 @@ def run_tune(run: SearchRun, trial_fn: TrialFn = run_trial) -> bool:
     finally:
         tune_log.setLevel(level)
         del warming  # its tasks' references, held while Tune ran
+    if run.fatal is not None:  # the journal could not be written: what is in it is kept, the rest is not done
+        raise run.fatal
     return len(run.records) >= run.s.trials
 
 

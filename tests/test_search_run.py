@@ -1,0 +1,291 @@
+"""One search's life (pipeline/search/run.py, trials.py): no plan and why, the gap against a reference cut short,
+Ctrl-C and resume, Hydra multirun, and the faults of its records (an unreadable state.json, a full disk, its
+folder deleted while it runs, a store two searches open at once, an inventory too big to benchmark)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import REPO, SMALL, cli, compose, in_process, one_line
+
+from pipeline.records.journal import Journal
+
+
+def search_cfg(tmp: Path, *extra: str) -> Any:
+    return compose([*SMALL, "search.iterations=1", "search.sampler=random", "search.reference=false",
+                    "search.verify=false", "search.band_draws=0", f"out_root={tmp}/out",
+                    f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db", *extra])  # fmt: skip
+
+
+def run_search(tmp: Path, trial_fn: Any, *extra: str) -> int:
+    from ray import cloudpickle
+
+    from pipeline.search.run import execute
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests/
+    return execute(search_cfg(tmp, *extra), trial_fn=trial_fn)
+
+
+def run_dir(tmp: Path) -> Path:
+    (d,) = {p.parent for f in ("trials.jsonl", "state.json") for p in (tmp / "out").glob(f"*/*/{f}")}
+    return d
+
+
+def parent_status(tmp: Path, d: Path) -> str:
+    from mlflow.tracking import MlflowClient
+
+    parent = json.loads((d / "state.json").read_text())["parent_run_id"]
+    return MlflowClient(f"sqlite:///{tmp}/mlflow.db").get_run(parent).info.status
+
+
+def out_of_time(ctx: Any, params: Any) -> dict[str, Any]:
+    """Every inner solve out of time: what a too-small search.inner_time_limit_s gives on a big inventory."""
+    from pipeline.search.trial import unscored
+
+    return {**unscored("time_limit", "inner max_rate solve: time_limit after 10 ms", 0.0), "islands": "H200x8"}
+
+
+def test_a_search_without_any_layout_says_why_and_exits_nonzero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], local_ray: Any
+) -> None:
+    assert run_search(tmp_path, out_of_time) == 1
+    err = capsys.readouterr().err
+    assert "error: no plan: inner solves ran out of time (4 time_limit); raise search.inner_time_limit_s" in err
+    d = run_dir(tmp_path)
+    assert not (d / "plan.json").exists() and len(Journal(d / "trials.jsonl").load()) == 4
+    assert parent_status(tmp_path, d) == "FAILED"
+
+
+def test_a_gpu_type_that_cannot_hold_the_model_is_named_in_the_plan(tmp_path: Path, local_ray: Any) -> None:
+    from pipeline.search.trial import run_trial
+
+    assert run_search(tmp_path, run_trial, "+inventory.gpus.L40S=4") == 0
+    d = run_dir(tmp_path)
+    plan = json.loads((d / "plan.json").read_text())
+    assert plan["notes"] and plan["notes"][0].startswith("no island of L40S (not even all 4 of them) can hold")
+    assert "Note: no island of L40S" in (d / "report.md").read_text()
+
+
+def test_a_reference_stopped_by_its_time_limit_bounds_the_gap(tmp_path: Path) -> None:
+    """A reference with a layout but no proof: the gap is against its proven bound, and says so."""
+    from pipeline.search.settings import inventory_of, settings_from_cfg
+    from pipeline.search.trials import SearchRun
+    from solvers.exact import ExactResult
+
+    cfg = compose([*SMALL, f"out_root={tmp_path}/out", "search.iterations=1"])
+    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    run = SearchRun(settings, ctx, None)
+    run.ref = ExactResult("optimal", 100.0, 1.0, (), 1.0, 1, 100.0)
+    assert not run.gap_is_bound and run.gap(95.0) == pytest.approx(0.05) and run.gap_text(0.05) == "gap 5.00%"
+    run.ref = ExactResult("feasible", 90.0, 1.0, (), 1.0, 1, 120.0)  # incumbent 90, optimum <= 120
+    assert run.gap_is_bound and run.gap(96.0) == pytest.approx(0.2)  # against the bound, not the incumbent
+    assert run.gap_text(0.2) == "gap <= 20.00%"
+
+
+def test_the_exact_sampler_plans_the_global_optimum(tmp_path: Path) -> None:
+    from pipeline.search.run import execute
+
+    r = in_process(execute, "search", *SMALL, "search.sampler=exact", "search.band_draws=0",
+                   f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((run_dir(tmp_path) / "plan.json").read_text())
+    assert plan["search"]["trials"] == 0 and plan["reference"]["gap"] == pytest.approx(0.0, abs=1e-5)
+    assert plan["reference"]["layout_ahead"] is None  # the plan is the reference's layout
+    assert plan["verification"]["sustained"] in (True, False) and plan["verification"]["slo"].startswith("SLO TTFT")
+    # the console explains the two rates of one layout, as report.md does
+    assert "in the search's model: each island kept at the load whose queue meets the SLOs" in r.stdout
+    assert "the plan's rate re-sets each island's load cap for the mix its routing gives it" in r.stdout
+
+
+def test_ctrl_c_during_the_exact_reference_exits_130_without_a_traceback(tmp_path: Path) -> None:
+    # free sizes without SLOs: a reference of about a minute, so the signal lands inside it (the
+    # default reference of this cell is solved in about a second)
+    cmd = [sys.executable, "-m", "pipeline.search", "+inventory=hetero_b", "workload=azure_conv",
+           "search.shapes=any", "slo=null",
+           f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    deadline = time.time() + 120
+    for line in proc.stdout:
+        if "solving the exact reference MILP" in line or time.time() > deadline:
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted"), err
+
+
+def test_an_interrupted_search_resumes_without_rerunning_finished_trials(tmp_path: Path) -> None:
+    args = [*SMALL, "search.iterations=6", "search.batch=2", "search.sampler=random", "search.reference=false",
+            "search.verify=false", "search.band_draws=0", f"out_root={tmp_path}/out",
+            f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"]  # the trials are what this is about  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.search", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        journal = list((tmp_path / "out").glob("*/*/trials.jsonl"))
+        if journal and len(journal[0].read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    d = run_dir(tmp_path)
+    before = Journal(d / "trials.jsonl").load()
+    assert 3 <= len(before) < 12, (len(before), out, err)
+    assert proc.returncode == 130 and "search.resume=true" in err, err
+    r = cli("pipeline.search", *args, "search.resume=true")
+    assert r.returncode == 0, r.stderr
+    assert f"resuming: {len(before)} trials already done" in r.stdout
+    after = Journal(d / "trials.jsonl").load()
+    assert len(after) == 12 and [a["trial"] for a in after] == list(range(12))
+    assert after[: len(before)] == before  # finished trials kept as they were, not re-run
+    plan = json.loads((d / "plan.json").read_text())
+    assert plan["search"]["trials"] == 12 and plan["search"]["complete"] is True
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = json.loads((d / "state.json").read_text())["parent_run_id"]
+    children = client.search_runs([client.get_experiment_by_name("archipelago").experiment_id],
+                                  f"tags.mlflow.parentRunId = '{parent}'", max_results=100)  # fmt: skip
+    assert len(children) == 12  # one MLflow parent across both sessions
+
+
+def test_hydra_multirun_runs_every_job_in_its_own_folder(tmp_path: Path) -> None:
+    r = cli("pipeline.search", "-m", *SMALL, "search.sampler=exact", "search.verify=false", "search.band_draws=0",
+            "search.min_island=8,16", f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db",
+            timeout=600)  # the exact planner: the sweep is what this is about, not Ray  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    # each job says what it sweeps; Hydra's record goes beside out_root, not into the checkout
+    assert "[multirun] job 0: " in r.stdout and "search.min_island=16" in r.stdout
+    assert list((tmp_path / "multirun").glob("*/multirun.yaml"))
+    dirs = sorted(p.parent for p in (tmp_path / "out").glob("*/*/plan.json"))
+    assert len(dirs) == 2 and len({d.parent for d in dirs}) == 2
+    assert sorted(json.loads((d / "config.json").read_text())["search"]["min_island"] for d in dirs) == [8, 16]
+    assert len({json.loads((d / "state.json").read_text())["parent_run_id"] for d in dirs}) == 2
+
+
+# --- faults of the run's records ------------------------------------------------------------------
+
+
+def test_a_resume_after_state_json_was_cut_short_starts_a_new_parent_run_and_keeps_every_trial(
+    tmp_path: Path, local_ray: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.search.trial import run_trial
+
+    assert run_search(tmp_path, run_trial) == 0
+    d = run_dir(tmp_path)
+    old_parent = json.loads((d / "state.json").read_text())["parent_run_id"]
+    (d / "state.json").write_text('{"parent_run_id": "4f1')  # a kill mid-write (the old atomic write aside)
+    (d / "reference.json").write_text("")
+    capsys.readouterr()
+    assert run_search(tmp_path, run_trial, "search.resume=true") == 0
+    err = capsys.readouterr().err
+    assert f"[search] warning: {d / 'state.json'} is unreadable (JSONDecodeError" in err
+    new_parent = json.loads((d / "state.json").read_text())["parent_run_id"]
+    assert new_parent != old_parent and parent_status(tmp_path, d) == "FINISHED"
+    assert len(Journal(d / "trials.jsonl").load()) == 4  # nothing re-run, nothing lost
+
+
+def test_a_full_disk_ends_the_search_in_one_line_and_a_resume_finishes_it(
+    tmp_path: Path, local_ray: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the second batch on, the journal's writes go to /dev/full: the kernel's own ENOSPC."""
+    from pipeline.records import journal
+    from pipeline.search.run import execute
+
+    real, calls = journal.Journal.extend, []
+
+    def full_from_the_second(self: Any, recs: Any) -> None:
+        calls.append(len(recs))
+        if len(calls) == 1:
+            return real(self, recs)
+        return real(journal.Journal(Path("/dev/full")), recs)
+
+    monkeypatch.setattr(journal.Journal, "extend", full_from_the_second)
+    args = [*SMALL, "search.iterations=3", "search.sampler=random", "search.reference=false", "search.verify=false",
+            "search.band_draws=0", f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db"]
+    r = in_process(execute, "search", *args)
+    one_line(r, "error: no space left on the device writing /dev/full: free space, then continue with the same "
+             "command plus search.resume=true (the trials journalled so far are kept in")  # fmt: skip
+    d = run_dir(tmp_path)
+    assert len(Journal(d / "trials.jsonl").load()) == 4  # the first batch, kept
+    monkeypatch.undo()  # space freed
+    r = in_process(execute, "search", *args, "search.resume=true")
+    assert r.returncode == 0, r.stderr
+    assert "resuming: 4 trials already done" in r.stdout
+    assert [t["trial"] for t in Journal(d / "trials.jsonl").load()] == list(range(12))
+
+
+def deletes_its_run_folder(out: Path, ctx: Any, params: Any) -> dict[str, Any]:
+    from pipeline.search.trial import run_trial
+
+    shutil.rmtree(out, ignore_errors=True)
+    return run_trial(ctx, params)
+
+
+def test_deleting_the_running_searchs_folder_is_one_line(tmp_path: Path, local_ray: Any) -> None:
+    from ray import cloudpickle
+
+    from pipeline.search.run import execute
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cfg_args = [*SMALL, "search.iterations=2", "search.sampler=random", "search.reference=false", "search.verify=false",
+                "search.band_draws=0", f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db"]
+    from pipeline.cli import run_task
+
+    cfg = compose(cfg_args)
+    with pytest.raises(SystemExit) as stop:
+        run_task(lambda c: execute(c, trial_fn=functools.partial(deletes_its_run_folder, tmp_path / "out")))(cfg)
+    assert stop.value.code == 2
+
+
+def test_two_searches_starting_on_a_new_store_both_open_it(tmp_path: Path) -> None:
+    """MLflow creates a SQLite store's tables on first use; two processes doing it at once failed half-way
+    (measured: 3 of 3 rounds of three processes) until the store's creation was serialised."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    for k in range(2):
+        uri = f"sqlite:///{tmp_path}/store-{k}.db"
+        barrier, results = ctx.Barrier(3), ctx.Queue()
+        procs = [ctx.Process(target=open_store, args=(uri, barrier, results)) for _ in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert [results.get(timeout=10) for _ in procs] == ["ok"] * 3
+
+
+def open_store(uri: str, barrier: Any, results: Any) -> None:
+    from pipeline.records.tracking import Tracker
+
+    barrier.wait()
+    try:
+        Tracker(uri, "archipelago")
+        results.put("ok")
+    except Exception as err:
+        results.put(f"{type(err).__name__}: {err}")
+
+
+def test_an_inventory_too_big_to_benchmark_says_how_big_before_the_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.search import run
+    from pipeline.search.run import execute
+
+    monkeypatch.setattr(run, "available_memory", lambda: 1e8)  # a machine with 100 MB free
+    r = in_process(execute, "search", "+inventory=homo_c", "inventory.gpus.H200=100000", f"out_root={tmp_path}/out",
+                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db")  # fmt: skip
+    assert "[search] 100,000 GPUs: the exact reference benchmarks 12,500 island sizes first: about" in r.stdout
+    one_line(r, "error: the exact reference benchmarks 12,500 island sizes first: about")
+    assert "more than the 0.1 GB this machine has free: set search.reference=false" in r.stderr
