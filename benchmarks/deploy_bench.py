@@ -69,8 +69,8 @@ def deployable(plan: dict) -> str:
     import kubernetes_validate
     from omegaconf import OmegaConf
 
-    from pipeline.deploy import COMMANDS, engines, k8s_manifests, routing, shell_line
     from deployment.engine_args import check_sglang, check_vllm
+    from pipeline.deploy import COMMANDS, engines, k8s_manifests, routing, shell_line
 
     cfg = OmegaConf.load(CONF_DIR / "deploy.yaml")
     es = engines(plan)

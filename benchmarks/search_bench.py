@@ -42,10 +42,10 @@ from omegaconf import OmegaConf
 from scale_bench import inventory as scale_inventory  # benchmarks/, the script's own folder
 
 from costmodel.catalog import CONF_DIR
+from pipeline.records.tracking import Tracker
 from pipeline.search.reference import reference
 from pipeline.search.samplers import make_sampler
 from pipeline.search.settings import settings_from_cfg
-from pipeline.records.tracking import Tracker
 from pipeline.search.trial import ask_tell, run_trial
 from pipeline.tune.driver import SearchRun, start_local_ray
 from solvers.layouts import divide

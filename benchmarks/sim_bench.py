@@ -22,15 +22,15 @@ from hydra.core.hydra_config import HydraConfig
 
 from costmodel.catalog import CONF_DIR, load_gpu, load_model
 from costmodel.settings import CostSettings
-from pipeline.records.report import build_plan
 from pipeline.planning.planner import Layout
+from pipeline.planning.traces import load_trace
+from pipeline.records.report import build_plan
 from pipeline.search.reference import reference
 from pipeline.search.settings import settings_from_cfg
-from pipeline.planning.traces import load_trace
 from simulator.arrivals import from_trace
+from simulator.build import build, islands_from_plan
 from simulator.core import Requests, Simulation
 from simulator.metrics import summary
-from simulator.build import build, islands_from_plan
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 TARGET = 10_000.0

@@ -19,15 +19,15 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
 from costmodel.catalog import CONF_DIR
-from pipeline.records.report import build_plan
 from pipeline.planning.planner import Layout
+from pipeline.planning.traces import load_histogram
+from pipeline.records.report import build_plan
 from pipeline.search.reference import reference
 from pipeline.search.settings import settings_from_cfg
-from pipeline.planning.traces import load_histogram
 from simulator.arrivals import sampled
+from simulator.build import build, islands_from_plan
 from simulator.core import Simulation
 from simulator.metrics import summary
-from simulator.build import build, islands_from_plan
 
 SCALES = (0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.2)
 

@@ -34,13 +34,13 @@ from hydra.core.hydra_config import HydraConfig
 
 from costmodel.catalog import CONF_DIR
 from pipeline.planning.goodput import sustainable_rate
+from pipeline.planning.planner import Layout
 from pipeline.records.journal import write_json
 from pipeline.records.report import build_plan
-from pipeline.planning.planner import Layout
 from pipeline.search.samplers import make_sampler
 from pipeline.search.settings import settings_from_cfg
-from pipeline.simulate import Runner, requests_from_cfg
 from pipeline.search.trial import OK, ask_tell
+from pipeline.simulate import Runner, requests_from_cfg
 from simulator.metrics import verdict
 
 CELLS = [f"{i}:{w}" for i in ("hetero_a", "hetero_b", "homo_c") for w in ("azure_code", "azure_conv")]

@@ -41,7 +41,7 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 
 from solvers import count_search
-from solvers.inner import MILP_BACKENDS, _status, new_solver
+from solvers.inner import MILP_BACKENDS, new_solver, status_of
 
 GAP = 1e-6  # relative MIP gap: the reference is exact to this
 # max_rate: the end of the time limit kept, if the MILP stops there, for the count search (the first half)
@@ -189,7 +189,7 @@ def _solve(
     params = pywraplp.MPSolverParameters()
     if not (relax or fix is not None):
         params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
-    status = _status(s, s.Solve(params), time_limit_s)
+    status = status_of(s, s.Solve(params), time_limit_s)
     if status in ("infeasible", "time_limit"):
         return ExactResult(status, 0.0, 0.0, (), (time.perf_counter() - t0) * 1e3, 1, float("nan")), []
     counts = [(n_p[c].solution_value(), n_d[c].solution_value()) for c in range(len(classes))]

@@ -192,7 +192,7 @@ def solve(
     return m.thesis(t0)
 
 
-def _status(solver: pywraplp.Solver, code: int, time_limit_s: float) -> str:
+def status_of(solver: pywraplp.Solver, code: int, time_limit_s: float) -> str:
     if code == pywraplp.Solver.OPTIMAL:
         return "optimal"
     if code == pywraplp.Solver.INFEASIBLE:
@@ -440,7 +440,7 @@ def _solve_matrix(model: mb.Model, backend: str, time_limit_s: float) -> tuple[s
             raise RuntimeError(f"inner solver could not load the model: {error}")
         params = pywraplp.MPSolverParameters()
         params.SetDoubleParam(params.RELATIVE_MIP_GAP, 1e-7)
-        status = _status(solver, solver.Solve(params), time_limit_s)
+        status = status_of(solver, solver.Solve(params), time_limit_s)
         x = np.array([v.solution_value() for v in solver.variables()]) if status in ("optimal", "feasible") else None
         return status, x  # type: ignore[return-value]
     solver = mb.Solver(backend.lower())
@@ -497,7 +497,7 @@ class _Model:
     def _run(self) -> str:
         params = pywraplp.MPSolverParameters()
         params.SetDoubleParam(params.RELATIVE_MIP_GAP, 1e-7)  # SCIP's default 1e-4 is visible in Λ
-        return _status(self.solver, self.solver.Solve(params), self.time_limit_s)
+        return status_of(self.solver, self.solver.Solve(params), self.time_limit_s)
 
     def thesis(self, t0: float) -> InnerSolution:
         prob, s = self.prob, self.solver

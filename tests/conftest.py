@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from helpers import REPO, SHARED
 
 REFERENCE_CSV = SHARED / "reference" / "shallowsim_reference.csv"

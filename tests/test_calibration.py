@@ -275,10 +275,9 @@ def test_every_component_names_knobs_the_model_has() -> None:
 
 
 def test_robust_plans_at_the_pessimistic_factors_and_needs_a_calibration() -> None:
-    from test_glue import compose
-
-    from pipeline.planning.band import Z10
+    from helpers import compose
     from pipeline.errors import ConfigError
+    from pipeline.planning.band import Z10
     from pipeline.search.settings import inventory_of, settings_from_cfg
 
     base = ["+inventory=tiny_hetero", "ranges.width=1000"]
@@ -298,8 +297,7 @@ def test_robust_plans_at_the_pessimistic_factors_and_needs_a_calibration() -> No
 
 
 def test_the_band_spans_the_draws_and_vanishes_without_uncertainty() -> None:
-    from test_glue import compose
-
+    from helpers import compose
     from pipeline.planning.band import rate_band
     from pipeline.search.reference import exact_layout, reference
     from pipeline.search.settings import inventory_of, settings_from_cfg
@@ -309,6 +307,6 @@ def test_the_band_spans_the_draws_and_vanishes_without_uncertainty() -> None:
     layout = exact_layout(reference(settings, ctx, ctx.planner))
     _, sol = ctx.planner.solve(layout, "max_rate", 10.0)
     band = rate_band(ctx.planner, layout, sol.rate_req_s, sol.rate_req_s, settings.calibration, 16, 10.0)
-    assert band is not None and band["p10_req_s"] < sol.rate_req_s < band["p90_req_s"]
+    assert band is not None and band.p10_req_s < sol.rate_req_s < band.p90_req_s
     assert rate_band(ctx.planner, layout, 1.0, 1.0, settings.calibration.shifted(0.0), 16, 10.0) is None
     assert rate_band(ctx.planner, layout, 1.0, 1.0, None, 16, 10.0) is None

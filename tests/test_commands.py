@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SMALL, cli, in_process, one_line
 
 from costmodel.catalog import CONF_DIR
+from helpers import SMALL, cli, in_process, one_line
 from pipeline.cli import options_first
 
 COMMANDS = [  # (command, arguments, the line's start); {tmp} is the test's folder

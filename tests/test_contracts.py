@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import optuna
 import pytest
-from helpers import island, plan_with
 
 from costmodel.catalog import load_gpu
+from helpers import island, plan_with
 from pipeline.errors import ConfigError
 from pipeline.search.samplers import SAMPLERS, make_sampler
 from pipeline.search.space import GENERATORS, Space

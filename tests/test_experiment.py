@@ -17,15 +17,6 @@ REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
-@pytest.fixture(scope="module")
-def ray_session() -> Any:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def run(tmp: Path, name: str, *extra: str) -> tuple[int, Path]:
     """`python -m pipeline.experiment +experiment=NAME experiment.smoke=true ...`, in this process."""
     from hydra import compose, initialize_config_dir
@@ -54,7 +45,7 @@ def children(tmp: Path, folder: Path) -> list[Any]:
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_every_experiment_runs_in_smoke_mode(tmp_path: Path, ray_session: Any, name: str) -> None:
+def test_every_experiment_runs_in_smoke_mode(tmp_path: Path, local_ray: Any, name: str) -> None:
     from omegaconf import OmegaConf
 
     code, folder = run(tmp_path, name)
@@ -96,7 +87,7 @@ def test_every_experiment_runs_in_smoke_mode(tmp_path: Path, ray_session: Any, n
     assert len(children(tmp_path, folder)) == expected_searches
 
 
-def test_a_rerun_finishes_only_the_missing_searches(tmp_path: Path, ray_session: Any) -> None:
+def test_a_rerun_finishes_only_the_missing_searches(tmp_path: Path, local_ray: Any) -> None:
     code, folder = run(tmp_path, "fig_5_12")
     assert code == 0
     journal = folder / "searches.jsonl"

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, in_process, one_line, plan_of, tiny_plan
 
 import plan as plans
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
 from costmodel.specs import SpecError
+from helpers import REPO, in_process, one_line, plan_of, tiny_plan
 from plan import PlanError
 
 V1 = REPO / "tests" / "data" / "plan_v1_hetero_a.json"  # the main job's plan.json as the previous version wrote it

@@ -20,7 +20,8 @@ def test_a_reference_stopped_at_its_time_limit_is_a_bound_and_says_so() -> None:
         search=SearchInfo("max_rate", "tpe", "divider", 1, 0, 0, True, 1.0),
     )
     text = report(plan, pd.DataFrame(), "# plan")
-    assert "| gap to it | at most 20.00% (the reference stopped at its time limit; the optimum is at most 120.00" in text
+    bound = "| gap to it | at most 20.00% (the reference stopped at its time limit; the optimum is at most 120.00"
+    assert bound in text
     assert "| the exact reference, stopped at its time limit: its layout | 90.00 req/s |" in text  # not "optimum"
     assert "| trials | 1 (0 failed, 0 rejected) |" in text
     assert f"Two rates of one layout: {TWO_MODELS}" in text  # the gap's model and the headline's, explained once

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, SMALL, cli, compose, in_process, one_line
 
+from helpers import REPO, SMALL, cli, compose, in_process, one_line
 from pipeline.records.journal import Journal
 
 

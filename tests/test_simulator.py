@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from helpers import tiny_plan
 
-import plan as plans
 from costmodel.catalog import load_gpu
+from helpers import tiny_plan
 from plan import PlanError
 from simulator.build import build
 from simulator.core import DecodeEngine, PrefillEngine, Requests, Simulation
@@ -248,72 +244,6 @@ def test_dp_select_goes_to_the_least_used_engine_only_when_one_is_saturated() ->
     sim.decode[0].context_sum = 9_500  # 95 % used
     sim.decode[1].context_sum = 2_000
     assert sel.decode(sim, 0) == 2  # usage spread >= 0.1: the least-used engine
-
-
-def write_plan(tmp: Path) -> Path:
-    path = tmp / "plan.json"
-    path.write_text(json.dumps(plans.to_json(tiny_plan())))
-    return path
-
-
-def simulate_cli(tmp: Path, *args: str) -> Any:
-    import subprocess
-    import sys
-
-    own = [a for a in (f"out_root={tmp}/sim", f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db")
-           if not any(x.startswith(a.partition("=")[0] + "=") for x in args)]  # fmt: skip
-    cmd = [sys.executable, "-m", "pipeline.simulate", *args, *own]
-    return subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
-
-
-def test_simulate_command_runs_compares_and_logs_to_mlflow(tmp_path: Path) -> None:
-    from mlflow.tracking import MlflowClient
-
-    plan = write_plan(tmp_path)
-    r = simulate_cli(tmp_path, f"plan={plan}", "requests=1500", "rate_scale=0.5")
-    assert r.returncode == 0, r.stderr
-    (run,) = (tmp_path / "sim").glob("run-azure_conv-plan-fcfs-*/*")
-    m = json.loads((run / "metrics.json").read_text())
-    assert m["throughput_req_s"] == pytest.approx(m["offered_req_s"], rel=0.05)  # half the plan's rate: no backlog
-    assert (run / "cdf.png").stat().st_size > 0 and "| offered_req_s |" in (run / "metrics.md").read_text()
-    r = simulate_cli(tmp_path, f"plan={plan}", "mode=compare", "requests=300", "+workload=azure_code")
-    assert r.returncode == 0, r.stderr
-    (cmp,) = (tmp_path / "sim").glob("compare-azure_code-*/*")
-    rows = json.loads((cmp / "metrics.json").read_text())
-    assert len(rows) == 7 * 5 and {row["router"] for row in rows} >= {"plan", "sal", "mapper", "dp_select"}
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    exp = client.get_experiment_by_name("archipelago-simulate")
-    assert len(client.search_runs([exp.experiment_id], max_results=100)) == 2 + 35  # two parents, 35 children
-
-
-def test_simulate_command_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
-    plan = write_plan(tmp_path)
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    binary = tmp_path / "binary.json"
-    binary.write_bytes(bytes(range(256)) * 4)
-    data = json.loads(plan.read_text())
-    other_model = tmp_path / "other_model.json"
-    other_model.write_text(json.dumps({**data, "model": "qwen3_235b_a22b"}))
-    huge_batch = tmp_path / "huge_batch.json"
-    islands = [*data["islands"][:2], {**data["islands"][2], "batch": 10**9}]
-    huge_batch.write_text(json.dumps({**data, "islands": islands}))
-    for args, want in [
-        ([], "error: plan=PATH is required"),
-        ([f"plan={tmp_path}/none.json"], "no such file"),
-        ([f"plan={bad}"], "not valid JSON"),
-        ([f"plan={binary}"], f"error: plan={binary}: not a plan.json: not valid JSON text"),
-        ([f"plan={other_model}"], "the plan was made for model 'deepseek_v3' with other dimensions"),
-        ([f"plan={huge_batch}"], "has decode batch 1000000000, over 1024 sequences per rank"),
-        ([f"plan={plan}", "expert_imbalance=abc"], "error: expert_imbalance must be a number >= 1, got"),
-        ([f"plan={plan}", "saturate.duration_s=-5"], "error: saturate.duration_s must be a number >= 1, got"),
-        ([f"plan={plan}", "out_root=/proc/x"], "error: out_root=/proc/x: cannot create the folder"),
-        ([f"plan={plan}", "out_root=/etc/passwd/x"], "error: out_root=/etc/passwd/x: cannot create the folder"),
-        ([f"plan={plan}", "router=magic"], "router='magic' is unknown"),
-        ([f"plan={plan}", "arrivals=trace"], "arrivals=trace needs timestamps"),
-    ]:
-        r = simulate_cli(tmp_path, *args)
-        assert r.returncode == 2 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
 
 
 def test_arrivals_keep_their_rate_and_a_trace_its_order() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import SMALL, compose, in_process, one_line
 
+from helpers import SMALL, compose, in_process, one_line
 from pipeline.records.tracking import Child, Tracker
 
 CHILDREN = [

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from helpers import SMALL, compose
-
 from pipeline.records.journal import Journal
 
 

@@ -43,7 +43,7 @@ def test_the_mlflow_ui_opens_on_the_runs_with_the_plans_metrics_and_its_trials(
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from pipeline import ui
+    from pipeline.records import mlflow_ui as ui
 
     tmp_path, r = finished_search  # conftest's FINISHED_SEARCH: 12 trials on tiny_hetero
     assert r.returncode == 0, r.stderr
@@ -66,7 +66,7 @@ def test_the_mlflow_ui_opens_on_the_runs_with_the_plans_metrics_and_its_trials(
         body = browser.find_element(By.TAG_NAME, "body").text
         assert "best_rate_req_s" in body and "usd_per_m_output_tokens" in body and "layout_id" in body
         assert "Archipelago searches" in body  # the experiment's description
-        assert f"{plan['rate_req_s']:.4f}"[:6] in body  # the plan's rate, in the parent's row
+        assert f"{plan['rates']['rate_req_s']:.4f}"[:6] in body  # the plan's rate, in the parent's row
         # the parent expands to its trials
         expand = browser.find_element(
             By.XPATH, "//*[@role='row'][.//a[contains(., 'tiny_hetero')]]//button[contains(@data-component-id, "
@@ -78,13 +78,34 @@ def test_the_mlflow_ui_opens_on_the_runs_with_the_plans_metrics_and_its_trials(
         assert len(trials) == 12
     finally:
         browser.quit()
-        server.terminate()
-        server.wait(20)
+        ui.stop(server)
 
 
-def test_the_ui_command_says_what_is_missing_when_there_is_no_store(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "pipeline.ui", "--uri", f"sqlite:///{tmp_path}/none.db"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert r.returncode == 2
-    assert r.stderr.strip() == (f"error: no MLflow store at sqlite:///{tmp_path}/none.db: run a search first "
-                                "(python -m pipeline.search), or give --uri")  # fmt: skip
+def test_the_ui_stopped_by_sigterm_leaves_nothing_on_its_port(tmp_path: Path) -> None:
+    """`python -m pipeline.ui` under a process manager ends with SIGTERM: the MLflow server and every worker it
+    started end with it, and the port is free again."""
+    import signal
+    import time
+
+    from pipeline.records.tracking import Tracker
+
+    Tracker(f"sqlite:///{tmp_path}/mlflow.db", "archipelago")  # a store to show
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.ui", "--port", str(port), "--uri",
+                             f"sqlite:///{tmp_path}/mlflow.db"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith(f"[ui] MLflow UI at http://127.0.0.1:{port}"), (line, proc.stderr.read() if proc.stderr
+                                                                          else "")  # fmt: skip
+    served = [int(p) for p in subprocess.run(["pgrep", "-f", f"mlflow.* {port}"], capture_output=True,
+                                               text=True).stdout.split()]  # fmt: skip
+    assert served  # the server (and its workers) run
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    deadline = time.time() + 15
+    while time.time() < deadline and subprocess.run(["pgrep", "-f", f"mlflow.* {port}"], capture_output=True).stdout:
+        time.sleep(0.2)
+    assert not subprocess.run(["pgrep", "-f", f"mlflow.* {port}"], capture_output=True, text=True).stdout
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free again

@@ -150,7 +150,8 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
     write_json(state_path, state)
 
     t0 = time.perf_counter()
-    complete = with_ray(first, lambda: _run_tasks(cells, todo, refs, refs_path, journal, tracker, t0))
+    complete = with_ray(first.ray_address, first.ray_num_cpus,
+                        lambda: _run_tasks(cells, todo, refs, refs_path, journal, tracker, t0))  # fmt: skip
     done = _by_search(journal)
     results, summary = tables(spec, cells, done, refs)
     if not results.empty:

@@ -12,7 +12,7 @@ from typing import Any
 
 from costmodel.catalog import CONF_DIR
 from pipeline.checks import positive_int
-from pipeline.cli import choice, plain
+from pipeline.cli import choice, plain, respelled
 from pipeline.errors import ConfigError
 from pipeline.search.samplers import make_sampler
 from pipeline.search.settings import Settings, settings_from_cfg
@@ -100,9 +100,9 @@ def build_cells(spec: Spec, passthrough: Sequence[str]) -> list[Cell]:
     try:
         for combo in itertools.product(*(vals for _, vals in spec.axes)):
             label = tuple((axis, v) for (axis, _), v in zip(spec.axes, combo, strict=True))
-            overrides = _merge(
+            overrides = respelled(_merge(
                 ["+inventory=hetero_a", *spec.overrides, *passthrough, *(_axis_override(a, v) for a, v in label)]
-            )
+            ))  # fmt: skip
             cfg = compose("search", overrides=overrides, return_hydra_config=True)
             HydraConfig.instance().set_config(cfg)
             settings, ctx = settings_from_cfg(cfg, choice("inventory"), cfg.inventory)

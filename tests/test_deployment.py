@@ -1,9 +1,11 @@
-"""Deployable plans: node-aligned islands, launch files validated against the engine's and Kubernetes'
-own definitions, and the router tested over real HTTP on loopback against stand-in engines."""
+"""Launch files (deployment/, `python -m pipeline.deploy`): node-aligned islands, commands validated against the
+engines' and Kubernetes' own definitions, and the router (deployment/router) over real HTTP on loopback against
+stand-in engines."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import shlex
@@ -13,7 +15,9 @@ from typing import Any
 
 import pytest
 import yaml
-from test_glue import cli, plan_of
+
+import plan as plans
+from helpers import in_process, island, one_line, plan_of
 
 
 @pytest.fixture(scope="module")
@@ -23,28 +27,30 @@ def plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def deploy(plan: Path, out: Path, *args: str) -> Any:
-    r = cli("pipeline.deploy", f"plan={plan}", f"out={out}", *args)
+    """`python -m pipeline.deploy plan=... out=... args`, in this process."""
+    from pipeline.deploy import execute
+
+    r = in_process(execute, "deploy", f"plan={plan}", f"out={out}", *args)
     assert r.returncode == 0, r.stderr
     return r
 
 
 def test_every_island_sits_on_whole_hosts_or_inside_one(plan_path: Path) -> None:
-    plan = json.loads(plan_path.read_text())
+    plan = plans.load(plan_path)
     used: Counter[tuple[str, int]] = Counter()
-    for isl in plan["islands"]:
-        node = 8  # HGX H200 / H800 / H20 (conf/gpu node_gpus)
-        assert isl["size"] % node == 0 or node % isl["size"] == 0, isl
-        for h in isl["nodes"]:
-            used[(isl["gpu"], h)] += min(isl["size"], node)
-        if isl["role"] != "idle":  # engines hold their experts evenly: (E + r) divides over the EP group
-            assert (256 + isl["redundant_experts"]) % isl["ep_group"] == 0
-            assert (256 + isl["redundant_experts"]) // isl["ep_group"] == isl["experts_per_gpu"]
-            assert 0 < isl["traffic_share"] <= 1 and 0 < isl["utilisation"] < 1
+    for isl in plan.islands:
+        assert isl.hosts is not None and isl.hosts.node_gpus == 8  # HGX H200 / H800 / H20 (conf/gpu node_gpus)
+        assert isl.size % 8 == 0 or 8 % isl.size == 0, isl
+        for h in isl.hosts.nodes:
+            used[(isl.gpu, h)] += min(isl.size, 8)
+        if isl.serving:  # engines hold their experts evenly: (E + r) divides over the EP group
+            assert (256 + isl.redundant_experts) % isl.ep_group == 0
+            assert (256 + isl.redundant_experts) // isl.ep_group == isl.experts_per_gpu
+            assert 0 < isl.traffic_share <= 1 and 0 < isl.utilisation < 1
     assert max(used.values()) <= 8  # no host holds more GPUs than it has
-    shares = Counter()
-    for isl in plan["islands"]:
-        if isl["role"] != "idle":
-            shares[isl["role"]] += isl["traffic_share"]
+    shares: Counter[str] = Counter()
+    for isl in plan.serving:
+        shares[isl.role] += isl.traffic_share
     assert shares["prefill"] == pytest.approx(1.0) and shares["decode"] == pytest.approx(1.0)
 
 
@@ -88,15 +94,14 @@ def test_sglang_commands_parse_with_sglangs_own_argument_definitions(
         check_sglang(["--model-path", "m"])
     except EngineArgsMissing as err:
         pytest.skip(str(err))
-    plan = json.loads(plan_path.read_text())
-    decode = next(i for i in plan["islands"] if i["role"] == "decode")
+    decode = next(i for i in plans.load(plan_path).islands if i.role == "decode")
     for line in lines:
         argv = argv_of(line)
         assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
         ns = check_sglang(argv[3:])
         assert ns.disaggregation_mode in ("prefill", "decode") and ns.tp_size == ns.ep_size
         if ns.disaggregation_mode == "decode":  # the plan's batch per attention rank, over all ranks
-            assert ns.max_running_requests == decode["batch"] * ns.ep_size // decode["tp"]
+            assert ns.max_running_requests == decode.batch * ns.ep_size // decode.tp
     # the check is strict: a renamed flag, a dropped choice or a deprecated spelling fails
     for bad in (["--tp-sizes", "4"], ["--moe-a2a-backend", "deepepx"], ["--enable-dp-attention"]):
         with pytest.raises(ValueError):
@@ -111,8 +116,7 @@ def test_vllm_commands_parse_with_vllms_own_argument_definitions(plan_path: Path
     lines = launch_lines(tmp_path / "d", target)
     assert lines
     root = vllm_source()  # vLLM's pinned sdist from PyPI (cached): its arg_utils.py and config classes
-    plan = json.loads(plan_path.read_text())
-    groups = {(i["role"], i["ep_group"], i["redundant_experts"]) for i in plan["islands"]}
+    groups = {(i.role, i.ep_group, i.redundant_experts) for i in plans.load(plan_path).serving}
     for line in lines:
         argv = argv_of(line)
         assert argv[:2] == ["vllm", "serve"]
@@ -179,7 +183,7 @@ def routing_config(protocol: str, ports: dict[str, int]) -> dict[str, Any]:
 async def _exercise(protocol: str) -> tuple[dict[str, list[dict[str, Any]]], list[tuple[int, str, str]]]:
     from aiohttp import ClientSession, web
 
-    from pipeline.router import app
+    from deployment.router import app
 
     seen: dict[str, list[dict[str, Any]]] = {"p1": [], "p2": [], "d": []}
 
@@ -246,29 +250,48 @@ def test_the_router_applies_the_plans_length_routing_over_http(protocol: str) ->
 
 
 def test_a_plan_without_node_aligned_islands_is_refused_with_the_fix(plan_path: Path, tmp_path: Path) -> None:
-    plan = json.loads(plan_path.read_text())
-    k = next(k for k, i in enumerate(plan["islands"]) if i["role"] == "prefill")
-    plan["islands"][k].update(size=12, dp=12)  # as search.shapes=any may plan it: 1.5 hosts
+    from pipeline.deploy import execute
+
+    plan = plans.load(plan_path)
+    k = next(k for k, i in enumerate(plan.islands) if i.role == "prefill")
+    first = plan.islands[k]
+    assert first.hosts is not None
+    ranges = [(r.start, r.end, r.fraction) for r in first.ranges]
+    # as search.shapes=any may plan it: 1.5 hosts
+    wide = island(first.gpu, 12, "prefill", 1, 12, 12, first.batch, ranges, first.hosts.nodes[0], first.hosts.first_gpu)
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan))
-    r = cli("pipeline.deploy", f"plan={path}", f"out={tmp_path}/d")
-    assert r.returncode == 2 and "search.shapes=nodes" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    path.write_text(json.dumps(plans.to_json(dataclasses.replace(plan, islands=(
+        *plan.islands[:k], wide, *plan.islands[k + 1:])))))  # fmt: skip
+    r = in_process(execute, "deploy", f"plan={path}", f"out={tmp_path}/d")
+    one_line(r, "error: plan island ")
+    assert "is neither a divisor of a 8-GPU host nor whole hosts" in r.stderr and "search.shapes=nodes" in r.stderr
+
+
+def test_the_launch_folder_cannot_be_written_where_a_user_cannot_write(plan_path: Path) -> None:
+    from pipeline.deploy import execute
+
+    one_line(in_process(execute, "deploy", f"plan={plan_path}", "out=/proc/x"),
+             "error: out=/proc/x: cannot write the launch files there")  # fmt: skip
 
 
 def test_the_deployment_readme_names_the_rate_the_simulator_sustains_where_it_is_lower(
     plan_path: Path, tmp_path: Path
 ) -> None:
-    plan = json.loads(plan_path.read_text())
-    for sustained, title in (
-        (True, "req/s within the SLOs (sglang"),
-        (False, "req/s within the SLOs, 123.4 in the simulator"),
-    ):
-        plan["verification"] = {**plan.get("verification", {}), "sustained": sustained, "sustained_req_s": 123.4}
+    from plan import Verification
+
+    plan = plans.load(plan_path)
+    checked = Verification(offered_req_s=1.0, throughput_req_s=1.0, simulated_over_stated=1.0, ttft_ms_p50=1.0,
+                           ttft_ms_p99=1.0, tpot_ms_p99=1.0, ttft_ms_at_slo=1.0, tpot_ms_at_slo=1.0,
+                           slo_attainment=1.0, sustained=True, why_not="", steady_state="", requests=1, sim_wall_s=1.0,
+                           slo="", sustained_req_s=123.4, sustained_over_stated=1.0)  # fmt: skip
+    for sustained, title in ((True, "req/s within the SLOs (sglang"), (False, "req/s within the SLOs, 123.4 in the "
+                                                                              "simulator")):  # fmt: skip
+        v = dataclasses.replace(checked, sustained=sustained)
         path = tmp_path / f"plan_{sustained}.json"
-        path.write_text(json.dumps(plan))
+        path.write_text(json.dumps(plans.to_json(dataclasses.replace(plan, verification=v))))
         deploy(path, tmp_path / f"d_{sustained}")
         first = (tmp_path / f"d_{sustained}" / "README.md").read_text().splitlines()[0]
-        assert first.startswith(f"# Deployment of a plan: {plan['rate_req_s']:.1f} ") and title in first, first
+        assert first.startswith(f"# Deployment of a plan: {plan.rate_req_s:.1f} ") and title in first, first
 
 
 def test_configurations_engines_cannot_run_are_never_proposed() -> None:
