@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.calibrate import COMPONENTS, fit, leave_one_out, load_measurements, log_errors
 from costmodel.catalog import CONF_DIR
@@ -115,23 +113,18 @@ def check(calibration: str) -> None:
 
 
 def plans(cells: list[str], calibration: str, draws: int) -> None:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
+    from common import context
 
     from pipeline.planning.band import rate_band
-    from pipeline.records.report import build_plan
+    from pipeline.planning.build import build_plan
     from pipeline.search.reference import exact_layout, reference
-    from pipeline.search.settings import settings_from_cfg
 
-    def optimum(inv: str, wl: str, cal: str | None) -> tuple[float, dict, object, object]:
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-            cfg = compose("search", [f"+inventory={inv}", f"workload={wl}", "costmodel=corrected",
-                                     f"costmodel.calibration={cal or 'null'}"], return_hydra_config=True)  # fmt: skip
-        HydraConfig.instance().set_config(cfg)
-        settings, ctx = settings_from_cfg(cfg, inv, cfg.inventory)
+    def optimum(inv: str, wl: str, cal: str | None) -> tuple[float, Any, Any, Any]:
+        settings, ctx = context([f"+inventory={inv}", f"workload={wl}", "costmodel=corrected",
+                                 f"costmodel.calibration={cal or 'null'}"])  # fmt: skip
         ref = reference(settings, ctx, ctx.planner)
         layout = exact_layout(ref)
-        plan = build_plan(ctx.planner, layout, 30.0) if layout is not None else {}
+        plan = build_plan(ctx.planner, layout, 30.0) if layout is not None else None
         return ref.rate_req_s, plan, ctx.planner, layout
 
     print(f"\nThe Table 5.1 cells, exact optimum (default SLOs, node-aligned islands), corrected vs calibration "
@@ -145,11 +138,11 @@ def plans(cells: list[str], calibration: str, draws: int) -> None:
         base, _, _, _ = optimum(inv, wl, None)
         cal_rate, plan, planner, layout = optimum(inv, wl, calibration)
         band = None
-        if plan:
-            band = rate_band(planner, layout, plan["rate_req_s"], plan["searched_req_s"],
+        if plan is not None:
+            band = rate_band(planner, layout, plan.rate_req_s, plan.rates.searched_req_s,
                              planner.profile.calibration, draws, 30.0)  # fmt: skip
-        rng = "-" if not band else f"{band['p10_req_s']:.1f} - {band['p90_req_s']:.1f}"
-        width = "-" if not band else f"{(band['p90_req_s'] - band['p10_req_s']) / plan['rate_req_s']:.0%}"
+        rng = "-" if band is None else f"{band.p10_req_s:.1f} - {band.p90_req_s:.1f}"
+        width = "-" if band is None or plan is None else f"{(band.p90_req_s - band.p10_req_s) / plan.rate_req_s:.0%}"
         print(f"| {cell} | {base:.2f} | {cal_rate:.2f} | {cal_rate / base - 1:+.1%} | {rng} | {width} | "
               f"{time.perf_counter() - t0:.0f} |", flush=True)  # fmt: skip
     print("\n(the range is of the calibrated plan's headline, rate within the SLOs; the exact optima are the "

@@ -9,7 +9,7 @@ the table prints both optima, what node alignment costs, and the solve times, si
     python benchmarks/deploy_bench.py --extra slo=null search.min_island=2   # the thesis's settings
 
 Each node-aligned exact plan is also deployed (SGLang scripts and Kubernetes manifests, as
-`pipeline.deploy` writes them) and checked: every SGLang command against SGLang's own argument
+`python -m pipeline.deploy` writes them) and checked: every SGLang command against SGLang's own argument
 definitions (`deployment.engine_args`, needs `pip install --no-deps sglang==0.5.23`), every vLLM
 command against vLLM 0.33.0's (its sdist's argument definitions, fetched from PyPI), every manifest
 against the Kubernetes 1.30 schemas (`kubernetes-validate`; LeaderWorkerSet pod templates as core
@@ -19,87 +19,56 @@ PodTemplates).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import context
 
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-
-from costmodel.catalog import CONF_DIR
-from pipeline.records.report import build_plan
+from pipeline.planning.build import build_plan
 from pipeline.search.reference import exact_layout, reference
-from pipeline.search.settings import settings_from_cfg
 
 CELLS = [f"{i}:{w}" for i in ("hetero_a", "hetero_b", "homo_c") for w in ("azure_code", "azure_conv")]
 
 
-def optimum(inv: str, wl: str, shapes: str, extra: list[str], limit: float) -> tuple[float, str, float, dict]:
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            "search",
-            [
-                f"+inventory={inv}",
-                f"workload={wl}",
-                f"search.shapes={shapes}",
-                f"search.reference_time_limit_s={limit}",
-                *extra,
-            ],
-            return_hydra_config=True,
-        )
-    HydraConfig.instance().set_config(cfg)
-    settings, ctx = settings_from_cfg(cfg, inv, cfg.inventory)
+def optimum(inv: str, wl: str, shapes: str, extra: list[str], limit: float) -> tuple[float, str, float, Any]:
+    settings, ctx = context([f"+inventory={inv}", f"workload={wl}", f"search.shapes={shapes}",
+                             f"search.reference_time_limit_s={limit}", *extra])  # fmt: skip
     t0 = time.perf_counter()
     ref = reference(settings, ctx, ctx.planner)
     took = time.perf_counter() - t0
-    plan = {}
     layout = exact_layout(ref)
-    if shapes == "nodes" and layout is not None:
-        plan = build_plan(ctx.planner, layout, 30.0)
-        plan.update(model=ctx.planner.model.name, cost_profile=ctx.planner.profile.name, workload=wl)
+    plan = build_plan(ctx.planner, layout, 30.0) if shapes == "nodes" and layout is not None else None
     return ref.rate_req_s, ref.status, took, plan
 
 
-def deployable(plan: dict) -> str:
-    """Deploy the plan as pipeline.deploy does and check every command and manifest; a short verdict."""
+def deployable(plan: Any) -> str:
+    """Deploy the plan as `python -m pipeline.deploy` does and check every command and manifest; a short verdict."""
     import shlex
 
     import kubernetes_validate
-    from omegaconf import OmegaConf
 
+    from deployment import k8s
+    from deployment.commands import DeployOptions, command, shell_line
     from deployment.engine_args import check_sglang, check_vllm
-    from pipeline.deploy import COMMANDS, engines, k8s_manifests, routing, shell_line
+    from deployment.engines import engines
+    from deployment.routing import routing
 
-    cfg = OmegaConf.load(CONF_DIR / "deploy.yaml")
     es = engines(plan)
     for e in es:
         for rank in range(e.nnodes):
             for engine, check, skip in (("sglang", check_sglang, 3), ("vllm", check_vllm, 2)):
-                line = shell_line(COMMANDS[engine](e, rank, plan, cfg)).replace("$LEADER_ADDR", "10.0.0.1")
-                check(shlex.split(line)[skip:])
+                line = shell_line(command(e, rank, plan, DeployOptions(engine=engine)))
+                check(shlex.split(line.replace("$LEADER_ADDR", "10.0.0.1"))[skip:])
     checked = 0
     for engine in ("sglang", "vllm"):
-        cfg.engine = engine
+        opts = DeployOptions(engine=engine, target="k8s")
         route = routing(plan, es, engine, lambda e: f"http://{e.name}:30000")
-        for d in k8s_manifests(plan, es, cfg, route):
-            tmpls = (
-                [d]
-                if d["kind"] != "LeaderWorkerSet"
-                else [
-                    {
-                        "apiVersion": "v1",
-                        "kind": "PodTemplate",
-                        "metadata": {"name": d["metadata"]["name"]},
-                        "template": t,
-                    }
-                    for t in (
-                        d["spec"]["leaderWorkerTemplate"]["leaderTemplate"],
-                        d["spec"]["leaderWorkerTemplate"]["workerTemplate"],
-                    )
-                ]
-            )
+        for d in k8s.manifests(plan, es, opts, route):
+            lwt = d["spec"]["leaderWorkerTemplate"] if d["kind"] == "LeaderWorkerSet" else None
+            tmpls = [d] if lwt is None else [
+                {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": d["metadata"]["name"]}, "template": t}
+                for t in (lwt["leaderTemplate"], lwt["workerTemplate"])
+            ]  # fmt: skip
             for t in tmpls:
                 kubernetes_validate.validate(t, "1.30", strict=True)
                 checked += 1
@@ -125,7 +94,7 @@ def main() -> None:
         free, st_a, t_a, _ = optimum(inv, wl, "any", args.extra, args.time_limit)
         tag = "" if st_n == st_a == "optimal" else f" ({st_n} / {st_a})"
         try:
-            verdict = deployable(plan) if plan else "no plan"
+            verdict = deployable(plan) if plan is not None else "no plan"
         except Exception as err:  # a failed check is the result to report
             verdict = f"**fails**: {type(err).__name__}: {err}"[:200]
         print(

@@ -33,19 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-EIGHT = {"H200": 2000, "H800": 1500, "H20": 2500, "H100-SXM": 1500, "DGX-B200": 1000, "MI300X": 800,
-         "A100-80GB": 400, "H20-3E": 300}  # fmt: skip
-THREE = {"H200": 2500, "H800": 2500, "H20": 5000}  # hetero_a's 1 : 1 : 2
-
-
-def inventory(types: int, scale: float) -> dict[str, int]:
-    base = EIGHT if types == 8 else THREE
-    return {g: max(8, round(n * scale / 8) * 8) for g, n in base.items()}
+from common import ROOT, context, scale_inventory
 
 
 def run(types: int, scale: float, extra: list[str], verify: bool = False) -> str:
-    inv = inventory(types, scale)
+    inv = scale_inventory(types, scale)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "inventory").mkdir()
         (Path(tmp) / "inventory" / "scale.yaml").write_text("gpus: " + json.dumps(inv) + "\n")
@@ -72,39 +64,44 @@ def run(types: int, scale: float, extra: list[str], verify: bool = False) -> str
 
 
 def bench_reference(types: int, scale: float, limit_s: float, prove: bool) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from search_bench import load
-
     from pipeline.search.reference import type_options
     from solvers import count_search
-    from solvers.exact import NEAR_SIZES, _classes, _near, _round_counts, _round_pooled, _solve, exact_optimum
+    from solvers.exact import (
+        NEAR_SIZES,
+        exact_optimum,
+        island_classes,
+        near_sizes,
+        round_counts,
+        round_pooled,
+        solve_counts,
+    )
 
-    inv = inventory(types, scale)
-    settings, ctx = load(["search.verify=false"], inv)
+    inv = scale_inventory(types, scale)
+    settings, ctx = context(["search.verify=false"], inv)
     t0 = time.perf_counter()
     options, kv = type_options(settings, ctx, ctx.planner)
-    p, budget, classes = ctx.planner.ranges.p, ctx.planner.budget_per_hour, _classes(options)
+    p, budget, classes = ctx.planner.ranges.p, ctx.planner.budget_per_hour, island_classes(options)
     print(f"{sum(inv.values()):,} GPUs of {types} types: {len(classes)} (type, size) classes, "
           f"benchmarked in {time.perf_counter() - t0:.1f} s")  # fmt: skip
     t0 = time.perf_counter()
-    relaxed, frac = _solve(options, p, 0.0, budget, kv, 600.0, "HIGHS", relax=True)
+    relaxed, frac = solve_counts(options, p, 0.0, budget, kv, 600.0, "HIGHS", relax=True)
     bound = relaxed.rate_req_s
     print(f"LP relaxation: bound {bound:,.1f} req/s ({time.perf_counter() - t0:.1f} s)")
     rows: list[tuple[str, float, float]] = []
     ends = []
-    for name, start in (("pooled", _round_pooled(options, frac, budget)),
-                        ("rounded down, largest parts up", _round_counts(options, frac, budget, False)),
-                        ("rounded down, parts filled", _round_counts(options, frac, budget, True))):  # fmt: skip
-        before = _solve(options, p, 0.0, budget, kv, 600.0, "HIGHS", fix=start)[0].rate_req_s
+    for name, start in (("pooled", round_pooled(options, frac, budget)),
+                        ("rounded down, largest parts up", round_counts(options, frac, budget, False)),
+                        ("rounded down, parts filled", round_counts(options, frac, budget, True))):  # fmt: skip
+        before = solve_counts(options, p, 0.0, budget, kv, 600.0, "HIGHS", fix=start)[0].rate_req_s
         t0 = time.perf_counter()
         after, end = count_search.improve(options, classes, p, start, kv_gb=kv, budget=budget, time_limit_s=120.0)
         ends.append(end)
         rows += [(f"{name}, made whole", before, float("nan")), (f"{name}, then the count search", after,
                                                                  time.perf_counter() - t0)]  # fmt: skip
     t0 = time.perf_counter()
-    near = _near(options, ends, NEAR_SIZES)
-    res = _solve(near, p, 0.0, budget, kv, 120.0, "HIGHS")[0]
-    rows.append((f"the MILP over the sizes within {NEAR_SIZES} of those three ({len(_classes(near))} classes): "
+    near = near_sizes(options, ends, NEAR_SIZES)
+    res = solve_counts(near, p, 0.0, budget, kv, 120.0, "HIGHS")[0]
+    rows.append((f"the MILP over the sizes within {NEAR_SIZES} of those three ({len(island_classes(near))} classes): "
                  f"{res.status}", res.rate_req_s, time.perf_counter() - t0))  # fmt: skip
     t0 = time.perf_counter()
     ref = exact_optimum(options, p, budget_per_hour=budget, kv_gb=kv, time_limit_s=limit_s)

@@ -36,29 +36,15 @@ from typing import Any
 
 import numpy as np
 import optuna
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
-from scale_bench import inventory as scale_inventory  # benchmarks/, the script's own folder
+from common import context, scale_inventory
 
-from costmodel.catalog import CONF_DIR
 from pipeline.records.tracking import Tracker
 from pipeline.search.reference import reference
 from pipeline.search.samplers import make_sampler
-from pipeline.search.settings import settings_from_cfg
 from pipeline.search.trial import ask_tell, run_trial
-from pipeline.tune.driver import SearchRun, start_local_ray
+from pipeline.search.trials import SearchRun
+from pipeline.tune.driver import run_tune, start_local_ray
 from solvers.layouts import divide
-
-
-def load(overrides: list[str], gpus: dict[str, int] | None = None) -> Any:
-    """(settings, context) of a search on hetero_a, or on an inventory of `gpus` (type: count)."""
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("search", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    if gpus is None:
-        return settings_from_cfg(cfg, "hetero_a", OmegaConf.load(CONF_DIR / "inventory" / "hetero_a.yaml"))
-    return settings_from_cfg(cfg, "scale", OmegaConf.create({"gpus": gpus}))
 
 
 def optuna_loop(ctx: Any, sampler: Any, evals: int, batch: int) -> tuple[list[float], list[dict[str, Any]]]:
@@ -101,7 +87,8 @@ def main() -> None:
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="search_bench_"))
-    settings, ctx = load([f"out_root={tmp}/out", f"search.batch={args.batch}", f"search.min_island={args.min_island}"])
+    settings, ctx = context([f"out_root={tmp}/out", f"search.batch={args.batch}",
+                             f"search.min_island={args.min_island}"])  # fmt: skip
     t = time.perf_counter()
     ref = reference(settings, ctx, ctx.planner)
     print(
@@ -151,8 +138,9 @@ def main() -> None:
     # orchestration: the same trials through Ray Tune vs in-process, alternated `repeats` times (this
     # machine is shared: one pair drifts with whatever else runs, the median of alternated pairs less)
     n = args.tune_trials
-    settings, ctx = load([f"out_root={tmp}/out", f"search.batch={args.batch}", f"search.iterations={n // args.batch}",
-                          "search.sampler=random", "ray.num_cpus=2"])  # fmt: skip
+    settings, ctx = context([f"out_root={tmp}/out", f"search.batch={args.batch}",
+                             f"search.iterations={n // args.batch}", "search.sampler=random",
+                             "ray.num_cpus=2"])  # fmt: skip
     import ray
 
     def in_process() -> tuple[list[dict[str, Any]], float]:
@@ -167,7 +155,7 @@ def main() -> None:
         run = Timed(settings, ctx, tracker)
         tracker.start_parent("bench", {})
         t = time.perf_counter()
-        run.run_tune(run_trial)
+        run_tune(run, run_trial)
         wall = time.perf_counter() - t
         ray.shutdown()
         return run, wall
@@ -255,16 +243,16 @@ def nodes_scaling(tmp: Path, n: int, batch: int, extra: list[str], gpus: dict[st
         cluster.wait_for_nodes()
         tag = f"{nodes}{'-'.join(['', *extra])}{'-big' if gpus else ''}"  # the MLflow parent's name
         out = f"{tmp}/nodes{nodes}-{len(extra)}{'-big' if gpus else ''}"
-        settings, ctx = load([f"out_root={out}", f"search.batch={batch}", f"search.iterations={n // batch}",
-                              "search.sampler=random", "search.reference=false", f"ray.address={cluster.address}",
-                              *extra], gpus)  # fmt: skip
+        settings, ctx = context([f"out_root={out}", f"search.batch={batch}", f"search.iterations={n // batch}",
+                                 "search.sampler=random", "search.reference=false", f"ray.address={cluster.address}",
+                                 *extra], gpus)  # fmt: skip
         reference(settings, ctx, ctx.planner)
         ray.init(address=cluster.address, log_to_driver=False)
         tracker = Tracker(f"sqlite:///{tmp}/mlflow.db", "bench-nodes")
         run = Timed(settings, ctx, tracker)
         tracker.start_parent(f"nodes{tag}", {})
         t = time.perf_counter()
-        run.run_tune(run_trial)
+        run_tune(run, run_trial)
         rates[nodes] = n / (time.perf_counter() - t)
         done = sorted(set(run.done))
         steady[nodes] = (n - batch) / (done[-1] - done[0])

@@ -17,20 +17,15 @@ import sys
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
+from common import exact_plan
 
-from costmodel.catalog import CONF_DIR, load_gpu, load_model
-from costmodel.settings import CostSettings
-from pipeline.planning.planner import Layout
+from costmodel.catalog import load_gpu
 from pipeline.planning.traces import load_trace
-from pipeline.records.report import build_plan
-from pipeline.search.reference import reference
-from pipeline.search.settings import settings_from_cfg
 from simulator.arrivals import from_trace
-from simulator.build import build, islands_from_plan
-from simulator.core import Requests, Simulation
+from simulator.build import build
+from simulator.core import Simulation
 from simulator.metrics import summary
+from simulator.requests import Requests
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 TARGET = 10_000.0
@@ -44,15 +39,10 @@ def main() -> None:
     args = ap.parse_args()
     if not TRACE.is_file():
         sys.exit(f"needs the Azure conversation trace at {TRACE} (../shared beside the checkout)")
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("search", ["+inventory=hetero_a", "workload=azure_conv", *args.extra], return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    settings, ctx = settings_from_cfg(cfg, "hetero_a", cfg.inventory)
     t = time.perf_counter()
-    ref = reference(settings, ctx, ctx.planner)
-    plan = build_plan(ctx.planner, Layout.of([(g, n) for g, n, _ in ref.islands]), 30.0)
-    islands = islands_from_plan(plan)
-    lam = plan["rate_req_s"]
+    _, _, plan = exact_plan(["+inventory=hetero_a", "workload=azure_conv", *args.extra])
+    islands = plan.serving
+    lam = plan.rate_req_s
     print(
         f"plan: exact optimum for hetero_a / azure_conv {' '.join(args.extra)}, {sum(i.size for i in islands)} GPUs "
         f"in {len(islands)} "
@@ -64,7 +54,6 @@ def main() -> None:
     scale = args.rate_scale * lam / (len(trace) / span)
     base = from_trace(trace.arrival_s, trace.input_tokens, trace.output_tokens, scale)
     gpus = {g: load_gpu(g) for g in {i.gpu for i in islands}}
-    model, cost = load_model("deepseek_v3"), CostSettings.from_json(plan["cost"], "plan")  # the plan's own model
     print(f"requests: the whole trace, {len(base):,}, timestamps / {scale:.1f} -> {args.rate_scale} x Λ offered\n")
     print(
         "| router | engines (prefill / decode) | simulated req/s | vs target 10,000 | served / offered | p99 TTFT ms |"
@@ -73,10 +62,8 @@ def main() -> None:
     for router in args.routers.split(","):
         r = Requests(base.arrival, base.input_len, base.output_len)
         stats = {"mean_input": r.input_len.mean(), "mean_output": r.output_len.mean(), "std_output": r.output_len.std()}
-        pre, dec, rt = build(
-            islands, gpus, model, cost, router=router, max_len=int(r.input_len.max()),
-            max_context=int((r.input_len + r.output_len).max()), stats=stats,
-        )  # fmt: skip
+        pre, dec, rt = build(plan, gpus, router=router, max_len=int(r.input_len.max()),
+                             max_context=int((r.input_len + r.output_len).max()), stats=stats)  # fmt: skip
         sim = Simulation(r, pre, dec, rt)
         t = time.perf_counter()
         sim.run()

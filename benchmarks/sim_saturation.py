@@ -15,17 +15,10 @@ from __future__ import annotations
 
 import argparse
 
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
+from common import exact_plan
 
-from costmodel.catalog import CONF_DIR
-from pipeline.planning.planner import Layout
-from pipeline.planning.traces import load_histogram
-from pipeline.records.report import build_plan
-from pipeline.search.reference import reference
-from pipeline.search.settings import settings_from_cfg
-from simulator.arrivals import sampled
-from simulator.build import build, islands_from_plan
+from pipeline.planning.simulation import RequestMix
+from simulator.build import build
 from simulator.core import Simulation
 from simulator.metrics import summary
 
@@ -46,29 +39,17 @@ def main() -> None:
     print("|---|---|---:|" + "---:|" * len(routers))
     for inv in args.inventories.split(","):
         for wl in args.workloads.split(","):
-            with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-                cfg = compose("search", [f"+inventory={inv}", f"workload={wl}"], return_hydra_config=True)
-            HydraConfig.instance().set_config(cfg)
-            settings, ctx = settings_from_cfg(cfg, inv, cfg.inventory)
-            ref = reference(settings, ctx, ctx.planner)
-            plan = build_plan(ctx.planner, Layout.of([(g, n) for g, n, _ in ref.islands]), 30.0)
-            islands, lam = islands_from_plan(plan), plan["rate_req_s"]
-            h = load_histogram(str(cfg.workload.histogram))
+            _, ctx, plan = exact_plan([f"+inventory={inv}", f"workload={wl}"])
+            lam, mix = plan.rate_req_s, RequestMix.of(ctx.planner.workload)
             cells = []
             for router in routers:
                 best, ttft = 0.0, float("nan")
                 for scale in SCALES:
-                    r = sampled(
-                        int(lam * scale * args.duration), (h["input_values"], h["input_counts"]),
-                        (h["output_values"], h["output_counts"]), "poisson", lam * scale, seed=0,
-                    )  # fmt: skip
+                    r = mix.requests(int(lam * scale * args.duration), lam * scale, "poisson", seed=0)
                     stats = {"mean_input": r.input_len.mean(), "mean_output": r.output_len.mean(),
                              "std_output": r.output_len.std()}  # fmt: skip
-                    pre, dec, rt = build(
-                        islands, ctx.planner.gpus, ctx.planner.model, ctx.planner.cost, router=router,
-                        max_len=int(r.input_len.max()), max_context=int((r.input_len + r.output_len).max()),
-                        stats=stats,
-                    )  # fmt: skip
+                    pre, dec, rt = build(plan, ctx.planner.gpus, router=router, max_len=int(r.input_len.max()),
+                                         max_context=int((r.input_len + r.output_len).max()), stats=stats)  # fmt: skip
                     sim = Simulation(r, pre, dec, rt)
                     sim.run()
                     m = summary(sim, float(r.arrival[len(r) // 10]))

@@ -22,58 +22,53 @@ way, and the table gives simulated goodput of the goodput plan / that of the ana
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import context
 
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-
-from costmodel.catalog import CONF_DIR
-from pipeline.planning.goodput import sustainable_rate
+import plan as plans
+from pipeline.planning.build import build_plan
 from pipeline.planning.planner import Layout
+from pipeline.planning.simulation import RequestMix, Runner, request_mix, sustainable_rate
 from pipeline.records.journal import write_json
-from pipeline.records.report import build_plan
 from pipeline.search.samplers import make_sampler
-from pipeline.search.settings import settings_from_cfg
 from pipeline.search.trial import OK, ask_tell
-from pipeline.simulate import Runner, requests_from_cfg
-from simulator.metrics import verdict
+from plan import Plan
 
 CELLS = [f"{i}:{w}" for i in ("hetero_a", "hetero_b", "homo_c") for w in ("azure_code", "azure_conv")]
 
 
-def plan_for(inv: str, wl: str, evals: int, extra: list[str]) -> tuple[dict, object]:
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("search", [f"+inventory={inv}", f"workload={wl}", *extra], return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    settings, ctx = settings_from_cfg(cfg, inv, cfg.inventory)
+def plan_for(inv: str, wl: str, evals: int, extra: list[str]) -> tuple[Plan, RequestMix]:
+    settings, ctx = context([f"+inventory={inv}", f"workload={wl}", *extra])
     sampler = make_sampler(settings.sampler, 0, ctx.space, settings.polish, evals)
     out = ask_tell(ctx, sampler, evals, settings.batch)
     best = max((r for r in out if r["status"] in OK), key=lambda r: r["score"])
     plan = build_plan(ctx.planner, Layout.of(ctx.space.layout(best["params"])), 30.0)
-    plan.update(model=ctx.planner.model.name, cost_profile=ctx.planner.profile.name, workload=wl)
-    return plan, cfg
+    return plan, RequestMix.of(ctx.planner.workload)
 
 
-def sustained_rate(plan: dict, cfg: object, path: Path, seconds: float, steps: int) -> tuple[float, str]:
-    """Highest offered rate the simulator sustains within the SLOs: the stated rate first, then bisection
-    in [0.2, 1.4] x stated (`pipeline.planning.goodput.sustainable_rate`, as objective=goodput probes a layout)."""
-    from omegaconf import OmegaConf
-
-    sim = OmegaConf.load(CONF_DIR / "simulate.yaml")
-    sim.plan, sim.slo, sim.workload, sim.workload_name = str(path), cfg.get("slo"), cfg.workload, plan["workload"]
-    runner = Runner(sim, plan)
+def sustained_rate(plan: Plan, mix: RequestMix, seconds: float, steps: int) -> tuple[float, str]:
+    """Highest offered rate the simulator sustains within the plan's own SLOs: the stated rate first, then
+    bisection in [0.2, 1.4] x stated (`sustainable_rate`, as objective=goodput probes a layout)."""
+    runner = Runner(plan, plan.slo)
 
     def sustains(rate: float) -> str:
-        req, _ = requests_from_cfg(sim, plan, rate, int(max(rate * seconds, 2000)))
-        _, m, _ = runner.simulate(req, "plan", "fcfs")
-        return verdict(m, runner.slo["ttft_ms"], runner.slo["tpot_ms"], runner.tolerance)
+        _, m, _ = runner.simulate(mix.requests(int(max(rate * seconds, 2000)), rate))
+        return runner.verdict(m)
 
-    return sustainable_rate(sustains, plan["rate_req_s"], steps, 0.2, 1.4)
+    return sustainable_rate(sustains, plan.rate_req_s, steps, 0.2, 1.4)
+
+
+def workload_mix(name: str) -> RequestMix:
+    """The requests of the shipped workload `name` (conf/workload/<name>.yaml)."""
+    from omegaconf import OmegaConf
+
+    from costmodel.catalog import CONF_DIR
+
+    data: Any = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "workload" / f"{name}.yaml"))
+    return request_mix(name, data)
 
 
 def main() -> None:
@@ -96,27 +91,22 @@ def main() -> None:
     for name in filter(None, args.plans.split(",")):
         t0 = time.perf_counter()
         path = Path(name)
-        plan = json.loads(path.read_text())
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):  # the workload and SLOs the plan was made for
-            cfg = compose("search", ["+inventory=hetero_a", f"workload={plan['workload']}"])
-        c = plan["cost"]
-        cfg.slo = {k: c[k] for k in ("ttft_ms", "ttft_percentile", "tpot_ms", "tpot_percentile")}
-        sustained, why = sustained_rate(plan, cfg, path, args.seconds, args.steps)
-        stated = plan["rate_req_s"]
+        plan = plans.load(path)  # judged by its own SLOs, on the workload it was made for
+        sustained, why = sustained_rate(plan, workload_mix(plan.workload), args.seconds, args.steps)
+        stated = plan.rate_req_s
         print(f"| {path} | {stated:.1f} | {sustained:.1f} | {sustained / stated:.3f} | {why} | - | - | "
               f"{time.perf_counter() - t0:.0f} |", flush=True)  # fmt: skip
     for cell in filter(None, args.cells.split(",") if not args.plans else []):
         inv, wl = cell.split(":")
         t0 = time.perf_counter()
-        plan, cfg = plan_for(inv, wl, args.evals, [])
-        path = out / f"{inv}-{wl}.json"
-        write_json(path, plan)
-        sustained, why = sustained_rate(plan, cfg, path, args.seconds, args.steps)
+        plan, mix = plan_for(inv, wl, args.evals, [])
+        write_json(out / f"{inv}-{wl}.json", plans.to_json(plan))
+        sustained, why = sustained_rate(plan, mix, args.seconds, args.steps)
         free, _ = plan_for(inv, wl, args.evals, ["slo=null"])
-        stated = plan["rate_req_s"]
+        stated = plan.rate_req_s
         print(
             f"| {cell} | {stated:.1f} | {sustained:.1f} | {sustained / stated:.3f} | {why} | "
-            f"{free['rate_req_s']:.1f} | {1 - stated / free['rate_req_s']:.1%} | {time.perf_counter() - t0:.0f} |",
+            f"{free.rate_req_s:.1f} | {1 - stated / free.rate_req_s:.1%} | {time.perf_counter() - t0:.0f} |",
             flush=True,
         )
 
@@ -130,12 +120,11 @@ def compare_goodput(args: argparse.Namespace, out: Path) -> None:
         row = []
         for objective in ("max_rate", "goodput"):
             t0 = time.perf_counter()
-            plan, cfg = plan_for(inv, wl, args.goodput, [f"search.objective={objective}"])
+            plan, mix = plan_for(inv, wl, args.goodput, [f"search.objective={objective}"])
             searched = time.perf_counter() - t0
-            path = out / f"{inv}-{wl}-{objective}.json"
-            write_json(path, plan)
-            sustained, _ = sustained_rate(plan, cfg, path, args.seconds, args.steps)
-            row.append((plan["rate_req_s"], sustained, searched))
+            write_json(out / f"{inv}-{wl}-{objective}.json", plans.to_json(plan))
+            sustained, _ = sustained_rate(plan, mix, args.seconds, args.steps)
+            row.append((plan.rate_req_s, sustained, searched))
         (a_stated, a_sim, a_s), (g_stated, g_sim, g_s) = row
         print(f"| {cell} | {args.goodput} | {a_stated:.1f} / {a_sim:.1f} | {g_stated:.1f} / {g_sim:.1f} | "
               f"{g_sim / a_sim:.3f} | {a_s:.0f} / {g_s:.0f} |", flush=True)  # fmt: skip

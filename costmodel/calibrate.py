@@ -49,8 +49,9 @@ from costmodel.formulas import (
     decode_step_ms,
     prefill_time_ms,
 )
-from costmodel.profile import MODEL_DOCS, CostProfile
+from costmodel.profile import CostProfile
 from costmodel.specs import GPUArray
+from costmodel.switches import MODEL_DOCS
 
 TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3}
 

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.specs import SpecError
+from costmodel.switches import MODEL_DOCS
 
 KNOBS: dict[str, str] = {
     "dense_gemm": "dense GEMM rate (attention projections, dense MLP)",
@@ -85,7 +86,6 @@ class Calibration:
     switches: tuple[tuple[str, bool], ...] = ()  # the model structure it was fitted with (profile.MODEL_DOCS)
 
     def __post_init__(self) -> None:
-        from costmodel.profile import MODEL_DOCS  # profile imports this module
 
         for name, on in self.switches:
             if name not in MODEL_DOCS or not isinstance(on, bool):

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from costmodel.catalog import load_gpu, load_model
 from costmodel.formulas import decode_step_ms, max_batch, prefill_time_ms
-from costmodel.profile import FIX_DOCS, CostProfile
+from costmodel.profile import CostProfile
+from costmodel.switches import FIX_DOCS
 
 DSV3 = load_model("deepseek_v3")
 

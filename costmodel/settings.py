@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel.calibration import Calibration
-from costmodel.profile import FIX_DOCS, MODEL_DOCS, CostProfile
+from costmodel.profile import CostProfile
 from costmodel.specs import SpecError
+from costmodel.switches import FIX_DOCS, MODEL_DOCS
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.core import Requests
+from simulator.requests import Requests
 
 ARRIVALS = ("poisson", "constant", "trace")
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.core import Requests, Simulation
+from simulator.core import Simulation
+from simulator.requests import Requests
 
 
 def summary(

@@ -20,10 +20,18 @@ Waiting time counts from the request's arrival in the system.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from simulator.core import Simulation
+from simulator.requests import Requests
+
+
+class Simulation(Protocol):
+    """What a scheduler reads of the running simulation (`simulator.core.Simulation`): the clock (ms), the
+    requests, and the tokens a preempted request had generated when it was preempted."""
+
+    now: float
+    r: Requests
+    progress: dict[int, int]
 
 
 class Scheduler:

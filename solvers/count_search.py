@@ -41,7 +41,7 @@ from ortools.linear_solver.python import model_builder as mb
 from solvers import role_search
 
 if TYPE_CHECKING:
-    from solvers.exact import TypeOptions
+    from solvers.type_options import TypeOptions
 
 Layout = dict[tuple[int, int], int]  # (class index, role 0 prefill / 1 decode) -> islands
 

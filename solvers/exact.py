@@ -22,7 +22,7 @@ every layout a generator can propose (each is a feasible point): a search's gap 
 When the MILP stops at its time limit (`max_rate`, no multisets), the LP relaxation gives a proven
 upper bound, and a layout comes from the MILP's incumbent and the relaxation's counts made whole,
 each improved by a local search over island counts (`solvers/count_search.py`), then from the
-MILP over only the classes near the layouts that search ends at (`_unproven`; the last
+MILP over only the classes near the layouts that search ends at (`unproven`; the last
 `COUNT_SEARCH_S` of the time limit are kept for both): the result is `feasible` with the
 optimum between `rate_req_s` and `bound`, and a search's gap against `bound` is an upper bound on
 its true gap.
@@ -42,6 +42,7 @@ from ortools.linear_solver import pywraplp
 
 from solvers import count_search
 from solvers.inner import MILP_BACKENDS, new_solver, status_of
+from solvers.type_options import TypeOptions
 
 GAP = 1e-6  # relative MIP gap: the reference is exact to this
 # max_rate: the end of the time limit kept, if the MILP stops there, for the count search (the first half)
@@ -49,20 +50,6 @@ GAP = 1e-6  # relative MIP gap: the reference is exact to this
 COUNT_SEARCH_S = 20.0
 NEAR_SIZES = 10  # that MILP's classes: each one the count search's layouts hold and this many sizes either side
 EXACT_OBJECTIVES = ("max_rate", "rate_per_dollar")
-
-
-@dataclass(frozen=True)
-class TypeOptions:
-    """One GPU type's candidate islands: sizes (S,), per-island throughput (S, J)."""
-
-    gpu: str
-    count: int
-    price_per_gpu_hour: float
-    sizes: np.ndarray
-    prefill_req_s: np.ndarray
-    decode_req_s: np.ndarray
-    link_gb_s_per_gpu: float = 0.0
-    layouts: tuple[tuple[int, ...], ...] | None = None  # (6): the type's islands are one of these multisets
 
 
 @dataclass(frozen=True)
@@ -96,15 +83,15 @@ def exact_optimum(
         raise ValueError(f"unknown MILP backend {backend!r}; choose from {list(MILP_BACKENDS)}")
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
-    fallback = objective == "max_rate" and all(t.layouts is None for t in types)  # `_unproven` if cut short
+    fallback = objective == "max_rate" and all(t.layouts is None for t in types)  # `unproven` if cut short
     search_s = min(COUNT_SEARCH_S, time_limit_s / 4) if fallback else 0.0
     theta, iters, best = 0.0, 0, None
     while True:
         iters += 1
         milp_s = max(deadline - search_s - time.perf_counter(), 1.0)
-        res, counts = _solve(types, p, theta, budget_per_hour, kv_gb, milp_s, backend)
+        res, counts = solve_counts(types, p, theta, budget_per_hour, kv_gb, milp_s, backend)
         if fallback and res.status in ("feasible", "time_limit"):
-            res = _unproven(types, p, budget_per_hour, kv_gb, res, counts, t0, search_s, backend)
+            res = unproven(types, p, budget_per_hour, kv_gb, res, counts, t0, search_s, backend)
         if res.status not in ("optimal", "feasible") or (best is not None and res.cost_per_hour <= 0):
             break  # at the optimal ratio the empty layout ties at 0: the previous layout is the answer
         if best is None or res.rate_per_dollar > best.rate_per_dollar:
@@ -120,13 +107,13 @@ def exact_optimum(
     )
 
 
-def _classes(types: list[TypeOptions]) -> list[tuple[int, int]]:
+def island_classes(types: list[TypeOptions]) -> list[tuple[int, int]]:
     """(type index, size index) of every island that fits the inventory and serves in some role."""
     return [(ti, si) for ti, t in enumerate(types) for si in range(len(t.sizes))
             if t.sizes[si] <= t.count and (t.prefill_req_s[si].any() or t.decode_req_s[si].any())]  # fmt: skip
 
 
-def _solve(
+def solve_counts(
     types: list[TypeOptions],
     p: np.ndarray,
     theta: float,
@@ -143,7 +130,7 @@ def _solve(
     s = new_solver("HIGHS" if relax or fix is not None else backend, time_limit_s)  # GLOP: ABNORMAL at 10k GPUs
     n_j = len(p)
     lam = s.NumVar(0.0, s.infinity(), "Lambda")
-    classes = _classes(types)
+    classes = island_classes(types)
     n_p, n_d, x_p, x_d, cost = [], [], [], [], []
     for c, (ti, si) in enumerate(classes):
         t, size = types[ti], int(types[ti].sizes[si])
@@ -209,7 +196,7 @@ def _solve(
     return ExactResult(status, lam.solution_value(), spent, tuple(islands), ms, 1, bound), counts
 
 
-def _round_counts(
+def round_counts(
     types: list[TypeOptions], counts: list[tuple[float, float]], budget: float | None, fill: bool = False
 ) -> list[tuple[float, float]]:
     """Fractional island counts made whole: each rounded down, then the largest fractional parts
@@ -220,7 +207,7 @@ def _round_counts(
     type's split between prefill and decode where the relaxation used a fraction of an island
     larger than what is left (10,000 GPUs of 8 types: 0.68 of the optimum, against 0.25 without).
     """
-    classes = _classes(types)
+    classes = island_classes(types)
     index = {cls: c for c, cls in enumerate(classes)}
     whole = [[float(np.floor(v + 1e-9)) for v in pair] for pair in counts]
     left = {ti: t.count for ti, t in enumerate(types)}
@@ -247,7 +234,7 @@ def _round_counts(
     return [(a, b) for a, b in whole]
 
 
-def _round_pooled(
+def round_pooled(
     types: list[TypeOptions], counts: list[tuple[float, float]], budget: float | None
 ) -> list[tuple[float, float]]:
     """Fractional island counts made whole by GPUs: each class keeps its whole islands, and each
@@ -255,10 +242,10 @@ def _round_pooled(
     that holds them (or the largest the type's free GPUs allow), the role with more GPUs first.
 
     A relaxation that takes slivers of several giant islands (their rate per GPU, a few dozen
-    GPUs' worth) so gets one island of that many GPUs, where `_round_counts` drops the slivers or
+    GPUs' worth) so gets one island of that many GPUs, where `round_counts` drops the slivers or
     makes one of them whole. The budget is kept: an island it cannot pay for is left out.
     """
-    classes = _classes(types)
+    classes = island_classes(types)
     whole = [[float(np.floor(v + 1e-9)) for v in pair] for pair in counts]
     spent = sum(int(types[ti].sizes[si]) * types[ti].price_per_gpu_hour * sum(whole[c])
                 for c, (ti, si) in enumerate(classes))  # fmt: skip
@@ -281,13 +268,13 @@ def _round_pooled(
     return [(a, b) for a, b in whole]
 
 
-def _near(types: list[TypeOptions], layouts: list[list[tuple[float, float]]], sizes: int) -> list[TypeOptions]:
-    """`types` with only the island sizes near `layouts` (each class's (n^P, n^D), `_classes` order):
+def near_sizes(types: list[TypeOptions], layouts: list[list[tuple[float, float]]], sizes: int) -> list[TypeOptions]:
+    """`types` with only the island sizes near `layouts` (each class's (n^P, n^D), `island_classes` order):
     every size one of them holds islands of, and `sizes` sizes either side of it in the type's list.
 
     Cut short at 10,008 GPUs, the optimum's islands are a few sizes from the count search's (a 128-GPU
     decode island where it ended at 80): over 162 of the 1,249 classes the MILP finds it in seconds."""
-    classes = _classes(types)
+    classes = island_classes(types)
     out = []
     for ti, t in enumerate(types):
         held = {si for layout in layouts for c, (tj, si) in enumerate(classes) if tj == ti and sum(layout[c]) > 0}
@@ -297,7 +284,7 @@ def _near(types: list[TypeOptions], layouts: list[list[tuple[float, float]]], si
     return out
 
 
-def _unproven(
+def unproven(
     types: list[TypeOptions],
     p: np.ndarray,
     budget: float | None,
@@ -312,22 +299,22 @@ def _unproven(
 
     The LP relaxation bounds the optimum from above. The layout: the MILP's incumbent (if it has
     one) and the relaxation's counts made whole within the inventory and the budget
-    (`_round_pooled`, and `_round_counts` both ways), each improved by the count search
+    (`round_pooled`, and `round_counts` both ways), each improved by the count search
     (`solvers/count_search.py`) for an equal share of half of `search_s` (a start that ends early
     leaves its time to the next); then the MILP over only the classes near the layouts it ended at
-    (`_near`) for the rest. The best of these layouts is kept.
+    (`near_sizes`) for the rest. The best of these layouts is kept.
     The result is `feasible`, with the lower of the two bounds: the optimum lies between
     `rate_req_s` and `bound`.
     """
-    relaxed, counts = _solve(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", relax=True)
+    relaxed, counts = solve_counts(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", relax=True)
     if relaxed.status != "optimal":
         return milp
-    starts = [_round_pooled(types, counts, budget)] + [
-        _round_counts(types, counts, budget, fill) for fill in (False, True)
+    starts = [round_pooled(types, counts, budget)] + [
+        round_counts(types, counts, budget, fill) for fill in (False, True)
     ]
     if milp.status == "feasible" and milp_counts:
         starts.insert(1, [(float(round(a)), float(round(b))) for a, b in milp_counts])
-    classes = _classes(types)
+    classes = island_classes(types)
     rates = count_search.PhaseRates(types, classes, p, kv_gb)
     end = time.perf_counter() + search_s
     half = end - search_s / 2
@@ -337,9 +324,9 @@ def _unproven(
         found.append(count_search.improve(types, classes, p, start, kv_gb=kv_gb, budget=budget,
                                           time_limit_s=share, rates=rates))  # fmt: skip
     _, whole = max(found, key=lambda f: f[0])
-    layouts = [_solve(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", fix=whole)[0]]
-    near = _near(types, [end_counts for _, end_counts in found], NEAR_SIZES)
-    layouts.append(_solve(near, p, 0.0, budget, kv_gb, max(end - time.perf_counter(), 1.0), backend)[0])
+    layouts = [solve_counts(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", fix=whole)[0]]
+    near = near_sizes(types, [end_counts for _, end_counts in found], NEAR_SIZES)
+    layouts.append(solve_counts(near, p, 0.0, budget, kv_gb, max(end - time.perf_counter(), 1.0), backend)[0])
     if milp.status == "feasible":
         layouts.append(milp)
     solved = [r for r in layouts if r.status in ("optimal", "feasible")]

@@ -17,7 +17,8 @@ from pipeline.search.samplers import SAMPLERS, make_sampler
 from pipeline.search.space import GENERATORS, Space
 from plan import Plan
 from simulator.build import build
-from simulator.core import Requests, Simulation
+from simulator.core import Simulation
+from simulator.requests import Requests
 from simulator.routers import ROUTERS
 from simulator.schedulers import SCHEDULERS, make_scheduler
 from solvers.layouts import LayoutRejected

@@ -1,9 +1,9 @@
 """Count search (`solvers.count_search`): the exact reference's layout when its MILP runs out of time.
 
-Its phase LPs are checked against the reference model with the counts fixed (`solvers.exact._solve`,
+Its phase LPs are checked against the reference model with the counts fixed (`solvers.exact.solve_counts`,
 an independent model), its moves against the inventory and the budget, and its end point against
 brute force over every move, each solved by that model; then the MILP over the sizes near where it
-ends (`solvers.exact._near`) against the whole MILP's optimum."""
+ends (`solvers.exact.near`) against the whole MILP's optimum."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from solvers import count_search
 from solvers.exact import (
     ExactResult,
     TypeOptions,
-    _classes,
-    _near,
-    _round_counts,
-    _round_pooled,
-    _solve,
-    _unproven,
     exact_optimum,
+    island_classes,
+    near_sizes,
+    round_counts,
+    round_pooled,
+    solve_counts,
+    unproven,
 )
 
 SIZES = np.array([8, 16, 24, 32, 48, 64])
@@ -78,19 +78,19 @@ def random_layout(
 def test_phase_lps_give_the_reference_models_rate_with_the_counts_fixed(kv: bool) -> None:
     for seed in range(3):
         types, p, kv_gb = instance(seed, kv)
-        classes = _classes(types)
+        classes = island_classes(types)
         rates = count_search.PhaseRates(types, classes, p, kv_gb)
         rng = np.random.default_rng(seed)
         for _ in range(6):
             layout = random_layout(types, classes, rng)
-            fixed = _solve(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=as_counts(layout, len(classes)))[0]
+            fixed = solve_counts(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=as_counts(layout, len(classes)))[0]
             assert rates.rate(layout) == pytest.approx(fixed.rate_req_s, rel=1e-6, abs=1e-9)
 
 
 @pytest.mark.parametrize("budget", [None, 180.0])
 def test_every_move_changes_one_type_and_fits_its_gpus_and_the_budget(budget: float | None) -> None:
     types, _p, _ = instance(1)
-    classes = _classes(types)
+    classes = island_classes(types)
     gpus = np.array([types[ti].sizes[si] for ti, si in classes])
     price = np.array([types[ti].price_per_gpu_hour for ti, _ in classes]) * gpus
     rng = np.random.default_rng(5)
@@ -118,17 +118,18 @@ def test_every_move_changes_one_type_and_fits_its_gpus_and_the_budget(budget: fl
 def test_the_search_ends_where_no_move_improves_and_never_above_the_optimum(kv: bool) -> None:
     for seed in range(3):
         types, p, kv_gb = instance(seed, kv)
-        classes = _classes(types)
-        _relaxed, frac = _solve(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", relax=True)
-        start = _round_counts(types, frac, None)
-        start_rate = _solve(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=start)[0].rate_req_s
+        classes = island_classes(types)
+        _relaxed, frac = solve_counts(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", relax=True)
+        start = round_counts(types, frac, None)
+        start_rate = solve_counts(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=start)[0].rate_req_s
         rate, end = count_search.improve(types, classes, p, start, kv_gb=kv_gb, time_limit_s=60.0)
         best = exact_optimum(types, p, kv_gb=kv_gb, time_limit_s=60.0)
         assert best.status == "optimal"
         assert start_rate * (1 - 1e-9) <= rate <= best.rate_req_s * (1 + 1e-9)
-        assert rate == pytest.approx(_solve(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=end)[0].rate_req_s, rel=1e-6)
+        fixed = solve_counts(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=end)[0]
+        assert rate == pytest.approx(fixed.rate_req_s, rel=1e-6)
         for new in count_search.neighbours(types, classes, as_layout(end), None):  # brute force, the other model
-            moved = _solve(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=as_counts(new, len(classes)))[0]
+            moved = solve_counts(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=as_counts(new, len(classes)))[0]
             assert moved.rate_req_s <= rate * (1 + 1e-6)
 
 
@@ -136,13 +137,13 @@ def test_pooled_rounding_makes_a_relaxations_slivers_of_giant_islands_one_island
     """A relaxation that decodes on slivers of two 64-GPU islands (20 GPUs' worth in all) gets one
     24-GPU decode island: the smallest size that holds the slivers' GPUs."""
     types, _, _ = instance(0)
-    classes = _classes(types)
+    classes = island_classes(types)
     frac = [(0.0, 0.0)] * len(classes)
     c8, c64, c48 = (classes.index((2, k)) for k in (0, 5, 4))  # T2: 104 GPUs
     frac[c8] = (4.0, 0.0)  # 32 GPUs prefill, whole
     frac[c64] = (0.0, 0.125)  # 8 GPUs' worth of decode
     frac[c48] = (0.0, 0.25)  # and 12 more
-    whole = _round_pooled(types, frac, None)
+    whole = round_pooled(types, frac, None)
     assert whole[c8] == (4.0, 0.0)
     assert whole[classes.index((2, 2))] == (0.0, 1.0)  # one 24-GPU decode island
     assert sum(sum(n) for n in whole) == 5
@@ -166,11 +167,11 @@ def many_sizes(seed: int) -> tuple[list[TypeOptions], np.ndarray]:
 
 def test_near_keeps_the_sizes_a_layout_holds_and_their_neighbours_only() -> None:
     types, _ = many_sizes(0)
-    classes = _classes(types)
+    classes = island_classes(types)
     layout = [(0.0, 0.0)] * len(classes)
     layout[classes.index((0, 0))] = (3.0, 0.0)  # T0: 8-GPU islands ...
     layout[classes.index((0, 15))] = (0.0, 1.0)  # ... and one of 128
-    near = _near(types, [layout], 4)
+    near = near_sizes(types, [layout], 4)
     assert near[0].sizes.tolist() == [8 * (k + 1) for k in [*range(0, 5), *range(11, 20)]]
     assert near[0].prefill_req_s.tolist() == types[0].prefill_req_s[[*range(0, 5), *range(11, 20)]].tolist()
     assert len(near[1].sizes) == len(near[2].sizes) == 0  # types the layouts do not use
@@ -186,15 +187,15 @@ def test_cut_short_the_reference_finds_the_optimum_among_sizes_near_the_count_se
         best = exact_optimum(types, p, time_limit_s=120.0)
         assert best.status == "optimal"
         stopped = ExactResult("time_limit", 0.0, 0.0, (), 1.0, 1, float("nan"))
-        out = _unproven(types, p, None, None, stopped, [], time.perf_counter(), 60.0)
+        out = unproven(types, p, None, None, stopped, [], time.perf_counter(), 60.0)
         assert out.status == "feasible" and out.bound >= best.rate_req_s * (1 - 1e-9)
         assert best.rate_req_s * (1 - 1e-4) <= out.rate_req_s <= best.rate_req_s * (1 + 1e-9)
         # its islands are a layout of the whole model, and it delivers what it states there
-        classes = _classes(types)
+        classes = island_classes(types)
         counts = [(0.0, 0.0)] * len(classes)
         for gpu, size, role in out.islands:
             ti = next(k for k, t in enumerate(types) if t.gpu == gpu)
             c = classes.index((ti, int(np.flatnonzero(types[ti].sizes == size)[0])))
             counts[c] = (counts[c][0] + (role == "prefill"), counts[c][1] + (role == "decode"))
-        fixed = _solve(types, p, 0.0, None, None, 60.0, "HIGHS", fix=counts)[0]
+        fixed = solve_counts(types, p, 0.0, None, None, 60.0, "HIGHS", fix=counts)[0]
         assert fixed.rate_req_s == pytest.approx(out.rate_req_s, rel=1e-6)

@@ -433,7 +433,7 @@ def test_an_unproven_exact_reference_still_has_a_layout_below_the_optimum_and_a_
     """When the exact MILP stops at its time limit, the LP relaxation bounds the optimum and its
     counts made whole, improved by the count search, give a layout that fits the inventory
     (solvers/exact.py `_unproven`)."""
-    from solvers.exact import ExactResult, TypeOptions, _unproven, exact_optimum
+    from solvers.exact import ExactResult, TypeOptions, exact_optimum, unproven
 
     for seed in range(4):
         rng = np.random.default_rng(seed)
@@ -449,7 +449,7 @@ def test_an_unproven_exact_reference_still_has_a_layout_below_the_optimum_and_a_
         best = exact_optimum(types, p, time_limit_s=60)
         assert best.status == "optimal"
         stopped = ExactResult("time_limit", 0.0, 0.0, (), 1.0, 1, float("nan"))
-        out = _unproven(types, p, None, None, stopped, [], time.perf_counter())
+        out = unproven(types, p, None, None, stopped, [], time.perf_counter())
         assert out.status == "feasible"
         assert out.rate_req_s <= best.rate_req_s * (1 + 1e-9) <= out.bound * (1 + 1e-9)
         # the relaxation's counts made whole alone gave 0.83-0.98 here, the count search 0.976-1.000; with
@@ -462,13 +462,13 @@ def test_an_unproven_exact_reference_still_has_a_layout_below_the_optimum_and_a_
 
 @pytest.mark.parametrize("fill", [False, True, "pooled"])
 def test_rounded_relaxation_counts_are_whole_and_fit_the_inventory_and_the_budget(fill: bool | str) -> None:
-    from solvers.exact import TypeOptions, _classes, _round_counts, _round_pooled
+    from solvers.exact import TypeOptions, island_classes, round_counts, round_pooled
 
     rng = np.random.default_rng(7)
     sizes = np.array([8, 16, 32, 64])
     types = [TypeOptions(f"T{t}", count, 1.0 + t, sizes, rng.uniform(1, 9, (4, 3)), rng.uniform(1, 9, (4, 3)))
              for t, count in enumerate((72, 40, 128))]  # fmt: skip
-    classes = _classes(types)
+    classes = island_classes(types)
     gpus = np.array([types[ti].sizes[si] for ti, si in classes], dtype=float)
     price = np.array([types[ti].price_per_gpu_hour for ti, _ in classes]) * gpus
     of_type = np.array([ti for ti, _ in classes])
@@ -482,7 +482,7 @@ def test_rounded_relaxation_counts_are_whole_and_fit_the_inventory_and_the_budge
             counts *= min(1.0, budget / (price @ counts.sum(axis=1)))
         frac = [tuple(c) for c in counts]
         whole = np.array(
-            _round_pooled(types, frac, budget) if fill == "pooled" else _round_counts(types, frac, budget, fill)
+            round_pooled(types, frac, budget) if fill == "pooled" else round_counts(types, frac, budget, fill)
         )
         assert (whole == np.round(whole)).all() and (whole >= 0).all()
         assert (whole >= np.floor(counts + 1e-9)).all()  # nothing the relaxation had whole is dropped

@@ -11,8 +11,9 @@ from costmodel.catalog import load_gpu
 from helpers import tiny_plan
 from plan import PlanError
 from simulator.build import build
-from simulator.core import DecodeEngine, PrefillEngine, Requests, Simulation
+from simulator.core import DecodeEngine, PrefillEngine, Simulation
 from simulator.metrics import summary
+from simulator.requests import Requests
 from simulator.routers import PlanRouter, PowerOfTwo, RoundRobin
 from simulator.timing import DecodeTiming, PrefillTiming
 

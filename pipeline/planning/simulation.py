@@ -21,8 +21,9 @@ from plan import Plan
 from simulator.arrivals import ARRIVALS, sampled
 from simulator.arrivals import from_trace as trace_requests
 from simulator.build import build
-from simulator.core import Requests, Simulation
+from simulator.core import Simulation
 from simulator.metrics import RAMP_DEFICIT_MAX, ramp_deficit, steady_state_note, summary, verdict
+from simulator.requests import Requests
 from simulator.schedulers import make_scheduler
 
 MAX_REQUESTS = 5_000_000  # per simulation: ~120 bytes of arrays a request, minutes of simulation at this many

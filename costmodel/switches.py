@@ -1,0 +1,58 @@
+"""The cost model's switches by name, each with what it does: the fixes of the original program's errors
+(`FIX_DOCS`, spec section 5) and the refinements of its structure (`MODEL_DOCS`). A profile
+(costmodel/profile.py) sets each on or off; a calibration (costmodel/calibration.py) records the
+structure it was fitted with."""
+
+from __future__ import annotations
+
+# What each fix does, keyed by switch name (the spec's bug numbers in brackets).
+FIX_DOCS: dict[str, str] = {
+    "fp8_dispatch": ("[B1] prefill dispatch is FP8 (1 byte/element), not halved to 4 bits on every GPU"),
+    "gemm_table_by_field": (
+        "[B2] grouped-GEMM efficiency table from the GPU's own field, not the substring 'H20' (which also matches H200)"
+    ),
+    "fp4_consistent": (
+        "[B3] FP4 GPUs keep the 0.7 MLA kernel factor and the MLA weight load; FP4 expert weights "
+        "load at half size in prefill too"
+    ),
+    "whole_experts_per_gpu": ("[B4] prefill routed experts per GPU = ceil(E / GPUs), a whole number"),
+    "topology_comm": (
+        "[B4,B9,B13] all-to-all sends only copies that leave the GPU, over NVLink inside the scale-"
+        "up domain and the NIC beyond it, sized by the real EP group; all-reduce beyond one node "
+        "uses the NIC"
+    ),
+    "tp_dense_layers": ("[B5] dense layers' attention and MLP are split by TP like the MoE layers"),
+    "batch_per_attention_rank": (
+        "[B6] decode batch counts sequences per attention-DP rank (TP group): MLA, MoE, all-to-all "
+        "and KV memory all use that one meaning"
+    ),
+    "new_tokens_only": (
+        "[B7] a prefix-cache hit skips the cached tokens' work entirely; KV down-projection runs on"
+        " new tokens only (decode included)"
+    ),
+    "causal_attention": ("[B8] prefill attention counts the causal triangle, not the full q x c square"),
+    "ring_allreduce": ("[B9] all-reduce moves 2(tp-1)/tp of the message (ring)"),
+    "si_units": (
+        "[B9] transfer time = bytes / (GB/s) with GB = 1e9 bytes, not MiB / (GB/s); GPU memory stays "
+        "in GiB, which is what HBM capacities are"
+    ),
+    "shared_expert_own_efficiency": ("[B10] the shared expert's GEMM efficiency is looked up from its own token count"),
+    "integer_batch": ("[B11] max batch is a whole, non-negative number of sequences"),
+    "weights_from_config": (
+        "[B12] attention, expert and embedding weights from the model config at the GPU's "
+        "precision, not the 187.17 M / 44.05 M / 2.91 GB constants"
+    ),
+    "monotone_gemm_time": (
+        "a grouped GEMM on more tokens never finishes sooner than on fewer (the step-function "
+        "efficiency table made decode steps 7-20 % faster just past each power of two)"
+    ),
+    "precision_per_gpu": ("GPUs without FP8 (A100, ...) hold weights and KV in BF16 (2 bytes) and compute in BF16"),
+}
+
+# Refinements of the model's structure (off in `shallowsim` and `corrected`).
+MODEL_DOCS: dict[str, str] = {
+    "gemm_roofline": (
+        "a dense GEMM takes max(FLOPs / rate, bytes / bandwidth) plus a fixed cost per kernel, the bytes being its "
+        "weights, inputs and BF16 outputs (not FLOPs / rate + weights / bandwidth), one kernel per projection"
+    ),
+}
