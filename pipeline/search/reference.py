@@ -38,19 +38,27 @@ def reference(
     tick: Callable[[], None] | None = None,
 ) -> ExactResult:
     """The exact optimum over every layout of the inventory, or, per type in `layouts`, over those
-    island multisets only (`solvers/exact.py`, (6))."""
-    types, kv = type_options(settings, ctx, planner, layouts)
-    return interruptible(
-        exact_optimum,
-        types,
-        planner.ranges.p,
-        objective="rate_per_dollar" if settings.objective == "rate_per_dollar" else "max_rate",
-        budget_per_hour=planner.budget_per_hour,
-        kv_gb=kv,
-        time_limit_s=settings.reference_time_limit_s,
-        backend=backend,
-        tick=tick,
-    )
+    island multisets only (`solvers/exact.py`, (6)).
+
+    Ctrl-C while the candidate islands are benchmarked is noted and acted on between two of them
+    (`_ctrl_c_noted`): allocation-heavy benchmarks run Python's garbage collector often, and a
+    KeyboardInterrupt raised inside one of its callbacks is dropped."""
+    with _ctrl_c_noted() if not _in_ray_worker() else contextlib.nullcontext([]) as pressed:
+        types, kv = type_options(settings, ctx, planner, layouts, stop=lambda: bool(pressed))
+        result = None if pressed else interruptible(
+            exact_optimum,
+            types,
+            planner.ranges.p,
+            objective="rate_per_dollar" if settings.objective == "rate_per_dollar" else "max_rate",
+            budget_per_hour=planner.budget_per_hour,
+            kv_gb=kv,
+            time_limit_s=settings.reference_time_limit_s,
+            backend=backend,
+            tick=tick,
+        )
+    if pressed or result is None:  # pressed while the islands were benchmarked, or between that and the solve
+        raise KeyboardInterrupt
+    return result
 
 
 SAMPLED = 5  # island sizes per GPU type benchmarked to estimate what the reference's benchmarks cost
@@ -101,13 +109,19 @@ def type_options(
     ctx: Context,
     planner: Planner,
     layouts: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> tuple[list[TypeOptions], np.ndarray | None]:
     """The reference's data: every GPU type's candidate islands with their benchmarks, and the KV
-    GB of one request per range (None without the KV-transfer constraint)."""
+    GB of one request per range (None without the KV-transfer constraint). `stop()` is asked between
+    two benchmarks: True ends the work early (the caller then raises)."""
     types = []
     for g, n in zip(settings.inventory.gpus, settings.inventory.counts, strict=True):
         sizes = np.array(ctx.space.sizes(g.name), dtype=int)  # node-aligned shapes unless search.shapes=any
-        rates = [planner.rates(g.name, int(s)) for s in sizes]  # at the load the SLOs allow, as the inner solve
+        rates = []
+        for s in sizes:  # at the load the SLOs allow, as the inner solve
+            if stop():
+                return types, None
+            rates.append(planner.rates(g.name, int(s)))
         types.append(
             TypeOptions(
                 g.name,
