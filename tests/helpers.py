@@ -3,6 +3,7 @@ one-line error), composing a config as the commands do, and plans made by hand o
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -80,21 +81,27 @@ def tiny_plan(rate: float = 4.0, hosts: bool = False) -> Plan:
     ], rate)  # fmt: skip
 
 
-def plan_of(tmp: Path, *overrides: str) -> tuple[Path, Any]:
-    """(plan.json, the planner) of the exact layout of tiny_hetero under `overrides`, built as the search builds it."""
-    import plan as plans
-    from pipeline.planning.build import build_plan
-    from pipeline.records.journal import write_json
-    from pipeline.search.reference import exact_layout, reference
-    from pipeline.search.settings import inventory_of, settings_from_cfg
+_PLANS: dict[tuple[str, ...], tuple[str, Any]] = {}  # per test process: plan_of's plans, made once each
 
-    cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", f"out_root={tmp}/out", *overrides])
-    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
-    layout = exact_layout(reference(settings, ctx, ctx.planner))
-    assert layout is not None
+
+def plan_of(tmp: Path, *overrides: str) -> tuple[Path, Any]:
+    """(tmp/plan.json, the planner) of the exact layout of tiny_hetero under `overrides`, built as the search builds
+    it; made once per test process and overrides (the planner is shared: its caches only grow)."""
+    if overrides not in _PLANS:
+        import plan as plans
+        from pipeline.planning.build import build_plan
+        from pipeline.search.reference import exact_layout, reference
+        from pipeline.search.settings import inventory_of, settings_from_cfg
+
+        cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", f"out_root={tmp}/out", *overrides])
+        settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+        layout = exact_layout(reference(settings, ctx, ctx.planner))
+        assert layout is not None
+        _PLANS[overrides] = (json.dumps(plans.to_json(build_plan(ctx.planner, layout, 10.0))), ctx.planner)
+    text, planner = _PLANS[overrides]
     path = tmp / "plan.json"
-    write_json(path, plans.to_json(build_plan(ctx.planner, layout, 10.0)))
-    return path, ctx.planner
+    path.write_text(text)
+    return path, planner
 
 
 def in_process(task: Any, config: str, *overrides: str, errors: tuple[type[Exception], ...] = ()) -> Any:

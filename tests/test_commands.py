@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import plan as plans
 from costmodel.catalog import CONF_DIR
 from helpers import SMALL, cli, in_process, one_line
 from pipeline.cli import options_first
@@ -130,8 +131,9 @@ def test_an_inventory_in_the_users_own_config_dir_is_found_and_its_errors_are_cl
             "search.verify=false", "search.band_draws=0", f"out_root={tmp_path}/out",
             f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
     assert r.returncode == 0, r.stderr
-    plan = json.loads(next((tmp_path / "out").glob("*/*/plan.json")).read_text())
-    assert plan["inventory"]["name"] == "mine" and plan["inventory"]["gpus"] == {"H200": 16, "H20": 16}
+    plan = plans.load(next((tmp_path / "out").glob("*/*/plan.json")))
+    assert plan.inventory is not None and plan.inventory.name == "mine"
+    assert dict(plan.inventory.gpus) == {"H200": 16, "H20": 16}
     (d / "inventory" / "broken.yaml").write_text("gpus: {H200: 16\n")
     r = in_process(lambda cfg: None, "search", f"hydra.searchpath=[file://{d}]", "+inventory=broken")
     one_line(r, "error: ")

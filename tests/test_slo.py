@@ -167,7 +167,7 @@ def test_a_goodput_search_scores_every_layout_by_what_the_simulator_sustains(tmp
     from pipeline.planning.planner import Layout
     from pipeline.search.run import execute
 
-    goodput = ["search.objective=goodput", "search.goodput.seconds=20", "search.goodput.steps=3"]
+    goodput = ["search.objective=goodput", "search.goodput.seconds=10", "search.goodput.steps=2"]
     r = in_process(execute, "search", *SMALL, "search.iterations=1", "search.polish=0", "search.band_draws=0", *goodput,
                    f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db")  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
@@ -177,13 +177,16 @@ def test_a_goodput_search_scores_every_layout_by_what_the_simulator_sustains(tmp
     assert len(trials) == 4 and scored
     for t in scored:  # the score is the simulated rate, probed from the analytic stated rate
         assert t["score"] == t["simulated_req_s"] and 0 <= t["score"] <= 1.3 * t["stated_req_s"] + 1e-9
-    plan = json.loads((run / "plan.json").read_text())
-    assert plan["search"]["objective"] == "goodput" and plan["verification"]["sim_wall_s"] > 0
-    assert plan["rates"]["simulated_req_s"] == max(t["score"] for t in scored)
+    import plan as plans
+
+    plan = plans.load(run / "plan.json")
+    assert plan.search is not None and plan.search.objective == "goodput"
+    assert plan.verification is not None and plan.verification.sim_wall_s > 0
+    assert plan.rates.simulated_req_s == max(t["score"] for t in scored)
     # the score repeats: the same layout, simulated again with the same check, sustains the same rate
     best = max(scored, key=lambda t: t["score"])
     _, ctx = settings_of(f"out_root={tmp_path}/again", "ranges.width=1000", "search.objective=goodput")
     layout = Layout.of([(g, int(n)) for g, n in (i.split("x") for i in best["islands"].split(";"))])
     again = build_plan(ctx.planner, layout, 10.0)
     assert again.rate_req_s == pytest.approx(best["stated_req_s"], rel=1e-6)
-    assert simulated_goodput(ctx.planner, again, GoodputCheck(seconds=20, steps=3))[0] == pytest.approx(best["score"])
+    assert simulated_goodput(ctx.planner, again, GoodputCheck(seconds=10, steps=2))[0] == pytest.approx(best["score"])

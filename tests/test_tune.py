@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import plan as plans
 from helpers import SMALL, compose
 from pipeline.records.journal import Journal
 
@@ -66,24 +67,19 @@ def notes_its_runtime_env(ctx: Any, params: Any) -> dict[str, Any]:
     return {**run_trial(ctx, params), "note": json.dumps(env, sort_keys=True)}
 
 
-def test_every_trial_runs_in_the_runtime_env_the_prewarmed_workers_start_in(tmp_path: Path, local_ray: Any) -> None:
+def test_trials_run_in_the_env_the_prewarmed_workers_start_in_on_fractions_of_a_cpu(
+    tmp_path: Path, local_ray: Any
+) -> None:
     """The driver starts the other workers' processes early in `trainable_env()`; Ray reuses them for
-    the trainable's tasks only if that is the env Ray Tune gives the trainable (its tasks inherit it)."""
+    the trainable's tasks only if that is the env Ray Tune gives the trainable (its tasks inherit it).
+    ray.cpus_per_trial=0.5 on 2 CPUs: 4 bundles of half a CPU, each worker's task sized to one."""
     from pipeline.tune.batch import trainable_env
 
-    assert run_search(tmp_path, notes_its_runtime_env) == 0
-    notes = {r["note"] for r in journal(tmp_path)}
-    assert notes == {json.dumps(trainable_env()["env_vars"], sort_keys=True)}, notes
-
-
-def test_a_fraction_of_a_cpu_per_trial_gives_more_workers_and_every_trial_runs(tmp_path: Path, local_ray: Any) -> None:
-    """ray.cpus_per_trial=0.5 on 2 CPUs: 4 bundles of half a CPU, each worker's task sized to one."""
-    from pipeline.search.trial import run_trial
-
-    assert run_search(tmp_path, run_trial, "ray.cpus_per_trial=0.5") == 0
+    assert run_search(tmp_path, notes_its_runtime_env, "ray.cpus_per_trial=0.5") == 0
     recs = journal(tmp_path)
     assert len(recs) == 4 and all(r["status"] != "error" for r in recs), [r.get("note") for r in recs]
     assert len({r["pid"] for r in recs}) > 1  # more than one worker scored the batch
+    assert {r["note"] for r in recs} == {json.dumps(trainable_env()["env_vars"], sort_keys=True)}
 
 
 def raising_trial(ctx: Any, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -105,9 +101,9 @@ def test_a_failing_trial_is_recorded_and_the_search_goes_on(tmp_path: Path, loca
     assert all("injected failure" in r["note"] for r in failed)
     assert all(r["status"] == "optimal" for r in recs if r["params"]["skew_H20"] >= 0)
     assert len({r["pid"] for r in recs}) == 1  # the trainable's own process scored every batch
-    (d,) = [p.parent for p in (tmp_path / "out").glob("*/*/plan.json")]
-    plan = json.loads((d / "plan.json").read_text())
-    assert plan["search"]["failed"] == len(failed) and plan["rates"]["rate_req_s"] > 0
+    (path,) = (tmp_path / "out").glob("*/*/plan.json")
+    plan = plans.load(path)
+    assert plan.search is not None and plan.search.failed == len(failed) and plan.rate_req_s > 0
 
 
 def dies_first_or_always(marks: Path, ctx: Any, params: Any) -> dict[str, Any]:
