@@ -31,8 +31,8 @@ from pipeline.records.progress import Progress
 from pipeline.records.report import best_so_far, convergence_plot, report, routing_plot, write_trials
 from pipeline.records.tracking import Tracker
 from pipeline.search.reference import ESTIMATE_ABOVE, exact_layout, reference, reference_cost
-from pipeline.search.samplers import make_sampler
-from pipeline.search.settings import Settings, idle_types, inventory_of, settings_from_cfg
+from pipeline.search.samplers import require_extras
+from pipeline.search.settings import Settings, context, idle_types, inventory_of, read_settings, recorded
 from pipeline.search.trial import Context, TrialFn, run_trial
 from pipeline.search.trials import SearchRun
 from pipeline.tune.driver import check_ray_address, run_tune, with_ray
@@ -58,11 +58,12 @@ FILES = ("plan.json", "report.md", "convergence.png", "routing.png", "trials.par
 
 def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
     """Run the search `cfg` describes; returns the exit code (0 done, 1 no plan, 130 interrupted)."""
-    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    settings = read_settings(cfg, *inventory_of(cfg))  # every value checked; nothing benchmarked yet
     if settings.planner == "search":
-        make_sampler(settings.sampler, settings.seed, ctx.space)  # an optional extra missing: say so now
+        require_extras(settings.sampler)  # an optional extra missing: say so now
     check_ray_address(settings.ray_address)
     tracker = Tracker(settings.mlflow_uri, settings.mlflow_experiment, EXPERIMENT_NOTE, COLUMNS)  # bad store: now
+    ctx = context(settings)  # the islands benchmarked: minimum sizes, whether a plan exists at all
     run = SearchRun(settings, ctx, tracker)
     what = _what(settings)
     print(
@@ -80,7 +81,7 @@ def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
     for note in notes:
         print(f"[search] warning: {note}", flush=True)
     try:
-        write_json(run.dir / "config.json", settings.config)
+        write_json(run.dir / "config.json", recorded(settings, ctx))
         run.ref = _reference(run, settings, ctx)
         state_path = run.dir / "state.json"
         state = read_json(state_path, "a new MLflow parent run records the search") or {}

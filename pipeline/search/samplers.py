@@ -64,23 +64,21 @@ def _grid(seed: int, space: Space) -> optuna.samplers.BaseSampler:
 
 
 def _gp(seed: int, space: Space) -> optuna.samplers.BaseSampler:
-    require("torch", "gp", "PyTorch")
+    require_extras("gp")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # deterministic_objective
         return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True)
 
 
 def _saasbo(seed: int, space: Space) -> optuna.samplers.BaseSampler:
-    require("botorch", "saasbo", "BoTorch")
-    require("optuna_integration", "saasbo", "optuna-integration")
-    require("numpyro", "saasbo", "NumPyro")  # BoTorch fits the SAAS GP with it, at the first model proposal
+    require_extras("saasbo")  # NumPyro among them: BoTorch fits the SAAS GP with it at the first model proposal
     from pipeline.search.saasbo import saasbo_sampler
 
     return saasbo_sampler(seed)
 
 
 def _cmaes(seed: int, space: Space) -> optuna.samplers.BaseSampler:
-    require("cmaes", "cmaes", "the cmaes package")
+    require_extras("cmaes")
     return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
 
 
@@ -93,6 +91,21 @@ SAMPLERS: dict[str, Callable[[int, Space], optuna.samplers.BaseSampler]] = {
     "qmc": _qmc,
     "cmaes": _cmaes,
 }
+
+
+EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {  # sampler: (module, what it is) of its optional extra
+    "gp": (("torch", "PyTorch"),),
+    "saasbo": (("botorch", "BoTorch"), ("optuna_integration", "optuna-integration"), ("numpyro", "NumPyro")),
+    "cmaes": (("cmaes", "the cmaes package"),),
+}
+
+
+def require_extras(name: str) -> None:
+    """ConfigError with the install line when sampler `name` is unknown or its optional extra is missing."""
+    if name not in SAMPLERS:
+        raise ConfigError(f"search.sampler={name!r} is unknown: choose from {[*SAMPLERS, 'exact']}")
+    for module, what in EXTRAS.get(name, ()):
+        require(module, name, what)
 
 
 def make_sampler(name: str, seed: int, space: Space, polish: float = 0.0, trials: int = 0) -> Any:

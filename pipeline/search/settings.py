@@ -64,11 +64,33 @@ class Settings:
     cpus_per_trial: float
     mlflow_uri: str | None
     mlflow_experiment: str
+    planning: Planner  # model, workload, ranges and cost settings: no island benchmarked yet
+    space: SpaceSettings
+    inner_time_limit_s: float
+    backend: str  # the inner MILP's solver
+    goodput: GoodputCheck | None  # objective goodput: how each layout is simulated
+    key: str  # the run's identity (config hash)
     config: dict[str, Any] = field(default_factory=dict)  # the resolved config, for the record
 
     @property
     def trials(self) -> int:
         return self.iterations * self.batch
+
+
+@dataclass(frozen=True)
+class SpaceSettings:
+    """The layouts a search may propose, before the minimum island sizes are resolved (`context`)."""
+
+    generator: str
+    min_island: Any  # a size or `auto`
+    min_island_per_type: Mapping[str, Any]
+    skew_range: float
+    max_islands: int | None
+    k_slots: int
+    repair: bool
+    counts_are_bounds: bool
+    grid_points: int
+    node: tuple[tuple[str, int], ...] | None  # (GPU type, GPUs per host) with node-aligned shapes
 
 
 def inventory_of(cfg: Any) -> tuple[str, Any]:
@@ -111,8 +133,13 @@ def check_context(workload: Workload, model: Any) -> None:
 
 def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Settings, Any]:
     """(Settings, trial Context) of a composed search config; ConfigError names the first bad value."""
-    from pipeline.search.trial import Context
+    settings = read_settings(cfg, inventory_name, inv_cfg)
+    return settings, context(settings)
 
+
+def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
+    """The search settings of a composed config, every value checked, no island benchmarked yet (`context` does
+    that): what can be refused cheaply is refused before anything expensive starts."""
     s = cfg.search
     unknown = sorted(set(s) - SEARCH_KEYS)
     if unknown:
@@ -138,16 +165,10 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
     if objective == "thesis" and (budget is not None or kv_transfer):
         raise ConfigError("search.objective=thesis has no budget or KV-transfer constraint: drop those overrides")
     goodput = goodput_from_cfg(s.get("goodput") or {}) if objective == "goodput" else None
-    skew_range = number(s.skew_range, "search.skew_range", low=0)
-    inner_limit = number(s.inner_time_limit_s, "search.inner_time_limit_s", low=0.001)
-    ref_limit = number(s.reference_time_limit_s, "search.reference_time_limit_s", low=0.001)
-    cpus_per_trial = number(cfg.ray.cpus_per_trial, "ray.cpus_per_trial", low=0.01)
-    seed = whole_number(s.seed, "search.seed")
     workload_name = choice("workload")
     planner = planner_from_cfg(cfg, {g.name: g for g in inventory.gpus}, kv_transfer, budget)
     calibration = planner.profile.calibration
     robust = boolean(s.get("robust", False), "search.robust")
-    band_draws = whole_number(s.get("band_draws", 0), "search.band_draws")
     if robust:
         from pipeline.planning.band import Z10, redrawn
 
@@ -156,37 +177,35 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
                               "this cost model has none: add costmodel.calibration=published (or a file of "
                               "yours from python -m costmodel.calibrate)")  # fmt: skip
         planner = redrawn(planner, calibration.shifted(-Z10))
+    if goodput is not None and not planner.cost.slo:
+        raise ConfigError("search.objective=goodput counts requests served within the SLOs: set the slo block "
+                          "(slo=null plans for throughput only; use objective=max_rate there)")  # fmt: skip
     shapes = str(s.shapes)
     if shapes not in SHAPES:
         raise ConfigError(
             f"search.shapes={shapes!r}: choose nodes (islands fit hosts) or any (the thesis's free sizes)"
         )
-    node = {g.name: g.node_gpus for g in inventory.gpus} if shapes == "nodes" else None
-    mins = min_islands(s.min_island, plain(s.min_island_per_type) or {}, inventory, planner, node)
-    space = Space(
-        generator,
-        tuple((g.name, n) for g, n in zip(inventory.gpus, inventory.counts, strict=True)),
-        tuple(mins.items()),
-        skew_range=skew_range,
+    per_type = plain(s.min_island_per_type) or {}
+    if not isinstance(per_type, Mapping):
+        raise ConfigError(f"search.min_island_per_type must map GPU names to sizes, got {per_type!r}")
+    space = SpaceSettings(
+        generator=generator,
+        min_island=plain(s.min_island),
+        min_island_per_type=per_type,
+        skew_range=number(s.skew_range, "search.skew_range", low=0),
         max_islands=None if str(s.max_islands) == "auto" else positive_int(s.max_islands, "search.max_islands"),
         k_slots=positive_int(s.get("k_slots", 16), "search.k_slots"),
         repair=on_violation == "repair",
         counts_are_bounds=objective == "rate_per_dollar" or budget is not None,
         grid_points=positive_int(s.grid_points, "search.grid_points"),
-        node=None if node is None else tuple(node.items()),
+        node=tuple((g.name, g.node_gpus) for g in inventory.gpus) if shapes == "nodes" else None,
     )
-    check_a_plan_exists(planner, inventory, space)
-    if goodput is not None and not planner.cost.slo:
-        raise ConfigError("search.objective=goodput counts requests served within the SLOs: set the slo block "
-                          "(slo=null plans for throughput only; use objective=max_rate there)")  # fmt: skip
     record = {k: plain(cfg[k]) for k in cfg if k != "hydra"}
     record["inventory"] = {"name": inventory_name, **plain(inv_cfg)}
     record["search"]["min_island_per_type"] = record["search"].get("min_island_per_type") or {}
-    record["search"]["min_island_by_type"] = mins  # `auto` resolved
     digest = hashlib.sha1(json.dumps(run_identity(record), sort_keys=True, default=str).encode()).hexdigest()[:8]
     name = f"{inventory_name}-{workload_name}-{generator}-{sampler}-{objective}-{digest}"
-    ctx = Context(planner, space, objective, inner_limit, digest, backend, goodput)
-    settings = Settings(
+    return Settings(
         inventory=inventory,
         workload_name=workload_name,
         planner="exact" if sampler == "exact" else "search",
@@ -196,23 +215,60 @@ def settings_from_cfg(cfg: Any, inventory_name: str, inv_cfg: Any) -> tuple[Sett
         batch=positive_int(s.batch, "search.batch"),
         polish=fraction(s.polish, "search.polish"),
         objective=objective,
-        seed=seed,
+        seed=whole_number(s.seed, "search.seed"),
         reference=boolean(s.reference, "search.reference"),
-        reference_time_limit_s=ref_limit,
+        reference_time_limit_s=number(s.reference_time_limit_s, "search.reference_time_limit_s", low=0.001),
         resume=boolean(s.resume, "search.resume"),
         verify=boolean(s.verify, "search.verify"),
-        band_draws=band_draws,
+        band_draws=whole_number(s.get("band_draws", 0), "search.band_draws"),
         robust=robust,
         calibration=calibration,
         run_root=Path(str(cfg.out_root)) / name,
         ray_address=None if cfg.ray.address is None else str(cfg.ray.address),
         ray_num_cpus=None if cfg.ray.num_cpus is None else positive_int(cfg.ray.num_cpus, "ray.num_cpus"),
-        cpus_per_trial=cpus_per_trial,
+        cpus_per_trial=number(cfg.ray.cpus_per_trial, "ray.cpus_per_trial", low=0.01),
         mlflow_uri=None if cfg.mlflow.tracking_uri is None else str(cfg.mlflow.tracking_uri),
         mlflow_experiment=str(cfg.mlflow.experiment),
+        planning=planner,
+        space=space,
+        inner_time_limit_s=number(s.inner_time_limit_s, "search.inner_time_limit_s", low=0.001),
+        backend=backend,
+        goodput=goodput,
+        key=digest,
         config=record,
     )
-    return settings, ctx
+
+
+def context(settings: Settings) -> Any:
+    """The search's trial context: the minimum island sizes resolved (`auto` benchmarks islands), the space of
+    layouts, and the check that a plan exists at all (a prefill and a decode island at once)."""
+    from pipeline.search.trial import Context
+
+    inventory, planner, sp = settings.inventory, settings.planning, settings.space
+    node = None if sp.node is None else dict(sp.node)
+    mins = min_islands(sp.min_island, sp.min_island_per_type, inventory, planner, node)
+    space = Space(
+        sp.generator,
+        tuple((g.name, n) for g, n in zip(inventory.gpus, inventory.counts, strict=True)),
+        tuple(mins.items()),
+        skew_range=sp.skew_range,
+        max_islands=sp.max_islands,
+        k_slots=sp.k_slots,
+        repair=sp.repair,
+        counts_are_bounds=sp.counts_are_bounds,
+        grid_points=sp.grid_points,
+        node=sp.node,
+    )
+    check_a_plan_exists(planner, inventory, space)
+    return Context(planner, space, settings.objective, settings.inner_time_limit_s, settings.key, settings.backend,
+                   settings.goodput)  # fmt: skip
+
+
+def recorded(settings: Settings, ctx: Any) -> dict[str, Any]:
+    """The resolved config as config.json keeps it: the settings' record with the minimum islands resolved."""
+    record = dict(settings.config)
+    record["search"] = {**record["search"], "min_island_by_type": dict(ctx.space.min_island)}  # `auto` resolved
+    return record
 
 
 def goodput_from_cfg(g: Any) -> GoodputCheck:
@@ -263,8 +319,6 @@ def min_islands(
     island as the minimum (one island, left idle by the inner solver). With node-aligned shapes
     (`node`: GPUs per host) the minimum is a shape: a number rounds up to the next one.
     """
-    if not isinstance(per_type, Mapping):
-        raise ConfigError(f"search.min_island_per_type must map GPU names to sizes, got {per_type!r}")
     unknown = sorted(set(per_type) - {g.name for g in inventory.gpus})
     if unknown:
         raise ConfigError(f"search.min_island_per_type names {unknown}, not in inventory {inventory.describe()}")
