@@ -356,7 +356,9 @@ class Verification:
     `sustained`: throughput kept up and the SLO percentiles held (else `why_not`); where they did not,
     `sustained_req_s` is the highest rate below the stated one the simulator sustains (0: none of those
     tried, down to half the stated rate) and `holds_at_0_95` whether 0.95 x stated held.
-    `steady_state`: why the measuring window may be too short for a verdict ("" when it is not)."""
+    `steady_state`: why the measuring window may be too short for a verdict ("" when it is not).
+    `precision`: how far the simulated rate may stray by chance (relative standard error of the window's
+    heavy-tailed answers and of its Poisson arrivals)."""
 
     offered_req_s: float
     throughput_req_s: float
@@ -377,6 +379,7 @@ class Verification:
     sustained_over_stated: float
     holds_at_0_95: bool | None = None
     windows: tuple[Window, ...] = ()
+    precision: float = 0.0  # the simulated rate's relative standard error: the window's answers and arrivals
 
 
 @dataclass(frozen=True)
@@ -481,24 +484,3 @@ def checked_notes(notes: Any) -> tuple[str, ...]:
         raise PlanError(f"notes must be a list of texts, got {notes!r}")
     return tuple(notes)
 
-
-__all__ = [
-    "MAX_DECODE_BATCH",
-    "RATES",
-    "REFERENCE_AHEAD",
-    "ROLES",
-    "Band",
-    "Hosts",
-    "InventoryInfo",
-    "Island",
-    "Plan",
-    "PlanError",
-    "Precision",
-    "RangeShare",
-    "Rates",
-    "Reference",
-    "SearchInfo",
-    "Verification",
-    "Window",
-    "checked_notes",
-]

@@ -39,11 +39,13 @@ def summary(
     span = np.maximum(r.finish - r.first_token, 1e-9)
     inside = np.clip(np.minimum(r.finish, t1) - np.maximum(r.first_token, t0), 0.0, None)
     tokens = (r.output_len - 1) * inside / span + ((r.first_token >= t0) & (r.first_token <= t1))
-    # A request's worth of tokens is the mean answer of the requests that arrived in the window, not of the whole
-    # run: with heavy-tailed answers the window's own mean is a few % off the run's, the same way at every rate
-    # of a run with the same seed, which would read as a shortfall at every rate.
-    mean_out = float(r.output_len[arrived].mean()) if arrived.any() else 0.0
+    mean_out = float(r.output_len.mean()) if len(r) else 0.0
     offered = float(arrived.sum()) / window_s if window_s > 0 else 0.0
+    # How far the window's tokens may stray from its requests' mean by chance: the relative standard error of
+    # the summed answers of the requests it holds. Heavy-tailed answers make it several % over a few thousand
+    # requests (Azure code: 2.6 % over 5,700), the same at every rate of a run with the same seed.
+    out_w = r.output_len[arrived]
+    noise = float(out_w.std() / out_w.mean() / np.sqrt(len(out_w))) if len(out_w) > 1 else 1.0
     served_tok = float(tokens.sum()) / window_s if window_s > 0 else 0.0
     out: dict[str, float] = {
         "requests": float(keep.sum()),
@@ -51,6 +53,7 @@ def summary(
         "offered_tok_s": offered * mean_out,
         "output_tok_s": served_tok,
         "throughput_req_s": served_tok / mean_out if mean_out > 0 else 0.0,  # requests' worth of tokens
+        "throughput_noise": noise,
         "preemptions": float(r.preemptions.sum()),
         "kv_peak_fraction": max((e.kv_peak / e.timing.kv_tokens for e in sim.decode), default=0.0),
     }
@@ -98,10 +101,12 @@ def ramp_deficit(r: Requests, window_ms: float) -> float:
 
 def verdict(m: dict[str, float], ttft_slo_ms: float | None, tpot_slo_ms: float | None, tolerance: float) -> str:
     """ "" when the run sustained its offered rate within the SLOs, else why not. Sustained means:
-    throughput keeps up with the offered rate (within `tolerance`) and TTFT and TPOT at their SLO
-    percentiles meet their targets. `run` and `saturate` of pipeline.simulate both judge by this."""
+    throughput keeps up with the offered rate (within `tolerance`, or twice the window's own sampling noise
+    where that is larger: `throughput_noise`) and TTFT and TPOT at their SLO percentiles meet their targets.
+    `run` and `saturate` of pipeline.simulate both judge by this."""
     why = []
-    if m["throughput_req_s"] < (1 - tolerance) * m["offered_req_s"]:
+    # short by more than the tolerance, and by more than twice what chance gives a window of these requests
+    if m["throughput_req_s"] < (1 - max(tolerance, 2 * m.get("throughput_noise", 0.0))) * m["offered_req_s"]:
         why.append(f"throughput {m['throughput_req_s']:.1f} < offered {m['offered_req_s']:.1f} req/s")
     if ttft_slo_ms is not None and m.get("ttft_ms_at_slo", np.inf) > ttft_slo_ms:
         why.append(f"TTFT {m['ttft_ms_at_slo']:.0f} > {ttft_slo_ms:g} ms")

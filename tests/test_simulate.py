@@ -216,10 +216,12 @@ def test_a_window_shorter_than_the_slowest_requests_is_lengthened(
     assert all(b >= int(1.5 * a) for a, b in itertools.pairwise(counts))
     last = longer.windows[-1]  # the window holds the p99 request, and starting empty costs at most 1 %
     assert last.window_s >= last.e2e_ms_p99 / 1e3 and last.ramp_deficit <= RAMP_DEFICIT_MAX
-    # it keeps up as the check on 90 s does (served over offered: the offered rate of a finite Poisson sample is
-    # itself a few % off the stated one, differently in windows of different lengths)
+    # it judges as the check on 90 s does, and keeps up as it does: served over offered, each within its window's
+    # sampling noise (the relative standard error of a few thousand heavy-tailed answers: 2.5-3 % here, so two
+    # windows agree within twice that)
+    assert longer.sustained == own.sustained
     keeps_up = [v.throughput_req_s / v.offered_req_s for v in (longer, own)]
-    assert keeps_up[0] == pytest.approx(keeps_up[1], abs=0.03)
+    assert keeps_up[0] == pytest.approx(keeps_up[1], abs=0.06)
     assert len(verification_rows(longer)) == 2  # no window row
 
     inflated = dataclasses.replace(plan, rates=dataclasses.replace(plan.rates, rate_req_s=1.6 * plan.rate_req_s))
@@ -228,14 +230,17 @@ def test_a_window_shorter_than_the_slowest_requests_is_lengthened(
     assert over.requests < 100 * 800  # stopped once a longer window left the shortfall as it was
 
 
-def test_throughput_is_judged_against_the_requests_of_its_own_window() -> None:
-    """With heavy-tailed answers the mean answer of a window's requests is a few % off the run's; judged by the
-    run's, every rate of a run with the same seed fell short alike (0.96 x at half the plan's rate), and the
-    check found no rate that held while every request met its SLOs."""
+def test_a_shortfall_within_the_windows_own_sampling_noise_is_not_an_overload() -> None:
+    """Answers are heavy-tailed: the tokens a window of a few thousand requests holds stray several % from their
+    mean by chance, the same way at every rate of a run with the same seed. Judged by a 3 % tolerance alone,
+    half the plan's rate fell short on some seeds (0.96 x), and the check found no rate that held while every
+    request met its SLOs. The verdict allows twice the window's own sampling noise; an overload still fails."""
     plan = tiny_plan(rate=3.0)
     runner, mix = Runner(plan, plan.slo), azure("azure_code")
-    ratios = []
     for seed in range(4):
         _, m, _ = runner.simulate(mix.requests(6000, 1.5, "poisson", seed))
-        ratios.append(m["throughput_req_s"] / m["offered_req_s"])
-    assert all(0.97 <= x <= 1.03 for x in ratios), ratios  # half the plan's rate keeps up, whatever the seed
+        ratio, noise = m["throughput_req_s"] / m["offered_req_s"], m["throughput_noise"]
+        assert 0.01 < noise < 0.05 and abs(1 - ratio) <= 2 * noise, (seed, ratio, noise)
+        assert runner.verdict(m) == ""  # half the plan's rate keeps up, whatever the seed
+    _, m, _ = runner.simulate(mix.requests(6000, 80.0, "poisson", 0))  # past what its engines serve (~45 req/s)
+    assert m["throughput_req_s"] < 0.9 * m["offered_req_s"] and "throughput" in runner.verdict(m)

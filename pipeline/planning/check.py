@@ -59,6 +59,8 @@ def check(plan: Plan, mix: RequestMix, settings: SimSettings | None = None) -> V
                                    LOW / MARGIN, 1 / MARGIN)  # fmt: skip
         holds = best >= MARGIN * rate  # the first probe held: bisection went up from it
     nan = float("nan")
+    arrived = m["offered_req_s"] * m["window_s"]
+    precision = float(np.hypot(m.get("throughput_noise", 0.0), 1 / np.sqrt(max(arrived, 1.0))))
     return Verification(
         offered_req_s=m["offered_req_s"],
         throughput_req_s=m["throughput_req_s"],
@@ -79,4 +81,5 @@ def check(plan: Plan, mix: RequestMix, settings: SimSettings | None = None) -> V
         sustained_over_stated=best / rate,
         holds_at_0_95=holds,
         windows=tuple(Window(**{k: float(w[k]) if k != "requests" else int(w[k]) for k in w}) for w in windows),
+        precision=precision,
     )

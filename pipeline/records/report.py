@@ -209,8 +209,8 @@ def verification_rows(v: Verification | None) -> list[str]:
     elif not v.sustained:
         verdict += "; none of the lower rates simulated held either (down to half the stated rate)"
     rows = [
-        f"| simulated at that rate | {v.throughput_req_s:.2f} req/s = {v.simulated_over_stated:.3f} x stated; "
-        f"{verdict} |",
+        f"| simulated at that rate | {v.throughput_req_s:.2f} req/s = {v.simulated_over_stated:.3f} x stated"
+        + (f" (± {v.precision:.1%}: its window's sampling noise)" if v.precision else "") + f"; {verdict} |",
         f"| simulated latency | TTFT p50 {v.ttft_ms_p50:.0f} ms, p99 {v.ttft_ms_p99:.0f} ms; TPOT p99 "
         f"{v.tpot_ms_p99:.1f} ms; {v.slo_attainment:.1%} of requests within the SLOs ({v.slo}) |",
     ]
