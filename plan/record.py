@@ -21,7 +21,6 @@ as sound as one the search built: a bad value is a `PlanError` naming the field.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -463,20 +462,6 @@ class Plan:
     def profile_name(self) -> str:
         return self.cost.profile.name
 
-    @property
-    def sustained_req_s(self) -> float:
-        """The rate to plan with: the stated rate, or where the simulated check found the SLOs break there,
-        the highest lower rate the simulator sustained."""
-        v = self.verification
-        if v is not None and not v.sustained:
-            return v.sustained_req_s
-        return self.rates.rate_req_s
-
-    def gpus_used(self) -> Mapping[str, int]:
-        out: dict[str, int] = {}
-        for isl in self.islands:
-            out[isl.gpu] = out.get(isl.gpu, 0) + isl.size
-        return out
 
 
 def checked_notes(notes: Any) -> tuple[str, ...]:
