@@ -463,7 +463,6 @@ class Plan:
         return self.cost.profile.name
 
 
-
 def checked_notes(notes: Any) -> tuple[str, ...]:
     if not isinstance(notes, (list, tuple)) or not all(isinstance(n, str) for n in notes):
         raise PlanError(f"notes must be a list of texts, got {notes!r}")
