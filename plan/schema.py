@@ -210,8 +210,8 @@ def _islands(v: Any, where: str, island: Callable[[Any, str], Island]) -> tuple[
 def _hosts(d: Any, where: str) -> Hosts | None:
     if d is None:
         return None
-    return _of(Hosts, {**_mapping(d, where), "nodes": tuple(_list(_mapping(d, where).get("nodes"), f"{where}.nodes"))},
-               where)  # fmt: skip
+    d = _mapping(d, where)
+    return _of(Hosts, {**d, "nodes": tuple(_list(d.get("nodes"), f"{where}.nodes"))}, where)
 
 
 def _list(v: Any, where: str) -> list[Any]:
