@@ -107,5 +107,5 @@ def test_the_ui_stopped_by_sigterm_leaves_nothing_on_its_port(tmp_path: Path) ->
     while time.time() < deadline and subprocess.run(["pgrep", "-f", f"mlflow.* {port}"], capture_output=True).stdout:
         time.sleep(0.2)
     assert not subprocess.run(["pgrep", "-f", f"mlflow.* {port}"], capture_output=True, text=True).stdout
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))  # free again
+    with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+        s.connect(("127.0.0.1", port))  # nothing listens there any more
