@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -20,21 +21,32 @@ def reference_csv() -> Path:
     return REFERENCE_CSV
 
 
-# A small finished search (Ray Tune, MLflow, the exact reference, the simulated check), run once per
-# session (the tests that use it are in one xdist group, so in one process): the end-to-end test checks its
-# outputs, the test of the simulated-rate check checks its plan again, and the browser test opens its MLflow store.
+# A small finished search (Ray Tune, MLflow, the exact reference, the simulated check), run once per test run
+# and shared by the test processes: the end-to-end test checks its outputs and the browser test opens its store.
 FINISHED_SEARCH = ["+inventory=tiny_hetero", "ranges.width=1000", "search.batch=4", "ray.num_cpus=2",
                    "search.iterations=3", "slo=null", "search.shapes=any"]  # fmt: skip
 
 
 @pytest.fixture(scope="session")
-def finished_search(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    """(its folder: out/ and mlflow.db, the finished command) of `FINISHED_SEARCH`."""
-    tmp = tmp_path_factory.mktemp("finished_search")
-    r = subprocess.run([sys.executable, "-m", "pipeline.search", *FINISHED_SEARCH, f"out_root={tmp}/out",
-                        f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
-    return tmp, r
+def finished_search(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> tuple[Path, Any]:
+    """(its folder: out/ and mlflow.db, the finished command) of `FINISHED_SEARCH`. The first test process to ask
+    runs it; the others wait on the lock and read what it left (pytest-xdist's own recipe for a shared fixture)."""
+    import fcntl
+    from types import SimpleNamespace
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if worker_id != "master" else root  # shared by this run's test processes, not by other runs
+    tmp = root / "finished_search"
+    with (root / "finished_search.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (tmp / "command.json").exists():
+            tmp.mkdir(exist_ok=True)
+            r = subprocess.run([sys.executable, "-m", "pipeline.search", *FINISHED_SEARCH, f"out_root={tmp}/out",
+                                f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db"],
+                               cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+            (tmp / "command.json").write_text(json.dumps({"returncode": r.returncode, "stdout": r.stdout,
+                                                          "stderr": r.stderr}))  # fmt: skip
+    return tmp, SimpleNamespace(**json.loads((tmp / "command.json").read_text()))
 
 
 @pytest.fixture
