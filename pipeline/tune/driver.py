@@ -84,7 +84,7 @@ def run_tune(run: SearchRun, trial_fn: TrialFn = run_trial) -> bool:
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=searcher,  # one trial per batch (pipeline/tune_batch.py)
+            search_alg=searcher,  # one trial per batch (pipeline/tune/batch.py)
             num_samples=-1,  # the searcher says when it is done
             reuse_actors=True,
         ),
