@@ -1,33 +1,171 @@
-"""`python -m deployment.router routing.json [--host 0.0.0.0] [--port 8000]`: the plan's router (deployment/router)."""
+"""`python -m deployment.router routing.json [--port 8000] [--host 127.0.0.1] ...`: the plan's router.
+
+Listens on loopback unless told `--host 0.0.0.0`; with an API key (`ARCHIPELAGO_ROUTER_API_KEY`, or
+`--api-key`) every endpoint but /health asks for it. SIGTERM or Ctrl-C stops taking requests and
+waits up to `--drain-seconds` for those in flight.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
+import os
+import resource
+import signal
 import sys
 from pathlib import Path
 
 from aiohttp import web
 
-from deployment.router.app import app
+from deployment.router.app import STATE, Settings, app
+from deployment.router.table import RoutingError, load
+
+FDS_PER_REQUEST = 3  # the client's connection and up to two engine connections
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (1-65535)")
+    return port
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{value} is negative")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    from costmodel.cli import ArgumentParser
+
+    d = Settings()
+    ap = ArgumentParser(prog="python -m deployment.router", description="The plan's router (deployment/router).")
+    ap.add_argument("routing", help="routing.json written by python -m pipeline.deploy")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback; 0.0.0.0: all)")
+    ap.add_argument("--port", type=_port, default=8000)
+    ap.add_argument(
+        "--api-key",
+        default=os.environ.get("ARCHIPELAGO_ROUTER_API_KEY"),
+        help="Bearer key every endpoint but /health asks for (default: $ARCHIPELAGO_ROUTER_API_KEY)",
+    )
+    ap.add_argument("--tokenizer", help="the model's tokenizer.json (or its folder) for exact prompt lengths "
+                    "(default: routing.json's `tokenizer` when that file exists here)")  # fmt: skip
+    ap.add_argument(
+        "--max-in-flight",
+        type=_positive(int),
+        default=0,
+        help="requests admitted at once, past it 503 (default: 2 x the plan's in flight, >= 1024)",
+    )
+    ap.add_argument("--timeout", type=_positive(float), default=d.timeout_s, help="seconds an engine may stay silent")
+    ap.add_argument("--connect-timeout", type=_positive(float), default=d.connect_timeout_s)
+    ap.add_argument("--health-interval", type=_positive(float), default=d.health_interval_s,
+                    help="seconds between health checks of every engine (0: none)")  # fmt: skip
+    ap.add_argument("--retries", type=_positive(int), default=d.retries)
+    ap.add_argument("--drain-seconds", type=_positive(float), default=30.0,
+                    help="on SIGTERM, seconds to let requests in flight finish")  # fmt: skip
+    return ap
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _descriptors(wanted: int) -> int:
+    """Raise the open-file limit toward `wanted`; the limit there is."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m deployment.router", description="The plan's router.")
-    ap.add_argument("routing", help="routing.json written by python -m pipeline.deploy")
-    ap.add_argument("--host", default="0.0.0.0")
-    ap.add_argument("--port", type=int, default=8000)
-    args = ap.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         config = json.loads(Path(args.routing).read_text())
-        application = app(config)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        print(f"error: {args.routing}: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    counts = {role: len(isl) for role, isl in config["islands"].items()}
-    print(f"[router] {args.routing}: {counts.get('prefill', 0)} prefill and {counts.get('decode', 0)} decode islands; "
-          f"listening on http://{args.host}:{args.port} (GET /health; Ctrl-C stops it)", flush=True)  # fmt: skip
-    web.run_app(application, host=args.host, port=args.port, print=None)
+        table = load(config)
+    except OSError as err:
+        _fail(f"{args.routing}: cannot read it ({err.strerror or err})")
+    except json.JSONDecodeError as err:
+        _fail(f"{args.routing}: not JSON ({err.msg}, line {err.lineno})")
+    except RoutingError as err:
+        _fail(f"{args.routing}: {err}")
+    tokenizer = args.tokenizer
+    if tokenizer is None and table.tokenizer and Path(table.tokenizer).exists():
+        tokenizer = table.tokenizer
+    settings = Settings(api_key=args.api_key or None, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
+                        connect_timeout_s=args.connect_timeout, health_interval_s=args.health_interval,
+                        retries=args.retries, tokenizer=tokenizer)  # fmt: skip
+    try:
+        application = app(table, settings)
+    except ValueError as err:
+        _fail(str(err))
+    router = application[STATE]
+    limit = _descriptors(FDS_PER_REQUEST * router.capacity + 256)
+    if FDS_PER_REQUEST * router.capacity + 256 > limit:
+        router.capacity = max((limit - 256) // FDS_PER_REQUEST, 1)
+        print(f"[router] warning: the open-file limit ({limit}) admits {router.capacity} requests in flight, not "
+              f"{settings.admitted(table)}: raise `ulimit -n`", file=sys.stderr)  # fmt: skip
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    logging.basicConfig(level=logging.INFO, format="[router] %(message)s", stream=sys.stderr)
+    asyncio.run(serve(application, args, table))
+
+
+async def serve(application: web.Application, args: argparse.Namespace, table: object) -> None:
+    router = application[STATE]
+    runner = web.AppRunner(application, access_log=None, handle_signals=False, shutdown_timeout=args.drain_seconds)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port, backlog=4096)
+    try:
+        await site.start()
+    except OSError as err:
+        await runner.cleanup()
+        _fail(f"cannot listen on {args.host}:{args.port} ({err.strerror or err}): choose another --port or stop what "
+              "listens there")  # fmt: skip
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    counts = {ph: len(router.table.islands[ph]) for ph in router.table.islands}
+    lengths = (
+        "exact (the model's tokenizer)"
+        if router.count.exact
+        else (f"estimated as characters / {router.table.chars_per_token:g} (give --tokenizer for exact counts)")
+    )
+    print(f"[router] {args.routing}: {counts['prefill']} prefill and {counts['decode']} decode islands, "
+          f"{len(router.table.engines)} engines; prompt lengths {lengths}; up to {router.capacity} requests in "
+          f"flight; {'API key required' if router.settings.api_key else 'no API key'}; listening on "
+          f"http://{args.host}:{args.port} (GET /health, /metrics; SIGTERM drains)", flush=True)  # fmt: skip
+    await stop.wait()
+    router.draining = True
+    print(f"[router] stopping: no new requests; waiting up to {args.drain_seconds:g} s for {router.in_flight} in "
+          "flight", flush=True)  # fmt: skip
+    await runner.cleanup()
+    print("[router] stopped", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,85 +1,424 @@
-"""The router's aiohttp application: OpenAI-compatible in front, disaggregated prefill/decode engines behind."""
+"""The router's aiohttp application: OpenAI-compatible in front, the plan's disaggregated engines behind.
+
+One request's path (`forward`):
+1. admission: past `max_in_flight` requests the router answers 503 at once (Retry-After), so an
+   overload sheds instead of queueing without bound;
+2. the prompt's length in tokens (`tokens.Counter`) picks the plan's range; a prefill and a decode
+   island are drawn with the range's fractions, then an engine of each that is up (`table.pick`);
+3. the engines' protocol: SGLang sends the request (bootstrap host, port and room added) to both at
+   once and answers with the decode engine's stream; vLLM sends it to prefill first (one token,
+   `do_remote_decode`) and then to decode with the prefill's `kv_transfer_params`;
+4. an engine that refuses the connection, resets it, or fails its health check is marked down and
+   the request is sent again to another engine (of the same island when it has one, else another
+   island the range allows), up to `retries` times, as long as nothing has been sent to the client.
+
+Answers the router makes itself are JSON `{"error": reason}`: 400 a malformed request, 401 a
+missing or wrong API key, 413 a body past `max_body_bytes`, 502 an engine that failed mid-answer,
+503 no engine up for the range or the router full, 504 an engine that did not answer within
+`timeout_s`. A reason names the engine as `<phase> engine <island>/<index>`; its URL is only in the
+router's log and in `GET /routing`, which needs the API key. `GET /health` (engines up, draining or
+not) and `GET /metrics` (Prometheus) are the operator's.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import hmac
+import logging
 import random
+import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from aiohttp import ClientSession, ClientTimeout, web
+import orjson
+from aiohttp import web
 
-from deployment.router.table import load, pick, prompt_tokens
+from deployment.router.metrics import Metrics
+from deployment.router.table import Island, Table, pick
+from deployment.router.tokens import BadRequest, Counter
+from deployment.router.upstream import Answer, EngineDown, Pool
 
 PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
-CLIENT = web.AppKey("client", ClientSession)
+STATE = web.AppKey("state", "Router")
+log = logging.getLogger("archipelago.router")
 
 
-def app(config: dict[str, Any], seed: int | None = None) -> web.Application:
-    table = load(config)
-    rng = random.Random(seed)
-    protocol, cpt = config["protocol"], float(config.get("chars_per_token", 4.0))
-    bootstrap_port = int(config.get("bootstrap_port", 8998))
-    application = web.Application()
+@dataclass(frozen=True)
+class Settings:
+    """How the router behaves under load and faults (the command's options)."""
+
+    api_key: str | None = None  # Bearer key every endpoint but /health requires (None: none, and no /routing)
+    max_in_flight: int = 0  # requests admitted at once; past it 503 (0: 2 x the plan's in-flight, at least 1,024)
+    timeout_s: float = 600.0  # an engine silent this long (no byte) is abandoned: 504
+    connect_timeout_s: float = 1.0  # an engine that does not accept a connection within this is down
+    health_interval_s: float = 2.0  # every engine's /health is asked this often (timeout: the same, at most 1 s)
+    retries: int = 2  # times a request is sent to another engine after a connection failure
+    max_body_bytes: int = 8 * 1024 * 1024
+    tokenizer: str | None = None  # the model's tokenizer.json (None: routing.json's, else characters / chars_per_token)
+
+    def admitted(self, table: Table) -> int:
+        return self.max_in_flight or max(2 * table.in_flight, 1024)
+
+
+class Router:
+    """The state one running router keeps: the table, which engines are down, the HTTP client, metrics."""
+
+    def __init__(self, table: Table, settings: Settings, seed: int | None = None) -> None:
+        self.table, self.settings = table, settings
+        self.rng = random.Random(seed)
+        self.count = Counter(settings.tokenizer or table.tokenizer, table.chars_per_token)
+        self.capacity = settings.admitted(table)
+        self.in_flight = 0
+        self.down: set[str] = set()
+        self.draining = False
+        self.names = {e: (phase, isl.name, j) for phase in table.islands for isl in table.islands[phase]
+                      for j, e in enumerate(isl.engines)}  # fmt: skip
+        self.metrics = Metrics(self.names)
+        self.pools = {e: Pool(e, settings.connect_timeout_s, settings.timeout_s) for e in table.engines}
+        self.checker: asyncio.Task[None] | None = None
+
+    def name(self, url: str) -> str:
+        phase, island, j = self.names[url]
+        return f"{phase} engine {island}/{j}"
+
+    def mark(self, url: str, up: bool, why: str = "") -> None:
+        if up and url in self.down:
+            self.down.discard(url)
+            log.warning("%s (%s) is up again", self.name(url), url)
+        elif not up and url not in self.down:
+            self.down.add(url)
+            log.warning("%s (%s) is down: %s; its requests go to the others", self.name(url), url, why)
+        self.metrics.engine_up(url, up)
+
+    async def check_health(self) -> None:
+        """Ask every engine's /health, forever; an answer other than 200 within the timeout marks it down."""
+        timeout = min(self.settings.health_interval_s, 1.0)
+
+        async def one(url: str) -> None:
+            try:
+                r = await self.pools[url].request("GET", "/health", read_s=timeout)
+                await r.read()
+                self.mark(url, r.status == 200, f"/health answered {r.status}")
+            except EngineDown as err:
+                self.mark(url, False, f"/health: {err.why}")
+
+        while True:
+            await asyncio.gather(*(one(u) for u in self.table.engines))
+            await asyncio.sleep(self.settings.health_interval_s)
+
+
+def app(config: dict[str, Any] | Table, settings: Settings | None = None, seed: int | None = None) -> web.Application:
+    """The router for a routing.json (parsed) or a checked table."""
+    from deployment.router.table import load
+
+    table = config if isinstance(config, Table) else load(config)
+    router = Router(table, settings or Settings(), seed)
+    application = web.Application(client_max_size=router.settings.max_body_bytes, middlewares=[_guard])
+    application[STATE] = router
 
     async def start(a: web.Application) -> None:
-        a[CLIENT] = ClientSession(timeout=ClientTimeout(total=None, sock_connect=30))
+        if router.settings.health_interval_s > 0:
+            router.checker = asyncio.create_task(router.check_health())
+
+    async def shutdown(a: web.Application) -> None:
+        router.draining = True  # /health answers 503 so a load balancer stops sending; in-flight requests finish
 
     async def stop(a: web.Application) -> None:
-        await a[CLIENT].close()
-
-    async def forward(request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except json.JSONDecodeError:
-            return web.json_response({"error": "the request body must be JSON"}, status=400)
-        tokens = prompt_tokens(body, cpt)
-        pre, dec = pick(table, "prefill", tokens, rng), pick(table, "decode", tokens, rng)
-        client = request.app[CLIENT]
-        path = request.path
-        if protocol == "sglang":
-            room = rng.getrandbits(63)
-            body = {**body, "bootstrap_host": urlparse(pre).hostname, "bootstrap_port": bootstrap_port,
-                    "bootstrap_room": room}  # fmt: skip
-            prefill = asyncio.ensure_future(client.post(pre + path, json=body))
-            answer = await _relay(request, client, dec + path, body, pre, dec)
-            async with await prefill as r:
-                await r.read()  # the prefill engine's own answer is not the client's
-            return answer
-        first = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
-        first.pop("stream_options", None)
-        async with client.post(pre + path, json=first) as r:
-            if r.status != 200:
-                return web.Response(status=r.status, body=await r.read(), content_type=r.content_type)
-            params = (await r.json()).get("kv_transfer_params")
-        return await _relay(request, client, dec + path, {**body, "kv_transfer_params": params}, pre, dec)
-
-    async def routing_view(_: web.Request) -> web.Response:
-        return web.json_response(config)
-
-    async def health(_: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
+        if router.checker:
+            router.checker.cancel()
+        for pool in router.pools.values():
+            pool.close()
 
     for path in PATHS:
         application.router.add_post(path, forward)
     application.router.add_get("/routing", routing_view)
     application.router.add_get("/health", health)
+    application.router.add_get("/metrics", metrics_view)
     application.on_startup.append(start)
+    application.on_shutdown.append(shutdown)
     application.on_cleanup.append(stop)
     return application
 
 
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def _extend(raw: bytes, body: dict[str, Any], extra: dict[str, Any], drop: tuple[str, ...] = ()) -> bytes:
+    """The request's JSON with `extra`'s keys set: spliced onto the client's bytes when none is there already
+    (no second encoding of a long prompt), else encoded again."""
+    if any(k in body for k in extra) or any(k in body for k in drop):
+        return orjson.dumps({**{k: v for k, v in body.items() if k not in drop}, **extra})
+    end = raw.rstrip().rfind(b"}")
+    return raw[:end] + (b"," if body else b"") + orjson.dumps(extra)[1:-1] + b"}"
+
+
+def _error(status: int, reason: str, **headers: str) -> web.Response:
+    return web.json_response({"error": reason}, status=status, headers=headers or None)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The API key (every path but /health) and the router's own answers to what aiohttp refuses."""
+    router = request.app[STATE]
+    key = router.settings.api_key
+    if key is not None and request.path != "/health":
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            return _error(401, "missing or wrong API key: send `Authorization: Bearer <key>`")
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"the request body is larger than the router's {router.settings.max_body_bytes:,} bytes")
+    except web.HTTPException as err:
+        if err.status >= 400:
+            return _error(err.status, err.reason)
+        raise
+
+
+async def routing_view(request: web.Request) -> web.Response:
+    router = request.app[STATE]
+    if router.settings.api_key is None:
+        return _error(403, "the routing table names every engine: start the router with an API key to read it")
+    t = router.table
+    return web.json_response({
+        "protocol": t.protocol,
+        "ranges": [{"start": r.start, "end": r.end, **{ph: [[i.name, f] for i, f in r.islands[ph]] for ph in r.islands}}
+                   for r in t.ranges],
+        "islands": {ph: {i.name: list(i.engines) for i in t.islands[ph]} for ph in t.islands},
+        "down": sorted(router.down),
+    })  # fmt: skip
+
+
+async def health(request: web.Request) -> web.Response:
+    router = request.app[STATE]
+    up = {ph: sum(e not in router.down for i in router.table.islands[ph] for e in i.engines)
+          for ph in router.table.islands}  # fmt: skip
+    ok = not router.draining and all(up.values())
+    body = {"ok": ok, "draining": router.draining, "engines_up": up, "in_flight": router.in_flight}
+    return web.json_response(body, status=200 if ok else 503)
+
+
+async def metrics_view(request: web.Request) -> web.Response:
+    router = request.app[STATE]
+    return web.Response(body=router.metrics.render(router.in_flight), content_type="text/plain",
+                        charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})  # fmt: skip
+
+
+async def _body(request: web.Request) -> tuple[bytes, dict[str, Any]]:
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        if "utf-8" in str(err).lower():
+            raise BadRequest("the request body is not UTF-8") from None
+        raise BadRequest(f"the request body is not JSON ({err.msg} at character {err.pos})") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"the request body must be a JSON object, got a JSON {type(body).__name__}")
+    return raw, body
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    router: Router = request.app[STATE]
+    if router.draining:
+        return _error(503, "the router is shutting down", **{"Retry-After": "1"})
+    if router.in_flight >= router.capacity:
+        router.metrics.answered("shed")
+        return _error(503, f"the router is full: {router.in_flight} requests in flight (its limit)",
+                      **{"Retry-After": "1"})  # fmt: skip
+    router.in_flight += 1
+    started = time.perf_counter()
+    outcome = "error"
+    try:
+        try:
+            raw, body = await _body(request)
+            tokens = await router.count(body)
+        except BadRequest as err:
+            outcome = "bad_request"
+            return _error(400, str(err))
+        sender = _sglang if router.table.protocol == "sglang" else _vllm
+        response, outcome = await sender(router, request, raw, body, tokens)
+        return response
+    finally:
+        router.in_flight -= 1
+        router.metrics.answered(outcome, time.perf_counter() - started)
+
+
+def _unavailable(router: Router, phase: str, tokens: int, tried: set[str]) -> web.Response:
+    r = router.table.range_of(tokens)
+    names = [router.name(e) for isl, _ in r.islands[phase] for e in isl.engines]
+    why = f"no {phase} engine is up for a {tokens}-token prompt (range [{r.start}, {r.end}): {', '.join(names)}" + (
+        f"; tried {', '.join(router.name(e) for e in sorted(tried))})" if tried else " down)"
+    )
+    return _error(503, why, **{"Retry-After": "1"})
+
+
+def _choose(router: Router, phase: str, tokens: int, tried: set[str]) -> tuple[Island, str] | None:
+    return pick(router.table, phase, tokens, router.rng, router.down, tried)
+
+
+async def _post(router: Router, url: str, path: str, body: bytes) -> Answer:
+    """POST to an engine; its answer with the status and headers read (EngineDown when it cannot be reached)."""
+    return await router.pools[url].request("POST", path, body)
+
+
+def _failed(router: Router, err: EngineDown) -> tuple[web.Response, str]:
+    """The client's answer when an engine failed and no retry is left (or allowed): 504 or 502."""
+    if err.timed_out:
+        return _error(504, f"{router.name(err.url)} did not answer within {router.settings.timeout_s:g} s"), "timeout"
+    return _error(502, f"{router.name(err.url)} failed: {err.why}"), "engine_error"
+
+
+def _down(router: Router, err: EngineDown) -> None:
+    """A connection-level failure marks the engine down; a timeout does not (a busy engine is not a dead one)."""
+    router.metrics.upstream_error(err.url, err.timed_out)
+    if not err.timed_out:
+        router.mark(err.url, False, err.why)
+
+
 async def _relay(
-    request: web.Request, client: ClientSession, url: str, body: dict[str, Any], pre: str, dec: str
+    router: Router, request: web.Request, r: Answer, url: str, served: dict[str, str]
 ) -> web.StreamResponse:
-    """POST `body` to `url` and stream its answer back, headers naming the engines that served it."""
-    async with client.post(url, json=body) as r:
-        out = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get("Content-Type", "")})
-        out.headers["X-Archipelago-Prefill"] = pre
-        out.headers["X-Archipelago-Decode"] = dec
+    """Stream engine answer `r` back to the client, headers naming the islands and engines that served it."""
+    out = web.StreamResponse(status=r.status, headers=served)
+    out.content_type = r.content_type
+    if r.length is not None:
+        out.content_length = r.length
+    try:
         await out.prepare(request)
-        async for chunk in r.content.iter_any():
+        async for chunk in r.chunks():
             await out.write(chunk)
         await out.write_eof()
-        return out
+    except EngineDown as err:  # mid-answer: the client sees a cut stream
+        log.warning("%s (%s) failed mid-answer: %s", router.name(url), url, err.why)
+        router.metrics.upstream_error(url, err.timed_out)
+    except (ConnectionError, OSError):  # the client went away: the engine's answer is dropped with its connection
+        pass
+    finally:
+        r.release()
+    return out
+
+
+def _served(router: Router, pre: str, dec: str) -> dict[str, str]:
+    return {"X-Archipelago-Prefill": "/".join(map(str, router.names[pre][1:])),
+            "X-Archipelago-Decode": "/".join(map(str, router.names[dec][1:]))}  # fmt: skip
+
+
+async def _sglang(
+    router: Router, request: web.Request, raw: bytes, body: dict[str, Any], tokens: int
+) -> tuple[web.StreamResponse, str]:
+    """SGLang PD: both engines at once, one bootstrap room; the decode engine's answer is the client's.
+
+    The decode engine's answer is relayed once the prefill engine has answered too (its answer comes
+    when the prompt's KV has left for the decode engine, before the first token), so a prefill engine
+    that fails sends the pair again, to other engines, before the client has seen a byte."""
+    tried: set[str] = set()
+    for attempt in range(router.settings.retries + 1):
+        p, d = _choose(router, "prefill", tokens, tried), _choose(router, "decode", tokens, tried)
+        if p is None or d is None:
+            return _unavailable(router, "prefill" if p is None else "decode", tokens, tried), "unavailable"
+        pre, dec = p[1], d[1]
+        sent = _extend(
+            raw,
+            body,
+            {
+                "bootstrap_host": urlparse(pre).hostname,
+                "bootstrap_port": router.table.bootstrap_port,
+                "bootstrap_room": router.rng.getrandbits(63),
+            },
+        )
+        prefill = asyncio.ensure_future(_prefill_sglang(router, pre, request.path, sent))
+        decode = asyncio.ensure_future(_post(router, dec, request.path, sent))
+        await asyncio.wait((prefill, decode), return_when=asyncio.FIRST_EXCEPTION)
+        failed = _first_failure(prefill, decode)
+        refused = prefill.result() if failed is None else None
+        if failed is not None or refused is not None:
+            _abandon(prefill, decode)
+        if refused is not None:  # the prefill engine's refusal (e.g. a prompt past its context) is the answer
+            status, payload, ctype = refused
+            return web.Response(status=status, body=payload, content_type=ctype, headers=_served(router, pre, dec)), \
+                "engine_status"  # fmt: skip
+        if failed is not None:
+            _down(router, failed)
+            tried.add(failed.url)
+            if failed.timed_out or attempt == router.settings.retries:
+                return _failed(router, failed)
+            router.metrics.retried()
+            continue
+        r = decode.result()
+        answer = await _relay(router, request, r, dec, _served(router, pre, dec))
+        return answer, "ok" if r.status < 400 else "engine_status"
+    raise AssertionError("unreachable")
+
+
+def _abandon(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel engine requests still running and close answers already begun (the engine sees the client go)."""
+    for t in tasks:
+        if not t.done():
+            t.cancel()
+        elif not t.cancelled() and t.exception() is None and hasattr(t.result(), "close"):
+            t.result().close()
+
+
+async def _prefill_sglang(router: Router, url: str, path: str, body: bytes) -> tuple[int, bytes, str] | None:
+    """The prefill engine's part: None when it answered 200 (its answer is not the client's), else its refusal."""
+    r = await _post(router, url, path, body)
+    payload = await r.read()
+    return None if r.status < 400 else (r.status, payload, r.content_type or "application/json")
+
+
+def _first_failure(*tasks: asyncio.Future[Any]) -> EngineDown | None:
+    for t in tasks:
+        if t.done() and not t.cancelled() and isinstance(t.exception(), EngineDown):
+            return t.exception()  # type: ignore[return-value]
+    return None
+
+
+async def _vllm(
+    router: Router, request: web.Request, raw: bytes, body: dict[str, Any], tokens: int
+) -> tuple[web.StreamResponse, str]:
+    """vLLM NIXL: prefill first (one token, remote decode), then decode with the prefill's KV handle."""
+    first = _extend(raw, body, {"max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}},
+                    drop=("stream_options", "max_completion_tokens"))  # fmt: skip
+    tried: set[str] = set()
+    for attempt in range(router.settings.retries + 1):
+        p = _choose(router, "prefill", tokens, tried)
+        if p is None:
+            return _unavailable(router, "prefill", tokens, tried), "unavailable"
+        pre = p[1]
+        try:
+            r = await _post(router, pre, request.path, first)
+            payload = await r.read()
+        except EngineDown as err:
+            _down(router, err)
+            tried.add(pre)
+            if err.timed_out or attempt == router.settings.retries:
+                return _failed(router, err)
+            router.metrics.retried()
+            continue
+        if r.status >= 400:
+            out = web.Response(status=r.status, body=payload, content_type=r.content_type or "application/json")
+            return out, "engine_status"
+        try:
+            params = orjson.loads(payload).get("kv_transfer_params")
+        except (ValueError, AttributeError):
+            return _error(502, f"{router.name(pre)} answered without JSON kv_transfer_params"), "engine_error"
+        break
+    second = _extend(raw, body, {"kv_transfer_params": params})
+    for attempt in range(router.settings.retries + 1):
+        d = _choose(router, "decode", tokens, tried)
+        if d is None:
+            return _unavailable(router, "decode", tokens, tried), "unavailable"
+        dec = d[1]
+        try:
+            r = await _post(router, dec, request.path, second)
+        except EngineDown as err:
+            _down(router, err)
+            tried.add(dec)
+            if err.timed_out or attempt == router.settings.retries:
+                return _failed(router, err)
+            router.metrics.retried()
+            continue
+        answer = await _relay(router, request, r, dec, _served(router, pre, dec))
+        return answer, "ok" if r.status < 400 else "engine_status"
+    raise AssertionError("unreachable")

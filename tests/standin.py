@@ -1,0 +1,167 @@
+"""Stand-in engines and a load generator for the router's load tests, on loopback.
+
+Both speak minimal HTTP/1.1 with keep-alive on bare asyncio (no framework), so on a 2-core machine
+the router under test, not its neighbours, is what runs out of CPU. A stand-in engine answers every
+POST after a delay (its role's: prefill short, decode long) with a small JSON completion, and
+`GET /health` with 200; it carries the vLLM `kv_transfer_params` a decode request needs. The load
+generator keeps `concurrency` requests in flight over persistent connections for `seconds` and
+reports what it saw. Run as `python tests/standin.py engines PORT... --delay S` in its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from dataclasses import dataclass, field
+
+
+class Engine(asyncio.Protocol):
+    """One connection to a stand-in engine."""
+
+    def __init__(self, name: str, delay: float, seen: list[int]) -> None:
+        self.name, self.delay, self.seen = name, delay, seen
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            head_end = self.buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = self.buf[:head_end].decode("latin-1")
+            length = 0
+            for line in head.split("\r\n")[1:]:
+                k, _, v = line.partition(":")
+                if k.strip().lower() == "content-length":
+                    length = int(v)
+            if len(self.buf) < head_end + 4 + length:
+                return
+            self.buf = self.buf[head_end + 4 + length :]
+            method, _path = head.split(" ", 2)[:2]
+            self.seen[0] += 1
+            if method == "GET":
+                self.reply(200, b'{"ok":true}')
+            else:
+                body = b'{"choices":[{"text":"from %s"}],"kv_transfer_params":{"remote_engine":"%s"}}' % (
+                    self.name.encode(),
+                    self.name.encode(),
+                )
+                asyncio.get_running_loop().call_later(self.delay, self.reply, 200, body)
+
+    def reply(self, status: int, body: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 %d OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (status, len(body), body))  # fmt: skip
+
+
+async def serve_engines(ports: list[int], delays: list[float]) -> None:
+    loop = asyncio.get_running_loop()
+    seen = [0]
+    for k, (port, delay) in enumerate(zip(ports, delays, strict=True)):
+        await loop.create_server(lambda k=k, d=delay: Engine(f"e{k}", d, seen), "127.0.0.1", port, backlog=4096)
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
+@dataclass
+class Load:
+    """What the load generator saw."""
+
+    sent: int = 0
+    ok: int = 0
+    statuses: dict[int, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    peak_in_flight: int = 0
+    in_flight: int = 0
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.seconds if self.seconds else 0.0
+
+
+async def load(
+    port: int, body: bytes, concurrency: int, seconds: float, ramp_s: float = 1.0, timeout_s: float = 30.0
+) -> Load:
+    """`concurrency` clients, each on one keep-alive connection, posting `body` back to back for `seconds`
+    (started over `ramp_s`); counts the answers completed in the `seconds` after the ramp. An answer not complete within
+    `timeout_s` is an error (TimeoutError), never a hang."""
+    out = Load()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+    start = time.perf_counter()
+    end = start + ramp_s + seconds
+
+    async def client(k: int) -> None:
+        await asyncio.sleep(ramp_s * k / concurrency)
+        reader = writer = None
+        while time.perf_counter() < end:
+            try:
+                if writer is None:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+                t0 = time.perf_counter()
+                out.sent += 1
+                out.in_flight += 1
+                out.peak_in_flight = max(out.peak_in_flight, out.in_flight)
+                writer.write(request)
+                async with asyncio.timeout(timeout_s):
+                    status = await _answer(reader)  # type: ignore[arg-type]
+                out.in_flight -= 1
+                out.statuses[status] = out.statuses.get(status, 0) + 1
+                if status == 200 and start + ramp_s <= time.perf_counter() <= end:  # answered in the window
+                    out.ok += 1
+                    out.latencies.append(time.perf_counter() - t0)
+            except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError) as err:
+                out.in_flight -= 1
+                out.errors[type(err).__name__] = out.errors.get(type(err).__name__, 0) + 1
+                if writer is not None:
+                    writer.close()
+                writer = None
+                await asyncio.sleep(0.05)
+        if writer is not None:
+            writer.close()
+
+    await asyncio.gather(*(client(k) for k in range(concurrency)))
+    out.seconds = seconds
+    return out
+
+
+async def _answer(reader: asyncio.StreamReader) -> int:
+    """Read one HTTP answer; its status."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length")), None)  # fmt: skip
+    if length is None:  # chunked (a streamed answer): read to the last chunk
+        while (size := int((await reader.readline()).strip() or b"0", 16)) > 0:
+            await reader.readexactly(size + 2)
+        await reader.readline()
+    else:
+        await reader.readexactly(length)
+    return status
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["engines"])
+    ap.add_argument("ports", type=int, nargs="+")
+    ap.add_argument("--delays", type=float, nargs="+", required=True)
+    args = ap.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve_engines(args.ports, args.delays))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,462 @@
+"""The router (deployment/router) over real HTTP on loopback, against stand-in engines (tests/standin.py): bad
+routing tables and bad requests answered in one line or one 4xx, engines that die or hang, the API key, exact
+token counts with a real tokenizer, metrics, graceful drain, and the load the plan needs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import ClientSession, ClientTimeout, web
+from standin import Engine, load
+
+from helpers import REPO, cli, one_line
+
+BIG = 100_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def table(protocol: str, prefill: dict[str, list[int]], decode: dict[str, list[int]],
+          ranges: dict[str, list[list[float]]] | None = None, **extra: Any) -> dict[str, Any]:  # fmt: skip
+    """A routing.json: islands of engines on loopback ports, each serving every length unless `ranges` says."""
+
+    def phase(islands: dict[str, list[int]]) -> dict[str, Any]:
+        n = len(islands)
+        return {
+            name: {
+                "engines": [f"http://127.0.0.1:{p}" for p in ports],
+                "ranges": (ranges or {}).get(name, [[0, BIG, 1 / n]]),
+            }
+            for name, ports in islands.items()
+        }
+
+    return {"protocol": protocol, "bootstrap_port": 8998, "chars_per_token": 4.0,
+            "islands": {"prefill": phase(prefill), "decode": phase(decode)}, **extra}  # fmt: skip
+
+
+class Engines:
+    """Stand-in engines in this event loop; `seen[port]` counts the requests each received."""
+
+    def __init__(self) -> None:
+        self.servers: dict[int, asyncio.Server] = {}
+        self.seen: dict[int, list[int]] = {}
+        self.conns: dict[int, list[Engine]] = {}
+
+    async def start(self, delay: float, port: int | None = None) -> int:
+        port = port or free_port()
+        self.seen[port], conns = [0], self.conns.setdefault(port, [])
+
+        def connection() -> Engine:
+            conns.append(Engine(f"e{port}", delay, self.seen[port]))
+            return conns[-1]
+
+        self.servers[port] = await asyncio.get_running_loop().create_server(connection, "127.0.0.1", port)
+        return port
+
+    def kill(self, port: int) -> None:
+        """The engine's process dies: the listener closes and its connections reset."""
+        self.servers.pop(port).close()
+        for c in self.conns.pop(port):
+            if c.transport is not None:
+                c.transport.abort()
+
+
+@asynccontextmanager
+async def running(config: dict[str, Any], **settings: Any) -> AsyncIterator[str]:
+    """The router for `config` with `settings` on an ephemeral loopback port; yields its base URL."""
+    from deployment.router import Settings, app
+
+    runner = web.AppRunner(app(config, Settings(**settings), seed=0), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def post(s: ClientSession, url: str, body: Any = None, data: bytes | None = None,
+               headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any], dict[str, str], float]:  # fmt: skip
+    t0 = time.perf_counter()
+    async with s.post(url + "/v1/completions", json=body if data is None else None, data=data, headers=headers) as r:
+        text = await r.text()
+        return r.status, json.loads(text) if text.startswith("{") else {"text": text}, dict(r.headers), \
+            time.perf_counter() - t0  # fmt: skip
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# --- the command: routing tables and options it refuses ---------------------------------------------------------
+
+
+GOOD = table("sglang", {"0": [30001]}, {"1": [30002]})
+BAD_TABLES = [
+    ([GOOD], "the top level must be an object"),
+    ({**GOOD, "islands": [GOOD["islands"]]}, "`islands` must be an object with exactly `prefill` and `decode`"),
+    ({**GOOD, "islands": {"prefill": {}, "decode": GOOD["islands"]["decode"]}}, "`islands.prefill` must name"),
+    (table("sglang", {"0": [1], "1": [2]}, {"2": [3]}, ranges={"0": [[0, BIG, 0.5]], "1": [[0, BIG, 0.3]]}),
+     "range [0, 100000): its prefill fractions sum to 0.8, not 1"),
+    ({**GOOD, "chars_per_token": 0}, "`chars_per_token`: must be a number in [0.5, 64]"),
+    ({**GOOD, "islands": {**GOOD["islands"], "decode": {"1": {"engines": ["decode-host:30000"],
+                                                              "ranges": [[0, BIG, 1]]}}}},
+     "islands.decode.1.engines[0]: 'decode-host:30000' is not an engine URL"),
+    (table("vllm", {"0": [1]}, {"1": [2]}, ranges={k: [[0, 500, 1], [600, BIG, 1]] for k in "01"}),
+     "ranges [0, 500) and [600, 100000) must meet end to start"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("config", "reason"), BAD_TABLES, ids=[r[:30] for _, r in BAD_TABLES])
+def test_a_routing_table_the_router_cannot_apply_is_refused_in_one_line(tmp_path: Path, config: Any,
+                                                                        reason: str) -> None:  # fmt: skip
+    path = tmp_path / "routing.json"
+    path.write_text(json.dumps(config))
+    r = cli("deployment.router", str(path), "--port", str(free_port()), timeout=60)
+    one_line(r, f"error: {path}: ")
+    assert reason in r.stderr
+
+
+def test_the_router_refuses_a_bad_port_a_taken_port_and_a_missing_file_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "routing.json"
+    path.write_text(json.dumps(GOOD))
+    one_line(cli("deployment.router", str(path), "--port", "70000", timeout=60), "error: argument --port: 70000 is not")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = cli("deployment.router", str(path), "--port", str(taken.getsockname()[1]), timeout=60)
+    one_line(r, "error: cannot listen on 127.0.0.1:")
+    assert "choose another --port" in r.stderr
+    one_line(
+        cli("deployment.router", str(tmp_path / "none.json"), timeout=60), f"error: {tmp_path / 'none.json'}: cannot"
+    )
+    path.write_text("{not json")
+    one_line(cli("deployment.router", str(path), timeout=60), f"error: {path}: not JSON")
+
+
+# --- requests it answers itself ----------------------------------------------------------------------------------
+
+
+BAD_REQUESTS = [
+    (b"{not json", 400, "the request body is not JSON"),
+    (b"[1, 2]", 400, "must be a JSON object, got a JSON list"),
+    (b'"a prompt"', 400, "must be a JSON object, got a JSON str"),
+    (b'{"prompt": "\xff\xfe"}', 400, "the request body is not UTF-8"),
+    (b'{"max_tokens": 8}', 400, "no prompt: give `prompt`"),
+    (b'{"messages": "hello"}', 400, "no prompt"),
+    (json.dumps({"prompt": "x" * 3_000_000}).encode(), 400, "the prompt has 3,000,000 characters, past the router's"),
+    (json.dumps({"prompt": "x" * 10_000_000}).encode(), 413, "larger than the router's 8,388,608 bytes"),
+    (b"x" * 50_000_000, 413, "larger than the router's"),
+]  # fmt: skip
+
+
+def test_bad_requests_get_a_4xx_with_the_reason_and_never_reach_an_engine() -> None:
+    async def main() -> None:
+        engines = Engines()
+        p, d = await engines.start(0.0), await engines.start(0.0)
+        async with running(table("sglang", {"0": [p]}, {"1": [d]}), health_interval_s=0) as url:
+            async with ClientSession(timeout=ClientTimeout(total=30)) as s:
+                for data, status, reason in BAD_REQUESTS:
+                    got, body, _, _ = await post(s, url, data=data, headers={"Content-Type": "application/json"})
+                    assert (got, reason) == (status, reason) and reason in body["error"], (data[:40], got, body)
+                assert engines.seen[p] == engines.seen[d] == [0]
+                ok, _, headers, _ = await post(s, url, {"prompt": "hello", "max_tokens": 4})
+                assert ok == 200 and headers["X-Archipelago-Prefill"] == "0/0"
+
+    run(main())
+
+
+# --- engines that die, hang or come back -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+@pytest.mark.parametrize("dead", ["prefill", "decode"])
+def test_a_dead_engines_requests_are_served_by_another_within_a_second(protocol: str, dead: str) -> None:
+    async def main() -> None:
+        engines = Engines()
+        p = [await engines.start(0.01), await engines.start(0.01)]
+        d = [await engines.start(0.02), await engines.start(0.02)]
+        victim = (p if dead == "prefill" else d)[0]
+        async with running(table(protocol, {"0": p}, {"1": d}), health_interval_s=0.2) as url:
+            async with ClientSession() as s:
+                first = [await post(s, url, {"prompt": "hi", "max_tokens": 4}) for _ in range(20)]
+                assert {r[0] for r in first} == {200}
+                engines.kill(victim)  # dies between requests: the next ones find it refusing connections
+                before = engines.seen[victim][0]
+                after = await asyncio.gather(*(post(s, url, {"prompt": "hi", "max_tokens": 4}) for _ in range(100)))
+                assert {r[0] for r in after} == {200}, Counter(r[0] for r in after)
+                assert max(r[3] for r in after) < 1.0
+                assert engines.seen[victim][0] == before
+                served = Counter(r[2][f"X-Archipelago-{dead.title()}"] for r in after)
+                assert set(served) == {f"{0 if dead == 'prefill' else 1}/1"}
+                await asyncio.sleep(0.5)  # the health check ejects it: no request tries it any more
+                async with s.get(url + "/health") as h:
+                    assert h.status == 200 and (await h.json())["engines_up"][dead] == 1
+                metrics = await (await s.get(url + "/metrics")).text()
+                assert (
+                    'archipelago_router_engine_up{{engine="0",island="{}",phase="{}"}} 0.0'.format(
+                        "0" if dead == "prefill" else "1", dead
+                    )
+                    in metrics
+                )
+                await engines.start(0.01, victim)  # it comes back: the health check takes it in again
+                await asyncio.sleep(0.6)
+                async with s.get(url + "/health") as h:
+                    assert (await h.json())["engines_up"][dead] == 2
+
+    run(main())
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+def test_an_island_with_every_engine_down_is_a_503_naming_them_within_a_second(protocol: str) -> None:
+    async def main() -> None:
+        engines = Engines()
+        p, d = await engines.start(0.0), free_port()  # nothing listens on the decode port
+        async with running(table(protocol, {"0": [p]}, {"1": [d]}), health_interval_s=0) as url:
+            async with ClientSession() as s:
+                status, body, headers, took = await post(s, url, {"prompt": "hi"})
+        assert status == 503 and took < 1.0 and headers["Retry-After"] == "1"
+        assert "no decode engine is up for a 1-token prompt" in body["error"] and "decode engine 1/0" in body["error"]
+        assert str(d) not in body["error"]  # engines are named by island and index, never by address
+
+    run(main())
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+def test_an_engine_that_never_answers_is_a_504_naming_it(protocol: str) -> None:
+    async def main() -> None:
+        engines = Engines()
+        p, d = await engines.start(0.0), await engines.start(1e9)  # the decode engine accepts and never answers
+        async with running(table(protocol, {"0": [p]}, {"1": [d]}), health_interval_s=0, timeout_s=0.5) as url:
+            async with ClientSession() as s:
+                status, body, _, took = await post(s, url, {"prompt": "hi"})
+        assert status == 504 and 0.5 <= took < 2.0
+        assert body["error"] == "decode engine 1/0 did not answer within 0.5 s"
+
+    run(main())
+
+
+# --- who may see what ---------------------------------------------------------------------------------------------
+
+
+def test_an_api_key_guards_every_endpoint_but_health_and_the_topology_needs_one() -> None:
+    async def main() -> None:
+        engines = Engines()
+        p, d = await engines.start(0.0), await engines.start(0.0)
+        config = table("sglang", {"0": [p]}, {"1": [d]})
+        async with running(config, health_interval_s=0) as url, ClientSession() as s:
+            async with s.get(url + "/routing") as r:
+                assert r.status == 403 and "start the router with an API key" in (await r.json())["error"]
+        async with running(config, health_interval_s=0, api_key="s3cret") as url, ClientSession() as s:
+            status, body, _, _ = await post(s, url, {"prompt": "hi"})
+            assert status == 401 and "Authorization: Bearer" in body["error"]
+            assert (await post(s, url, {"prompt": "hi"}, headers={"Authorization": "Bearer wrong"}))[0] == 401
+            auth = {"Authorization": "Bearer s3cret"}
+            assert (await post(s, url, {"prompt": "hi"}, headers=auth))[0] == 200
+            for path in ("/routing", "/metrics"):
+                async with s.get(url + path) as r:
+                    assert r.status == 401
+                async with s.get(url + path, headers=auth) as r:
+                    assert r.status == 200
+            async with s.get(url + "/routing", headers=auth) as r:
+                assert (await r.json())["islands"]["decode"] == {"1": [f"http://127.0.0.1:{d}"]}
+            async with s.get(url + "/health") as r:
+                assert r.status == 200
+
+    run(main())
+
+
+def test_the_router_listens_on_loopback_unless_told_otherwise() -> None:
+    from deployment.router.__main__ import parser
+
+    assert parser().parse_args(["r.json"]).host == "127.0.0.1"
+
+
+# --- prompt lengths --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real byte-level BPE tokenizer (Hugging Face `tokenizers`), trained here on a little code."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n"] * 200
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def test_prompt_lengths_are_counted_with_the_models_tokenizer(tokenizer_json: Path) -> None:
+    """A prompt whose characters / 4 falls in one range and whose tokens fall in the other goes by its tokens."""
+    from tokenizers import Tokenizer
+
+    prompt = "}{)(][" * 40  # punctuation: about one token per character, far from 4 characters a token
+    tokens = len(Tokenizer.from_file(str(tokenizer_json)).encode(prompt, add_special_tokens=False).ids)
+    assert tokens > 200 and len(prompt) / 4 < 100
+
+    async def main() -> tuple[Counter[str], Counter[str]]:
+        engines = Engines()
+        p1, p2, d = await engines.start(0.0), await engines.start(0.0), await engines.start(0.0)
+        config = table("sglang", {"short": [p1], "long": [p2]}, {"d": [d]},
+                       ranges={"short": [[0, 100, 1], [100, BIG, 0]], "long": [[0, 100, 0], [100, BIG, 1]],
+                               "d": [[0, 100, 1], [100, BIG, 1]]})  # fmt: skip
+        out = []
+        for tok in (str(tokenizer_json), None):
+            async with running(config, health_interval_s=0, tokenizer=tok) as url, ClientSession() as s:
+                got = [await post(s, url, {"prompt": prompt}) for _ in range(5)]
+                out.append(Counter(r[2]["X-Archipelago-Prefill"] for r in got))
+        return out[0], out[1]
+
+    exact, estimated = run(main())
+    assert exact == Counter({"long/0": 5})  # its tokens: the long range
+    assert estimated == Counter({"short/0": 5})  # characters / 4 would have sent it to the short one
+
+
+def test_a_tokenizer_file_that_is_not_one_is_refused_in_one_line(tmp_path: Path) -> None:
+    routing = tmp_path / "routing.json"
+    routing.write_text(json.dumps(GOOD))
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": 3}')
+    r = cli("deployment.router", str(routing), "--tokenizer", str(bad), "--port", str(free_port()), timeout=60)
+    one_line(r, f"error: {bad}: cannot read the tokenizer")
+
+
+# --- metrics and shutdown --------------------------------------------------------------------------------------------
+
+
+def test_metrics_count_what_the_router_answered() -> None:
+    async def main() -> str:
+        engines = Engines()
+        p, d = await engines.start(0.0), await engines.start(0.0)
+        async with running(table("vllm", {"0": [p]}, {"1": [d]}), health_interval_s=0) as url:
+            async with ClientSession() as s:
+                for _ in range(7):
+                    await post(s, url, {"prompt": "hi"})
+                await post(s, url, data=b"[]")
+                async with s.get(url + "/metrics") as r:
+                    return await r.text()
+
+    text = run(main())
+    assert 'archipelago_router_requests_total{outcome="ok"} 7.0' in text
+    assert 'archipelago_router_requests_total{outcome="bad_request"} 1.0' in text
+    assert "archipelago_router_request_seconds_count 8.0" in text
+    assert "127.0.0.1" not in text
+
+
+def _start(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO / "tests")})  # fmt: skip
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[str], seconds: float = 30) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+@pytest.fixture
+def standins() -> Iterator[Callable[..., list[int]]]:
+    """Starts stand-in engine processes (tests/standin.py); stops them after the test."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*delays: float) -> list[int]:
+        ports = [free_port() for _ in delays]
+        procs.append(_start([str(REPO / "tests" / "standin.py"), "engines", *map(str, ports),
+                             "--delays", *map(str, delays)]))  # fmt: skip
+        _wait_listening(ports[-1], procs[-1])
+        return ports
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(10)
+
+
+def test_sigterm_stops_new_requests_and_lets_those_in_flight_finish(
+    tmp_path: Path, standins: Callable[..., list[int]]
+) -> None:
+    p, d = standins(0.0, 1.5)
+    path = tmp_path / "routing.json"
+    path.write_text(json.dumps(table("sglang", {"0": [p]}, {"1": [d]})))
+    port = free_port()
+    router = _start(["-m", "deployment.router", str(path), "--port", str(port), "--drain-seconds", "10"])
+    _wait_listening(port, router)
+
+    async def main() -> tuple[Any, ...]:
+        async with ClientSession() as s:
+            slow = asyncio.ensure_future(post(s, f"http://127.0.0.1:{port}", {"prompt": "hi"}))
+            await asyncio.sleep(0.5)
+            router.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            try:
+                late = await post(s, f"http://127.0.0.1:{port}", {"prompt": "hi"})
+            except OSError:
+                late = None  # the listener is already closed: as good as a 503
+            return await slow, late
+
+    slow, late = run(main())
+    out, err = router.communicate(timeout=20)
+    assert slow[0] == 200 and slow[3] >= 1.0  # the request in flight got its answer
+    assert late is None or late[0] == 503
+    assert router.returncode == 0 and "[router] stopped" in out and "Traceback" not in err
+
+
+# --- the plan's load -------------------------------------------------------------------------------------------------
+
+
+def test_the_router_holds_the_plans_load(tmp_path: Path, standins: Callable[..., list[int]]) -> None:
+    """6,000 clients, each one request at a time, answers after 2.5 s: 6,000 in flight, up to 2,400 req/s
+    offered. Every answer is a 200, and the router passes at least the rate of the plan of hetero_a (Azure code,
+    587 req/s, tests/data/plans) with its 6,000 requests in flight. The issue's 2,000 req/s is not reached on two
+    shared cores (about 1,100 seen with the stand-ins and the load on the same cores): benchmarks/router_bench.py
+    measures it against the stand-ins asked directly."""
+    ports = standins(0.05, 0.05, 2.5, 2.5)
+    url = [f"http://127.0.0.1:{q}" for q in ports]
+    config = {**table("sglang", {}, {}), "in_flight": 6000,
+              "islands": {"prefill": {"0": {"engines": url[:2], "ranges": [[0, BIG, 1]]}},
+                          "decode": {"1": {"engines": url[2:], "ranges": [[0, BIG, 1]]}}}}  # fmt: skip
+    path = tmp_path / "routing.json"
+    path.write_text(json.dumps(config))
+    port = free_port()
+    router = _start(["-m", "deployment.router", str(path), "--port", str(port)])
+    try:
+        _wait_listening(port, router)
+        body = json.dumps({"prompt": [1] * 300, "max_tokens": 16}).encode()
+        seen = asyncio.run(load(port, body, concurrency=6000, seconds=10, ramp_s=2.0, timeout_s=30))
+    finally:
+        router.terminate()
+        _out, err = router.communicate(timeout=40)
+    assert seen.errors == {} and set(seen.statuses) == {200}, (seen.errors, seen.statuses, err[-2000:])
+    assert seen.peak_in_flight >= 5000
+    plan = json.loads((REPO / "tests" / "data" / "plans" / "table_5_1_hetero_a_azure_code.json").read_text())
+    assert seen.rate >= plan["rate_req_s"], f"{seen.rate:.0f} req/s"
