@@ -9,11 +9,11 @@ for, and checked against the argument definitions of, the releases `deployment.e
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 
 from deployment.engine_args import SGLANG_VERSION, VLLM_VERSION
 from deployment.engines import DeployError, Engine
+from deployment.launch import HOST, INDEX, LEADER, Launch, Ref, example_argv
 from plan import Plan
 
 ENGINES = ("sglang", "vllm")
@@ -23,7 +23,7 @@ ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998  # SGLang's prefill bootstrap server (--disaggregation-bootstrap-port default)
 DIST_PORT = 5000  # the leader's port for the engine's distributed init
 ROUTER_PORT = 8000
-WORKER = -1  # the rank of a Kubernetes worker pod: read from LeaderWorkerSet's LWS_WORKER_INDEX at start
+WORKER = -1  # a Kubernetes worker pod's rank: LeaderWorkerSet's LWS_WORKER_INDEX, read at start
 # the engine releases whose argument definitions the commands are checked against (deployment.engine_args)
 IMAGES = {"sglang": f"lmsysorg/sglang:v{SGLANG_VERSION}", "vllm": f"vllm/vllm-openai:v{VLLM_VERSION}"}
 VERSIONS = {"sglang": f"SGLang {SGLANG_VERSION}", "vllm": f"vLLM {VLLM_VERSION}"}
@@ -41,20 +41,28 @@ class DeployOptions:
     router_image: str = "archipelago:latest"  # k8s: an image with Archipelago installed (runs the router)
     transfer_backend: str = "mooncake"  # SGLang's KV transfer between prefill and decode engines
     gpu_label: str = "archipelago/gpu"  # k8s: the node label whose value is the GPU type
+    ib_devices: str | None = (
+        None  # RDMA devices for KV transfer and DeepEP, e.g. "mlx5_0,mlx5_1" (None: the engine's pick)
+    )
+    weights_pvc: str | None = None  # k8s: a PersistentVolumeClaim holding the weights (None: model_path on each node)
+    rdma_resource: str | None = "rdma/rdma_shared_device_a"  # k8s: the RDMA device plugin's resource (None: none)
+    host_network: bool = False  # k8s: pods on their nodes' network (RDMA without a secondary network)
 
     def __post_init__(self) -> None:
         for key, allowed in (("engine", ENGINES), ("target", TARGETS), ("transfer_backend", TRANSFER_BACKENDS)):
             if getattr(self, key) not in allowed:
                 raise DeployError(f"{key}={getattr(self, key)!r}: choose from {list(allowed)}")
-        if not self.model_path:
-            raise DeployError("model_path is empty: give the weights' path on every host")
+        if not self.model_path or not self.model_path.startswith("/"):
+            raise DeployError(f"model_path={self.model_path!r}: give the weights' absolute path on every host")
+        if "\n" in self.model_path or "\0" in self.model_path:
+            raise DeployError("model_path holds a line break or NUL: give the weights' path on every host")
 
     @property
     def engine_image(self) -> str:
         return self.image or IMAGES[self.engine]
 
 
-def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> list[str]:
+def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launch:
     """`python -m sglang.launch_server ...` for host `rank` of engine `e` (SGLang 0.5 flags)."""
     cmd = [
         "python3", "-m", "sglang.launch_server",
@@ -79,13 +87,14 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> lis
         cmd += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
     else:
         cmd += ["--max-running-requests", str(e.max_running)]
+    late = []
     if e.nnodes > 1:
-        node_rank = "$LWS_WORKER_INDEX" if rank == WORKER else str(rank)
-        cmd += ["--nnodes", str(e.nnodes), "--node-rank", node_rank, "--dist-init-addr", f"$LEADER_ADDR:{DIST_PORT}"]
-    return cmd
+        cmd += ["--nnodes", str(e.nnodes), "--node-rank", "0"] if rank == 0 else ["--nnodes", str(e.nnodes)]
+        late = [("--dist-init-addr", Ref(LEADER, f":{DIST_PORT}"))] + ([("--node-rank", Ref(INDEX))] if rank else [])
+    return Launch(cmd, late=late)
 
 
-def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> list[str]:
+def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launch:
     """`vllm serve ...` for host `rank` of engine `e`: data parallel attention ranks of the plan's TP,
     experts parallel over the engine, the NIXL KV connector for disaggregation."""
     local = min(e.gpus, e.node_gpus) // e.attn_tp  # attention DP ranks on one host
@@ -102,25 +111,31 @@ def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> list[
         cmd += ["--max-num-seqs", str(max(e.max_running // e.attn_dp, 1))]  # vLLM counts sequences per DP rank
     if e.redundant_experts:
         cmd += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": e.redundant_experts})]
+    late = []
     if e.nnodes > 1:
-        cmd += ["--data-parallel-size-local", str(local), "--data-parallel-address", "$LEADER_ADDR",
-                "--data-parallel-rpc-port", str(DIST_PORT)]  # fmt: skip
+        cmd += ["--data-parallel-size-local", str(local), "--data-parallel-rpc-port", str(DIST_PORT)]
+        late = [("--data-parallel-address", Ref(LEADER))]
         if rank != 0:
-            start = f"$((LWS_WORKER_INDEX * {local}))" if rank == WORKER else str(rank * local)
-            cmd += ["--data-parallel-start-rank", start, "--headless"]
+            cmd += ["--headless"]
+            late += [("--data-parallel-start-rank", Ref(INDEX, times=local))]
     if rank == 0:
         cmd += ["--port", str(ENGINE_PORT)]
-    return cmd
+    # NIXL's side channel: the address the other engines reach this host at (vLLM's default is localhost)
+    env: dict[str, str | Ref] = {"VLLM_NIXL_SIDE_CHANNEL_HOST": Ref(HOST)}
+    if opts.ib_devices:  # UCX, under NIXL, on the RDMA devices given
+        env["UCX_NET_DEVICES"] = ",".join(f"{d.strip()}:1" for d in opts.ib_devices.split(","))
+    return Launch(cmd, env=env, late=late)
 
 
 COMMANDS = {"sglang": sglang_command, "vllm": vllm_command}
 
 
-def command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> list[str]:
-    """The command line of host `rank` of engine `e` for the engine `opts` names."""
+def command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launch:
+    """The launch of host `rank` of engine `e` (0 the leader; WORKER a Kubernetes worker pod) for `opts.engine`."""
     return COMMANDS[opts.engine](e, rank, plan, opts)
 
 
-def shell_line(cmd: list[str]) -> str:
-    """One shell line; `$LEADER_ADDR`, `$LWS_...` and `$((...))` values stay expandable."""
-    return " ".join(a if "$" in a and "{" not in a else shlex.quote(a) for a in cmd)
+def engine_argv(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> list[str]:
+    """The command line as the engine on host `rank` parses it (host-known values as examples): what the
+    engines' own checks (deployment.sglang_check, deployment.vllm_check) are given."""
+    return example_argv(command(e, rank, plan, opts), 1 if rank == WORKER else rank)

@@ -11,11 +11,54 @@ from typing import Any
 
 import yaml
 
-from deployment.commands import BOOTSTRAP_PORT, ENGINE_PORT, ROUTER_PORT, WORKER, DeployOptions, command, shell_line
+from deployment.commands import BOOTSTRAP_PORT, ENGINE_PORT, ROUTER_PORT, WORKER, DeployOptions, command
 from deployment.engines import Engine
+from deployment.launch import HOST, Launch, Ref, k8s_command, k8s_escape, uses
 from plan import Plan
 
-ROUTER_COMMAND = ["python3", "-m", "deployment.router", "/etc/archipelago/routing.json", "--port", str(ROUTER_PORT)]
+# the router listens on the pod's address (loopback is its default); its API key, when the Secret
+# `archipelago-router` holds one (`kubectl create secret generic archipelago-router --from-literal=api-key=...`)
+ROUTER_COMMAND = ["python3", "-m", "deployment.router", "/etc/archipelago/routing.json", "--host", "0.0.0.0",
+                  "--port", str(ROUTER_PORT)]  # fmt: skip
+ROUTER_KEY = {
+    "name": "ARCHIPELAGO_ROUTER_API_KEY",
+    "valueFrom": {"secretKeyRef": {"name": "archipelago-router", "key": "api-key", "optional": True}},
+}
+
+
+# a 671B model's weights take many minutes to load: the startup probe allows an hour, then the engine
+# must answer /health within 10 s every 10 s (ready) and not fail it 6 times in a row (alive)
+STARTUP_PROBE_S = 3600
+
+
+def probes() -> dict[str, Any]:
+    check = {"httpGet": {"path": "/health", "port": ENGINE_PORT}, "timeoutSeconds": 10}
+    return {
+        "startupProbe": {**check, "periodSeconds": 30, "failureThreshold": STARTUP_PROBE_S // 30},
+        "readinessProbe": {**check, "periodSeconds": 10, "failureThreshold": 3},
+        "livenessProbe": {**check, "periodSeconds": 30, "failureThreshold": 6},
+    }
+
+
+def weights_volume(opts: DeployOptions) -> dict[str, Any]:
+    """The weights: a PersistentVolumeClaim, or the same path on every node."""
+    if opts.weights_pvc:
+        return {"name": "weights", "persistentVolumeClaim": {"claimName": opts.weights_pvc, "readOnly": True}}
+    return {"name": "weights", "hostPath": {"path": opts.model_path, "type": "Directory"}}
+
+
+def env(launch: Launch) -> list[dict[str, Any]]:
+    """The container's environment: literal values (escaped for Kubernetes' $(VAR) expansion) and the pod's IP."""
+    out: list[dict[str, Any]] = []
+    if HOST in uses(launch):
+        out.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    for name, value in launch.env.items():
+        if isinstance(value, Ref):
+            assert value.what == HOST and not value.suffix, value  # the only host-known value an env var takes
+            out.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        else:
+            out.append({"name": name, "value": k8s_escape(value)})
+    return out
 
 
 class _NoAliases(yaml.SafeDumper):
@@ -39,28 +82,36 @@ def manifests(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str
             ports.append({"containerPort": BOOTSTRAP_PORT, "name": "bootstrap"})
 
         def container(rank: int, e: Engine = e, ports: list[dict[str, Any]] = ports) -> dict[str, Any]:
-            cmd = [a.replace("$LEADER_ADDR", "$LWS_LEADER_ADDRESS") for a in command(e, rank, plan, opts)]
-            if e.nnodes > 1:  # LeaderWorkerSet gives every pod the leader's address and its index
-                cmd = ["/bin/sh", "-c", "exec " + shell_line(cmd)]
+            launch = command(e, rank, plan, opts)
             per_pod = min(e.gpus, e.node_gpus)
-            return {
+            devices = {"nvidia.com/gpu": per_pod, **({opts.rdma_resource: 1} if opts.rdma_resource else {})}
+            out: dict[str, Any] = {
                 "name": "engine",
                 "image": opts.engine_image,
-                "command": cmd,
+                "command": k8s_command(launch),  # LeaderWorkerSet gives the leader's address and the pod's index
+                "env": env(launch),
                 "ports": ports if rank == 0 else [],
-                "resources": {"limits": {"nvidia.com/gpu": per_pod}, "requests": {"nvidia.com/gpu": per_pod}},
-                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                "resources": {"limits": devices, "requests": devices},
+                # RDMA memory registration: CAP_IPC_LOCK lifts the locked-memory limit (unlimited memlock)
+                "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+                "volumeMounts": [
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                    {"name": "weights", "mountPath": opts.model_path, "readOnly": True},
+                ],
             }
+            if rank == 0:  # the leader serves HTTP; workers of a multi-host engine have no endpoint to probe
+                out.update(probes())
+            return out
 
         def pod(rank: int, e: Engine = e, labels: dict[str, str] = labels) -> dict[str, Any]:
-            return {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {opts.gpu_label: e.gpu},
-                    "containers": [container(rank)],
-                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-                },
+            spec: dict[str, Any] = {
+                "nodeSelector": {opts.gpu_label: e.gpu},
+                "containers": [container(rank)],
+                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, weights_volume(opts)],
             }
+            if opts.host_network:
+                spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
+            return {"metadata": {"labels": labels}, "spec": spec}
 
         meta = {"name": e.name, "labels": labels}
         if e.nnodes == 1:
@@ -129,7 +180,13 @@ def manifests(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str
                                 "name": "router",
                                 "image": opts.router_image,
                                 "command": ROUTER_COMMAND,
+                                "env": [ROUTER_KEY],
                                 "ports": [{"containerPort": ROUTER_PORT, "name": "http"}],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/health", "port": ROUTER_PORT},
+                                    "periodSeconds": 5,
+                                },
+                                "livenessProbe": {"tcpSocket": {"port": ROUTER_PORT}, "periodSeconds": 10},
                                 "volumeMounts": [{"name": "routing", "mountPath": "/etc/archipelago"}],
                             }
                         ],

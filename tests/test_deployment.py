@@ -7,17 +7,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
-import shlex
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from launched import ran
 
 import plan as plans
-from helpers import in_process, island, one_line, plan_of
+from helpers import REPO, in_process, island, one_line, plan_of
+
+CRDS = REPO / "tests" / "data" / "crds"
 
 
 @pytest.fixture(scope="module")
@@ -54,31 +55,10 @@ def test_every_island_sits_on_whole_hosts_or_inside_one(plan_path: Path) -> None
     assert shares["prefill"] == pytest.approx(1.0) and shares["decode"] == pytest.approx(1.0)
 
 
-def launch_lines(out: Path, target: str) -> list[str]:
-    """Every engine launch line of a deployment folder: the last line of each host script, or each
-    container's command in the manifests."""
-    if target == "shell":
-        return [p.read_text().strip().splitlines()[-1] for p in sorted((out / "hosts").glob("*/*.sh"))]
-    lines = []
-    for d in yaml.safe_load_all((out / "manifests.yaml").read_text()):
-        spec = d.get("spec", {})
-        lwt = spec.get("leaderWorkerTemplate", {})
-        templates = [lwt.get("leaderTemplate"), lwt.get("workerTemplate"), spec.get("template")]
-        for t in filter(None, templates):
-            for c in t["spec"]["containers"]:
-                cmd = c.get("command", [])
-                if cmd[:2] == ["/bin/sh", "-c"]:
-                    lines.append(cmd[2])
-                elif cmd and "router" not in " ".join(cmd):
-                    lines.append(shlex.join(cmd))
-    return lines
-
-
-def argv_of(line: str) -> list[str]:
-    """A launch line as the engine receives it: shell arithmetic and addresses filled in."""
-    line = re.sub(r"\$\(\([^)]*\)\)|\$\(?LWS_WORKER_INDEX\)?", "1", line.removeprefix("exec "))
-    line = re.sub(r"\$\(?[A-Z_]+\)?", "10.0.0.1", line)
-    return shlex.split(line)
+def launched(out: Path, target: str, tmp: Path) -> list[list[str]]:
+    """Every engine command line of a deployment folder as the engine receives it: each host script run by bash,
+    each container's command as the kubelet runs it (tests/launched.py)."""
+    return [r.argv for r in ran(out, target, tmp)]
 
 
 @pytest.mark.parametrize("target", ["shell", "k8s"])
@@ -88,15 +68,14 @@ def test_sglang_commands_parse_with_sglangs_own_argument_definitions(
     from deployment.engine_args import EngineArgsMissing, check_sglang
 
     deploy(plan_path, tmp_path / "d", f"target={target}")
-    lines = launch_lines(tmp_path / "d", target)
+    lines = launched(tmp_path / "d", target, tmp_path)
     assert lines
     try:
         check_sglang(["--model-path", "m"])
     except EngineArgsMissing as err:
         pytest.skip(str(err))
     decode = next(i for i in plans.load(plan_path).islands if i.role == "decode")
-    for line in lines:
-        argv = argv_of(line)
+    for argv in lines:
         assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
         ns = check_sglang(argv[3:])
         assert ns.disaggregation_mode in ("prefill", "decode") and ns.tp_size == ns.ep_size
@@ -113,12 +92,11 @@ def test_vllm_commands_parse_with_vllms_own_argument_definitions(plan_path: Path
     from deployment.engine_args import check_vllm, vllm_source
 
     deploy(plan_path, tmp_path / "d", "engine=vllm", f"target={target}")
-    lines = launch_lines(tmp_path / "d", target)
+    lines = launched(tmp_path / "d", target, tmp_path)
     assert lines
     root = vllm_source()  # vLLM's pinned sdist from PyPI (cached): its arg_utils.py and config classes
     groups = {(i.role, i.ep_group, i.redundant_experts) for i in plans.load(plan_path).serving}
-    for line in lines:
-        argv = argv_of(line)
+    for argv in lines:
         assert argv[:2] == ["vllm", "serve"]
         ns = check_vllm(argv[2:], root)
         assert ns.enable_expert_parallel and ns.kv_transfer_config["kv_connector"] == "NixlConnector"
@@ -139,6 +117,9 @@ def test_vllm_commands_parse_with_vllms_own_argument_definitions(plan_path: Path
 def test_manifests_validate_against_the_kubernetes_schemas(plan_path: Path, tmp_path: Path, engine: str) -> None:
     import kubernetes_validate
 
+    from deployment.crd import load_crd, validate
+
+    lws = load_crd(CRDS / "leaderworkerset.x-k8s.io_leaderworkersets.yaml.gz")
     deploy(plan_path, tmp_path / "k", "target=k8s", f"engine={engine}")
     docs = list(yaml.safe_load_all((tmp_path / "k" / "manifests.yaml").read_text()))
     kinds = Counter(d["kind"] for d in docs)
@@ -147,11 +128,11 @@ def test_manifests_validate_against_the_kubernetes_schemas(plan_path: Path, tmp_
         if d["kind"] != "LeaderWorkerSet":
             kubernetes_validate.validate(d, "1.30", strict=True)
             continue
-        # no schema of the LeaderWorkerSet CRD ships offline: its pod templates are checked as core
-        # PodTemplates, its own fields by name (leaderworkerset.x-k8s.io/v1)
+        # the LeaderWorkerSet CRD's own OpenAPI schema (tests/data/crds, pinned), and its pod templates as core
+        # PodTemplates of the Kubernetes schemas
+        assert validate(d, lws) == []
         lwt = d["spec"]["leaderWorkerTemplate"]
-        assert set(d["spec"]) == {"replicas", "leaderWorkerTemplate"}
-        assert set(lwt) == {"size", "leaderTemplate", "workerTemplate"} and lwt["size"] >= 2
+        assert lwt["size"] >= 2
         for name in ("leaderTemplate", "workerTemplate"):
             tmpl = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": d["metadata"]["name"]},
                     "template": lwt[name]}  # fmt: skip
@@ -196,8 +177,12 @@ async def _exercise(protocol: str) -> tuple[dict[str, list[dict[str, Any]]], lis
                 out["kv_transfer_params"] = {"remote_engine": name}
             return web.json_response(out)
 
+        async def health(request: web.Request) -> web.Response:
+            return web.json_response({})
+
         a = web.Application()
         a.router.add_post("/v1/completions", handle)
+        a.router.add_get("/health", health)
         return a
 
     runners, ports = [], {}

@@ -1,0 +1,193 @@
+"""Launch files that run what they say: no value of a plan or a setting reaches a shell as code; the Kubernetes
+manifests carry what a multi-host RDMA deployment needs; bad input to `pipeline.deploy` is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from launched import HOST, LEADER, engine_env, ran
+
+from helpers import in_process, one_line, plan_of
+
+
+@pytest.fixture(scope="module")
+def plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path, _ = plan_of(tmp_path_factory.mktemp("plan"))
+    return path
+
+
+def deploy(*args: str) -> Any:
+    from pipeline.deploy import execute
+
+    return in_process(execute, "deploy", *args)
+
+
+HOSTILE = [
+    "/m/$(touch {mark})",
+    "/m;touch {mark};echo $HOME",
+    "/m/`touch {mark}`",
+    "/m/$$ '\"\\ {{x}} ${{HOME}} $(PATH)",  # shell and Kubernetes expansions, quotes, backslash
+]
+
+
+@pytest.mark.parametrize("target", ["shell", "k8s"])
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_a_value_reaches_the_engine_verbatim_and_nothing_else_runs(plan_path: Path, tmp_path: Path, target: str,
+                                                                   engine: str, hostile: str) -> None:  # fmt: skip
+    import plan as plans
+    from deployment.commands import DeployOptions
+    from deployment.folder import write
+
+    mark = tmp_path / "ran"
+    model = hostile.format(mark=mark)
+    if hostile == HOSTILE[0]:  # as a user gives it on the command line
+        r = deploy(f"plan={plan_path}", f"out={tmp_path / 'd'}", f"engine={engine}", f"target={target}",
+                   f"model_path='{model}'")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    else:  # quotes and braces Hydra's override grammar would not take: the settings record itself
+        write(plans.load(plan_path), DeployOptions(engine, target, model), tmp_path / "d", str(plan_path))
+    runs = ran(tmp_path / "d", target, tmp_path)
+    assert runs and not mark.exists()
+    for run in runs:
+        argv = run.argv
+        path = argv[argv.index("--model-path") + 1] if engine == "sglang" else argv[2]
+        assert path == model, run.where
+    if target == "k8s":  # an argv list: the model path is one element of the container's command or arguments
+        docs = list(yaml.safe_load_all((tmp_path / "d" / "manifests.yaml").read_text()))
+        mounts = [m["mountPath"] for d in docs for c in _containers(d) if c["name"] == "engine"
+                  for m in c["volumeMounts"] if m["name"] == "weights"]  # fmt: skip
+        assert mounts and set(mounts) == {model}
+
+
+def test_host_known_values_are_explicit_references(plan_path: Path, tmp_path: Path) -> None:
+    """The leader's address and a pod's index come from the host's environment, named, not from a value."""
+    deploy(f"plan={plan_path}", f"out={tmp_path / 's'}", "engine=vllm")
+    deploy(f"plan={plan_path}", f"out={tmp_path / 'k'}", "engine=vllm", "target=k8s")
+    scripts = {r.where: r for r in ran(tmp_path / "s", "shell", tmp_path)}
+    multi = [r for r in scripts.values() if "--data-parallel-address" in r.argv]
+    assert multi and all(r.argv[r.argv.index("--data-parallel-address") + 1] == LEADER for r in multi)
+    texts = [p.read_text() for p in (tmp_path / "s").glob("hosts/*/*.sh")]
+    assert any('"${LEADER_ADDR}"' in t for t in texts)
+    assert all("${LEADER_ADDR:?" in t for t in texts if '"${LEADER_ADDR}"' in t)  # unset: the script stops, saying so
+    workers = [r for r in ran(tmp_path / "k", "k8s", tmp_path) if r.where.endswith("worker")]
+    assert workers
+    for r in workers:  # index 1 of its LeaderWorkerSet: its first data parallel rank is one host's ranks in
+        local = int(r.argv[r.argv.index("--data-parallel-size-local") + 1])
+        assert r.argv[r.argv.index("--data-parallel-start-rank") + 1] == str(local)
+        assert "--headless" in r.argv
+
+
+def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec", {})
+    lwt = spec.get("leaderWorkerTemplate", {})
+    return [c for t in (lwt.get("leaderTemplate"), lwt.get("workerTemplate"), spec.get("template")) if t
+            for c in t["spec"]["containers"]]  # fmt: skip
+
+
+def _pods(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    spec = doc.get("spec", {})
+    lwt = spec.get("leaderWorkerTemplate", {})
+    named = (
+        ("leader", lwt.get("leaderTemplate")),
+        ("worker", lwt.get("workerTemplate")),
+        ("pod", spec.get("template")),
+    )
+    return [(k, t["spec"]) for k, t in named if t]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_kubernetes_engines_get_weights_rdma_ipc_lock_probes_and_the_host_network_option(
+    plan_path: Path, tmp_path: Path, engine: str
+) -> None:
+    deploy(f"plan={plan_path}", f"out={tmp_path / 'a'}", f"engine={engine}", "target=k8s")
+    deploy(f"plan={plan_path}", f"out={tmp_path / 'b'}", f"engine={engine}", "target=k8s", "k8s.weights_pvc=dsv3",
+           "k8s.rdma_resource=rdma/hca", "k8s.host_network=true")  # fmt: skip
+    for folder, pvc in (("a", None), ("b", "dsv3")):
+        docs = [
+            d
+            for d in yaml.safe_load_all((tmp_path / folder / "manifests.yaml").read_text())
+            if d["kind"] in ("Deployment", "LeaderWorkerSet") and d["metadata"]["name"] != "archipelago-router"
+        ]
+        assert docs
+        for d in docs:
+            for kind, pod in _pods(d):
+                (c,) = pod["containers"]
+                volume = next(v for v in pod["volumes"] if v["name"] == "weights")
+                if pvc:
+                    assert volume["persistentVolumeClaim"] == {"claimName": "dsv3", "readOnly": True}
+                    assert c["resources"]["limits"]["rdma/hca"] == 1 and pod["hostNetwork"] is True
+                    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+                else:
+                    assert volume["hostPath"] == {"path": "/models/DeepSeek-V3", "type": "Directory"}
+                    assert c["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1 and "hostNetwork" not in pod
+                assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+                assert {"name": "weights", "mountPath": "/models/DeepSeek-V3", "readOnly": True} in c["volumeMounts"]
+                if kind == "worker":  # no HTTP server on a multi-host engine's other hosts
+                    assert "readinessProbe" not in c
+                else:
+                    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                        assert c[probe]["httpGet"] == {"path": "/health", "port": 30000}
+                    start = c["startupProbe"]
+                    assert start["periodSeconds"] * start["failureThreshold"] >= 3600  # a 671B model loads for long
+
+
+def test_the_kubernetes_router_listens_on_its_pod_and_takes_its_key_from_a_secret(plan_path: Path,
+                                                                                   tmp_path: Path) -> None:  # fmt: skip
+    deploy(f"plan={plan_path}", f"out={tmp_path / 'k'}", "target=k8s")
+    docs = list(yaml.safe_load_all((tmp_path / "k" / "manifests.yaml").read_text()))
+    router = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "archipelago-router")
+    (c,) = router["spec"]["template"]["spec"]["containers"]
+    assert c["command"][c["command"].index("--host") + 1] == "0.0.0.0"
+    assert c["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "archipelago-router", "key": "api-key",
+                                                        "optional": True}  # fmt: skip
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_vllm_engines_announce_their_own_address_for_kv_transfer(plan_path: Path, tmp_path: Path) -> None:
+    """NIXL's side channel must be reachable from the other host: the host's (or pod's) address, never localhost."""
+    for target in ("shell", "k8s"):
+        deploy(f"plan={plan_path}", f"out={tmp_path / target}", "engine=vllm", f"target={target}")
+        runs = ran(tmp_path / target, target, tmp_path)
+        assert runs and all(engine_env(r).get("VLLM_NIXL_SIDE_CHANNEL_HOST") == HOST for r in runs), target
+
+
+# --- bad input: one line --------------------------------------------------------------------------------------------
+
+
+def test_a_folder_that_cannot_be_written_is_one_line(plan_path: Path) -> None:
+    one_line(deploy(f"plan={plan_path}", "out=/proc/x"), "error: out=/proc/x: cannot write the launch files there")
+
+
+def _edited(plan_path: Path, tmp: Path, edit: Any) -> Path:
+    data = json.loads(plan_path.read_text())
+    edit(data)
+    out = tmp / "edited.json"
+    out.write_text(json.dumps(data))
+    return out
+
+
+EDITS = [
+    (lambda d: d["islands"][0].update(batch=-3), "error: "),
+    (lambda d: d["islands"][0].update(gpu=7), "error: "),
+    (lambda d: d.update(islands="none"), "error: "),
+    (lambda d: d.pop("islands"), "error: "),
+    (lambda d: d["islands"][0].update(role="both"), "error: "),
+]
+
+
+@pytest.mark.parametrize("k", range(len(EDITS)))
+def test_a_hand_edited_plan_is_refused_in_one_line(plan_path: Path, tmp_path: Path, k: int) -> None:
+    edit, start = EDITS[k]
+    r = deploy(f"plan={_edited(plan_path, tmp_path, edit)}", f"out={tmp_path / 'd'}")
+    one_line(r, start)
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("value", ["relative/path", "''"])
+def test_a_model_path_that_is_not_an_absolute_path_is_refused(plan_path: Path, tmp_path: Path, value: str) -> None:
+    one_line(deploy(f"plan={plan_path}", f"out={tmp_path / 'd'}", f"model_path={value}"), "error: model_path=")
