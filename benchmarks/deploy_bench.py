@@ -62,7 +62,7 @@ def deployable(plan: Any) -> str:
     checked = 0
     for engine in ("sglang", "vllm"):
         opts = DeployOptions(engine=engine, target="k8s")
-        route = routing(plan, es, engine, lambda e: f"http://{e.name}:30000")
+        route = routing(plan, es, engine, lambda e: f"http://{e.name}:30000", "/models/DeepSeek-V3")
         for d in k8s.manifests(plan, es, opts, route):
             lwt = d["spec"]["leaderWorkerTemplate"] if d["kind"] == "LeaderWorkerSet" else None
             tmpls = [d] if lwt is None else [

@@ -19,10 +19,11 @@ def files(plan: Plan, opts: DeployOptions, source: str) -> tuple[list[Engine], d
     es = engines(plan)
     out: dict[str, str] = {}
     if opts.target == "shell":
-        route = routing(plan, es, opts.engine, lambda e: f"http://HOST-{e.gpu.lower()}-{e.hosts[0]}:{ENGINE_PORT}")
+        route = routing(plan, es, opts.engine, lambda e: f"http://HOST-{e.gpu.lower()}-{e.hosts[0]}:{ENGINE_PORT}",
+                        opts.model_path)  # fmt: skip
         out.update(scripts(plan, es, opts))
     else:
-        route = routing(plan, es, opts.engine, lambda e: f"http://{e.name}:{ENGINE_PORT}")
+        route = routing(plan, es, opts.engine, lambda e: f"http://{e.name}:{ENGINE_PORT}", opts.model_path)
         out["manifests.yaml"] = k8s.dump(k8s.manifests(plan, es, opts, route))
     out["routing.json"] = json.dumps(route, indent=1) + "\n"
     out["README.md"] = readme(plan, es, opts, source, sorted(out))
@@ -68,6 +69,7 @@ def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, liste
     if opts.target == "shell":
         lines += [
             "- for each multi-host engine, `LEADER_ADDR`: the address of its first host (the scripts stop if unset);",
+            "- where a script asks for `HOST_ADDR` (vLLM): the address other hosts reach this host at;",
             "- the router's `routing.json`: replace each `HOST-<gpu>-<n>` with that host's address.",
             "",
             "## Start",
@@ -76,7 +78,8 @@ def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, liste
             "multi-host engine must start), then the router anywhere that reaches the engines:",
             "",
             "```bash",
-            f"python -m deployment.router routing.json --port {ROUTER_PORT}   # OpenAI-compatible, on :{ROUTER_PORT}",
+            "export ARCHIPELAGO_ROUTER_API_KEY=...   # clients send `Authorization: Bearer <key>`",
+            f"python -m deployment.router routing.json --host 0.0.0.0 --port {ROUTER_PORT}",
             "```",
         ]
     else:
@@ -98,14 +101,21 @@ def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, liste
         "",
         "## What enforces the routing",
         "",
-        "`deployment.router` (aiohttp): for each request it estimates the prompt's length (token ids when given, else "
-        "characters / `chars_per_token`), finds its range, draws a prefill island and a decode island with the plan's "
-        "fractions for that range, then an engine of each at random, and sends the request to both in the "
+        "`deployment.router`: for each request it counts the prompt's tokens (token ids as given; text with the "
+        f"model's tokenizer, `{opts.model_path}/tokenizer.json` as routing.json names it, or `--tokenizer`; without "
+        "one it estimates characters / `chars_per_token` and says so when it starts), finds its range, draws a "
+        "prefill island and a decode island with the plan's fractions for that range, then an engine of each that "
+        "is up, and sends the request to both in the "
         + (
             "SGLang PD protocol (bootstrap host, port and room added to the request)."
             if opts.engine == "sglang"
             else "vLLM NIXL protocol (prefill with max_tokens 1 returning kv_transfer_params, then decode with them)."
         ),
+        "An engine that refuses connections or fails its health check (`GET /health`, every 2 s) is ejected and its "
+        "requests go to the others of its island (503 when a range has none); one silent past `--timeout` is a 504 "
+        "naming it. It admits up to twice the plan's requests in flight (`in_flight` in routing.json), serves "
+        "Prometheus metrics on `/metrics`, listens on loopback unless given `--host`, asks for a Bearer key when "
+        "given `--api-key` (or `ARCHIPELAGO_ROUTER_API_KEY`), and drains on SIGTERM (docs/deploy.md).",
         "",
         "## Engines",
         "",

@@ -187,10 +187,17 @@ def manifests(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str
                                     "periodSeconds": 5,
                                 },
                                 "livenessProbe": {"tcpSocket": {"port": ROUTER_PORT}, "periodSeconds": 10},
-                                "volumeMounts": [{"name": "routing", "mountPath": "/etc/archipelago"}],
+                                # the model's folder, for its tokenizer.json (exact prompt lengths)
+                                "volumeMounts": [
+                                    {"name": "routing", "mountPath": "/etc/archipelago"},
+                                    {"name": "weights", "mountPath": opts.model_path, "readOnly": True},
+                                ],
                             }
                         ],
-                        "volumes": [{"name": "routing", "configMap": {"name": "archipelago-routing"}}],
+                        "volumes": [
+                            {"name": "routing", "configMap": {"name": "archipelago-routing"}},
+                            weights_volume(opts),
+                        ],
                     },
                 },
             },

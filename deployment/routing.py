@@ -6,7 +6,9 @@ within an island are equal, its engines being identical).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from pathlib import PurePosixPath
 from typing import Any
 
 from deployment.commands import BOOTSTRAP_PORT
@@ -14,8 +16,10 @@ from deployment.engines import Engine
 from plan import Plan
 
 
-def routing(plan: Plan, es: list[Engine], engine: str, address: Callable[[Engine], str]) -> dict[str, Any]:
-    """The router's config; `address(e)` is engine `e`'s base URL."""
+def routing(
+    plan: Plan, es: list[Engine], engine: str, address: Callable[[Engine], str], model_path: str
+) -> dict[str, Any]:
+    """The router's config; `address(e)` is engine `e`'s base URL, `model_path` the model's folder (its tokenizer)."""
     islands: dict[int, list[str]] = {}
     for e in es:
         islands.setdefault(e.island, []).append(address(e))
@@ -29,7 +33,25 @@ def routing(plan: Plan, es: list[Engine], engine: str, address: Callable[[Engine
     return {
         "protocol": engine,
         "bootstrap_port": BOOTSTRAP_PORT,
-        "chars_per_token": 4.0,  # prompts given as text: a token is about 4 characters (set from your tokenizer)
+        "tokenizer": str(PurePosixPath(model_path) / "tokenizer.json"),  # where the router's host has it
+        "chars_per_token": 4.0,  # without the tokenizer, text prompts are estimated at 4 characters a token
+        "in_flight": in_flight(plan),
         "islands": phases,
         "source_plan": {"rate_req_s": plan.rate_req_s, "workload": plan.workload},
     }
+
+
+def in_flight(plan: Plan) -> int:
+    """Requests in flight at the plan's rate (Little's law): each island's share of the rate times its time per
+    request, the prefill's TTFT (at the SLO percentile: an upper side) and the decode's mean output x TPOT."""
+    rate = plan.rate_req_s
+    if rate <= 0:
+        return 0
+    out_tokens = plan.rates.output_tok_s / rate
+    seconds = 0.0
+    for isl in plan.serving:
+        if isl.role == "prefill" and isl.ttft_ms_expected:
+            seconds += isl.traffic_share * isl.ttft_ms_expected / 1000
+        elif isl.role == "decode" and isl.tpot_ms_expected:
+            seconds += isl.traffic_share * out_tokens * isl.tpot_ms_expected / 1000
+    return math.ceil(rate * seconds)
