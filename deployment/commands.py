@@ -23,6 +23,10 @@ ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998  # SGLang's prefill bootstrap server (--disaggregation-bootstrap-port default)
 DIST_PORT = 5000  # the leader's port for the engine's distributed init
 ROUTER_PORT = 8000
+# SGLang's PD timeouts (sglang/srt/environ.py; 300 s each by default): a prefill-decode handshake may wait for the
+# peer engine to finish loading (an hour, the Kubernetes startup probe's allowance); a decode engine waits for a
+# request's KV as long as the router waits for an answer (its --timeout, 600 s)
+SGLANG_ENV = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "3600", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "600"}
 WORKER = -1  # a Kubernetes worker pod's rank: LeaderWorkerSet's LWS_WORKER_INDEX, read at start
 # the engine releases whose argument definitions the commands are checked against (deployment.engine_args)
 IMAGES = {"sglang": f"lmsysorg/sglang:v{SGLANG_VERSION}", "vllm": f"vllm/vllm-openai:v{VLLM_VERSION}"}
@@ -47,11 +51,15 @@ class DeployOptions:
     weights_pvc: str | None = None  # k8s: a PersistentVolumeClaim holding the weights (None: model_path on each node)
     rdma_resource: str | None = "rdma/rdma_shared_device_a"  # k8s: the RDMA device plugin's resource (None: none)
     host_network: bool = False  # k8s: pods on their nodes' network (RDMA without a secondary network)
+    expert_location: str | None = None  # SGLang: a recorded expert distribution to start EPLB from (None: trivial)
+    router_replicas: int = 2  # k8s: router pods behind its Service (each holds ~1,000 req/s per core)
 
     def __post_init__(self) -> None:
         for key, allowed in (("engine", ENGINES), ("target", TARGETS), ("transfer_backend", TRANSFER_BACKENDS)):
             if getattr(self, key) not in allowed:
                 raise DeployError(f"{key}={getattr(self, key)!r}: choose from {list(allowed)}")
+        if self.router_replicas < 1:
+            raise DeployError(f"k8s.router_replicas={self.router_replicas}: at least 1")
         if not self.model_path or not self.model_path.startswith("/"):
             raise DeployError(f"model_path={self.model_path!r}: give the weights' absolute path on every host")
         if "\n" in self.model_path or "\0" in self.model_path:
@@ -63,7 +71,14 @@ class DeployOptions:
 
 
 def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launch:
-    """`python -m sglang.launch_server ...` for host `rank` of engine `e` (SGLang 0.5 flags)."""
+    """`python -m sglang.launch_server ...` for host `rank` of engine `e` (SGLang 0.5.23 flags).
+
+    What the cost model prices, as SGLang resolves it (docs/deploy.md tabulates both; tests/test_sglang_check.py
+    reads the resolved values back): a prefill forward of the plan's batch per attention rank (SGLang divides
+    `--chunked-prefill-size` by the attention DP size); decode at the plan's batch per rank (running requests and
+    the CUDA graphs captured up to it); two micro-batches overlapped, as both phases are modelled; DeepEP normal
+    for prefill, low-latency for decode; the redundant experts rebalanced by EPLB."""
+    batch = plan.cost.prefill_batch_tokens
     cmd = [
         "python3", "-m", "sglang.launch_server",
         "--model-path", opts.model_path,
@@ -76,22 +91,30 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
         "--ep-size", str(e.gpus),
         "--moe-a2a-backend", "deepep",
         "--deepep-mode", "normal" if e.role == "prefill" else "low_latency",
-        "--max-prefill-tokens", str(plan.cost.prefill_batch_tokens),
+        "--enable-two-batch-overlap",
+        "--chunked-prefill-size", str(batch * e.attn_dp),
+        "--max-prefill-tokens", str(batch),
     ]  # fmt: skip
     if e.attn_dp > 1:  # DP attention: SGLang 0.5.2x's --attn-dp-size (was --dp-size N --enable-dp-attention)
-        # dense MLP and LM head split over the attention TP group, as the cost model counts them (tp_dense_layers)
-        cmd += ["--attn-dp-size", str(e.attn_dp), "--moe-dense-tp-size", str(e.attn_tp), "--enable-dp-lm-head"]
-    if e.redundant_experts:
-        cmd += ["--ep-num-redundant-experts", str(e.redundant_experts)]
+        # dense MLP in data parallel: SGLang takes 1 or the whole engine, not the attention TP the cost model splits
+        # it over; with 1 each rank runs its share of the group's tokens through whole weights (the same FLOPs)
+        cmd += ["--attn-dp-size", str(e.attn_dp), "--moe-dense-tp-size", "1", "--enable-dp-lm-head"]
+    if e.redundant_experts:  # EPLB places the redundant experts from the experts' observed load
+        cmd += ["--ep-num-redundant-experts", str(e.redundant_experts), "--enable-eplb"]
+        if opts.expert_location:  # a recorded expert distribution (or placement) to start from
+            cmd += ["--init-expert-location", opts.expert_location]
+    if opts.ib_devices:
+        cmd += ["--disaggregation-ib-device", opts.ib_devices]
     if e.role == "prefill":
         cmd += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
     else:
-        cmd += ["--max-running-requests", str(e.max_running)]
+        per_rank = max(e.max_running // e.attn_dp, 1)
+        cmd += ["--max-running-requests", str(e.max_running), "--cuda-graph-max-bs-decode", str(per_rank)]
     late = []
     if e.nnodes > 1:
         cmd += ["--nnodes", str(e.nnodes), "--node-rank", "0"] if rank == 0 else ["--nnodes", str(e.nnodes)]
         late = [("--dist-init-addr", Ref(LEADER, f":{DIST_PORT}"))] + ([("--node-rank", Ref(INDEX))] if rank else [])
-    return Launch(cmd, late=late)
+    return Launch(cmd, env=dict(SGLANG_ENV), late=late)
 
 
 def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launch:

@@ -170,7 +170,7 @@ def manifests(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str
             "kind": "Deployment",
             "metadata": {"name": "archipelago-router", "labels": router_labels},
             "spec": {
-                "replicas": 1,
+                "replicas": opts.router_replicas,  # stateless: any replica serves any request
                 "selector": {"matchLabels": router_labels},
                 "template": {
                     "metadata": {"labels": router_labels},

@@ -30,6 +30,7 @@ def options_from_cfg(cfg: Any) -> DeployOptions:
         weights_pvc=None if cfg.k8s.weights_pvc is None else str(cfg.k8s.weights_pvc),
         rdma_resource=None if cfg.k8s.rdma_resource is None else str(cfg.k8s.rdma_resource),
         host_network=bool(cfg.k8s.host_network),
+        router_replicas=int(cfg.k8s.router_replicas),
     )
 
 

@@ -1,0 +1,411 @@
+"""Run an SGLang command line through SGLang's own settings resolution and checks, on a machine without GPUs.
+
+`resolve(argv, gpu)` does what `python -m sglang.launch_server argv` does before it starts any process
+(sglang/launch_server.py and `Engine._launch_subprocesses`, sglang/srt/entrypoints/engine.py): it parses
+`argv` with `sglang.srt.server_args.prepare_server_args`, resolves the record with `ServerArgs.resolve_once`
+(the ordered resolution pipeline, sglang/srt/arg_groups/pipeline.py: defaults that depend on the model and the
+GPU, and the assertions made on the way) and checks it with `ServerArgs.check_server_args`
+(sglang/srt/arg_groups/validation_hook.py). A refusal on that path (an `AssertionError`, `ValueError`, ... raised
+by SGLang) becomes `EngineRefused` with SGLang's own message. `--model-path` is pointed at
+tests/data/models/deepseek-v3, DeepSeek-V3's Hugging Face config.json (no weights), so SGLang reads the real
+model config.
+
+What is stubbed, and why; everything else is SGLang 0.5.23's own code, as installed:
+
+1. GPU-only packages (`GPU_PACKAGES`): triton, sgl_kernel, flashinfer, cuda (cuda-python), deep_ep, deep_gemm,
+   flash_mla, and torchvision. SGLang imports them at module level (sglang/srt/utils/common.py `import triton`,
+   kernel modules, ...); they are CUDA builds or need a GPU driver to install (PyPI's torchvision is a CUDA
+   build: its `_C.so` needs libtorch_cuda, so it does not import with the CPU torch; the CPU build is only on
+   PyTorch's own index). A meta-path finder answers their imports with empty modules whose every attribute is a
+   stub class (false, empty, usable as a base class or a decorator that returns what it decorates), so the
+   import succeeds and `importlib.util.find_spec` finds them as on a GPU host where they are installed. No code
+   on the settings path calls into them.
+2. The device probe: what SGLang asks torch and nvidia-smi about the device. `torch.cuda.is_available`,
+   `device_count`, `get_device_name`, `get_device_capability`, `get_device_properties`, `mem_get_info`,
+   `is_initialized`, `current_device` and `torch.version.cuda` answer as an 8-GPU host of the engine's GPU type
+   (`GPUS`: Hopper, SM 9.0; the total memory nvidia-smi reports for that GPU), and
+   `sglang.srt.utils.common.get_nvgpu_memory_capacity` (SGLang's nvidia-smi query, read by
+   `get_device_memory_capacity`) returns that memory. The probe is patched once per process, before SGLang is
+   imported (several of SGLang's `is_cuda`-style probes are cached at import); the GPU type it reports is
+   switched per `resolve` call, so the memory-dependent defaults (chunked prefill size, CUDA graph batch sizes,
+   `mem_fraction_static`: sglang/srt/arg_groups/memory_hook.py `handle_gpu_memory_settings`) resolve as on that
+   GPU.
+
+`kv_pool_tokens` reproduces how SGLang sizes the KV-cache pool of a rank from the resolved settings (see there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import io
+import logging
+import sys
+import threading
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MODEL_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "models" / "deepseek-v3"
+
+# GPU-only top-level packages SGLang imports on the settings path (see the module docstring)
+GPU_PACKAGES = ("triton", "sgl_kernel", "flashinfer", "cuda", "deep_ep", "deep_gemm", "flash_mla", "torchvision")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """What the device probe reports for one GPU type."""
+
+    name: str  # torch.cuda.get_device_name
+    memory_mib: int  # nvidia-smi --query-gpu=memory.total (MiB), what SGLang's get_device_memory_capacity reads
+    sms: int
+    capability: tuple[int, int] = (9, 0)  # Hopper
+    per_host: int = 8
+
+
+# memory.total as nvidia-smi prints it on these boards (the datasheet's 96 / 141 / 80 GB)
+GPUS = {
+    "H20": Gpu("NVIDIA H20", 97871, 78),
+    "H200": Gpu("NVIDIA H200", 143771, 132),
+    "H800": Gpu("NVIDIA H800", 81559, 132),
+}
+CUDA_VERSION = "13.0"  # SGLang 0.5.23's CUDA (it requires cuda-python>=13, flashinfer_python[cu13])
+
+
+class EngineRefused(Exception):
+    """SGLang refuses the command line; the message is SGLang's own."""
+
+
+# --- stubs for the GPU-only packages -----------------------------------------------------------------------
+
+
+class _StubMeta(type):
+    """The type of what a stubbed package's attributes are: classes (so `isinstance(x, stub)` is false and a
+    stub can be a base class) whose attributes are again stubs; calling one with a single function or class
+    returns it unchanged (a decorator such as `@triton.jit`), any other call gives a stub."""
+
+    def __getattr__(cls, attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        return _stub(f"{cls.__qualname__}.{attr}")
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and callable(args[0]):
+            return args[0]
+        return _stub(f"{cls.__qualname__}()")
+
+    def __getitem__(cls, key: Any) -> Any:
+        return cls
+
+    def __iter__(cls) -> Any:
+        return iter(())
+
+    def __len__(cls) -> int:
+        return 0
+
+    def __bool__(cls) -> bool:
+        return False
+
+    def __repr__(cls) -> str:
+        return f"<GPU-only stub {cls.__qualname__}>"
+
+
+def _stub(name: str) -> type:
+    cls = _StubMeta(name.rpartition(".")[2] or name, (), {})
+    cls.__qualname__ = name
+    return cls
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        return _stub(f"{self.__name__}.{attr}")
+
+
+class _StubLoader(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return _StubModule(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__path__ = []  # a package: its submodules are stubs too
+        module.__version__ = "0.0.0"
+
+
+class _GpuOnlyFinder(importlib.abc.MetaPathFinder):
+    """Answers imports of `GPU_PACKAGES` (and their submodules) with stub modules."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname.partition(".")[0] in GPU_PACKAGES:
+            return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+        return None
+
+
+# --- the device probe --------------------------------------------------------------------------------------
+
+_state = threading.local()
+_lock = threading.Lock()
+_ready = False
+
+
+def _gpu() -> Gpu:
+    return getattr(_state, "gpu", None) or GPUS["H20"]
+
+
+def _install() -> None:
+    """Install the stubs and the device probe, then import SGLang: once per process."""
+    global _ready
+    with _lock:
+        if _ready:
+            return
+        if not any(isinstance(f, _GpuOnlyFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _GpuOnlyFinder())
+        import torch
+
+        def properties(device: Any = None) -> Any:
+            g = _gpu()
+            return types.SimpleNamespace(
+                name=g.name, total_memory=g.memory_mib << 20, multi_processor_count=g.sms, major=g.capability[0],
+                minor=g.capability[1], uuid="GPU-00000000-0000-0000-0000-000000000000", is_integrated=False,
+            )  # fmt: skip
+
+        cuda = torch.cuda
+        cuda.is_available = lambda: True
+        cuda.device_count = lambda: _gpu().per_host
+        cuda.get_device_name = lambda device=None: _gpu().name
+        cuda.get_device_capability = lambda device=None: _gpu().capability
+        cuda.get_device_properties = properties
+        cuda.mem_get_info = lambda device=None: (_gpu().memory_mib << 20, _gpu().memory_mib << 20)
+        cuda.is_initialized = lambda: False
+        cuda.current_device = lambda: 0
+        torch.version.cuda = CUDA_VERSION
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            import sglang.srt.server_args  # noqa: F401  (SGLang's import-time probes read the patched torch)
+            import sglang.srt.utils.common as common
+        common.get_nvgpu_memory_capacity = lambda: float(_gpu().memory_mib)  # SGLang's nvidia-smi query
+        _ready = True
+
+
+# --- resolution --------------------------------------------------------------------------------------------
+
+
+def with_model(argv: list[str], model_dir: Path = MODEL_DIR) -> list[str]:
+    """`argv` with `--model-path`'s value replaced by `model_dir`."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a == "--model-path" and i + 1 < len(out):
+            out[i + 1] = str(model_dir)
+        elif a.startswith("--model-path="):
+            out[i] = f"--model-path={model_dir}"
+    if "--model-path" not in out and not any(a.startswith("--model-path=") for a in out):
+        out = ["--model-path", str(model_dir), *out]
+    return out
+
+
+def resolve(argv: list[str], gpu: str) -> Any:
+    """The `ServerArgs` SGLang builds from `argv` (what follows `python3 -m sglang.launch_server`) on a host of
+    `gpu` GPUs, resolved and checked by SGLang; read resolved values with `value(args, name)` or `view(args)`.
+    Raises EngineRefused with SGLang's message when SGLang refuses it, KeyError for an unknown GPU type."""
+    if gpu not in GPUS:
+        raise KeyError(f"{gpu}: no device probe for it (known: {sorted(GPUS)})")
+    _install()
+    from sglang.srt.server_args import prepare_server_args
+
+    _state.gpu = GPUS[gpu]
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    err = io.StringIO()  # SGLang's log lines and argparse's message (logging is pointed at stderr by SGLang)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                args = prepare_server_args(with_model(argv))
+            except SystemExit:  # argparse: an unknown flag or a bad value
+                lines = err.getvalue().strip().splitlines()
+                raise EngineRefused(lines[-1] if lines else f"SGLang's parser rejects {argv}") from None
+            try:
+                args.resolve_once()
+                args.check_server_args()
+            except (AssertionError, ValueError, NotImplementedError) as e:
+                raise EngineRefused(str(e) or type(e).__name__) from e
+    finally:
+        # prepare_server_args reconfigures the root logger (logging.basicConfig(force=True)): put it back
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        _state.gpu = None
+    return args
+
+
+def view(args: Any) -> Any:
+    """SGLang's read view of the resolved settings (`resolving_view`): raw input under SGLang's decisions."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    return resolving_view(args)
+
+
+def value(args: Any, name: str) -> Any:
+    """One resolved setting, as SGLang reads it after resolution."""
+    return getattr(view(args), name)
+
+
+# --- the KV-cache pool -------------------------------------------------------------------------------------
+
+
+def kv_pool_tokens(args: Any, gpu: str, *, weight_bytes: float, free_bytes: float | None = None) -> int:
+    """Tokens of KV cache SGLang 0.5.23 sizes on one GPU of this engine (one attention DP rank's pool: MLA keeps
+    one latent KV per token, replicated over the attention TP group), given the weights that GPU holds.
+
+    SGLang measures the free memory before loading weights (`pre_model_load_memory`,
+    sglang/srt/distributed/bootstrap.py:207, min over the ranks), loads the weights, and profiles
+    (sglang/srt/mem_cache/kv_cache_configurator.py:2990 `_profile_available_bytes`):
+
+        rest = free_after_weights - pre_model_load_memory * (1 - mem_fraction_static)          (:3007, :3038)
+             = pre_model_load_memory * mem_fraction_static - weight_bytes
+        (rest <= 0: ValueError "Loaded weights leave no GPU memory for the KV cache", :3043)
+
+    then `DefaultPoolConfigurator.calculate_pool_sizes` (sglang/srt/model_executor/pool_configurator.py:637):
+
+        tokens = rest // cell_size // page_size * page_size
+        cell_size = calculate_mla_kv_cache_dim(...) * num_layers * element_size(kv_cache_dtype)      (:376-:385)
+                  = (kv_lora_rank + qk_rope_head_dim) * 61 * 2 for DeepSeek-V3 with a BF16 KV cache
+                    (kv_cache_configurator.py:3412: kv_lora_rank + qk_rope_head_dim for a non-DSA model)
+
+    and caps it at --max-total-tokens (`_apply_token_constraints`, kv_cache_configurator.py:3090).
+    `free_bytes` is `pre_model_load_memory` (default: the GPU's whole memory, i.e. no CUDA context or other
+    process); `weight_bytes` what that GPU holds after loading. 0 where SGLang would refuse to start."""
+    import torch
+    from sglang.srt.arg_groups.overrides import model_config_of
+    from sglang.srt.mem_cache.kv_cache_configurator import calculate_mla_kv_cache_dim
+
+    cfg = view(args)
+    model_config = model_config_of(args)
+    pre = float(free_bytes if free_bytes is not None else GPUS[gpu].memory_mib << 20)
+    rest = pre * float(cfg.mem_fraction_static) - float(weight_bytes)
+    if rest <= 0:
+        return 0
+    dtype = {"auto": model_config.dtype, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}.get(
+        str(cfg.kv_cache_dtype), None
+    )
+    if dtype is None:
+        dtype = torch.float8_e4m3fn if "fp8" in str(cfg.kv_cache_dtype) else torch.bfloat16
+    pp = max(int(cfg.pp_size), 1)
+    layers = -(-int(model_config.num_hidden_layers) // pp)  # the first PP stage's share (all of them at pp 1)
+    cell = calculate_mla_kv_cache_dim(model_config=model_config, kv_cache_dtype=dtype) * layers
+    cell *= torch._utils._element_size(dtype)
+    page = max(int(cfg.page_size or 1), 1)
+    tokens = int(rest // cell) // page * page
+    if cfg.max_total_tokens is not None:
+        tokens = min(tokens, int(cfg.max_total_tokens))
+    return tokens
+
+
+# --- resolved settings against the plan ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of one engine: what SGLang resolves, what the plan priced, and whether the engine runs it."""
+
+    name: str
+    resolved: Any
+    plan: Any
+    holds: bool
+
+
+def context_tokens(plan: Any, island: Any) -> float:
+    """A decode island's mean context per resident sequence: the midpoints of the ranges it serves weighted by the
+    share of its time each takes (`capacity`: a range's sequences stay resident in proportion to it), plus the
+    workload's whole mean output (the plan's output tokens/s over its rate; an upper side: halfway is the mean)."""
+    served = [r for r in island.ranges if r.fraction > 0 and r.capacity > 0]
+    weight = sum(r.capacity for r in served)
+    return sum((r.start + r.end) / 2 * r.capacity for r in served) / weight + plan.rates.output_tok_s / plan.rate_req_s
+
+
+def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
+    """Engine `e` of `plan` (its command line `argv`) as SGLang resolves it, setting by setting, against the plan."""
+    import numpy as np
+
+    from costmodel.catalog import load_gpu
+    from costmodel.formulas import weight_bytes_per_gpu
+
+    args = resolve(argv, e.gpu)
+    v = view(args)
+    isl = plan.islands[e.island]
+    cfg = getattr(v, "cuda_graph_config", None)
+    out = [
+        # SGLang gives each attention DP rank chunked_prefill_size // attn_dp tokens a forward
+        Setting(
+            "prefill tokens per rank per forward",
+            int(v.chunked_prefill_size),
+            plan.cost.prefill_batch_tokens,
+            int(v.chunked_prefill_size) >= plan.cost.prefill_batch_tokens,
+        ),
+        Setting("tensor (= expert) parallel size", int(v.tp_size), e.gpus, int(v.tp_size) == int(v.ep_size) == e.gpus),
+        Setting("attention DP ranks", int(v.attn_dp_size), e.attn_dp, int(v.attn_dp_size) == e.attn_dp),
+        Setting(
+            "redundant experts",
+            int(v.ep_num_redundant_experts),
+            e.redundant_experts,
+            int(v.ep_num_redundant_experts) == e.redundant_experts,
+        ),
+        Setting("EPLB", bool(v.enable_eplb), e.redundant_experts > 0, bool(v.enable_eplb) == (e.redundant_experts > 0)),
+        Setting("two-batch overlap", bool(v.enable_two_batch_overlap), True, bool(v.enable_two_batch_overlap)),
+        Setting(
+            "DeepEP mode",
+            str(v.deepep_mode),
+            "normal" if e.role == "prefill" else "low_latency",
+            str(v.deepep_mode) == ("normal" if e.role == "prefill" else "low_latency"),
+        ),
+    ]
+    if e.role == "decode":
+        per_rank = e.max_running // e.attn_dp
+        graph = cfg.decode.max_bs if cfg is not None else None
+        tp, experts = np.asarray(isl.tp, dtype=float), np.asarray(isl.experts_per_gpu, dtype=float)
+        weights = float(weight_bytes_per_gpu(load_gpu(e.gpu), plan.model, tp, experts, plan.cost.profile))
+        pool = kv_pool_tokens(args, e.gpu, weight_bytes=weights)
+        need = int(per_rank * context_tokens(plan, isl))
+        out += [
+            Setting(
+                "running requests",
+                int(v.max_running_requests),
+                e.max_running,
+                int(v.max_running_requests) == e.max_running,
+            ),
+            Setting("decode CUDA graph max batch per rank", graph, per_rank, graph == per_rank),
+            Setting(
+                "mem_fraction_static", round(float(v.mem_fraction_static), 3), None, float(v.mem_fraction_static) > 0
+            ),
+            Setting("KV pool per rank, tokens (>= batch x mean context)", pool, need, pool >= need),
+        ]
+    return out
+
+
+def table(plan: Any, argv_of: Any) -> str:
+    """Markdown: every engine's settings, resolved by SGLang against the plan; `argv_of(e)` is e's command line."""
+    from deployment.engines import engines
+
+    rows = ["| engine | setting | SGLang resolves | plan | holds |", "|---|---|---:|---:|---|"]
+    for e in engines(plan):
+        for s in settings(plan, e, argv_of(e)):
+            plan_value = "-" if s.plan is None else s.plan
+            rows.append(f"| {e.name} | {s.name} | {s.resolved} | {plan_value} | {'yes' if s.holds else '**no**'} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m deployment.sglang_check PLAN.json`: the resolved-against-plan table of the plan's SGLang engines."""
+    import argparse
+
+    import plan as plans
+    from deployment.commands import DeployOptions, engine_argv
+
+    ap = argparse.ArgumentParser(prog="python -m deployment.sglang_check", description=main.__doc__)
+    ap.add_argument("plan")
+    p = plans.load(ap.parse_args(argv).plan)
+    print(table(p, lambda e: engine_argv(e, 0, p, DeployOptions())[3:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Every SGLang command line Archipelago writes, through SGLang 0.5.23's own settings resolution and checks
+(deployment.sglang_check: `prepare_server_args`, `resolve_once`, `check_server_args`, on a stubbed device probe
+reporting the engine's GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("sglang") is None:  # importing it needs deployment.sglang_check's stubs
+    pytest.skip("SGLang is not installed: pip install --no-deps 'sglang==0.5.23'", allow_module_level=True)
+
+import plan as plans
+from deployment.commands import DeployOptions, engine_argv
+from deployment.engines import engines
+from helpers import REPO, plan_of
+
+PLANS = sorted((REPO / "tests" / "data" / "plans").glob("*.json"))
+SMALL = ["--model-path", "/models/DeepSeek-V3", "--trust-remote-code", "--tp-size", "8"]
+
+
+@pytest.fixture(scope="module")
+def sc():
+    """deployment.sglang_check with SGLang imported behind its stubs: once per test process."""
+    from deployment import sglang_check
+
+    sglang_check.resolve(SMALL, "H20")
+    return sglang_check
+
+
+def refusals(sc, plan) -> list[str]:
+    """'engine rank: SGLang's message' for every engine host of `plan` SGLang refuses."""
+    out = []
+    for e in engines(plan):
+        for rank in (0, 1) if e.nnodes > 1 else (0,):
+            argv = engine_argv(e, rank, plan, DeployOptions(engine="sglang"))
+            assert argv[:3] == ["python3", "-m", "sglang.launch_server"], argv
+            try:
+                sc.resolve(argv[3:], e.gpu)
+            except sc.EngineRefused as err:
+                shape = f"{e.gpus} x {e.gpu}, attention TP {e.attn_tp} x DP {e.attn_dp}"
+                out.append(f"{e.name} ({shape}) rank {rank}: {err}")
+    return out
+
+
+def test_a_known_good_command_resolves(sc):
+    args = sc.resolve(SMALL, "H20")
+    assert sc.value(args, "chunked_prefill_size") == 8192  # SGLang's default for a 96 GB GPU (memory_hook.py)
+    assert sc.value(args, "model_path") == str(sc.MODEL_DIR)
+    assert 0 < sc.value(args, "mem_fraction_static") < 1
+    assert sc.kv_pool_tokens(args, "H20", weight_bytes=80e9) > 0
+
+
+def test_memory_dependent_defaults_follow_the_gpu(sc):
+    """The device probe reports the engine's GPU: 80 GB and 141 GB give SGLang's other static fractions."""
+    fractions = {gpu: sc.value(sc.resolve(SMALL, gpu), "mem_fraction_static") for gpu in ("H800", "H20", "H200")}
+    assert fractions["H800"] < fractions["H20"] < fractions["H200"], fractions
+
+
+def test_a_command_sglang_refuses_raises_its_message(sc):
+    argv = ["--model-path", "/models/DeepSeek-V3", "--tp-size", "16", "--ep-size", "16", "--attn-dp-size", "4",
+            "--moe-dense-tp-size", "4", "--enable-dp-lm-head"]  # fmt: skip
+    with pytest.raises(sc.EngineRefused, match="moe_dense_tp_size only supports None, 1, or tp_size"):
+        sc.resolve(argv, "H20")
+
+
+def test_an_unknown_flag_is_refused(sc):
+    with pytest.raises(sc.EngineRefused, match="unrecognized arguments: --no-such-flag"):
+        sc.resolve([*SMALL, "--no-such-flag"], "H20")
+
+
+@pytest.mark.parametrize("path", PLANS, ids=[p.stem for p in PLANS])
+def test_sglang_accepts_every_engine_of_the_plan(sc, path: Path):
+    refused = refusals(sc, plans.load(path))
+    assert not refused, "\n".join(["SGLang refuses:", *refused])
+
+
+def test_sglang_accepts_every_engine_of_the_tiny_plan(sc, tmp_path: Path):
+    path, _ = plan_of(tmp_path)
+    refused = refusals(sc, plans.load(path))
+    assert not refused, "\n".join(["SGLang refuses:", *refused])
+
+
+@pytest.mark.parametrize("path", PLANS, ids=[p.stem for p in PLANS])
+def test_sglang_runs_the_configuration_the_plan_priced(sc, path: Path):
+    """Every setting a modelled quantity depends on, as SGLang resolves it, against the plan's number (the table
+    docs/deploy.md shows for the default plan): prefill tokens per attention rank per forward, parallel sizes,
+    redundant experts with EPLB, two-batch overlap, DeepEP modes, decode running requests and CUDA graphs at the
+    plan's batch, and a KV pool that holds the batch at its mean context."""
+    plan = plans.load(path)
+    off = [f"{e.name}: {s.name} resolves to {s.resolved}, the plan has {s.plan}"
+           for e in engines(plan)
+           for s in sc.settings(plan, e, engine_argv(e, 0, plan, DeployOptions())[3:]) if not s.holds]  # fmt: skip
+    assert not off, "\n".join(off)
+
+
+def test_a_setting_that_departs_from_the_plan_is_caught(sc):
+    """The comparison can fail: an engine left at SGLang's default chunked prefill (divided by its DP ranks)."""
+    plan = plans.load(PLANS[0])
+    e = next(e for e in engines(plan) if e.attn_dp > 1)
+    argv = engine_argv(e, 0, plan, DeployOptions())[3:]
+    at = argv.index("--chunked-prefill-size")
+    rows = {s.name: s for s in sc.settings(plan, e, argv[:at] + argv[at + 2 :])}
+    chunk = rows["prefill tokens per rank per forward"]
+    assert not chunk.holds and chunk.resolved == 8192 // e.attn_dp
