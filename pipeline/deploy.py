@@ -27,6 +27,7 @@ def options_from_cfg(cfg: Any) -> DeployOptions:
         transfer_backend=str(cfg.sglang.transfer_backend),
         gpu_label=str(cfg.k8s.gpu_label),
         ib_devices=None if cfg.ib_devices is None else str(cfg.ib_devices),
+        expert_location=None if cfg.sglang.expert_location is None else str(cfg.sglang.expert_location),
         weights_pvc=None if cfg.k8s.weights_pvc is None else str(cfg.k8s.weights_pvc),
         rdma_resource=None if cfg.k8s.rdma_resource is None else str(cfg.k8s.rdma_resource),
         host_network=bool(cfg.k8s.host_network),

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from launched import HOST, LEADER, engine_env, ran
 
-from helpers import in_process, one_line, plan_of
+from helpers import REPO, in_process, one_line, plan_of
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +191,18 @@ def test_a_hand_edited_plan_is_refused_in_one_line(plan_path: Path, tmp_path: Pa
 @pytest.mark.parametrize("value", ["relative/path", "''"])
 def test_a_model_path_that_is_not_an_absolute_path_is_refused(plan_path: Path, tmp_path: Path, value: str) -> None:
     one_line(deploy(f"plan={plan_path}", f"out={tmp_path / 'd'}", f"model_path={value}"), "error: model_path=")
+
+
+def test_rdma_devices_and_an_expert_distribution_reach_the_engines(tmp_path: Path) -> None:
+    plan_path = REPO / "tests" / "data" / "plans" / "table_5_1_hetero_a_azure_code.json"  # with redundant experts
+    for out, engine in (("s", "sglang"), ("v", "vllm")):
+        r = deploy(f"plan={plan_path}", f"out={tmp_path / out}", f"engine={engine}", "ib_devices='mlx5_0,mlx5_1'",
+                   "sglang.expert_location=/models/eplb.json")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    sglang = ran(tmp_path / "s", "shell", tmp_path)
+    assert sglang and all(r.argv[r.argv.index("--disaggregation-ib-device") + 1] == "mlx5_0,mlx5_1" for r in sglang)
+    eplb = [r for r in sglang if "--enable-eplb" in r.argv]
+    assert eplb and all(r.argv[r.argv.index("--init-expert-location") + 1] == "/models/eplb.json" for r in eplb)
+    assert all(engine_env(r)["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == "3600" for r in sglang)
+    vllm = ran(tmp_path / "v", "shell", tmp_path)
+    assert vllm and all(engine_env(r)["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1" for r in vllm)
