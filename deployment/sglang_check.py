@@ -383,15 +383,24 @@ def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
 
 
 def table(plan: Any, argv_of: Any) -> str:
-    """Markdown: every engine's settings, resolved by SGLang against the plan; `argv_of(e)` is e's command line."""
+    """Markdown, an engine a row: each setting as `resolved / plan` (one value where they are equal), marked
+    **off** where the engine would not run what the plan priced; `argv_of(e)` is e's command line."""
     from deployment.engines import engines
 
-    rows = ["| engine | setting | SGLang resolves | plan | holds |", "|---|---|---:|---:|---|"]
+    rows, names = [], None
     for e in engines(plan):
-        for s in settings(plan, e, argv_of(e)):
-            plan_value = "-" if s.plan is None else s.plan
-            rows.append(f"| {e.name} | {s.name} | {s.resolved} | {plan_value} | {'yes' if s.holds else '**no**'} |")
-    return "\n".join(rows)
+        got = settings(plan, e, argv_of(e))
+        if names is None or len(got) > len(names):
+            names = [s.name for s in got]
+        cells = {}
+        for s in got:
+            text = str(s.resolved) if s.plan is None or s.resolved == s.plan else f"{s.resolved} / {s.plan}"
+            cells[s.name] = text if s.holds else f"**off** {text}"
+        rows.append((e.name, cells))
+    assert names is not None
+    out = ["| engine | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    out += [f"| {name} | " + " | ".join(cells.get(n, "") for n in names) + " |" for name, cells in rows]
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:
