@@ -118,8 +118,10 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
 
 
 def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launch:
-    """`vllm serve ...` for host `rank` of engine `e`: data parallel attention ranks of the plan's TP,
-    experts parallel over the engine, the NIXL KV connector for disaggregation."""
+    """`vllm serve ...` for host `rank` of engine `e` (vLLM 0.33.0 flags): data parallel attention ranks of the
+    plan's TP, experts parallel over the engine on DeepEP (high-throughput kernels for prefill, low-latency for
+    decode), two micro-batches overlapped (DBO, as both phases are modelled), the NIXL KV connector for
+    disaggregation. vLLM counts `--max-num-batched-tokens` and `--max-num-seqs` per DP rank."""
     local = min(e.gpus, e.node_gpus) // e.attn_tp  # attention DP ranks on one host
     cmd = [
         "vllm", "serve", opts.model_path,
@@ -127,11 +129,14 @@ def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launc
         "--tensor-parallel-size", str(e.attn_tp),
         "--data-parallel-size", str(e.attn_dp),
         "--enable-expert-parallel",
+        "--all2all-backend", "deepep_high_throughput" if e.role == "prefill" else "deepep_low_latency",
+        "--enable-dbo",
         "--max-num-batched-tokens", str(plan.cost.prefill_batch_tokens),
         "--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}),
     ]  # fmt: skip
     if e.role == "decode":
-        cmd += ["--max-num-seqs", str(max(e.max_running // e.attn_dp, 1))]  # vLLM counts sequences per DP rank
+        per_rank = max(e.max_running // e.attn_dp, 1)
+        cmd += ["--max-num-seqs", str(per_rank)]  # vLLM captures a CUDA graph at exactly this batch
     if e.redundant_experts:
         cmd += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": e.redundant_experts})]
     late = []

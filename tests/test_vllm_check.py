@@ -1,0 +1,136 @@
+"""The `vllm serve` command lines Archipelago writes, run through vLLM 0.33.0's own settings resolution
+(`deployment.vllm_check`: vLLM's parser, `ServeSubcommand`, `EngineArgs.create_engine_config`, on the real
+DeepSeek-V3 config with a stubbed H-series CUDA platform). Skips, naming what to install, where vLLM's
+source or the packages it imports are missing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import plan as plans
+from deployment.commands import DeployOptions, command, engine_argv
+from deployment.engine_args import EngineArgsMissing
+from deployment.engines import Engine, engines
+from deployment.launch import example_env
+from helpers import plan_of
+
+PLANS = sorted((Path(__file__).parent / "data" / "plans").glob("*.json"))
+OPTS = DeployOptions(engine="vllm")
+
+
+@pytest.fixture(scope="module")
+def vllm_check():
+    from deployment import vllm_check
+
+    try:
+        vllm_check._vllm()
+    except EngineArgsMissing as err:
+        pytest.skip(str(err))
+    return vllm_check
+
+
+def launch_env(e: Engine, rank: int, plan) -> dict[str, str]:
+    """The engine's environment as its launch file sets it (host-known values as examples)."""
+    env = {k: str(v) for k, v in example_env(command(e, rank, plan, OPTS), rank).items()}
+    if e.gpu_slice:  # deployment/shell.py: an engine smaller than its host sees its slice only
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(e.gpu_slice[0], e.gpu_slice[1] + 1)))
+    return env
+
+
+def refusals(vllm_check, plan) -> list[str]:
+    out = []
+    for e in engines(plan):
+        for rank in (0, 1) if e.nnodes > 1 else (0,):
+            argv = engine_argv(e, rank, plan, OPTS)
+            assert argv[:2] == ["vllm", "serve"], argv
+            try:
+                vllm_check.resolve(argv[2:], e.gpu, launch_env(e, rank, plan))
+            except vllm_check.EngineRefused as err:
+                out.append(f"{e.name} rank {rank} ({' '.join(argv[2:])}): {err}")
+    return out
+
+
+def test_a_known_good_command_resolves_and_its_values_read_back(vllm_check) -> None:
+    argv = [
+        "/models/DeepSeek-V3", "--trust-remote-code",
+        "--tensor-parallel-size", "2", "--data-parallel-size", "4", "--enable-expert-parallel",
+        "--max-num-batched-tokens", "8192", "--max-num-seqs", "64",
+        "--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": 32}),
+        "--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}),
+        "--gpu-memory-utilization", "0.85", "--port", "30000",
+    ]  # fmt: skip
+    c = vllm_check.resolve(argv, "H200")
+    p = c.parallel_config
+    assert (p.tensor_parallel_size, p.data_parallel_size, p.data_parallel_size_local) == (2, 4, 4)
+    assert p.enable_expert_parallel and p.enable_eplb and p.eplb_config.num_redundant_experts == 32
+    assert (c.scheduler_config.max_num_batched_tokens, c.scheduler_config.max_num_seqs) == (8192, 64)
+    assert c.cache_config.gpu_memory_utilization == 0.85
+    assert c.kv_transfer_config.kv_connector == "NixlConnector" and c.kv_transfer_config.kv_role == "kv_both"
+    assert c.model_config.hf_config.n_routed_experts == 256 and c.model_config.use_mla  # the real config.json
+    assert c.compilation_config.cudagraph_capture_sizes[-1] <= 2 * 64  # decode graphs up to the batch
+
+    from vllm.platforms import current_platform  # the stubbed device probe answers for the GPU asked
+
+    assert current_platform.get_device_name() == "NVIDIA H200"
+    assert current_platform.get_device_total_memory() == 143771 << 20
+    assert current_platform.get_device_capability().to_int() == 90
+
+
+def test_a_command_vllm_refuses_raises_with_vllms_message(vllm_check) -> None:
+    with pytest.raises(vllm_check.EngineRefused, match=r"argument --all2all-backend: invalid choice: 'deepep'"):
+        vllm_check.resolve(["/m", "--enable-expert-parallel", "--all2all-backend", "deepep"], "H20")
+    # 16 GPUs of tensor parallel on one 8-GPU host (ParallelConfig._verify_args)
+    with pytest.raises(vllm_check.EngineRefused, match=r"World size \(16\) is larger than the number of available"):
+        vllm_check.resolve(["/m", "--tensor-parallel-size", "16"], "H800")
+    # dual-batch overlap needs a DeepEP / NIXL-EP all2all backend (VllmConfig, config/vllm.py)
+    dbo = ["/m", "--data-parallel-size", "8", "--enable-expert-parallel", "--enable-dbo"]
+    with pytest.raises(vllm_check.EngineRefused, match=r"Microbatching currently only supports the deepep_low_latency"):
+        vllm_check.resolve(dbo, "H20")
+    assert vllm_check.resolve([*dbo, "--all2all-backend", "deepep_low_latency"], "H20").parallel_config.use_ubatching
+
+
+@pytest.mark.parametrize("path", PLANS, ids=[p.stem for p in PLANS])
+def test_every_generated_command_of_the_plans_resolves(vllm_check, path: Path) -> None:
+    assert refusals(vllm_check, plans.load(path)) == []
+
+
+def test_every_generated_command_of_the_tiny_plan_resolves(vllm_check, tmp_path: Path) -> None:
+    path, _ = plan_of(tmp_path)
+    assert refusals(vllm_check, plans.load(path)) == []
+
+
+@pytest.mark.parametrize("path", PLANS, ids=[p.stem for p in PLANS])
+def test_vllm_runs_the_configuration_the_plan_priced(vllm_check, path: Path) -> None:
+    """The settings vLLM resolves, against the plan's numbers: tokens per DP rank per step (vLLM schedules each DP
+    rank on its own), parallel sizes, EPLB with the redundant experts, DeepEP kernels by role, dual-batch overlap,
+    decode sequences and CUDA graphs at the plan's batch per rank, NIXL with the host's own side-channel address."""
+    plan = plans.load(path)
+    off = []
+    for e in engines(plan):
+        env = launch_env(e, 0, plan)
+        c = vllm_check.resolve(engine_argv(e, 0, plan, OPTS)[2:], e.gpu, env)
+        par, sched = c.parallel_config, c.scheduler_config
+        deepep = "deepep_high_throughput" if e.role == "prefill" else "deepep_low_latency"
+        want = {
+            "tokens per DP rank per step": (sched.max_num_batched_tokens, plan.cost.prefill_batch_tokens),
+            "attention TP": (par.tensor_parallel_size, e.attn_tp),
+            "attention DP ranks": (par.data_parallel_size, e.attn_dp),
+            "expert parallel": (par.enable_expert_parallel, True),
+            "EPLB": (par.enable_eplb, e.redundant_experts > 0),
+            "redundant experts": (par.eplb_config.num_redundant_experts, e.redundant_experts),
+            "all-to-all": (par.all2all_backend, deepep),
+            "dual-batch overlap": (par.enable_dbo, True),
+            "KV connector": (c.kv_transfer_config.kv_connector, "NixlConnector"),
+            "NIXL side channel host": (env["VLLM_NIXL_SIDE_CHANNEL_HOST"], "10.0.0.2"),
+        }  # fmt: skip
+        if e.role == "decode":
+            per_rank = e.max_running // e.attn_dp
+            want["sequences per DP rank"] = (sched.max_num_seqs, per_rank)
+            captured = per_rank in (c.compilation_config.cudagraph_capture_sizes or [])
+            want["a CUDA graph at the plan's batch per rank"] = (captured, True)
+        off += [f"{e.name}: {k} resolves to {got}, the plan has {plan_value}"
+                for k, (got, plan_value) in want.items() if got != plan_value]  # fmt: skip
+    assert not off, "\n".join(off)
