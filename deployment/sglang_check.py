@@ -25,11 +25,13 @@ What is stubbed, and why; everything else is SGLang 0.5.23's own code, as instal
    `is_initialized`, `current_device` and `torch.version.cuda` answer as an 8-GPU host of the engine's GPU type
    (`GPUS`: Hopper, SM 9.0; the total memory nvidia-smi reports for that GPU), and
    `sglang.srt.utils.common.get_nvgpu_memory_capacity` (SGLang's nvidia-smi query, read by
-   `get_device_memory_capacity`) returns that memory. The probe is patched once per process, before SGLang is
-   imported (several of SGLang's `is_cuda`-style probes are cached at import); the GPU type it reports is
-   switched per `resolve` call, so the memory-dependent defaults (chunked prefill size, CUDA graph batch sizes,
-   `mem_fraction_static`: sglang/srt/arg_groups/memory_hook.py `handle_gpu_memory_settings`) resolve as on that
-   GPU.
+   `get_device_memory_capacity`) returns that memory. The GPU type it reports is switched per `resolve` call, so
+   the memory-dependent defaults (chunked prefill size, CUDA graph batch sizes, `mem_fraction_static`:
+   sglang/srt/arg_groups/memory_hook.py `handle_gpu_memory_settings`) resolve as on that GPU.
+
+Both are in place only while SGLang is imported and while a command is resolved (`_stubbed`); between calls the
+process sees the machine as it is, so other code that probes for GPU packages or CUDA (vLLM's own check,
+PyTorch on the CPU) is not misled.
 
 `kv_pool_tokens` reproduces how SGLang sizes the KV-cache pool of a rank from the resolved settings (see there).
 """
@@ -154,35 +156,59 @@ def _gpu() -> Gpu:
     return getattr(_state, "gpu", None) or GPUS["H20"]
 
 
+_PROBE = ("is_available", "device_count", "get_device_name", "get_device_capability", "get_device_properties",
+          "mem_get_info", "is_initialized", "current_device")  # fmt: skip
+_stubs: dict[str, types.ModuleType] = {}  # the stub modules made so far, kept out of sys.modules between calls
+
+
+@contextlib.contextmanager
+def _stubbed() -> Any:
+    """The stubs and the device probe, for the length of an import or a resolution only: outside it, this process
+    sees the machine as it is (no GPU-only package importable, torch.cuda answering for the CPU), so code that
+    probes for them elsewhere (vLLM's own check, PyTorch samplers) is not misled."""
+    import torch
+
+    finder = _GpuOnlyFinder()
+    sys.meta_path.insert(0, finder)
+    sys.modules.update(_stubs)
+    cuda, saved = torch.cuda, {n: getattr(torch.cuda, n) for n in _PROBE}
+    saved_version = torch.version.cuda
+
+    def properties(device: Any = None) -> Any:
+        g = _gpu()
+        return types.SimpleNamespace(
+            name=g.name, total_memory=g.memory_mib << 20, multi_processor_count=g.sms, major=g.capability[0],
+            minor=g.capability[1], uuid="GPU-00000000-0000-0000-0000-000000000000", is_integrated=False,
+        )  # fmt: skip
+
+    cuda.is_available = lambda: True
+    cuda.device_count = lambda: _gpu().per_host
+    cuda.get_device_name = lambda device=None: _gpu().name
+    cuda.get_device_capability = lambda device=None: _gpu().capability
+    cuda.get_device_properties = properties
+    cuda.mem_get_info = lambda device=None: (_gpu().memory_mib << 20, _gpu().memory_mib << 20)
+    cuda.is_initialized = lambda: False
+    cuda.current_device = lambda: 0
+    torch.version.cuda = CUDA_VERSION
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name, module in list(sys.modules.items()):
+            if isinstance(module, _StubModule):
+                _stubs[name] = sys.modules.pop(name)
+        for n, f in saved.items():
+            setattr(cuda, n, f)
+        torch.version.cuda = saved_version
+
+
 def _install() -> None:
-    """Install the stubs and the device probe, then import SGLang: once per process."""
+    """Import SGLang behind the stubs and the device probe: once per process."""
     global _ready
     with _lock:
         if _ready:
             return
-        if not any(isinstance(f, _GpuOnlyFinder) for f in sys.meta_path):
-            sys.meta_path.insert(0, _GpuOnlyFinder())
-        import torch
-
-        def properties(device: Any = None) -> Any:
-            g = _gpu()
-            return types.SimpleNamespace(
-                name=g.name, total_memory=g.memory_mib << 20, multi_processor_count=g.sms, major=g.capability[0],
-                minor=g.capability[1], uuid="GPU-00000000-0000-0000-0000-000000000000", is_integrated=False,
-            )  # fmt: skip
-
-        cuda = torch.cuda
-        cuda.is_available = lambda: True
-        cuda.device_count = lambda: _gpu().per_host
-        cuda.get_device_name = lambda device=None: _gpu().name
-        cuda.get_device_capability = lambda device=None: _gpu().capability
-        cuda.get_device_properties = properties
-        cuda.mem_get_info = lambda device=None: (_gpu().memory_mib << 20, _gpu().memory_mib << 20)
-        cuda.is_initialized = lambda: False
-        cuda.current_device = lambda: 0
-        torch.version.cuda = CUDA_VERSION
-
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with _stubbed(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             import sglang.srt.server_args  # noqa: F401  (SGLang's import-time probes read the patched torch)
             import sglang.srt.utils.common as common
         common.get_nvgpu_memory_capacity = lambda: float(_gpu().memory_mib)  # SGLang's nvidia-smi query
@@ -219,7 +245,7 @@ def resolve(argv: list[str], gpu: str) -> Any:
     level, handlers = root.level, list(root.handlers)
     err = io.StringIO()  # SGLang's log lines and argparse's message (logging is pointed at stderr by SGLang)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        with _stubbed(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             try:
                 args = prepare_server_args(with_model(argv))
             except SystemExit:  # argparse: an unknown flag or a bad value
@@ -240,9 +266,10 @@ def resolve(argv: list[str], gpu: str) -> Any:
 
 def view(args: Any) -> Any:
     """SGLang's read view of the resolved settings (`resolving_view`): raw input under SGLang's decisions."""
-    from sglang.srt.arg_groups.overrides import resolving_view
+    with _stubbed():
+        from sglang.srt.arg_groups.overrides import resolving_view
 
-    return resolving_view(args)
+        return resolving_view(args)
 
 
 def value(args: Any, name: str) -> Any:
@@ -276,11 +303,13 @@ def kv_pool_tokens(args: Any, gpu: str, *, weight_bytes: float, free_bytes: floa
     `free_bytes` is `pre_model_load_memory` (default: the GPU's whole memory, i.e. no CUDA context or other
     process); `weight_bytes` what that GPU holds after loading. 0 where SGLang would refuse to start."""
     import torch
-    from sglang.srt.arg_groups.overrides import model_config_of
-    from sglang.srt.mem_cache.kv_cache_configurator import calculate_mla_kv_cache_dim
 
-    cfg = view(args)
-    model_config = model_config_of(args)
+    with _stubbed():  # SGLang's memory-pool modules import GPU kernels at module level
+        from sglang.srt.arg_groups.overrides import model_config_of
+        from sglang.srt.mem_cache.kv_cache_configurator import calculate_mla_kv_cache_dim
+
+        cfg = view(args)
+        model_config = model_config_of(args)
     pre = float(free_bytes if free_bytes is not None else GPUS[gpu].memory_mib << 20)
     rest = pre * float(cfg.mem_fraction_static) - float(weight_bytes)
     if rest <= 0:
@@ -292,7 +321,8 @@ def kv_pool_tokens(args: Any, gpu: str, *, weight_bytes: float, free_bytes: floa
         dtype = torch.float8_e4m3fn if "fp8" in str(cfg.kv_cache_dtype) else torch.bfloat16
     pp = max(int(cfg.pp_size), 1)
     layers = -(-int(model_config.num_hidden_layers) // pp)  # the first PP stage's share (all of them at pp 1)
-    cell = calculate_mla_kv_cache_dim(model_config=model_config, kv_cache_dtype=dtype) * layers
+    with _stubbed():
+        cell = calculate_mla_kv_cache_dim(model_config=model_config, kv_cache_dtype=dtype) * layers
     cell *= torch._utils._element_size(dtype)
     page = max(int(cfg.page_size or 1), 1)
     tokens = int(rest // cell) // page * page

@@ -32,7 +32,7 @@ COMMANDS = [  # (command, arguments, the line's start); {tmp} is the test's fold
     ("pipeline.traces", ["derive", "{tmp}/t.csv", "/proc/x/o.npz"], "error: /proc/x/o.npz: cannot write it"),
     ("pipeline.ui", ["mlflow.tracking_uri=sqlite:///{tmp}/none.db"], "error: no MLflow store at sqlite:///"),
     ("pipeline.ui", ["--colour"], "error: unrecognized arguments: --colour (usage: python -m pipeline.ui"),
-    ("deployment.router", ["{tmp}/none.json"], "error: {tmp}/none.json: [Errno 2] No such file"),
+    ("deployment.router", ["{tmp}/none.json"], "error: {tmp}/none.json: cannot read it (No such file"),
     ("solvers.inner", ["{tmp}/none.json"], "error: "),
     ("solvers.expert_placement", ["{tmp}/a.npy", "{tmp}/w.npy"],
      "error: the following arguments are required: --gpus (usage: python -m solvers.expert_placement"),

@@ -14,6 +14,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -137,15 +138,14 @@ def main(argv: list[str] | None = None) -> None:
 
 async def serve(application: web.Application, args: argparse.Namespace, table: object) -> None:
     router = application[STATE]
-    runner = web.AppRunner(application, access_log=None, handle_signals=False, shutdown_timeout=args.drain_seconds)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, backlog=4096)
-    try:
-        await site.start()
+    try:  # bound before the router starts (its health checks), so a taken port is the only thing said
+        sock = socket.create_server((args.host, args.port), backlog=4096)
     except OSError as err:
-        await runner.cleanup()
         _fail(f"cannot listen on {args.host}:{args.port} ({err.strerror or err}): choose another --port or stop what "
               "listens there")  # fmt: skip
+    runner = web.AppRunner(application, access_log=None, handle_signals=False, shutdown_timeout=args.drain_seconds)
+    await runner.setup()
+    await web.SockSite(runner, sock, backlog=4096).start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
