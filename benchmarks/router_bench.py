@@ -85,7 +85,7 @@ def measure(protocol: str, concurrency: int, delay: float, seconds: float, direc
         me, them = os.getpid(), [p.pid for p in (engines, router) if p is not None]
         before = [cpu_s(p) for p in (me, *them)]
         t0 = time.perf_counter()
-        seen = asyncio.run(load(target, BODY, concurrency, seconds, ramp_s=min(2.0, delay)))
+        seen = asyncio.run(load(target, BODY, concurrency, seconds, ramp_s=2 * delay))
         wall = time.perf_counter() - t0
         used = [(cpu_s(p) - b) / wall for p, b in zip((me, *them), before, strict=True)]
         bad = sum(n for s, n in seen.statuses.items() if s != 200) + sum(seen.errors.values())
@@ -97,6 +97,7 @@ def measure(protocol: str, concurrency: int, delay: float, seconds: float, direc
             "engines_cpu": used[1],
             "router_cpu": used[2] if router else 0.0,
             "p50_s": sorted(seen.latencies)[len(seen.latencies) // 2] if seen.latencies else float("nan"),
+            "p99_s": sorted(seen.latencies)[int(len(seen.latencies) * 0.99)] if seen.latencies else float("nan"),
         }
     finally:
         for p in (router, engines):
@@ -115,14 +116,14 @@ def main() -> None:
     print(
         f"closed loop, {args.concurrency} clients, decode answers after {args.delay:g} s, {args.seconds:g} s measured"
     )
-    print(f"{'protocol':9} {'path':7} {'req/s':>7} {'peak in flight':>15} {'errors':>7} {'p50 s':>6} "
+    print(f"{'protocol':9} {'path':7} {'req/s':>7} {'peak in flight':>15} {'errors':>7} {'p50 s':>6} {'p99 s':>6} "
           f"{'CPU load':>9} {'engines':>8} {'router':>7}")  # fmt: skip
     for protocol in args.protocols:
         rows = {}
         for direct in (True, False):
             r = rows[direct] = measure(protocol, args.concurrency, args.delay, args.seconds, direct)
             print(f"{protocol:9} {'direct' if direct else 'router':7} {r['rate']:7.0f} {r['peak']:15.0f} "
-                  f"{r['bad']:7.0f} {r['p50_s']:6.2f} {r['load_cpu']:9.2f} {r['engines_cpu']:8.2f} "
+                  f"{r['bad']:7.0f} {r['p50_s']:6.2f} {r['p99_s']:6.2f} {r['load_cpu']:9.2f} {r['engines_cpu']:8.2f} "
                   f"{r['router_cpu']:7.2f}")  # fmt: skip
         print(f"{protocol:9} router / direct rate: {rows[False]['rate'] / rows[True]['rate']:.2f}")
 

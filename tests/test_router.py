@@ -436,10 +436,11 @@ def test_sigterm_stops_new_requests_and_lets_those_in_flight_finish(
 
 def test_the_router_holds_the_plans_load(tmp_path: Path, standins: Callable[..., list[int]]) -> None:
     """6,000 clients, each one request at a time, answers after 2.5 s: 6,000 in flight, up to 2,400 req/s
-    offered. Every answer is a 200, and the router passes at least the rate of the plan of hetero_a (Azure code,
-    587 req/s, tests/data/plans) with its 6,000 requests in flight. The issue's 2,000 req/s is not reached on two
-    shared cores (about 1,100 seen with the stand-ins and the load on the same cores): benchmarks/router_bench.py
-    measures it against the stand-ins asked directly."""
+    offered. Every answer is a 200, at least 5,000 are in flight at once, and the router passes at least the
+    default plan's rate (hetero_a, Azure code: 587 req/s, tests/data/plans). What it passes is printed: about
+    2,200-2,400 req/s here, 1,700 with both cores busy with other work; the suite's other process shares these
+    cores, so the test holds it to the plan's rate and benchmarks/router_bench.py measures the rest side by side
+    with the stand-ins asked directly."""
     ports = standins(0.05, 0.05, 2.5, 2.5)
     url = [f"http://127.0.0.1:{q}" for q in ports]
     config = {**table("sglang", {}, {}), "in_flight": 6000,
@@ -452,7 +453,9 @@ def test_the_router_holds_the_plans_load(tmp_path: Path, standins: Callable[...,
     try:
         _wait_listening(port, router)
         body = json.dumps({"prompt": [1] * 300, "max_tokens": 16}).encode()
-        seen = asyncio.run(load(port, body, concurrency=6000, seconds=10, ramp_s=2.0, timeout_s=30))
+        # clients join over 5 s: 6,000 connections at once would overflow the listen queues (a dropped SYN is
+        # retried after 1 s), which is the harness's burst, not the router's steady state
+        seen = asyncio.run(load(port, body, concurrency=6000, seconds=10, ramp_s=5.0, timeout_s=30))
     finally:
         router.terminate()
         _out, err = router.communicate(timeout=40)
@@ -462,3 +465,4 @@ def test_the_router_holds_the_plans_load(tmp_path: Path, standins: Callable[...,
 
     rate = plans.load(REPO / "tests" / "data" / "plans" / "table_5_1_hetero_a_azure_code.json").rate_req_s
     assert seen.rate >= rate, f"{seen.rate:.0f} req/s"
+    print(f"the router passed {seen.rate:.0f} req/s with {seen.peak_in_flight} in flight")

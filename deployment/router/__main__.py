@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -133,6 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         pass
     logging.basicConfig(level=logging.INFO, format="[router] %(message)s", stream=sys.stderr)
+    # thousands of requests in flight are many live objects: the cyclic collector's full passes over them stall
+    # every request at once, so what was made at start is frozen out of them and young collections are rarer
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 50)
     asyncio.run(serve(application, args, table))
 
 

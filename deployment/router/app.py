@@ -142,6 +142,7 @@ def app(config: dict[str, Any] | Table, settings: Settings | None = None, seed: 
 
 
 JSON_HEADERS = {"Content-Type": "application/json"}
+WHOLE_ANSWER_BYTES = 1 << 20  # an engine answer up to this long is read whole, then sent in one write
 
 
 def _extend(raw: bytes, body: dict[str, Any], extra: dict[str, Any], drop: tuple[str, ...] = ()) -> bytes:
@@ -279,7 +280,15 @@ def _down(router: Router, err: EngineDown) -> None:
 async def _relay(
     router: Router, request: web.Request, r: Answer, url: str, served: dict[str, str]
 ) -> web.StreamResponse:
-    """Stream engine answer `r` back to the client, headers naming the islands and engines that served it."""
+    """Engine answer `r` back to the client, headers naming the islands and engines that served it: read whole and
+    sent in one write when its length is known and small (most non-streamed answers), else streamed as it comes."""
+    if r.length is not None and r.length <= WHOLE_ANSWER_BYTES:
+        try:
+            body = await r.read()
+        except EngineDown as err:
+            _down(router, err)
+            return _failed(router, err)[0]
+        return web.Response(status=r.status, body=body, headers={**served, "Content-Type": r.content_type})
     out = web.StreamResponse(status=r.status, headers=served)
     out.content_type = r.content_type
     if r.length is not None:

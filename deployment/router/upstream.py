@@ -42,7 +42,24 @@ class Answer:
         return self.headers.get("content-type", "application/json").split(";")[0]
 
     async def read(self) -> bytes:
-        return b"".join([c async for c in self.chunks()])
+        """The whole body (within `read_s` when its length is known: one read, no per-chunk timer)."""
+        if self.length is None:
+            return b"".join([c async for c in self.chunks()])
+        r = self.conn.reader
+        assert r is not None
+        try:
+            async with asyncio.timeout(self.pool.read_s):
+                data = await r.readexactly(self.length)
+            self.done = True
+            return data
+        except TimeoutError:
+            self.conn.reusable = False
+            raise EngineDown(self.pool.url, f"silent for {self.pool.read_s:g} s mid-answer", timed_out=True) from None
+        except (OSError, asyncio.IncompleteReadError) as err:
+            self.conn.reusable = False
+            raise EngineDown(self.pool.url, f"{type(err).__name__} mid-answer: {err}") from None
+        finally:
+            self.release()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it comes; the connection goes back to its pool after the last byte."""
