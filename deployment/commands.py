@@ -1,9 +1,12 @@
 """Engine command lines for one host of an engine: SGLang's `launch_server` and `vllm serve`.
 
-Every value a modelled quantity depends on comes from the plan: the parallelism, the redundant
-experts, the decode engines' running requests and the prefill batch (`--max-prefill-tokens` /
-`--max-num-batched-tokens`, the cost settings' `prefill_batch_tokens`). The commands are written
-for, and checked against the argument definitions of, the releases `deployment.engine_args` pins.
+Every value a modelled quantity depends on comes from the plan: the parallelism, the prefill tokens
+per attention rank, the decode batch (running requests, CUDA graphs), the redundant experts with
+EPLB, micro-batch overlap and the DeepEP kernels by role. The commands are written for the releases
+`deployment.engine_args` pins and checked by those releases' own settings resolution
+(`deployment.sglang_check`, `deployment.vllm_check`), which the tests read back against the plan.
+A command is a `deployment.launch.Launch`: literal arguments, its environment, and the few values
+only the host knows when it starts, which each target writes as explicit references.
 """
 
 from __future__ import annotations
@@ -45,9 +48,7 @@ class DeployOptions:
     router_image: str = "archipelago:latest"  # k8s: an image with Archipelago installed (runs the router)
     transfer_backend: str = "mooncake"  # SGLang's KV transfer between prefill and decode engines
     gpu_label: str = "archipelago/gpu"  # k8s: the node label whose value is the GPU type
-    ib_devices: str | None = (
-        None  # RDMA devices for KV transfer and DeepEP, e.g. "mlx5_0,mlx5_1" (None: the engine's pick)
-    )
+    ib_devices: str | None = None  # RDMA devices for KV transfer, e.g. "mlx5_0,mlx5_1" (None: the engine's pick)
     weights_pvc: str | None = None  # k8s: a PersistentVolumeClaim holding the weights (None: model_path on each node)
     rdma_resource: str | None = "rdma/rdma_shared_device_a"  # k8s: the RDMA device plugin's resource (None: none)
     host_network: bool = False  # k8s: pods on their nodes' network (RDMA without a secondary network)
