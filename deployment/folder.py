@@ -59,8 +59,9 @@ def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, liste
         f"Made by `python -m pipeline.deploy` from {source}. Hosts are numbered per GPU type, as the plan's "
         "report.md node map numbers them: " + "; ".join(f"{g}: {len(h)} hosts" for g, h in sorted(hosts.items())) + ".",
         "",
-        f"The commands are written for, and checked against the argument definitions of, {VERSIONS[opts.engine]}; "
-        "another release may rename a flag.",
+        f"The commands are written for {VERSIONS[opts.engine]} and checked by its own settings resolution, which "
+        "the tests read back against the plan (docs/deploy.md, section 3); another release may rename a flag or "
+        "resolve a setting otherwise: `python -m deployment.sglang_check PLAN` shows SGLang's resolution.",
         "",
         "## Fill in",
         "",
@@ -83,12 +84,28 @@ def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, liste
             "```",
         ]
     else:
+        weights = (
+            f"the PersistentVolumeClaim `{opts.weights_pvc}`" if opts.weights_pvc else "the same path on every node"
+        )
         lines += [
             f"- the engine image (now `{opts.engine_image}`) and the router image (now `{opts.router_image}`: an "
             "image with Archipelago installed);",
             f"- label each GPU node with its type: `kubectl label node NODE {opts.gpu_label}=H20` (the manifests "
             "select nodes by it); multi-host engines need the LeaderWorkerSet controller "
-            "(https://github.com/kubernetes-sigs/lws) installed.",
+            "(https://github.com/kubernetes-sigs/lws) installed;",
+            f"- the weights: {weights}, mounted read-only at `{opts.model_path}`;",
+            f"- RDMA: each engine pod asks for one `{opts.rdma_resource}` (the RDMA device plugin's resource; "
+            "`k8s.rdma_resource=` to change, `null` for none)"
+            + (
+                " and runs on its node's network;"
+                if opts.host_network
+                else "; `k8s.host_network=true` puts pods on "
+                "their nodes' network when there is no secondary RDMA network;"
+            )
+            if opts.rdma_resource
+            else "- RDMA: no device requested (`k8s.rdma_resource=null`);",
+            "- the router's API key: `kubectl create secret generic archipelago-router --from-literal=api-key=KEY` "
+            "(without it the router asks for none).",
             "",
             "## Start",
             "",
