@@ -16,6 +16,7 @@ import argparse
 import ast
 import functools
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
@@ -138,58 +139,61 @@ def check_sglang(argv: list[str]) -> argparse.Namespace:
 # `--flag/--no-flag`, `Literal` gives choices, `int`/`float` a number, `list` several values), plus
 # `FrontendArgs` (every field a flag) and `make_arg_parser`'s own flags
 # (vllm/entrypoints/common/cli_args.py). Its wheel is several hundred MB of CUDA code and its sdist
-# builds only with PyTorch, so `vllm_source` takes those files out of the published sdist of one
-# pinned version and `vllm_parser` rebuilds the parser from them by the same rules.
-
-VLLM_FILES = ("vllm/config/", "vllm/engine/arg_utils.py", "vllm/entrypoints/common/cli_args.py")
+# builds only with PyTorch, so `vllm_source` unpacks the Python package of the published sdist of one
+# pinned version and `vllm_parser` rebuilds the parser from those files by the same rules.
 
 
 def vllm_source(version: str = VLLM_VERSION) -> Path:
-    """The argument-defining source files of vLLM `version`, from its sdist on PyPI, cached.
+    """vLLM `version`'s Python package (`vllm/`, every file) from its sdist on PyPI, sha256-checked, cached: the
+    argument definitions `vllm_parser` reads, and the code `deployment.vllm_check` runs.
 
-    The cache is `$ARCHIPELAGO_CACHE` (default `~/.cache/archipelago`)/vllm-<version>."""
+    The cache is `$ARCHIPELAGO_CACHE` (default `~/.cache/archipelago`)/vllm-<version>-py."""
     import hashlib
-    import io
-    import os
     import re
+    import shutil
     import tarfile
+    import tempfile
     import urllib.request
     from urllib.parse import urljoin
 
     cache = Path(os.environ.get("ARCHIPELAGO_CACHE", Path.home() / ".cache" / "archipelago"))
-    root = cache / f"vllm-{version}"
+    root = cache / f"vllm-{version}-py"
     if (root / "vllm" / "engine" / "arg_utils.py").is_file():
         return root
     index = "https://pypi.org/simple/vllm/"  # PEP 503 index: links carry their sha256
+    cache.mkdir(parents=True, exist_ok=True)
     try:
         with urllib.request.urlopen(index, timeout=60) as r:
             page = r.read().decode()
         link = re.search(rf'href="([^"]*/vllm-{re.escape(version)}\.tar\.gz)#sha256=([0-9a-f]+)"', page)
         if link is None:
             raise ValueError(f"no sdist of vllm {version} listed")
-        with urllib.request.urlopen(urljoin(index, link[1]), timeout=300) as r:
-            blob = r.read()
-        if hashlib.sha256(blob).hexdigest() != link[2]:
-            raise ValueError("the download does not match its sha256")
-    except (OSError, ValueError) as err:
+        digest = hashlib.sha256()
+        with tempfile.TemporaryFile(dir=cache) as blob:
+            with urllib.request.urlopen(urljoin(index, link[1]), timeout=300) as r:
+                while chunk := r.read(1 << 20):
+                    digest.update(chunk)
+                    blob.write(chunk)
+            if digest.hexdigest() != link[2]:
+                raise ValueError("the download does not match its sha256")
+            blob.seek(0)
+            tmp = Path(tempfile.mkdtemp(prefix=f".vllm-{version}-py.", dir=cache))
+            with tarfile.open(fileobj=blob, mode="r:gz") as tar:
+                for m in tar.getmembers():
+                    rel = m.name.partition("/")[2]  # drop the "vllm-<version>/" prefix
+                    if m.isfile() and rel.startswith("vllm/"):
+                        dest = tmp / rel
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        dest.write_bytes(tar.extractfile(m).read())  # type: ignore[union-attr]
+    except (OSError, ValueError, tarfile.TarError) as err:
         raise EngineArgsMissing(
             f"could not fetch vLLM {version}'s source from {index} ({err}); "
-            f"unpack its sdist into {root} by hand (so that {root}/vllm/engine/arg_utils.py exists)"
+            f"unpack its sdist's vllm/ into {root} by hand (so that {root}/vllm/engine/arg_utils.py exists)"
         ) from None
-    tmp = cache / f".vllm-{version}.part"
-    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
-        for m in tar.getmembers():
-            rel = m.name.partition("/")[2]  # drop the "vllm-<version>/" prefix
-            if m.isfile() and rel.endswith(".py") and rel.startswith(VLLM_FILES):
-                dest = tmp / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(tar.extractfile(m).read())  # type: ignore[union-attr]
-    if root.exists():  # another process won the race
-        import shutil
-
-        shutil.rmtree(tmp)
-    else:
+    try:
         tmp.rename(root)
+    except OSError:  # another process won the race
+        shutil.rmtree(tmp, ignore_errors=True)
     return root
 
 

@@ -12,8 +12,8 @@ launch paths make on the result. The model is the real DeepSeek-V3 `config.json`
 (tests/data/models/deepseek-v3; no weights, no tokenizer). A command vLLM refuses raises
 `EngineRefused` with vLLM's own message.
 
-Approach: vLLM 0.33.0's own Python code, from its sdist on PyPI (the same file `engine_args.vllm_source`
-downloads, sha256-checked), unpacked whole (`vllm/`, 56 MB) under `$ARCHIPELAGO_CACHE`/vllm-<version>-py
+Approach: vLLM 0.33.0's own Python code, from its sdist on PyPI (`engine_args.vllm_source`: sha256-checked,
+the same files its argument check reads), unpacked whole (`vllm/`, 56 MB) under `$ARCHIPELAGO_CACHE`/vllm-<version>-py
 and put first on `sys.path`. The sdist's Python files are byte-identical to the wheel's (the wheel only
 adds compiled CUDA extensions and 240 files of vendored GPU kernel libraries: deep_gemm, flashmla,
 fmha_sm100, ...). Not the `vllm` wheel: 336 MB download / 840 MB installed of CUDA kernels, and it
@@ -62,7 +62,7 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deployment.engine_args import VLLM_VERSION, EngineArgsMissing
+from deployment.engine_args import VLLM_VERSION, EngineArgsMissing, vllm_source
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -103,59 +103,6 @@ _EMPTY_EXTENSIONS = ("vllm._C_stable_libtorch", "vllm.vllm_flash_attn._vllm_fa2_
 
 class EngineRefused(Exception):
     """vLLM refuses the command line; the message is vLLM's."""
-
-
-def vllm_python_source(version: str = VLLM_VERSION) -> Path:
-    """vLLM `version`'s Python package (`vllm/`, every file) from its sdist on PyPI, cached.
-
-    The cache is `$ARCHIPELAGO_CACHE` (default `~/.cache/archipelago`)/vllm-<version>-py."""
-    import hashlib
-    import re
-    import shutil
-    import tarfile
-    import tempfile
-    import urllib.request
-    from urllib.parse import urljoin
-
-    cache = Path(os.environ.get("ARCHIPELAGO_CACHE", Path.home() / ".cache" / "archipelago"))
-    root = cache / f"vllm-{version}-py"
-    if (root / "vllm" / "engine" / "arg_utils.py").is_file():
-        return root
-    index = "https://pypi.org/simple/vllm/"  # PEP 503 index: links carry their sha256
-    cache.mkdir(parents=True, exist_ok=True)
-    try:
-        with urllib.request.urlopen(index, timeout=60) as r:
-            page = r.read().decode()
-        link = re.search(rf'href="([^"]*/vllm-{re.escape(version)}\.tar\.gz)#sha256=([0-9a-f]+)"', page)
-        if link is None:
-            raise ValueError(f"no sdist of vllm {version} listed")
-        digest = hashlib.sha256()
-        with tempfile.TemporaryFile(dir=cache) as blob:
-            with urllib.request.urlopen(urljoin(index, link[1]), timeout=300) as r:
-                while chunk := r.read(1 << 20):
-                    digest.update(chunk)
-                    blob.write(chunk)
-            if digest.hexdigest() != link[2]:
-                raise ValueError("the download does not match its sha256")
-            blob.seek(0)
-            tmp = Path(tempfile.mkdtemp(prefix=f".vllm-{version}-py.", dir=cache))
-            with tarfile.open(fileobj=blob, mode="r:gz") as tar:
-                for m in tar.getmembers():
-                    rel = m.name.partition("/")[2]  # drop the "vllm-<version>/" prefix
-                    if m.isfile() and rel.startswith("vllm/"):
-                        dest = tmp / rel
-                        dest.parent.mkdir(parents=True, exist_ok=True)
-                        dest.write_bytes(tar.extractfile(m).read())  # type: ignore[union-attr]
-    except (OSError, ValueError, tarfile.TarError) as err:
-        raise EngineArgsMissing(
-            f"could not fetch vLLM {version}'s source from {index} ({err}); "
-            f"unpack its sdist's vllm/ into {root} by hand (so that {root}/vllm/engine/arg_utils.py exists)"
-        ) from None
-    try:
-        tmp.rename(root)
-    except OSError:  # another process won the race
-        shutil.rmtree(tmp, ignore_errors=True)
-    return root
 
 
 class _Nvml(types.ModuleType):
@@ -223,7 +170,7 @@ def _vllm() -> types.SimpleNamespace:
     global _LOADED
     if _LOADED is not None:
         return _LOADED
-    root = vllm_python_source()
+    root = vllm_source()
     loaded = sys.modules.get("vllm")
     if loaded is not None and Path(loaded.__file__ or "").resolve().parents[1] != root.resolve():
         raise EngineArgsMissing(f"another vllm ({loaded.__file__}) is already imported in this process")
