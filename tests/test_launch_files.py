@@ -206,3 +206,33 @@ def test_rdma_devices_and_an_expert_distribution_reach_the_engines(tmp_path: Pat
     assert all(engine_env(r)["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == "3600" for r in sglang)
     vllm = ran(tmp_path / "v", "shell", tmp_path)
     assert vllm and all(engine_env(r)["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1" for r in vllm)
+
+
+@pytest.mark.parametrize("target", ["shell", "k8s"])
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_every_target_runs_the_command_the_engines_own_checks_judged(tmp_path: Path, target: str, engine: str) -> None:
+    """tests/test_sglang_check.py and tests/test_vllm_check.py run `engine_argv` through the engines' own checks; what
+    each target's files actually run (a host script, a leader or worker pod) is that command, argument for argument."""
+    import plan as plans
+    from deployment.commands import WORKER, DeployOptions, command, engine_argv
+    from deployment.engines import engines
+    from deployment.launch import example_env
+
+    path = REPO / "tests" / "data" / "plans" / "table_5_1_hetero_a_azure_code.json"  # multi-host engines of both roles
+    plan, opts = plans.load(path), DeployOptions(engine=engine, target=target)
+    r = deploy(f"plan={path}", f"out={tmp_path / 'd'}", f"engine={engine}", f"target={target}")
+    assert r.returncode == 0, r.stderr
+    runs = {run.where: run for run in ran(tmp_path / "d", target, tmp_path)}
+    checked = 0
+    for e in engines(plan):
+        if target == "shell":
+            hosts = [(f"hosts/{e.gpu.lower()}-host{h:03d}/{e.name}.sh", rank) for rank, h in enumerate(e.hosts)]
+        else:
+            hosts = [(f"{e.name} pod", 0)] if e.nnodes == 1 else [(f"{e.name} leader", 0), (f"{e.name} worker", WORKER)]
+        for where, rank in hosts:
+            assert runs[where].argv == engine_argv(e, rank, plan, opts), where
+            index = 1 if rank == WORKER else rank
+            for name, value in example_env(command(e, rank, plan, opts), index).items():
+                assert runs[where].env[name] == value, (where, name)
+            checked += 1
+    assert checked == len(runs)
