@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 import plan as plans
-from deployment.commands import DeployOptions, command, engine_argv
+from deployment.commands import DeployOptions, engine_argv
 from deployment.engine_args import EngineArgsMissing
 from deployment.engines import Engine, engines
-from deployment.launch import example_env
 from helpers import plan_of
 
 PLANS = sorted((Path(__file__).parent / "data" / "plans").glob("*.json"))
@@ -34,10 +33,9 @@ def vllm_check():
 
 def launch_env(e: Engine, rank: int, plan) -> dict[str, str]:
     """The engine's environment as its launch file sets it (host-known values as examples)."""
-    env = {k: str(v) for k, v in example_env(command(e, rank, plan, OPTS), rank).items()}
-    if e.gpu_slice:  # deployment/shell.py: an engine smaller than its host sees its slice only
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(e.gpu_slice[0], e.gpu_slice[1] + 1)))
-    return env
+    from deployment.vllm_check import launch_env as env_of
+
+    return env_of(e, rank, plan, OPTS)
 
 
 def refusals(vllm_check, plan) -> list[str]:
@@ -104,33 +102,23 @@ def test_every_generated_command_of_the_tiny_plan_resolves(vllm_check, tmp_path:
 
 @pytest.mark.parametrize("path", PLANS, ids=[p.stem for p in PLANS])
 def test_vllm_runs_the_configuration_the_plan_priced(vllm_check, path: Path) -> None:
-    """The settings vLLM resolves, against the plan's numbers: tokens per DP rank per step (vLLM schedules each DP
-    rank on its own), parallel sizes, EPLB with the redundant experts, DeepEP kernels by role, dual-batch overlap,
-    decode sequences and CUDA graphs at the plan's batch per rank, NIXL with the host's own side-channel address."""
+    """The settings vLLM resolves, against the plan's numbers (`vllm_check.settings`; the table docs/deploy.md
+    shows for the default plan)."""
     plan = plans.load(path)
-    off = []
-    for e in engines(plan):
-        env = launch_env(e, 0, plan)
-        c = vllm_check.resolve(engine_argv(e, 0, plan, OPTS)[2:], e.gpu, env)
-        par, sched = c.parallel_config, c.scheduler_config
-        deepep = "deepep_high_throughput" if e.role == "prefill" else "deepep_low_latency"
-        want = {
-            "tokens per DP rank per step": (sched.max_num_batched_tokens, plan.cost.prefill_batch_tokens),
-            "attention TP": (par.tensor_parallel_size, e.attn_tp),
-            "attention DP ranks": (par.data_parallel_size, e.attn_dp),
-            "expert parallel": (par.enable_expert_parallel, True),
-            "EPLB": (par.enable_eplb, e.redundant_experts > 0),
-            "redundant experts": (par.eplb_config.num_redundant_experts, e.redundant_experts),
-            "all-to-all": (par.all2all_backend, deepep),
-            "dual-batch overlap": (par.enable_dbo, True),
-            "KV connector": (c.kv_transfer_config.kv_connector, "NixlConnector"),
-            "NIXL side channel host": (env["VLLM_NIXL_SIDE_CHANNEL_HOST"], "10.0.0.2"),
-        }  # fmt: skip
-        if e.role == "decode":
-            per_rank = e.max_running // e.attn_dp
-            want["sequences per DP rank"] = (sched.max_num_seqs, per_rank)
-            captured = per_rank in (c.compilation_config.cudagraph_capture_sizes or [])
-            want["a CUDA graph at the plan's batch per rank"] = (captured, True)
-        off += [f"{e.name}: {k} resolves to {got}, the plan has {plan_value}"
-                for k, (got, plan_value) in want.items() if got != plan_value]  # fmt: skip
+    off = [f"{e.name}: {s.name} resolves to {s.resolved}, the plan has {s.plan}"
+           for e in engines(plan)
+           for s in vllm_check.settings(plan, e, engine_argv(e, 0, plan, OPTS)[2:], launch_env(e, 0, plan))
+           if not s.holds]  # fmt: skip
     assert not off, "\n".join(off)
+
+
+def test_a_setting_that_departs_from_the_plan_is_caught(vllm_check) -> None:
+    """The comparison can fail: a decode engine left at vLLM's default all-to-all (allgather/reduce-scatter)."""
+    plan = plans.load(PLANS[0])
+    e = next(e for e in engines(plan) if e.role == "decode")
+    argv = engine_argv(e, 0, plan, OPTS)[2:]
+    at = argv.index("--all2all-backend")
+    argv = argv[:at] + argv[at + 2 :]
+    argv.remove("--enable-dbo")  # vLLM refuses micro-batch overlap without a DeepEP-like backend
+    rows = {s.name: s for s in vllm_check.settings(plan, e, argv, launch_env(e, 0, plan))}
+    assert not rows["all-to-all"].holds and rows["all-to-all"].resolved == "allgather_reducescatter"
