@@ -466,3 +466,34 @@ def test_the_router_holds_the_plans_load(tmp_path: Path, standins: Callable[...,
     rate = plans.load(REPO / "tests" / "data" / "plans" / "table_5_1_hetero_a_azure_code.json").rate_req_s
     assert seen.rate >= rate, f"{seen.rate:.0f} req/s"
     print(f"the router passed {seen.rate:.0f} req/s with {seen.peak_in_flight} in flight")
+
+
+class _CutShort(asyncio.Protocol):
+    """An engine that answers GET /health, and a POST with the head of an answer, then drops the connection."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if data.startswith(b"GET"):
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")  # type: ignore[attr-defined]
+        else:
+            self.transport.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"choi')  # type: ignore[attr-defined]
+            self.transport.close()
+
+
+def test_an_engine_that_fails_mid_answer_is_a_502_naming_it_and_counted() -> None:
+    async def main() -> tuple[Any, str]:
+        engines = Engines()
+        p = await engines.start(0.0)
+        d = free_port()
+        server = await asyncio.get_running_loop().create_server(_CutShort, "127.0.0.1", d)
+        async with running(table("sglang", {"0": [p]}, {"1": [d]}), health_interval_s=0) as url, ClientSession() as s:
+            answer = await post(s, url, {"prompt": "hi"})
+            metrics = await (await s.get(url + "/metrics")).text()
+        server.close()
+        return answer, metrics
+
+    (status, body, _, _), metrics = run(main())
+    assert status == 502 and body["error"].startswith("decode engine 1/0 failed: IncompleteReadError mid-answer")
+    assert 'archipelago_router_requests_total{outcome="engine_error"} 1.0' in metrics

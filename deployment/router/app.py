@@ -279,16 +279,18 @@ def _down(router: Router, err: EngineDown) -> None:
 
 async def _relay(
     router: Router, request: web.Request, r: Answer, url: str, served: dict[str, str]
-) -> web.StreamResponse:
+) -> tuple[web.StreamResponse, str]:
     """Engine answer `r` back to the client, headers naming the islands and engines that served it: read whole and
-    sent in one write when its length is known and small (most non-streamed answers), else streamed as it comes."""
+    sent in one write when its length is known and small (most non-streamed answers), else streamed as it comes.
+    The response and its outcome for the metrics."""
+    outcome = "ok" if r.status < 400 else "engine_status"
     if r.length is not None and r.length <= WHOLE_ANSWER_BYTES:
         try:
             body = await r.read()
         except EngineDown as err:
             _down(router, err)
-            return _failed(router, err)[0]
-        return web.Response(status=r.status, body=body, headers={**served, "Content-Type": r.content_type})
+            return _failed(router, err)
+        return web.Response(status=r.status, body=body, headers={**served, "Content-Type": r.content_type}), outcome
     out = web.StreamResponse(status=r.status, headers=served)
     out.content_type = r.content_type
     if r.length is not None:
@@ -301,11 +303,12 @@ async def _relay(
     except EngineDown as err:  # mid-answer: the client sees a cut stream
         log.warning("%s (%s) failed mid-answer: %s", router.name(url), url, err.why)
         router.metrics.upstream_error(url, err.timed_out)
+        outcome = "timeout" if err.timed_out else "engine_error"
     except (ConnectionError, OSError):  # the client went away: the engine's answer is dropped with its connection
         pass
     finally:
         r.release()
-    return out
+    return out, outcome
 
 
 def _served(router: Router, pre: str, dec: str) -> dict[str, str]:
@@ -355,8 +358,7 @@ async def _sglang(
             router.metrics.retried()
             continue
         r = decode.result()
-        answer = await _relay(router, request, r, dec, _served(router, pre, dec))
-        return answer, "ok" if r.status < 400 else "engine_status"
+        return await _relay(router, request, r, dec, _served(router, pre, dec))
     raise AssertionError("unreachable")
 
 
@@ -428,6 +430,5 @@ async def _vllm(
                 return _failed(router, err)
             router.metrics.retried()
             continue
-        answer = await _relay(router, request, r, dec, _served(router, pre, dec))
-        return answer, "ok" if r.status < 400 else "engine_status"
+        return await _relay(router, request, r, dec, _served(router, pre, dec))
     raise AssertionError("unreachable")
