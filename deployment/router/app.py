@@ -385,6 +385,26 @@ def _first_failure(*tasks: asyncio.Future[Any]) -> EngineDown | None:
     return None
 
 
+async def _one_of(router: Router, phase: str, tokens: int, tried: set[str], send: Any) -> tuple[str | None, Any]:
+    """`await send(url)` on an engine of `phase` for a prompt of `tokens`, and again on another while one fails with
+    EngineDown, up to `retries` times: (url, its result), or (None, the client's answer) when none is left (503 none
+    up, 504 one silent, 502 one failed)."""
+    for attempt in range(router.settings.retries + 1):
+        p = _choose(router, phase, tokens, tried)
+        if p is None:
+            return None, (_unavailable(router, phase, tokens, tried), "unavailable")
+        url = p[1]
+        try:
+            return url, await send(url)
+        except EngineDown as err:
+            _down(router, err)
+            tried.add(url)
+            if err.timed_out or attempt == router.settings.retries:
+                return None, _failed(router, err)
+            router.metrics.retried()
+    raise AssertionError("unreachable")
+
+
 async def _vllm(
     router: Router, request: web.Request, raw: bytes, body: dict[str, Any], tokens: int
 ) -> tuple[web.StreamResponse, str]:
@@ -392,43 +412,24 @@ async def _vllm(
     first = _extend(raw, body, {"max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}},
                     drop=("stream_options", "max_completion_tokens"))  # fmt: skip
     tried: set[str] = set()
-    for attempt in range(router.settings.retries + 1):
-        p = _choose(router, "prefill", tokens, tried)
-        if p is None:
-            return _unavailable(router, "prefill", tokens, tried), "unavailable"
-        pre = p[1]
-        try:
-            r = await _post(router, pre, request.path, first)
-            payload = await r.read()
-        except EngineDown as err:
-            _down(router, err)
-            tried.add(pre)
-            if err.timed_out or attempt == router.settings.retries:
-                return _failed(router, err)
-            router.metrics.retried()
-            continue
-        if r.status >= 400:
-            out = web.Response(status=r.status, body=payload, content_type=r.content_type or "application/json")
-            return out, "engine_status"
-        try:
-            params = orjson.loads(payload).get("kv_transfer_params")
-        except (ValueError, AttributeError):
-            return _error(502, f"{router.name(pre)} answered without JSON kv_transfer_params"), "engine_error"
-        break
+
+    async def prefill(url: str) -> tuple[Answer, bytes]:
+        r = await _post(router, url, request.path, first)
+        return r, await r.read()
+
+    pre, got = await _one_of(router, "prefill", tokens, tried, prefill)
+    if pre is None:
+        return got
+    r, payload = got
+    if r.status >= 400:
+        return web.Response(status=r.status, body=payload, content_type=r.content_type or "application/json"), \
+            "engine_status"  # fmt: skip
+    try:
+        params = orjson.loads(payload).get("kv_transfer_params")
+    except (ValueError, AttributeError):
+        return _error(502, f"{router.name(pre)} answered without JSON kv_transfer_params"), "engine_error"
     second = _extend(raw, body, {"kv_transfer_params": params})
-    for attempt in range(router.settings.retries + 1):
-        d = _choose(router, "decode", tokens, tried)
-        if d is None:
-            return _unavailable(router, "decode", tokens, tried), "unavailable"
-        dec = d[1]
-        try:
-            r = await _post(router, dec, request.path, second)
-        except EngineDown as err:
-            _down(router, err)
-            tried.add(dec)
-            if err.timed_out or attempt == router.settings.retries:
-                return _failed(router, err)
-            router.metrics.retried()
-            continue
-        return await _relay(router, request, r, dec, _served(router, pre, dec))
-    raise AssertionError("unreachable")
+    dec, got = await _one_of(router, "decode", tokens, tried, lambda url: _post(router, url, request.path, second))
+    if dec is None:
+        return got
+    return await _relay(router, request, got, dec, _served(router, pre, dec))
