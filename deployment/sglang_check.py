@@ -50,6 +50,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deployment import resolved
+from deployment.resolved import Setting
+
 MODEL_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "models" / "deepseek-v3"
 
 # GPU-only top-level packages SGLang imports on the settings path (see the module docstring)
@@ -334,16 +337,6 @@ def kv_pool_tokens(args: Any, gpu: str, *, weight_bytes: float, free_bytes: floa
 # --- resolved settings against the plan ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One setting of one engine: what SGLang resolves, what the plan priced, and whether the engine runs it."""
-
-    name: str
-    resolved: Any
-    plan: Any
-    holds: bool
-
-
 def context_tokens(plan: Any, island: Any) -> float:
     """A decode island's mean context per resident sequence: the midpoints of the ranges it serves weighted by the
     share of its time each takes (`capacity`: a range's sequences stay resident in proportion to it), plus the
@@ -413,24 +406,10 @@ def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
 
 
 def table(plan: Any, argv_of: Any) -> str:
-    """Markdown, an engine a row: each setting as `resolved / plan` (one value where they are equal), marked
-    **off** where the engine would not run what the plan priced; `argv_of(e)` is e's command line."""
+    """Markdown, an engine a row, of the plan's engines as SGLang resolves them; `argv_of(e)` is e's command line."""
     from deployment.engines import engines
 
-    rows, names = [], None
-    for e in engines(plan):
-        got = settings(plan, e, argv_of(e))
-        if names is None or len(got) > len(names):
-            names = [s.name for s in got]
-        cells = {}
-        for s in got:
-            text = str(s.resolved) if s.plan is None or s.resolved == s.plan else f"{s.resolved} / {s.plan}"
-            cells[s.name] = text if s.holds else f"**off** {text}"
-        rows.append((e.name, cells))
-    assert names is not None
-    out = ["| engine | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    out += [f"| {name} | " + " | ".join(cells.get(n, "") for n in names) + " |" for name, cells in rows]
-    return "\n".join(out)
+    return resolved.table([(e.name, settings(plan, e, argv_of(e))) for e in engines(plan)])
 
 
 def main(argv: list[str] | None = None) -> None:

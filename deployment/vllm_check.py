@@ -59,11 +59,12 @@ import os
 import sys
 import threading
 import types
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deployment import resolved
 from deployment.engine_args import VLLM_VERSION, EngineArgsMissing, vllm_source
+from deployment.resolved import Setting
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -332,19 +333,6 @@ def _resolve(v: types.SimpleNamespace, argv: list[str], mock: Any) -> VllmConfig
 # --- resolved settings against the plan ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One setting of one engine: what vLLM resolves, what the plan priced, and whether the engine runs it."""
-
-    name: str
-    resolved: Any
-    plan: Any
-
-    @property
-    def holds(self) -> bool:
-        return self.resolved == self.plan
-
-
 def settings(plan: Any, e: Any, argv: list[str], env: dict[str, str]) -> list[Setting]:
     """Engine `e` of `plan` (its command line `argv` after `vllm serve`, its environment `env`) as vLLM resolves it,
     against the plan: tokens per DP rank per step (each DP rank schedules on its own), parallel sizes, EPLB with the
@@ -356,23 +344,23 @@ def settings(plan: Any, e: Any, argv: list[str], env: dict[str, str]) -> list[Se
     par, sched = c.parallel_config, c.scheduler_config
     deepep = "deepep_high_throughput" if e.role == "prefill" else "deepep_low_latency"
     out = [
-        Setting("tokens per DP rank per step", sched.max_num_batched_tokens, plan.cost.prefill_batch_tokens),
-        Setting("attention TP", par.tensor_parallel_size, e.attn_tp),
-        Setting("attention DP ranks", par.data_parallel_size, e.attn_dp),
-        Setting("expert parallel", par.enable_expert_parallel, True),
-        Setting("EPLB", par.enable_eplb, e.redundant_experts > 0),
-        Setting("redundant experts", par.eplb_config.num_redundant_experts, e.redundant_experts),
-        Setting("all-to-all", par.all2all_backend, deepep),
-        Setting("dual-batch overlap", par.enable_dbo, True),
-        Setting("KV connector", c.kv_transfer_config.kv_connector, "NixlConnector"),
-        Setting("NIXL side-channel host", env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"), EXAMPLE[HOST]),
+        Setting.equal("tokens per DP rank per step", sched.max_num_batched_tokens, plan.cost.prefill_batch_tokens),
+        Setting.equal("attention TP", par.tensor_parallel_size, e.attn_tp),
+        Setting.equal("attention DP ranks", par.data_parallel_size, e.attn_dp),
+        Setting.equal("expert parallel", par.enable_expert_parallel, True),
+        Setting.equal("EPLB", par.enable_eplb, e.redundant_experts > 0),
+        Setting.equal("redundant experts", par.eplb_config.num_redundant_experts, e.redundant_experts),
+        Setting.equal("all-to-all", par.all2all_backend, deepep),
+        Setting.equal("dual-batch overlap", par.enable_dbo, True),
+        Setting.equal("KV connector", c.kv_transfer_config.kv_connector, "NixlConnector"),
+        Setting.equal("NIXL side-channel host", env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"), EXAMPLE[HOST]),
     ]  # fmt: skip
     if e.role == "decode":
         per_rank = e.max_running // e.attn_dp
         captured = per_rank in (c.compilation_config.cudagraph_capture_sizes or [])
         out += [
-            Setting("sequences per DP rank", sched.max_num_seqs, per_rank),
-            Setting("a CUDA graph at the plan's batch per rank", captured, True),
+            Setting.equal("sequences per DP rank", sched.max_num_seqs, per_rank),
+            Setting.equal("a CUDA graph at the plan's batch per rank", captured, True),
         ]
     return out
 
@@ -390,22 +378,15 @@ def launch_env(e: Any, rank: int, plan: Any, opts: Any) -> dict[str, str]:
 
 
 def table(plan: Any) -> str:
-    """Markdown, an engine a row: each setting as vLLM resolves it (`resolved / plan` where they differ, **off**
-    where the engine would not run what the plan priced)."""
+    """Markdown, an engine a row, of the plan's engines as vLLM resolves them (`deployment.resolved.table`)."""
     from deployment.commands import DeployOptions, engine_argv
     from deployment.engines import engines
 
-    opts, rows, names = DeployOptions(engine="vllm"), [], None
-    for e in engines(plan):
-        got = settings(plan, e, engine_argv(e, 0, plan, opts)[2:], launch_env(e, 0, plan, opts))
-        if names is None or len(got) > len(names):
-            names = [s.name for s in got]
-        cells = {s.name: (str(s.resolved) if s.holds else f"**off** {s.resolved} / {s.plan}") for s in got}
-        rows.append((e.name, cells))
-    assert names is not None
-    out = ["| engine | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    out += [f"| {name} | " + " | ".join(cells.get(n, "") for n in names) + " |" for name, cells in rows]
-    return "\n".join(out)
+    opts = DeployOptions(engine="vllm")
+    return resolved.table([
+        (e.name, settings(plan, e, engine_argv(e, 0, plan, opts)[2:], launch_env(e, 0, plan, opts)))
+        for e in engines(plan)
+    ])  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
