@@ -12,6 +12,7 @@ only the host knows when it starts, which each target writes as explicit referen
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from deployment.engine_args import SGLANG_VERSION, VLLM_VERSION
@@ -20,7 +21,7 @@ from deployment.launch import HOST, INDEX, LEADER, Launch, Ref, example_argv
 from plan import Plan
 
 ENGINES = ("sglang", "vllm")
-TARGETS = ("shell", "k8s")
+TARGETS = ("shell", "k8s", "llmd")
 TRANSFER_BACKENDS = ("mooncake", "nixl")
 ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998  # SGLang's prefill bootstrap server (--disaggregation-bootstrap-port default)
@@ -63,6 +64,9 @@ class DeployOptions:
             raise DeployError(f"k8s.router_replicas={self.router_replicas}: at least 1")
         if not self.model_path or not self.model_path.startswith("/"):
             raise DeployError(f"model_path={self.model_path!r}: give the weights' absolute path on every host")
+        if self.ib_devices is not None and not re.fullmatch(r"\s*[\w.:-]+(\s*,\s*[\w.:-]+)*\s*", self.ib_devices):
+            raise DeployError(f"ib_devices={self.ib_devices!r}: RDMA device names separated by commas, e.g. "
+                              "mlx5_0,mlx5_1 (`ibv_devices` lists a host's)")  # fmt: skip
         if "\n" in self.model_path or "\0" in self.model_path:
             raise DeployError("model_path holds a line break or NUL: give the weights' path on every host")
 

@@ -47,6 +47,11 @@ def weights_volume(opts: DeployOptions) -> dict[str, Any]:
     return {"name": "weights", "hostPath": {"path": opts.model_path, "type": "Directory"}}
 
 
+def pod_devices(e: Engine, opts: DeployOptions) -> dict[str, int]:
+    """What one pod of engine `e` asks for: its GPUs (the engine's share of a host) and one RDMA device."""
+    return {"nvidia.com/gpu": min(e.gpus, e.node_gpus), **({opts.rdma_resource: 1} if opts.rdma_resource else {})}
+
+
 def env(launch: Launch) -> list[dict[str, Any]]:
     """The container's environment: literal values (escaped for Kubernetes' $(VAR) expansion) and the pod's IP."""
     out: list[dict[str, Any]] = []
@@ -83,8 +88,7 @@ def manifests(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str
 
         def container(rank: int, e: Engine = e, ports: list[dict[str, Any]] = ports) -> dict[str, Any]:
             launch = command(e, rank, plan, opts)
-            per_pod = min(e.gpus, e.node_gpus)
-            devices = {"nvidia.com/gpu": per_pod, **({opts.rdma_resource: 1} if opts.rdma_resource else {})}
+            devices = pod_devices(e, opts)
             out: dict[str, Any] = {
                 "name": "engine",
                 "image": opts.engine_image,
@@ -155,6 +159,12 @@ def manifests(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str
                 },
             }
         )
+    return docs + router_manifests(opts, route)
+
+
+def router_manifests(opts: DeployOptions, route: dict[str, Any]) -> list[dict[str, Any]]:
+    """The router's ConfigMap (routing.json), Deployment and Service."""
+    docs: list[dict[str, Any]] = []
     router_labels = {"app.kubernetes.io/part-of": "archipelago", "archipelago/engine": "router"}
     docs.append(
         {

@@ -95,8 +95,31 @@ def k8s_command(launch: Launch) -> list[str]:
     argv = [k8s_escape(a) for a in launch.argv]
     if not launch.late:
         return argv
-    script = 'exec "$@"' + "".join(f" {shlex.quote(flag)} {_k8s_word(ref)}" for flag, ref in launch.late)
+    script = 'exec "$@"' + _late_words(launch)
     return ["/bin/sh", "-c", k8s_escape(script), "engine", *argv]
+
+
+# one pod template for a multi-host engine's leader and workers (llm-d model-service's LeaderWorkerSet has no
+# leader template): positional arguments are the leader's argument count, the leader's arguments, then the
+# workers'; the pod's LeaderWorkerSet index picks one list. The script holds no value of the plan or the settings.
+_BRANCH = (
+    'n=$1; shift; if [ "${LWS_WORKER_INDEX:-0}" = 0 ]; then c=$#; i=0; '
+    'for a do if [ "$i" -lt "$n" ]; then set -- "$@" "$a"; fi; i=$((i+1)); done; shift "$c"; exec "$@"@LEADER@; '
+    'fi; shift "$n"; exec "$@"@WORKER@'
+)
+
+
+def _late_words(launch: Launch) -> str:
+    return "".join(f" {shlex.quote(flag)} {_k8s_word(ref)}" for flag, ref in launch.late)
+
+
+def k8s_shared_command(leader: Launch, worker: Launch) -> list[str]:
+    """One container command for both a LeaderWorkerSet's leader (index 0) and its workers: each runs its own
+    launch's arguments, exactly as `k8s_command` would give them (the two must share their environment)."""
+    assert leader.env == worker.env, "a shared pod template has one environment"
+    script = _BRANCH.replace("@LEADER@", _late_words(leader)).replace("@WORKER@", _late_words(worker))
+    args = [k8s_escape(a) for a in (*leader.argv, *worker.argv)]
+    return ["/bin/sh", "-c", k8s_escape(script), "engine", str(len(leader.argv)), *args]
 
 
 def example_argv(launch: Launch, index: int) -> list[str]:
