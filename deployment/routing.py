@@ -17,9 +17,15 @@ from plan import Plan
 
 
 def routing(
-    plan: Plan, es: list[Engine], engine: str, address: Callable[[Engine], str], model_path: str
+    plan: Plan,
+    es: list[Engine],
+    engine: str,
+    address: Callable[[Engine], str],
+    model_path: str,
+    health: Callable[[Engine], str | None] = lambda e: None,
 ) -> dict[str, Any]:
-    """The router's config; `address(e)` is engine `e`'s base URL, `model_path` the model's folder (its tokenizer)."""
+    """The router's config; `address(e)` is engine `e`'s base URL, `health(e)` where its health is asked when not
+    there, `model_path` the model's folder (its tokenizer)."""
     islands: dict[int, list[str]] = {}
     for e in es:
         islands.setdefault(e.island, []).append(address(e))
@@ -30,6 +36,7 @@ def routing(
                 "engines": islands[k],
                 "ranges": [[r.start, r.end, r.fraction] for r in isl.ranges],
             }
+    checks = {address(e): health(e) for e in es if health(e)}
     return {
         "protocol": engine,
         "bootstrap_port": BOOTSTRAP_PORT,
@@ -37,6 +44,7 @@ def routing(
         "chars_per_token": 4.0,  # without the tokenizer, text prompts are estimated at 4 characters a token
         "in_flight": in_flight(plan),
         "islands": phases,
+        **({"health": checks} if checks else {}),
         "source_plan": {"rate_req_s": plan.rate_req_s, "workload": plan.workload},
     }
 

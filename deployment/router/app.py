@@ -7,7 +7,9 @@ One request's path (`forward`):
    island are drawn with the range's fractions, then an engine of each that is up (`table.pick`);
 3. the engines' protocol: SGLang sends the request (bootstrap host, port and room added) to both at
    once and answers with the decode engine's stream; vLLM sends it to prefill first (one token,
-   `do_remote_decode`) and then to decode with the prefill's `kv_transfer_params`;
+   `do_remote_decode`) and then to decode with the prefill's `kv_transfer_params`; llm-d sends it to
+   the decode engine's routing sidecar with the prefill engine in `x-prefiller-host-port`, and the
+   sidecar runs the engines' protocol;
 4. an engine that refuses the connection, resets it, or fails its health check is marked down and
    the request is sent again to another engine (of the same island when it has one, else another
    island the range allows), up to `retries` times, as long as nothing has been sent to the client.
@@ -76,6 +78,10 @@ class Router:
                       for j, e in enumerate(isl.engines)}  # fmt: skip
         self.metrics = Metrics(self.names)
         self.pools = {e: Pool(e, settings.connect_timeout_s, settings.timeout_s) for e in table.engines}
+        # where each engine's health is asked: itself, or what routing.json's `health` says (llm-d: the engine behind
+        # its routing sidecar, whose own /health answers 200 whatever the engine's state)
+        self.health_pools = {e: Pool(table.health[e], settings.connect_timeout_s, settings.timeout_s)
+                             if e in table.health else self.pools[e] for e in table.engines}  # fmt: skip
         self.checker: asyncio.Task[None] | None = None
 
     def name(self, url: str) -> str:
@@ -97,7 +103,7 @@ class Router:
 
         async def one(url: str) -> None:
             try:
-                r = await self.pools[url].request("GET", "/health", read_s=timeout)
+                r = await self.health_pools[url].request("GET", "/health", read_s=timeout)
                 await r.read()
                 self.mark(url, r.status == 200, f"/health answered {r.status}")
             except EngineDown as err:
@@ -127,7 +133,7 @@ def app(config: dict[str, Any] | Table, settings: Settings | None = None, seed: 
     async def stop(a: web.Application) -> None:
         if router.checker:
             router.checker.cancel()
-        for pool in router.pools.values():
+        for pool in [*router.pools.values(), *(p for e, p in router.health_pools.items() if p is not router.pools[e])]:
             pool.close()
 
     for path in PATHS:
@@ -237,7 +243,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         except BadRequest as err:
             outcome = "bad_request"
             return _error(400, str(err))
-        sender = _sglang if router.table.protocol == "sglang" else _vllm
+        sender = SENDERS[router.table.protocol]
         response, outcome = await sender(router, request, raw, body, tokens)
         return response
     finally:
@@ -433,3 +439,34 @@ async def _vllm(
     if dec is None:
         return got
     return await _relay(router, request, got, dec, _served(router, pre, dec))
+
+
+LLMD_PATHS = ("/v1/completions", "/v1/chat/completions")  # what the sidecar disaggregates (others go to decode alone)
+PREFILLER_HEADER = b"x-prefiller-host-port"  # llm-d's routing sidecar: the prefill engine to use, as host:port
+
+
+async def _llmd(
+    router: Router, request: web.Request, raw: bytes, body: dict[str, Any], tokens: int
+) -> tuple[web.StreamResponse, str]:
+    """llm-d: the request to a decode engine's routing sidecar, naming the drawn prefill engine in a header; the
+    sidecar has that engine prefill (its connector: SGLang's bootstrap or vLLM's NIXL) and decodes. A prefill engine
+    the health checks found down is not drawn; a sidecar that cannot be reached is retried on another decode engine."""
+    if request.path not in LLMD_PATHS:
+        return _error(400, f"{request.path}: llm-d's routing sidecar runs prefill and decode only for "
+                           f"{' and '.join(LLMD_PATHS)}"), "bad_request"  # fmt: skip
+    tried: set[str] = set()
+    pre = _choose(router, "prefill", tokens, tried)
+    if pre is None:
+        return _unavailable(router, "prefill", tokens, tried), "unavailable"
+    header = PREFILLER_HEADER + b": " + urlparse(pre[1]).netloc.encode() + b"\r\n"
+
+    def send(url: str) -> Any:
+        return router.pools[url].request("POST", request.path, raw, extra=header)
+
+    dec, got = await _one_of(router, "decode", tokens, tried, send)
+    if dec is None:
+        return got
+    return await _relay(router, request, got, dec, _served(router, pre[1], dec))
+
+
+SENDERS = {"sglang": _sglang, "vllm": _vllm, "llmd": _llmd}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-PROTOCOLS = ("sglang", "vllm")
+PROTOCOLS = ("sglang", "vllm", "llmd")  # llmd: a decode engine's llm-d routing sidecar runs either
 PHASES = ("prefill", "decode")
 FRACTION_TOLERANCE = 1e-6  # a range's fractions over its islands sum to 1 within this
 
@@ -49,6 +49,7 @@ class Table:
     chars_per_token: float
     in_flight: int  # requests the plan has in flight at its rate (0: not stated)
     tokenizer: str | None  # the model's tokenizer.json on the router's host, when routing.json names one
+    health: dict[str, str]  # an engine's URL -> where its health is asked, when not the engine's own URL
 
     @property
     def engines(self) -> list[str]:
@@ -146,7 +147,15 @@ def load(config: Any) -> Table:
     tokenizer = config.get("tokenizer")
     if tokenizer is not None and not isinstance(tokenizer, str):
         raise RoutingError(f"`tokenizer`: the path of the model's tokenizer.json, got {tokenizer!r}")
-    return Table(config["protocol"], tuple(ranges), islands, int(port), cpt, int(in_flight), tokenizer)
+    health = config.get("health", {})
+    if not isinstance(health, dict):
+        raise RoutingError(f"`health`: an object {{engine URL: URL of its health check}}, got {type(health).__name__}")
+    listed = {e for phase in PHASES for isl in islands[phase] for e in isl.engines}
+    for engine in health:
+        if engine.rstrip("/") not in listed:
+            raise RoutingError(f"`health`: {engine!r} is not an engine of `islands`")
+    checked = {k.rstrip("/"): _url(v, f"health.{k}") for k, v in health.items()}
+    return Table(config["protocol"], tuple(ranges), islands, int(port), cpt, int(in_flight), tokenizer, checked)
 
 
 def pick(

@@ -153,9 +153,12 @@ class Pool:
             raise EngineDown(self.url, f"cannot connect ({err.strerror or err})") from None
         return _Connection(r, w)
 
-    async def request(self, method: str, path: str, body: bytes = b"", read_s: float | None = None) -> Answer:
-        """Send a request; the answer with its status and headers read. EngineDown before the first byte."""
-        head = b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (method.encode(), path.encode(), self.hostheader)
+    async def request(
+        self, method: str, path: str, body: bytes = b"", read_s: float | None = None, extra: bytes = b""
+    ) -> Answer:
+        """Send a request (`extra`: more header lines, each ending in CRLF); the answer with its status and headers
+        read. EngineDown before the first byte."""
+        head = b"%s %s HTTP/1.1\r\nHost: %s\r\n%s" % (method.encode(), path.encode(), self.hostheader, extra)
         if method == "POST":
             head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
         data = head + b"\r\n" + body
