@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from deployment import k8s
+from deployment import k8s, llmd
 from deployment.commands import ENGINE_PORT, ROUTER_PORT, VERSIONS, DeployOptions
 from deployment.engines import DeployError, Engine, engines
 from deployment.routing import routing
@@ -22,9 +22,12 @@ def files(plan: Plan, opts: DeployOptions, source: str) -> tuple[list[Engine], d
         route = routing(plan, es, opts.engine, lambda e: f"http://HOST-{e.gpu.lower()}-{e.hosts[0]}:{ENGINE_PORT}",
                         opts.model_path)  # fmt: skip
         out.update(scripts(plan, es, opts))
-    else:
+    elif opts.target == "k8s":
         route = routing(plan, es, opts.engine, lambda e: f"http://{e.name}:{ENGINE_PORT}", opts.model_path)
         out["manifests.yaml"] = k8s.dump(k8s.manifests(plan, es, opts, route))
+    else:  # llm-d: the decode pods' sidecars run the engines' protocol, told the prefill engine by the router
+        route = routing(plan, es, "llmd", llmd.address, opts.model_path, llmd.health)
+        out.update(llmd.files(plan, es, opts, route))
     out["routing.json"] = json.dumps(route, indent=1) + "\n"
     out["README.md"] = readme(plan, es, opts, source, sorted(out))
     return es, out
@@ -87,33 +90,7 @@ def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, liste
         weights = (
             f"the PersistentVolumeClaim `{opts.weights_pvc}`" if opts.weights_pvc else "the same path on every node"
         )
-        lines += [
-            f"- the engine image (now `{opts.engine_image}`) and the router image (now `{opts.router_image}`: an "
-            "image with Archipelago installed);",
-            f"- label each GPU node with its type: `kubectl label node NODE {opts.gpu_label}=H20` (the manifests "
-            "select nodes by it); multi-host engines need the LeaderWorkerSet controller "
-            "(https://github.com/kubernetes-sigs/lws) installed;",
-            f"- the weights: {weights}, mounted read-only at `{opts.model_path}`;",
-            f"- RDMA: each engine pod asks for one `{opts.rdma_resource}` (the RDMA device plugin's resource; "
-            "`k8s.rdma_resource=` to change, `null` for none)"
-            + (
-                " and runs on its node's network;"
-                if opts.host_network
-                else "; `k8s.host_network=true` puts pods on "
-                "their nodes' network when there is no secondary RDMA network;"
-            )
-            if opts.rdma_resource
-            else "- RDMA: no device requested (`k8s.rdma_resource=null`);",
-            "- the router's API key: `kubectl create secret generic archipelago-router --from-literal=api-key=KEY` "
-            "(without it the router asks for none).",
-            "",
-            "## Start",
-            "",
-            "```bash",
-            "kubectl apply -f manifests.yaml",
-            f"kubectl port-forward svc/archipelago-router {ROUTER_PORT}   # then send OpenAI-compatible requests",
-            "```",
-        ]
+        lines += _cluster(opts, weights)
     lines += [
         "",
         "## What enforces the routing",
@@ -122,11 +99,16 @@ def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, liste
         f"model's tokenizer, `{opts.model_path}/tokenizer.json` as routing.json names it, or `--tokenizer`; without "
         "one it estimates characters / `chars_per_token` and says so when it starts), finds its range, draws a "
         "prefill island and a decode island with the plan's fractions for that range, then an engine of each that "
-        "is up, and sends the request to both in the "
+        "is up, and "
         + (
-            "SGLang PD protocol (bootstrap host, port and room added to the request)."
+            "sends the request to the decode engine's llm-d routing sidecar with the prefill engine's host:port in the "
+            "`x-prefiller-host-port` header (the sidecar runs the engines' PD protocol)."
+            if opts.target == "llmd"
+            else "sends the request to both in the SGLang PD protocol (bootstrap host, port and room added to the "
+            "request)."
             if opts.engine == "sglang"
-            else "vLLM NIXL protocol (prefill with max_tokens 1 returning kv_transfer_params, then decode with them)."
+            else "sends the request to both in the vLLM NIXL protocol (prefill with max_tokens 1 returning "
+            "kv_transfer_params, then decode with them)."
         ),
         "An engine that refuses connections or fails its health check (`GET /health`, every 2 s) is ejected and its "
         "requests go to the others of its island (503 when a range has none); one silent past `--timeout` is a 504 "
@@ -144,3 +126,57 @@ def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, liste
                      f"{e.redundant_experts} | {e.max_running or '-'} |")  # fmt: skip
     lines += ["", "Files: " + ", ".join(f"`{f}`" for f in listed), ""]
     return "\n".join(lines)
+
+
+def _cluster(opts: DeployOptions, weights: str) -> list[str]:
+    """The README's fill-in and start sections for the Kubernetes targets (k8s, llmd)."""
+    llm_d = opts.target == "llmd"
+    lines = [
+        f"- the engine image (now `{opts.engine_image}`) and the router image (now `{opts.router_image}`: an "
+        "image with Archipelago installed);",
+        f"- label each GPU node with its type: `kubectl label node NODE {opts.gpu_label}=H20` (the "
+        + ("values" if llm_d else "manifests")
+        + " select nodes by it); multi-host engines need the LeaderWorkerSet controller "
+        "(https://github.com/kubernetes-sigs/lws) installed;",
+        f"- the weights: {weights}, mounted read-only at `{opts.model_path}`;",
+        f"- RDMA: each engine pod asks for one `{opts.rdma_resource}` (the RDMA device plugin's resource; "
+        "`k8s.rdma_resource=` to change, `null` for none)"
+        + (
+            " and runs on its node's network;"
+            if opts.host_network
+            else "; `k8s.host_network=true` puts pods on their nodes' network when there is no secondary RDMA network;"
+        )
+        if opts.rdma_resource
+        else "- RDMA: no device requested (`k8s.rdma_resource=null`);",
+        "- the router's API key: `kubectl create secret generic archipelago-router --from-literal=api-key=KEY` "
+        "(without it the router asks for none).",
+    ]
+    if llm_d:
+        lines += [
+            f"- Helm 3 and llm-d's model-service chart {llmd.CHART_VERSION} ({llmd.CHART_REPO}); each decode pod runs "
+            f"llm-d's routing sidecar (`{llmd.SIDECAR_IMAGE}`, connector `{llmd.CONNECTORS[opts.engine]}`) on port "
+            f"{llmd.SIDECAR_PORT} in front of its engine.",
+            "",
+            "## Start",
+            "",
+            "```bash",
+            "./install.sh   # helm upgrade --install per engine (llmd/<engine>.values.yaml), then the router",
+            f"kubectl port-forward svc/archipelago-router {ROUTER_PORT}   # then send OpenAI-compatible requests",
+            "```",
+            "",
+            "The router sends each request to a decode engine's sidecar, naming the prefill engine the plan's "
+            "fractions drew in the `x-prefiller-host-port` header; the sidecar runs the prefill/decode exchange. "
+            "llm-d's gateway and endpoint picker are not used: they cannot express the plan's length ranges and "
+            "fractions.",
+        ]
+    else:
+        lines += [
+            "",
+            "## Start",
+            "",
+            "```bash",
+            "kubectl apply -f manifests.yaml",
+            f"kubectl port-forward svc/archipelago-router {ROUTER_PORT}   # then send OpenAI-compatible requests",
+            "```",
+        ]
+    return lines

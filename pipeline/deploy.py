@@ -1,7 +1,8 @@
 """Launch files for a plan: `python -m pipeline.deploy plan=PATH/plan.json [engine=vllm] [target=k8s] [out=DIR]`.
 
 Per island and host the engine command (SGLang or vLLM), the router's routing.json, Kubernetes
-manifests for target=k8s, and a README that says what to fill in and how to start
+manifests for target=k8s (llm-d model-service Helm values for target=llmd), and a README that says
+what to fill in and how to start
 (`deployment`, docs/deploy.md). Settings: conf/deploy.yaml.
 """
 

@@ -1,7 +1,7 @@
 """What a launch folder actually runs: each host script, and each container's command, executed for real (bash,
 /bin/sh, Kubernetes' `$$` unescaping) with the engine programs (`python3`, `vllm`) replaced by a stand-in that
 prints the arguments and environment it was given. A value a shell would read as code shows up here as a
-changed argument or as something run."""
+changed argument or as something run (targets shell, k8s and llmd)."""
 
 from __future__ import annotations
 
@@ -92,8 +92,27 @@ def containers(folder: Path, tmp: Path) -> list[Ran]:
     return out
 
 
+def releases(folder: Path, tmp: Path, indices: tuple[int, ...] = (1,)) -> list[Ran]:
+    """Every engine container of a target=llmd folder's values files, run as the kubelet runs it (`command` and
+    `args`, Kubernetes' escapes undone); a multi-host engine's one pod template as the leader (index 0) and as the
+    workers of `indices`."""
+    path = f"{programs(tmp)}:/usr/bin:/bin"
+    out = []
+    for f in sorted(folder.glob("llmd/*.values.yaml")):
+        v = yaml.safe_load(f.read_text())
+        name = f.name.removesuffix(".values.yaml")
+        (role,) = [r for r in ("prefill", "decode") if v[r].get("create")]
+        runs = [("leader", 0), *(("worker", i) for i in indices)] if v["multinode"] else [("pod", 0)]
+        for c in v[role]["containers"]:
+            cmd = [unescape(a) for a in (*c["command"], *c.get("args", []))]
+            for kind, index in runs:
+                where = f"{name} {kind}" + (f" {index}" if kind == "worker" and indices != (1,) else "")
+                out.append(_run(cmd, {"PATH": path, **_env(c, index)}, where, tmp))
+    return out
+
+
 def ran(folder: Path, target: str, tmp: Path) -> list[Ran]:
-    return scripts(folder, tmp) if target == "shell" else containers(folder, tmp)
+    return {"shell": scripts, "k8s": containers, "llmd": releases}[target](folder, tmp)
 
 
 def engine_env(r: Ran) -> dict[str, str]:

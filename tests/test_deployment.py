@@ -61,7 +61,7 @@ def launched(out: Path, target: str, tmp: Path) -> list[list[str]]:
     return [r.argv for r in ran(out, target, tmp)]
 
 
-@pytest.mark.parametrize("target", ["shell", "k8s"])
+@pytest.mark.parametrize("target", ["shell", "k8s", "llmd"])
 def test_sglang_commands_parse_with_sglangs_own_argument_definitions(
     plan_path: Path, tmp_path: Path, target: str
 ) -> None:
@@ -87,7 +87,7 @@ def test_sglang_commands_parse_with_sglangs_own_argument_definitions(
             check_sglang(["--model-path", "m", *bad])
 
 
-@pytest.mark.parametrize("target", ["shell", "k8s"])
+@pytest.mark.parametrize("target", ["shell", "k8s", "llmd"])
 def test_vllm_commands_parse_with_vllms_own_argument_definitions(plan_path: Path, tmp_path: Path, target: str) -> None:
     from deployment.engine_args import check_vllm, vllm_source
 

@@ -34,7 +34,7 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("target", ["shell", "k8s"])
+@pytest.mark.parametrize("target", ["shell", "k8s", "llmd"])
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 @pytest.mark.parametrize("hostile", HOSTILE)
 def test_a_value_reaches_the_engine_verbatim_and_nothing_else_runs(plan_path: Path, tmp_path: Path, target: str,
@@ -208,7 +208,7 @@ def test_rdma_devices_and_an_expert_distribution_reach_the_engines(tmp_path: Pat
     assert vllm and all(engine_env(r)["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1" for r in vllm)
 
 
-@pytest.mark.parametrize("target", ["shell", "k8s"])
+@pytest.mark.parametrize("target", ["shell", "k8s", "llmd"])
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_every_target_runs_the_command_the_engines_own_checks_judged(tmp_path: Path, target: str, engine: str) -> None:
     """tests/test_sglang_check.py and tests/test_vllm_check.py run `engine_argv` through the engines' own checks; what
