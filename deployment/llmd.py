@@ -134,7 +134,7 @@ def values(plan: Plan, e: Engine, opts: DeployOptions) -> dict[str, Any]:
                     "imagePullPolicy": "IfNotPresent",
                     "targetPort": ENGINE_PORT,
                     "connector": CONNECTORS[opts.engine],
-                    "secure": False,
+                    "secure": False,  # --secure-proxy=false: plain HTTP (the sidecar's default is HTTPS, self-signed)
                 },
             },
             e.role: pod,

@@ -64,6 +64,7 @@ def test_every_engine_s_values_pass_the_chart_s_checks(path: Path, engine: str) 
         assert argv[argv.index("--port") + 1] == str(ENGINE_PORT) == str(v["routing"]["proxy"]["targetPort"])
         assert v["routing"]["proxy"]["enabled"] == (e.role == "decode")  # the sidecar in front of decode engines
         assert v["routing"]["proxy"]["connector"] == CONNECTORS[engine]
+        assert v["routing"]["proxy"]["secure"] is False  # the chart passes --secure-proxy=false: the router speaks HTTP
         (service,) = v["extraObjects"]
         ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
         assert ports["http"] == (SIDECAR_PORT if e.role == "decode" else ENGINE_PORT)
