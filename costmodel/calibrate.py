@@ -159,7 +159,10 @@ def parse_shape(text: str, comp: Component, where: str) -> tuple[tuple[str, Any]
         elif k == "model":
             out[k] = v
         else:
-            out[k] = positive(v, f"{where}: shape {k}={v!r}")
+            num = positive(v, f"{where}: shape {k}={v!r}")
+            if num != int(num):  # every numeric shape key counts something: GPUs, tokens, bytes, rows
+                raise MeasurementError(f"{where}: shape {k}={v!r} must be a whole number")
+            out[k] = int(num)
     missing = [k for k in comp.params if k not in out]
     extra = [k for k in out if k not in comp.params and k not in comp.optional]
     if missing or extra:
@@ -167,6 +170,30 @@ def parse_shape(text: str, comp: Component, where: str) -> tuple[tuple[str, Any]
                                f"{' (optional: ' + ', '.join(comp.optional) + ')' if comp.optional else ''}; "
                                f"missing {missing}, unknown {extra}")  # fmt: skip
     return tuple(sorted(out.items()))
+
+
+def _runnable(p: dict[str, Any], component: str, where: str) -> None:
+    """An engine step's tensor-parallel size must shard the model's attention heads (no engine runs TP 3)."""
+    if component not in ("prefill_step", "decode_step"):
+        return
+    name = p.get("model", "deepseek_v3")
+    try:
+        heads = load_model(name).n_heads
+    except CatalogError as err:
+        raise MeasurementError(f"{where}: shape model={name!r}: {err}") from None
+    if heads % p["tp"]:
+        raise MeasurementError(f"{where}: shape tp={p['tp']} does not divide {name}'s {heads} attention heads: no "
+                               "engine runs that tensor-parallel size; give the engine's --tp-size")  # fmt: skip
+
+
+def _text(path: Path, what: str) -> str:
+    """The text of `path`; MeasurementError when it cannot be read or is not UTF-8 text."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise MeasurementError(f"{path}: not a text file (byte {err.start} is not UTF-8): give {what}") from None
+    except OSError as err:
+        raise MeasurementError(f"{path}: cannot read it ({err.strerror or err})") from None
 
 
 def load_measurements(paths: Iterable[str | Path]) -> list[Measurement]:
@@ -177,7 +204,7 @@ def load_measurements(paths: Iterable[str | Path]) -> list[Measurement]:
     for path in map(Path, paths):
         if not path.is_file():
             raise MeasurementError(f"measurement file {path} not found")
-        lines = [ln for ln in path.read_text().splitlines()]
+        lines = _text(path, "a measurement CSV (header component,gpu,shape,value,unit,source)").splitlines()
         body = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip() and not ln.lstrip().startswith("#")]
         if not body:
             raise MeasurementError(f"{path}: no measurements (header {','.join(header)} and one row per measurement)")
@@ -201,7 +228,9 @@ def load_measurements(paths: Iterable[str | Path]) -> list[Measurement]:
             v = positive(value, f"{where}: value {value!r}")
             if not source:
                 raise MeasurementError(f"{where}: every measurement names its source (paper, benchmark table, run)")
-            rows.append(Measurement(comp_name, gpu, parse_shape(shape, comp, where), v, unit, source, where))
+            params = parse_shape(shape, comp, where)
+            _runnable(dict(params), comp_name, where)
+            rows.append(Measurement(comp_name, gpu, params, v, unit, source, where))
     return rows
 
 
@@ -417,9 +446,13 @@ def factor_table(cal: Calibration, gpus: Iterable[str] | None = None) -> str:
 def write_calibration(cal: Calibration, path: Path, header: str = "") -> None:
     import yaml
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(cal.to_json(), sort_keys=False, width=110)
-    path.write_text((header + "\n" if header else "") + text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text((header + "\n" if header else "") + text)
+    except OSError as err:
+        raise UserError(f"--out {path}: cannot write the calibration there ({err.strerror or err}): choose a file "
+                        "in a folder you can write") from None  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,8 +150,13 @@ class Calibration:
         unknown = sorted(set(data) - {"name", "source", "default_sigma", "switches", "factors"})
         if unknown:
             raise SpecError(f"{where}: unknown calibration field(s) {unknown}")
-        rows = []
+        from costmodel.catalog import gpu_names
+
+        known, rows = set(gpu_names()), []
         for gpu, knobs in data["factors"].items():
+            if str(gpu) not in known:
+                raise SpecError(f"{where}: factors: unknown GPU {gpu!r}; the catalogue has {sorted(known)} (a "
+                                "calibration of another GPU would be silently unused)")  # fmt: skip
             if not isinstance(knobs, Mapping):
                 raise SpecError(f"{where}: factors.{gpu} must map knobs to {{factor, sigma, origin}}")
             for knob, f in knobs.items():
@@ -187,7 +192,10 @@ def load_calibration(path: str | Path) -> Calibration:
         raise SpecError(f"calibration file {p} not found: give costmodel.calibration=PATH of a file "
                         "`python -m costmodel.calibrate` wrote (conf/calibration/ ships one)")  # fmt: skip
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{p}: not a text file (byte {err.start} is not UTF-8): give a calibration file "
+                        "`python -m costmodel.calibrate --out` wrote") from None  # fmt: skip
     except yaml.YAMLError as err:
         raise SpecError(f"{p}: not YAML/JSON ({err})") from None
     return Calibration.from_json(data, str(p))

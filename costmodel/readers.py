@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.calibrate import MeasurementError
-from costmodel.catalog import CatalogError, gpu_names, model_names
+from costmodel.catalog import CatalogError, gpu_names, load_model, model_names
 from costmodel.cli import ArgumentParser, UserError, run
 
 HEADER = ["component", "gpu", "shape", "value", "unit", "source"]
@@ -36,8 +36,13 @@ def sglang_one_batch(path: Path, gpu: str, tp: int, model: str = "deepseek_v3") 
         raise UserError(f"--model {model!r} is not in the catalogue; choose from {model_names()}")
     if not path.is_file():
         raise MeasurementError(f"{path}: no such file (sglang.benchmark.one_batch --result-filename)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise MeasurementError(f"{path}: not a text file (byte {err.start} is not UTF-8): give the JSON lines "
+                               "sglang.benchmark.one_batch --result-filename wrote") from None  # fmt: skip
     rows: list[list[str]] = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
@@ -54,6 +59,9 @@ def sglang_one_batch(path: Path, gpu: str, tp: int, model: str = "deepseek_v3") 
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                                   or v <= 0):  # fmt: skip
                 raise MeasurementError(f"{where}: {k}={v!r} must be a positive number")
+        for k in ("batch_size", "input_len", "output_len"):
+            if rec[k] != int(rec[k]):
+                raise MeasurementError(f"{where}: {k}={rec[k]!r} must be a whole number (it counts prompts or tokens)")
         b, s, o = int(rec["batch_size"]), int(rec["input_len"]), int(rec["output_len"])
         src = f"sglang.benchmark.one_batch {rec.get('run_name', '')} ({path.name}:{lineno})".replace("  ", " ")
         rows.append(["prefill_step", gpu, f"batch={b} input_len={s} tp={tp} model={model}",
@@ -80,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.tp < 1:
         raise UserError(f"--tp must be >= 1, got {args.tp}")
+    if args.model in model_names() and load_model(args.model).n_heads % args.tp:
+        raise UserError(f"--tp {args.tp} does not divide {args.model}'s {load_model(args.model).n_heads} attention "
+                        "heads: no engine runs that tensor-parallel size; give the engine's --tp-size")  # fmt: skip
     rows = READERS[args.format](args.result, args.gpu, args.tp, args.model)
     w = csv.writer(sys.stdout, lineterminator="\n")
     w.writerow(HEADER)

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -212,6 +213,10 @@ BAD = {
     "component,gpu,shape,value,unit,source\ndense_gemm,H800,m=1 n=1 k=1,5,TFLOPS,\n": "names its source",
     "component,gpu,shape,value,unit,source\ndense_gemm,H800,m=a n=1 k=1,5,TFLOPS,x\n": "not a number",
     "component,gpu,shape,value,unit,source\ndense_gemm,H800,m=1 n=1 k=1,5,TFLOPS\n": "5 fields",
+    "component,gpu,shape,value,unit,source\ndecode_step,H20,batch=8 context=1024 tp=3,0.05,s,x\n": "shape tp=3 does "
+    "not divide deepseek_v3's 128 attention heads",
+    "component,gpu,shape,value,unit,source\ndecode_step,H20,batch=8.5 context=1024 tp=8,0.05,s,x\n": "shape "
+    "batch='8.5' must be a whole number",
 }
 
 
@@ -310,3 +315,51 @@ def test_the_band_spans_the_draws_and_vanishes_without_uncertainty() -> None:
     assert band is not None and band.p10_req_s < sol.rate_req_s < band.p90_req_s
     assert rate_band(ctx.planner, layout, 1.0, 1.0, settings.calibration.shifted(0.0), 16, 10.0) is None
     assert rate_band(ctx.planner, layout, 1.0, 1.0, None, 16, 10.0) is None
+
+
+def _command(module: str, *args: str) -> Any:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def _refused(r: Any, *words: str) -> None:
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
+    assert all(w in r.stderr for w in words), r.stderr
+
+
+BINARY = bytes(range(256)) * 4  # not UTF-8 (a gzip, a parquet, an image)
+
+
+def test_calibration_and_its_readers_answer_bad_files_and_outputs_in_one_line(tmp_path: Path) -> None:
+    blob = tmp_path / "blob.csv"
+    blob.write_bytes(BINARY)
+    _refused(_command("costmodel.calibrate", str(blob)), f"{blob}: not a text file", "not UTF-8")
+    _refused(_command("costmodel.calibrate", str(PUBLISHED), "--no-loo", "--out", "/proc/x/cal.yaml"),
+             "--out /proc/x/cal.yaml: cannot write the calibration there")  # fmt: skip
+    _refused(_command("costmodel.readers", "sglang-one-batch", str(blob), "--gpu", "H20", "--tp", "8"),
+             f"{blob}: not a text file")  # fmt: skip
+    result = tmp_path / "result.jsonl"
+    result.write_text(json.dumps({"batch_size": 2.5, "input_len": 512, "output_len": 16, "prefill_latency": 0.1}))
+    _refused(_command("costmodel.readers", "sglang-one-batch", str(result), "--gpu", "H20", "--tp", "8"),
+             f"{result}:1: batch_size=2.5 must be a whole number")  # fmt: skip
+    result.write_text(json.dumps({"batch_size": 2, "input_len": 512, "output_len": 16, "prefill_latency": 0.1}))
+    _refused(_command("costmodel.readers", "sglang-one-batch", str(result), "--gpu", "H20", "--tp", "3"),
+             "--tp 3 does not divide deepseek_v3's 128 attention heads")  # fmt: skip
+
+
+def test_a_calibration_file_of_an_unknown_gpu_or_not_text_is_refused(tmp_path: Path) -> None:
+    import yaml
+
+    good = load_calibration(ROOT / "conf" / "calibration" / "published.yaml").to_json()
+    other = {**good, "factors": {**good["factors"], "H900": good["factors"]["H20"]}}
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    with pytest.raises(SpecError, match=r"factors: unknown GPU 'H900'; the catalogue has \["):
+        load_calibration(tmp_path / "other.yaml")
+    (tmp_path / "blob.yaml").write_bytes(BINARY)
+    with pytest.raises(SpecError, match="not a text file"):
+        load_calibration(tmp_path / "blob.yaml")
+    # and the search says so in one line, before any work
+    for name in ("other.yaml", "blob.yaml"):
+        r = _command("pipeline.search", "+inventory=tiny_hetero", f"costmodel.calibration={tmp_path / name}",
+                     f"out_root={tmp_path / 'out'}")  # fmt: skip
+        _refused(r, "costmodel.calibration:", str(tmp_path / name))
+        assert not (tmp_path / "out").exists()
