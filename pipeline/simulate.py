@@ -63,9 +63,12 @@ def settings_from_cfg(cfg: Any) -> SimSettings:
 
 
 def mix_from_cfg(cfg: Any, plan: Plan) -> RequestMix:
-    """The workload the command names (`+workload=NAME`), or the one the plan was made for."""
+    """The workload the command names (`+workload=NAME`), or the one the plan was made for: as plan.json records it
+    (with the overrides it was planned with), else its conf/workload file."""
     if cfg.get("workload") is not None:
         return request_mix(choice("workload"), plain(cfg.workload))
+    if plan.spec_of_workload is not None:
+        return request_mix(plan.workload, plan.spec_of_workload)
     path = CONF_DIR / "workload" / f"{plan.workload}.yaml"
     if not path.is_file():
         raise ConfigError(f"the plan's workload {plan.workload!r} has no conf/workload file: pass +workload=NAME")

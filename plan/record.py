@@ -9,7 +9,7 @@ Nothing outside this package reads plan.json by key: `plan.schema` writes and re
     │                            ranges it serves (RangeShare), what it is expected to do, its hosts
     ├── rates: Rates             the plan's rate and the diagnostic rates, each with its meaning (RATES)
     ├── model, cost              the model's dimensions and the one cost-settings record (with the SLOs)
-    ├── workload, inventory      what it was planned for
+    ├── workload, inventory      what it was planned for (the workload by name and by definition)
     ├── search, reference        how it was found: sampler, trials; the exact reference and the gap
     ├── band                     the rate's range over the calibration's uncertainty
     └── verification             the simulated check at the plan's rate
@@ -397,6 +397,7 @@ class Plan:
     band: Band | None = None
     verification: Verification | None = None
     notes: tuple[str, ...] = ()
+    workload_spec: str = ""  # the workload's definition as planned (canonical JSON of its conf mapping; "": unknown)
 
     def __post_init__(self) -> None:
         if not self.islands:
@@ -418,6 +419,15 @@ class Plan:
             raise PlanError(f"a rate of {self.rates.rate_req_s:g} req/s needs a prefill and a decode island")
         if not isinstance(self.workload, str):
             raise PlanError(f"workload must be a name, got {self.workload!r}")
+        if self.workload_spec and not isinstance(self.spec_of_workload, dict):
+            raise PlanError("workload_spec must be the workload's conf mapping (an object)")
+
+    @property
+    def spec_of_workload(self) -> dict[str, Any] | None:
+        """The workload's conf mapping as it was planned (None: the plan does not record it)."""
+        import json
+
+        return json.loads(self.workload_spec) if self.workload_spec else None
 
     # what follows from the islands ----------------------------------------------------------------
 

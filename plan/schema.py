@@ -79,6 +79,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "model": dataclasses.asdict(plan.model),
         "cost": plan.cost.to_json(),
         "workload": plan.workload,
+        "workload_spec": plan.spec_of_workload,
         "inventory": inventory,
         "search": record(plan.search),
         "reference": record(plan.reference),
@@ -259,6 +260,7 @@ def _from_v2(d: Mapping[str, Any], where: str) -> Plan:
         model=model,
         cost=cost,
         workload=_need(d, "workload", where),
+        workload_spec=_workload_spec(d.get("workload_spec"), where),
         status=str(d.get("status", "optimal")),
         inventory=inventory,
         search=_optional(SearchInfo, d.get("search"), f"{where}: search"),
@@ -267,6 +269,15 @@ def _from_v2(d: Mapping[str, Any], where: str) -> Plan:
         verification=_verification(d.get("verification"), f"{where}: verification"),
         notes=_notes(d.get("notes", []), where),
     )
+
+
+def _workload_spec(v: Any, where: str) -> str:
+    """The recorded workload definition as canonical JSON ("" when the plan has none)."""
+    if v is None:
+        return ""
+    if not isinstance(v, Mapping):
+        raise PlanError(f"{where}: workload_spec must be the workload's conf mapping (an object), got {v!r:.80}")
+    return json.dumps(v, sort_keys=True, default=str)
 
 
 def _notes(v: Any, where: str) -> tuple[str, ...]:

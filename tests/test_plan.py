@@ -38,6 +38,7 @@ def test_a_plan_the_planner_built_round_trips_through_plan_json(tmp_path: Path) 
     assert plans.from_json(json.loads(json.dumps(plans.to_json(plan)))) == plan
     assert plan.cost == planner.cost and plan.model == planner.model and not plan.cost.profile.causal_attention
     assert json.loads(path.read_text())["schema"] == plans.SCHEMA
+    assert plan.spec_of_workload == {"kind": "histogram", "histogram": plan.workload}  # the workload as composed
     assert 0 < plan.rate_req_s < plan.rates.fluid_req_s and plan.cost_per_hour > 0
     for isl in plan.serving:  # every serving island on hosts, its EP group holding every routed expert once
         assert isl.hosts is not None and isl.hosts.aligned(isl.size)
@@ -108,6 +109,8 @@ EDITS = [
     ("empty ranges", set_island("ranges", []), "islands[0]: a prefill island serves at least one input-length range"),
     ("batch of a billion", set_island("batch", 10**9, 2), "decode batch 1000000000 is over 1024 sequences per rank"),
     ("newer schema", lambda d: d.__setitem__("schema", 99), "plan schema 99 is not one this version"),
+    ("workload_spec a list", lambda d: d.__setitem__("workload_spec", [1024]),
+     "workload_spec must be the workload's conf mapping (an object), got [1024]"),
 ]  # fmt: skip
 
 

@@ -244,3 +244,26 @@ def test_a_shortfall_within_the_windows_own_sampling_noise_is_not_an_overload() 
         assert runner.verdict(m) == ""  # half the plan's rate keeps up, whatever the seed
     _, m, _ = runner.simulate(mix.requests(6000, 80.0, "poisson", 0))  # past what its engines serve (~45 req/s)
     assert m["throughput_req_s"] < 0.9 * m["offered_req_s"] and "throughput" in runner.verdict(m)
+
+
+def test_a_fixed_length_workload_plans_and_simulates_end_to_end(tmp_path: Path) -> None:
+    """One input length and one output length (`dist: empirical`, InferenceX's 1k/1k style): planned, then
+    simulated at the plan's rate with exactly those lengths."""
+    fixed = ("workload=synthetic_fig4_2", "workload.dist=empirical", "+workload.lengths=[1024]",
+             "+workload.weights=[1]", "workload.mean_decode=1024", "workload.max_decode=1024",
+             "ranges.width=250")  # fmt: skip
+    path, _ = plan_of(tmp_path, *fixed)
+    plan = plans.load(path)
+    assert plan.rate_req_s > 0 and plan.workload == "synthetic_fig4_2"
+    r = simulate(tmp_path, f"plan={path}", "requests=3000", "rate_scale=0.5")  # 1,024 outputs: ~50 s a request
+    assert r.returncode == 0, r.stderr
+    (run,) = (tmp_path / "sim").glob("run-synthetic_fig4_2-plan-fcfs-*/*")
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["throughput_req_s"] == pytest.approx(m["offered_req_s"], rel=0.1)
+    # the simulated requests are the planned ones (plan.json records the workload as composed), not the
+    # conf/workload file of the same name (a normal distribution with 100-token outputs)
+    assert plan.spec_of_workload is not None and plan.spec_of_workload["lengths"] == [1024]
+    from pipeline.simulate import mix_from_cfg
+
+    mix = mix_from_cfg({"workload": None}, plan)
+    assert list(mix.inputs[0]) == [1024] and list(mix.outputs[0]) == [1024]

@@ -80,7 +80,8 @@ def build_plan(
         evaluated_req_s=ev.rate_req_s,
         output_tok_s=sol.rate_req_s * planner.workload.mean_decode,
     )
-    return Plan(tuple(islands), rates, planner.model, planner.cost, planner.workload.name, sol.status, inventory)
+    return Plan(tuple(islands), rates, planner.model, planner.cost, planner.workload.name, sol.status, inventory,
+                workload_spec=planner.workload.spec)  # fmt: skip
 
 
 def _serving_facts(

@@ -7,6 +7,8 @@ must hold. `make_ranges` bins it into ranges of width W (thesis 4.6.3).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +27,7 @@ class Workload:
     max_decode: int
     arrival_s: np.ndarray | None = None  # request arrival times (s), kept for the simulator
     output_pmf: np.ndarray | None = None  # p(n) over output length n (None: only its mean and maximum are known)
+    spec: str = ""  # its conf/workload mapping as composed (canonical JSON): what plan.json records to rebuild it
 
     def __post_init__(self) -> None:
         if self.pmf.ndim != 1 or len(self.pmf) == 0 or (self.pmf < 0).any() or not np.isclose(self.pmf.sum(), 1.0):
@@ -166,7 +169,12 @@ def _need(cfg: Mapping[str, Any], keys: tuple[str, ...], where: str) -> list[Any
 
 
 def workload_from_cfg(name: str, cfg: Mapping[str, Any]) -> Workload:
-    """Build a workload from its `conf/workload/<name>.yaml` mapping (already plain Python)."""
+    """Build a workload from its `conf/workload/<name>.yaml` mapping (already plain Python), carrying it."""
+    w = _from_cfg(name, cfg)
+    return dataclasses.replace(w, spec=json.dumps(cfg, sort_keys=True, default=str))
+
+
+def _from_cfg(name: str, cfg: Mapping[str, Any]) -> Workload:
     where = f"conf/workload/{name}.yaml (or its overrides)"
     kind, dist = cfg.get("kind"), cfg.get("dist")
     if kind == "synthetic" and dist == "normal":
