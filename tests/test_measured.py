@@ -1,0 +1,48 @@
+"""conf/measured/inferencex_dsr1.csv: every InferenceX DeepSeek-R1 row loads, checked, with InferenceX's own metric
+identities holding; a malformed file is one error naming its line."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from costmodel.calibrate import MeasurementError
+from costmodel.measured import FITTING_GPUS, INFERENCEX, load_inferencex
+
+
+def test_every_row_loads_with_its_run_and_inferencex_s_identities_hold() -> None:
+    rows = load_inferencex()
+    assert len(rows) == 435 and all(r.run_url.startswith("https://github.com/SemiAnalysisAI/InferenceX/actions/runs/")
+                                    for r in rows)  # fmt: skip
+    by_gpu = Counter(r.hardware for r in rows)
+    assert set(by_gpu) == {"h100", "h200", "b200", "b300", "gb200", "gb300", "mi300x", "mi325x", "mi355x"}
+    assert sum(r.fitting for r in rows) == sum(by_gpu[g] for g in FITTING_GPUS) == 165  # 50 + 100 + 15
+    for r in rows:
+        m = r.metrics
+        assert m["median_intvty"] * m["median_tpot"] == pytest.approx(1.0, rel=1e-9), r.line  # interactivity = 1/TPOT
+        if not r.disagg and "input_tput_per_gpu" in m:  # one engine kind: total = input + output per GPU
+            assert m["input_tput_per_gpu"] + m["output_tput_per_gpu"] == pytest.approx(m["tput_per_gpu"], rel=1e-9)
+        assert r.gpus == (r.prefill.gpus + r.decode.gpus if r.disagg else r.decode.gpus) >= 1
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace("hardware,", "gpu,", 1), "lacks the column(s) ['hardware']"),
+        (lambda t: t.replace(",true,", ",yes,", 1), ":2: 'yes': a number or true/false expected"),
+        (lambda t: t.replace(",1024,1024,256,", ",1024,1024,-256,", 1), ":2: a metric or count out of range"),
+        (lambda t: t.replace(",fp4,", ",int3,", 1), ":2: precision fp8|fp4 and spec_method none|mtp expected"),
+        (lambda t: t.splitlines()[0] + "\n", "no rows"),
+    ],
+)
+def test_a_malformed_extract_is_one_error_naming_the_line(tmp_path: Path, edit: object, message: str) -> None:
+    path = tmp_path / "x.csv"
+    path.write_text(edit(INFERENCEX.read_text()))  # type: ignore[operator]
+    with pytest.raises(MeasurementError, match=None) as err:
+        load_inferencex(path)
+    assert message in str(err.value) and str(path) in str(err.value)
+    path.write_bytes(b"\xff\xfe" * 10)
+    with pytest.raises(MeasurementError, match="cannot read it as text"):
+        load_inferencex(path)
