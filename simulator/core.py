@@ -9,6 +9,10 @@ sequence slot and its KV tokens are free, and when the growing contexts no longe
 most recently admitted request is preempted and later recomputed (its prompt and the tokens
 generated so far are prefilled again on the decode engine before it resumes).
 
+Arrivals are open (the requests' own times) or a closed loop of `concurrency` users (a benchmark
+client's `--max-concurrency`): the first `concurrency` requests arrive at 0 and each finish releases
+the next request at once, in order; their arrival times are written as they happen.
+
 Per step a decode engine does O(1) work plus O(log n) per finishing request: contexts are
 tracked as a running sum and finishing steps in a heap, so a million tokens cost a million
 arithmetic operations, not a million Python objects.
@@ -84,9 +88,14 @@ class Simulation:
         scheduler: Scheduler | None = None,
         *,
         record_kv_every_ms: float = 1000.0,
+        concurrency: int | None = None,
     ) -> None:
         if not prefill or not decode:
             raise ValueError("a simulation needs at least one prefill and one decode engine")
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"a closed loop needs at least one user, got concurrency={concurrency}")
+        self.concurrency = concurrency
+        self.released = 0  # closed loop: requests released so far (in order)
         self.r, self.prefill, self.decode, self.router = requests, list(prefill), list(decode), router
         self.scheduler = scheduler or Scheduler()
         self.events: list[tuple[float, int, int, int]] = []
@@ -104,8 +113,13 @@ class Simulation:
         heapq.heappush(self.events, (t, next(self.seq), kind, who))
 
     def run(self) -> None:
-        for i, t in enumerate(self.r.arrival):
-            self.push(float(t), ARRIVE, i)
+        if self.concurrency is None:
+            for i, t in enumerate(self.r.arrival):
+                self.push(float(t), ARRIVE, i)
+        else:
+            self.r.arrival[:] = -1.0  # written as each request is released
+            for _ in range(min(self.concurrency, len(self.r))):
+                self._release()
         handlers = (self._arrive, self._prefill_done, self._kv_ready, self._step)
         while self.events:
             t, _, kind, who = heapq.heappop(self.events)
@@ -117,6 +131,19 @@ class Simulation:
                 used = sum(e.context_sum for e in self.decode)
                 self.kv_trace.append((t, used / self.kv_capacity if self.kv_capacity else 0.0))
                 self.next_record = t + self.record_every
+
+    def _release(self) -> None:
+        """Closed loop: the next request arrives now."""
+        req = self.released
+        self.released += 1
+        self.r.arrival[req] = self.now
+        self.push(self.now, ARRIVE, req)
+
+    def _finished(self, req: int) -> None:
+        self.r.finish[req] = self.now
+        self.router.finished(self, req)
+        if self.concurrency is not None and self.released < len(self.r):
+            self._release()  # its user sends the next request
 
     # --- prefill -----------------------------------------------------------------------------
 
@@ -151,8 +178,7 @@ class Simulation:
             self.r.first_token[req] = self.now  # the prefill emits the first token
             self.router.prefilled(self, req)
             if self.r.output_len[req] == 1:
-                self.r.finish[req] = self.now  # nothing left to decode
-                self.router.finished(self, req)
+                self._finished(req)  # nothing left to decode
                 continue
             self.r.decode_engine[req] = self.router.decode(self, req)
             self.push(self.now + e.timing.transfer_ms(float(self.r.input_len[req])), KV_READY, req)
@@ -220,8 +246,7 @@ class Simulation:
             step0, ctx0, _ = d.running.pop(req)
             d.context_sum -= ctx0 + (d.step - step0)
             d.reserved_sum -= d.reserved.pop(req)
-            self.r.finish[req] = self.now
-            self.router.finished(self, req)
+            self._finished(req)
         while self.scheduler.preemptive and d.context_sum > d.timing.kv_tokens and len(d.running) > 1:
             self._preempt(d)
         self._admit(d)

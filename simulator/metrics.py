@@ -125,3 +125,35 @@ def steady_state_note(m: dict[str, float]) -> str:
             f"steady state: starting empty costs its throughput about {ramp:.1%}; simulate more requests"
         )
     return ""
+
+
+def benchmark_metrics(sim: Simulation, gpus: int, prefill_gpus: int = 0, decode_gpus: int = 0) -> dict[str, float]:
+    """A finished run's metrics as serving benchmarks define them (InferenceX; vLLM's and SGLang's
+    `bench_serving`), in their units: per request, TTFT = first token - sent, TPOT = (finish - first
+    token) / (output tokens - 1) over requests of more than one token, E2EL = finish - sent, interactivity =
+    1 / TPOT; medians, means and p99 over every request (seconds). Throughput over the run (first request sent
+    to last finished), per GPU in tokens/s: `tput_per_gpu` all tokens over all `gpus`; input tokens over
+    `prefill_gpus` and output tokens over `decode_gpus` where the phases have their own GPUs (else `gpus`)."""
+    r = sim.r
+    if (r.finish < 0).any():
+        raise AssertionError(f"{int((r.finish < 0).sum())} requests never finished")
+    ttft = (r.first_token - r.arrival) / 1e3
+    e2el = (r.finish - r.arrival) / 1e3
+    many = r.output_len > 1
+    tpot = (r.finish - r.first_token)[many] / (r.output_len[many] - 1) / 1e3
+    duration_s = float(r.finish.max() - r.arrival.min()) / 1e3
+    inputs, outputs = float(r.input_len.sum()), float(r.output_len.sum())
+    out = {
+        "median_ttft": float(np.median(ttft)),
+        "mean_ttft": float(ttft.mean()),
+        "p99_ttft": float(np.percentile(ttft, 99)),
+        "median_e2el": float(np.median(e2el)),
+        "duration_s": duration_s,
+        "tput_per_gpu": (inputs + outputs) / duration_s / gpus,
+        "input_tput_per_gpu": inputs / duration_s / (prefill_gpus or gpus),
+        "output_tput_per_gpu": outputs / duration_s / (decode_gpus or gpus),
+    }
+    if len(tpot):
+        out.update(median_tpot=float(np.median(tpot)), mean_tpot=float(tpot.mean()),
+                   p99_tpot=float(np.percentile(tpot, 99)), median_intvty=float(np.median(1.0 / tpot)))  # fmt: skip
+    return out

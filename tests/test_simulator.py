@@ -274,3 +274,39 @@ def test_dp_select_keeps_a_user_on_their_engine_until_memory_saturates() -> None
     assert sel.decode(sim, 2) != first  # no user: round robin moves on
     dec[first].context_sum = 9_500  # the user's engine is now saturated: affinity yields to the least used
     assert sel.decode(sim, 3) != first
+
+
+def test_a_closed_loop_of_one_user_by_hand() -> None:
+    """One user, four requests of 100 in / 5 out: each is sent when the previous finishes; 10 ms of prefill then
+    4 steps of 5 ms, so every request takes 30 ms and the run 120 ms; the benchmark's metrics follow."""
+    from simulator.metrics import benchmark_metrics
+
+    r = Requests(np.zeros(4), np.full(4, 100), np.full(4, 5))
+    pre, dec = engines()
+    sim = Simulation(r, pre, dec, RoundRobin(), concurrency=1)
+    sim.run()
+    assert r.arrival == pytest.approx([0.0, 30.0, 60.0, 90.0], abs=1e-3)
+    assert r.finish == pytest.approx([30.0, 60.0, 90.0, 120.0], abs=1e-3)
+    m = benchmark_metrics(sim, gpus=2)
+    assert m["median_ttft"] == pytest.approx(0.010, abs=1e-6) and m["median_tpot"] == pytest.approx(0.005, abs=1e-6)
+    assert m["median_intvty"] == pytest.approx(200.0, rel=1e-3) and m["median_e2el"] == pytest.approx(0.030, abs=1e-6)
+    assert m["tput_per_gpu"] == pytest.approx(4 * 105 / 0.120 / 2, rel=1e-4)  # 1,750 tokens/s per GPU
+    assert m["output_tput_per_gpu"] == pytest.approx(4 * 5 / 0.120 / 2, rel=1e-4)
+    check_conservation(sim)
+
+
+def test_a_closed_loop_never_has_more_requests_in_flight_than_users() -> None:
+    rng = np.random.default_rng(5)
+    n, users = 400, 16
+    r = Requests(np.zeros(n), rng.integers(50, 400, n), rng.integers(1, 100, n))
+    pre, dec = engines(2, 2, max_seqs=8, kv_tokens=4000)
+    sim = Simulation(r, pre, dec, RoundRobin(), concurrency=users)
+    sim.run()
+    check_conservation(sim)
+    assert (np.diff(r.arrival) >= 0).all() and (r.arrival[:users] == 0).all()
+    # each later request is sent the moment an earlier one finished, so `users` are always in flight until the end
+    assert set(np.round(r.arrival[users:], 6)) <= set(np.round(r.finish, 6))
+    for t in r.arrival:
+        assert int(((r.arrival <= t) & (r.finish > t)).sum()) <= users
+    with pytest.raises(ValueError, match="at least one user"):
+        Simulation(r, pre, dec, RoundRobin(), concurrency=0)
