@@ -46,3 +46,23 @@ def test_a_malformed_extract_is_one_error_naming_the_line(tmp_path: Path, edit: 
     path.write_bytes(b"\xff\xfe" * 10)
     with pytest.raises(MeasurementError, match="cannot read it as text"):
         load_inferencex(path)
+
+
+def test_the_bench_predicts_rows_by_simulating_them_and_names_every_row_it_cannot() -> None:
+    import re
+    import subprocess
+    import sys
+
+    root = INFERENCEX.parents[2]
+    r = subprocess.run([sys.executable, "benchmarks/inferencex_bench.py", "--rows", "3", "--gpu", "h200"],
+                       cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    head = r.stdout.splitlines()
+    assert head[0].startswith("InferenceX DeepSeek-R1: 50 rows")  # H200's rows
+    counts = [int(n) for n in re.findall(r"(\d+) [a-zA-Z]", head[1].split(";")[0].removeprefix("not expressible: "))]
+    expressible = int(re.search(r"expressible (\d+),", head[1]).group(1))  # type: ignore[union-attr]
+    assert sum(counts) + expressible == 50 and expressible == 11  # 11 H200 rows: disaggregated, FP8, no MTP
+    assert head[1].endswith("simulated 3")
+    rows = [ln for ln in head if ln.startswith("| h200 | ") and "median_tpot" in ln]
+    assert rows and all(int(ln.split("|")[4]) >= 1 for ln in rows)
+    assert "3 rows simulated" in r.stdout

@@ -1,0 +1,165 @@
+"""The cost model against InferenceX: every DeepSeek-R1 row predicted by simulating its configuration and load.
+
+    python benchmarks/inferencex_bench.py [--rows N] [--gpu h200,b200] [--extra costmodel=corrected ...]
+
+Each row of conf/measured/inferencex_dsr1.csv (costmodel.measured) is one configuration measured closed-loop:
+`conc` requests in flight, `conc` x 10 prompts, input and output lengths uniform on [0.8 L, L] (InferenceX's
+`random-range-ratio` 0.8 in its benchmark template, with vLLM's benchmark_serving random dataset). A row the
+model can express is simulated as that: its prefill and decode workers as simulator engines with step times
+from the cost model of the main job's config (`--extra` overrides it), a closed loop of `conc` users
+(simulator.core), and the benchmark's own metrics (simulator.metrics.benchmark_metrics). A row it cannot
+express is counted under the reason (aggregated engines, MTP, FP4, a GPU not in the catalogue); none is
+dropped silently.
+
+Printed per GPU type, framework and metric: rows, median |error| (exp(median |ln(predicted / measured)|) - 1),
+the share within +-15 %, the median of predicted / measured (the direction), and the worst rows; the fitting
+GPUs (H200, B200, MI300X) and the check GPUs apart. Nothing here is fitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from common import context
+
+from costmodel.catalog import load_gpu
+from costmodel.measured import Row, load_inferencex
+from simulator.core import DecodeEngine, PrefillEngine, Simulation
+from simulator.metrics import benchmark_metrics
+from simulator.requests import Requests
+from simulator.routers import PowerOfTwo
+from simulator.timing import decode_timing, prefill_timing
+
+GPUS = {"h100": "H100-SXM", "h200": "H200", "b200": "DGX-B200", "b300": "DGX-B300", "gb200": "GB200-NVL72",
+        "gb300": "GB300-NVL72", "mi300x": "MI300X"}  # fmt: skip  # InferenceX's names -> conf/gpu
+RANGE_RATIO = 0.8  # InferenceX's benchmark template default (.github/workflows/benchmark-tmpl.yml)
+METRICS = ("median_tpot", "median_ttft", "tput_per_gpu", "output_tput_per_gpu")
+WITHIN = math.log(1.15)
+
+
+def reason(row: Row) -> str | None:
+    """Why the model cannot express `row` (None: it can)."""
+    if row.hardware not in GPUS:
+        return f"GPU {row.hardware} not in the catalogue"
+    if not row.disagg:
+        return "aggregated engine"
+    if not (row.prefill.workers and row.decode.workers):
+        return "workers not recorded"  # 8 disaggregated rows give only their GPU total
+    if row.spec_method != "none":
+        return "MTP"
+    if row.precision != "fp8":
+        return f"precision {row.precision}"
+    return None
+
+
+@dataclass
+class Predicted:
+    row: Row
+    metrics: dict[str, float]  # empty when the model says the configuration cannot run (`refused`)
+    seconds: float
+    refused: str = ""
+
+
+def simulate(row: Row, model: object, cost: object, seed: int = 0) -> Predicted:
+    """`row`'s configuration and load in the simulator: its prefill workers (attention DP ranks as engines of one
+    prompt batch each, or one tensor-parallel engine), its decode workers (one engine each, EP over the worker,
+    attention DP ranks or TP), a closed loop of `conc` users."""
+    t0 = time.perf_counter()
+    gpu = load_gpu(GPUS[row.hardware])
+    rng = np.random.default_rng(seed)
+    n = row.conc * 10
+    inputs = rng.integers(max(int(row.isl * RANGE_RATIO), 1), row.isl + 1, n)
+    outputs = rng.integers(max(int(row.osl * RANGE_RATIO), 1), row.osl + 1, n)
+    p, d = row.prefill, row.decode
+    p_tp, p_dp = (1, p.tp) if p.dp_attention else (p.tp, 1)
+    pre_t = prefill_timing(gpu, model, p_tp, p_dp, row.isl, cost)  # type: ignore[arg-type]
+    budget = cost.prefill_batch_tokens  # type: ignore[attr-defined]
+    prefill = [PrefillEngine(i, 0, pre_t, budget) for i in range(p.workers * p_dp)]
+    d_tp = 1 if d.dp_attention else d.tp
+    ranks = d.tp // d_tp
+    per_rank = max(-(-row.conc // (d.workers * ranks)), 1)  # the clients' requests over every rank
+    dec_t = decode_timing(gpu, model, d_tp, d.tp, per_rank, row.isl + row.osl, cost)  # type: ignore[arg-type]
+    rebuild = prefill_timing(gpu, model, d_tp, ranks, row.isl + row.osl, cost)  # type: ignore[arg-type]
+    decode = [DecodeEngine(i, 1, dec_t, rebuild) for i in range(d.workers)]
+    if dec_t.kv_tokens < row.isl + row.osl:  # the model's memory: weights leave no KV room on these GPUs
+        why = f"the model leaves {dec_t.kv_tokens} KV tokens per decode worker, under one request"
+        return Predicted(row, {}, time.perf_counter() - t0, why)
+    r = Requests(np.zeros(n), inputs, outputs)
+    sim = Simulation(r, prefill, decode, PowerOfTwo(seed), concurrency=row.conc)
+    sim.run()
+    m = benchmark_metrics(sim, row.gpus, p.gpus, d.gpus)
+    return Predicted(row, m, time.perf_counter() - t0)
+
+
+def err(pred: Predicted, metric: str) -> float | None:
+    measured, got = pred.row.metrics.get(metric), pred.metrics.get(metric)
+    if not measured or not got:
+        return None
+    return math.log(got / measured)
+
+
+def table(preds: list[Predicted], title: str) -> None:
+    print(f"\n### {title}: {len(preds)} rows\n")
+    print("| GPU | framework | metric | rows | median abs error | within 15 % | median pred / meas |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    groups: dict[tuple[str, str], list[Predicted]] = defaultdict(list)
+    for p in preds:
+        groups[(p.row.hardware, p.row.framework)].append(p)
+    for key in [*sorted(groups), ("all", "")]:
+        group = preds if key == ("all", "") else groups[key]
+        for metric in METRICS:
+            e = np.array([x for x in (err(p, metric) for p in group) if x is not None])
+            if not len(e):
+                continue
+            print(f"| {key[0]} | {key[1]} | {metric} | {len(e)} | {100 * (math.exp(np.median(np.abs(e))) - 1):.0f} % "
+                  f"| {100 * np.mean(np.abs(e) <= WITHIN):.0f} % | {math.exp(np.median(e)):.2f} |")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=0, help="at most this many expressible rows (0: all)")
+    ap.add_argument("--gpu", default="", help="only these InferenceX GPUs, e.g. h200,b200")
+    ap.add_argument("--worst", type=int, default=8, help="worst rows listed per set")
+    ap.add_argument("--extra", nargs="*", default=[], help="cost-model overrides, e.g. costmodel=corrected")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    rows = load_inferencex()
+    if args.gpu:
+        rows = [r for r in rows if r.hardware in args.gpu.split(",")]
+    why = Counter(reason(r) for r in rows)
+    usable = [r for r in rows if reason(r) is None]
+    expressible = len(usable)
+    if args.rows:
+        usable = usable[: args.rows]
+    _, ctx = context(["+inventory=tiny_homo", *args.extra])
+    model, cost = ctx.planner.model, ctx.planner.cost
+    cal = cost.profile.calibration
+    print(f"InferenceX DeepSeek-R1: {len(rows)} rows; cost model {cost.profile.name} "
+          f"({'calibrated: ' + cal.name if cal else 'uncalibrated'})")  # fmt: skip
+    print("not expressible: " + ", ".join(f"{n} {w}" for w, n in why.most_common() if w)
+          + f"; expressible {expressible}, simulated {len(usable)}")  # fmt: skip
+    preds = [simulate(r, model, cost) for r in usable]
+    refused = [p for p in preds if p.refused]
+    for p in refused:  # a row that ran but the model says cannot: a model error, shown
+        print(f"- model refuses {p.row.key}: {p.refused}")
+    preds = [p for p in preds if not p.refused]
+    fitting = [p for p in preds if p.row.fitting]
+    check = [p for p in preds if not p.row.fitting]
+    table(fitting, "Fitting GPUs (H200, B200, MI300X)")
+    table(check, "Check GPUs (never fitted)")
+    scored = [(abs(e), p) for p in preds if (e := err(p, "median_tpot")) is not None]
+    print(f"\nWorst {args.worst} rows by TPOT (predicted / measured):\n")
+    for _, p in sorted(scored, key=lambda x: -x[0])[: args.worst]:
+        ratios = ", ".join(f"{m} {math.exp(e):.2f}" for m in METRICS if (e := err(p, m)) is not None)
+        print(f"- {p.row.key}: {ratios} ({p.row.run_url})")
+    print(f"\n{len(preds)} rows simulated in {sum(p.seconds for p in preds):.1f} s; {time.perf_counter() - t0:.1f} s "
+          "in all")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
