@@ -441,6 +441,19 @@ def prefill_time_ms(
 # --- decode ----------------------------------------------------------------------------------------
 
 
+def activated_experts(
+    per_gpu: np.ndarray, tokens: np.ndarray, top_k: int, experts: int, gpus: np.ndarray
+) -> np.ndarray:
+    """Routed experts the busiest GPU of an EP group streams for one micro-batch of `tokens` (over the group), each
+    token choosing `top_k` of `experts`, `per_gpu` experts on each of `gpus` GPUs. An expert is activated with
+    probability q = 1 - (1 - k/E)^T, so a GPU activates Binomial(g, q) of its g experts; the busiest of the group
+    is taken as the mean + the spread x sqrt(2 ln GPUs) (the Gaussian approximation of a maximum), at most g."""
+    g = np.asarray(per_gpu, dtype=float)
+    q = 1.0 - (1.0 - top_k / experts) ** np.asarray(tokens, dtype=float)
+    spread = np.sqrt(g * q * (1.0 - q)) * np.sqrt(2.0 * np.log(np.maximum(np.asarray(gpus, dtype=float), 1.0)))
+    return np.minimum(g * q + spread, g)
+
+
 def decode_parts(
     gpu: GPU | GPUArray,
     model: Model,
@@ -498,7 +511,8 @@ def decode_parts(
     f = expert_imbalance
     routed_gemm = _grouped_gemm_ms(_expert_gflop(model, b * k * f), m_routed * f, r.expert, use_h20, p)
     shared = MICRO_BATCHES * model.n_shared_experts * (shared_gemm + t_w)
-    routed = MICRO_BATCHES * (routed_gemm + t_w * gx)
+    loaded = activated_experts(gx, b * n, k, e_total, n) if p.activated_experts else gx
+    routed = MICRO_BATCHES * (routed_gemm + t_w * loaded)
 
     fp8_comb = bool(fp8_combine) & r.has_fp4
     comb_elem = np.where(fp8_comb, 1.0, 2.0)

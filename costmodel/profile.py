@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from costmodel.calibration import Calibration
-from costmodel.switches import FIX_DOCS, MODEL_DOCS
+from costmodel.switches import FIX_DOCS, MODEL_DOCS, SYSTEM_DOCS
 
-SWITCH_DOCS: dict[str, str] = {**FIX_DOCS, **MODEL_DOCS}
+SWITCH_DOCS: dict[str, str] = {**FIX_DOCS, **MODEL_DOCS, **SYSTEM_DOCS}
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class CostProfile:
     monotone_gemm_time: bool
     precision_per_gpu: bool
     gemm_roofline: bool = False
+    activated_experts: bool = False
     calibration: Calibration | None = None  # component efficiency factors per GPU (costmodel/calibration.py)
 
     @staticmethod
@@ -75,7 +76,8 @@ class CostProfile:
     def calibrated(self, cal: Calibration | None) -> CostProfile:
         """This profile with `cal`'s factors applied to its components (None: none), and the model
         structure `cal` was fitted with (its `switches`): the factors mean nothing under another."""
-        base = self.name.split("+")[0]
+        suffix = f"+{self.calibration.name}" if self.calibration is not None else ""
+        base = self.name.removesuffix(suffix) if suffix else self.name  # a switch's tag may hold a "+" too
         if cal is None:
             return replace(self, name=base, calibration=None)
         return replace(self, name=f"{base}+{cal.name}", calibration=cal, **dict(cal.switches))

@@ -15,7 +15,7 @@ from typing import Any
 from costmodel.calibration import Calibration
 from costmodel.profile import CostProfile
 from costmodel.specs import SpecError
-from costmodel.switches import FIX_DOCS, MODEL_DOCS
+from costmodel.switches import FIX_DOCS, MODEL_DOCS, SYSTEM_DOCS
 
 
 @dataclass(frozen=True)
@@ -110,11 +110,12 @@ class CostSettings:
         cal = data.get("calibration")
         calibration = None if cal is None else Calibration.from_json(cal, f"{where}: cost.calibration")
         switches = data["switches"]
-        # every fix; the refinements (MODEL_DOCS) are absent from plans written before them (false)
-        if not isinstance(switches, Mapping) or not set(FIX_DOCS) <= set(switches) <= set(FIX_DOCS) | set(MODEL_DOCS):
+        # every fix; the refinements and system switches are absent from plans written before them (false)
+        optional = set(MODEL_DOCS) | set(SYSTEM_DOCS)
+        if not isinstance(switches, Mapping) or not set(FIX_DOCS) <= set(switches) <= set(FIX_DOCS) | optional:
             raise SpecError(
                 f"{where}: `cost.switches` must give every cost-model fix {sorted(FIX_DOCS)} true or false "
-                f"(and may give {sorted(MODEL_DOCS)})"
+                f"(and may give {sorted(optional)})"
             )
         if not all(isinstance(v, bool) for v in switches.values()):
             raise SpecError(f"{where}: every `cost.switches` value must be true or false")

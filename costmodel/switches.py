@@ -1,7 +1,7 @@
 """The cost model's switches by name, each with what it does: the fixes of the original program's errors
-(`FIX_DOCS`, spec section 5) and the refinements of its structure (`MODEL_DOCS`). A profile
-(costmodel/profile.py) sets each on or off; a calibration (costmodel/calibration.py) records the
-structure it was fitted with."""
+(`FIX_DOCS`, spec section 5), the refinements of its structure (`MODEL_DOCS`) and how the serving engine runs
+the model (`SYSTEM_DOCS`). A profile (costmodel/profile.py) sets each on or off; a calibration
+(costmodel/calibration.py) records the structure (MODEL_DOCS) it was fitted with."""
 
 from __future__ import annotations
 
@@ -54,5 +54,15 @@ MODEL_DOCS: dict[str, str] = {
     "gemm_roofline": (
         "a dense GEMM takes max(FLOPs / rate, bytes / bandwidth) plus a fixed cost per kernel, the bytes being its "
         "weights, inputs and BF16 outputs (not FLOPs / rate + weights / bandwidth), one kernel per projection"
+    ),
+}
+
+# How the serving engine runs the model (off in every named profile and not part of a calibration's fitted
+# structure; set per run with `costmodel.fixes.<name>=true`, recorded in plan.json like every switch).
+SYSTEM_DOCS: dict[str, str] = {
+    "activated_experts": (
+        "a decode micro-batch streams only the routed experts its tokens activate: of g experts on a GPU, "
+        "g (1 - (1 - k/E)^T) for T tokens over the EP group (top-k of E), the busiest GPU of the group (mean + "
+        "its spread x sqrt(2 ln GPUs), at most g) deciding; not every resident expert"
     ),
 }

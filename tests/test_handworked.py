@@ -64,3 +64,37 @@ def test_tp_has_no_effect_when_comm_dominates() -> None:
     assert t1["Delta"] > 0 and t4["Delta"] > 0
     assert t1["TPOT"] == pytest.approx(19.3993, abs=1e-4)
     assert t4["TPOT"] == pytest.approx(t1["TPOT"], rel=1e-12)
+
+
+def test_activated_experts_by_hand() -> None:
+    """`activated_experts`: one token (top 8 of 256) over an EP group of 8 GPUs with 32 experts each activates an
+    expert with q = 1/32, so a GPU streams Binomial(32, 1/32): mean 1, spread sqrt(31/32) = 0.98425; the busiest of
+    8 GPUs is taken as 1 + 0.98425 x sqrt(2 ln 8) = 1 + 0.98425 x 2.03933 = 3.0072 experts, not 32. Thousands of
+    tokens activate every expert: all 32."""
+    import numpy as np
+
+    from costmodel.formulas import MICRO_BATCHES, Rates, _expert_bytes, _xfer_ms, activated_experts
+    from costmodel.specs import GPUArray
+
+    assert float(activated_experts(np.array(32.0), np.array(1.0), 8, 256, np.array(8.0))) == pytest.approx(
+        3.00722, abs=1e-4
+    )
+    assert float(activated_experts(np.array(32.0), np.array(5000.0), 8, 256, np.array(8.0))) == 32.0
+    assert float(activated_experts(np.array(32.0), np.array(1.0), 8, 256, np.array(1.0))) == pytest.approx(1.0)
+    # in a decode step the switch changes only the routed experts' weight stream: 2 micro-batches x (32 - 3.0072)
+    # experts' bytes at this GPU's bandwidth, per MoE layer; at batch 2 on attention TP 1 (8 ranks) a micro-batch
+    # carries one token per GPU: 8 tokens over the group
+    gpu = load_gpu("H200")
+    base = CostProfile.corrected()
+    on = base.with_fixes(activated_experts=True)
+    off_p = decode_parts(gpu, DSV3, 2048, 2, 1, 8, False, base)
+    on_p = decode_parts(gpu, DSV3, 2048, 2, 1, 8, False, on)
+    r = Rates(GPUArray.of(gpu), "decode", base)
+    t_w = float(_xfer_ms(_expert_bytes(DSV3, r, "decode", base), r.bw, base))
+    busiest = float(activated_experts(np.array(32.0), np.array(8.0), 8, 256, np.array(8.0)))
+    assert off_p["RoutedExpert"] - on_p["RoutedExpert"] == pytest.approx(MICRO_BATCHES * t_w * (32 - busiest), rel=1e-9)
+    for key in ("SparseMLA", "SharedExpert", "Dispatch", "Combine"):
+        assert on_p[key] == pytest.approx(off_p[key], rel=1e-12)
+    big_off, big_on = (decode_parts(gpu, DSV3, 2048, 512, 1, 8, False, p)["TPOT"] for p in (base, on))
+    assert big_on == pytest.approx(big_off, rel=1e-12)  # 2,048 tokens a micro-batch activate every expert
+    assert on.name == "corrected[+activated_experts]"

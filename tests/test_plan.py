@@ -26,6 +26,12 @@ def test_cost_settings_round_trip_whole() -> None:
     cost = CostSettings(CostProfile.corrected().with_fixes(causal_attention=False), 0.3, True, 2000.0, None)
     back = CostSettings.from_json(json.loads(json.dumps(cost.to_json())), "plan.json")
     assert back == cost and back.profile.name == "corrected[-causal_attention]"
+    system = CostSettings(CostProfile.corrected().with_fixes(activated_experts=True), 0.3, True, 2000.0, None)
+    again = CostSettings.from_json(json.loads(json.dumps(system.to_json())), "plan.json")
+    assert again == system and again.profile.activated_experts  # a system switch travels through plan.json
+    old = {**system.to_json(), "switches": {k: v for k, v in system.to_json()["switches"].items()
+                                            if k != "activated_experts"}}  # fmt: skip
+    assert not CostSettings.from_json(old, "plan.json").profile.activated_experts  # plans from before it: off
     with pytest.raises(SpecError, match=r"plan\.json: `cost\.switches` must give every cost-model fix"):
         CostSettings.from_json({**cost.to_json(), "switches": {"warp": True}}, "plan.json")
     with pytest.raises(SpecError, match=r"`0 <= cache_hit < 1` must hold"):
