@@ -6,10 +6,10 @@ Each row of conf/measured/inferencex_dsr1.csv (costmodel.measured) is one config
 `conc` requests in flight, `conc` x 10 prompts, input and output lengths uniform on [0.8 L, L] (InferenceX's
 `random-range-ratio` 0.8 in its benchmark template, with vLLM's benchmark_serving random dataset). A row the
 model can express is simulated as that: its prefill and decode workers as simulator engines with step times
-from the cost model of the main job's config (`--extra` overrides it), a closed loop of `conc` users
-(simulator.core), and the benchmark's own metrics (simulator.metrics.benchmark_metrics). A row it cannot
-express is counted under the reason (aggregated engines, MTP, FP4, a GPU not in the catalogue); none is
-dropped silently.
+from the cost model of the main job's config (`--extra` overrides it) at the row's precision (routed experts
+in FP8 or FP4: `experts_fp8`), a closed loop of `conc` users (simulator.core), and the benchmark's own metrics
+(simulator.metrics.benchmark_metrics). A row it cannot express is counted under the reason (aggregated
+engines, MTP, a GPU not in the catalogue, FP4 on a GPU without an FP4 rate); none is dropped silently.
 
 Printed per GPU type, framework and metric: rows, median |error| (exp(median |ln(predicted / measured)|) - 1),
 the share within +-15 %, the median of predicted / measured (the direction), and the worst rows; the fitting
@@ -19,6 +19,7 @@ GPUs (H200, B200, MI300X) and the check GPUs apart. Nothing here is fitted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import time
 from collections import Counter, defaultdict
@@ -29,6 +30,7 @@ from common import context
 
 from costmodel.catalog import load_gpu
 from costmodel.measured import Row, load_inferencex
+from costmodel.settings import CostSettings
 from simulator.core import DecodeEngine, PrefillEngine, Simulation
 from simulator.metrics import benchmark_metrics
 from simulator.requests import Requests
@@ -52,8 +54,8 @@ def reason(row: Row) -> str | None:
         return "workers not recorded"  # 8 disaggregated rows give only their GPU total
     if row.spec_method != "none":
         return "MTP"
-    if row.precision != "fp8":
-        return f"precision {row.precision}"
+    if row.precision == "fp4" and not load_gpu(GPUS[row.hardware]).has_fp4:
+        return "FP4 on a GPU without an FP4 rate"
     return None
 
 
@@ -65,11 +67,18 @@ class Predicted:
     refused: str = ""
 
 
-def simulate(row: Row, model: object, cost: object, seed: int = 0) -> Predicted:
+def priced(cost: CostSettings, row: Row) -> CostSettings:
+    """The cost settings with the row's precision: routed experts in FP8 for an FP8 checkpoint, FP4 for an FP4 one
+    (attention and dense layers in FP8 either way, as NVIDIA's FP4 DeepSeek-R1 checkpoint holds them)."""
+    return dataclasses.replace(cost, profile=cost.profile.with_fixes(experts_fp8=row.precision == "fp8"))
+
+
+def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Predicted:
     """`row`'s configuration and load in the simulator: its prefill workers (attention DP ranks as engines of one
     prompt batch each, or one tensor-parallel engine), its decode workers (one engine each, EP over the worker,
     attention DP ranks or TP), a closed loop of `conc` users."""
     t0 = time.perf_counter()
+    cost = priced(cost, row)
     gpu = load_gpu(GPUS[row.hardware])
     rng = np.random.default_rng(seed)
     n = row.conc * 10

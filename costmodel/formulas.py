@@ -77,6 +77,7 @@ class Rates:
         self.gemm_fixed_ms = GEMM_FIXED_MS / k["gemm_fixed"]
         self.kv_link = g.scaleout_bw_gb_s * DERATE * k["kv_transfer"]  # prefill -> decode KV, per GPU
         self.has_fp4 = g.tflops_fp4 > 0
+        self.experts_fp4 = self.has_fp4 & (not profile.experts_fp8)  # routed experts in FP4 (the checkpoint's)
         has_fp8 = g.tflops_fp8 > 0
         # Dense GEMM rate and bytes per weight / KV element: FP8 where the GPU has it.
         if profile.precision_per_gpu:
@@ -86,16 +87,16 @@ class Rates:
             gemm = self.f8
             self.wbytes = np.ones_like(self.f8)
         self.gemm = gemm * k["dense_gemm"]
-        self.expert = np.where(self.has_fp4, self.f4, gemm) * k[f"grouped_gemm_{phase}"]
+        self.expert = np.where(self.experts_fp4, self.f4, gemm) * k[f"grouped_gemm_{phase}"]
 
 
 def priced_precision(gpu: GPU, profile: CostProfile) -> tuple[str, str]:
     """(dense layers and KV cache, routed experts): the formats `Rates` prices an island of `gpu` in.
 
     FP8 where the GPU has it (BF16 where it does not, unless the profile prices FP8 everywhere as
-    shallowsim does), and routed experts in FP4 on GPUs with an FP4 rate."""
+    shallowsim does), and routed experts in FP4 on GPUs with an FP4 rate unless `experts_fp8`."""
     dense = "fp8" if gpu.tflops_fp8 > 0 or not profile.precision_per_gpu else "bf16"
-    return dense, "fp4" if gpu.tflops_fp4 > 0 else dense
+    return dense, "fp4" if gpu.tflops_fp4 > 0 and not profile.experts_fp8 else dense
 
 
 def _xfer_ms(nbytes: np.ndarray, bw_gb_s: np.ndarray, p: CostProfile) -> np.ndarray:
@@ -329,7 +330,7 @@ def _expert_bytes(model: Model, r: Rates, phase: str, p: CostProfile) -> np.ndar
     """Bytes of one expert's weights: FP4 halves them (decode only, unless fp4_consistent)."""
     base = r.wbytes if p.weights_from_config or p.precision_per_gpu else np.ones_like(r.wbytes)
     if phase == "decode" or p.fp4_consistent:
-        base = np.where(r.has_fp4, 0.5, base)
+        base = np.where(r.experts_fp4, 0.5, base)
     return model.expert_params * base
 
 

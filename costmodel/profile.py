@@ -43,6 +43,7 @@ class CostProfile:
     precision_per_gpu: bool
     gemm_roofline: bool = False
     activated_experts: bool = False
+    experts_fp8: bool = False
     calibration: Calibration | None = None  # component efficiency factors per GPU (costmodel/calibration.py)
 
     @staticmethod

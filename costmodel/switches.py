@@ -60,6 +60,10 @@ MODEL_DOCS: dict[str, str] = {
 # How the serving engine runs the model (off in every named profile and not part of a calibration's fitted
 # structure; set per run with `costmodel.fixes.<name>=true`, recorded in plan.json like every switch).
 SYSTEM_DOCS: dict[str, str] = {
+    "experts_fp8": (
+        "routed experts are held and computed in FP8 on every GPU (an FP8 checkpoint), not in FP4 wherever the "
+        "GPU has an FP4 rate"
+    ),
     "activated_experts": (
         "a decode micro-batch streams only the routed experts its tokens activate: of g experts on a GPU, "
         "g (1 - (1 - k/E)^T) for T tokens over the EP group (top-k of E), the busiest GPU of the group (mean + "

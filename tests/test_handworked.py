@@ -98,3 +98,27 @@ def test_activated_experts_by_hand() -> None:
     big_off, big_on = (decode_parts(gpu, DSV3, 2048, 512, 1, 8, False, p)["TPOT"] for p in (base, on))
     assert big_on == pytest.approx(big_off, rel=1e-12)  # 2,048 tokens a micro-batch activate every expert
     assert on.name == "corrected[+activated_experts]"
+
+
+def test_experts_fp8_by_hand() -> None:
+    """`experts_fp8`: on a GPU with an FP4 rate (B200) the routed experts stream at 1 byte a weight instead of 0.5
+    and compute at the FP8 rate: the decode step's routed-expert weight time doubles exactly; nothing changes on a
+    GPU without FP4 (H200), and the plan records the experts' format."""
+    import numpy as np
+
+    from costmodel.formulas import Rates, _expert_bytes, priced_precision
+    from costmodel.specs import GPUArray
+
+    base = CostProfile.corrected()
+    fp8 = base.with_fixes(experts_fp8=True)
+    b200, h200 = load_gpu("DGX-B200"), load_gpu("H200")
+    r4, r8 = (Rates(GPUArray.of(b200), "decode", p) for p in (base, fp8))
+    assert float(_expert_bytes(DSV3, r8, "decode", fp8)) == 2 * float(_expert_bytes(DSV3, r4, "decode", base))
+    assert float(np.asarray(r8.expert)) < float(np.asarray(r4.expert))  # the FP8 rate, not FP4's
+    assert priced_precision(b200, base) == ("fp8", "fp4") and priced_precision(b200, fp8) == ("fp8", "fp8")
+    for gpu in (b200, h200):
+        off, on = (decode_parts(gpu, DSV3, 2048, 64, 1, 8, False, p) for p in (base, fp8))
+        assert on["SparseMLA"] == pytest.approx(off["SparseMLA"], rel=1e-12)
+        assert (on["RoutedExpert"] > off["RoutedExpert"]) == (gpu is b200)
+        if gpu is h200:
+            assert on["TPOT"] == pytest.approx(off["TPOT"], rel=1e-12)
