@@ -8,8 +8,10 @@ Each row of conf/measured/inferencex_dsr1.csv (costmodel.measured) is one config
 model can express is simulated as that: its prefill and decode workers as simulator engines with step times
 from the cost model of the main job's config (`--extra` overrides it) at the row's precision (routed experts
 in FP8 or FP4: `experts_fp8`), a closed loop of `conc` users (simulator.core), and the benchmark's own metrics
-(simulator.metrics.benchmark_metrics). A row it cannot express is counted under the reason (aggregated
-engines, MTP, a GPU not in the catalogue, FP4 on a GPU without an FP4 rate); none is dropped silently.
+(simulator.metrics.benchmark_metrics); an aggregated row's engines run prefill and decode in mixed steps with
+chunked prefill (simulator.aggregated). A row it cannot express is counted under the reason (MTP, a GPU not in
+the catalogue, FP4 on a GPU without an FP4 rate, a disaggregated row without its workers); none is dropped
+silently.
 
 Printed per GPU type, framework and metric: rows, median |error| (exp(median |ln(predicted / measured)|) - 1),
 the share within +-15 %, the median of predicted / measured (the direction), and the worst rows; the fitting
@@ -31,6 +33,7 @@ from common import context
 from costmodel.catalog import load_gpu
 from costmodel.measured import Row, load_inferencex
 from costmodel.settings import CostSettings
+from simulator.aggregated import AggregatedEngine, AggregatedSimulation
 from simulator.core import DecodeEngine, PrefillEngine, Simulation
 from simulator.metrics import benchmark_metrics
 from simulator.requests import Requests
@@ -40,6 +43,7 @@ from simulator.timing import decode_timing, prefill_timing
 GPUS = {"h100": "H100-SXM", "h200": "H200", "b200": "DGX-B200", "b300": "DGX-B300", "gb200": "GB200-NVL72",
         "gb300": "GB300-NVL72", "mi300x": "MI300X"}  # fmt: skip  # InferenceX's names -> conf/gpu
 RANGE_RATIO = 0.8  # InferenceX's benchmark template default (.github/workflows/benchmark-tmpl.yml)
+CHUNK = 16384  # an aggregated engine's prefill tokens per step (SGLang's and TensorRT-LLM's common setting)
 METRICS = ("median_tpot", "median_ttft", "tput_per_gpu", "output_tput_per_gpu")
 WITHIN = math.log(1.15)
 
@@ -48,9 +52,7 @@ def reason(row: Row) -> str | None:
     """Why the model cannot express `row` (None: it can)."""
     if row.hardware not in GPUS:
         return f"GPU {row.hardware} not in the catalogue"
-    if not row.disagg:
-        return "aggregated engine"
-    if not (row.prefill.workers and row.decode.workers):
+    if row.disagg and not (row.prefill.workers and row.decode.workers):
         return "workers not recorded"  # 8 disaggregated rows give only their GPU total
     if row.spec_method != "none":
         return "MTP"
@@ -84,6 +86,8 @@ def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Pred
     n = row.conc * 10
     inputs = rng.integers(max(int(row.isl * RANGE_RATIO), 1), row.isl + 1, n)
     outputs = rng.integers(max(int(row.osl * RANGE_RATIO), 1), row.osl + 1, n)
+    if not row.disagg:
+        return _aggregated(row, gpu, model, cost, inputs, outputs, t0)
     p, d = row.prefill, row.decode
     p_tp, p_dp = (1, p.tp) if p.dp_attention else (p.tp, 1)
     pre_t = prefill_timing(gpu, model, p_tp, p_dp, row.isl, cost)  # type: ignore[arg-type]
@@ -101,8 +105,32 @@ def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Pred
     r = Requests(np.zeros(n), inputs, outputs)
     sim = Simulation(r, prefill, decode, PowerOfTwo(seed), concurrency=row.conc)
     sim.run()
-    m = benchmark_metrics(sim, row.gpus, p.gpus, d.gpus)
+    m = benchmark_metrics(sim.r, row.gpus, p.gpus, d.gpus)
     return Predicted(row, m, time.perf_counter() - t0)
+
+
+def _aggregated(
+    row: Row, gpu: object, model: object, cost: CostSettings, inputs: np.ndarray, outputs: np.ndarray, t0: float
+) -> Predicted:
+    """An aggregated row: one engine of `tp` GPUs (experts over the engine), prefill chunked at
+    CHUNK tokens a step beside the decoding sequences; with DP attention each rank prefills its own prompts, so an
+    engine takes CHUNK per rank and a piece's time is shared by the ranks."""
+    d = row.decode
+    engines = 1  # Row.gpus: an aggregated row measures one engine
+    attn_tp = 1 if d.dp_attention else d.tp
+    ranks = d.tp // attn_tp
+    per_rank = max(-(-row.conc // (engines * ranks)), 1)
+    dec_t = decode_timing(gpu, model, attn_tp, d.tp, per_rank, row.isl + row.osl, cost)  # type: ignore[arg-type]
+    pre_t = prefill_timing(gpu, model, attn_tp, ranks, row.isl, cost)  # type: ignore[arg-type]
+    if ranks > 1:
+        pre_t = dataclasses.replace(pre_t, ms=pre_t.ms / ranks)
+    if dec_t.kv_tokens < row.isl + row.osl:
+        why = f"the model leaves {dec_t.kv_tokens} KV tokens per engine, under one request"
+        return Predicted(row, {}, time.perf_counter() - t0, why)
+    pool = [AggregatedEngine(i, dec_t, pre_t, CHUNK * ranks) for i in range(engines)]
+    r = Requests(np.zeros(len(inputs)), inputs, outputs)
+    AggregatedSimulation(r, pool, concurrency=row.conc).run()
+    return Predicted(row, benchmark_metrics(r, row.gpus), time.perf_counter() - t0)
 
 
 def err(pred: Predicted, metric: str) -> float | None:

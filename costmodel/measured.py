@@ -62,8 +62,10 @@ class Row:
 
     @property
     def gpus(self) -> int:
-        """GPUs the row's throughput per GPU divides by: both phases' when disaggregated."""
-        return self.prefill.gpus + self.decode.gpus if self.disagg else self.decode.gpus
+        """GPUs the row's throughput per GPU divides by: both phases' when disaggregated, the engine's TP size when
+        aggregated (its `num_*_gpu` are TP x EP where EP > 1: 64 for TP 8 EP 8; the identity at one user,
+        tokens/s/GPU x GPUs x E2E latency = a request's tokens, holds with TP, tests/test_measured.py)."""
+        return self.prefill.gpus + self.decode.gpus if self.disagg else self.decode.tp
 
     @property
     def fitting(self) -> bool:

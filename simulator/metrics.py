@@ -127,14 +127,14 @@ def steady_state_note(m: dict[str, float]) -> str:
     return ""
 
 
-def benchmark_metrics(sim: Simulation, gpus: int, prefill_gpus: int = 0, decode_gpus: int = 0) -> dict[str, float]:
+def benchmark_metrics(r: Requests, gpus: int, prefill_gpus: int = 0, decode_gpus: int = 0) -> dict[str, float]:
     """A finished run's metrics as serving benchmarks define them (InferenceX; vLLM's and SGLang's
     `bench_serving`), in their units: per request, TTFT = first token - sent, TPOT = (finish - first
     token) / (output tokens - 1) over requests of more than one token, E2EL = finish - sent, interactivity =
     1 / TPOT; medians, means and p99 over every request (seconds). Throughput over the run (first request sent
     to last finished), per GPU in tokens/s: `tput_per_gpu` all tokens over all `gpus`; input tokens over
-    `prefill_gpus` and output tokens over `decode_gpus` where the phases have their own GPUs (else `gpus`)."""
-    r = sim.r
+    `prefill_gpus` and output tokens over `decode_gpus` where the phases have their own GPUs (else `gpus`).
+    `r`: a finished simulation's requests (`Simulation.r`, `AggregatedSimulation.r`)."""
     if (r.finish < 0).any():
         raise AssertionError(f"{int((r.finish < 0).sum())} requests never finished")
     ttft = (r.first_token - r.arrival) / 1e3

@@ -287,7 +287,7 @@ def test_a_closed_loop_of_one_user_by_hand() -> None:
     sim.run()
     assert r.arrival == pytest.approx([0.0, 30.0, 60.0, 90.0], abs=1e-3)
     assert r.finish == pytest.approx([30.0, 60.0, 90.0, 120.0], abs=1e-3)
-    m = benchmark_metrics(sim, gpus=2)
+    m = benchmark_metrics(sim.r, gpus=2)
     assert m["median_ttft"] == pytest.approx(0.010, abs=1e-6) and m["median_tpot"] == pytest.approx(0.005, abs=1e-6)
     assert m["median_intvty"] == pytest.approx(200.0, rel=1e-3) and m["median_e2el"] == pytest.approx(0.030, abs=1e-6)
     assert m["tput_per_gpu"] == pytest.approx(4 * 105 / 0.120 / 2, rel=1e-4)  # 1,750 tokens/s per GPU
@@ -310,3 +310,34 @@ def test_a_closed_loop_never_has_more_requests_in_flight_than_users() -> None:
         assert int(((r.arrival <= t) & (r.finish > t)).sum()) <= users
     with pytest.raises(ValueError, match="at least one user"):
         Simulation(r, pre, dec, RoundRobin(), concurrency=0)
+
+
+def test_an_aggregated_engine_by_hand() -> None:
+    """One aggregated engine, chunk 100 tokens, prefill 1 ms a token (linear), decode 5 ms a step: a request of 250
+    prompt tokens and 3 output tokens takes 3 chunked steps (100, 100, 50 tokens: 100, 100, 50 ms), its first token
+    at 250 ms, then 2 decode steps of 5 ms: done at 260 ms. A second user's request admitted meanwhile shares the
+    steps: its prefill pieces add to them, its decode steps run beside the first's."""
+    from simulator.aggregated import AggregatedEngine, AggregatedSimulation
+    from simulator.metrics import benchmark_metrics
+
+    linear = PrefillTiming(np.array([1.0, 1e6]), np.array([1.0, 1e6]), 1.0, 1.0)  # n tokens: n ms
+    r = Requests(np.zeros(1), np.array([250]), np.array([3]))
+    engine = AggregatedEngine(0, flat_decode(5.0, max_seqs=8, kv_tokens=10_000), linear, chunk=100)
+    sim = AggregatedSimulation(r, [engine], concurrency=1)
+    sim.run()
+    assert r.first_token[0] == pytest.approx(250.0) and r.finish[0] == pytest.approx(260.0)
+    assert engine.reserved == 0 and engine.context == 0 and not engine.running
+    # two users: B (100 tokens, 2 out) arrives with A (250, 3) at 0; chunk 100 goes to A first (FIFO):
+    # step 1 [0, 100): A 0-100; step 2 [100, 200): A 100-200; step 3 [200, 300): A 200-250 + B 0-50 (50 + 50 ms);
+    # A's first token at 300; step 4: A decodes (5 ms) + B 50-100 (50 ms) -> 355, B's first token; step 5: both
+    # decode -> 360: A done (3 tokens); step 6: B decodes -> 365: B done... B needs 2 tokens: first at 355, one
+    # more at 360 -> B done at 360 too.
+    r2 = Requests(np.zeros(2), np.array([250, 100]), np.array([3, 2]))
+    engine2 = AggregatedEngine(0, flat_decode(5.0, max_seqs=8, kv_tokens=10_000), linear, chunk=100)
+    AggregatedSimulation(r2, [engine2], concurrency=2).run()
+    assert list(r2.first_token) == pytest.approx([300.0, 355.0]) and list(r2.finish) == pytest.approx([360.0, 360.0])
+    m = benchmark_metrics(r2, gpus=1)
+    assert m["median_ttft"] == pytest.approx((0.300 + 0.355) / 2) and m["duration_s"] == pytest.approx(0.360)
+    with pytest.raises(ValueError, match="more than engine 0 holds"):
+        small = AggregatedEngine(0, flat_decode(5.0, max_seqs=8, kv_tokens=100), linear, chunk=100)
+        AggregatedSimulation(Requests(np.zeros(1), np.array([250]), np.array([3])), [small]).run()

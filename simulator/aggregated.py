@@ -1,0 +1,150 @@
+"""Aggregated engines: prefill and decode on the same GPUs, in mixed steps with chunked prefill.
+
+An engine admits waiting requests in order while it has a sequence slot and KV room for the
+request's whole context (prompt + answer, reserved on admission: no preemption). Each step it runs
+every decoding sequence one token and up to `chunk` prompt tokens of the admitted requests still in
+prefill, in order (a prompt longer than the chunk takes several steps). A step takes the decode
+step's time at the running sequences and their mean context plus the prefill time of the chunk's
+pieces, each the prompt's prefill up to the chunk's end less its prefill up to the chunk's start
+(attention grows with the context). A request whose prompt completes in a step has its first token
+when the step ends; each later step gives it one more, and it leaves with its last.
+
+Arrivals are open (the requests' own times) or a closed loop of `concurrency` users, as in
+`simulator.core`; a request goes to the engine with the fewest requests waiting or running.
+`AggregatedSimulation.r` has the same record as `Simulation.r`, so `simulator.metrics.benchmark_metrics`
+reads it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from simulator.requests import Requests
+from simulator.timing import DecodeTiming, PrefillTiming
+
+
+@dataclass
+class AggregatedEngine:
+    index: int
+    decode: DecodeTiming  # step time at (running sequences, mean context); sequence slots and KV tokens
+    prefill: PrefillTiming  # one prompt's prefill time up to a length
+    chunk: int  # prompt tokens per step (chunked prefill size)
+    waiting: deque[int] = field(default_factory=deque)  # not yet admitted
+    filling: dict[int, int] = field(default_factory=dict)  # admitted, prompt tokens prefilled so far (in order)
+    running: dict[int, int] = field(default_factory=dict)  # decoding: tokens generated so far
+    reserved: int = 0  # KV tokens reserved by admitted requests
+    context: int = 0  # KV tokens of the decoding sequences
+    stepping: bool = False
+
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + len(self.filling) + len(self.running)
+
+
+class AggregatedSimulation:
+    def __init__(self, requests: Requests, engines: list[AggregatedEngine], concurrency: int | None = None) -> None:
+        if not engines:
+            raise ValueError("an aggregated simulation needs at least one engine")
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"a closed loop needs at least one user, got concurrency={concurrency}")
+        for e in engines:
+            if e.chunk < 1:
+                raise ValueError(f"engine {e.index}: the prefill chunk must be at least 1 token, got {e.chunk}")
+        self.r, self.engines, self.concurrency = requests, engines, concurrency
+        self.events: list[tuple[float, int, int, int]] = []
+        self.seq = itertools.count()
+        self.now = 0.0
+        self.released = 0
+        self.step_of: dict[int, list[tuple[int, int, int]]] = {}  # engine -> the step's prefill pieces
+
+    def push(self, t: float, kind: int, who: int) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), kind, who))
+
+    def run(self) -> None:
+        if self.concurrency is None:
+            for i, t in enumerate(self.r.arrival):
+                self.push(float(t), 0, i)
+        else:
+            self.r.arrival[:] = -1.0
+            for _ in range(min(self.concurrency, len(self.r))):
+                self._release()
+        while self.events:
+            t, _, kind, who = heapq.heappop(self.events)
+            self.now = t
+            if kind == 0:
+                self._arrive(who)
+            else:
+                self._step_done(self.engines[who])
+
+    def _release(self) -> None:
+        req = self.released
+        self.released += 1
+        self.r.arrival[req] = self.now
+        self.push(self.now, 0, req)
+
+    def _arrive(self, req: int) -> None:
+        e = min(self.engines, key=lambda x: (x.load, x.index))
+        self.r.prefill_engine[req] = self.r.decode_engine[req] = e.index
+        e.waiting.append(req)
+        if not e.stepping:
+            self._start(e)
+
+    def _admit(self, e: AggregatedEngine) -> None:
+        while e.waiting and len(e.filling) + len(e.running) < e.decode.max_seqs:
+            req = e.waiting[0]
+            need = int(self.r.input_len[req] + self.r.output_len[req])
+            if need > e.decode.kv_tokens:
+                raise ValueError(f"request {req} needs {need} KV tokens, more than engine {e.index} holds "
+                                 f"({e.decode.kv_tokens})")  # fmt: skip
+            if e.reserved + need > e.decode.kv_tokens:
+                return  # head of line waits for a finishing request to free room
+            e.waiting.popleft()
+            e.reserved += need
+            e.filling[req] = 0
+
+    def _start(self, e: AggregatedEngine) -> None:
+        self._admit(e)
+        if not e.filling and not e.running:
+            e.stepping = False
+            return
+        ms = e.decode.step_ms(len(e.running), e.context / len(e.running)) if e.running else 0.0
+        budget, pieces = e.chunk, []
+        for req, done in e.filling.items():
+            if budget == 0:
+                break
+            take = min(int(self.r.input_len[req]) - done, budget)
+            ms += max(e.prefill.prefill_ms(done + take) - (e.prefill.prefill_ms(done) if done else 0.0), 0.0)
+            pieces.append((req, done, take))
+            budget -= take
+        self.step_of[e.index] = pieces
+        e.stepping = True
+        self.push(self.now + ms, 1, e.index)
+
+    def _step_done(self, e: AggregatedEngine) -> None:
+        for req in list(e.running):
+            e.running[req] += 1
+            e.context += 1
+            if e.running[req] >= self.r.output_len[req]:
+                self._finish(e, req, int(self.r.input_len[req]) + e.running.pop(req))
+        for req, done, take in self.step_of.pop(e.index, []):
+            if done + take < self.r.input_len[req]:
+                e.filling[req] = done + take
+                continue
+            del e.filling[req]
+            self.r.first_token[req] = self.now  # the prompt's last chunk emits the first token
+            if self.r.output_len[req] == 1:
+                self._finish(e, req, 0)
+            else:
+                e.running[req] = 1
+                e.context += int(self.r.input_len[req]) + 1
+        self._start(e)
+
+    def _finish(self, e: AggregatedEngine, req: int, context: int) -> None:
+        self.r.finish[req] = self.now
+        e.context -= context
+        e.reserved -= int(self.r.input_len[req] + self.r.output_len[req])
+        if self.concurrency is not None and self.released < len(self.r):
+            self._release()
