@@ -41,7 +41,7 @@ from simulator.routers import PowerOfTwo
 from simulator.timing import decode_timing, prefill_timing
 
 GPUS = {"h100": "H100-SXM", "h200": "H200", "b200": "DGX-B200", "b300": "DGX-B300", "gb200": "GB200-NVL72",
-        "gb300": "GB300-NVL72", "mi300x": "MI300X"}  # fmt: skip  # InferenceX's names -> conf/gpu
+        "gb300": "GB300-NVL72", "mi300x": "MI300X", "mi325x": "MI325X", "mi355x": "MI355X"}  # fmt: skip  # InferenceX's names -> conf/gpu
 RANGE_RATIO = 0.8  # InferenceX's benchmark template default (.github/workflows/benchmark-tmpl.yml)
 CHUNK = 16384  # an aggregated engine's prefill tokens per step (SGLang's and TensorRT-LLM's common setting)
 METRICS = ("median_tpot", "median_ttft", "tput_per_gpu", "output_tput_per_gpu")
