@@ -9,9 +9,9 @@ model can express is simulated as that: its prefill and decode workers as simula
 from the cost model of the main job's config (`--extra` overrides it) at the row's precision (routed experts
 in FP8 or FP4: `experts_fp8`), a closed loop of `conc` users (simulator.core), and the benchmark's own metrics
 (simulator.metrics.benchmark_metrics); an aggregated row's engines run prefill and decode in mixed steps with
-chunked prefill (simulator.aggregated). A row it cannot express is counted under the reason (MTP, a GPU not in
-the catalogue, FP4 on a GPU without an FP4 rate, a disaggregated row without its workers); none is dropped
-silently.
+chunked prefill (simulator.aggregated); an MTP row's decode steps verify a draft token each (MTP_DRAFTS,
+MTP_ACCEPTED). A row it cannot express is counted under the reason (a GPU not in the catalogue, FP4 on a GPU
+without an FP4 rate, a disaggregated row without its workers); none is dropped silently.
 
 Printed per GPU type, framework and metric: rows, median |error| (exp(median |ln(predicted / measured)|) - 1),
 the share within +-15 %, the median of predicted / measured (the direction), and the worst rows; the fitting
@@ -40,10 +40,15 @@ from simulator.requests import Requests
 from simulator.routers import PowerOfTwo
 from simulator.timing import decode_timing, prefill_timing
 
+# InferenceX's GPU names -> conf/gpu
 GPUS = {"h100": "H100-SXM", "h200": "H200", "b200": "DGX-B200", "b300": "DGX-B300", "gb200": "GB200-NVL72",
-        "gb300": "GB300-NVL72", "mi300x": "MI300X", "mi325x": "MI325X", "mi355x": "MI355X"}  # fmt: skip  # InferenceX's names -> conf/gpu
+        "gb300": "GB300-NVL72", "mi300x": "MI300X", "mi325x": "MI325X", "mi355x": "MI355X"}  # fmt: skip
 RANGE_RATIO = 0.8  # InferenceX's benchmark template default (.github/workflows/benchmark-tmpl.yml)
 CHUNK = 16384  # an aggregated engine's prefill tokens per step (SGLang's and TensorRT-LLM's common setting)
+# MTP rows: one draft token a step, accepted 85 % of the time ("the acceptance rate of the second token prediction
+# ranges between 85% and 90%", DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3); InferenceX does not
+# record the engines' draft settings
+MTP_DRAFTS, MTP_ACCEPTED = 1, 0.85
 METRICS = ("median_tpot", "median_ttft", "tput_per_gpu", "output_tput_per_gpu")
 WITHIN = math.log(1.15)
 
@@ -54,8 +59,6 @@ def reason(row: Row) -> str | None:
         return f"GPU {row.hardware} not in the catalogue"
     if row.disagg and not (row.prefill.workers and row.decode.workers):
         return "workers not recorded"  # 8 disaggregated rows give only their GPU total
-    if row.spec_method != "none":
-        return "MTP"
     if row.precision == "fp4" and not load_gpu(GPUS[row.hardware]).has_fp4:
         return "FP4 on a GPU without an FP4 rate"
     return None
@@ -96,7 +99,8 @@ def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Pred
     d_tp = 1 if d.dp_attention else d.tp
     ranks = d.tp // d_tp
     per_rank = max(-(-row.conc // (d.workers * ranks)), 1)  # the clients' requests over every rank
-    dec_t = decode_timing(gpu, model, d_tp, d.tp, per_rank, row.isl + row.osl, cost)  # type: ignore[arg-type]
+    dec_t = decode_timing(gpu, model, d_tp, d.tp, per_rank, row.isl + row.osl, cost, 1.0,  # type: ignore[arg-type]
+                          *_speculation(row))  # fmt: skip
     rebuild = prefill_timing(gpu, model, d_tp, ranks, row.isl + row.osl, cost)  # type: ignore[arg-type]
     decode = [DecodeEngine(i, 1, dec_t, rebuild) for i in range(d.workers)]
     if dec_t.kv_tokens < row.isl + row.osl:  # the model's memory: weights leave no KV room on these GPUs
@@ -120,7 +124,8 @@ def _aggregated(
     attn_tp = 1 if d.dp_attention else d.tp
     ranks = d.tp // attn_tp
     per_rank = max(-(-row.conc // (engines * ranks)), 1)
-    dec_t = decode_timing(gpu, model, attn_tp, d.tp, per_rank, row.isl + row.osl, cost)  # type: ignore[arg-type]
+    dec_t = decode_timing(gpu, model, attn_tp, d.tp, per_rank, row.isl + row.osl, cost, 1.0,  # type: ignore[arg-type]
+                          *_speculation(row))  # fmt: skip
     pre_t = prefill_timing(gpu, model, attn_tp, ranks, row.isl, cost)  # type: ignore[arg-type]
     if ranks > 1:
         pre_t = dataclasses.replace(pre_t, ms=pre_t.ms / ranks)
@@ -131,6 +136,11 @@ def _aggregated(
     r = Requests(np.zeros(len(inputs)), inputs, outputs)
     AggregatedSimulation(r, pool, concurrency=row.conc).run()
     return Predicted(row, benchmark_metrics(r, row.gpus), time.perf_counter() - t0)
+
+
+def _speculation(row: Row) -> tuple[int, float]:
+    """(draft tokens a step, accepted a step) of the row's decode engines."""
+    return (MTP_DRAFTS, MTP_ACCEPTED) if row.spec_method == "mtp" else (0, 0.0)
 
 
 def err(pred: Predicted, metric: str) -> float | None:
@@ -178,7 +188,7 @@ def main() -> None:
     cal = cost.profile.calibration
     print(f"InferenceX DeepSeek-R1: {len(rows)} rows; cost model {cost.profile.name} "
           f"({'calibrated: ' + cal.name if cal else 'uncalibrated'})")  # fmt: skip
-    print("not expressible: " + ", ".join(f"{n} {w}" for w, n in why.most_common() if w)
+    print("not expressible: " + (", ".join(f"{n} {w}" for w, n in why.most_common() if w) or "none")
           + f"; expressible {expressible}, simulated {len(usable)}")  # fmt: skip
     preds = [simulate(r, model, cost) for r in usable]
     refused = [p for p in preds if p.refused]
@@ -189,6 +199,19 @@ def main() -> None:
     check = [p for p in preds if not p.row.fitting]
     table(fitting, "Fitting GPUs (H200, B200, MI300X)")
     table(check, "Check GPUs (never fitted)")
+    print("\n### Every simulated row by kind\n")
+    print("| engines | precision | speculation | rows | TPOT error | tokens/s/GPU error | pred / meas, tokens/s/GPU |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    kinds: dict[tuple[str, str, str], list[Predicted]] = defaultdict(list)
+    for p in preds:
+        kinds[("disaggregated" if p.row.disagg else "aggregated", p.row.precision, p.row.spec_method)].append(p)
+    for kind, group in sorted(kinds.items()):
+        cells = []
+        for metric in ("median_tpot", "tput_per_gpu"):
+            e = np.array([x for x in (err(p, metric) for p in group) if x is not None])
+            cells.append(f"{100 * (math.exp(np.median(np.abs(e))) - 1):.0f} %")
+        ratio = math.exp(np.median([x for x in (err(p, "tput_per_gpu") for p in group) if x is not None]))
+        print(f"| {' | '.join(kind)} | {len(group)} | {' | '.join(cells)} | {ratio:.2f} |")
     scored = [(abs(e), p) for p in preds if (e := err(p, "median_tpot")) is not None]
     print(f"\nWorst {args.worst} rows by TPOT (predicted / measured):\n")
     for _, p in sorted(scored, key=lambda x: -x[0])[: args.worst]:

@@ -465,6 +465,7 @@ def decode_parts(
     fp8_combine: bool = False,
     profile: CostProfile | None = None,
     expert_imbalance: float = 1.0,
+    draft_tokens: int = 0,
 ) -> dict[str, np.ndarray]:
     """Per-layer terms and totals (ms) of one decode step of an EP group of `ep` GPUs.
 
@@ -474,14 +475,23 @@ def decode_parts(
     routed GEMMs and all-to-all traffic grow by it, and the step waits for it. Keys: DenseMLA,
     SparseMLA, DenseMLP, SharedExpert, RoutedExpert, Dispatch, Combine, Delta (per layer),
     TPOT_O and TPOT (whole model, ms).
+
+    `draft_tokens` > 0: a speculative (MTP) step. Every sequence verifies 1 + `draft_tokens` tokens, so the
+    projections, the attention FLOPs, the dense MLP, the experts and the all-to-all carry that many tokens per
+    sequence while the KV cache is read once per sequence; the draft module (one MoE layer, DeepSeek's MTP head)
+    runs once per draft token, priced as one more MoE layer of the step. How many tokens a step yields is the
+    caller's (`simulator.timing.decode_timing`'s acceptance).
     """
+    if draft_tokens < 0:
+        raise ValueError(f"`draft_tokens >= 0` must hold, got {draft_tokens}")
     if not expert_imbalance >= 1.0:
         raise ValueError(f"`expert_imbalance >= 1` must hold (busiest over mean), got {expert_imbalance}")
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
     r = Rates(g, "decode", p)
     c = np.asarray(context, dtype=float)
-    bs = np.asarray(batch, dtype=float)
+    seqs = np.asarray(batch, dtype=float)
+    bs = seqs * (1 + draft_tokens)  # tokens a step runs: each sequence's own and its drafts
     tp = np.asarray(tp, dtype=float)
     n = np.asarray(ep, dtype=float)
     e_total, k, d = model.n_routed_experts, model.top_k, model.hidden
@@ -493,7 +503,7 @@ def decode_parts(
     mla = _attn_ms(gemm1 * bs, attn1 * bs, _attn_weight_bytes(model, r, p), r, p, gemms)
     kv_elem_bytes = r.wbytes if p.precision_per_gpu else 1.0
     kv_shard = 1 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
-    kv_bytes = c * model.kv_elems_per_token_layer * bs * kv_elem_bytes
+    kv_bytes = c * model.kv_elems_per_token_layer * seqs * kv_elem_bytes  # read once per sequence
     if p.si_units:
         t_kv = _xfer_ms(kv_bytes / kv_shard, r.kv_bw, p)
     else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
@@ -533,6 +543,7 @@ def decode_parts(
 
     delta = dispatch + combine - sparse_mla - shared
     l_d, l_s = model.n_dense_layers, model.n_moe_layers
+    l_s = l_s + draft_tokens  # the draft module: one more MoE layer per draft token
     tpot_o = l_d * (dense_mla + dense_mlp) + l_s * (sparse_mla + shared + routed)
     tpot = tpot_o + l_s * np.maximum(delta, 0.0)
     return {
@@ -559,9 +570,12 @@ def decode_step_ms(
     fp8_combine: bool = False,
     profile: CostProfile | None = None,
     expert_imbalance: float = 1.0,
+    draft_tokens: int = 0,
 ) -> np.ndarray:
-    """Time (ms) of one decode step (one token for every sequence in the batch)."""
-    return decode_parts(gpu, model, context, batch, tp, ep, fp8_combine, profile, expert_imbalance)["TPOT"]
+    """Time (ms) of one decode step (one token for every sequence in the batch; with `draft_tokens`, a speculative
+    step verifying that many more)."""
+    parts = decode_parts(gpu, model, context, batch, tp, ep, fp8_combine, profile, expert_imbalance, draft_tokens)
+    return parts["TPOT"]
 
 
 def decode_steps_sum_ms(

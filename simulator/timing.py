@@ -77,17 +77,26 @@ def decode_timing(
     max_context: int,
     cost: CostSettings,
     expert_imbalance: float = 1.0,
+    draft_tokens: int = 0,
+    accepted: float = 0.0,
 ) -> DecodeTiming:
     """`batch` is the plan's decode batch per rank (sequences per attention rank, or per GPU under shallowsim);
-    `expert_imbalance` is the expert placement's busiest-over-mean GPU load (1 = perfectly even)."""
+    `expert_imbalance` is the expert placement's busiest-over-mean GPU load (1 = perfectly even).
+
+    Speculative decoding (MTP): a step verifies `draft_tokens` more tokens per sequence and yields 1 + `accepted`
+    of them on average; it is simulated as 1 + `accepted` steps of one token each, of its time divided by that
+    (the same tokens per second and per sequence, with the KV cache growing a token at a time)."""
+    if not 0 <= accepted <= draft_tokens:
+        raise ValueError(f"`0 <= accepted <= draft_tokens` must hold, got accepted={accepted}, drafts={draft_tokens}")
     profile = cost.profile
     ranks = ep // tp if profile.batch_per_attention_rank else ep
     batches = np.unique(np.geomspace(1, max(batch, 2), 24).round())
     contexts = np.unique(np.geomspace(16, max(max_context, 32), 24).round())
     bb, cc = np.meshgrid(batches, contexts, indexing="ij")
     ms = decode_step_ms(
-        gpu, model, cc, bb, np.full_like(bb, tp), np.full_like(bb, ep), cost.fp8_combine, profile, expert_imbalance
-    )
+        gpu, model, cc, bb, np.full_like(bb, tp), np.full_like(bb, ep), cost.fp8_combine, profile, expert_imbalance,
+        draft_tokens,
+    ) / (1.0 + accepted)
     # KV capacity: sequences of 1,024 tokens that fit beside the weights, per rank, in tokens
     routed = np.ceil(model.n_routed_experts / ep)
     per_rank = float(

@@ -122,3 +122,35 @@ def test_experts_fp8_by_hand() -> None:
         assert (on["RoutedExpert"] > off["RoutedExpert"]) == (gpu is b200)
         if gpu is h200:
             assert on["TPOT"] == pytest.approx(off["TPOT"], rel=1e-12)
+
+
+def test_an_mtp_step_by_hand() -> None:
+    """One draft token (DeepSeek's MTP): each sequence verifies 2 tokens, so the expert, projection and all-to-all
+    terms are those of twice the sequences, the KV cache is read once per sequence, and the step runs one more MoE
+    layer (the draft module). The simulator's timing divides the step by the tokens it yields (1 + 0.85)."""
+    import numpy as np
+
+    from costmodel.settings import CostSettings
+    from simulator.timing import decode_timing
+
+    gpu, p = load_gpu("H200"), CostProfile.corrected()
+    mtp = decode_parts(gpu, DSV3, 2048, 16, 1, 8, False, p, draft_tokens=1)
+    twice = decode_parts(gpu, DSV3, 2048, 32, 1, 8, False, p)
+    once = decode_parts(gpu, DSV3, 2048, 16, 1, 8, False, p)
+    for key in ("RoutedExpert", "SharedExpert", "Dispatch", "Combine", "DenseMLP"):
+        assert mtp[key] == pytest.approx(twice[key], rel=1e-12), key
+    assert once["SparseMLA"] < mtp["SparseMLA"] < twice["SparseMLA"]  # 32 tokens' compute, 16 sequences' KV reads
+    layers_d, layers_s = DSV3.n_dense_layers, DSV3.n_moe_layers + 1
+    by_hand = layers_d * (mtp["DenseMLA"] + mtp["DenseMLP"]) + layers_s * (
+        mtp["SparseMLA"] + mtp["SharedExpert"] + mtp["RoutedExpert"] + max(float(mtp["Delta"]), 0.0)
+    )
+    assert float(mtp["TPOT"]) == pytest.approx(float(by_hand), rel=1e-12)
+    cost = CostSettings(p)
+    plain = decode_timing(gpu, DSV3, 1, 8, 16, 4096, cost)
+    spec = decode_timing(gpu, DSV3, 1, 8, 16, 4096, cost, draft_tokens=1, accepted=0.85)
+    step = float(decode_parts(gpu, DSV3, 2048, 16, 1, 8, False, p, draft_tokens=1)["TPOT"])
+    assert spec.step_ms(16 * 8, 2048) == pytest.approx(step / 1.85, rel=0.02)  # interpolated on its grid
+    assert spec.step_ms(16 * 8, 2048) < plain.step_ms(16 * 8, 2048)
+    with pytest.raises(ValueError, match="accepted <= draft_tokens"):
+        decode_timing(gpu, DSV3, 1, 8, 16, 4096, cost, draft_tokens=1, accepted=1.5)
+    assert np.isfinite(step)

@@ -57,15 +57,16 @@ def test_the_bench_predicts_rows_by_simulating_them_and_names_every_row_it_canno
     import sys
 
     root = INFERENCEX.parents[2]
-    r = subprocess.run([sys.executable, "benchmarks/inferencex_bench.py", "--rows", "3", "--gpu", "h200"],
+    r = subprocess.run([sys.executable, "benchmarks/inferencex_bench.py", "--rows", "3", "--gpu", "h200,gb200"],
                        cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr
     head = r.stdout.splitlines()
-    assert head[0].startswith("InferenceX DeepSeek-R1: 50 rows")  # H200's rows
+    assert head[0].startswith("InferenceX DeepSeek-R1: 100 rows")  # H200's and GB200's
     counts = [int(n) for n in re.findall(r"(\d+) [a-zA-Z]", head[1].split(";")[0].removeprefix("not expressible: "))]
     expressible = int(re.search(r"expressible (\d+),", head[1]).group(1))  # type: ignore[union-attr]
-    assert sum(counts) + expressible == 50 and expressible == 29  # H200 rows without MTP (21 use it)
+    # every row but GB200's 8 disaggregated rows without their workers (MTP and aggregated rows included)
+    assert sum(counts) + expressible == 100 and expressible == 92 and "8 workers not recorded" in head[1]
     assert head[1].endswith("simulated 3")
-    rows = [ln for ln in head if ln.startswith("| h200 | ") and "median_tpot" in ln]
+    rows = [ln for ln in head if ln.startswith(("| h200 | ", "| gb200 | ")) and "median_tpot" in ln]
     assert rows and all(int(ln.split("|")[4]) >= 1 for ln in rows)
     assert "3 rows simulated" in r.stdout
