@@ -217,8 +217,8 @@ def main() -> None:
     for _, p in sorted(scored, key=lambda x: -x[0])[: args.worst]:
         ratios = ", ".join(f"{m} {math.exp(e):.2f}" for m in METRICS if (e := err(p, m)) is not None)
         print(f"- {p.row.key}: {ratios} ({p.row.run_url})")
-    print(f"\n{len(preds)} rows simulated in {sum(p.seconds for p in preds):.1f} s; {time.perf_counter() - t0:.1f} s "
-          "in all")  # fmt: skip
+    print(f"\n{len(preds)} rows simulated and {len(refused)} refused by the model in "
+          f"{sum(p.seconds for p in preds):.1f} s; {time.perf_counter() - t0:.1f} s in all")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -69,4 +69,6 @@ def test_the_bench_predicts_rows_by_simulating_them_and_names_every_row_it_canno
     assert head[1].endswith("simulated 3")
     rows = [ln for ln in head if ln.startswith(("| h200 | ", "| gb200 | ")) and "median_tpot" in ln]
     assert rows and all(int(ln.split("|")[4]) >= 1 for ln in rows)
-    assert "3 rows simulated" in r.stdout
+    done = re.search(r"(\d+) rows simulated and (\d+) refused by the model", r.stdout)
+    assert done and int(done.group(1)) + int(done.group(2)) == 3  # GB200's TP-1 rows leave no KV room: refused
+    assert r.stdout.count("- model refuses ") == int(done.group(2))
