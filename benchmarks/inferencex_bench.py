@@ -31,7 +31,7 @@ import numpy as np
 from common import context
 
 from costmodel.catalog import load_gpu
-from costmodel.measured import Row, load_inferencex
+from costmodel.measured import Phase, Row, load_inferencex
 from costmodel.settings import CostSettings
 from simulator.aggregated import AggregatedEngine, AggregatedSimulation
 from simulator.core import DecodeEngine, PrefillEngine, Simulation
@@ -92,14 +92,15 @@ def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Pred
     if not row.disagg:
         return _aggregated(row, gpu, model, cost, inputs, outputs, t0)
     p, d = row.prefill, row.decode
-    p_tp, p_dp = (1, p.tp) if p.dp_attention else (p.tp, 1)
+    p_size, p_tp = _worker(p)
+    p_dp = p_size // p_tp
     pre_t = prefill_timing(gpu, model, p_tp, p_dp, row.isl, cost)  # type: ignore[arg-type]
     budget = cost.prefill_batch_tokens  # type: ignore[attr-defined]
     prefill = [PrefillEngine(i, 0, pre_t, budget) for i in range(p.workers * p_dp)]
-    d_tp = 1 if d.dp_attention else d.tp
-    ranks = d.tp // d_tp
+    d_size, d_tp = _worker(d)
+    ranks = d_size // d_tp
     per_rank = max(-(-row.conc // (d.workers * ranks)), 1)  # the clients' requests over every rank
-    dec_t = decode_timing(gpu, model, d_tp, d.tp, per_rank, row.isl + row.osl, cost, 1.0,  # type: ignore[arg-type]
+    dec_t = decode_timing(gpu, model, d_tp, d_size, per_rank, row.isl + row.osl, cost, 1.0,  # type: ignore[arg-type]
                           *_speculation(row))  # fmt: skip
     rebuild = prefill_timing(gpu, model, d_tp, ranks, row.isl + row.osl, cost)  # type: ignore[arg-type]
     decode = [DecodeEngine(i, 1, dec_t, rebuild) for i in range(d.workers)]
@@ -136,6 +137,15 @@ def _aggregated(
     r = Requests(np.zeros(len(inputs)), inputs, outputs)
     AggregatedSimulation(r, pool, concurrency=row.conc).run()
     return Predicted(row, benchmark_metrics(r, row.gpus), time.perf_counter() - t0)
+
+
+def _worker(phase: Phase) -> tuple[int, int]:
+    """(GPUs of one worker, its attention TP) of a disaggregated phase: the phase's GPUs over its workers (InferenceX
+    records some DP-attention workers as TP 1 with 4 to 48 GPUs each), experts over the whole worker, attention TP 1
+    under DP attention, else the recorded TP."""
+    size = phase.gpus // phase.workers if phase.gpus % phase.workers == 0 else phase.tp
+    size = max(size, phase.tp)
+    return size, 1 if phase.dp_attention else min(phase.tp, size)
 
 
 def _speculation(row: Row) -> tuple[int, float]:
