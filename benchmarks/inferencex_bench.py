@@ -188,8 +188,9 @@ def main() -> None:
     rows = load_inferencex()
     if args.gpu:
         rows = [r for r in rows if r.hardware in args.gpu.split(",")]
-    why = Counter(reason(r) for r in rows)
-    usable = [r for r in rows if reason(r) is None]
+    reasons = [reason(r) for r in rows]
+    why = Counter(reasons)
+    usable = [r for r, w in zip(rows, reasons, strict=True) if w is None]
     expressible = len(usable)
     if args.rows:
         usable = usable[: args.rows]

@@ -186,7 +186,7 @@ def _runnable(p: dict[str, Any], component: str, where: str) -> None:
                                "engine runs that tensor-parallel size; give the engine's --tp-size")  # fmt: skip
 
 
-def _text(path: Path, what: str) -> str:
+def read_text(path: Path, what: str) -> str:
     """The text of `path`; MeasurementError when it cannot be read or is not UTF-8 text."""
     try:
         return path.read_text(encoding="utf-8")
@@ -204,7 +204,7 @@ def load_measurements(paths: Iterable[str | Path]) -> list[Measurement]:
     for path in map(Path, paths):
         if not path.is_file():
             raise MeasurementError(f"measurement file {path} not found")
-        lines = _text(path, "a measurement CSV (header component,gpu,shape,value,unit,source)").splitlines()
+        lines = read_text(path, "a measurement CSV (header component,gpu,shape,value,unit,source)").splitlines()
         body = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip() and not ln.lstrip().startswith("#")]
         if not body:
             raise MeasurementError(f"{path}: no measurements (header {','.join(header)} and one row per measurement)")

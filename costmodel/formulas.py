@@ -542,8 +542,8 @@ def decode_parts(
         combine = _xfer_ms(copies * comb_elem, link, p) + latency
 
     delta = dispatch + combine - sparse_mla - shared
-    l_d, l_s = model.n_dense_layers, model.n_moe_layers
-    l_s = l_s + draft_tokens  # the draft module: one more MoE layer per draft token
+    l_d = model.n_dense_layers
+    l_s = model.n_moe_layers + draft_tokens  # the draft module: one more MoE layer per draft token
     tpot_o = l_d * (dense_mla + dense_mlp) + l_s * (sparse_mla + shared + routed)
     tpot = tpot_o + l_s * np.maximum(delta, 0.0)
     return {

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from costmodel.calibrate import MeasurementError
+from costmodel.calibrate import MeasurementError, read_text
 from costmodel.catalog import CatalogError, gpu_names, load_model, model_names
 from costmodel.cli import ArgumentParser, UserError, run
 
@@ -36,11 +36,7 @@ def sglang_one_batch(path: Path, gpu: str, tp: int, model: str = "deepseek_v3") 
         raise UserError(f"--model {model!r} is not in the catalogue; choose from {model_names()}")
     if not path.is_file():
         raise MeasurementError(f"{path}: no such file (sglang.benchmark.one_batch --result-filename)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise MeasurementError(f"{path}: not a text file (byte {err.start} is not UTF-8): give the JSON lines "
-                               "sglang.benchmark.one_batch --result-filename wrote") from None  # fmt: skip
+    text = read_text(path, "the JSON lines sglang.benchmark.one_batch --result-filename wrote")
     rows: list[list[str]] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -88,9 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.tp < 1:
         raise UserError(f"--tp must be >= 1, got {args.tp}")
-    if args.model in model_names() and load_model(args.model).n_heads % args.tp:
-        raise UserError(f"--tp {args.tp} does not divide {args.model}'s {load_model(args.model).n_heads} attention "
-                        "heads: no engine runs that tensor-parallel size; give the engine's --tp-size")  # fmt: skip
+    heads = load_model(args.model).n_heads if args.model in model_names() else 0
+    if heads and heads % args.tp:
+        raise UserError(f"--tp {args.tp} does not divide {args.model}'s {heads} attention heads: no engine runs that "
+                        "tensor-parallel size; give the engine's --tp-size")  # fmt: skip
     rows = READERS[args.format](args.result, args.gpu, args.tp, args.model)
     w = csv.writer(sys.stdout, lineterminator="\n")
     w.writerow(HEADER)

@@ -47,6 +47,36 @@ def weights_volume(opts: DeployOptions) -> dict[str, Any]:
     return {"name": "weights", "hostPath": {"path": opts.model_path, "type": "Directory"}}
 
 
+# RDMA memory registration: CAP_IPC_LOCK lifts the locked-memory limit (unlimited memlock)
+IPC_LOCK = {"capabilities": {"add": ["IPC_LOCK"]}}
+HOST_NETWORK = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}  # k8s.host_network=true
+
+
+def engine_labels(e: Engine) -> dict[str, str]:
+    return {"app.kubernetes.io/part-of": "archipelago", "archipelago/engine": e.name}
+
+
+def engine_ports(e: Engine, opts: DeployOptions) -> list[dict[str, Any]]:
+    """The engine's HTTP port, and SGLang's bootstrap port on a prefill engine."""
+    ports = [{"containerPort": ENGINE_PORT, "name": "http"}]
+    if e.role == "prefill" and opts.engine == "sglang":
+        ports.append({"containerPort": BOOTSTRAP_PORT, "name": "bootstrap"})
+    return ports
+
+
+def engine_volumes(opts: DeployOptions) -> list[dict[str, Any]]:
+    """An engine pod's volumes: /dev/shm in memory and the weights."""
+    return [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, weights_volume(opts)]
+
+
+def engine_mounts(opts: DeployOptions) -> list[dict[str, Any]]:
+    """Where an engine container mounts `engine_volumes`: the weights read-only at the model path."""
+    return [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "weights", "mountPath": opts.model_path, "readOnly": True},
+    ]
+
+
 def pod_devices(e: Engine, opts: DeployOptions) -> dict[str, int]:
     """What one pod of engine `e` asks for: its GPUs (the engine's share of a host) and one RDMA device."""
     return {"nvidia.com/gpu": min(e.gpus, e.node_gpus), **({opts.rdma_resource: 1} if opts.rdma_resource else {})}
@@ -81,10 +111,8 @@ def manifests(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str
     the router's ConfigMap, Deployment and Service."""
     docs: list[dict[str, Any]] = []
     for e in es:
-        labels = {"app.kubernetes.io/part-of": "archipelago", "archipelago/engine": e.name}
-        ports = [{"containerPort": ENGINE_PORT, "name": "http"}]
-        if e.role == "prefill" and opts.engine == "sglang":
-            ports.append({"containerPort": BOOTSTRAP_PORT, "name": "bootstrap"})
+        labels = engine_labels(e)
+        ports = engine_ports(e, opts)
 
         def container(rank: int, e: Engine = e, ports: list[dict[str, Any]] = ports) -> dict[str, Any]:
             launch = command(e, rank, plan, opts)
@@ -96,12 +124,8 @@ def manifests(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str
                 "env": env(launch),
                 "ports": ports if rank == 0 else [],
                 "resources": {"limits": devices, "requests": devices},
-                # RDMA memory registration: CAP_IPC_LOCK lifts the locked-memory limit (unlimited memlock)
-                "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
-                "volumeMounts": [
-                    {"name": "dshm", "mountPath": "/dev/shm"},
-                    {"name": "weights", "mountPath": opts.model_path, "readOnly": True},
-                ],
+                "securityContext": IPC_LOCK,
+                "volumeMounts": engine_mounts(opts),
             }
             if rank == 0:  # the leader serves HTTP; workers of a multi-host engine have no endpoint to probe
                 out.update(probes())
@@ -111,10 +135,10 @@ def manifests(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str
             spec: dict[str, Any] = {
                 "nodeSelector": {opts.gpu_label: e.gpu},
                 "containers": [container(rank)],
-                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, weights_volume(opts)],
+                "volumes": engine_volumes(opts),
             }
             if opts.host_network:
-                spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
+                spec.update(HOST_NETWORK)
             return {"metadata": {"labels": labels}, "spec": spec}
 
         meta = {"name": e.name, "labels": labels}

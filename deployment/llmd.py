@@ -45,12 +45,11 @@ def _leader_probe(period: int, failures: int) -> dict[str, Any]:
 
 
 def _probes(e: Engine) -> dict[str, Any]:
-    if e.nnodes == 1:
-        return k8s.probes()
+    """target=k8s's probes; a multi-host engine's on the same schedule, passed by its workers."""
     http = k8s.probes()
-    return {
-        name: _leader_probe(p["periodSeconds"], p["failureThreshold"]) for name, p in http.items()
-    }  # the same schedule as target=k8s
+    if e.nnodes == 1:
+        return http
+    return {name: _leader_probe(p["periodSeconds"], p["failureThreshold"]) for name, p in http.items()}
 
 
 def _untemplated(e: Engine, v: dict[str, Any]) -> dict[str, Any]:
@@ -73,10 +72,8 @@ def values(plan: Plan, e: Engine, opts: DeployOptions) -> dict[str, Any]:
         argv = k8s_command(leader)
     else:
         argv = k8s_shared_command(leader, command(e, WORKER, plan, opts))
-    labels = {"app.kubernetes.io/part-of": "archipelago", "archipelago/engine": e.name}
-    ports = [{"containerPort": ENGINE_PORT, "name": "http"}]
-    if e.role == "prefill" and opts.engine == "sglang":
-        ports.append({"containerPort": BOOTSTRAP_PORT, "name": "bootstrap"})
+    labels = k8s.engine_labels(e)
+    ports = k8s.engine_ports(e, opts)
     devices = k8s.pod_devices(e, opts)
     container = {
         "name": "engine",
@@ -87,12 +84,8 @@ def values(plan: Plan, e: Engine, opts: DeployOptions) -> dict[str, Any]:
         "ports": ports,
         "resources": {"limits": devices, "requests": devices},
         "mountModelVolume": False,  # the weights: target=k8s's volume (hostPath or a PVC), not the chart's download
-        "volumeMounts": [
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "weights", "mountPath": opts.model_path, "readOnly": True},
-        ],
-        # RDMA memory registration: CAP_IPC_LOCK lifts the locked-memory limit
-        "extraConfig": {"securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}, **_probes(e)},
+        "volumeMounts": k8s.engine_mounts(opts),
+        "extraConfig": {"securityContext": k8s.IPC_LOCK, **_probes(e)},
     }
     local = min(e.gpus, e.node_gpus)
     # sizes the pods: tensor x dataLocal GPUs a pod, `workers` pods a LeaderWorkerSet (the chart also exports them as
@@ -106,11 +99,11 @@ def values(plan: Plan, e: Engine, opts: DeployOptions) -> dict[str, Any]:
         "replicas": 1,
         "parallelism": parallelism,
         "nodeSelector": {opts.gpu_label: e.gpu},
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, k8s.weights_volume(opts)],
+        "volumes": k8s.engine_volumes(opts),
         "containers": [container],
     }
     if opts.host_network:
-        pod["extraConfig"] = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+        pod["extraConfig"] = dict(k8s.HOST_NETWORK)
     other = "decode" if e.role == "prefill" else "prefill"
     selector = {**labels, **({LWS_LEADER: "0"} if e.nnodes > 1 else {})}
     service_port = SIDECAR_PORT if e.role == "decode" else ENGINE_PORT

@@ -36,7 +36,7 @@ def routing(
                 "engines": islands[k],
                 "ranges": [[r.start, r.end, r.fraction] for r in isl.ranges],
             }
-    checks = {address(e): health(e) for e in es if health(e)}
+    checks = {address(e): url for e in es if (url := health(e))}
     return {
         "protocol": engine,
         "bootstrap_port": BOOTSTRAP_PORT,

@@ -22,6 +22,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
+from simulator.core import ARRIVE, STEP, Arrivals, check_concurrency
 from simulator.requests import Requests
 from simulator.timing import DecodeTiming, PrefillTiming
 
@@ -44,12 +45,11 @@ class AggregatedEngine:
         return len(self.waiting) + len(self.filling) + len(self.running)
 
 
-class AggregatedSimulation:
+class AggregatedSimulation(Arrivals):
     def __init__(self, requests: Requests, engines: list[AggregatedEngine], concurrency: int | None = None) -> None:
         if not engines:
             raise ValueError("an aggregated simulation needs at least one engine")
-        if concurrency is not None and concurrency < 1:
-            raise ValueError(f"a closed loop needs at least one user, got concurrency={concurrency}")
+        check_concurrency(concurrency)
         for e in engines:
             if e.chunk < 1:
                 raise ValueError(f"engine {e.index}: the prefill chunk must be at least 1 token, got {e.chunk}")
@@ -64,26 +64,14 @@ class AggregatedSimulation:
         heapq.heappush(self.events, (t, next(self.seq), kind, who))
 
     def run(self) -> None:
-        if self.concurrency is None:
-            for i, t in enumerate(self.r.arrival):
-                self.push(float(t), 0, i)
-        else:
-            self.r.arrival[:] = -1.0
-            for _ in range(min(self.concurrency, len(self.r))):
-                self._release()
+        self._arrivals()
         while self.events:
             t, _, kind, who = heapq.heappop(self.events)
             self.now = t
-            if kind == 0:
+            if kind == ARRIVE:
                 self._arrive(who)
             else:
                 self._step_done(self.engines[who])
-
-    def _release(self) -> None:
-        req = self.released
-        self.released += 1
-        self.r.arrival[req] = self.now
-        self.push(self.now, 0, req)
 
     def _arrive(self, req: int) -> None:
         e = min(self.engines, key=lambda x: (x.load, x.index))
@@ -121,7 +109,7 @@ class AggregatedSimulation:
             budget -= take
         self.step_of[e.index] = pieces
         e.stepping = True
-        self.push(self.now + ms, 1, e.index)
+        self.push(self.now + ms, STEP, e.index)
 
     def _step_done(self, e: AggregatedEngine) -> None:
         for req in list(e.running):
@@ -146,5 +134,4 @@ class AggregatedSimulation:
         self.r.finish[req] = self.now
         e.context -= context
         e.reserved -= int(self.r.input_len[req] + self.r.output_len[req])
-        if self.concurrency is not None and self.released < len(self.r):
-            self._release()
+        self._next_user()

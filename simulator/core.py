@@ -78,7 +78,44 @@ class Router:
         """`req` produced its last token."""
 
 
-class Simulation:
+class Arrivals:
+    """Open or closed-loop arrivals (module docstring) for a simulation with `r`, `now`, `push` and `concurrency`:
+    `_arrivals()` schedules them when it starts, `_next_user()` sends a closed loop's next request after a finish."""
+
+    r: Requests
+    now: float
+    concurrency: int | None
+    released: int  # closed loop: requests released so far (in order)
+
+    def push(self, t: float, kind: int, who: int) -> None:
+        raise NotImplementedError
+
+    def _arrivals(self) -> None:
+        if self.concurrency is None:
+            for i, t in enumerate(self.r.arrival):
+                self.push(float(t), ARRIVE, i)
+        else:
+            self.r.arrival[:] = -1.0  # written as each request is released
+            for _ in range(min(self.concurrency, len(self.r))):
+                self._release()
+
+    def _release(self) -> None:
+        req = self.released
+        self.released += 1
+        self.r.arrival[req] = self.now
+        self.push(self.now, ARRIVE, req)
+
+    def _next_user(self) -> None:
+        if self.concurrency is not None and self.released < len(self.r):
+            self._release()  # the user whose request finished sends the next
+
+
+def check_concurrency(concurrency: int | None) -> None:
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"a closed loop needs at least one user, got concurrency={concurrency}")
+
+
+class Simulation(Arrivals):
     def __init__(
         self,
         requests: Requests,
@@ -92,10 +129,8 @@ class Simulation:
     ) -> None:
         if not prefill or not decode:
             raise ValueError("a simulation needs at least one prefill and one decode engine")
-        if concurrency is not None and concurrency < 1:
-            raise ValueError(f"a closed loop needs at least one user, got concurrency={concurrency}")
-        self.concurrency = concurrency
-        self.released = 0  # closed loop: requests released so far (in order)
+        check_concurrency(concurrency)
+        self.concurrency, self.released = concurrency, 0
         self.r, self.prefill, self.decode, self.router = requests, list(prefill), list(decode), router
         self.scheduler = scheduler or Scheduler()
         self.events: list[tuple[float, int, int, int]] = []
@@ -113,13 +148,7 @@ class Simulation:
         heapq.heappush(self.events, (t, next(self.seq), kind, who))
 
     def run(self) -> None:
-        if self.concurrency is None:
-            for i, t in enumerate(self.r.arrival):
-                self.push(float(t), ARRIVE, i)
-        else:
-            self.r.arrival[:] = -1.0  # written as each request is released
-            for _ in range(min(self.concurrency, len(self.r))):
-                self._release()
+        self._arrivals()
         handlers = (self._arrive, self._prefill_done, self._kv_ready, self._step)
         while self.events:
             t, _, kind, who = heapq.heappop(self.events)
@@ -132,18 +161,10 @@ class Simulation:
                 self.kv_trace.append((t, used / self.kv_capacity if self.kv_capacity else 0.0))
                 self.next_record = t + self.record_every
 
-    def _release(self) -> None:
-        """Closed loop: the next request arrives now."""
-        req = self.released
-        self.released += 1
-        self.r.arrival[req] = self.now
-        self.push(self.now, ARRIVE, req)
-
     def _finished(self, req: int) -> None:
         self.r.finish[req] = self.now
         self.router.finished(self, req)
-        if self.concurrency is not None and self.released < len(self.r):
-            self._release()  # its user sends the next request
+        self._next_user()
 
     # --- prefill -----------------------------------------------------------------------------
 

@@ -93,10 +93,9 @@ def decode_timing(
     batches = np.unique(np.geomspace(1, max(batch, 2), 24).round())
     contexts = np.unique(np.geomspace(16, max(max_context, 32), 24).round())
     bb, cc = np.meshgrid(batches, contexts, indexing="ij")
-    ms = decode_step_ms(
-        gpu, model, cc, bb, np.full_like(bb, tp), np.full_like(bb, ep), cost.fp8_combine, profile, expert_imbalance,
-        draft_tokens,
-    ) / (1.0 + accepted)
+    tp_ep = np.full_like(bb, tp), np.full_like(bb, ep)
+    step = decode_step_ms(gpu, model, cc, bb, *tp_ep, cost.fp8_combine, profile, expert_imbalance, draft_tokens)
+    ms = step / (1.0 + accepted)  # an MTP step's time per token it yields
     # KV capacity: sequences of 1,024 tokens that fit beside the weights, per rank, in tokens
     routed = np.ceil(model.n_routed_experts / ep)
     per_rank = float(

@@ -78,10 +78,10 @@ class Router:
                       for j, e in enumerate(isl.engines)}  # fmt: skip
         self.metrics = Metrics(self.names)
         self.pools = {e: Pool(e, settings.connect_timeout_s, settings.timeout_s) for e in table.engines}
-        # where each engine's health is asked: itself, or what routing.json's `health` says (llm-d: the engine behind
-        # its routing sidecar, whose own /health answers 200 whatever the engine's state)
-        self.health_pools = {e: Pool(table.health[e], settings.connect_timeout_s, settings.timeout_s)
-                             if e in table.health else self.pools[e] for e in table.engines}  # fmt: skip
+        # engines whose health is asked elsewhere (routing.json's `health`; llm-d: the engine behind its routing
+        # sidecar, whose own /health answers 200 whatever the engine's state)
+        self.health_pools = {e: Pool(url, settings.connect_timeout_s, settings.timeout_s)
+                             for e, url in table.health.items()}  # fmt: skip
         self.checker: asyncio.Task[None] | None = None
 
     def name(self, url: str) -> str:
@@ -103,7 +103,8 @@ class Router:
 
         async def one(url: str) -> None:
             try:
-                r = await self.health_pools[url].request("GET", "/health", read_s=timeout)
+                pool = self.health_pools.get(url) or self.pools[url]
+                r = await pool.request("GET", "/health", read_s=timeout)
                 await r.read()
                 self.mark(url, r.status == 200, f"/health answered {r.status}")
             except EngineDown as err:
@@ -133,7 +134,7 @@ def app(config: dict[str, Any] | Table, settings: Settings | None = None, seed: 
     async def stop(a: web.Application) -> None:
         if router.checker:
             router.checker.cancel()
-        for pool in [*router.pools.values(), *(p for e, p in router.health_pools.items() if p is not router.pools[e])]:
+        for pool in [*router.pools.values(), *router.health_pools.values()]:
             pool.close()
 
     for path in PATHS:
