@@ -43,7 +43,8 @@ def bench_points(n: int) -> None:
     # index the struct-of-arrays by each point's GPU: every field becomes a length-n array
     per_point = GPUArray(
         names=tuple(GPUS[i] for i in pts["gpu"]),
-        **{f: getattr(table, f)[pts["gpu"]] for f in GPUArray.__dataclass_fields__ if f != "names"},
+        software=tuple(table.software[i] for i in pts["gpu"]),
+        **{f: getattr(table, f)[pts["gpu"]] for f in GPUArray.__dataclass_fields__ if f not in ("names", "software")},
     )
     t0 = time.perf_counter()
     vec = decode_step_ms(per_point, model, pts["context"], pts["batch"], pts["tp"], pts["ep"])

@@ -1,6 +1,7 @@
 """The cost model against InferenceX: every DeepSeek-R1 row predicted by simulating its configuration and load.
 
     python benchmarks/inferencex_bench.py [--rows N] [--gpu h200,b200] [--extra costmodel=corrected ...]
+    python benchmarks/inferencex_bench.py --extra costmodel=serving --leave-gpu-out
 
 Each row of conf/measured/inferencex_dsr1.csv (costmodel.measured) is one configuration measured closed-loop:
 `conc` requests in flight, `conc` x 10 prompts, input and output lengths uniform on [0.8 L, L] (InferenceX's
@@ -9,18 +10,25 @@ model can express is simulated as that: its prefill and decode workers as simula
 from the cost model of the main job's config (`--extra` overrides it) at the row's precision (routed experts
 in FP8 or FP4: `experts_fp8`), a closed loop of `conc` users (simulator.core), and the benchmark's own metrics
 (simulator.metrics.benchmark_metrics); an aggregated row's engines run prefill and decode in mixed steps with
-chunked prefill (simulator.aggregated); an MTP row's decode steps verify a draft token each (MTP_DRAFTS,
-MTP_ACCEPTED). A row it cannot express is counted under the reason (a GPU not in the catalogue, FP4 on a GPU
-without an FP4 rate, a disaggregated row without its workers); none is dropped silently.
+chunked prefill (simulator.aggregated); an MTP row's decode steps verify a draft token each
+(costmodel.measured.MTP_DRAFTS, MTP_ACCEPTED). A row it cannot express is counted under the reason (a GPU not in
+the catalogue, FP4 on a GPU without an FP4 rate, a disaggregated row without its workers); none is dropped
+silently.
 
 Printed per GPU type, framework and metric: rows, median |error| (exp(median |ln(predicted / measured)|) - 1),
 the share within +-15 %, the median of predicted / measured (the direction), and the worst rows; the fitting
 GPUs (H200, B200, MI300X) and the check GPUs apart. Nothing here is fitted.
+
+`--leave-gpu-out` judges the end-to-end fit (costmodel.calibrate --serving) on GPUs it did not see: for each
+fitting GPU it refits the kernel tables (conf/calibration/published.csv) and the other fitting GPUs' rows, and
+simulates that GPU's rows under the refit; the check GPUs are simulated under the shipped fit
+(`costmodel.calibration=serving`), which never saw them.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import math
 import time
@@ -30,8 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 from common import context
 
-from costmodel.catalog import load_gpu
-from costmodel.measured import Phase, Row, load_inferencex
+from costmodel.catalog import CONF_DIR, load_gpu
+from costmodel.measured import FITTING_GPUS, GPUS, RANGE_RATIO, Row, load_inferencex, serving_measurement, worker
 from costmodel.settings import CostSettings
 from simulator.aggregated import AggregatedEngine, AggregatedSimulation
 from simulator.core import DecodeEngine, PrefillEngine, Simulation
@@ -40,15 +48,7 @@ from simulator.requests import Requests
 from simulator.routers import PowerOfTwo
 from simulator.timing import decode_timing, prefill_timing
 
-# InferenceX's GPU names -> conf/gpu
-GPUS = {"h100": "H100-SXM", "h200": "H200", "b200": "DGX-B200", "b300": "DGX-B300", "gb200": "GB200-NVL72",
-        "gb300": "GB300-NVL72", "mi300x": "MI300X", "mi325x": "MI325X", "mi355x": "MI355X"}  # fmt: skip
-RANGE_RATIO = 0.8  # InferenceX's benchmark template default (.github/workflows/benchmark-tmpl.yml)
 CHUNK = 16384  # an aggregated engine's prefill tokens per step (SGLang's and TensorRT-LLM's common setting)
-# MTP rows: one draft token a step, accepted 85 % of the time ("the acceptance rate of the second token prediction
-# ranges between 85% and 90%", DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3); InferenceX does not
-# record the engines' draft settings
-MTP_DRAFTS, MTP_ACCEPTED = 1, 0.85
 METRICS = ("median_tpot", "median_ttft", "tput_per_gpu", "output_tput_per_gpu")
 WITHIN = math.log(1.15)
 
@@ -92,16 +92,16 @@ def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Pred
     if not row.disagg:
         return _aggregated(row, gpu, model, cost, inputs, outputs, t0)
     p, d = row.prefill, row.decode
-    p_size, p_tp = _worker(p)
+    p_size, p_tp = worker(p)
     p_dp = p_size // p_tp
     pre_t = prefill_timing(gpu, model, p_tp, p_dp, row.isl, cost)  # type: ignore[arg-type]
     budget = cost.prefill_batch_tokens  # type: ignore[attr-defined]
     prefill = [PrefillEngine(i, 0, pre_t, budget) for i in range(p.workers * p_dp)]
-    d_size, d_tp = _worker(d)
+    d_size, d_tp = worker(d)
     ranks = d_size // d_tp
     per_rank = max(-(-row.conc // (d.workers * ranks)), 1)  # the clients' requests over every rank
     dec_t = decode_timing(gpu, model, d_tp, d_size, per_rank, row.isl + row.osl, cost, 1.0,  # type: ignore[arg-type]
-                          *_speculation(row))  # fmt: skip
+                          *row.speculation, moe_tp=d.ep == 1)  # fmt: skip
     rebuild = prefill_timing(gpu, model, d_tp, ranks, row.isl + row.osl, cost)  # type: ignore[arg-type]
     decode = [DecodeEngine(i, 1, dec_t, rebuild) for i in range(d.workers)]
     if dec_t.kv_tokens < row.isl + row.osl:  # the model's memory: weights leave no KV room on these GPUs
@@ -126,7 +126,7 @@ def _aggregated(
     ranks = d.tp // attn_tp
     per_rank = max(-(-row.conc // (engines * ranks)), 1)
     dec_t = decode_timing(gpu, model, attn_tp, d.tp, per_rank, row.isl + row.osl, cost, 1.0,  # type: ignore[arg-type]
-                          *_speculation(row))  # fmt: skip
+                          *row.speculation, moe_tp=d.ep == 1)  # fmt: skip
     pre_t = prefill_timing(gpu, model, attn_tp, ranks, row.isl, cost)  # type: ignore[arg-type]
     if ranks > 1:
         pre_t = dataclasses.replace(pre_t, ms=pre_t.ms / ranks)
@@ -137,20 +137,6 @@ def _aggregated(
     r = Requests(np.zeros(len(inputs)), inputs, outputs)
     AggregatedSimulation(r, pool, concurrency=row.conc).run()
     return Predicted(row, benchmark_metrics(r, row.gpus), time.perf_counter() - t0)
-
-
-def _worker(phase: Phase) -> tuple[int, int]:
-    """(GPUs of one worker, its attention TP) of a disaggregated phase: the phase's GPUs over its workers (InferenceX
-    records some DP-attention workers as TP 1 with 4 to 48 GPUs each), experts over the whole worker, attention TP 1
-    under DP attention, else the recorded TP."""
-    size = phase.gpus // phase.workers if phase.gpus % phase.workers == 0 else phase.tp
-    size = max(size, phase.tp)
-    return size, 1 if phase.dp_attention else min(phase.tp, size)
-
-
-def _speculation(row: Row) -> tuple[int, float]:
-    """(draft tokens a step, accepted a step) of the row's decode engines."""
-    return (MTP_DRAFTS, MTP_ACCEPTED) if row.spec_method == "mtp" else (0, 0.0)
 
 
 def err(pred: Predicted, metric: str) -> float | None:
@@ -177,12 +163,41 @@ def table(preds: list[Predicted], title: str) -> None:
                   f"| {100 * np.mean(np.abs(e) <= WITHIN):.0f} % | {math.exp(np.median(e)):.2f} |")  # fmt: skip
 
 
+def refit_without(gpu: str) -> object:
+    """The end-to-end calibration refitted without `gpu`'s rows: the kernel tables and the other fitting GPUs'."""
+    from costmodel.calibrate import fit, load_measurements
+
+    kernels = load_measurements([CONF_DIR / "calibration" / "published.csv"])
+    rows = [m for r in load_inferencex() if r.fitting and r.hardware != gpu and (m := serving_measurement(r))]
+    t0 = time.perf_counter()
+    cal = fit(kernels + rows, name=f"serving-without-{gpu}").calibration
+    seconds = time.perf_counter() - t0
+    print(f"refit without {gpu}: {len(rows)} serving rows and {len(kernels)} kernel rows, {seconds:.0f} s")
+    return cal
+
+
+def dump(preds: list[Predicted], path: str) -> None:
+    """One line per simulated row: its key, line, run URL, and each metric predicted and measured."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["line", "key", "fitting", *(f"{m}_{s}" for m in METRICS for s in ("pred", "meas")), "run_url"])
+        for p in preds:
+            cells = [f"{x:.6g}" if x else "" for m in METRICS for x in (p.metrics.get(m), p.row.metrics.get(m))]
+            w.writerow([p.row.line, p.row.key, p.row.fitting, *cells, p.row.run_url])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=0, help="at most this many expressible rows (0: all)")
     ap.add_argument("--gpu", default="", help="only these InferenceX GPUs, e.g. h200,b200")
     ap.add_argument("--worst", type=int, default=8, help="worst rows listed per set")
     ap.add_argument("--extra", nargs="*", default=[], help="cost-model overrides, e.g. costmodel=corrected")
+    ap.add_argument("--dump", default="", help="write every simulated row's predicted and measured metrics (CSV)")
+    ap.add_argument(
+        "--leave-gpu-out",
+        action="store_true",
+        help="predict each fitting GPU's rows under a fit without them (and the check GPUs as given)",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = load_inferencex()
@@ -201,11 +216,23 @@ def main() -> None:
           f"({'calibrated: ' + cal.name if cal else 'uncalibrated'})")  # fmt: skip
     print("not expressible: " + (", ".join(f"{n} {w}" for w, n in why.most_common() if w) or "none")
           + f"; expressible {expressible}, simulated {len(usable)}")  # fmt: skip
-    preds = [simulate(r, model, cost) for r in usable]
+    if args.leave_gpu_out:
+        preds = []
+        for gpu in FITTING_GPUS:
+            held = [r for r in usable if r.hardware == gpu]
+            if held:
+                held_cost = dataclasses.replace(cost, profile=cost.profile.calibrated(refit_without(gpu)))
+                preds += [simulate(r, model, held_cost) for r in held]
+        preds += [simulate(r, model, cost) for r in usable if not r.fitting]
+        print("fitting GPUs: each predicted under a fit without its own rows (leave one GPU out)")
+    else:
+        preds = [simulate(r, model, cost) for r in usable]
     refused = [p for p in preds if p.refused]
     for p in refused:  # a row that ran but the model says cannot: a model error, shown
         print(f"- model refuses {p.row.key}: {p.refused}")
     preds = [p for p in preds if not p.refused]
+    if args.dump:
+        dump(preds, args.dump)
     fitting = [p for p in preds if p.row.fitting]
     check = [p for p in preds if not p.row.fitting]
     table(fitting, "Fitting GPUs (H200, B200, MI300X)")

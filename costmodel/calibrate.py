@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.calibration import KNOBS, Calibration, Factor
+from costmodel.calibration import ALL_GPUS, KNOBS, STRUCTURE_SYSTEM, Calibration, Factor
 from costmodel.catalog import CatalogError, gpu_names, load_gpu, load_model
 from costmodel.cli import ArgumentParser, UserError, run
 from costmodel.formulas import (
@@ -53,6 +53,14 @@ from costmodel.profile import CostProfile
 from costmodel.specs import GPUArray
 from costmodel.switches import MODEL_DOCS
 
+# the prior sigma of end-to-end factors (log): chosen by the leave-one-GPU-out error within the fitting GPUs (the
+# TPOT of H200, B200 and MI300X rows, each predicted by a fit without its GPU: 18 % at 0.3, 16 % at 0.15, 14 % at
+# 0.1; benchmarks/inferencex_bench.py --leave-gpu-out), never by the check GPUs
+SERVING_PRIOR_SIGMA = 0.1
+# end-to-end knobs that are the serving engines' own, whatever the GPU: fitted once for every GPU (`*`)
+ENGINE_KNOBS = ("moe_tp", "step_overhead")
+FITTING_GPUS = ("h200", "b200", "mi300x")  # costmodel.measured's: the only GPUs whose end-to-end rows are fitted
+
 TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3}
 
 
@@ -66,6 +74,7 @@ class Component:
     doc: str
     optional: tuple[str, ...] = ()
     words: dict[str, tuple[str, ...]] | None = None  # shape keys that take a word, and its choices
+    keyed: str = "gpu"  # whose factors a row informs: its GPU's, or (`stack`) its kernel stack's and `moe_tp` for all
 
 
 COMPONENTS: dict[str, Component] = {
@@ -100,6 +109,19 @@ COMPONENTS: dict[str, Component] = {
               if k not in ("attention_decode", "kv_read", "a2a_low_latency", "grouped_gemm_decode", "kv_transfer")),
         "one prefill forward of `batch` prompts on one TP group (an engine benchmark's prefill latency)",
         optional=("model",),
+    ),
+    "serving_tpot": Component(
+        ("batch", "context", "tp", "ep"),
+        ("s", "ms"),
+        tuple(k for k in KNOBS if k not in ("a2a_normal", "kv_transfer")),
+        "median time per output token of a closed-loop serving benchmark (InferenceX): decode steps of `batch` "
+        "sequences per attention rank at `context` tokens on `ep` GPUs with attention TP `tp`; experts placed "
+        "whole (`moe=ep`) or split by TP (`moe=tp`), in `precision` fp8|fp4; MTP verifying `drafts` tokens a step "
+        "of which `accepted_pct` % are kept; an aggregated engine also prefills `users` / `output_len` prompts of "
+        "`prefill_len` tokens a step. Fitted per kernel stack (GPU.software) and for every GPU (`moe_tp`)",
+        optional=("moe", "precision", "drafts", "accepted_pct", "users", "output_len", "prefill_len", "model"),
+        words={"moe": ("ep", "tp"), "precision": ("fp8", "fp4")},
+        keyed="stack",
     ),
     "decode_step": Component(
         ("batch", "context", "tp"),
@@ -174,8 +196,12 @@ def parse_shape(text: str, comp: Component, where: str) -> tuple[tuple[str, Any]
 
 def _runnable(p: dict[str, Any], component: str, where: str) -> None:
     """An engine step's tensor-parallel size must shard the model's attention heads (no engine runs TP 3)."""
-    if component not in ("prefill_step", "decode_step"):
+    if component not in ("prefill_step", "decode_step", "serving_tpot"):
         return
+    if component == "serving_tpot" and (p["ep"] % p["tp"] or ("users" in p) != ("output_len" in p) != (
+            "prefill_len" in p)):  # fmt: skip
+        raise MeasurementError(f"{where}: serving_tpot needs tp dividing ep, and users, output_len and prefill_len "
+                               "together (an aggregated engine) or none of them")  # fmt: skip
     name = p.get("model", "deepseek_v3")
     try:
         heads = load_model(name).n_heads
@@ -283,12 +309,33 @@ def predict(row: Measurement, profile: CostProfile) -> float:
     elif c == "decode_step":
         model = load_model(p.get("model", "deepseek_v3"))
         ms = decode_step_ms(gpu, model, p["context"], p["batch"], p["tp"], p["tp"], False, profile)
+    elif c == "serving_tpot":
+        ms = serving_tpot_ms(gpu, p, profile)
     else:  # pragma: no cover - COMPONENTS and this function list the same names
         raise AssertionError(c)
     ms = float(ms)
     if row.unit == "TFLOPS":
         return gflop / ms
     return ms / TIME_UNITS[row.unit]
+
+
+def serving_tpot_ms(gpu: Any, p: dict[str, Any], profile: CostProfile) -> float:
+    """A closed-loop benchmark's time per output token (ms) in its steady state: the decode step at the users'
+    batch, per token it yields, plus on an aggregated engine the prompts it prefills meanwhile (each user
+    starts a prompt every `output_len` tokens; a prompt's prefill on the engine's `ep / tp` attention ranks
+    takes its time over the ranks). The simulator (simulator.core, simulator.aggregated) runs the same steps
+    request by request; this is what a fit can afford to evaluate thousands of times."""
+    model = load_model(p.get("model", "deepseek_v3"))
+    prof = profile.with_fixes(experts_fp8=p.get("precision", "fp8") == "fp8")
+    step = decode_step_ms(gpu, model, p["context"], p["batch"], p["tp"], p["ep"], False, prof, 1.0,
+                          p.get("drafts", 0), p.get("moe", "ep") == "tp")  # fmt: skip
+    ms = float(step) / (1.0 + p.get("accepted_pct", 0) / 100.0)
+    if "users" in p:
+        ranks = p["ep"] // p["tp"]
+        one = prefill_time_ms(gpu, model, np.array([float(p["prefill_len"])]), np.array([p["tp"]]),
+                              np.array([ranks]), 0.0, prof)  # fmt: skip
+        ms += p["users"] / p["output_len"] * float(one[0]) / ranks
+    return ms
 
 
 # --- the fit -----------------------------------------------------------------------------------------
@@ -315,8 +362,27 @@ def default_base() -> CostProfile:
 
 
 def structure(base: CostProfile) -> tuple[tuple[str, bool], ...]:
-    """`base`'s refinement switches, which a calibration fitted on it carries."""
-    return tuple((k, bool(getattr(base, k))) for k in sorted(MODEL_DOCS))
+    """`base`'s refinement switches, and the engine behaviour it assumes where on (STRUCTURE_SYSTEM), which a
+    calibration fitted on it carries."""
+    system = [(k, True) for k in STRUCTURE_SYSTEM if getattr(base, k)]
+    return tuple(sorted([*((k, bool(getattr(base, k))) for k in MODEL_DOCS), *system]))
+
+
+def serving_base(base: CostProfile) -> CostProfile:
+    """`base` with the engine behaviour end-to-end serving measurements are fitted with (STRUCTURE_SYSTEM)."""
+    return base.with_fixes(**dict.fromkeys(STRUCTURE_SYSTEM, True))
+
+
+def known_gpus() -> frozenset[str]:
+    return frozenset(gpu_names())
+
+
+def key_of(row: Measurement, knob: str) -> str:
+    """Whose factor of `knob` a row informs: its GPU's for kernel benchmarks; for end-to-end serving, `*` (every
+    GPU) for `moe_tp` and the GPU's kernel stack otherwise."""
+    if COMPONENTS[row.component].keyed == "gpu":
+        return row.gpu
+    return ALL_GPUS if knob in ENGINE_KNOBS else load_gpu(row.gpu).software
 
 
 def knobs_of(row: Measurement, base: CostProfile) -> tuple[str, ...]:
@@ -329,6 +395,12 @@ def knobs_of(row: Measurement, base: CostProfile) -> tuple[str, ...]:
         knobs = tuple(k for k in knobs if k != drop)
     if row.component == "attention_decode":  # compute-bound rows measure the FLOP rate, memory-bound the KV reads
         knobs = ("attention_decode",) if row.unit == "TFLOPS" else ("kv_read",)
+    if row.component == "serving_tpot":
+        p = row.params
+        drop = {"moe_tp"} if p.get("moe", "ep") == "ep" else {"a2a_low_latency"}
+        if "users" not in p:  # a decode engine alone: no prefill
+            drop |= {"attention_prefill", "grouped_gemm_prefill"}
+        knobs = tuple(k for k in knobs if k not in drop)
     return knobs
 
 
@@ -337,7 +409,7 @@ def _params(rows: Sequence[Measurement], base: CostProfile) -> list[tuple[str, s
     seen: dict[tuple[str, str], None] = {}
     for row in rows:
         for knob in knobs_of(row, base):
-            seen[(row.gpu, knob)] = None
+            seen[(key_of(row, knob), knob)] = None
     return list(seen)
 
 
@@ -347,7 +419,7 @@ def _calibration(name: str, pairs: list[tuple[str, str]], theta: np.ndarray, sig
     fs = [(g, k, Factor(float(math.exp(t)), float(s), "fit", counts.get((g, k), 0)))
           for (g, k), t, s in zip(pairs, theta, sigma, strict=True)]  # fmt: skip
     fitted = {(g, k) for g, k, _ in fs}
-    for g in gpu_names():
+    for g in gpu_names():  # a GPU's prior stands below its stack's and every GPU's fits (Calibration.get)
         for k in KNOBS:
             if (g, k) not in fitted:
                 fs.append((g, k, Factor(1.0, prior_sigma, "prior", 0)))
@@ -359,22 +431,28 @@ def log_errors(rows: Sequence[Measurement], profile: CostProfile) -> np.ndarray:
 
 
 def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigma: float = 0.3,
-        name: str = "calibration", source: str = "") -> Fit:  # fmt: skip
+        name: str = "calibration", source: str = "", serving_sigma: float = SERVING_PRIOR_SIGMA) -> Fit:  # fmt: skip
     """The maximum a-posteriori factors for `rows` over `base` (default: `default_base()`)."""
     from scipy.optimize import least_squares
 
     t0 = time.perf_counter()
     base = base or default_base()
-    switches = structure(base)
     rows = list(rows)
     if not rows:
         raise UserError("no measurements to fit")
+    if any(COMPONENTS[r.component].keyed == "stack" for r in rows):  # end-to-end rows: the engines' behaviour
+        base = serving_base(base)
+    switches = structure(base)
     pairs = _params(rows, base)
     counts: dict[tuple[str, str], int] = {}
     for row in rows:
         for knob in knobs_of(row, base):
-            counts[(row.gpu, knob)] = counts.get((row.gpu, knob), 0) + 1
+            key = (key_of(row, knob), knob)
+            counts[key] = counts.get(key, 0) + 1
     logv = np.log([r.value for r in rows])
+    # a GPU's kernel factors start at `prior_sigma`; the end-to-end factors (a stack's, every GPU's) correct rates
+    # the kernel tables already set, at `serving_sigma`
+    priors = np.array([prior_sigma if g in known_gpus() else min(prior_sigma, serving_sigma) for g, _ in pairs])
     meas_sigma = 0.1  # the fit's weighting only; the reported sigma uses the residual scatter
 
     def profile_of(theta: np.ndarray) -> CostProfile:
@@ -386,7 +464,7 @@ def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigm
     def residuals(theta: np.ndarray) -> np.ndarray:
         prof = profile_of(theta)
         pred = np.log([predict(r, prof) for r in rows])
-        return np.concatenate([(pred - logv) / meas_sigma, theta / prior_sigma])
+        return np.concatenate([(pred - logv) / meas_sigma, theta / priors])
 
     # soft-L1 (Huber-like) loss: a row whose shape the model's structure cannot follow (an error
     # past ~10 %) weighs linearly, not quadratically, so it does not drag the factor off the rest
@@ -401,8 +479,8 @@ def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigm
         cov = np.linalg.inv(j.T @ j)
         sigma = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     except np.linalg.LinAlgError:
-        sigma = np.full(len(pairs), prior_sigma)
-    cal = _calibration(name, pairs, sol.x, np.minimum(sigma, prior_sigma), counts, prior_sigma, source, switches)
+        sigma = priors.copy()
+    cal = _calibration(name, pairs, sol.x, np.minimum(sigma, priors), counts, prior_sigma, source, switches)
     calibrated = base.calibrated(cal)
     return Fit(cal, rows, log_errors(rows, base), log_errors(rows, calibrated), scatter, time.perf_counter() - t0)
 
@@ -455,6 +533,14 @@ def write_calibration(cal: Calibration, path: Path, header: str = "") -> None:
                         "in a folder you can write") from None  # fmt: skip
 
 
+def serving_rows(path: Path) -> list[Measurement]:
+    """The fitting GPUs' rows of an InferenceX extract as `serving_tpot` measurements (costmodel.measured)."""
+    from costmodel.measured import load_inferencex, serving_measurement
+
+    rows = [serving_measurement(r, path) for r in load_inferencex(path) if r.fitting]
+    return [m for m in rows if m is not None]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(prog="python -m costmodel.calibrate", description=__doc__.split("\n")[0])
     ap.add_argument("data", nargs="+", help="measurement CSV file(s)")
@@ -465,6 +551,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"fit the profile's own structure, without the refinements {sorted(MODEL_DOCS)}")  # fmt: skip
     ap.add_argument("--prior-sigma", type=float, default=0.3, help="sigma of log(factor) before any measurement")
     ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out error (one refit per row)")
+    ap.add_argument("--serving", type=Path, metavar="CSV",
+                    help="also fit end-to-end serving: the median TPOT of an InferenceX extract's rows on the fitting "
+                         "GPUs (costmodel.measured.FITTING_GPUS; every other GPU's rows are never fitted), e.g. "
+                         "conf/measured/inferencex_dsr1.csv")  # fmt: skip
     args = ap.parse_args(argv)
     if not args.prior_sigma > 0:
         raise UserError(f"--prior-sigma must be > 0, got {args.prior_sigma}")
@@ -477,6 +567,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_measurements(args.data)
     name = args.name or (args.out.stem if args.out else "calibration")
     source = ", ".join(Path(d).name for d in args.data)
+    if args.serving:
+        serving = serving_rows(args.serving)
+        rows += serving
+        base = serving_base(base)  # the engine behaviour end-to-end rows are fitted with (the fit would set it)
+        source += f", {args.serving.name} ({len(serving)} rows of {', '.join(FITTING_GPUS)})"
     f = fit(rows, base, args.prior_sigma, name, source)
     print(f"{len(rows)} measurements of {len({r.gpu for r in rows})} GPU(s), {len({r.component for r in rows})} "
           f"component(s); fit in {f.seconds:.2f} s, "
@@ -487,13 +582,14 @@ def main(argv: list[str] | None = None) -> int:
     print("Median |error| of the predictions, per component:\n")
     print(summary(rows, cols))
     print("\nFactors of the measured GPUs:\n")
-    print(factor_table(f.calibration, {r.gpu for r in rows}))
+    print(factor_table(f.calibration, {key_of(r, k) for r in rows for k in knobs_of(r, base)} | {r.gpu for r in rows}))
     unmeasured = sorted({g for g, _, fc in f.calibration.factors if fc.origin == "prior"} - {r.gpu for r in rows})
     print(f"\nNo measurements for {', '.join(unmeasured) or 'no other GPU'}: every knob keeps its prior "
           f"(factor 1, sigma {args.prior_sigma}), "
           "and so does every knob of a measured GPU no row informs.")  # fmt: skip
     if args.out:
-        write_calibration(f.calibration, args.out, f"# python -m costmodel.calibrate {' '.join(args.data)}")
+        command = " ".join([*args.data, *(["--serving", str(args.serving)] if args.serving else [])])
+        write_calibration(f.calibration, args.out, f"# python -m costmodel.calibrate {command}")
         print(f"\nwrote {args.out}; use it with costmodel.calibration={args.out}")
     return 0
 

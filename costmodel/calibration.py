@@ -19,6 +19,15 @@ to measurements (`python -m costmodel.calibrate`), per GPU type:
 | `allreduce` | the link bandwidth of TP all-reduce | all-reduce benchmarks |
 | `kv_transfer` | the NIC bandwidth the KV cache moves at from prefill to decode islands | KV transfer benchmarks |
 | `gemm_fixed` | 1 / the fixed cost of one dense GEMM kernel (`gemm_roofline` structure) | small dense GEMMs |
+| `moe_tp` | the expert kernels' rate on 1/ep-wide slices (experts split by TP) over whole experts' | serving |
+| `step_overhead` | 1 / the engine's fixed time per decode step (`step_overhead` structure) | serving |
+
+A factor is keyed by a GPU name, by a kernel stack (`cuda`, `rocm`: `GPU.software`) or by `*` (every
+GPU), and a GPU's factor is the product of the three: its own, its stack's and every GPU's (each 1
+where the calibration has none). Kernel benchmarks are fitted per GPU; end-to-end serving measurements
+(InferenceX) per stack and globally, on top of the kernels': what they add (the engines' kernels,
+scheduling and overheads beside the microbenchmarks) belongs to the software, and a GPU never measured
+end to end takes it from the GPUs of its stack that were.
 
 A factor above 1 means the component runs faster than the profile assumes. Each factor is
 lognormal: `factor` is its median, `sigma` the standard deviation of its logarithm. `origin` says
@@ -39,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.specs import SpecError
+from costmodel.specs import SOFTWARE, SpecError
 from costmodel.switches import MODEL_DOCS
 
 KNOBS: dict[str, str] = {
@@ -55,7 +64,14 @@ KNOBS: dict[str, str] = {
     "allreduce": "TP all-reduce link bandwidth",
     "kv_transfer": "KV-cache transfer bandwidth from prefill to decode islands (over the NIC)",
     "gemm_fixed": "1 / the fixed cost of one dense GEMM kernel (pipeline fill, epilogue, tail; gemm_roofline only)",
+    "moe_tp": "rate of the expert kernels on 1/ep-wide slices of every expert (experts split by TP), over whole "
+    "experts'",
+    "step_overhead": "1 / the engine's fixed time per decode step (scheduling, launch, sampling; step_overhead only)",
 }
+# the engine behaviour (switches.SYSTEM_DOCS) a calibration fitted to end-to-end serving carries; `experts_fp8` is
+# each measurement's own precision, not structure
+STRUCTURE_SYSTEM = ("activated_experts", "overlap_chosen", "step_overhead", "dp_imbalance")
+ALL_GPUS = "*"  # a factor under this key holds for every GPU without its own fitted one (nor its stack's)
 ORIGINS = ("fit", "prior")
 
 
@@ -83,13 +99,15 @@ class Calibration:
     factors: tuple[tuple[str, str, Factor], ...] = ()  # (gpu, knob, factor), sorted
     source: str = ""  # what it was fitted to (file names), for the record
     default_sigma: float = 0.0  # sigma of a (gpu, knob) it does not name
-    switches: tuple[tuple[str, bool], ...] = ()  # the model structure it was fitted with (profile.MODEL_DOCS)
+    # the model structure it was fitted with: profile.MODEL_DOCS, and the engine behaviour (STRUCTURE_SYSTEM) an
+    # end-to-end fit assumed
+    switches: tuple[tuple[str, bool], ...] = ()
 
     def __post_init__(self) -> None:
-
+        allowed = sorted({*MODEL_DOCS, *STRUCTURE_SYSTEM})
         for name, on in self.switches:
-            if name not in MODEL_DOCS or not isinstance(on, bool):
-                raise SpecError(f"calibration {self.name!r}: `switches` maps {sorted(MODEL_DOCS)} to true or false, "
+            if name not in allowed or not isinstance(on, bool):
+                raise SpecError(f"calibration {self.name!r}: `switches` maps {allowed} to true or false, "
                                 f"got {name!r}: {on!r}")  # fmt: skip
         for gpu, knob, _ in self.factors:
             if knob not in KNOBS:
@@ -99,17 +117,30 @@ class Calibration:
     def table(self) -> dict[tuple[str, str], Factor]:
         return {(g, k): f for g, k, f in self.factors}
 
-    def get(self, gpu: str, knob: str) -> Factor:
-        return self.table.get((gpu, knob), Factor(1.0, self.default_sigma, "prior"))
+    def get(self, gpu: str, knob: str, software: str = "") -> Factor:
+        """`gpu`'s factor for `knob`: the product of its own, its stack's (`software`) and every GPU's (`*`); the
+        sigmas add in quadrature; `fit` where any of them was fitted."""
+        t = self.table
+        parts = [t[(key, knob)] for key in (gpu, software, ALL_GPUS) if (key, knob) in t]
+        if not parts:
+            return Factor(1.0, self.default_sigma, "prior")
+        if len(parts) == 1:
+            return parts[0]
+        origin = "fit" if any(f.origin == "fit" for f in parts) else "prior"
+        sigma = math.sqrt(sum(f.sigma**2 for f in parts))
+        return Factor(math.prod(f.factor for f in parts), sigma, origin, sum(f.rows for f in parts))
 
-    def array(self, names: Iterable[str], knob: str, shape: tuple[int, ...]) -> np.ndarray:
-        """The factors of GPUs `names` for `knob`, shaped like the GPUArray's fields (cached on the
-        instance, outside its fields: every cost-model call looks them up)."""
-        key = (tuple(names), knob)
+    def array(
+        self, names: Iterable[str], knob: str, shape: tuple[int, ...], software: Iterable[str] = ()
+    ) -> np.ndarray:
+        """The factors of GPUs `names` (of stacks `software`) for `knob`, shaped like the GPUArray's fields (cached
+        on the instance, outside its fields: every cost-model call looks them up)."""
+        names = tuple(names)
+        key = (names, tuple(software) or ("",) * len(names), knob)
         cache = self.__dict__.setdefault("_arrays", {})
         if key not in cache:
-            t = self.table
-            cache[key] = np.asarray([t[(n, knob)].factor if (n, knob) in t else 1.0 for n in key[0]], dtype=float)
+            cache[key] = np.asarray([self.get(n, knob, sw).factor for n, sw in zip(names, key[1], strict=True)],
+                                    dtype=float)  # fmt: skip
             cache[key].flags.writeable = False
         return cache[key].reshape(shape)
 
@@ -152,10 +183,11 @@ class Calibration:
             raise SpecError(f"{where}: unknown calibration field(s) {unknown}")
         from costmodel.catalog import gpu_names
 
-        known, rows = set(gpu_names()), []
+        known, rows = set(gpu_names()) | set(SOFTWARE) | {ALL_GPUS}, []
         for gpu, knobs in data["factors"].items():
             if str(gpu) not in known:
-                raise SpecError(f"{where}: factors: unknown GPU {gpu!r}; the catalogue has {sorted(known)} (a "
+                raise SpecError(f"{where}: factors: unknown GPU {gpu!r}; the catalogue has {sorted(gpu_names())}, "
+                                f"the stacks {list(SOFTWARE)} and {ALL_GPUS!r} (every GPU) are keys too (a "
                                 "calibration of another GPU would be silently unused)")  # fmt: skip
             if not isinstance(knobs, Mapping):
                 raise SpecError(f"{where}: factors.{gpu} must map knobs to {{factor, sigma, origin}}")
@@ -211,7 +243,8 @@ class Knobs:
         return self.values.get(knob, 1.0)
 
 
-def knobs_for(cal: Calibration | None, names: tuple[str, ...], shape: tuple[int, ...]) -> Knobs:
+def knobs_for(cal: Calibration | None, names: tuple[str, ...], shape: tuple[int, ...],
+              software: tuple[str, ...] = ()) -> Knobs:  # fmt: skip
     if cal is None:
         return Knobs()
-    return Knobs({k: cal.array(names, k, shape) for k in KNOBS})
+    return Knobs({k: cal.array(names, k, shape, software) for k in KNOBS})

@@ -42,6 +42,10 @@ MICRO_BATCHES = 2
 # figure: the `gemm_fixed` knob scales it per GPU (H800: fitted to DeepGEMM's published small-M
 # GEMMs, conf/calibration/published.csv).
 GEMM_FIXED_MS = 0.002
+# An engine's fixed time per decode step beside its kernels (`step_overhead`), before calibration: the order of
+# SGLang's and TensorRT-LLM's per-iteration scheduling and sampling with CUDA graphs (their profiles show 0.5-2 ms);
+# the end-to-end fit (costmodel.calibrate, knob `step_overhead`) sets it from measured serving
+STEP_OVERHEAD_MS = 1.0
 MEM_UTIL = 0.9
 SS_OTHER_PARAMS_GB = 2.91  # shallowsim's embedding / head / misc constant
 SS_MLA_PARAMS_M = 187.17  # shallowsim's per-layer MLA constant (decimal M, used as MiB)
@@ -62,7 +66,7 @@ class Rates:
     multiplied by its calibration factor (1 without a calibration: costmodel/calibration.py)."""
 
     def __init__(self, g: GPUArray, phase: str, profile: CostProfile) -> None:
-        self.knobs = k = knobs_for(profile.calibration, g.names, np.shape(g.sm))
+        self.knobs = k = knobs_for(profile.calibration, g.names, np.shape(g.sm), g.software)
         sm_frac = (g.sm - g.comm_sm) / g.sm if phase == "prefill" else 1.0
         self.f16 = g.tflops_bf16 * DERATE * sm_frac
         self.f8 = g.tflops_fp8 * DERATE * sm_frac
@@ -74,6 +78,8 @@ class Rates:
         self.net = g.scaleout_bw_gb_s * DERATE
         self.a2a = k["a2a_normal" if phase == "prefill" else "a2a_low_latency"]  # link efficiency
         self.allreduce = k["allreduce"]
+        self.moe_tp = k["moe_tp"]  # sliced experts' kernels, over whole experts'
+        self.step_overhead_ms = STEP_OVERHEAD_MS / k["step_overhead"]
         self.gemm_fixed_ms = GEMM_FIXED_MS / k["gemm_fixed"]
         self.kv_link = g.scaleout_bw_gb_s * DERATE * k["kv_transfer"]  # prefill -> decode KV, per GPU
         self.has_fp4 = g.tflops_fp4 > 0
@@ -466,6 +472,7 @@ def decode_parts(
     profile: CostProfile | None = None,
     expert_imbalance: float = 1.0,
     draft_tokens: int = 0,
+    moe_tp: bool = False,
 ) -> dict[str, np.ndarray]:
     """Per-layer terms and totals (ms) of one decode step of an EP group of `ep` GPUs.
 
@@ -481,6 +488,17 @@ def decode_parts(
     sequence while the KV cache is read once per sequence; the draft module (one MoE layer, DeepSeek's MTP head)
     runs once per draft token, priced as one more MoE layer of the step. How many tokens a step yields is the
     caller's (`simulator.timing.decode_timing`'s acceptance).
+
+    `moe_tp`: the routed experts are split by tensor parallelism over the `ep` GPUs (every GPU holds 1/ep of
+    every expert: SGLang's and TensorRT-LLM's MoE without expert parallelism, InferenceX's `ep 1`), not placed
+    whole. Every GPU then streams its slice of the experts the whole group's tokens activate (the same set on
+    every GPU: no busiest GPU), and the MoE output is all-reduced over the group instead of dispatched and
+    combined.
+
+    Micro-batches: two overlapped micro-batches, each streaming the experts it activates, with the all-to-all
+    hidden behind attention and the shared expert (the `Delta` term). Under the `overlap_chosen` switch the
+    engine runs them only where that is faster than one micro-batch with its communication exposed (the two-
+    batch-overlap setting, decided per batch size: `Overlap` is 1 where two micro-batches run, else 0).
     """
     if draft_tokens < 0:
         raise ValueError(f"`draft_tokens >= 0` must hold, got {draft_tokens}")
@@ -497,55 +515,91 @@ def decode_parts(
     e_total, k, d = model.n_routed_experts, model.top_k, model.hidden
     gx = np.ceil(e_total / n)  # routed experts (GEMM groups) per GPU
 
+    # the attention rank the step waits for: the mean one, or under `dp_imbalance` the busiest of the group's
+    # ep / tp ranks, each holding a random share of the sequences (Poisson counts: mean + sqrt(2 mean ln ranks))
+    ranks = np.maximum(n / tp, 1.0) if p.batch_per_attention_rank else np.ones_like(n)
+    spread = np.sqrt(2.0 * seqs * np.log(ranks)) if p.dp_imbalance else 0.0
+    att_seqs = seqs + spread
+    att = att_seqs * (1 + draft_tokens)  # the busiest rank's tokens
     gemm1, attn1 = _attn_decode_gflop(model, c, p)
-    new_kv = bs if p.new_tokens_only or model.attention != "mla" else np.zeros_like(bs)
-    gemms = _attn_gemms(model, bs, c, new_kv, decode=True)
-    mla = _attn_ms(gemm1 * bs, attn1 * bs, _attn_weight_bytes(model, r, p), r, p, gemms)
+    new_kv = att if p.new_tokens_only or model.attention != "mla" else np.zeros_like(att)
+    gemms = _attn_gemms(model, att, c, new_kv, decode=True)
+    mla = _attn_ms(gemm1 * att, attn1 * att, _attn_weight_bytes(model, r, p), r, p, gemms)
     kv_elem_bytes = r.wbytes if p.precision_per_gpu else 1.0
     kv_shard = 1 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
-    kv_bytes = c * model.kv_elems_per_token_layer * seqs * kv_elem_bytes  # read once per sequence
+    kv_bytes = c * model.kv_elems_per_token_layer * att_seqs * kv_elem_bytes  # read once per sequence
     if p.si_units:
         t_kv = _xfer_ms(kv_bytes / kv_shard, r.kv_bw, p)
     else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
         t_kv = kv_bytes / kv_shard / GIB / r.kv_bw * 1000.0
-    sparse_mla = _tp_split_ms(mla, bs, model, tp, g, r, p, len(gemms)) + t_kv
+    sparse_mla = _tp_split_ms(mla, att, model, tp, g, r, p, len(gemms)) + t_kv
     dense_mla = sparse_mla if p.tp_dense_layers else mla + t_kv
-    dense_mlp = _dense_mlp_ms(bs, model, tp, g, r, p)
+    dense_mlp = _dense_mlp_ms(att, model, tp, g, r, p)
 
     tokens_gpu = bs / tp if p.batch_per_attention_rank else bs  # tokens each GPU feeds its experts
-    b = tokens_gpu / MICRO_BATCHES
     t_w = _xfer_ms(_expert_bytes(model, r, "decode", p), r.bw, p)
     use_h20 = _h20_table(g, p)
-    m_routed = b * k / gx  # tokens per routed expert
-    m_shared = b if p.shared_expert_own_efficiency else m_routed
-    shared_gemm = _grouped_gemm_ms(_expert_gflop(model, b), m_shared, r.expert, use_h20, p)
-    f = expert_imbalance
-    routed_gemm = _grouped_gemm_ms(_expert_gflop(model, b * k * f), m_routed * f, r.expert, use_h20, p)
-    shared = MICRO_BATCHES * model.n_shared_experts * (shared_gemm + t_w)
-    loaded = activated_experts(gx, b * n, k, e_total, n) if p.activated_experts else gx
-    routed = MICRO_BATCHES * (routed_gemm + t_w * loaded)
+    f = 1.0 if moe_tp else expert_imbalance  # sliced experts load every GPU alike
 
-    fp8_comb = bool(fp8_combine) & r.has_fp4
-    comb_elem = np.where(fp8_comb, 1.0, 2.0)
-    latency = DECODE_A2A_LATENCY_MS * MICRO_BATCHES
-    copies = tokens_gpu * d * k * f  # bytes at 1 byte/element, into the busiest GPU
-    if p.topology_comm:
-        dispatch = _a2a_split_ms(copies, n, g, r, p) + latency
-        combine = _a2a_split_ms(copies * comb_elem, n, g, r, p) + latency
-    else:
-        node8 = g.gpus_per_node == 8
-        single_node = e_total / gx == 8  # only N = 8 counts as one node [B13]
-        rack_nvl = np.isin(g.gpus_per_node, SS_RACK_DOMAINS) & (n <= g.gpus_per_node)
-        use_nvl = np.where(node8, single_node, rack_nvl)
-        link = np.where(use_nvl, r.nvl, r.net) * r.a2a
-        dispatch = _xfer_ms(copies, link, p) + latency
-        combine = _xfer_ms(copies * comb_elem, link, p) + latency
+    def experts(micro: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(shared, routed, dispatch, combine) per layer with `micro` micro-batches."""
+        b = tokens_gpu / micro
+        # tokens per routed expert: a whole expert's share of b x n x k copies, or under moe_tp every copy of the
+        # group through each expert's slice (the same FLOPs per GPU, on slices 1/n as wide)
+        m_routed = b * k / gx * (n if moe_tp else 1.0)
+        m_shared = (b * n if moe_tp else b) if p.shared_expert_own_efficiency else m_routed
+        routed_gemm = _grouped_gemm_ms(_expert_gflop(model, b * k * f), m_routed * f, r.expert, use_h20, p)
+        if moe_tp:  # a 1/n slice of each of the E experts the group's b x n tokens activate
+            active = e_total * (1.0 - (1.0 - k / e_total) ** (b * n)) if p.activated_experts else e_total
+            loaded = active / n
+        else:
+            loaded = activated_experts(gx, b * n, k, e_total, n) if p.activated_experts else gx
+        shared_gemm = _grouped_gemm_ms(_expert_gflop(model, b), m_shared, r.expert, use_h20, p)
+        shared = micro * model.n_shared_experts * (shared_gemm + t_w / (n if moe_tp else 1.0))
+        routed = micro * (routed_gemm + t_w * loaded)
+        if moe_tp:  # the sliced kernels' own rate (the `moe_tp` calibration knob)
+            shared, routed = shared / r.moe_tp, routed / r.moe_tp
+        if moe_tp:  # the group's MoE output all-reduced, once per micro-batch; nothing dispatched
+            zero = np.zeros_like(routed)
+            return shared, routed, zero, micro * _allreduce_ms(tokens_gpu * n / micro, model, n, g, r, p)
+        fp8_comb = bool(fp8_combine) & r.has_fp4
+        comb_elem = np.where(fp8_comb, 1.0, 2.0)
+        latency = DECODE_A2A_LATENCY_MS * micro
+        copies = tokens_gpu * d * k * f  # bytes at 1 byte/element, into the busiest GPU
+        if p.topology_comm:
+            dispatch = _a2a_split_ms(copies, n, g, r, p) + latency
+            combine = _a2a_split_ms(copies * comb_elem, n, g, r, p) + latency
+        else:
+            node8 = g.gpus_per_node == 8
+            single_node = e_total / gx == 8  # only N = 8 counts as one node [B13]
+            rack_nvl = np.isin(g.gpus_per_node, SS_RACK_DOMAINS) & (n <= g.gpus_per_node)
+            use_nvl = np.where(node8, single_node, rack_nvl)
+            link = np.where(use_nvl, r.nvl, r.net) * r.a2a
+            dispatch = _xfer_ms(copies, link, p) + latency
+            combine = _xfer_ms(copies * comb_elem, link, p) + latency
+        return shared, routed, dispatch, combine
 
-    delta = dispatch + combine - sparse_mla - shared
+    if moe_tp:
+        gx = np.full_like(n, float(e_total))  # every expert's slice on every GPU
     l_d = model.n_dense_layers
     l_s = model.n_moe_layers + draft_tokens  # the draft module: one more MoE layer per draft token
+    shared, routed, dispatch, combine = experts(MICRO_BATCHES)
+    delta = dispatch + combine - sparse_mla - shared  # two micro-batches: communication behind the other's work
     tpot_o = l_d * (dense_mla + dense_mlp) + l_s * (sparse_mla + shared + routed)
     tpot = tpot_o + l_s * np.maximum(delta, 0.0)
+    overlap = np.ones_like(tpot)
+    if p.overlap_chosen:  # one micro-batch, its communication in the open, where that is faster
+        one = experts(1)
+        tpot_1 = l_d * (dense_mla + dense_mlp) + l_s * (sparse_mla + one[0] + one[1] + one[2] + one[3])
+        overlap = (tpot <= tpot_1).astype(float)
+        pick = overlap > 0
+        shared, routed, dispatch, combine = (np.where(pick, two, once) for two, once in
+                                             zip((shared, routed, dispatch, combine), one, strict=True))  # fmt: skip
+        delta = np.where(pick, delta, dispatch + combine)  # exposed whole under one micro-batch
+        tpot_o = np.where(pick, tpot_o, tpot_1 - l_s * (dispatch + combine))
+        tpot = np.minimum(tpot, tpot_1)
+    if p.step_overhead:  # the engine's own time per step, outside the layers
+        tpot_o, tpot = tpot_o + r.step_overhead_ms, tpot + r.step_overhead_ms
     return {
         "DenseMLA": dense_mla,
         "SparseMLA": sparse_mla,
@@ -557,6 +611,7 @@ def decode_parts(
         "Delta": delta,
         "TPOT_O": tpot_o,
         "TPOT": tpot,
+        "Overlap": overlap,
     }
 
 
@@ -571,10 +626,12 @@ def decode_step_ms(
     profile: CostProfile | None = None,
     expert_imbalance: float = 1.0,
     draft_tokens: int = 0,
+    moe_tp: bool = False,
 ) -> np.ndarray:
     """Time (ms) of one decode step (one token for every sequence in the batch; with `draft_tokens`, a speculative
-    step verifying that many more)."""
-    parts = decode_parts(gpu, model, context, batch, tp, ep, fp8_combine, profile, expert_imbalance, draft_tokens)
+    step verifying that many more; `moe_tp`: experts split by TP, decode_parts)."""
+    parts = decode_parts(gpu, model, context, batch, tp, ep, fp8_combine, profile, expert_imbalance, draft_tokens,
+                         moe_tp)  # fmt: skip
     return parts["TPOT"]
 
 

@@ -14,11 +14,21 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from costmodel.calibrate import MeasurementError
+from costmodel import calibrate
+from costmodel.calibrate import Measurement, MeasurementError
 from costmodel.catalog import CONF_DIR
 
 INFERENCEX = CONF_DIR / "measured" / "inferencex_dsr1.csv"
-FITTING_GPUS = ("h200", "b200", "mi300x")  # InferenceX's names; the rest are never fitted
+FITTING_GPUS = calibrate.FITTING_GPUS  # InferenceX's names (H200, B200, MI300X); the rest are never fitted
+# InferenceX's GPU names -> conf/gpu
+GPUS = {"h100": "H100-SXM", "h200": "H200", "b200": "DGX-B200", "b300": "DGX-B300", "gb200": "GB200-NVL72",
+        "gb300": "GB300-NVL72", "mi300x": "MI300X", "mi325x": "MI325X", "mi355x": "MI355X"}  # fmt: skip
+# lengths uniform on [0.8 L, L]: InferenceX's benchmark template (.github/workflows/benchmark-tmpl.yml)
+RANGE_RATIO = 0.8
+# MTP rows: one draft token a step, accepted 85 % of the time ("the acceptance rate of the second token prediction
+# ranges between 85% and 90%", DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3); InferenceX does not
+# record the engines' draft settings
+MTP_DRAFTS, MTP_ACCEPTED = 1, 0.85
 
 _BOOL = {"true": True, "false": False}
 _INTS = ("prefill_tp", "prefill_ep", "prefill_num_workers", "decode_tp", "decode_ep", "decode_num_workers",
@@ -61,6 +71,11 @@ class Row:
     line: int  # in the CSV, for messages
 
     @property
+    def speculation(self) -> tuple[int, float]:
+        """(draft tokens a step, accepted a step) of the row's decode engines."""
+        return (MTP_DRAFTS, MTP_ACCEPTED) if self.spec_method == "mtp" else (0, 0.0)
+
+    @property
     def gpus(self) -> int:
         """GPUs the row's throughput per GPU divides by: both phases' when disaggregated, the engine's TP size when
         aggregated (its `num_*_gpu` are TP x EP where EP > 1: 64 for TP 8 EP 8; the identity at one user,
@@ -78,6 +93,45 @@ class Row:
                  else f"agg tp{self.decode.tp} ep{self.decode.ep}")  # fmt: skip
         return (f"{self.hardware} {self.framework} {self.precision} {self.spec_method} {shape} "
                 f"{self.isl // 1024}k/{self.osl // 1024}k c{self.conc}")  # fmt: skip
+
+
+def worker(phase: Phase) -> tuple[int, int]:
+    """(GPUs of one worker, its attention TP) of a disaggregated phase: the phase's GPUs over its workers (InferenceX
+    records some DP-attention workers as TP 1 with 4 to 48 GPUs each), experts over the whole worker, attention TP 1
+    under DP attention, else the recorded TP."""
+    size = phase.gpus // phase.workers if phase.gpus % phase.workers == 0 else phase.tp
+    size = max(size, phase.tp)
+    return size, 1 if phase.dp_attention else min(phase.tp, size)
+
+
+def decode_engine(row: Row) -> tuple[int, int, int]:
+    """(GPUs of one decode engine, its attention TP, engines) the row's users are spread over: a disaggregated row's
+    decode workers, or an aggregated row's one engine of TP GPUs (attention TP 1 under DP attention)."""
+    if row.disagg:
+        size, tp = worker(row.decode)
+        return size, tp, row.decode.workers
+    return row.decode.tp, 1 if row.decode.dp_attention else row.decode.tp, 1
+
+
+def serving_measurement(row: Row, path: str | Path = INFERENCEX) -> Measurement | None:
+    """The row's median TPOT as a `serving_tpot` measurement for costmodel.calibrate (None: a row the cost model
+    cannot express: a GPU outside the catalogue, or disaggregated workers not recorded). Mean lengths: inputs and
+    outputs uniform on [RANGE_RATIO L, L]; context: the whole prompt and half the output."""
+    if row.hardware not in GPUS or (row.disagg and not (row.prefill.workers and row.decode.workers)):
+        return None
+    size, tp, engines = decode_engine(row)
+    ranks = size // tp
+    mean_in, mean_out = round(row.isl * (1 + RANGE_RATIO) / 2), round(row.osl * (1 + RANGE_RATIO) / 2)
+    shape: dict[str, object] = {"batch": max(-(-row.conc // (engines * ranks)), 1), "context": mean_in + mean_out // 2,
+                                "tp": tp, "ep": size, "moe": "tp" if row.decode.ep == 1 else "ep",
+                                "precision": row.precision}  # fmt: skip
+    drafts, accepted = row.speculation
+    if drafts:
+        shape |= {"drafts": drafts, "accepted_pct": round(100 * accepted)}
+    if not row.disagg:
+        shape |= {"users": row.conc, "output_len": mean_out, "prefill_len": mean_in}
+    return Measurement("serving_tpot", GPUS[row.hardware], tuple(sorted(shape.items())), row.metrics["median_tpot"],
+                       "s", row.run_url, f"{path}:{row.line}")  # fmt: skip
 
 
 def load_inferencex(path: str | Path = INFERENCEX) -> list[Row]:

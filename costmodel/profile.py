@@ -44,6 +44,9 @@ class CostProfile:
     gemm_roofline: bool = False
     activated_experts: bool = False
     experts_fp8: bool = False
+    overlap_chosen: bool = False
+    step_overhead: bool = False
+    dp_imbalance: bool = False
     calibration: Calibration | None = None  # component efficiency factors per GPU (costmodel/calibration.py)
 
     @staticmethod

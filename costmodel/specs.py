@@ -13,6 +13,7 @@ from typing import Literal
 
 import numpy as np
 
+SOFTWARE = ("cuda", "rocm")  # kernel stacks: NVIDIA's CUDA libraries, AMD's ROCm (aiter, hipBLASLt)
 GEMM_TABLES = ("default", "h20")
 ATTENTIONS = ("mla", "gqa")
 
@@ -44,8 +45,11 @@ class GPU:
     grouped_gemm_table: str
     price_per_hour: float
     node_gpus: int = 8  # GPUs per host (server, or rack compute tray): the unit a deployment places
+    software: str = "cuda"  # the kernel stack its engines run (cuda | rocm): end-to-end factors are the stack's
 
     def __post_init__(self) -> None:
+        _require(self.software in SOFTWARE, f"`software` of GPU {self.name} must be one of {SOFTWARE}, "
+                 f"got {self.software!r}")  # fmt: skip
         for f in ("sm", "gpus_per_node", "node_gpus"):
             v = getattr(self, f)
             _require(isinstance(v, int) and v > 0, f"`{f} > 0` (integer) must hold for GPU {self.name}, got {v!r}")
@@ -199,6 +203,7 @@ class GPUArray:
     """
 
     names: tuple[str, ...]
+    software: tuple[str, ...]  # each GPU's kernel stack (GPU.software)
     sm: np.ndarray
     comm_sm: np.ndarray
     tflops_bf16: np.ndarray
@@ -242,6 +247,7 @@ class GPUArray:
         }
         return GPUArray(
             names=tuple(g.name for g in seq),
+            software=tuple(g.software for g in seq),
             **num,
             gemm_table_h20=col([g.grouped_gemm_table == "h20" for g in seq], bool),
             gemm_table_h20_by_name=col(["H20" in g.name for g in seq], bool),

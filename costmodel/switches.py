@@ -69,4 +69,18 @@ SYSTEM_DOCS: dict[str, str] = {
         "g (1 - (1 - k/E)^T) for T tokens over the EP group (top-k of E), the busiest GPU of the group (mean + "
         "its spread x sqrt(2 ln GPUs), at most g) deciding; not every resident expert"
     ),
+    "overlap_chosen": (
+        "a decode step runs two overlapped micro-batches (all-to-all behind attention and the shared expert, each "
+        "micro-batch streaming its own experts) only where that is faster than one micro-batch with its "
+        "communication exposed: the engine's two-batch-overlap setting chosen per batch size; not always two"
+    ),
+    "dp_imbalance": (
+        "under attention data parallelism the step waits for the busiest of the group's ep / tp ranks: each holds "
+        "a random share of the sequences, the busiest b + sqrt(2 b ln ranks) of a mean b (its attention, KV reads "
+        "and dense layers); not a perfectly even split"
+    ),
+    "step_overhead": (
+        "every decode step pays the engine's fixed time beside its kernels (scheduling, launches, sampling, "
+        "the CPU's share), STEP_OVERHEAD_MS before calibration; not zero"
+    ),
 }

@@ -79,13 +79,16 @@ def decode_timing(
     expert_imbalance: float = 1.0,
     draft_tokens: int = 0,
     accepted: float = 0.0,
+    moe_tp: bool = False,
 ) -> DecodeTiming:
     """`batch` is the plan's decode batch per rank (sequences per attention rank, or per GPU under shallowsim);
     `expert_imbalance` is the expert placement's busiest-over-mean GPU load (1 = perfectly even).
 
     Speculative decoding (MTP): a step verifies `draft_tokens` more tokens per sequence and yields 1 + `accepted`
     of them on average; it is simulated as 1 + `accepted` steps of one token each, of its time divided by that
-    (the same tokens per second and per sequence, with the KV cache growing a token at a time)."""
+    (the same tokens per second and per sequence, with the KV cache growing a token at a time).
+
+    `moe_tp`: the routed experts split by tensor parallelism over the `ep` GPUs (costmodel.formulas.decode_parts)."""
     if not 0 <= accepted <= draft_tokens:
         raise ValueError(f"`0 <= accepted <= draft_tokens` must hold, got accepted={accepted}, drafts={draft_tokens}")
     profile = cost.profile
@@ -94,7 +97,8 @@ def decode_timing(
     contexts = np.unique(np.geomspace(16, max(max_context, 32), 24).round())
     bb, cc = np.meshgrid(batches, contexts, indexing="ij")
     tp_ep = np.full_like(bb, tp), np.full_like(bb, ep)
-    step = decode_step_ms(gpu, model, cc, bb, *tp_ep, cost.fp8_combine, profile, expert_imbalance, draft_tokens)
+    step = decode_step_ms(gpu, model, cc, bb, *tp_ep, cost.fp8_combine, profile, expert_imbalance, draft_tokens,
+                          moe_tp)  # fmt: skip
     ms = step / (1.0 + accepted)  # an MTP step's time per token it yields
     # KV capacity: sequences of 1,024 tokens that fit beside the weights, per rank, in tokens
     routed = np.ceil(model.n_routed_experts / ep)

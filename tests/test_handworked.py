@@ -100,6 +100,109 @@ def test_activated_experts_by_hand() -> None:
     assert on.name == "corrected[+activated_experts]"
 
 
+def test_overlap_chosen_by_hand() -> None:
+    """`overlap_chosen`: one micro-batch is the whole batch with its all-to-all in the open. With every expert
+    streamed (activated_experts off) two micro-batches read each expert twice, so at a small batch one micro-batch
+    is faster by about one read of the experts minus the exposed dispatch and combine, and the switch takes it; at a
+    batch where two overlapped micro-batches hide their communication behind more work than one read of weights,
+    they stay. The step is the smaller of the two, and `Overlap` says which ran."""
+    from costmodel.formulas import Rates, _expert_bytes, _xfer_ms
+    from costmodel.specs import GPUArray
+
+    gpu, base = load_gpu("H200"), CostProfile.corrected()
+    r = Rates(GPUArray.of(gpu), "decode", base)
+    t_w = float(_xfer_ms(_expert_bytes(DSV3, r, "decode", base), r.bw, base))
+    chosen = base.with_fixes(overlap_chosen=True)
+    two = decode_parts(gpu, DSV3, 2048, 2, 1, 8, False, base)
+    one = decode_parts(gpu, DSV3, 2048, 2, 1, 8, False, chosen)
+    assert float(one["Overlap"]) == 0.0 and float(two["Overlap"]) == 1.0
+    # by hand, per MoE layer: one micro-batch streams each resident expert (and the shared one) once, computes
+    # the same FLOPs, and adds its whole dispatch and combine
+    assert float(two["RoutedExpert"] - one["RoutedExpert"]) == pytest.approx(32 * t_w, rel=0.02)  # GEMMs aside
+    assert float(two["SharedExpert"] - one["SharedExpert"]) == pytest.approx(t_w, rel=0.05)
+    layers_d, layers_s = DSV3.n_dense_layers, DSV3.n_moe_layers
+    by_hand = layers_d * (one["DenseMLA"] + one["DenseMLP"]) + layers_s * (
+        one["SparseMLA"] + one["SharedExpert"] + one["RoutedExpert"] + one["Dispatch"] + one["Combine"]
+    )
+    assert float(one["TPOT"]) == pytest.approx(float(by_hand), rel=1e-12) and one["TPOT"] < two["TPOT"]
+    assert float(one["Delta"]) == pytest.approx(float(one["Dispatch"] + one["Combine"]), rel=1e-12)
+    # a large batch on a group over the NIC (EP 32: 4 hosts): the all-to-all is worth hiding, two micro-batches stay
+    big_two = decode_parts(gpu, DSV3, 2048, 256, 1, 32, False, base)
+    big = decode_parts(gpu, DSV3, 2048, 256, 1, 32, False, chosen)
+    assert float(big["Overlap"]) == 1.0 and float(big["TPOT"]) == pytest.approx(float(big_two["TPOT"]), rel=1e-12)
+    assert chosen.name == "corrected[+overlap_chosen]"
+
+
+def test_experts_split_by_tp_by_hand() -> None:
+    """`moe_tp` (InferenceX's `ep 1`): each of 8 GPUs holds 1/8 of all 256 experts. 8 tokens of top-8 activate
+    256 (1 - (1 - 8/256)^8) = 57.42 experts, the same on every GPU, so each GPU streams 57.42 / 8 = 7.18 experts'
+    bytes a micro-batch (no busiest GPU), against 32 resident experts placed whole; the MoE output is all-reduced
+    (no dispatch) and the FLOPs per GPU are the same."""
+    import numpy as np
+
+    from costmodel.formulas import MICRO_BATCHES, Rates, _allreduce_ms, _expert_bytes, _xfer_ms
+    from costmodel.specs import GPUArray
+
+    gpu = load_gpu("H200")
+    p = CostProfile.corrected().with_fixes(activated_experts=True)
+    r = Rates(GPUArray.of(gpu), "decode", p)
+    t_w = float(_xfer_ms(_expert_bytes(DSV3, r, "decode", p), r.bw, p))
+    # batch 16 on attention TP 8: 2 tokens per GPU, 1 per micro-batch, 8 over the group
+    sliced = decode_parts(gpu, DSV3, 2048, 16, 8, 8, False, p, moe_tp=True)
+    whole = decode_parts(gpu, DSV3, 2048, 16, 8, 8, False, p)
+    active = 256 * (1 - (1 - 8 / 256) ** 8)
+    assert active == pytest.approx(57.421, abs=1e-3)
+    weights = MICRO_BATCHES * t_w * active / 8
+    gemms = float(sliced["RoutedExpert"]) - weights  # what is left is the (small, memory-bound) GEMMs' compute
+    assert 0 < gemms < 0.15 * weights and float(sliced["Dispatch"]) == 0.0
+    assert whole["RoutedExpert"] > sliced["RoutedExpert"]  # placed whole, the busiest GPU streams more
+    g = GPUArray.of(gpu)
+    reduce = MICRO_BATCHES * _allreduce_ms(np.asarray(16.0 / MICRO_BATCHES), DSV3, np.asarray(8.0), g, r, p)
+    assert float(sliced["Combine"]) == pytest.approx(float(reduce), rel=1e-12)
+    # the shared expert is sliced too: 1/8 of its weights per GPU
+    assert float(sliced["SharedExpert"]) < float(whole["SharedExpert"]) / 4
+
+
+def test_step_overhead_by_hand() -> None:
+    """`step_overhead`: every decode step pays STEP_OVERHEAD_MS over the calibration's `step_overhead` factor, once
+    per step (not per layer), at any batch; nothing else moves."""
+    from costmodel.calibration import Calibration, Factor
+    from costmodel.formulas import STEP_OVERHEAD_MS
+
+    gpu, base = load_gpu("H200"), CostProfile.corrected()
+    on = base.with_fixes(step_overhead=True)
+    for batch in (1, 64):
+        off_p, on_p = (decode_parts(gpu, DSV3, 2048, batch, 1, 8, False, p) for p in (base, on))
+        assert float(on_p["TPOT"] - off_p["TPOT"]) == pytest.approx(STEP_OVERHEAD_MS, rel=1e-12)
+        assert float(on_p["SparseMLA"]) == float(off_p["SparseMLA"])
+    half = Calibration("t", (("cuda", "step_overhead", Factor(0.5, 0.0, "fit")),))
+    twice = decode_parts(gpu, DSV3, 2048, 1, 1, 8, False, on.calibrated(half))["TPOT"]
+    alone = decode_parts(gpu, DSV3, 2048, 1, 1, 8, False, base.calibrated(half))["TPOT"]
+    assert float(twice - alone) == pytest.approx(2 * STEP_OVERHEAD_MS, rel=1e-12)  # 1 / 0.5: twice the time
+
+
+def test_dp_imbalance_by_hand() -> None:
+    """`dp_imbalance`: 64 sequences per rank over EP 16 with attention TP 1 (16 ranks): the busiest rank holds
+    64 + sqrt(2 x 64 x ln 16) = 64 + 18.84 = 82.84 sequences, so its attention is that of 82.84 sequences (to the
+    step: the same as 82.84 evenly); the experts' load stays the mean's. One rank (attention TP = EP) has no
+    spread."""
+    import math
+
+    gpu, base = load_gpu("H200"), CostProfile.corrected()
+    on = base.with_fixes(dp_imbalance=True)
+    busiest = 64 + math.sqrt(2 * 64 * math.log(16))
+    assert busiest == pytest.approx(82.84, abs=0.01)
+    skewed = decode_parts(gpu, DSV3, 4096, 64, 1, 16, False, on)
+    as_if = decode_parts(gpu, DSV3, 4096, busiest, 1, 16, False, base)
+    mean = decode_parts(gpu, DSV3, 4096, 64, 1, 16, False, base)
+    for key in ("SparseMLA", "DenseMLA", "DenseMLP"):
+        assert float(skewed[key]) == pytest.approx(float(as_if[key]), rel=1e-12), key
+    for key in ("RoutedExpert", "SharedExpert", "Dispatch"):
+        assert float(skewed[key]) == pytest.approx(float(mean[key]), rel=1e-12), key
+    one_rank = (decode_parts(gpu, DSV3, 4096, 64, 8, 8, False, p)["TPOT"] for p in (base, on))
+    assert float(next(one_rank)) == pytest.approx(float(next(one_rank)), rel=1e-12)
+
+
 def test_experts_fp8_by_hand() -> None:
     """`experts_fp8`: on a GPU with an FP4 rate (B200) the routed experts stream at 1 byte a weight instead of 0.5
     and compute at the FP8 rate: the decode step's routed-expert weight time doubles exactly; nothing changes on a

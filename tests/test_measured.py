@@ -72,3 +72,69 @@ def test_the_bench_predicts_rows_by_simulating_them_and_names_every_row_it_canno
     done = re.search(r"(\d+) rows simulated and (\d+) refused by the model", r.stdout)
     assert done and int(done.group(1)) + int(done.group(2)) == 3  # GB200's TP-1 rows leave no KV room: refused
     assert r.stdout.count("- model refuses ") == int(done.group(2))
+
+
+def test_a_row_becomes_the_serving_measurement_its_engines_run() -> None:
+    """A disaggregated row's users over its decode workers and their attention ranks; an aggregated row's over its
+    one engine, with the prompts it prefills meanwhile; mean lengths on [0.8 L, L]; MTP's published acceptance."""
+    from costmodel.measured import serving_measurement
+
+    rows = load_inferencex()
+    # b200 dynamo-sglang fp4 mtp, 1k/1k, 256 users, decode: 6 workers of 8 GPUs, TP 8, EP 8, no DP attention
+    disagg = next(r for r in rows if r.line == 2)
+    m = serving_measurement(disagg)
+    assert m is not None and m.gpu == "DGX-B200" and m.unit == "s" and m.value == disagg.metrics["median_tpot"]
+    assert m.params == {"batch": 43, "context": 922 + 461, "tp": 8, "ep": 8, "moe": "ep", "precision": "fp4",
+                        "drafts": 1, "accepted_pct": 85}  # fmt: skip
+    agg = next(r for r in rows if not r.disagg and r.hardware == "h200" and r.decode.ep == 1 and r.conc == 32)
+    p = serving_measurement(agg).params  # type: ignore[union-attr]
+    assert p["moe"] == "tp" and p["ep"] == agg.decode.tp and p["users"] == 32
+    assert p["prefill_len"] == round(0.9 * agg.isl) and p["output_len"] == round(0.9 * agg.osl)
+    assert serving_measurement(next(r for r in rows if r.disagg and not r.decode.workers)) is None
+
+
+def test_the_fits_prediction_is_the_simulators_on_the_same_rows() -> None:
+    """costmodel.calibrate fits serving rows by their steady state (serving_tpot_ms); the bench simulates them
+    request by request. On rows of every kind the two TPOTs agree within 5 %, so what the fit minimises is what
+    the bench reports."""
+    import sys
+
+    from costmodel.calibrate import predict
+    from costmodel.calibration import load_calibration
+    from costmodel.catalog import load_model
+    from costmodel.measured import serving_measurement
+    from costmodel.profile import CostProfile
+    from costmodel.settings import CostSettings
+
+    sys.path.insert(0, str(INFERENCEX.parents[2] / "benchmarks"))
+    import inferencex_bench as bench
+
+    profile = CostProfile.corrected().calibrated(load_calibration(INFERENCEX.parents[1] / "calibration/serving.yaml"))
+    cost = CostSettings(profile)
+    rows = load_inferencex()
+    picked = [next(r for r in rows if r.hardware == g and r.disagg == d and r.spec_method == s)
+              for g, d, s in (("h200", True, "none"), ("b200", False, "mtp"), ("mi355x", False, "none"))]  # fmt: skip
+    for row in picked:
+        sim = bench.simulate(row, load_model("deepseek_v3"), cost).metrics["median_tpot"]
+        steady = predict(serving_measurement(row), profile)  # type: ignore[arg-type]
+        assert steady == pytest.approx(sim, rel=0.05), row.key
+
+
+def test_the_serving_fit_saw_only_the_fitting_gpus() -> None:
+    """conf/calibration/serving.yaml: its end-to-end factors are the stacks' and every GPU's, fitted on H200, B200
+    and MI300X rows only; no check GPU has a factor of its own, and the engine behaviour it assumed travels with it."""
+    from costmodel.calibrate import serving_rows
+    from costmodel.calibration import load_calibration
+    from costmodel.measured import GPUS
+
+    rows = serving_rows(INFERENCEX)
+    assert {r.gpu for r in rows} == {GPUS[g] for g in FITTING_GPUS} and len(rows) == 165
+    cal = load_calibration(INFERENCEX.parents[1] / "calibration/serving.yaml")
+    assert dict(cal.switches) == {"gemm_roofline": True, "activated_experts": True, "overlap_chosen": True,
+                                  "step_overhead": True, "dp_imbalance": True}  # fmt: skip
+    fitted = {(g, k) for g, k, f in cal.factors if f.origin == "fit"}
+    for g in ("H100-SXM", "DGX-B300", "GB200-NVL72", "GB300-NVL72", "MI325X", "MI355X"):
+        assert not any(gpu == g for gpu, _ in fitted), g
+    assert ("*", "moe_tp") in fitted and ("*", "step_overhead") in fitted and ("rocm", "hbm") in fitted
+    # a check GPU's factor is its stack's times every GPU's: MI355X takes ROCm's, measured on MI300X only
+    assert cal.get("MI355X", "hbm", "rocm").factor == pytest.approx(cal.table[("rocm", "hbm")].factor)
