@@ -81,7 +81,8 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
     What the cost model prices, as SGLang resolves it (docs/deploy.md tabulates both; tests/test_sglang_check.py
     reads the resolved values back): a prefill forward of the plan's batch per attention rank (SGLang divides
     `--chunked-prefill-size` by the attention DP size); decode at the plan's batch per rank (running requests and
-    the CUDA graphs captured up to it); two micro-batches overlapped, as both phases are modelled; DeepEP normal
+    the CUDA graphs captured up to it); two micro-batches overlapped where the island was priced so (always for
+    prefill; plan.Island.overlap); DeepEP normal
     for prefill, low-latency for decode; the redundant experts rebalanced by EPLB."""
     batch = plan.cost.prefill_batch_tokens
     cmd = [
@@ -96,10 +97,11 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
         "--ep-size", str(e.gpus),
         "--moe-a2a-backend", "deepep",
         "--deepep-mode", "normal" if e.role == "prefill" else "low_latency",
-        "--enable-two-batch-overlap",
         "--chunked-prefill-size", str(batch * e.attn_dp),
         "--max-prefill-tokens", str(batch),
     ]  # fmt: skip
+    if e.overlap:  # two micro-batches, as the island's steps were priced (one where that is faster at its batch)
+        cmd.insert(cmd.index("--chunked-prefill-size"), "--enable-two-batch-overlap")
     if e.attn_dp > 1:  # DP attention: SGLang 0.5.2x's --attn-dp-size (was --dp-size N --enable-dp-attention)
         # dense MLP in data parallel: SGLang takes 1 or the whole engine, not the attention TP the cost model splits
         # it over; with 1 each rank runs its share of the group's tokens through whole weights (the same FLOPs)
@@ -125,8 +127,8 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
 def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launch:
     """`vllm serve ...` for host `rank` of engine `e` (vLLM 0.33.0 flags): data parallel attention ranks of the
     plan's TP, experts parallel over the engine on DeepEP (high-throughput kernels for prefill, low-latency for
-    decode), two micro-batches overlapped (DBO, as both phases are modelled), the NIXL KV connector for
-    disaggregation. vLLM counts `--max-num-batched-tokens` and `--max-num-seqs` per DP rank."""
+    decode), two micro-batches overlapped where the island was priced so (DBO; plan.Island.overlap), the NIXL KV
+    connector for disaggregation. vLLM counts `--max-num-batched-tokens` and `--max-num-seqs` per DP rank."""
     local = min(e.gpus, e.node_gpus) // e.attn_tp  # attention DP ranks on one host
     cmd = [
         "vllm", "serve", opts.model_path,
@@ -135,10 +137,11 @@ def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launc
         "--data-parallel-size", str(e.attn_dp),
         "--enable-expert-parallel",
         "--all2all-backend", "deepep_high_throughput" if e.role == "prefill" else "deepep_low_latency",
-        "--enable-dbo",
         "--max-num-batched-tokens", str(plan.cost.prefill_batch_tokens),
         "--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}),
     ]  # fmt: skip
+    if e.overlap:  # dual-batch overlap, as the island's steps were priced
+        cmd.insert(cmd.index("--max-num-batched-tokens"), "--enable-dbo")
     if e.role == "decode":
         per_rank = max(e.max_running // e.attn_dp, 1)
         cmd += ["--max-num-seqs", str(per_rank)]  # vLLM captures a CUDA graph at exactly this batch

@@ -37,6 +37,7 @@ class Engine:
     hosts: tuple[int, ...]  # host indices of its GPU type
     gpu_slice: tuple[int, int] | None  # (first, last) GPU within its host when smaller than a host
     node_gpus: int
+    overlap: bool = True  # two micro-batches overlapped, as the plan's island was priced (plan.Island.overlap)
 
     @property
     def nnodes(self) -> int:
@@ -93,6 +94,7 @@ def engines(plan: Plan) -> list[Engine]:
                     mine,
                     gslice,
                     node,
+                    isl.overlap,
                 )
             )
     return out

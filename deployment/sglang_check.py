@@ -374,7 +374,12 @@ def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
             int(v.ep_num_redundant_experts) == e.redundant_experts,
         ),
         Setting("EPLB", bool(v.enable_eplb), e.redundant_experts > 0, bool(v.enable_eplb) == (e.redundant_experts > 0)),
-        Setting("two-batch overlap", bool(v.enable_two_batch_overlap), True, bool(v.enable_two_batch_overlap)),
+        Setting(
+            "two-batch overlap",
+            bool(v.enable_two_batch_overlap),
+            e.overlap,
+            bool(v.enable_two_batch_overlap) == e.overlap,
+        ),
         Setting(
             "DeepEP mode",
             str(v.deepep_mode),

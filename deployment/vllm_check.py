@@ -351,7 +351,7 @@ def settings(plan: Any, e: Any, argv: list[str], env: dict[str, str]) -> list[Se
         Setting.equal("EPLB", par.enable_eplb, e.redundant_experts > 0),
         Setting.equal("redundant experts", par.eplb_config.num_redundant_experts, e.redundant_experts),
         Setting.equal("all-to-all", par.all2all_backend, deepep),
-        Setting.equal("dual-batch overlap", par.enable_dbo, True),
+        Setting.equal("dual-batch overlap", par.enable_dbo, e.overlap),
         Setting.equal("KV connector", c.kv_transfer_config.kv_connector, "NixlConnector"),
         Setting.equal("NIXL side-channel host", env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"), EXAMPLE[HOST]),
     ]  # fmt: skip

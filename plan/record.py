@@ -169,6 +169,9 @@ class Island:
     utilisation: float = 0.0  # share of its time it is busy at the plan's rate
     ttft_ms_expected: float | None = None  # prefill: the queueing model's TTFT at the SLO percentile
     tpot_ms_expected: float | None = None  # decode: its mean step over the mix it serves
+    # two micro-batches overlapped (SGLang's two-batch overlap, vLLM's DBO), as the cost model priced the steps:
+    # always for prefill; for decode, where that is faster at its batch (switch `overlap_chosen`), else one
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, str) or not self.gpu:
@@ -207,6 +210,8 @@ class Island:
         _real(self.utilisation, "utilisation", 0.0)
         _optional_real(self.ttft_ms_expected, "ttft_ms_expected", 0.0)
         _optional_real(self.tpot_ms_expected, "tpot_ms_expected", 0.0)
+        if not isinstance(self.overlap, bool):
+            raise PlanError(f"overlap must be true or false, got {self.overlap!r}")
 
     @property
     def serving(self) -> bool:

@@ -105,3 +105,25 @@ def test_a_setting_that_departs_from_the_plan_is_caught(sc):
     rows = {s.name: s for s in sc.settings(plan, e, argv[:at] + argv[at + 2 :])}
     chunk = rows["prefill tokens per rank per forward"]
     assert not chunk.holds and chunk.resolved == 8192 // e.attn_dp
+
+
+def test_a_decode_island_priced_with_one_micro_batch_launches_without_the_overlap(sc, tmp_path: Path):
+    """Under `overlap_chosen` (costmodel=serving) a decode island runs two overlapped micro-batches only where the
+    cost model found that faster at its batch (plan.Island.overlap): its engines get --enable-two-batch-overlap
+    exactly then, SGLang resolves that, and an engine launched against its island's choice is caught."""
+    import dataclasses
+
+    path, _ = plan_of(tmp_path, "costmodel=serving")
+    plan = plans.load(path)
+    assert plan.cost.profile.overlap_chosen
+    for e in engines(plan):
+        assert e.overlap == plan.islands[e.island].overlap
+    e = next(e for e in engines(plan) if e.role == "decode")
+    for overlap in (True, False):
+        mine = dataclasses.replace(e, overlap=overlap)
+        argv = engine_argv(mine, 0, plan, DeployOptions())[3:]
+        assert ("--enable-two-batch-overlap" in argv) == overlap
+        rows = {s.name: s for s in sc.settings(plan, mine, argv)}
+        assert rows["two-batch overlap"].holds and rows["two-batch overlap"].resolved == overlap
+        other = {s.name: s for s in sc.settings(plan, dataclasses.replace(e, overlap=not overlap), argv)}
+        assert not other["two-batch overlap"].holds

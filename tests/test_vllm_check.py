@@ -122,3 +122,22 @@ def test_a_setting_that_departs_from_the_plan_is_caught(vllm_check) -> None:
     argv.remove("--enable-dbo")  # vLLM refuses micro-batch overlap without a DeepEP-like backend
     rows = {s.name: s for s in vllm_check.settings(plan, e, argv, launch_env(e, 0, plan))}
     assert not rows["all-to-all"].holds and rows["all-to-all"].resolved == "allgather_reducescatter"
+
+
+def test_dual_batch_overlap_follows_the_islands_pricing(vllm_check) -> None:
+    """--enable-dbo exactly where the island was priced with two overlapped micro-batches (plan.Island.overlap);
+    vLLM resolves it so, and a command against the island's choice is caught."""
+    import dataclasses
+
+    plan = plans.load(PLANS[0])
+    e = next(e for e in engines(plan) if e.role == "decode")
+    for overlap in (True, False):
+        mine = dataclasses.replace(e, overlap=overlap)
+        argv = engine_argv(mine, 0, plan, OPTS)[2:]
+        assert ("--enable-dbo" in argv) == overlap
+        rows = {s.name: s for s in vllm_check.settings(plan, mine, argv, launch_env(mine, 0, plan))}
+        assert rows["dual-batch overlap"].holds
+        other = dataclasses.replace(e, overlap=not overlap)
+        assert not {s.name: s for s in vllm_check.settings(plan, other, argv, launch_env(mine, 0, plan))}[
+            "dual-batch overlap"
+        ].holds

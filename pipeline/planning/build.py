@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.formulas import priced_precision
+from costmodel.formulas import decode_parts, priced_precision
 from costmodel.island_bench import IslandBenchmark, PhaseTable
 from costmodel.queueing import mix_moments, mix_quantile, wait_quantile
 from pipeline.planning.planner import Layout, Planner
@@ -49,6 +49,9 @@ def build_plan(
         table = bench.decode if phase == "decode" else bench.prefill
         fraction = cap[i] / np.where(tot > 0, tot, 1.0)
         facts = _serving_facts(planner, bench, phase, cfg, fraction, sol.rate_req_s) if cfg else {}
+        batch = engine_batch(table, cap[i], served, phase) if cfg else 0
+        if cfg and phase == "decode":
+            facts["overlap"] = overlapped(planner, gpu, cfg, batch, fraction)
         islands.append(
             Island(
                 gpu=gpu,
@@ -57,7 +60,7 @@ def build_plan(
                 tp=cfg["tp"] if cfg else 0,
                 dp=cfg["dp"] if cfg else 0,
                 ep=cfg["ep"] if cfg else 0,
-                batch=engine_batch(table, cap[i], served, phase) if cfg else 0,
+                batch=batch,
                 precision=Precision(*priced_precision(planner.gpus[gpu], planner.profile)),
                 cost_per_hour=size * planner.gpus[gpu].price_per_hour,
                 ranges=tuple(
@@ -82,6 +85,19 @@ def build_plan(
     )
     return Plan(tuple(islands), rates, planner.model, planner.cost, planner.workload.name, sol.status, inventory,
                 workload_spec=planner.workload.spec)  # fmt: skip
+
+
+def overlapped(planner: Planner, gpu: str, cfg: Mapping[str, int], batch: int, fraction: np.ndarray) -> bool:
+    """Whether a decode island runs two overlapped micro-batches at its batch, as the cost model prices its steps
+    (costmodel.formulas.decode_parts `Overlap`, at the mean context of the mix it serves): always unless the profile
+    chooses (`overlap_chosen`)."""
+    if not planner.profile.overlap_chosen:
+        return True
+    w = planner.ranges.p * fraction
+    context = float(w @ planner.lengths / w.sum()) + planner.workload.mean_decode / 2 if w.sum() > 0 else 1.0
+    parts = decode_parts(planner.gpus[gpu], planner.model, context, batch, cfg["tp"], cfg["ep"],
+                         planner.cost.fp8_combine, planner.profile)  # fmt: skip
+    return bool(float(parts["Overlap"]) > 0)
 
 
 def _serving_facts(
