@@ -39,7 +39,7 @@ import numpy as np
 from common import context
 
 from costmodel.catalog import CONF_DIR, load_gpu
-from costmodel.measured import FITTING_GPUS, GPUS, RANGE_RATIO, Row, load_inferencex, serving_measurement, worker
+from costmodel.measured import FITTING_GPUS, GPUS, INFERENCEX, RANGE_RATIO, Row, load_inferencex, worker
 from costmodel.settings import CostSettings
 from simulator.aggregated import AggregatedEngine, AggregatedSimulation
 from simulator.core import DecodeEngine, PrefillEngine, Simulation
@@ -165,10 +165,10 @@ def table(preds: list[Predicted], title: str) -> None:
 
 def refit_without(gpu: str) -> object:
     """The end-to-end calibration refitted without `gpu`'s rows: the kernel tables and the other fitting GPUs'."""
-    from costmodel.calibrate import fit, load_measurements
+    from costmodel.calibrate import fit, load_measurements, serving_rows
 
     kernels = load_measurements([CONF_DIR / "calibration" / "published.csv"])
-    rows = [m for r in load_inferencex() if r.fitting and r.hardware != gpu and (m := serving_measurement(r))]
+    rows = [m for m in serving_rows(INFERENCEX) if m.gpu != GPUS[gpu]]
     t0 = time.perf_counter()
     cal = fit(kernels + rows, name=f"serving-without-{gpu}").calibration
     seconds = time.perf_counter() - t0

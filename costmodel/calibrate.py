@@ -47,7 +47,10 @@ from costmodel.formulas import (
     _h20_table,
     _xfer_ms,
     decode_step_ms,
+    kv_bytes_per_seq,
+    kv_link_gb_s,
     prefill_time_ms,
+    request_overheads_ms,
 )
 from costmodel.profile import CostProfile
 from costmodel.specs import GPUArray
@@ -58,7 +61,7 @@ from costmodel.switches import MODEL_DOCS
 # 0.1; benchmarks/inferencex_bench.py --leave-gpu-out), never by the check GPUs
 SERVING_PRIOR_SIGMA = 0.1
 # end-to-end knobs that are the serving engines' own, whatever the GPU: fitted once for every GPU (`*`)
-ENGINE_KNOBS = ("moe_tp", "step_overhead")
+ENGINE_KNOBS = ("moe_tp", "step_overhead", "request_overhead", "handoff")
 FITTING_GPUS = ("h200", "b200", "mi300x")  # costmodel.measured's: the only GPUs whose end-to-end rows are fitted
 
 TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3}
@@ -121,6 +124,20 @@ COMPONENTS: dict[str, Component] = {
         "`prefill_len` tokens a step. Fitted per kernel stack (GPU.software) and for every GPU (`moe_tp`)",
         optional=("moe", "precision", "drafts", "accepted_pct", "users", "output_len", "prefill_len", "model"),
         words={"moe": ("ep", "tp"), "precision": ("fp8", "fp4")},
+        keyed="stack",
+    ),
+    "serving_ttft": Component(
+        ("input", "tp", "dp"),
+        ("s", "ms"),
+        ("request_overhead", "handoff", "kv_transfer", "dense_gemm", "grouped_gemm_prefill", "attention_prefill",
+         "a2a_normal", "hbm", "gemm_fixed", "grouped_gemm_decode", "attention_decode", "kv_read", "a2a_low_latency",
+         "allreduce", "moe_tp", "step_overhead"),
+        "median time to first token of a closed-loop serving benchmark with few users (no queue): the front end, the "
+        "prefill of an `input`-token prompt on `dp` attention ranks of TP `tp`, and disaggregated (`engine=disagg`) "
+        "its KV transfer and hand-off; aggregated, the decode step of the others (`batch`, `context`, `ep`, `moe`) "
+        "the prompt's chunk shares. Fitted per kernel stack, and for every GPU for the fixed times",
+        optional=("engine", "precision", "batch", "context", "ep", "moe", "model"),
+        words={"engine": ("agg", "disagg"), "precision": ("fp8", "fp4"), "moe": ("ep", "tp")},
         keyed="stack",
     ),
     "decode_step": Component(
@@ -264,7 +281,10 @@ def load_measurements(paths: Iterable[str | Path]) -> list[Measurement]:
 
 
 def predict(row: Measurement, profile: CostProfile) -> float:
-    """The row's quantity, in its unit, as the cost model (with `profile`'s calibration) gives it."""
+    """The row's quantity, in its unit, as the cost model (with `profile`'s calibration) gives it. A kernel
+    benchmark measures the kernel alone: its GPU's own factors, not what its stack's engines add (`Calibration`)."""
+    if COMPONENTS[row.component].keyed == "gpu" and profile.calibration is not None:
+        profile = replace(profile, calibration=profile.calibration.own(row.gpu))
     gpu = load_gpu(row.gpu)
     g = GPUArray.of(gpu)
     p = row.params
@@ -311,6 +331,8 @@ def predict(row: Measurement, profile: CostProfile) -> float:
         ms = decode_step_ms(gpu, model, p["context"], p["batch"], p["tp"], p["tp"], False, profile)
     elif c == "serving_tpot":
         ms = serving_tpot_ms(gpu, p, profile)
+    elif c == "serving_ttft":
+        ms = serving_ttft_ms(gpu, p, profile)
     else:  # pragma: no cover - COMPONENTS and this function list the same names
         raise AssertionError(c)
     ms = float(ms)
@@ -336,6 +358,24 @@ def serving_tpot_ms(gpu: Any, p: dict[str, Any], profile: CostProfile) -> float:
                               np.array([ranks]), 0.0, prof)  # fmt: skip
         ms += p["users"] / p["output_len"] * float(one[0]) / ranks
     return ms
+
+
+def serving_ttft_ms(gpu: Any, p: dict[str, Any], profile: CostProfile) -> float:
+    """A closed-loop benchmark's time to first token (ms) with too few users to queue: the front end's fixed time,
+    the prompt's prefill on one attention rank, and disaggregated its KV transfer and hand-off; aggregated, the
+    prompt's chunks share the engine's `dp` ranks and one decode step of the others (simulator.aggregated)."""
+    model = load_model(p.get("model", "deepseek_v3"))
+    prof = profile.with_fixes(experts_fp8=p.get("precision", "fp8") == "fp8")
+    front, handoff = request_overheads_ms(prof)
+    tokens = np.array([float(p["input"])])
+    pre = float(prefill_time_ms(gpu, model, tokens, np.array([p["tp"]]), np.array([p["dp"]]), 0.0, prof)[0])
+    if p.get("engine", "disagg") == "disagg":
+        kv = float(kv_bytes_per_seq(gpu, model, tokens, np.array([1.0]), prof)[0])
+        link = float(kv_link_gb_s(gpu, prof)) * p["tp"]
+        return front + pre + kv / (link * 1e9) * 1e3 + handoff
+    step = decode_step_ms(gpu, model, p.get("context", p["input"]), p.get("batch", 1), p["tp"], p.get("ep", p["dp"]),
+                          False, prof, 1.0, 0, p.get("moe", "ep") == "tp")  # fmt: skip
+    return front + pre / p["dp"] + float(step)
 
 
 # --- the fit -----------------------------------------------------------------------------------------
@@ -395,6 +435,16 @@ def knobs_of(row: Measurement, base: CostProfile) -> tuple[str, ...]:
         knobs = tuple(k for k in knobs if k != drop)
     if row.component == "attention_decode":  # compute-bound rows measure the FLOP rate, memory-bound the KV reads
         knobs = ("attention_decode",) if row.unit == "TFLOPS" else ("kv_read",)
+    if row.component == "serving_ttft":
+        p = row.params
+        if p.get("engine", "disagg") == "disagg":  # prefill, transfer and hand-off: no decode step
+            decode = ("grouped_gemm_decode", "attention_decode", "kv_read", "a2a_low_latency", "moe_tp",
+                      "step_overhead", "allreduce")  # fmt: skip
+            knobs = tuple(k for k in knobs if k not in decode)
+        else:
+            knobs = tuple(k for k in knobs if k not in ("handoff", "kv_transfer"))
+            if p.get("moe", "ep") == "ep":
+                knobs = tuple(k for k in knobs if k != "moe_tp")
     if row.component == "serving_tpot":
         p = row.params
         drop = {"moe_tp"} if p.get("moe", "ep") == "ep" else {"a2a_low_latency"}
@@ -415,9 +465,10 @@ def _params(rows: Sequence[Measurement], base: CostProfile) -> list[tuple[str, s
 
 def _calibration(name: str, pairs: list[tuple[str, str]], theta: np.ndarray, sigma: np.ndarray,
                  counts: dict[tuple[str, str], int], prior_sigma: float, source: str,
-                 switches: tuple[tuple[str, bool], ...]) -> Calibration:  # fmt: skip
+                 switches: tuple[tuple[str, bool], ...],
+                 held: tuple[tuple[str, str, Factor], ...] = ()) -> Calibration:  # fmt: skip
     fs = [(g, k, Factor(float(math.exp(t)), float(s), "fit", counts.get((g, k), 0)))
-          for (g, k), t, s in zip(pairs, theta, sigma, strict=True)]  # fmt: skip
+          for (g, k), t, s in zip(pairs, theta, sigma, strict=True)] + list(held)  # fmt: skip
     fitted = {(g, k) for g, k, _ in fs}
     for g in gpu_names():  # a GPU's prior stands below its stack's and every GPU's fits (Calibration.get)
         for k in KNOBS:
@@ -432,18 +483,38 @@ def log_errors(rows: Sequence[Measurement], profile: CostProfile) -> np.ndarray:
 
 def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigma: float = 0.3,
         name: str = "calibration", source: str = "", serving_sigma: float = SERVING_PRIOR_SIGMA) -> Fit:  # fmt: skip
-    """The maximum a-posteriori factors for `rows` over `base` (default: `default_base()`)."""
-    from scipy.optimize import least_squares
+    """The maximum a-posteriori factors for `rows` over `base` (default: `default_base()`).
 
+    Kernel benchmarks and end-to-end serving rows are fitted in that order: first each GPU's own factors to its
+    kernels (a kernel's prediction uses only those: `predict`), then the stacks' and every GPU's factors to the
+    serving rows with the kernels' held, so what an engine adds beside its kernels cannot move them."""
     t0 = time.perf_counter()
     base = base or default_base()
     rows = list(rows)
     if not rows:
         raise UserError("no measurements to fit")
-    if any(COMPONENTS[r.component].keyed == "stack" for r in rows):  # end-to-end rows: the engines' behaviour
-        base = serving_base(base)
+    serving = [r for r in rows if COMPONENTS[r.component].keyed == "stack"]
+    if not serving:
+        return _fit(rows, base, prior_sigma, name, source, serving_sigma, (), t0)
+    base = serving_base(base)  # end-to-end rows: the engines' behaviour
+    kernels = [r for r in rows if COMPONENTS[r.component].keyed == "gpu"]
+    held: tuple[tuple[str, str, Factor], ...] = ()
+    if kernels:
+        first = _fit(kernels, base, prior_sigma, name, source, serving_sigma, (), t0).calibration
+        held = tuple(f for f in first.factors if f[2].origin == "fit")
+    second = _fit(serving, base, prior_sigma, name, source, serving_sigma, held, t0)
+    calibrated = base.calibrated(second.calibration)
+    return Fit(second.calibration, rows, log_errors(rows, base), log_errors(rows, calibrated), second.scatter,
+               time.perf_counter() - t0)  # fmt: skip
+
+
+def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: str, source: str,
+         serving_sigma: float, held: tuple[tuple[str, str, Factor], ...], t0: float) -> Fit:  # fmt: skip
+    """One stage of `fit`: the factors `rows` inform, with the `held` ones fixed."""
+    from scipy.optimize import least_squares
+
     switches = structure(base)
-    pairs = _params(rows, base)
+    pairs = [pair for pair in _params(rows, base) if pair not in {(g, k) for g, k, _ in held}]
     counts: dict[tuple[str, str], int] = {}
     for row in rows:
         for knob in knobs_of(row, base):
@@ -456,9 +527,8 @@ def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigm
     meas_sigma = 0.1  # the fit's weighting only; the reported sigma uses the residual scatter
 
     def profile_of(theta: np.ndarray) -> CostProfile:
-        fs = tuple(sorted(((g, k, Factor(float(math.exp(t)), 0.0, "fit")) for (g, k), t in zip(pairs, theta,
-                                                                                                 strict=True)),
-                          key=lambda f: f[:2]))  # fmt: skip
+        free = ((g, k, Factor(float(math.exp(t)), 0.0, "fit")) for (g, k), t in zip(pairs, theta, strict=True))
+        fs = tuple(sorted((*free, *held), key=lambda f: f[:2]))
         return base.calibrated(Calibration(name, fs, switches=switches))
 
     def residuals(theta: np.ndarray) -> np.ndarray:
@@ -480,7 +550,7 @@ def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigm
         sigma = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     except np.linalg.LinAlgError:
         sigma = priors.copy()
-    cal = _calibration(name, pairs, sol.x, np.minimum(sigma, priors), counts, prior_sigma, source, switches)
+    cal = _calibration(name, pairs, sol.x, np.minimum(sigma, priors), counts, prior_sigma, source, switches, held)
     calibrated = base.calibrated(cal)
     return Fit(cal, rows, log_errors(rows, base), log_errors(rows, calibrated), scatter, time.perf_counter() - t0)
 
@@ -534,10 +604,12 @@ def write_calibration(cal: Calibration, path: Path, header: str = "") -> None:
 
 
 def serving_rows(path: Path) -> list[Measurement]:
-    """The fitting GPUs' rows of an InferenceX extract as `serving_tpot` measurements (costmodel.measured)."""
-    from costmodel.measured import load_inferencex, serving_measurement
+    """The fitting GPUs' rows of an InferenceX extract as `serving_tpot` measurements, and those with few users
+    as `serving_ttft` ones (costmodel.measured)."""
+    from costmodel.measured import load_inferencex, serving_measurement, ttft_measurement
 
-    rows = [serving_measurement(r, path) for r in load_inferencex(path) if r.fitting]
+    fitting = [r for r in load_inferencex(path) if r.fitting]
+    rows = [serving_measurement(r, path) for r in fitting] + [ttft_measurement(r, path) for r in fitting]
     return [m for m in rows if m is not None]
 
 

@@ -21,6 +21,8 @@ to measurements (`python -m costmodel.calibrate`), per GPU type:
 | `gemm_fixed` | 1 / the fixed cost of one dense GEMM kernel (`gemm_roofline` structure) | small dense GEMMs |
 | `moe_tp` | the expert kernels' rate on 1/ep-wide slices (experts split by TP) over whole experts' | serving |
 | `step_overhead` | 1 / the engine's fixed time per decode step (`step_overhead` structure) | serving |
+| `request_overhead` | 1 / a request's fixed time in the front end before its prefill (`request_overhead`) | serving |
+| `handoff` | 1 / a disaggregated request's fixed time from prefill to decode beside its KV bytes | serving |
 
 A factor is keyed by a GPU name, by a kernel stack (`cuda`, `rocm`: `GPU.software`) or by `*` (every
 GPU), and a GPU's factor is the product of the three: its own, its stack's and every GPU's (each 1
@@ -67,10 +69,12 @@ KNOBS: dict[str, str] = {
     "moe_tp": "rate of the expert kernels on 1/ep-wide slices of every expert (experts split by TP), over whole "
     "experts'",
     "step_overhead": "1 / the engine's fixed time per decode step (scheduling, launch, sampling; step_overhead only)",
+    "request_overhead": "1 / a request's fixed time in the serving front end before its prefill (request_overhead)",
+    "handoff": "1 / a disaggregated request's fixed time from prefill to decode beside its KV bytes (request_overhead)",
 }
 # the engine behaviour (switches.SYSTEM_DOCS) a calibration fitted to end-to-end serving carries; `experts_fp8` is
 # each measurement's own precision, not structure
-STRUCTURE_SYSTEM = ("activated_experts", "overlap_chosen", "step_overhead", "dp_imbalance")
+STRUCTURE_SYSTEM = ("activated_experts", "overlap_chosen", "step_overhead", "dp_imbalance", "request_overhead")
 ALL_GPUS = "*"  # a factor under this key holds for every GPU without its own fitted one (nor its stack's)
 ORIGINS = ("fit", "prior")
 
@@ -129,6 +133,14 @@ class Calibration:
         origin = "fit" if any(f.origin == "fit" for f in parts) else "prior"
         sigma = math.sqrt(sum(f.sigma**2 for f in parts))
         return Factor(math.prod(f.factor for f in parts), sigma, origin, sum(f.rows for f in parts))
+
+    def own(self, gpu: str) -> Calibration:
+        """Only `gpu`'s own factors (a kernel benchmark's: what its stack's engines add is not in a kernel)."""
+        key = ("own", gpu)
+        cache = self.__dict__.setdefault("_own", {})
+        if key not in cache:
+            cache[key] = replace(self, factors=tuple(f for f in self.factors if f[0] == gpu))
+        return cache[key]
 
     def array(
         self, names: Iterable[str], knob: str, shape: tuple[int, ...], software: Iterable[str] = ()

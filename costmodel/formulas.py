@@ -46,6 +46,11 @@ GEMM_FIXED_MS = 0.002
 # SGLang's and TensorRT-LLM's per-iteration scheduling and sampling with CUDA graphs (their profiles show 0.5-2 ms);
 # the end-to-end fit (costmodel.calibrate, knob `step_overhead`) sets it from measured serving
 STEP_OVERHEAD_MS = 1.0
+# A request's fixed times outside the GPUs (`request_overhead`), before calibration: the front end's (HTTP,
+# tokenisation, routing, scheduling) and, disaggregated, the hand-off's beside its KV bytes (bootstrap, transfer
+# set-up, admission); the end-to-end fit (knobs `request_overhead`, `handoff`) sets both from measured TTFT
+REQUEST_OVERHEAD_MS = 50.0
+HANDOFF_MS = 50.0
 MEM_UTIL = 0.9
 SS_OTHER_PARAMS_GB = 2.91  # shallowsim's embedding / head / misc constant
 SS_MLA_PARAMS_M = 187.17  # shallowsim's per-layer MLA constant (decimal M, used as MiB)
@@ -705,6 +710,18 @@ def weight_bytes_per_gpu(
     expert = experts * model.n_moe_layers * _expert_bytes(model, r, "decode", p)
     embed = 2.0 * model.vocab_size * model.hidden * 2.0  # embedding + LM head, BF16
     return attn + dense + expert + embed
+
+
+def request_overheads_ms(profile: CostProfile | None) -> tuple[float, float]:
+    """(front end, hand-off) fixed times of one request, ms (`request_overhead`; both 0 without it). Fitted for every
+    GPU (`*`): they are the serving software's, outside the GPUs."""
+    p = profile or CostProfile.corrected()
+    if not p.request_overhead:
+        return 0.0, 0.0
+    cal = p.calibration
+    front = cal.get("", "request_overhead").factor if cal else 1.0
+    handoff = cal.get("", "handoff").factor if cal else 1.0
+    return REQUEST_OVERHEAD_MS / front, HANDOFF_MS / handoff
 
 
 def kv_link_gb_s(gpu: GPU | GPUArray, profile: CostProfile | None = None) -> np.ndarray:

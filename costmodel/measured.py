@@ -29,6 +29,9 @@ RANGE_RATIO = 0.8
 # ranges between 85% and 90%", DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3); InferenceX does not
 # record the engines' draft settings
 MTP_DRAFTS, MTP_ACCEPTED = 1, 0.85
+# rows with at most this many users are fitted on their TTFT: with more, requests queue for the prefill or for
+# admission to decode, which the steady-state prediction (costmodel.calibrate.serving_ttft_ms) leaves out
+QUEUE_FREE_USERS = 16
 
 _BOOL = {"true": True, "false": False}
 _INTS = ("prefill_tp", "prefill_ep", "prefill_num_workers", "decode_tp", "decode_ep", "decode_num_workers",
@@ -132,6 +135,25 @@ def serving_measurement(row: Row, path: str | Path = INFERENCEX) -> Measurement 
         shape |= {"users": row.conc, "output_len": mean_out, "prefill_len": mean_in}
     return Measurement("serving_tpot", GPUS[row.hardware], tuple(sorted(shape.items())), row.metrics["median_tpot"],
                        "s", row.run_url, f"{path}:{row.line}")  # fmt: skip
+
+
+def ttft_measurement(row: Row, path: str | Path = INFERENCEX) -> Measurement | None:
+    """The row's median TTFT as a `serving_ttft` measurement where it has at most QUEUE_FREE_USERS users (more queue
+    for the prefill or for admission, which the steady-state prediction does not hold), else None."""
+    tpot = serving_measurement(row, path)
+    if tpot is None or row.conc > QUEUE_FREE_USERS:
+        return None
+    p = tpot.params
+    mean_in = round(row.isl * (1 + RANGE_RATIO) / 2)
+    if row.disagg:
+        size, tp = worker(row.prefill)
+        shape: dict[str, object] = {"input": mean_in, "tp": tp, "dp": size // tp, "engine": "disagg"}
+    else:
+        shape = {"input": mean_in, "tp": p["tp"], "dp": p["ep"] // p["tp"], "engine": "agg", "batch": p["batch"],
+                 "context": p["context"], "ep": p["ep"], "moe": p["moe"]}  # fmt: skip
+    shape["precision"] = row.precision
+    return Measurement("serving_ttft", tpot.gpu, tuple(sorted(shape.items())), row.metrics["median_ttft"], "s",
+                       row.run_url, tpot.where)  # fmt: skip
 
 
 def load_inferencex(path: str | Path = INFERENCEX) -> list[Row]:

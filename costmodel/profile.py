@@ -47,6 +47,7 @@ class CostProfile:
     overlap_chosen: bool = False
     step_overhead: bool = False
     dp_imbalance: bool = False
+    request_overhead: bool = False
     calibration: Calibration | None = None  # component efficiency factors per GPU (costmodel/calibration.py)
 
     @staticmethod

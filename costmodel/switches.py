@@ -74,6 +74,11 @@ SYSTEM_DOCS: dict[str, str] = {
         "micro-batch streaming its own experts) only where that is faster than one micro-batch with its "
         "communication exposed: the engine's two-batch-overlap setting chosen per batch size; not always two"
     ),
+    "request_overhead": (
+        "a request spends a fixed time in the serving front end before its prefill (HTTP, tokenisation, routing, "
+        "scheduling: REQUEST_OVERHEAD_MS before calibration) and, disaggregated, a fixed time from prefill to decode "
+        "beside its KV bytes (bootstrap, transfer set-up, the decode engine's admission: HANDOFF_MS); not zero"
+    ),
     "dp_imbalance": (
         "under attention data parallelism the step waits for the busiest of the group's ep / tp ranks: each holds "
         "a random share of the sequences, the busiest b + sqrt(2 b ln ranks) of a mean b (its attention, KV reads "

@@ -54,6 +54,7 @@ class AggregatedSimulation(Arrivals):
             if e.chunk < 1:
                 raise ValueError(f"engine {e.index}: the prefill chunk must be at least 1 token, got {e.chunk}")
         self.r, self.engines, self.concurrency = requests, engines, concurrency
+        self.front_ms = max(e.prefill.front_ms for e in engines)
         self.events: list[tuple[float, int, int, int]] = []
         self.seq = itertools.count()
         self.now = 0.0

@@ -86,6 +86,7 @@ class Arrivals:
     now: float
     concurrency: int | None
     released: int  # closed loop: requests released so far (in order)
+    front_ms: float = 0.0  # a request's fixed time before it reaches a prefill queue (PrefillTiming.front_ms)
 
     def push(self, t: float, kind: int, who: int) -> None:
         raise NotImplementedError
@@ -93,7 +94,7 @@ class Arrivals:
     def _arrivals(self) -> None:
         if self.concurrency is None:
             for i, t in enumerate(self.r.arrival):
-                self.push(float(t), ARRIVE, i)
+                self.push(float(t) + self.front_ms, ARRIVE, i)
         else:
             self.r.arrival[:] = -1.0  # written as each request is released
             for _ in range(min(self.concurrency, len(self.r))):
@@ -103,7 +104,7 @@ class Arrivals:
         req = self.released
         self.released += 1
         self.r.arrival[req] = self.now
-        self.push(self.now, ARRIVE, req)
+        self.push(self.now + self.front_ms, ARRIVE, req)
 
     def _next_user(self) -> None:
         if self.concurrency is not None and self.released < len(self.r):
@@ -132,6 +133,7 @@ class Simulation(Arrivals):
         check_concurrency(concurrency)
         self.concurrency, self.released = concurrency, 0
         self.r, self.prefill, self.decode, self.router = requests, list(prefill), list(decode), router
+        self.front_ms = max((e.timing.front_ms for e in self.prefill), default=0.0)
         self.scheduler = scheduler or Scheduler()
         self.events: list[tuple[float, int, int, int]] = []
         self.seq = itertools.count()
@@ -196,7 +198,7 @@ class Simulation(Arrivals):
     def _prefill_done(self, index: int) -> None:
         e = self.prefill[index]
         for req in e.batch:
-            self.r.first_token[req] = self.now  # the prefill emits the first token
+            self.r.first_token[req] = self.now  # the prefill computes the first token (the client's, if it ends here)
             self.router.prefilled(self, req)
             if self.r.output_len[req] == 1:
                 self._finished(req)  # nothing left to decode
@@ -209,6 +211,8 @@ class Simulation(Arrivals):
     # --- decode ------------------------------------------------------------------------------
 
     def _kv_ready(self, req: int) -> None:
+        if self._generated(req) == 1:  # the client gets the first token from the decode engine, which streams
+            self.r.first_token[req] = self.now  # every token: once the KV has arrived there
         d = self.decode[int(self.r.decode_engine[req])]
         d.waiting.append(req)
         if d.stepping:

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.formulas import decode_step_ms, kv_bytes_per_seq, kv_link_gb_s, max_batch, prefill_time_ms
+from costmodel.formulas import (
+    decode_step_ms,
+    kv_bytes_per_seq,
+    kv_link_gb_s,
+    max_batch,
+    prefill_time_ms,
+    request_overheads_ms,
+)
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 
@@ -29,12 +36,14 @@ class PrefillTiming:
     ms: np.ndarray  # prefill time of one prompt at each grid length
     kv_bytes_per_token: float  # KV bytes one token of a prompt moves to decode (whole model)
     link_gb_s: float  # the engine's KV transfer bandwidth (its GPUs' NICs, derated: kv_link_gb_s)
+    front_ms: float = 0.0  # a request's fixed time before its prefill (costmodel.formulas.request_overheads_ms)
+    handoff_ms: float = 0.0  # ... and from its prefill to decode, beside its KV bytes
 
     def prefill_ms(self, tokens: float) -> float:
         return float(np.interp(tokens, self.lengths, self.ms))
 
     def transfer_ms(self, tokens: float) -> float:
-        return tokens * self.kv_bytes_per_token / (self.link_gb_s * 1e9) * 1e3
+        return tokens * self.kv_bytes_per_token / (self.link_gb_s * 1e9) * 1e3 + self.handoff_ms
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,7 @@ def prefill_timing(gpu: GPU, model: Model, tp: int, dp: int, max_len: int, cost:
     ms = prefill_time_ms(gpu, model, lengths, n_tp, n_dp, cost.cache_hit, cost.profile)
     kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile)[0])
     link = float(kv_link_gb_s(gpu, cost.profile)) * tp
-    return PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, link)
+    return PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, link, *request_overheads_ms(cost.profile))
 
 
 def decode_timing(

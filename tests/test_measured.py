@@ -102,7 +102,7 @@ def test_the_fits_prediction_is_the_simulators_on_the_same_rows() -> None:
     from costmodel.calibrate import predict
     from costmodel.calibration import load_calibration
     from costmodel.catalog import load_model
-    from costmodel.measured import serving_measurement
+    from costmodel.measured import serving_measurement, ttft_measurement
     from costmodel.profile import CostProfile
     from costmodel.settings import CostSettings
 
@@ -118,6 +118,13 @@ def test_the_fits_prediction_is_the_simulators_on_the_same_rows() -> None:
         sim = bench.simulate(row, load_model("deepseek_v3"), cost).metrics["median_tpot"]
         steady = predict(serving_measurement(row), profile)  # type: ignore[arg-type]
         assert steady == pytest.approx(sim, rel=0.05), row.key
+    # and the time to first token of rows too few users to queue (the front end, the prefill, the hand-off)
+    few = [next(r for r in rows if r.hardware == g and r.disagg == d and r.conc <= 4)
+           for g, d in (("b200", True), ("h200", False))]  # fmt: skip
+    for row in few:
+        sim = bench.simulate(row, load_model("deepseek_v3"), cost).metrics["median_ttft"]
+        steady = predict(ttft_measurement(row), profile)  # type: ignore[arg-type]
+        assert steady == pytest.approx(sim, rel=0.1), row.key
 
 
 def test_the_serving_fit_saw_only_the_fitting_gpus() -> None:
@@ -128,10 +135,10 @@ def test_the_serving_fit_saw_only_the_fitting_gpus() -> None:
     from costmodel.measured import GPUS
 
     rows = serving_rows(INFERENCEX)
-    assert {r.gpu for r in rows} == {GPUS[g] for g in FITTING_GPUS} and len(rows) == 165
+    assert {r.gpu for r in rows} == {GPUS[g] for g in FITTING_GPUS} and len(rows) == 165 + 74  # TPOT; TTFT, <= 16 users
     cal = load_calibration(INFERENCEX.parents[1] / "calibration/serving.yaml")
     assert dict(cal.switches) == {"gemm_roofline": True, "activated_experts": True, "overlap_chosen": True,
-                                  "step_overhead": True, "dp_imbalance": True}  # fmt: skip
+                                  "step_overhead": True, "dp_imbalance": True, "request_overhead": True}  # fmt: skip
     fitted = {(g, k) for g, k, f in cal.factors if f.origin == "fit"}
     for g in ("H100-SXM", "DGX-B300", "GB200-NVL72", "GB300-NVL72", "MI325X", "MI355X"):
         assert not any(gpu == g for gpu, _ in fitted), g
