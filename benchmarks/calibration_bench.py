@@ -10,7 +10,8 @@
    calibration halves `corrected`'s median error on held-out rows.
 2. The wall time of one fit and of the leave-one-out (one fit per row), measured in this run.
 3. An independent end-to-end check, never fitted: DeepSeek's published statistics of its H800
-   serving fleet (`check`), against the same profiles.
+   serving fleet (`check`), against the same profiles and the one fitted to InferenceX's serving
+   measurements (conf/calibration/serving.yaml).
 4. The Table 5.1 cells: the exact optimum (default settings, node-aligned islands) with
    `corrected` and with the calibration, side by side, and the calibrated optimum's range (10th /
    90th percentile over draws of the calibration's factors, pipeline/band.py).
@@ -89,8 +90,10 @@ def check(calibration: str) -> None:
 
     gpu, model = load_gpu("H800"), load_model("deepseek_v3")
     cal = load_calibration(calibration_path(calibration))
+    serving = load_calibration(calibration_path("serving"))
     profiles = {"shallowsim": CostProfile.shallowsim(), "corrected": CostProfile.corrected(),
-                "calibrated": CostProfile.corrected().calibrated(cal)}  # fmt: skip
+                "calibrated": CostProfile.corrected().calibrated(cal),
+                "serving (InferenceX fit)": CostProfile.corrected().calibrated(serving)}  # fmt: skip
     d, f = E2E_DECODE, E2E_PREFILL
     print(f"\nEnd-to-end check, not fitted ({E2E_SOURCE}): the model's rate per H800 over the published "
           "day average (>1: the model is more optimistic than the service's average)\n")  # fmt: skip

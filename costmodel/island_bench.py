@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms
+from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms, request_overheads_ms
 from costmodel.profile import CostProfile
 from costmodel.queueing import mix_moments, mix_quantile, tpot_step_cap_ms
 from costmodel.queueing import utilisation_caps as utilisation_caps_for_wait
@@ -266,7 +266,9 @@ def utilisation_caps(
 
     Prefill: c = dp engines, service time t(s) per prompt, the service mix that of the workload
     over the lengths the island can prefill (weights); the island meets TTFT at the percentile q
-    when W_q + S_q <= TTFT (S_q: the mix's q-quantile). One cap for the whole island: a cap per
+    when W_q + S_q <= TTFT minus a request's fixed times outside the GPUs (`request_overhead`: the
+    front end's and the disaggregated hand-off's; the KV bytes' few ms are left out) (S_q: the mix's
+    q-quantile). One cap for the whole island: a cap per
     length would let an island mixing short and long prompts run at the short ones' load, where
     its long ones miss the target (measured: benchmarks/slo_bench.py). An engine batches queued
     prompts up to `cost.prefill_batch_tokens` and emits their first tokens together, so a queued
@@ -287,7 +289,8 @@ def utilisation_caps(
         ww = w[ok] if w[ok].sum() > 0 else np.ones(ok.sum())
         mean, cs2 = mix_moments(service_s[ok], ww)
         q = cost.ttft_percentile / 100
-        budget = cost.ttft_ms / 1e3 - mix_quantile(service_s[ok], ww, q)
+        fixed_s = sum(request_overheads_ms(cost.profile)) / 1e3  # the front end and the hand-off, outside the GPUs
+        budget = cost.ttft_ms / 1e3 - fixed_s - mix_quantile(service_s[ok], ww, q)
         tokens = float(ww @ np.asarray(bench.lengths, dtype=float)[ok] / ww.sum())
         batch_s = mean / tokens * max(cost.prefill_batch_tokens - tokens, 0.0)  # a full batch behind one prompt
         c = int(t.dp[t.chosen])
