@@ -562,11 +562,10 @@ def decode_parts(
         shared_gemm = _grouped_gemm_ms(_expert_gflop(model, b), m_shared, r.expert, use_h20, p)
         shared = micro * model.n_shared_experts * (shared_gemm + t_w / (n if moe_tp else 1.0))
         routed = micro * (routed_gemm + t_w * loaded)
-        if moe_tp:  # the sliced kernels' own rate (the `moe_tp` calibration knob)
-            shared, routed = shared / r.moe_tp, routed / r.moe_tp
-        if moe_tp:  # the group's MoE output all-reduced, once per micro-batch; nothing dispatched
-            zero = np.zeros_like(routed)
-            return shared, routed, zero, micro * _allreduce_ms(tokens_gpu * n / micro, model, n, g, r, p)
+        if moe_tp:  # the sliced kernels at their own rate (knob `moe_tp`); the group's MoE output all-reduced
+            zero = np.zeros_like(routed)  # once per micro-batch, nothing dispatched
+            reduce = micro * _allreduce_ms(tokens_gpu * n / micro, model, n, g, r, p)
+            return shared / r.moe_tp, routed / r.moe_tp, zero, reduce
         fp8_comb = bool(fp8_combine) & r.has_fp4
         comb_elem = np.where(fp8_comb, 1.0, 2.0)
         latency = DECODE_A2A_LATENCY_MS * micro
