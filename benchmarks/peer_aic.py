@@ -1,6 +1,6 @@
 """NVIDIA's AIConfigurator (PyPI `aiconfigurator`) driven by one JSON job on stdin, its answer as JSON on stdout.
 
-    /work/peer-venv/bin/python benchmarks/peer_aic.py < job.json > answer.json
+    .venv-peer/bin/python benchmarks/peer_aic.py < job.json > answer.json
 
 Run by AIConfigurator's own interpreter (benchmarks/requirements-peer.txt pins the version), never the project's: it
 imports nothing of Archipelago, so benchmarks/peer_bench.py runs it as a subprocess. Jobs:
