@@ -213,10 +213,10 @@ def parse_shape(text: str, comp: Component, where: str) -> tuple[tuple[str, Any]
 
 def _runnable(p: dict[str, Any], component: str, where: str) -> None:
     """An engine step's tensor-parallel size must shard the model's attention heads (no engine runs TP 3)."""
-    if component not in ("prefill_step", "decode_step", "serving_tpot"):
+    if component not in ("prefill_step", "decode_step", "serving_tpot", "serving_ttft"):
         return
-    if component == "serving_tpot" and (p["ep"] % p["tp"] or ("users" in p) != ("output_len" in p) != (
-            "prefill_len" in p)):  # fmt: skip
+    aggregated = {k in p for k in ("users", "output_len", "prefill_len")}
+    if component == "serving_tpot" and (p["ep"] % p["tp"] or len(aggregated) > 1):
         raise MeasurementError(f"{where}: serving_tpot needs tp dividing ep, and users, output_len and prefill_len "
                                "together (an aggregated engine) or none of them")  # fmt: skip
     name = p.get("model", "deepseek_v3")

@@ -217,6 +217,13 @@ BAD = {
     "not divide deepseek_v3's 128 attention heads",
     "component,gpu,shape,value,unit,source\ndecode_step,H20,batch=8.5 context=1024 tp=8,0.05,s,x\n": "shape "
     "batch='8.5' must be a whole number",
+    "component,gpu,shape,value,unit,source\nserving_tpot,H200,batch=8 context=1024 tp=8 ep=8 users=8,0.02,s,x\n":
+    "users, output_len and prefill_len together",
+    "component,gpu,shape,value,unit,source\nserving_tpot,H200,batch=8 context=1024 tp=8 ep=12,0.02,s,x\n":
+    "tp dividing ep",
+    "component,gpu,shape,value,unit,source\nserving_ttft,H200,input=1024 tp=3 dp=1,0.2,s,x\n": "shape tp=3 does not",
+    "component,gpu,shape,value,unit,source\nserving_ttft,H200,input=1024 tp=8 dp=1 engine=both,0.2,s,x\n":
+    "engine='both' must be one of",
 }
 
 
