@@ -39,7 +39,17 @@ import numpy as np
 from common import context
 
 from costmodel.catalog import CONF_DIR, load_gpu
-from costmodel.measured import FITTING_GPUS, GPUS, INFERENCEX, RANGE_RATIO, Row, load_inferencex, worker
+from costmodel.measured import (
+    FITTING_GPUS,
+    GPUS,
+    INFERENCEX,
+    RANGE_RATIO,
+    Row,
+    decode_engine,
+    load_inferencex,
+    users_per_rank,
+    worker,
+)
 from costmodel.settings import CostSettings
 from simulator.aggregated import AggregatedEngine, AggregatedSimulation
 from simulator.core import DecodeEngine, PrefillEngine, Simulation
@@ -97,10 +107,9 @@ def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Pred
     pre_t = prefill_timing(gpu, model, p_tp, p_dp, row.isl, cost)  # type: ignore[arg-type]
     budget = cost.prefill_batch_tokens  # type: ignore[attr-defined]
     prefill = [PrefillEngine(i, 0, pre_t, budget) for i in range(p.workers * p_dp)]
-    d_size, d_tp = worker(d)
+    d_size, d_tp, _ = decode_engine(row)
     ranks = d_size // d_tp
-    per_rank = max(-(-row.conc // (d.workers * ranks)), 1)  # the clients' requests over every rank
-    dec_t = decode_timing(gpu, model, d_tp, d_size, per_rank, row.isl + row.osl, cost, 1.0,  # type: ignore[arg-type]
+    dec_t = decode_timing(gpu, model, d_tp, d_size, users_per_rank(row), row.isl + row.osl, cost, 1.0,  # type: ignore[arg-type]
                           *row.speculation, moe_tp=d.ep == 1)  # fmt: skip
     rebuild = prefill_timing(gpu, model, d_tp, ranks, row.isl + row.osl, cost)  # type: ignore[arg-type]
     decode = [DecodeEngine(i, 1, dec_t, rebuild) for i in range(d.workers)]
@@ -121,12 +130,10 @@ def _aggregated(
     CHUNK tokens a step beside the decoding sequences; with DP attention each rank prefills its own prompts, so an
     engine takes CHUNK per rank and a piece's time is shared by the ranks."""
     d = row.decode
-    engines = 1  # Row.gpus: an aggregated row measures one engine
-    attn_tp = 1 if d.dp_attention else d.tp
-    ranks = d.tp // attn_tp
-    per_rank = max(-(-row.conc // (engines * ranks)), 1)
-    dec_t = decode_timing(gpu, model, attn_tp, d.tp, per_rank, row.isl + row.osl, cost, 1.0,  # type: ignore[arg-type]
-                          *row.speculation, moe_tp=d.ep == 1)  # fmt: skip
+    size, attn_tp, engines = decode_engine(row)  # Row.gpus: an aggregated row measures one engine
+    ranks = size // attn_tp
+    dec_t = decode_timing(gpu, model, attn_tp, size, users_per_rank(row), row.isl + row.osl, cost,  # type: ignore[arg-type]
+                          1.0, *row.speculation, moe_tp=d.ep == 1)  # fmt: skip
     pre_t = prefill_timing(gpu, model, attn_tp, ranks, row.isl, cost)  # type: ignore[arg-type]
     if ranks > 1:
         pre_t = dataclasses.replace(pre_t, ms=pre_t.ms / ranks)

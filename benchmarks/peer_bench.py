@@ -53,7 +53,7 @@ from common import ROOT, context
 from inferencex_bench import METRICS, WITHIN, Predicted, err, reason, refit_without, simulate
 
 from costmodel.catalog import CONF_DIR
-from costmodel.measured import FITTING_GPUS, RANGE_RATIO, Phase, Row, load_inferencex, worker
+from costmodel.measured import FITTING_GPUS, RANGE_RATIO, Phase, Row, decode_engine, load_inferencex, worker
 
 PEER_PYTHON = str(ROOT / ".venv-peer" / "bin" / "python")
 DRIVER = Path(__file__).with_name("peer_aic.py")
@@ -119,8 +119,8 @@ def peer_config(k: int, row: Row, how: str) -> dict[str, Any]:
         for name, phase in (("prefill", row.prefill), ("decode", row.decode)):
             cfg[name] = {**_phase(phase, *worker(phase)), "workers": phase.workers}
     else:
-        d = row.decode
-        cfg["engine"] = _phase(d, d.tp, 1 if d.dp_attention else d.tp)
+        size, attention_tp, _ = decode_engine(row)
+        cfg["engine"] = _phase(row.decode, size, attention_tp)
     return cfg
 
 

@@ -413,10 +413,6 @@ def serving_base(base: CostProfile) -> CostProfile:
     return base.with_fixes(**dict.fromkeys(STRUCTURE_SYSTEM, True))
 
 
-def known_gpus() -> frozenset[str]:
-    return frozenset(gpu_names())
-
-
 def key_of(row: Measurement, knob: str) -> str:
     """Whose factor of `knob` a row informs: its GPU's for kernel benchmarks; for end-to-end serving, `*` (every
     GPU) for `moe_tp` and the GPU's kernel stack otherwise."""
@@ -495,26 +491,27 @@ def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigm
         raise UserError("no measurements to fit")
     serving = [r for r in rows if COMPONENTS[r.component].keyed == "stack"]
     if not serving:
-        return _fit(rows, base, prior_sigma, name, source, serving_sigma, (), t0)
-    base = serving_base(base)  # end-to-end rows: the engines' behaviour
-    kernels = [r for r in rows if COMPONENTS[r.component].keyed == "gpu"]
-    held: tuple[tuple[str, str, Factor], ...] = ()
-    if kernels:
-        first = _fit(kernels, base, prior_sigma, name, source, serving_sigma, (), t0).calibration
-        held = tuple(f for f in first.factors if f[2].origin == "fit")
-    second = _fit(serving, base, prior_sigma, name, source, serving_sigma, held, t0)
-    calibrated = base.calibrated(second.calibration)
-    return Fit(second.calibration, rows, log_errors(rows, base), log_errors(rows, calibrated), second.scatter,
-               time.perf_counter() - t0)  # fmt: skip
+        cal, scatter = _fit(rows, base, prior_sigma, name, source, serving_sigma, ())
+    else:
+        base = serving_base(base)  # end-to-end rows: the engines' behaviour
+        kernels = [r for r in rows if COMPONENTS[r.component].keyed == "gpu"]
+        held: tuple[tuple[str, str, Factor], ...] = ()
+        if kernels:
+            first, _ = _fit(kernels, base, prior_sigma, name, source, serving_sigma, ())
+            held = tuple(f for f in first.factors if f[2].origin == "fit")
+        cal, scatter = _fit(serving, base, prior_sigma, name, source, serving_sigma, held)
+    calibrated = base.calibrated(cal)
+    return Fit(cal, rows, log_errors(rows, base), log_errors(rows, calibrated), scatter, time.perf_counter() - t0)
 
 
 def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: str, source: str,
-         serving_sigma: float, held: tuple[tuple[str, str, Factor], ...], t0: float) -> Fit:  # fmt: skip
-    """One stage of `fit`: the factors `rows` inform, with the `held` ones fixed."""
+         serving_sigma: float, held: tuple[tuple[str, str, Factor], ...]) -> tuple[Calibration, float]:  # fmt: skip
+    """One stage of `fit`: the factors `rows` inform, with the `held` ones fixed; and the measurement scatter."""
     from scipy.optimize import least_squares
 
     switches = structure(base)
-    pairs = [pair for pair in _params(rows, base) if pair not in {(g, k) for g, k, _ in held}]
+    fixed = {(g, k) for g, k, _ in held}
+    pairs = [pair for pair in _params(rows, base) if pair not in fixed]
     counts: dict[tuple[str, str], int] = {}
     for row in rows:
         for knob in knobs_of(row, base):
@@ -523,7 +520,8 @@ def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: s
     logv = np.log([r.value for r in rows])
     # a GPU's kernel factors start at `prior_sigma`; the end-to-end factors (a stack's, every GPU's) correct rates
     # the kernel tables already set, at `serving_sigma`
-    priors = np.array([prior_sigma if g in known_gpus() else min(prior_sigma, serving_sigma) for g, _ in pairs])
+    gpus = set(gpu_names())
+    priors = np.array([prior_sigma if g in gpus else min(prior_sigma, serving_sigma) for g, _ in pairs])
     meas_sigma = 0.1  # the fit's weighting only; the reported sigma uses the residual scatter
 
     def profile_of(theta: np.ndarray) -> CostProfile:
@@ -551,8 +549,7 @@ def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: s
     except np.linalg.LinAlgError:
         sigma = priors.copy()
     cal = _calibration(name, pairs, sol.x, np.minimum(sigma, priors), counts, prior_sigma, source, switches, held)
-    calibrated = base.calibrated(cal)
-    return Fit(cal, rows, log_errors(rows, base), log_errors(rows, calibrated), scatter, time.perf_counter() - t0)
+    return cal, scatter
 
 
 def leave_one_out(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigma: float = 0.3) -> np.ndarray:

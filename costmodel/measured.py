@@ -79,6 +79,11 @@ class Row:
         return (MTP_DRAFTS, MTP_ACCEPTED) if self.spec_method == "mtp" else (0, 0.0)
 
     @property
+    def mean_lengths(self) -> tuple[int, int]:
+        """(input, output) tokens on average: both uniform on [RANGE_RATIO L, L]."""
+        return round(self.isl * (1 + RANGE_RATIO) / 2), round(self.osl * (1 + RANGE_RATIO) / 2)
+
+    @property
     def gpus(self) -> int:
         """GPUs the row's throughput per GPU divides by: both phases' when disaggregated, the engine's TP size when
         aggregated (its `num_*_gpu` are TP x EP where EP > 1: 64 for TP 8 EP 8; the identity at one user,
@@ -116,16 +121,21 @@ def decode_engine(row: Row) -> tuple[int, int, int]:
     return row.decode.tp, 1 if row.decode.dp_attention else row.decode.tp, 1
 
 
+def users_per_rank(row: Row) -> int:
+    """The row's users over every attention rank of its decode engines (rounded up: the busiest rank)."""
+    size, tp, engines = decode_engine(row)
+    return max(-(-row.conc // (engines * (size // tp))), 1)
+
+
 def serving_measurement(row: Row, path: str | Path = INFERENCEX) -> Measurement | None:
     """The row's median TPOT as a `serving_tpot` measurement for costmodel.calibrate (None: a row the cost model
     cannot express: a GPU outside the catalogue, or disaggregated workers not recorded). Mean lengths: inputs and
     outputs uniform on [RANGE_RATIO L, L]; context: the whole prompt and half the output."""
     if row.hardware not in GPUS or (row.disagg and not (row.prefill.workers and row.decode.workers)):
         return None
-    size, tp, engines = decode_engine(row)
-    ranks = size // tp
-    mean_in, mean_out = round(row.isl * (1 + RANGE_RATIO) / 2), round(row.osl * (1 + RANGE_RATIO) / 2)
-    shape: dict[str, object] = {"batch": max(-(-row.conc // (engines * ranks)), 1), "context": mean_in + mean_out // 2,
+    size, tp, _ = decode_engine(row)
+    mean_in, mean_out = row.mean_lengths
+    shape: dict[str, object] = {"batch": users_per_rank(row), "context": mean_in + mean_out // 2,
                                 "tp": tp, "ep": size, "moe": "tp" if row.decode.ep == 1 else "ep",
                                 "precision": row.precision}  # fmt: skip
     drafts, accepted = row.speculation
@@ -144,7 +154,7 @@ def ttft_measurement(row: Row, path: str | Path = INFERENCEX) -> Measurement | N
     if tpot is None or row.conc > QUEUE_FREE_USERS:
         return None
     p = tpot.params
-    mean_in = round(row.isl * (1 + RANGE_RATIO) / 2)
+    mean_in, _ = row.mean_lengths
     if row.disagg:
         size, tp = worker(row.prefill)
         shape: dict[str, object] = {"input": mean_in, "tp": tp, "dp": size // tp, "engine": "disagg"}
