@@ -368,11 +368,14 @@ def prefill_parts(
     dp: np.ndarray,
     cache_hit: float | np.ndarray = 0.0,
     profile: CostProfile | None = None,
+    draft_layers: int = 0,
 ) -> dict[str, np.ndarray]:
     """Per-layer terms and totals (ms) of one prefill pass: dp sequences of `seq_len` at once.
 
     Keys: MLA, TP_MLA, DenseMLP, Shared_Expert, Routed_Expert, Dispatch, Combine, Overlap1,
     Overlap2 (per layer) and Compute, Comm, Sum (whole model). `Sum` is the prefill time.
+    `draft_layers`: an engine decoding with MTP also runs the MTP module over the prompt (its first draft), priced
+    as that many more MoE layers.
     """
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
@@ -417,7 +420,7 @@ def prefill_parts(
 
     o1 = combine - (tp_mla + shared)
     o2 = dispatch - routed
-    l_d, l_s = model.n_dense_layers, model.n_moe_layers
+    l_d, l_s = model.n_dense_layers, model.n_moe_layers + draft_layers
     compute = l_d * (dense_attn + dense_mlp) + l_s * (tp_mla + shared + routed)
     comm = l_s * (combine + dispatch)
     total = compute + l_s * np.maximum(o1, 0.0) + l_s * np.maximum(o2, 0.0)
@@ -445,9 +448,11 @@ def prefill_time_ms(
     dp: np.ndarray,
     cache_hit: float | np.ndarray = 0.0,
     profile: CostProfile | None = None,
+    draft_layers: int = 0,
 ) -> np.ndarray:
-    """Time (ms) for an island of tp·dp GPUs to prefill dp prompts of `seq_len` tokens."""
-    return prefill_parts(gpu, model, seq_len, tp, dp, cache_hit, profile)["Sum"]
+    """Time (ms) for an island of tp·dp GPUs to prefill dp prompts of `seq_len` tokens (`draft_layers`: MTP's,
+    prefill_parts)."""
+    return prefill_parts(gpu, model, seq_len, tp, dp, cache_hit, profile, draft_layers)["Sum"]
 
 
 # --- decode ----------------------------------------------------------------------------------------
@@ -649,22 +654,25 @@ def decode_steps_sum_ms(
     ep: np.ndarray,
     fp8_combine: bool = False,
     profile: CostProfile | None = None,
+    draft_tokens: int = 0,
 ) -> np.ndarray:
     """Σ_{k=1..n_steps} decode_step_ms(context0 + k), exactly, from two evaluations.
 
     Context enters a step only through KV reads and attention FLOPs, both affine in it, so
     TPOT_O(c) and Delta(c) are affine: the sum is n·TPOT_O(mean context) plus L_moe times the
-    sum of the positive part of an arithmetic sequence, done in closed form.
+    sum of the positive part of an arithmetic sequence, done in closed form. `draft_tokens`: every step an MTP
+    step verifying that many drafts (decode_parts; the draft module's layers are among L_moe).
     """
     if n_steps < 1:
         raise ValueError(f"`n_steps >= 1` must hold, got {n_steps=}")
     c0 = np.asarray(context0, dtype=float)
-    lo = decode_parts(gpu, model, c0 + 1.0, batch, tp, ep, fp8_combine, profile)
+    lo = decode_parts(gpu, model, c0 + 1.0, batch, tp, ep, fp8_combine, profile, draft_tokens=draft_tokens)
     if n_steps == 1:
         return lo["TPOT"]
-    hi = decode_parts(gpu, model, c0 + n_steps, batch, tp, ep, fp8_combine, profile)
+    hi = decode_parts(gpu, model, c0 + n_steps, batch, tp, ep, fp8_combine, profile, draft_tokens=draft_tokens)
     total_o = n_steps * (lo["TPOT_O"] + hi["TPOT_O"]) / 2.0
-    return total_o + model.n_moe_layers * _sum_positive_arith(lo["Delta"], hi["Delta"], n_steps)
+    l_s = model.n_moe_layers + draft_tokens
+    return total_o + l_s * _sum_positive_arith(lo["Delta"], hi["Delta"], n_steps)
 
 
 def _sum_positive_arith(first: np.ndarray, last: np.ndarray, n: int) -> np.ndarray:
@@ -688,9 +696,16 @@ def _sum_positive_arith(first: np.ndarray, last: np.ndarray, n: int) -> np.ndarr
 
 
 def weight_bytes_per_gpu(
-    gpu: GPU | GPUArray, model: Model, tp: np.ndarray, routed_per_gpu: np.ndarray, profile: CostProfile | None = None
+    gpu: GPU | GPUArray,
+    model: Model,
+    tp: np.ndarray,
+    routed_per_gpu: np.ndarray,
+    profile: CostProfile | None = None,
+    draft_layers: int = 0,
 ) -> np.ndarray:
-    """Weight bytes one GPU holds: its attention shard, its experts, dense MLP and embeddings."""
+    """Weight bytes one GPU holds: its attention shard, its experts, dense MLP and embeddings; with `draft_layers`
+    (an engine decoding with MTP) the MTP modules too, each one more MoE layer (its embedding and head are the
+    model's own, shared)."""
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
     r = Rates(g, "decode", p)
@@ -699,14 +714,14 @@ def weight_bytes_per_gpu(
     if not p.weights_from_config:
         gb = (
             SS_OTHER_PARAMS_GB
-            + SS_MLA_PARAMS_M * model.n_layers / tp / 1024.0
-            + SS_EXPERT_PARAMS_M * model.n_moe_layers * experts / 1024.0
+            + SS_MLA_PARAMS_M * (model.n_layers + draft_layers) / tp / 1024.0
+            + SS_EXPERT_PARAMS_M * (model.n_moe_layers + draft_layers) * experts / 1024.0
         )
         return gb * GIB
     dense_tp = tp if p.tp_dense_layers else 1.0
-    attn = model.attn_params_per_layer * model.n_layers / tp * r.wbytes
+    attn = model.attn_params_per_layer * (model.n_layers + draft_layers) / tp * r.wbytes
     dense = model.n_dense_layers * 3.0 * model.hidden * model.dense_inter / dense_tp * r.wbytes
-    expert = experts * model.n_moe_layers * _expert_bytes(model, r, "decode", p)
+    expert = experts * (model.n_moe_layers + draft_layers) * _expert_bytes(model, r, "decode", p)
     embed = 2.0 * model.vocab_size * model.hidden * 2.0  # embedding + LM head, BF16
     return attn + dense + expert + embed
 
@@ -730,15 +745,21 @@ def kv_link_gb_s(gpu: GPU | GPUArray, profile: CostProfile | None = None) -> np.
 
 
 def kv_bytes_per_seq(
-    gpu: GPU | GPUArray, model: Model, tokens: np.ndarray, tp: np.ndarray, profile: CostProfile | None = None
+    gpu: GPU | GPUArray,
+    model: Model,
+    tokens: np.ndarray,
+    tp: np.ndarray,
+    profile: CostProfile | None = None,
+    draft_layers: int = 0,
 ) -> np.ndarray:
-    """KV-cache bytes one sequence of `tokens` tokens costs each GPU of its TP group."""
+    """KV-cache bytes one sequence of `tokens` tokens costs each GPU of its TP group (`draft_layers`: the MTP
+    modules' attention keeps its own cache)."""
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
     r = Rates(g, "decode", p)
     tp = np.asarray(tp, dtype=float)
     elem = r.wbytes if p.precision_per_gpu else 1.0
-    per_seq = np.asarray(tokens, dtype=float) * model.kv_elems_per_token_layer * model.n_layers * elem
+    per_seq = np.asarray(tokens, dtype=float) * model.kv_elems_per_token_layer * (model.n_layers + draft_layers) * elem
     if not p.batch_per_attention_rank:
         return per_seq * tp  # shallowsim: KV counted once per TP rank, batch per GPU
     kv_shard = 1.0 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
@@ -753,15 +774,17 @@ def max_batch(
     tp: np.ndarray,
     routed_per_gpu: np.ndarray,
     profile: CostProfile | None = None,
+    draft_layers: int = 0,
 ) -> np.ndarray:
-    """Sequences of context + decode_len tokens that fit beside the weights (per batch unit).
+    """Sequences of context + decode_len tokens that fit beside the weights (per batch unit; `draft_layers`: the
+    MTP modules' weights and cache too).
 
     shallowsim returns a float that may be negative [B11]; `integer_batch` floors it at 0.
     """
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
     # HBM capacities are binary: an "80 GB" H800 holds 80 GiB, so memory stays in GiB.
-    free = g.mem_gb * GIB * MEM_UTIL - weight_bytes_per_gpu(g, model, tp, routed_per_gpu, p)
+    free = g.mem_gb * GIB * MEM_UTIL - weight_bytes_per_gpu(g, model, tp, routed_per_gpu, p, draft_layers)
     tokens = np.maximum(np.asarray(context, dtype=float) + np.asarray(decode_len, dtype=float), 1.0)
-    mb = free / kv_bytes_per_seq(g, model, tokens, tp, p)
+    mb = free / kv_bytes_per_seq(g, model, tokens, tp, p, draft_layers)
     return np.maximum(np.floor(mb), 0.0) if p.integer_batch else mb

@@ -8,6 +8,8 @@ representative input length s in one vectorised call per phase:
              routed experts each; batch(s) = max batch for s + max decode length, rounded
              down to a multiple of 8 and capped at 1024;
              b^D(s) = (sequences decoding at once on the island) · 1000 / Σ_{k=1..d} t_step(s+k)
+             (with MTP, `cost.mtp_drafts`: every step verifies the drafts and yields 1 + the accepted
+             ones, so each token costs t_step / (1 + accepted); prefill and memory carry the MTP module)
 
 "Sequences decoding at once" is batch · n / tp under `batch_per_attention_rank` (the batch is
 per attention-DP rank, i.e. per TP group: DeepSeek-style serving) and batch · n under
@@ -26,7 +28,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms, request_overheads_ms
-from costmodel.profile import CostProfile
 from costmodel.queueing import mix_moments, mix_quantile, tpot_step_cap_ms
 from costmodel.queueing import utilisation_caps as utilisation_caps_for_wait
 from costmodel.settings import CostSettings
@@ -146,7 +147,7 @@ def benchmark_island(
     answers carry (`costmodel.queueing.tpot_step_cap_ms`); without it, so the mean step meets TPOT.
     """
     cost = cost or CostSettings()
-    p, cache_hit, fp8_combine = cost.profile, cost.cache_hit, cost.fp8_combine
+    p, cache_hit = cost.profile, cost.cache_hit
     ttft_ms, tpot_ms = cost.ttft_ms, cost.tpot_ms
     if size < 1:
         raise SpecError(f"`size >= 1` must hold for an island, got {size=}")
@@ -155,6 +156,9 @@ def benchmark_island(
             f"GPU {gpu.name} has no FP8; profile {p.name!r} assumes FP8 weights everywhere: "
             "use the corrected profile (precision_per_gpu)"
         )
+    if cost.mtp_drafts and not model.mtp_layers:
+        raise SpecError(f"model {model.name} has no MTP module (mtp_layers 0): MTP decoding needs one; set "
+                        "costmodel.mtp.drafts=0")  # fmt: skip
     if not p.weights_from_config and model.attention != "mla":
         raise SpecError(
             f"model {model.name} uses {model.attention.upper()} attention; profile {p.name!r} sizes weights with "
@@ -169,8 +173,9 @@ def benchmark_island(
     cfg = np.array([only[0]] if only else runnable(prefill_configs(size), model, cost), dtype=float)
     tp, dp = cfg[:, :1], cfg[:, 1:]
     e_pre = np.ceil(model.n_routed_experts / size) if p.whole_experts_per_gpu else model.n_routed_experts / size
-    fits = max_batch(gpu, model, s, 0.0, tp, e_pre, p) >= 1.0
-    t_pre = prefill_time_ms(gpu, model, s, tp, dp, cache_hit, p)
+    mtp = cost.draft_layers  # the MTP module, run over the prompt for the first draft and held beside the weights
+    fits = max_batch(gpu, model, s, 0.0, tp, e_pre, p, mtp) >= 1.0
+    t_pre = prefill_time_ms(gpu, model, s, tp, dp, cache_hit, p, mtp)
     ok = fits
     if ttft_ms:
         # A configuration serves the lengths it prefills within TTFT on an idle island; when the
@@ -200,22 +205,39 @@ def benchmark_island(
     tp, dp = cfg[:, :1], cfg[:, 1:]
     ep = size / dp
     routed = np.ceil(model.n_routed_experts / ep)
-    batch = aligned_batch(max_batch(gpu, model, s, float(max_decode), tp, routed, p))
+    batch = aligned_batch(max_batch(gpu, model, s, float(max_decode), tp, routed, p, mtp))
     unit = size / tp if p.batch_per_attention_rank else float(size)  # batch units on the island
     fits = batch >= 1
     run = np.maximum(batch, 1.0)
-    total_ms = decode_steps_sum_ms(gpu, model, s, d, run, tp, ep, fp8_combine, p)
+    total_ms = decode_tokens_ms(gpu, model, s, d, run, tp, ep, cost)
     step_cap = tpot_ms
     if tpot_ms and output_pmf is not None:
         step_cap = tpot_step_cap_ms(tpot_ms, cost.tpot_percentile / 100, output_pmf)
     if step_cap:
-        run, total_ms = _shrink_to_tpot(gpu, model, s, d, run, tp, ep, fp8_combine, p, step_cap, total_ms)
+        run, total_ms = _shrink_to_tpot(gpu, model, s, d, run, tp, ep, cost, step_cap, total_ms)
     ok = fits & (run >= 1) & ((total_ms / d <= step_cap) if step_cap else True)
     r_dec = np.where(ok, run * unit * 1000.0 / total_ms, 0.0)
     dev, chosen = _choose(r_dec, w)
     reason = "" if chosen >= 0 else _reason("decode", fits.any(), tpot_ms, gpu, size, model)
     decode = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], r_dec, total_ms / d, np.where(ok, run, 0.0), dev, chosen, reason)
     return IslandBenchmark(gpu.name, size, model.name, p.name, np.asarray(lengths), prefill, decode)
+
+
+def decode_tokens_ms(
+    gpu: GPU,
+    model: Model,
+    s: np.ndarray,
+    d: int,
+    batch: np.ndarray,
+    tp: np.ndarray,
+    ep: np.ndarray,
+    cost: CostSettings,
+) -> np.ndarray:
+    """Time (ms) for every sequence of the batch to get its d tokens after a prompt of s: d steps, or with MTP steps
+    verifying `cost.mtp_drafts` drafts that yield 1 + `cost.mtp_accepted` tokens each (each step's time spread over
+    the tokens it yields, as simulator.timing.decode_timing runs them)."""
+    total = decode_steps_sum_ms(gpu, model, s, d, batch, tp, ep, cost.fp8_combine, cost.profile, cost.mtp_drafts)
+    return total / (1.0 + cost.mtp_accepted)
 
 
 def _shrink_to_tpot(
@@ -226,8 +248,7 @@ def _shrink_to_tpot(
     batch: np.ndarray,
     tp: np.ndarray,
     ep: np.ndarray,
-    fp8_combine: bool,
-    p: CostProfile,
+    cost: CostSettings,
     tpot_ms: float,
     total_ms: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -240,11 +261,11 @@ def _shrink_to_tpot(
     for _ in range(int(np.ceil(np.log2(MAX_DECODE_BATCH + 1))) + 1):
         mid = np.ceil((lo + hi) / 2.0)
         active = mid > lo
-        t = decode_steps_sum_ms(gpu, model, s, d, np.maximum(mid, 1.0), tp, ep, fp8_combine, p)
+        t = decode_tokens_ms(gpu, model, s, d, np.maximum(mid, 1.0), tp, ep, cost)
         ok = active & (t / d <= tpot_ms)
         lo = np.where(ok, mid, lo)
         hi = np.where(active & ~ok, mid - 1, hi)
-    final = decode_steps_sum_ms(gpu, model, s, d, np.maximum(lo, 1.0), tp, ep, fp8_combine, p)
+    final = decode_tokens_ms(gpu, model, s, d, np.maximum(lo, 1.0), tp, ep, cost)
     return lo, final
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from costmodel import calibrate
 from costmodel.calibrate import Measurement, MeasurementError
 from costmodel.catalog import CONF_DIR
+from costmodel.settings import MTP_ACCEPTANCE
 
 INFERENCEX = CONF_DIR / "measured" / "inferencex_dsr1.csv"
 FITTING_GPUS = calibrate.FITTING_GPUS  # InferenceX's names (H200, B200, MI300X); the rest are never fitted
@@ -25,10 +26,9 @@ GPUS = {"h100": "H100-SXM", "h200": "H200", "b200": "DGX-B200", "b300": "DGX-B30
         "gb300": "GB300-NVL72", "mi300x": "MI300X", "mi325x": "MI325X", "mi355x": "MI355X"}  # fmt: skip
 # lengths uniform on [0.8 L, L]: InferenceX's benchmark template (.github/workflows/benchmark-tmpl.yml)
 RANGE_RATIO = 0.8
-# MTP rows: one draft token a step, accepted 85 % of the time ("the acceptance rate of the second token prediction
-# ranges between 85% and 90%", DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3); InferenceX does not
-# record the engines' draft settings
-MTP_DRAFTS, MTP_ACCEPTED = 1, 0.85
+# MTP rows: one draft token a step, accepted at DeepSeek's published rate (costmodel.settings.MTP_ACCEPTANCE);
+# InferenceX does not record the engines' draft settings
+MTP_DRAFTS, MTP_ACCEPTED = 1, MTP_ACCEPTANCE
 # rows with at most this many users are fitted on their TTFT: with more, requests queue for the prefill or for
 # admission to decode, which the steady-state prediction (costmodel.calibrate.serving_ttft_ms) leaves out
 QUEUE_FREE_USERS = 16

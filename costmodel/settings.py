@@ -17,6 +17,11 @@ from costmodel.profile import CostProfile
 from costmodel.specs import SpecError
 from costmodel.switches import FIX_DOCS, MODEL_DOCS, SYSTEM_DOCS
 
+# MTP: a draft token is accepted 85 % of the time ("the acceptance rate of the second token prediction ranges between
+# 85% and 90%", DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3)
+MTP_ACCEPTANCE = 0.85
+MAX_DRAFTS = 4  # draft tokens a step verifies at most (SGLang's --speculative-num-steps for DeepSeek: 1 to 3)
+
 
 @dataclass(frozen=True)
 class Slo:
@@ -62,11 +67,19 @@ class CostSettings:
     tpot_percentile: float = 99.0
     prefill_batch_tokens: int = 16384  # prompt tokens a prefill engine batches at most (SGLang --max-prefill-tokens)
     engine_configs: bool = True  # only parallel configurations engines run: attention TP divides the head count
+    mtp_drafts: int = 0  # MTP: draft tokens every decode step verifies (0: no speculative decoding)
+    mtp_acceptance: float = MTP_ACCEPTANCE  # ... each accepted with this chance, given the ones before it were
 
     def __post_init__(self) -> None:
         batch = self.prefill_batch_tokens
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise SpecError(f"`prefill_batch_tokens >= 1` (a whole number) must hold, got {batch!r}")
+        drafts = self.mtp_drafts
+        if isinstance(drafts, bool) or not isinstance(drafts, int) or not 0 <= drafts <= MAX_DRAFTS:
+            raise SpecError(f"`0 <= mtp.drafts <= {MAX_DRAFTS}` (a whole number) must hold, got {drafts!r}")
+        a = self.mtp_acceptance
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 < a <= 1.0:
+            raise SpecError(f"`0 < mtp.acceptance <= 1` must hold, got {a!r}")
         if not 0.0 <= self.cache_hit < 1.0:
             raise SpecError(f"`0 <= cache_hit < 1` must hold, got cache_hit={self.cache_hit!r}")
         self.targets  # noqa: B018  (the SLO fields, checked)
@@ -75,6 +88,17 @@ class CostSettings:
     def targets(self) -> Slo:
         """The latency targets a plan made with these settings is judged against."""
         return Slo(self.ttft_ms, self.tpot_ms, self.ttft_percentile, self.tpot_percentile)
+
+    @property
+    def mtp_accepted(self) -> float:
+        """Draft tokens an MTP step keeps on average: the i-th is kept when it and every one before it is accepted,
+        Σ_{i=1..drafts} acceptance^i (0 without MTP). A step yields 1 + this many tokens."""
+        return float(sum(self.mtp_acceptance**i for i in range(1, self.mtp_drafts + 1)))
+
+    @property
+    def draft_layers(self) -> int:
+        """MTP modules an engine runs and holds: one (DeepSeek's MTP head, reused for every draft) with MTP, else 0."""
+        return 1 if self.mtp_drafts else 0
 
     @property
     def slo(self) -> bool:
@@ -94,6 +118,8 @@ class CostSettings:
             "tpot_percentile": self.tpot_percentile,
             "prefill_batch_tokens": self.prefill_batch_tokens,
             "engine_configs": self.engine_configs,
+            "mtp_drafts": self.mtp_drafts,
+            "mtp_acceptance": self.mtp_acceptance,
             "calibration": None if self.profile.calibration is None else self.profile.calibration.to_json(),
         }
 
@@ -104,8 +130,9 @@ class CostSettings:
             raise SpecError(f"{where}: `cost` must be a mapping (profile, switches, cache_hit, ...), got {data!r}")
         expected = {"profile", "switches", "cache_hit", "fp8_combine", "ttft_ms", "tpot_ms", "ttft_percentile",
                     "tpot_percentile", "prefill_batch_tokens", "engine_configs"}  # fmt: skip
-        if not expected <= set(data) <= expected | {"calibration"}:  # plans before calibrations lack it
-            raise SpecError(f"{where}: `cost` must have exactly the fields {sorted(expected)} (and `calibration`), "
+        later = {"calibration", "mtp_drafts", "mtp_acceptance"}  # plans written before these lack them
+        if not expected <= set(data) <= expected | later:
+            raise SpecError(f"{where}: `cost` must have exactly the fields {sorted(expected)} (and {sorted(later)}), "
                             f"got {sorted(data)}")  # fmt: skip
         cal = data.get("calibration")
         calibration = None if cal is None else Calibration.from_json(cal, f"{where}: cost.calibration")
@@ -130,6 +157,9 @@ class CostSettings:
             raise SpecError(f"{where}: `cost.engine_configs` must be true or false")
         if not isinstance(data["fp8_combine"], bool):
             raise SpecError(f"{where}: `cost.fp8_combine` must be true or false")
+        acceptance = data.get("mtp_acceptance", MTP_ACCEPTANCE)
+        if isinstance(acceptance, bool) or not isinstance(acceptance, (int, float)):
+            raise SpecError(f"{where}: `cost.mtp_acceptance` must be a number")
         try:
             return CostSettings(
                 CostProfile(name=str(data["profile"]), **switches, calibration=calibration),
@@ -141,6 +171,8 @@ class CostSettings:
                 float(data["tpot_percentile"]),
                 batch,
                 data["engine_configs"],
+                data.get("mtp_drafts", 0),
+                float(acceptance),
             )
         except SpecError as err:
             raise SpecError(f"{where}: cost: {err}") from None

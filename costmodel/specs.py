@@ -100,6 +100,7 @@ class Model:
     n_heads: int
     vocab_size: int
     max_context: int = 0  # longest prompt + output the model serves (config.json); 0: not given
+    mtp_layers: int = 0  # multi-token-prediction modules (config.json num_nextn_predict_layers); 0: no MTP head
     # MLA (DeepSeek-V2/V3)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0

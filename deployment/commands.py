@@ -2,7 +2,7 @@
 
 Every value a modelled quantity depends on comes from the plan: the parallelism, the prefill tokens
 per attention rank, the decode batch (running requests, CUDA graphs), the redundant experts with
-EPLB, micro-batch overlap and the DeepEP kernels by role. The commands are written for the releases
+EPLB, micro-batch overlap, the DeepEP kernels by role and MTP's draft tokens. The commands are written for the releases
 `deployment.engine_args` pins and checked by those releases' own settings resolution
 (`deployment.sglang_check`, `deployment.vllm_check`), which the tests read back against the plan.
 A command is a `deployment.launch.Launch`: literal arguments, its environment, and the few values
@@ -83,7 +83,10 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
     `--chunked-prefill-size` by the attention DP size); decode at the plan's batch per rank (running requests and
     the CUDA graphs captured up to it); two micro-batches overlapped where the island was priced so (always for
     prefill; plan.Island.overlap); DeepEP normal
-    for prefill, low-latency for decode; the redundant experts rebalanced by EPLB."""
+    for prefill, low-latency for decode; the redundant experts rebalanced by EPLB; with MTP (`costmodel.mtp`), the
+    model's MTP module drafting the plan's tokens a step in a chain (NEXTN, SGLang's EAGLE path for it: top-k 1,
+    drafts + 1 tokens verified), on prefill engines too (they run it over the prompt and send decode its first
+    draft, as the cost model prices them)."""
     batch = plan.cost.prefill_batch_tokens
     cmd = [
         "python3", "-m", "sglang.launch_server",
@@ -102,6 +105,10 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
     ]  # fmt: skip
     if e.overlap:  # two micro-batches, as the island's steps were priced (one where that is faster at its batch)
         cmd.insert(cmd.index("--chunked-prefill-size"), "--enable-two-batch-overlap")
+    drafts = plan.cost.mtp_drafts
+    if drafts:
+        cmd += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(drafts),
+                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(drafts + 1)]  # fmt: skip
     if e.attn_dp > 1:  # DP attention: SGLang 0.5.2x's --attn-dp-size (was --dp-size N --enable-dp-attention)
         # dense MLP in data parallel: SGLang takes 1 or the whole engine, not the attention TP the cost model splits
         # it over; with 1 each rank runs its share of the group's tokens through whole weights (the same FLOPs)
@@ -128,7 +135,8 @@ def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launc
     """`vllm serve ...` for host `rank` of engine `e` (vLLM 0.33.0 flags): data parallel attention ranks of the
     plan's TP, experts parallel over the engine on DeepEP (high-throughput kernels for prefill, low-latency for
     decode), two micro-batches overlapped where the island was priced so (DBO; plan.Island.overlap), the NIXL KV
-    connector for disaggregation. vLLM counts `--max-num-batched-tokens` and `--max-num-seqs` per DP rank."""
+    connector for disaggregation, and with MTP the model's MTP module drafting the plan's tokens a step. vLLM counts
+    `--max-num-batched-tokens` and `--max-num-seqs` per DP rank."""
     local = min(e.gpus, e.node_gpus) // e.attn_tp  # attention DP ranks on one host
     cmd = [
         "vllm", "serve", opts.model_path,
@@ -142,6 +150,8 @@ def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launc
     ]  # fmt: skip
     if e.overlap:  # dual-batch overlap, as the island's steps were priced
         cmd.insert(cmd.index("--max-num-batched-tokens"), "--enable-dbo")
+    if plan.cost.mtp_drafts:
+        cmd += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": plan.cost.mtp_drafts})]
     if e.role == "decode":
         per_rank = max(e.max_running // e.attn_dp, 1)
         cmd += ["--max-num-seqs", str(per_rank)]  # vLLM captures a CUDA graph at exactly this batch

@@ -357,6 +357,8 @@ def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
     v = view(args)
     isl = plan.islands[e.island]
     cfg = getattr(v, "cuda_graph_config", None)
+    drafts = int(v.speculative_num_steps) if v.speculative_algorithm is not None else 0
+    chain = drafts and int(v.speculative_eagle_topk) == 1 and int(v.speculative_num_draft_tokens) == drafts + 1
     out = [
         # SGLang gives each attention DP rank chunked_prefill_size // attn_dp tokens a forward
         Setting(
@@ -380,6 +382,13 @@ def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
             e.overlap,
             bool(v.enable_two_batch_overlap) == e.overlap,
         ),
+        # MTP: a chain of the plan's drafts (top-k 1), each verified with the sequence's own token
+        Setting(
+            "MTP draft tokens per step",
+            drafts,
+            plan.cost.mtp_drafts,
+            drafts == plan.cost.mtp_drafts and (not drafts or chain),
+        ),
         Setting(
             "DeepEP mode",
             str(v.deepep_mode),
@@ -391,7 +400,8 @@ def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
         per_rank = e.max_running // e.attn_dp
         graph = cfg.decode.max_bs if cfg is not None else None
         tp, experts = np.asarray(isl.tp, dtype=float), np.asarray(isl.experts_per_gpu, dtype=float)
-        weights = float(weight_bytes_per_gpu(load_gpu(e.gpu), plan.model, tp, experts, plan.cost.profile))
+        weights = float(weight_bytes_per_gpu(load_gpu(e.gpu), plan.model, tp, experts, plan.cost.profile,
+                                             plan.cost.draft_layers))  # fmt: skip
         pool = kv_pool_tokens(args, e.gpu, weight_bytes=weights)
         need = int(per_rank * context_tokens(plan, isl))
         out += [

@@ -336,13 +336,15 @@ def _resolve(v: types.SimpleNamespace, argv: list[str], mock: Any) -> VllmConfig
 def settings(plan: Any, e: Any, argv: list[str], env: dict[str, str]) -> list[Setting]:
     """Engine `e` of `plan` (its command line `argv` after `vllm serve`, its environment `env`) as vLLM resolves it,
     against the plan: tokens per DP rank per step (each DP rank schedules on its own), parallel sizes, EPLB with the
-    redundant experts, DeepEP kernels by role, dual-batch overlap, decode sequences per DP rank and a CUDA graph at
-    exactly that batch, NIXL and its side-channel host."""
+    redundant experts, DeepEP kernels by role, dual-batch overlap, MTP's draft tokens, decode sequences per DP rank
+    and a CUDA graph at exactly that batch, NIXL and its side-channel host."""
     from deployment.launch import EXAMPLE, HOST
 
     c = resolve(argv, e.gpu, env)
     par, sched = c.parallel_config, c.scheduler_config
     deepep = "deepep_high_throughput" if e.role == "prefill" else "deepep_low_latency"
+    spec = c.speculative_config
+    drafts = int(spec.num_speculative_tokens) if spec is not None and spec.method == "mtp" else 0
     out = [
         Setting.equal("tokens per DP rank per step", sched.max_num_batched_tokens, plan.cost.prefill_batch_tokens),
         Setting.equal("attention TP", par.tensor_parallel_size, e.attn_tp),
@@ -352,12 +354,14 @@ def settings(plan: Any, e: Any, argv: list[str], env: dict[str, str]) -> list[Se
         Setting.equal("redundant experts", par.eplb_config.num_redundant_experts, e.redundant_experts),
         Setting.equal("all-to-all", par.all2all_backend, deepep),
         Setting.equal("dual-batch overlap", par.enable_dbo, e.overlap),
+        Setting.equal("MTP draft tokens per step", drafts, plan.cost.mtp_drafts),
         Setting.equal("KV connector", c.kv_transfer_config.kv_connector, "NixlConnector"),
         Setting.equal("NIXL side-channel host", env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"), EXAMPLE[HOST]),
     ]  # fmt: skip
     if e.role == "decode":
         per_rank = e.max_running // e.attn_dp
-        captured = per_rank in (c.compilation_config.cudagraph_capture_sizes or [])
+        # graphs are captured per tokens a step: every sequence's own and, with MTP, its drafts
+        captured = per_rank * (1 + drafts) in (c.compilation_config.cudagraph_capture_sizes or [])
         out += [
             Setting.equal("sequences per DP rank", sched.max_num_seqs, per_rank),
             Setting.equal("a CUDA graph at the plan's batch per rank", captured, True),

@@ -49,7 +49,8 @@ def build(
             ids = list(range(len(prefill), len(prefill) + isl.dp))
             prefill += [PrefillEngine(i, k, t, token_budget) for i in ids]
         else:
-            t = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, cost, expert_imbalance)
+            t = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, cost, expert_imbalance,
+                              cost.mtp_drafts, cost.mtp_accepted)  # fmt: skip
             if t.kv_tokens < 1:
                 raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
             rebuild = prefill_timing(gpu, model, isl.tp, isl.ep // isl.tp, max_context, cost)

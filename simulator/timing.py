@@ -71,8 +71,8 @@ class DecodeTiming:
 def prefill_timing(gpu: GPU, model: Model, tp: int, dp: int, max_len: int, cost: CostSettings) -> PrefillTiming:
     lengths = np.unique(np.geomspace(1, max(max_len, 2), 96).round())
     n_tp, n_dp = np.full_like(lengths, tp), np.full_like(lengths, dp)
-    ms = prefill_time_ms(gpu, model, lengths, n_tp, n_dp, cost.cache_hit, cost.profile)
-    kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile)[0])
+    ms = prefill_time_ms(gpu, model, lengths, n_tp, n_dp, cost.cache_hit, cost.profile, cost.draft_layers)
+    kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile, cost.draft_layers)[0])
     link = float(kv_link_gb_s(gpu, cost.profile)) * tp
     return PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, link, *request_overheads_ms(cost.profile))
 
@@ -109,10 +109,11 @@ def decode_timing(
     step = decode_step_ms(gpu, model, cc, bb, *tp_ep, cost.fp8_combine, profile, expert_imbalance, draft_tokens,
                           moe_tp)  # fmt: skip
     ms = step / (1.0 + accepted)  # an MTP step's time per token it yields
-    # KV capacity: sequences of 1,024 tokens that fit beside the weights, per rank, in tokens
+    # KV capacity: sequences of 1,024 tokens that fit beside the weights (and the MTP module's), per rank, in tokens
     routed = np.ceil(model.n_routed_experts / ep)
+    mtp = 1 if draft_tokens else 0
     per_rank = float(
-        max_batch(gpu, model, np.array([1024.0]), 0.0, np.array([float(tp)]), np.array([routed]), profile)[0]
+        max_batch(gpu, model, np.array([1024.0]), 0.0, np.array([float(tp)]), np.array([routed]), profile, mtp)[0]
     )
     kv_tokens = int(max(per_rank, 0.0) * 1024 * ranks)
     return DecodeTiming(batches, contexts, np.asarray(ms, dtype=float), ranks, batch * ranks, kv_tokens)

@@ -127,3 +127,25 @@ def test_a_decode_island_priced_with_one_micro_batch_launches_without_the_overla
         assert rows["two-batch overlap"].holds and rows["two-batch overlap"].resolved == overlap
         other = {s.name: s for s in sc.settings(plan, dataclasses.replace(e, overlap=not overlap), argv)}
         assert not other["two-batch overlap"].holds
+
+
+def test_a_plan_with_mtp_launches_its_drafts_on_every_engine(sc, tmp_path: Path):
+    """`costmodel.mtp.drafts=1`: every engine runs the MTP module drafting one token a step (prefill engines too: they
+    send decode its first draft, and the plan priced their prompts through it). SGLang accepts every engine and
+    resolves the plan's drafts and batch; an engine launched without them is caught."""
+    path, _ = plan_of(tmp_path, "costmodel.mtp.drafts=1")
+    plan = plans.load(path)
+    assert not refusals(sc, plan)
+    for e in engines(plan):
+        argv = engine_argv(e, 0, plan, DeployOptions())[3:]
+        assert argv[argv.index("--speculative-num-steps") + 1] == "1"
+        rows = {s.name: s for s in sc.settings(plan, e, argv)}
+        off = [f"{n}: {s.resolved} against {s.plan}" for n, s in rows.items() if not s.holds]
+        assert not off and rows["MTP draft tokens per step"].resolved == 1, (e.name, off)
+    e = next(e for e in engines(plan) if e.role == "decode")
+    argv = engine_argv(e, 0, plan, DeployOptions())[3:]
+    at = argv.index("--speculative-algorithm")
+    plain = argv[:at] + argv[at + 8 :]
+    assert "--speculative-num-steps" not in plain
+    rows = {s.name: s for s in sc.settings(plan, e, plain)}
+    assert not rows["MTP draft tokens per step"].holds and rows["MTP draft tokens per step"].resolved == 0

@@ -141,3 +141,23 @@ def test_dual_batch_overlap_follows_the_islands_pricing(vllm_check) -> None:
         assert not {s.name: s for s in vllm_check.settings(plan, other, argv, launch_env(mine, 0, plan))}[
             "dual-batch overlap"
         ].holds
+
+
+def test_a_plan_with_mtp_launches_its_drafts_on_every_engine(vllm_check, tmp_path: Path) -> None:
+    """`costmodel.mtp.drafts=1`: every engine gets the MTP speculative config; vLLM resolves one draft token, and a
+    decode engine's CUDA graph at its batch's tokens (each sequence's own and its draft); without the config the
+    departure is caught."""
+    path, _ = plan_of(tmp_path, "costmodel.mtp.drafts=1")
+    plan = plans.load(path)
+    for e in engines(plan):
+        argv = engine_argv(e, 0, plan, OPTS)[2:]
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert spec == {"method": "mtp", "num_speculative_tokens": 1}
+        rows = {s.name: s for s in vllm_check.settings(plan, e, argv, launch_env(e, 0, plan))}
+        off = [f"{n}: {s.resolved} against {s.plan}" for n, s in rows.items() if not s.holds]
+        assert not off and rows["MTP draft tokens per step"].resolved == 1, (e.name, off)
+    e = next(e for e in engines(plan) if e.role == "decode")
+    argv = engine_argv(e, 0, plan, OPTS)[2:]
+    at = argv.index("--speculative-config")
+    rows = {s.name: s for s in vllm_check.settings(plan, e, argv[:at] + argv[at + 2 :], launch_env(e, 0, plan))}
+    assert not rows["MTP draft tokens per step"].holds and rows["MTP draft tokens per step"].resolved == 0

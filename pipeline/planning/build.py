@@ -96,7 +96,7 @@ def overlapped(planner: Planner, gpu: str, cfg: Mapping[str, int], batch: int, f
     w = planner.ranges.p * fraction
     context = float(w @ planner.lengths / w.sum()) + planner.workload.mean_decode / 2 if w.sum() > 0 else 1.0
     parts = decode_parts(planner.gpus[gpu], planner.model, context, batch, cfg["tp"], cfg["ep"],
-                         planner.cost.fp8_combine, planner.profile)  # fmt: skip
+                         planner.cost.fp8_combine, planner.profile, draft_tokens=planner.cost.mtp_drafts)  # fmt: skip
     return bool(float(parts["Overlap"]) > 0)
 
 

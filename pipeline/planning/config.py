@@ -17,7 +17,7 @@ from costmodel.catalog import CONF_DIR, build
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings, Slo
 from costmodel.specs import GPU, Model, SpecError
-from pipeline.checks import boolean, fraction, number, optional_positive, positive_int
+from pipeline.checks import boolean, fraction, number, optional_positive, positive_int, whole_number
 from pipeline.cli import plain
 from pipeline.errors import ConfigError
 
@@ -87,6 +87,18 @@ def slo_from_cfg(cfg: Any, own: Slo | None = None) -> tuple[Slo, str]:
     return Slo(**values), source
 
 
+def mtp_from_cfg(c: Mapping[str, Any]) -> dict[str, Any]:
+    """`costmodel.mtp` (drafts, acceptance) as CostSettings' fields; absent: no MTP."""
+    mtp = c.get("mtp") or {}
+    unknown = sorted(set(mtp) - {"drafts", "acceptance"})
+    if unknown:
+        raise ConfigError(f"costmodel.mtp.{unknown[0]} is not an MTP setting: the settings are drafts and acceptance")
+    out: dict[str, Any] = {"mtp_drafts": whole_number(mtp.get("drafts", 0), "costmodel.mtp.drafts")}
+    if mtp.get("acceptance") is not None:
+        out["mtp_acceptance"] = number(mtp["acceptance"], "costmodel.mtp.acceptance", low=0.01, high=1.0)
+    return out
+
+
 def cost_settings_from_cfg(cfg: Any) -> CostSettings:
     """The one cost-settings record of a command: `costmodel` (profile, fixes, cache_hit, fp8_combine,
     prefill_batch_tokens) and `slo`."""
@@ -100,8 +112,7 @@ def cost_settings_from_cfg(cfg: Any) -> CostSettings:
             prefill_batch_tokens=positive_int(c.prefill_batch_tokens, "costmodel.prefill_batch_tokens"),
             # search.shapes=any plans the thesis's free sizes and configurations; everything else, what engines run
             engine_configs=cfg.get("search") is None or str(cfg.search.get("shapes", "nodes")) != "any",
+            **mtp_from_cfg(c),
         )
     except SpecError as err:
         raise ConfigError(f"costmodel: {err}") from None
-
-

@@ -81,8 +81,6 @@ def best_so_far(records: Sequence[Mapping[str, Any]]) -> list[float]:
     return out
 
 
-
-
 def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = None) -> str:
     """report.md: the rate to plan with and its check, the islands, the node map, then the diagnostics."""
     rate, rates = plan.rate_req_s, plan.rates
@@ -103,6 +101,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         f"| cost | ${plan.cost_per_hour:,.2f}/h: ${plan.usd_per_m_output_tokens:.2f} per million output tokens, "
         f"{plan.rate_per_dollar:.4f} req/s per $/h |",
         f"| islands | {plan.count('prefill')} prefill + {plan.count('decode')} decode |",
+        f"| decoding | {_decoding_text(plan)} |",
         "",
         "Islands (batch: for prefill, prompts one forward pass takes, one per DP replica; for decode, running "
         "sequences per attention-DP rank of TP GPUs, so the island decodes batch x ep / tp at once. ranges: input "
@@ -159,6 +158,14 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
     return "\n".join(lines) + "\n"
 
 
+def _decoding_text(plan: Plan) -> str:
+    c = plan.cost
+    if not c.mtp_drafts:
+        return "one token a step (no MTP: costmodel.mtp.drafts=0)"
+    return (f"MTP, {c.mtp_drafts} draft token{'s' if c.mtp_drafts > 1 else ''} a step, each accepted with "
+            f"{c.mtp_acceptance:g}: {1 + c.mtp_accepted:.2f} tokens a step")  # fmt: skip
+
+
 def _search_rows(plan: Plan) -> list[str]:
     """The search's model, the reference and the gap (where the plan came from a search with a reference)."""
     rows = [f"| scored in the search (whole-mix caps: the reference's model) | {plan.rates.searched_req_s:.2f} req/s |"]
@@ -210,14 +217,14 @@ def verification_rows(v: Verification | None) -> list[str]:
         verdict += "; none of the lower rates simulated held either (down to half the stated rate)"
     rows = [
         f"| simulated at that rate | {v.throughput_req_s:.2f} req/s = {v.simulated_over_stated:.3f} x stated"
-        + (f" (± {v.precision:.1%}: its window's sampling noise)" if v.precision else "") + f"; {verdict} |",
+        + (f" (± {v.precision:.1%}: its window's sampling noise)" if v.precision else "")
+        + f"; {verdict} |",
         f"| simulated latency | TTFT p50 {v.ttft_ms_p50:.0f} ms, p99 {v.ttft_ms_p99:.0f} ms; TPOT p99 "
         f"{v.tpot_ms_p99:.1f} ms; {v.slo_attainment:.1%} of requests within the SLOs ({v.slo}) |",
     ]
     if v.steady_state:  # the verdict rests on a window that may be too short (or an overload)
         rows.append(f"| simulated window | {v.requests:,} requests: {v.steady_state} |")
     return rows
-
 
 
 def _runs_text(islands: str) -> str:
