@@ -66,6 +66,12 @@ def engines(plan: Plan) -> list[Engine]:
                 f"plan island {k} ({isl.size} x {isl.gpu}) is neither a divisor of a {node}-GPU host nor whole hosts: "
                 "engines cannot be placed on it; plan with search.shapes=nodes (the default)"
             )
+        if isl.precision.experts == "fp4":  # every launch file loads the one FP8 checkpoint at `model_path`
+            raise DeployError(
+                f"plan island {k} ({isl.size} x {isl.gpu}) was priced with FP4 routed experts (the GPU's FP4 rate); "
+                "the launch files load the FP8 checkpoint, so they would not run what the plan priced: plan with FP8 "
+                "experts (+costmodel.fixes.experts_fp8=true)"
+            )
         if plan.model.n_heads % isl.tp:
             raise DeployError(
                 f"plan island {k}: attention TP {isl.tp} does not divide {plan.model.name}'s {plan.model.n_heads} "

@@ -252,6 +252,24 @@ def test_a_plan_without_node_aligned_islands_is_refused_with_the_fix(plan_path: 
     assert "is neither a divisor of a 8-GPU host nor whole hosts" in r.stderr and "search.shapes=nodes" in r.stderr
 
 
+def test_an_island_priced_with_fp4_experts_is_refused_with_the_fix(plan_path: Path, tmp_path: Path) -> None:
+    """The launch files load the one FP8 checkpoint: an island the cost model priced at FP4 (a B200's default) would
+    not run what was priced, so no launch files are written for the plan."""
+    from pipeline.deploy import execute
+    from plan import Precision
+
+    plan = plans.load(plan_path)
+    k = next(k for k, i in enumerate(plan.islands) if i.role == "decode")
+    fp4 = dataclasses.replace(plan.islands[k], precision=Precision("fp8", "fp4"))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plans.to_json(dataclasses.replace(plan, islands=(
+        *plan.islands[:k], fp4, *plan.islands[k + 1:])))))  # fmt: skip
+    r = in_process(execute, "deploy", f"plan={path}", f"out={tmp_path}/d")
+    one_line(r, f"error: plan island {k} ")
+    assert "priced with FP4 routed experts" in r.stderr and "+costmodel.fixes.experts_fp8=true" in r.stderr
+    assert not (tmp_path / "d").exists()
+
+
 def test_the_launch_folder_cannot_be_written_where_a_user_cannot_write(plan_path: Path) -> None:
     from pipeline.deploy import execute
 
