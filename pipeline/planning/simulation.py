@@ -22,7 +22,7 @@ from simulator.arrivals import ARRIVALS, sampled
 from simulator.arrivals import from_trace as trace_requests
 from simulator.build import build
 from simulator.core import Simulation
-from simulator.metrics import RAMP_DEFICIT_MAX, ramp_deficit, steady_state_note, summary, verdict
+from simulator.metrics import P99_WINDOWS, RAMP_DEFICIT_MAX, ramp_deficit, steady_state_note, summary, verdict
 from simulator.requests import Requests
 from simulator.schedulers import make_scheduler
 
@@ -166,7 +166,7 @@ def until_steady(
 ) -> tuple[dict[str, float], list[dict[str, float]], str]:
     """Simulate `n` requests at `rate` req/s; where the measuring window is too short for a steady state
     (`steady_state_note`: a large plan fills a request cap in a second, heavy-tailed answers outlast
-    a short window), again on enough for a window past 1.5 x the p99 request whose ramp-up costs at
+    a short window), again on enough for a window past `P99_WINDOWS` x the p99 request whose ramp-up costs at
     most half of `RAMP_DEFICIT_MAX` (at least 1.5 x as many each time, at most `most`), until the
     window is long enough or a longer one leaves the throughput's shortfall above `OVERLOADED` of
     itself: then queues grow with time and the plan is overloaded at `rate`.
@@ -195,9 +195,9 @@ def until_steady(
 
 
 def _steady_window_s(r: Requests, m: dict[str, float], longest_s: float) -> float:
-    """The shortest window past 1.5 x the p99 request whose ramp-up costs at most half of `RAMP_DEFICIT_MAX`,
+    """The shortest window past `P99_WINDOWS` x the p99 request whose ramp-up costs at most half of `RAMP_DEFICIT_MAX`,
     had the requests taken as long as these did (in 5 % steps, at most `longest_s`)."""
-    w = max(1.5 * m.get("e2e_ms_p99", 0.0), m["window_s"] * 1e3, 1.0)
+    w = max(P99_WINDOWS * m.get("e2e_ms_p99", 0.0), m["window_s"] * 1e3, 1.0)
     while ramp_deficit(r, w) > RAMP_DEFICIT_MAX / 2 and w < longest_s * 1e3:
         w *= 1.05
     return w / 1e3
