@@ -15,7 +15,10 @@ representative input length s in one vectorised call per phase:
 per attention-DP rank, i.e. per TP group: DeepSeek-style serving) and batch · n under
 shallowsim (its memory rule and MoE terms read the batch per GPU). One configuration per phase
 is chosen by the workload-weighted relative deviation from the per-length best:
-    δ(c, s) = (R*(s) − R(s, c)) / R*(s),   c* = argmin_c Σ_s δ(c, s) · w(s).
+    δ(c, s) = (R*(s) − R(s, c)) / R*(s),   c* = argmin_c Σ_s δ(c, s) · w(s),
+where with SLOs R(s, c) is the rate c serves within them: its throughput times its utilisation cap
+(`utilisation_caps`), so a configuration that queues past the TTFT target at any load is not chosen
+over one that meets it.
 A configuration that cannot hold the weights plus one request's KV cache at length s has zero
 throughput there; optional SLOs also zero it (TTFT: prefill time) or shrink its batch (TPOT:
 mean decode step time).
@@ -23,7 +26,7 @@ mean decode step time).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -101,6 +104,20 @@ def runnable(configs: list[tuple[int, int]], model: Model, cost: CostSettings) -
     if not cost.engine_configs:
         return configs
     return [(tp, dp) for tp, dp in configs if model.n_heads % tp == 0]
+
+
+def _chosen(table: PhaseTable, caps: np.ndarray, weights: np.ndarray) -> PhaseTable:
+    """`table` with its configuration chosen by the rate each serves within the SLOs: its throughput times its
+    utilisation cap (`utilisation_caps`; 1 without targets). A configuration with the most throughput may queue
+    too long to meet TTFT at any load (two engines prefilling long prompts), where another with less meets it.
+    With targets, among the configurations that serve the most of the workload within them (by weight) first, so
+    an island never gives up lengths it can serve (a range no island serves stops the whole plan)."""
+    usable = table.req_s * caps[:, None]
+    if (caps < 1.0).any():
+        served = (usable > 0) @ weights
+        usable = np.where((served >= served.max() - 1e-12)[:, None], usable, 0.0)
+    dev, chosen = _choose(usable, weights)
+    return replace(table, deviation=dev, chosen=chosen)
 
 
 def _choose(req_s: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, int]:
@@ -186,8 +203,6 @@ def benchmark_island(
         rare = (fits & ~meets) @ w < 1.0 - cost.ttft_percentile / 100
         ok = fits & (meets | rare[:, None])
     r_pre = np.where(ok, dp * 1000.0 / t_pre, 0.0)
-    dev, chosen = _choose(r_pre, w)
-    reason = "" if chosen >= 0 else _reason("prefill", fits.any(), ttft_ms, gpu, size, model)
     prefill = PhaseTable(
         tp[:, 0],
         dp[:, 0],
@@ -195,10 +210,13 @@ def benchmark_island(
         r_pre,
         t_pre,
         np.broadcast_to(dp, r_pre.shape).copy(),
-        dev,
-        chosen,
-        reason,
+        np.zeros(len(cfg)),
+        -1,
+        "",
     )
+    prefill = _chosen(prefill, _prefill_caps(prefill, np.asarray(lengths), w, cost), w)
+    if prefill.chosen < 0:
+        prefill = replace(prefill, reason=_reason("prefill", fits.any(), ttft_ms, gpu, size, model))
 
     # Decode: dp replicas of an EP group of size/dp GPUs, tp | size/dp.
     cfg = np.array([only[1]] if only else runnable(decode_configs(size), model, cost), dtype=float)
@@ -217,9 +235,11 @@ def benchmark_island(
         run, total_ms = _shrink_to_tpot(gpu, model, s, d, run, tp, ep, cost, step_cap, total_ms)
     ok = fits & (run >= 1) & ((total_ms / d <= step_cap) if step_cap else True)
     r_dec = np.where(ok, run * unit * 1000.0 / total_ms, 0.0)
-    dev, chosen = _choose(r_dec, w)
-    reason = "" if chosen >= 0 else _reason("decode", fits.any(), tpot_ms, gpu, size, model)
-    decode = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], r_dec, total_ms / d, np.where(ok, run, 0.0), dev, chosen, reason)
+    decode = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], r_dec, total_ms / d, np.where(ok, run, 0.0), np.zeros(len(cfg)),
+                        -1, "")  # fmt: skip
+    decode = _chosen(decode, _decode_caps(decode, w, mean_decode, cost), w)
+    if decode.chosen < 0:
+        decode = replace(decode, reason=_reason("decode", fits.any(), tpot_ms, gpu, size, model))
     return IslandBenchmark(gpu.name, size, model.name, p.name, np.asarray(lengths), prefill, decode)
 
 
@@ -301,29 +321,53 @@ def utilisation_caps(
     already sized so its step meets TPOT (`benchmark_island`).
     """
     n = len(bench.lengths)
-    u_pre, u_dec = np.ones(n), np.ones(n)
+    pre, dec = bench.prefill, bench.decode
+    u_pre = np.full(n, _prefill_caps(pre, bench.lengths, weights, cost)[pre.chosen]) if pre.chosen >= 0 else np.ones(n)
+    u_dec = np.full(n, _decode_caps(dec, weights, mean_decode, cost)[dec.chosen]) if dec.chosen >= 0 else np.ones(n)
+    return u_pre, u_dec
+
+
+def _prefill_caps(t: PhaseTable, lengths: np.ndarray, weights: np.ndarray, cost: CostSettings) -> np.ndarray:
+    """`utilisation_caps`' prefill cap of every configuration of the table (1 without a TTFT target, 0 where a
+    configuration serves no length)."""
+    caps = np.ones(len(t.tp))
+    if cost.ttft_ms is None:
+        return caps
     w = np.asarray(weights, dtype=float)
-    t = bench.prefill
-    if cost.ttft_ms is not None and t.chosen >= 0 and (t.req_s[t.chosen] > 0).any():
-        ok = t.req_s[t.chosen] > 0
-        service_s = t.time_ms[t.chosen] / 1e3
+    q = cost.ttft_percentile / 100
+    fixed_s = sum(request_overheads_ms(cost.profile)) / 1e3  # the front end and the hand-off, outside the GPUs
+    for k in range(len(caps)):
+        ok = t.req_s[k] > 0
+        if not ok.any():
+            caps[k] = 0.0
+            continue
+        service_s = t.time_ms[k] / 1e3
         ww = w[ok] if w[ok].sum() > 0 else np.ones(ok.sum())
         mean, cs2 = mix_moments(service_s[ok], ww)
-        q = cost.ttft_percentile / 100
-        fixed_s = sum(request_overheads_ms(cost.profile)) / 1e3  # the front end and the hand-off, outside the GPUs
         budget = cost.ttft_ms / 1e3 - fixed_s - mix_quantile(service_s[ok], ww, q)
-        tokens = float(ww @ np.asarray(bench.lengths, dtype=float)[ok] / ww.sum())
+        tokens = float(ww @ np.asarray(lengths, dtype=float)[ok] / ww.sum())
         batch_s = mean / tokens * max(cost.prefill_batch_tokens - tokens, 0.0)  # a full batch behind one prompt
-        c = int(t.dp[t.chosen])
-        u_pre = np.full(n, utilisation_caps_for_wait(c, mean, cs2, np.array([budget]), q, batch_s)[0])
-    t = bench.decode
-    if cost.tpot_ms is not None and t.chosen >= 0 and (t.req_s[t.chosen] > 0).any():
-        ok = t.req_s[t.chosen] > 0
-        d = max(round(mean_decode), 1)
-        service_s = t.time_ms[t.chosen] * d / 1e3
-        slots = t.req_s[t.chosen] * service_s  # sequences decoding at once on the island
+        caps[k] = utilisation_caps_for_wait(int(t.dp[k]), mean, cs2, np.array([budget]), q, batch_s)[0]
+    return caps
+
+
+def _decode_caps(t: PhaseTable, weights: np.ndarray, mean_decode: float, cost: CostSettings) -> np.ndarray:
+    """`utilisation_caps`' decode cap of every configuration of the table (1 without a TPOT target, 0 where a
+    configuration serves no length)."""
+    caps = np.ones(len(t.tp))
+    if cost.tpot_ms is None:
+        return caps
+    w = np.asarray(weights, dtype=float)
+    d = max(round(mean_decode), 1)
+    for k in range(len(caps)):
+        ok = t.req_s[k] > 0
+        if not ok.any():
+            caps[k] = 0.0
+            continue
+        service_s = t.time_ms[k] * d / 1e3
+        slots = t.req_s[k] * service_s  # sequences decoding at once on the island
         ww = w[ok] if w[ok].sum() > 0 else np.ones(ok.sum())
         mean, cs2 = mix_moments(service_s[ok], ww)
         c = max(int(np.floor(ww @ slots[ok] / ww.sum())), 1)
-        u_dec = np.full(n, utilisation_caps_for_wait(c, mean, cs2, np.zeros(1), cost.tpot_percentile / 100)[0])
-    return u_pre, u_dec
+        caps[k] = utilisation_caps_for_wait(c, mean, cs2, np.zeros(1), cost.tpot_percentile / 100)[0]
+    return caps

@@ -190,3 +190,25 @@ def test_a_goodput_search_scores_every_layout_by_what_the_simulator_sustains(tmp
     again = build_plan(ctx.planner, layout, 10.0)
     assert again.rate_req_s == pytest.approx(best["stated_req_s"], rel=1e-6)
     assert simulated_goodput(ctx.planner, again, GoodputCheck(seconds=10, steps=2))[0] == pytest.approx(best["score"])
+
+
+def test_an_island_runs_the_configuration_that_serves_the_most_within_the_slos() -> None:
+    """8 x H20 prefilling Azure code under `serving`: two engines of TP 4 prefill the most prompts a second, but
+    with long prompts queueing behind each other no load keeps TTFT p99 within 2 s (cap 0); one engine of TP 8
+    meets it up to a load. The island is given the configuration that serves within the SLOs, not the one with the
+    most throughput (which left the island idle); without SLOs, the one with the most throughput."""
+    from costmodel.island_bench import _prefill_caps
+
+    _, ctx = settings_of("costmodel=serving", inventory="hetero_a")
+    pl = ctx.planner
+    bench = pl.benchmark("H20", 8)
+    t = bench.prefill
+    caps = _prefill_caps(t, bench.lengths, pl.ranges.p, pl.cost)
+    rows = {(int(t.tp[k]), int(t.dp[k])): k for k in range(len(t.tp))}
+    two, one = rows[(4, 2)], rows[(8, 1)]
+    assert (t.req_s[two] >= t.req_s[one]).all() and t.req_s[two].sum() > t.req_s[one].sum()  # more throughput
+    assert caps[two] == 0.0 < caps[one]  # ... but none of it within TTFT p99 <= 2 s
+    assert bench.config("prefill") == {"tp": 8, "dp": 1, "ep": 8}
+    assert (pl.rates("H20", 8)[0] > 0).any()
+    _, free = settings_of("costmodel=serving", "slo=null", inventory="hetero_a")
+    assert free.planner.benchmark("H20", 8).config("prefill") == {"tp": 4, "dp": 2, "ep": 8}
