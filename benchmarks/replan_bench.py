@@ -1,13 +1,14 @@
 """The Table 5.1 cells re-planned under the cost model fitted to measured serving: what moves.
 
-    python benchmarks/replan_bench.py                       # the six cells, `calibrated` against `serving`
+    python benchmarks/replan_bench.py                       # the six cells: `calibrated`, `serving`, `serving` + MTP
     python benchmarks/replan_bench.py --cells homo_c:azure_code --models calibrated,serving,corrected
 
 For each cell (inventory:workload) and each cost model (conf/costmodel), the exact optimum of the search's model
 (default settings and SLOs, node-aligned islands: pipeline.search.reference): its rate, and its islands by GPU
 type and role (`2x16 P` = two prefill islands of 16 GPUs). `calibrated` is the main job's model (kernel tables
 only); `serving` adds the end-to-end fit to InferenceX's H200, B200 and MI300X rows (costmodel.calibrate
---serving; docs/costmodel.md). Printed as a Markdown table, then each cell's change of rate.
+--serving; docs/costmodel.md); a model may carry overrides after its name (`serving costmodel.mtp.drafts=1`: MTP
+with one draft a step). Printed as a Markdown table, then each cell's change of rate.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def islands(found: tuple[tuple[str, int, str], ...]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cells", default=",".join(CELLS), help="comma-separated inventory:workload")
-    ap.add_argument("--models", default="calibrated,serving", help="conf/costmodel names, the first the baseline")
+    ap.add_argument("--models", default="calibrated,serving,serving costmodel.mtp.drafts=1",
+                    help="conf/costmodel names, each with its overrides after it; the first the baseline")  # fmt: skip
     args = ap.parse_args()
     models = args.models.split(",")
     print("| cell | cost model | exact optimum (req/s) | islands (count x GPUs each; P prefill, D decode) | s |")
@@ -47,7 +49,8 @@ def main() -> None:
         inv, wl = cell.split(":")
         for model in models:
             t0 = time.perf_counter()
-            settings, ctx = context([f"+inventory={inv}", f"workload={wl}", f"costmodel={model}"])
+            name, *overrides = model.split()
+            settings, ctx = context([f"+inventory={inv}", f"workload={wl}", f"costmodel={name}", *overrides])
             ref = reference(settings, ctx, ctx.planner)
             rates[(cell, model)] = ref.rate_req_s
             print(f"| {cell} | {model} | {ref.rate_req_s:.1f} | {islands(ref.islands)} | "
