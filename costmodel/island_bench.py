@@ -53,6 +53,7 @@ class PhaseTable:
     deviation: np.ndarray  # (configs,) workload-weighted relative deviation
     chosen: int  # row index, -1 when no configuration is feasible anywhere
     reason: str  # why the phase is infeasible ("" when it is not)
+    chunk: np.ndarray | None = None  # aggregated: prompt tokens per attention rank a mixed step takes
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class IslandBenchmark:
     lengths: np.ndarray
     prefill: PhaseTable
     decode: PhaseTable
+    aggregated: PhaseTable | None = None  # with `cost.aggregated`: the island as aggregated engines
 
     def _pick(self, table: PhaseTable, attr: str) -> np.ndarray:
         if table.chosen < 0:
@@ -78,9 +80,17 @@ class IslandBenchmark:
     def decode_req_s(self) -> np.ndarray:
         return self._pick(self.decode, "req_s")
 
+    @property
+    def aggregated_req_s(self) -> np.ndarray:
+        """Requests/s the island serves whole (prefill and decode) as aggregated engines; zeros without them."""
+        return np.zeros(len(self.lengths)) if self.aggregated is None else self._pick(self.aggregated, "req_s")
+
+    def table(self, role: str) -> PhaseTable | None:
+        return {"prefill": self.prefill, "decode": self.decode, "aggregated": self.aggregated}[role]
+
     def config(self, phase: str) -> dict[str, int] | None:
-        t = self.prefill if phase == "prefill" else self.decode
-        if t.chosen < 0:
+        t = self.table(phase)
+        if t is None or t.chosen < 0:
             return None
         return {"tp": int(t.tp[t.chosen]), "dp": int(t.dp[t.chosen]), "ep": int(t.ep[t.chosen])}
 
@@ -106,14 +116,15 @@ def runnable(configs: list[tuple[int, int]], model: Model, cost: CostSettings) -
     return [(tp, dp) for tp, dp in configs if model.n_heads % tp == 0]
 
 
-def _chosen(table: PhaseTable, caps: np.ndarray, weights: np.ndarray) -> PhaseTable:
+def _chosen(table: PhaseTable, caps: np.ndarray, weights: np.ndarray, cover: bool | None = None) -> PhaseTable:
     """`table` with its configuration chosen by the rate each serves within the SLOs: its throughput times its
     utilisation cap (`utilisation_caps`; 1 without targets). A configuration with the most throughput may queue
     too long to meet TTFT at any load (two engines prefilling long prompts), where another with less meets it.
     With targets, among the configurations that serve the most of the workload within them (by weight) first, so
-    an island never gives up lengths it can serve (a range no island serves stops the whole plan)."""
+    an island never gives up lengths it can serve (a range no island serves stops the whole plan).
+    `cover`: choose among those serving the most (default: when some cap is below 1)."""
     usable = table.req_s * caps[:, None]
-    if (caps < 1.0).any():
+    if (caps < 1.0).any() if cover is None else cover:
         served = (usable > 0) @ weights
         usable = np.where((served >= served.max() - 1e-12)[:, None], usable, 0.0)
     dev, chosen = _choose(usable, weights)
@@ -151,11 +162,11 @@ def benchmark_island(
     max_decode: int,
     cost: CostSettings | None = None,
     output_pmf: np.ndarray | None = None,
-    only: tuple[tuple[int, int], tuple[int, int]] | None = None,
+    only: tuple[tuple[int, int], ...] | None = None,
 ) -> IslandBenchmark:
     """Benchmark island (gpu, size): per-length throughput of every configuration, and the choice.
 
-    `only` = ((prefill tp, dp), (decode tp, dp)) benchmarks just those two configurations (each
+    `only` = ((prefill tp, dp), (decode tp, dp)[, (aggregated tp, dp)]) benchmarks just those configurations (each
     row is computed on its own, so it is the row the full benchmark has for them): re-scoring a
     chosen configuration at every input length costs one row, not one per configuration.
 
@@ -240,7 +251,108 @@ def benchmark_island(
     decode = _chosen(decode, _decode_caps(decode, w, mean_decode, cost), w)
     if decode.chosen < 0:
         decode = replace(decode, reason=_reason("decode", fits.any(), tpot_ms, gpu, size, model))
-    return IslandBenchmark(gpu.name, size, model.name, p.name, np.asarray(lengths), prefill, decode)
+    aggregated = None
+    if cost.aggregated:
+        cfg_a = np.array([only[2]] if only and len(only) > 2 else runnable(decode_configs(size), model, cost))
+        aggregated = _aggregated(gpu, size, model, s[0], w, d, max_decode, cost, step_cap, cfg_a)
+    return IslandBenchmark(gpu.name, size, model.name, p.name, np.asarray(lengths), prefill, decode, aggregated)
+
+
+PREFILL_SHARES = np.linspace(0.05, 0.95, 19)  # with a TPOT target: the shares of an aggregated engine's time on prompts
+
+
+def _aggregated(
+    gpu: GPU,
+    size: int,
+    model: Model,
+    lengths: np.ndarray,
+    w: np.ndarray,
+    d: int,
+    max_decode: int,
+    cost: CostSettings,
+    step_cap: float | None,
+    cfg: np.ndarray,
+) -> PhaseTable:
+    """Every decode configuration (tp, dp) as aggregated engines: dp engines of an EP group of size/dp GPUs,
+    attention TP tp, each prefilling and decoding its own requests in mixed steps (`simulator.aggregated`).
+
+    A mixed step takes the decode step's time plus its prompt chunk's prefill time (as the simulator times it),
+    so an engine time-shares: a share φ of its time prefills, at the rate of the same GPUs prefilling alone
+    (b^P: configuration (tp, size/tp), every attention rank its own prompt), and 1 - φ decodes (b^D). Without
+    SLOs φ balances the two: b^A = 1 / (1/b^P + 1/b^D). With a TPOT target the prompts stretch every decode
+    step by 1 / (1 - φ), so the decode batch is sized for a step of (1 - φ) x the cap, for each φ of
+    PREFILL_SHARES, and b^A(φ) = min(φ b^P, (1 - φ) b^D(φ)); a step then prefills a chunk of prompt tokens
+    that takes φ of it (`chunk`, per attention rank), so no step passes the cap, and a prompt takes its
+    prefill time over φ. Each phase stays under its queueing cap (`utilisation_caps`: dp engines serving
+    prompts one after another; without a TPOT target a prompt is one chunk beside a decode step); each
+    configuration keeps the φ that serves the workload best. The rate is the whole island's requests/s
+    within the SLOs (its utilisation cap is already in it); `time_ms` is its TPOT at that rate, the decode
+    step over 1 - the share of time its prompts take.
+    """
+    p, mtp = cost.profile, cost.draft_layers
+    s = lengths[None, :]
+    tp, dp = cfg[:, :1].astype(float), cfg[:, 1:].astype(float)
+    ep = size / dp
+    ranks = size / tp  # attention ranks: each prefills its own prompts
+    t_pre = prefill_time_ms(gpu, model, s, tp, ranks, cost.cache_hit, p, mtp)
+    r_pre = ranks * 1000.0 / t_pre
+    routed = np.ceil(model.n_routed_experts / ep)
+    batch = aligned_batch(max_batch(gpu, model, s, float(max_decode), tp, routed, p, mtp))
+    unit = size / tp if p.batch_per_attention_rank else float(size)
+    fits = batch >= 1
+    run = np.maximum(batch, 1.0)
+    total_ms = decode_tokens_ms(gpu, model, s, d, run, tp, ep, cost)
+
+    ranks_e = ranks / dp  # attention ranks of one engine: it prefills their prompts one after another
+    # a chunk's time where it costs most: the end of the longest prompt (its attention reads the whole prompt)
+    deepest = float(lengths.max())
+    grid = np.unique(np.geomspace(16, max(min(cost.prefill_batch_tokens, deepest), 16), 48).round())
+    t_grid = (
+        prefill_time_ms(gpu, model, np.array([[deepest]]), tp, ranks, cost.cache_hit, p, mtp)
+        - prefill_time_ms(gpu, model, deepest - grid[None, :], tp, ranks, cost.cache_hit, p, mtp)
+    ) / ranks_e
+
+    def rows(share: float | None) -> tuple[np.ndarray, ...]:
+        """(req/s, TPOT ms, batch, chunk) at prefill share `share` (None: balanced, no TPOT target)."""
+        b, t = run, total_ms
+        if share is not None:
+            b, t = _shrink_to_tpot(gpu, model, s, d, run, tp, ep, cost, step_cap * (1.0 - share), total_ms)
+        ok = fits & (b >= 1)
+        step = t / d
+        r_dec = np.where(ok, b * unit * 1000.0 / t, 0.0)
+        if share is None:
+            rate = np.where(ok, 1.0 / (1.0 / r_pre + 1.0 / np.where(ok, r_dec, 1.0)), 0.0)
+            chunk = np.full_like(step, float(cost.prefill_batch_tokens))
+            service = t_pre + step  # a prompt in one chunk, in a step beside the decoding sequences
+        else:
+            rate = np.minimum(share * r_pre, (1.0 - share) * r_dec)
+            # each step prefills share x its time, step / (1 - share) <= the cap: a chunk of that many tokens,
+            # and a prompt takes its prefill time over the share (one engine's ranks one after another)
+            budget = share * step / (1.0 - share)
+            chunk = np.stack([np.interp(budget[k], t_grid[k], grid) for k in range(len(cfg))])
+            service = t_pre / ranks_e / share
+        if cost.slo:  # each phase within its queueing cap
+            servers = dp[:, 0] if share is not None else ranks[:, 0]
+            pre = PhaseTable(tp[:, 0], servers, ep[:, 0], np.where(ok, r_pre, 0.0), service,
+                             np.zeros_like(rate), np.zeros(len(cfg)), -1, "")  # fmt: skip
+            dec = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], r_dec, step, b, np.zeros(len(cfg)), -1, "")
+            u_pre = _prefill_caps(pre, lengths, w, cost)[:, None]
+            u_dec = _decode_caps(dec, w, d, cost)[:, None]
+            rate = np.minimum(rate, np.minimum(u_pre * r_pre, u_dec * r_dec * (1.0 - (share or 0.0))))
+        rate = np.where(ok, rate, 0.0)
+        share_used = np.minimum(rate / r_pre, 0.999)  # of the engines' time on prompts, at that rate
+        return rate, step / (1.0 - share_used), np.where(ok, b, 0.0), np.floor(chunk)
+
+    candidates = [rows(None)] if not step_cap else [rows(float(f)) for f in PREFILL_SHARES]
+    served = np.array([c[0] @ w for c in candidates])  # (shares, configs)
+    best = np.argmax(served, axis=0)
+    pick = np.arange(len(cfg))
+    req_s, step_ms, b, chunk = (np.stack([c[k] for c in candidates])[best, pick] for k in range(4))
+    table = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], req_s, step_ms, b, np.zeros(len(cfg)), -1, "", chunk)
+    table = _chosen(table, np.ones(len(cfg)), w, cover=cost.slo)
+    if table.chosen < 0:
+        table = replace(table, reason=_reason("aggregated", fits.any(), step_cap, gpu, size, model))
+    return table
 
 
 def decode_tokens_ms(

@@ -69,6 +69,7 @@ class CostSettings:
     engine_configs: bool = True  # only parallel configurations engines run: attention TP divides the head count
     mtp_drafts: int = 0  # MTP: draft tokens every decode step verifies (0: no speculative decoding)
     mtp_acceptance: float = MTP_ACCEPTANCE  # ... each accepted with this chance, given the ones before it were
+    aggregated: bool = False  # an island may also run aggregated engines (prefill and decode in mixed steps)
 
     def __post_init__(self) -> None:
         batch = self.prefill_batch_tokens
@@ -120,6 +121,7 @@ class CostSettings:
             "engine_configs": self.engine_configs,
             "mtp_drafts": self.mtp_drafts,
             "mtp_acceptance": self.mtp_acceptance,
+            "aggregated": self.aggregated,
             "calibration": None if self.profile.calibration is None else self.profile.calibration.to_json(),
         }
 
@@ -130,7 +132,7 @@ class CostSettings:
             raise SpecError(f"{where}: `cost` must be a mapping (profile, switches, cache_hit, ...), got {data!r}")
         expected = {"profile", "switches", "cache_hit", "fp8_combine", "ttft_ms", "tpot_ms", "ttft_percentile",
                     "tpot_percentile", "prefill_batch_tokens", "engine_configs"}  # fmt: skip
-        later = {"calibration", "mtp_drafts", "mtp_acceptance"}  # plans written before these lack them
+        later = {"calibration", "mtp_drafts", "mtp_acceptance", "aggregated"}  # plans written before these lack them
         if not expected <= set(data) <= expected | later:
             raise SpecError(f"{where}: `cost` must have exactly the fields {sorted(expected)} (and {sorted(later)}), "
                             f"got {sorted(data)}")  # fmt: skip
@@ -158,6 +160,8 @@ class CostSettings:
         if not isinstance(data["fp8_combine"], bool):
             raise SpecError(f"{where}: `cost.fp8_combine` must be true or false")
         acceptance = data.get("mtp_acceptance", MTP_ACCEPTANCE)
+        if not isinstance(data.get("aggregated", False), bool):
+            raise SpecError(f"{where}: `cost.aggregated` must be true or false")
         if isinstance(acceptance, bool) or not isinstance(acceptance, (int, float)):
             raise SpecError(f"{where}: `cost.mtp_acceptance` must be a number")
         try:
@@ -173,6 +177,7 @@ class CostSettings:
                 data["engine_configs"],
                 data.get("mtp_drafts", 0),
                 float(acceptance),
+                data.get("aggregated", False),
             )
         except SpecError as err:
             raise SpecError(f"{where}: cost: {err}") from None

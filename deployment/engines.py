@@ -66,6 +66,12 @@ def engines(plan: Plan) -> list[Engine]:
                 f"plan island {k} ({isl.size} x {isl.gpu}) is neither a divisor of a {node}-GPU host nor whole hosts: "
                 "engines cannot be placed on it; plan with search.shapes=nodes (the default)"
             )
+        if isl.role == "aggregated":
+            raise DeployError(
+                f"plan island {k} ({isl.size} x {isl.gpu}) runs aggregated engines (prefill and decode in mixed "
+                "steps); pipeline.deploy writes launch files for prefill and decode engines only: plan without "
+                "aggregated islands (costmodel.aggregated=false) to deploy"
+            )
         if isl.precision.experts == "fp4":  # every launch file loads the one FP8 checkpoint at `model_path`
             raise DeployError(
                 f"plan island {k} ({isl.size} x {isl.gpu}) was priced with FP4 routed experts (the GPU's FP4 rate); "

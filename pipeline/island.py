@@ -27,8 +27,10 @@ def island_report(bench: IslandBenchmark, workload: Workload, ranges: Ranges, ro
         f"{workload.mean_input:.0f} tokens, decode mean {workload.mean_decode:.0f} / max {workload.max_decode}",
         "",
     ]
-    for phase, table in (("prefill", bench.prefill), ("decode", bench.decode)):
-        out += _phase_lines(phase, table)
+    for phase in ("prefill", "decode", "aggregated"):
+        table = bench.table(phase)
+        if table is not None:
+            out += _phase_lines(phase, table)
     out.append("")
     out.append(_length_table(bench, ranges, rows, workload.mean_decode))
     return "\n".join(out)
@@ -54,6 +56,7 @@ def _length_table(bench: IslandBenchmark, ranges: Ranges, rows: int, mean_decode
     header = (
         f"{'input tokens':>13s} {'share':>6s} {'prefill req/s':>14s} {'prefill ms':>11s} "
         f"{'decode req/s':>13s} {'batch':>6s} {'step ms':>8s} {'out tok/s':>10s}"
+        + (f" {'aggregated req/s':>17s} {'TPOT ms':>8s}" if bench.aggregated is not None else "")
     )
     lines = [header, "-" * len(header)]
     for g in groups:
@@ -65,10 +68,13 @@ def _length_table(bench: IslandBenchmark, ranges: Ranges, rows: int, mean_decode
         batch = dec.batch[dec.chosen, i] if dec.chosen >= 0 else 0
         step = dec.time_ms[dec.chosen, i] if dec.chosen >= 0 else np.nan
         span = f"{ranges.start[g[0]]}-{ranges.end[g[-1]] - 1}"
-        lines.append(
-            f"{span:>13s} {100 * p_share:5.1f}% {rp:14.1f} {tp_ms:11.1f} {rd:13.1f} "
-            f"{batch:6.0f} {step:8.1f} {rd * mean_decode:10.0f}"
-        )
+        line = (f"{span:>13s} {100 * p_share:5.1f}% {rp:14.1f} {tp_ms:11.1f} {rd:13.1f} "
+                f"{batch:6.0f} {step:8.1f} {rd * mean_decode:10.0f}")  # fmt: skip
+        agg = bench.aggregated
+        if agg is not None:
+            tpot = agg.time_ms[agg.chosen, i] if agg.chosen >= 0 else np.nan
+            line += f" {bench.aggregated_req_s[i]:17.1f} {tpot:8.1f}"
+        lines.append(line)
     if rows and rows < n:
         lines.append(f"(each row: the middle range of ~{n // rows} merged ranges; rows=0 prints all {n})")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from costmodel.cli import UserError
 from costmodel.settings import CostSettings, Slo
 from costmodel.specs import Model
 
-ROLES = ("prefill", "decode", "idle")
+ROLES = ("prefill", "decode", "aggregated", "idle")
 MAX_DECODE_BATCH = 1024  # sequences per attention-DP rank; the island benchmark never plans more
 
 
@@ -150,7 +150,9 @@ class Island:
 
     Prefill: `dp` replicas of `tp` GPUs, one engine whose expert-parallel group is the whole island.
     Decode: `dp` engines, each an expert-parallel group of `ep` GPUs with attention-DP ranks of `tp` GPUs;
-    `batch` counts running sequences per rank. Idle: serves nothing (e.g. too small to hold the model)."""
+    `batch` counts running sequences per rank. Aggregated: engines shaped as decode's, each prefilling and
+    decoding its own requests in mixed steps (chunked prefill of `cost.prefill_batch_tokens` a step).
+    Idle: serves nothing (e.g. too small to hold the model)."""
 
     gpu: str
     size: int
@@ -172,6 +174,7 @@ class Island:
     # two micro-batches overlapped (SGLang's two-batch overlap, vLLM's DBO), as the cost model priced the steps:
     # always for prefill; for decode, where that is faster at its batch (switch `overlap_chosen`), else one
     overlap: bool = True
+    chunk_tokens: int = 0  # aggregated: prompt tokens per attention rank a mixed step prefills (0: not aggregated)
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, str) or not self.gpu:
@@ -189,10 +192,10 @@ class Island:
         _whole(self.redundant_experts, "redundant_experts")
         if self.role == "prefill" and self.tp * self.dp != self.size:
             raise PlanError(f"prefill tp {self.tp} x dp {self.dp} must be the size {self.size}")
-        if self.role == "decode" and (self.ep * self.dp != self.size or self.ep % self.tp):
-            raise PlanError(f"decode ep {self.ep} x dp {self.dp} must be the size {self.size}, with tp {self.tp} "
-                            "dividing ep")  # fmt: skip
-        if self.role == "decode" and self.batch > MAX_DECODE_BATCH:
+        if self.role in ("decode", "aggregated") and (self.ep * self.dp != self.size or self.ep % self.tp):
+            raise PlanError(f"{self.role} ep {self.ep} x dp {self.dp} must be the size {self.size}, with tp "
+                            f"{self.tp} dividing ep")  # fmt: skip
+        if self.role in ("decode", "aggregated") and self.batch > MAX_DECODE_BATCH:
             raise PlanError(f"decode batch {self.batch} is over {MAX_DECODE_BATCH} sequences per rank, which no "
                             "plan of pipeline.search writes")  # fmt: skip
         if not self.ranges:
@@ -210,6 +213,9 @@ class Island:
         _real(self.utilisation, "utilisation", 0.0)
         _optional_real(self.ttft_ms_expected, "ttft_ms_expected", 0.0)
         _optional_real(self.tpot_ms_expected, "tpot_ms_expected", 0.0)
+        _whole(self.chunk_tokens, "chunk_tokens")
+        if self.role == "aggregated" and self.chunk_tokens < 1:
+            raise PlanError("an aggregated island prefills at least one prompt token a step (chunk_tokens >= 1)")
         if not isinstance(self.overlap, bool):
             raise PlanError(f"overlap must be true or false, got {self.overlap!r}")
 
@@ -219,12 +225,13 @@ class Island:
 
     @property
     def ep_group(self) -> int:
-        """GPUs one engine spreads the routed experts over: the whole island for prefill, `ep` for decode."""
-        return self.ep if self.role == "decode" else self.tp * self.dp
+        """GPUs one engine spreads the routed experts over: the whole island for prefill, `ep` for decode and
+        aggregated engines."""
+        return self.ep if self.role in ("decode", "aggregated") else self.tp * self.dp
 
     @property
     def engines(self) -> int:
-        """Engine instances of the island: one for prefill, `dp` for decode, none when idle."""
+        """Engine instances of the island: one for prefill, `dp` for decode and aggregated, none when idle."""
         return 0 if not self.serving else 1 if self.role == "prefill" else self.dp
 
     @property
@@ -420,8 +427,10 @@ class Plan:
                     f"{isl.experts_per_gpu} with {isl.redundant_experts}"
                 )
         serving = [isl for isl in self.islands if isl.serving]
-        if self.rates.rate_req_s > 0 and not ({"prefill", "decode"} <= {isl.role for isl in serving}):
-            raise PlanError(f"a rate of {self.rates.rate_req_s:g} req/s needs a prefill and a decode island")
+        roles = {isl.role for isl in serving}
+        if self.rates.rate_req_s > 0 and not ({"prefill", "decode"} <= roles or "aggregated" in roles):
+            raise PlanError(f"a rate of {self.rates.rate_req_s:g} req/s needs a prefill and a decode island, or an "
+                            "aggregated one")  # fmt: skip
         if not isinstance(self.workload, str):
             raise PlanError(f"workload must be a name, got {self.workload!r}")
         if self.workload_spec and not isinstance(self.spec_of_workload, dict):
@@ -482,4 +491,3 @@ def checked_notes(notes: Any) -> tuple[str, ...]:
     if not isinstance(notes, (list, tuple)) or not all(isinstance(n, str) for n in notes):
         raise PlanError(f"notes must be a list of texts, got {notes!r}")
     return tuple(notes)
-

@@ -188,7 +188,7 @@ def _island(d: Any, where: str, hosts: Hosts | None, precision: Precision | None
         precision = _of(Precision, _need(d, "precision", where), f"{where}.precision")
     kw = {k: d[k] for k in ("gpu", "size", "role", "tp", "dp", "ep", "batch", "cost_per_hour", "experts_per_gpu",
                             "redundant_experts", "traffic_share", "utilisation", "ttft_ms_expected",
-                            "tpot_ms_expected", "overlap") if k in d}  # fmt: skip
+                            "tpot_ms_expected", "overlap", "chunk_tokens") if k in d}  # fmt: skip
     kw.setdefault("cost_per_hour", 0.0)
     for key in ("tp", "dp", "ep", "batch"):
         kw.setdefault(key, 0)

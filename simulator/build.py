@@ -26,7 +26,8 @@ def build(
     stats: Mapping[str, float] | None = None,
     expert_imbalance: float = 1.0,
 ) -> tuple[list[PrefillEngine], list[DecodeEngine], Router]:
-    """Engines for every serving island of `plan` (dp each) and the router named `router`.
+    """Engines for every prefill and decode island of `plan` (dp each) and the router named `router`. Aggregated
+    islands run apart (`simulator.mixed`): the router routes what the plan leaves to the others.
 
     `token_budget`: prompt tokens a prefill engine batches (None: the plan's `prefill_batch_tokens`);
     `stats` (mean_input, mean_output, std_output of the workload) parameterise `sal` and `mapper`;
@@ -34,7 +35,7 @@ def build(
     """
     model, cost = plan.model, plan.cost
     token_budget = cost.prefill_batch_tokens if token_budget is None else token_budget
-    islands = plan.serving
+    islands = [isl for isl in plan.serving if isl.role != "aggregated"]
     prefill: list[PrefillEngine] = []
     decode: list[DecodeEngine] = []
     engines_of: dict[str, list[list[int]]] = {"prefill": [], "decode": []}
@@ -57,7 +58,7 @@ def build(
             ids = list(range(len(decode), len(decode) + isl.dp))
             decode += [DecodeEngine(i, k, t, rebuild) for i in ids]
         engines_of[isl.role].append(ids)
-    ends = sorted({r.end for isl in islands for r in isl.ranges})
+    ends = sorted({r.end for isl in plan.serving for r in isl.ranges})
     shares = {}
     for phase, isls in phase_islands.items():
         f = np.zeros((len(ends), len(isls)))
@@ -65,6 +66,11 @@ def build(
             for r in isl.ranges:
                 f[ends.index(r.end), k] = r.fraction
         shares[phase] = f
+    whole = np.zeros(len(ends))  # the share of each range aggregated islands take
+    for isl in plan.serving:
+        if isl.role == "aggregated":
+            for r in isl.ranges:
+                whole[ends.index(r.end)] += r.fraction
     stats = stats or {}
     inputs = RouterInputs(
         seed,
@@ -73,5 +79,6 @@ def build(
         range_end=np.array(ends),
         shares=shares,
         engines_of=engines_of,
+        elsewhere=whole >= 1.0 - 1e-9,
     )
     return prefill, decode, make_router(router, inputs)

@@ -97,12 +97,17 @@ class PlanRouter(Router):
         shares: dict[str, np.ndarray],
         engines_of: dict[str, list[list[int]]],
         seed: int = 0,
+        elsewhere: np.ndarray | None = None,
     ) -> None:
-        """`shares[phase]`: (ranges, islands of the phase) fractions; `engines_of[phase][k]`: island k's engines."""
+        """`shares[phase]`: (ranges, islands of the phase) fractions; `engines_of[phase][k]`: island k's engines;
+        `elsewhere`: per range, True where aggregated islands serve all of it (no request of it comes here)."""
         self.range_end = range_end
         self.cum = {}
         for phase, f in shares.items():
             tot = f.sum(axis=1, keepdims=True)
+            if elsewhere is not None:
+                f = np.where((tot <= 0) & elsewhere[:, None], 1.0, f)
+                tot = f.sum(axis=1, keepdims=True)
             if (tot <= 0).any():
                 j = int(np.flatnonzero(tot[:, 0] <= 0)[0])
                 raise ValueError(
@@ -270,12 +275,13 @@ class RouterInputs:
     range_end: np.ndarray | None = None  # the plan's ranges (upper ends) ...
     shares: dict[str, np.ndarray] | None = None  # ... each phase's (range, island) fractions ...
     engines_of: dict[str, list[list[int]]] | None = None  # ... and each island's engines, per phase
+    elsewhere: np.ndarray | None = None  # ... and the ranges aggregated islands serve whole
 
 
 def _plan(a: RouterInputs) -> Router:
     if a.range_end is None or a.shares is None or a.engines_of is None:
         raise ValueError("router=plan needs a plan's routing (range ends, fractions, engines)")
-    return PlanRouter(a.range_end, a.shares, a.engines_of, a.seed)
+    return PlanRouter(a.range_end, a.shares, a.engines_of, a.seed, a.elsewhere)
 
 
 # name -> factory; a new router is one class plus one line here, and tests/test_contracts.py runs

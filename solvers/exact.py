@@ -10,6 +10,9 @@ x^P_cj, x^D_cj = capacity (island units) they give range j.
     (3) Σ_{c of type t} s_c (n^P_c + n^D_c) <= I_t                    ∀ t   the inventory
     (4) optional: Σ_c cost_c (n^P_c + n^D_c) <= B                           $/h budget
     (5) optional: KV egress/ingress as in solvers/inner.py
+    (7) optional aggregated islands (a type's `aggregated_req_s`): n^A_c of them, x^A_cj capacity on range j,
+        b^A_cj x^A_cj on the left of both halves of (1), Σ_j x^A_cj <= n^A_c, and n^A_c beside
+        n^P_c + n^D_c in (3), (4) and (6), as in solvers/inner.py
     (6) optional, per type t with given island multisets M_t (e.g. every layout a generator can
         propose), instead of (3): Σ_m z_tm = 1 (z binary) and
         n^P_c + n^D_c <= Σ_m z_tm · (islands of size s_c in m)             ∀ c of type t
@@ -110,7 +113,12 @@ def exact_optimum(
 def island_classes(types: list[TypeOptions]) -> list[tuple[int, int]]:
     """(type index, size index) of every island that fits the inventory and serves in some role."""
     return [(ti, si) for ti, t in enumerate(types) for si in range(len(t.sizes))
-            if t.sizes[si] <= t.count and (t.prefill_req_s[si].any() or t.decode_req_s[si].any())]  # fmt: skip
+            if t.sizes[si] <= t.count and (t.prefill_req_s[si].any() or t.decode_req_s[si].any()
+                                           or _agg(t)[si].any())]  # fmt: skip
+
+
+def _agg(t: TypeOptions) -> np.ndarray:
+    return t.aggregated_req_s if t.aggregated_req_s is not None else np.zeros_like(t.prefill_req_s)
 
 
 def solve_counts(
@@ -125,13 +133,17 @@ def solve_counts(
     fix: list[tuple[int, int]] | None = None,
 ) -> tuple[ExactResult, list[tuple[float, float]]]:
     """One solve of the model (`relax`: integers continuous, an LP; `fix`: every class's (n^P, n^D)
-    given, an LP over the routing). Returns the result and each class's (n^P, n^D) as solved."""
+    given and no island aggregated, an LP over the routing). Returns the result and each class's (n^P, n^D)
+    as solved (aggregated islands, in the result's islands, are not among them: the count search moves
+    prefill and decode islands only)."""
     t0 = time.perf_counter()
     s = new_solver("HIGHS" if relax or fix is not None else backend, time_limit_s)  # GLOP: ABNORMAL at 10k GPUs
     n_j = len(p)
     lam = s.NumVar(0.0, s.infinity(), "Lambda")
     classes = island_classes(types)
     n_p, n_d, x_p, x_d, cost = [], [], [], [], []
+    n_a: list[object] = []
+    x_a: list[list[object]] = []
     for c, (ti, si) in enumerate(classes):
         t, size = types[ti], int(types[ti].sizes[si])
         most = t.count // size
@@ -144,13 +156,21 @@ def solve_counts(
             n_d.append(var(0, most, f"nD[{t.gpu},{size}]"))
         x_p.append([s.NumVar(0.0, most, "") for _ in range(n_j)])
         x_d.append([s.NumVar(0.0, most, "") for _ in range(n_j)])
+        agg = fix is None and _agg(t)[si].any()
+        n_a.append((s.NumVar if relax else s.IntVar)(0, most, f"nA[{t.gpu},{size}]") if agg else 0)
+        x_a.append([s.NumVar(0.0, most, "") for _ in range(n_j)] if agg else [])
         cost.append(size * t.price_per_gpu_hour)
     for j in range(n_j):
-        s.Add(s.Sum([types[ti].prefill_req_s[si, j] * x_p[c][j] for c, (ti, si) in enumerate(classes)]) >= p[j] * lam)
-        s.Add(s.Sum([types[ti].decode_req_s[si, j] * x_d[c][j] for c, (ti, si) in enumerate(classes)]) >= p[j] * lam)
+        both = [_agg(types[ti])[si, j] * x_a[c][j] for c, (ti, si) in enumerate(classes) if x_a[c]]
+        s.Add(s.Sum([types[ti].prefill_req_s[si, j] * x_p[c][j] for c, (ti, si) in enumerate(classes)] + both)
+              >= p[j] * lam)  # fmt: skip
+        s.Add(s.Sum([types[ti].decode_req_s[si, j] * x_d[c][j] for c, (ti, si) in enumerate(classes)] + both)
+              >= p[j] * lam)  # fmt: skip
     for c, (ti, si) in enumerate(classes):
         s.Add(s.Sum(x_p[c]) <= n_p[c])
         s.Add(s.Sum(x_d[c]) <= n_d[c])
+        if x_a[c]:
+            s.Add(s.Sum(x_a[c]) <= n_a[c])
         if kv_gb is not None:
             t = types[ti]
             link = float(t.sizes[si]) * t.link_gb_s_per_gpu
@@ -164,12 +184,12 @@ def solve_counts(
                 if tj == ti:
                     size = int(t.sizes[si])
                     held = [z[k] * m.count(size) for k, m in enumerate(t.layouts) if size in m]
-                    s.Add(n_p[c] + n_d[c] <= s.Sum(held))
+                    s.Add(n_p[c] + n_d[c] + n_a[c] <= s.Sum(held))
             continue
-        used = [int(t.sizes[si]) * (n_p[c] + n_d[c]) for c, (tj, si) in enumerate(classes) if tj == ti]
+        used = [int(t.sizes[si]) * (n_p[c] + n_d[c] + n_a[c]) for c, (tj, si) in enumerate(classes) if tj == ti]
         if used:
             s.Add(s.Sum(used) <= t.count)  # (3)
-    total_cost = s.Sum([cost[c] * (n_p[c] + n_d[c]) for c in range(len(classes))])
+    total_cost = s.Sum([cost[c] * (n_p[c] + n_d[c] + n_a[c]) for c in range(len(classes))])
     if budget is not None:
         s.Add(total_cost <= budget)
     s.Maximize(lam - theta * total_cost if theta > 0 else lam)
@@ -185,6 +205,8 @@ def solve_counts(
         size = int(types[ti].sizes[si])
         islands += [(types[ti].gpu, size, "prefill")] * round(counts[c][0])
         islands += [(types[ti].gpu, size, "decode")] * round(counts[c][1])
+        if x_a[c]:
+            islands += [(types[ti].gpu, size, "aggregated")] * round(n_a[c].solution_value())  # type: ignore[attr-defined]
     spent = sum(size * next(t.price_per_gpu_hour for t in types if t.gpu == g) for g, size, _ in islands)
     # the proven bound: Λ itself when optimal (or an LP's), above the incumbent when the time limit stopped it
     bound = (

@@ -21,6 +21,11 @@ handful of small integers. `aggregate=False` solves with one binary z_i per isla
         k_j = KV GB of one request of range j, L_c = an island's scale-out GB/s
     (6) optional $ budget: Σ_c cost_c (a_c + y_c) <= B
         x >= 0,  a_c, y_c ∈ {0, ..., m_c}
+    (7) optional aggregated islands (`aggregated_req_s` = b^A_cj, the rate an island serves range j at,
+        prefill and decode both, as aggregated engines): g_c of a class's islands aggregate, with x^A_cj
+        of their capacity on range j; b^A_cj x^A_cj joins the left of both (1) and (2),
+        Σ_j x^A_cj <= g_c, and (4) becomes a_c + y_c + g_c = m_c (<= with a budget; g_c in its cost).
+        Aggregated islands hand no KV over: (5) leaves them out.
 
 After the solve every range's capacity is scaled down to exactly Λ p_j; what is left of an
 island is headroom.
@@ -50,7 +55,7 @@ raises with the solver's status.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from ortools.linear_solver import pywraplp
@@ -60,7 +65,7 @@ from solvers import role_search
 
 OBJECTIVES = ("max_rate", "thesis")
 STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
-ROLES = ("prefill", "decode", "idle")
+ROLES = ("prefill", "decode", "aggregated", "idle")
 MILP_BACKENDS = ("SCIP", "HIGHS", "CBC")
 BACKENDS = ("AUTO", *MILP_BACKENDS)  # AUTO: SCIP for AUTO_SCIP_S, then HiGHS (see `_solve_matrix`)
 AUTO_SCIP_S = 1.0  # AUTO's SCIP stint before HiGHS takes over (docs/inner.md)
@@ -102,6 +107,7 @@ class InnerProblem:
     cost_per_hour: np.ndarray | None = None  # (I,) $/h of each island
     budget_per_hour: float | None = None  # max $/h of the islands in use
     roles: tuple[str, ...] | None = None  # fix every island's role: the model becomes an LP
+    aggregated_req_s: np.ndarray | None = None  # (I, J) req/s as aggregated engines (None: no aggregated role)
 
     def __post_init__(self) -> None:
         n_i, n_j = len(self.islands), len(self.p)
@@ -109,8 +115,10 @@ class InnerProblem:
             raise ValueError(f"unknown objective {self.objective!r}; choose from {list(OBJECTIVES)}")
         if n_i == 0 or n_j == 0:
             raise ValueError(f"a problem needs at least one island and one range, got {n_i} islands, {n_j} ranges")
-        for name in ("prefill_req_s", "decode_req_s"):
+        for name in ("prefill_req_s", "decode_req_s", "aggregated_req_s"):
             a = getattr(self, name)
+            if a is None:
+                continue
             if a.shape != (n_i, n_j):
                 raise ValueError(f"`{name}` must be islands x ranges = {n_i} x {n_j}, got shape {a.shape}")
             if not np.isfinite(a).all() or (a < 0).any():
@@ -135,15 +143,36 @@ class InnerProblem:
             raise ValueError(f"`roles` must give one of {list(ROLES)} for each of the {n_i} islands")
         if self.objective == "thesis" and self.roles is not None and "idle" in self.roles:
             raise ValueError("the thesis model uses every island; `idle` roles belong to `max_rate`")
+        if self.objective == "thesis" and self.aggregated_req_s is not None:
+            raise ValueError("aggregated islands belong to `max_rate`; the thesis model has prefill and decode only")
+        if self.roles is not None and "aggregated" in self.roles and self.aggregated_req_s is None:
+            raise ValueError("an `aggregated` role needs `aggregated_req_s`, the islands' rates as aggregated engines")
+
+    def resolved(self, roles: tuple[str, ...]) -> InnerProblem:
+        """This problem with every island's role fixed to `roles` and an aggregated island's prefill and decode
+        rows its aggregated rate (it serves both phases of what it takes, so each phase's capacity counts it):
+        the problem a solution with those roles is read against (`InnerSolution` gives an aggregated island
+        the same share in x_prefill and x_decode). Solved again, it gives the same solution.
+        Without an aggregated island, this problem itself."""
+        agg = np.array([r == "aggregated" for r in roles], dtype=bool)
+        if not agg.any() or self.aggregated_req_s is None:
+            return self  # (no island aggregates: the rows are already the solution's)
+        bp, bd = self.prefill_req_s.copy(), self.decode_req_s.copy()
+        bp[agg] = bd[agg] = self.aggregated_req_s[agg]
+        return replace(self, prefill_req_s=bp, decode_req_s=bd, roles=tuple(roles))
+
+    @property
+    def aggregated_roles(self) -> bool:
+        return self.aggregated_req_s is not None and bool(self.aggregated_req_s.any())
 
 
 @dataclass(frozen=True)
 class InnerSolution:
     status: str
     rate_req_s: float  # max_rate: Λ; thesis: min(R^P, R^D)
-    roles: tuple[str, ...]  # "prefill" | "decode" | "idle" (only with a budget) per island
-    x_prefill: np.ndarray  # (I, J) fraction of island i's capacity prefilling range j
-    x_decode: np.ndarray
+    roles: tuple[str, ...]  # "prefill" | "decode" | "aggregated" | "idle" (only with a budget) per island
+    x_prefill: np.ndarray  # (I, J) fraction of island i's capacity prefilling range j (aggregated: serving it)
+    x_decode: np.ndarray  # (an aggregated island has the same row in both)
     prefill_req_s: float  # R^P = Σ_ij b^P_ij x^P_ij
     decode_req_s: float
     deviation: float  # thesis D_total evaluated on this routing
@@ -234,6 +263,7 @@ def island_classes(prob: InnerProblem) -> list[list[int]]:
             None if prob.roles is None else prob.roles[i],
             None if prob.link_gb_s is None else float(prob.link_gb_s[i]),
             None if prob.cost_per_hour is None else float(prob.cost_per_hour[i]),
+            None if prob.aggregated_req_s is None else prob.aggregated_req_s[i].tobytes(),
         )
         groups.setdefault(key, []).append(i)
     return list(groups.values())
@@ -244,8 +274,9 @@ def _max_rate(
 ) -> InnerSolution:
     """max_rate built as sparse matrices in one go (NumPy), solved by OR-Tools' model builder.
 
-    Columns: x^P (C*J), x^D (C*J), y (C), a (C, only with a budget or fixed roles), Λ.
-    Without a budget a_c = m_c − y_c is substituted, as in the module docstring's (4).
+    Columns: x^P (C*J), x^D (C*J), y (C), a (C, only with a budget or fixed roles), Λ, and with aggregated
+    islands x^A (C*J), g (C). Without a budget a_c = m_c − y_c − g_c is substituted, as in the module
+    docstring's (4).
     """
     first = [c[0] for c in classes]
     bp, bd = prob.prefill_req_s[first], prob.decode_req_s[first]
@@ -256,7 +287,11 @@ def _max_rate(
     col_y = 2 * cj
     col_a = col_y + n_c if explicit_a else -1
     col_lam = col_y + (2 if explicit_a else 1) * n_c
-    n_col = col_lam + 1
+    with_agg = prob.aggregated_roles
+    ba = prob.aggregated_req_s[first] if with_agg else np.zeros_like(bp)  # type: ignore[index]
+    col_xa = col_lam + 1
+    col_g = col_xa + cj
+    n_col = col_g + n_c if with_agg else col_lam + 1
     lb, ub = np.zeros(n_col), np.zeros(n_col)
     ub[:cj] = np.where(bp > 0, m[:, None], 0.0).ravel()
     ub[cj:col_y] = np.where(bd > 0, m[:, None], 0.0).ravel()
@@ -264,12 +299,15 @@ def _max_rate(
     if explicit_a:
         ub[col_a : col_a + n_c] = m
     ub[col_lam] = np.inf
+    if with_agg:
+        ub[col_xa:col_g] = np.where(ba > 0, m[:, None], 0.0).ravel()
+        ub[col_g:] = np.where(ba.any(axis=1), m, 0.0)
     if prob.roles is not None:  # fixed roles: the counts are constants, the model an LP
         role = [prob.roles[c[0]] for c in classes]
-        lb[col_y : col_y + n_c] = ub[col_y : col_y + n_c] = [m[c] if r == "decode" else 0.0 for c, r in enumerate(role)]
-        lb[col_a : col_a + n_c] = ub[col_a : col_a + n_c] = [
-            m[c] if r == "prefill" else 0.0 for c, r in enumerate(role)
-        ]
+        for col, name in ((col_y, "decode"), (col_a, "prefill"), (col_g, "aggregated")):
+            if name == "aggregated" and not with_agg:
+                continue
+            lb[col : col + n_c] = ub[col : col + n_c] = [m[c] if r == name else 0.0 for c, r in enumerate(role)]
 
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
@@ -290,30 +328,47 @@ def _max_rate(
         n_row += n
 
     cc, jj = np.meshgrid(np.arange(n_c), np.arange(n_j), indexing="ij")
-    xp_col, xd_col = cc * n_j + jj, cj + cc * n_j + jj
+    xp_col, xd_col, xa_col = cc * n_j + jj, cj + cc * n_j + jj, col_xa + cc * n_j + jj
     all_c, all_j = np.arange(n_c), np.arange(n_j)
+    g_col = col_g + all_c
     for b, x_col in ((bp, xp_col), (bd, xd_col)):  # (1), (2): capacity of range j >= Λ p_j
         add(jj, x_col, b)
+        if with_agg:  # (7) an aggregated island serves both phases of what it takes
+            add(jj, xa_col, ba)
         add(all_j, np.full(n_j, col_lam), -prob.p)
         close(n_j, 0.0, np.inf)
-    # (3) prefill islands' capacity: Σ_j x^P_cj <= a_c (= m_c − y_c without a budget)
+    # (3) prefill islands' capacity: Σ_j x^P_cj <= a_c (= m_c − y_c − g_c without a budget)
     add(cc, xp_col, 1.0)
     if explicit_a:
         add(all_c, col_a + all_c, -1.0)
         close(n_c, -np.inf, 0.0)
     else:
         add(all_c, col_y + all_c, 1.0)
+        if with_agg:
+            add(all_c, g_col, 1.0)
         close(n_c, -np.inf, m)
     add(cc, xd_col, 1.0)  # (3) decode: Σ_j x^D_cj <= y_c
     add(all_c, col_y + all_c, -1.0)
     close(n_c, -np.inf, 0.0)
+    if with_agg:  # (7) aggregated: Σ_j x^A_cj <= g_c
+        add(cc, xa_col, 1.0)
+        add(all_c, g_col, -1.0)
+        close(n_c, -np.inf, 0.0)
+        if explicit_a:  # (4) the islands of a class: a_c + y_c + g_c <= m_c
+            add(all_c, col_y + all_c, 1.0)
+            add(all_c, col_a + all_c, 1.0)
+            add(all_c, g_col, 1.0)
+            close(n_c, -np.inf, m)
     if prob.budget_per_hour is not None and prob.cost_per_hour is not None:
-        add(all_c, col_y + all_c, 1.0)  # (4) with a budget: a_c + y_c <= m_c
-        add(all_c, col_a + all_c, 1.0)
-        close(n_c, -np.inf, m)
+        if not with_agg:
+            add(all_c, col_y + all_c, 1.0)  # (4) with a budget: a_c + y_c <= m_c
+            add(all_c, col_a + all_c, 1.0)
+            close(n_c, -np.inf, m)
         cost = prob.cost_per_hour[first]
-        add(np.zeros(n_c, dtype=int), col_y + all_c, cost)  # (6) Σ_c cost_c (a_c + y_c) <= B
+        add(np.zeros(n_c, dtype=int), col_y + all_c, cost)  # (6) Σ_c cost_c (a_c + y_c + g_c) <= B
         add(np.zeros(n_c, dtype=int), col_a + all_c, cost)
+        if with_agg:
+            add(np.zeros(n_c, dtype=int), g_col, cost)
         close(1, -np.inf, prob.budget_per_hour)
     if prob.kv_gb is not None and prob.link_gb_s is not None:  # (5) KV GB/s through the islands' NICs
         link = prob.link_gb_s[first]
@@ -323,6 +378,8 @@ def _max_rate(
             close(n_c, -np.inf, 0.0)
         else:
             add(all_c, col_y + all_c, link)
+            if with_agg:
+                add(all_c, g_col, link)
             close(n_c, -np.inf, link * m)
         add(cc, xd_col, bd * prob.kv_gb[None, :])
         add(all_c, col_y + all_c, -link)
@@ -336,40 +393,49 @@ def _max_rate(
     model = mb.Model()
     model.helper.fill_model_from_sparse_data(lb, ub, objective, np.concatenate(row_lb), np.concatenate(row_ub), matrix)
     model.helper.set_maximize(True)
+    counts = [*range(col_y, col_lam), *(range(col_g, n_col) if with_agg else ())]
     if prob.roles is None:
-        for col in range(col_y, col_lam):
+        for col in counts:
             model.helper.set_var_integrality(col, True)
 
     status, x = _solve_matrix(model, backend if prob.roles is None else "GLOP", time_limit_s)
     extra: dict[str, float] = {}
     if status in ("time_limit", "feasible") and prob.roles is None and not explicit_a:
         # out of time (many distinct islands): role search from the incumbent, or from the LP relaxation
-        found = _searched_incumbent(model, col_y, col_lam, prob, first, m, x)
+        found = _searched_incumbent(model, col_y, col_lam, counts, prob, first, m, x)
         if found is not None:
             status, x, extra = "feasible", found[0], {"bound_req_s": found[1]}
     if status in ("infeasible", "time_limit"):
         return _empty(prob, status, t0)
     rate = float(x[col_lam])
     n_dec = np.round(x[col_y : col_y + n_c]).astype(int)
-    n_pre = np.round(x[col_a : col_a + n_c]).astype(int) if explicit_a else m.astype(int) - n_dec
+    n_agg = np.round(x[col_g:n_col]).astype(int) if with_agg else np.zeros(n_c, dtype=int)
+    n_pre = np.round(x[col_a : col_a + n_c]).astype(int) if explicit_a else m.astype(int) - n_dec - n_agg
     # Solvers honour constraints to a tolerance (-1e-12 for zero, 4e-7 of prefill on a decode class):
     # clip, keep each class within its islands, and report the rate this routing actually delivers.
     xp = _within(np.maximum(x[:cj].reshape(n_c, n_j), 0.0), n_pre)
     xd = _within(np.maximum(x[cj:col_y].reshape(n_c, n_j), 0.0), n_dec)
+    xa = _within(np.maximum(x[col_xa:col_g].reshape(n_c, n_j), 0.0), n_agg) if with_agg else np.zeros_like(xp)
     need = prob.p > 0
+    both = (ba * xa).sum(axis=0)
     delivered = min(
-        ((bp * xp).sum(axis=0)[need] / prob.p[need]).min(), ((bd * xd).sum(axis=0)[need] / prob.p[need]).min()
+        (((bp * xp).sum(axis=0) + both)[need] / prob.p[need]).min(),
+        (((bd * xd).sum(axis=0) + both)[need] / prob.p[need]).min(),
     )
     rate = min(rate, float(delivered))
-    xp, xd = _trim_to_demand(xp, bp, prob.p * rate), _trim_to_demand(xd, bd, prob.p * rate)
-    x_pi, x_di, roles = _expand(prob, classes, xp, xd, n_pre, n_dec)
-    return _solution(prob, classes, status, rate, roles, x_pi, x_di, thesis_deviation(prob, x_pi, x_di), t0, extra)
+    xa = _trim_to_demand(xa, ba, prob.p * rate)
+    rest = np.maximum(prob.p * rate - (ba * xa).sum(axis=0), 0.0)
+    xp, xd = _trim_to_demand(xp, bp, rest), _trim_to_demand(xd, bd, rest)
+    x_pi, x_di, roles = _expand(prob, classes, xp, xd, n_pre, n_dec, xa, n_agg)
+    priced = prob.resolved(roles)
+    return _solution(priced, classes, status, rate, roles, x_pi, x_di, thesis_deviation(priced, x_pi, x_di), t0, extra)
 
 
 def _searched_incumbent(
     model: mb.Model,
     col_y: int,
     col_lam: int,
+    counts: list[int],
     prob: InnerProblem,
     first: list[int],
     m: np.ndarray,
@@ -381,10 +447,11 @@ def _searched_incumbent(
     ROLE_SEARCH_S) starts from the incumbent's decode counts per class, or without one from the
     relaxation's, rounded, and improves them one move at a time; the LP left with those roles fixed
     routes the ranges. Its Λ is achievable (a solution of the MILP), the relaxation's is the bound
-    the gap is taken to.
+    the gap is taken to. The search moves islands between prefill and decode only: it starts, and ends,
+    with no island aggregated (a solution all the same; the relaxation's bound counts aggregated islands).
     """
     relaxed = model.clone()
-    for col in range(col_y, col_lam):
+    for col in counts:
         relaxed.helper.set_var_integrality(col, False)
     status, x = _solve_matrix(relaxed, "GLOP", 60.0)
     if status not in ("optimal", "feasible"):
@@ -408,6 +475,8 @@ def _searched_incumbent(
     for col, v in zip(range(col_y, col_lam), decode, strict=True):
         fixed.helper.set_var_lower_bound(col, float(v))
         fixed.helper.set_var_upper_bound(col, float(v))
+    for col in counts[col_lam - col_y :]:  # no aggregated islands
+        fixed.helper.set_var_upper_bound(col, 0.0)
     status, xf = _solve_matrix(fixed, "GLOP", 60.0)
     if status not in ("optimal", "feasible"):
         return None
@@ -565,9 +634,17 @@ class _Model:
 
 
 def _expand(
-    prob: InnerProblem, classes: list[list[int]], xp: np.ndarray, xd: np.ndarray, n_pre: np.ndarray, n_dec: np.ndarray
+    prob: InnerProblem,
+    classes: list[list[int]],
+    xp: np.ndarray,
+    xd: np.ndarray,
+    n_pre: np.ndarray,
+    n_dec: np.ndarray,
+    xa: np.ndarray | None = None,
+    n_agg: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
-    """Class totals to islands: the first a_c prefill, the next y_c decode, the rest idle."""
+    """Class totals to islands: the first a_c prefill, the next y_c decode, the next g_c aggregated (its share in
+    both x_prefill and x_decode), the rest idle."""
     n_i, n_j = len(prob.islands), len(prob.p)
     roles = ["idle"] * n_i
     x_pi, x_di = np.zeros((n_i, n_j)), np.zeros((n_i, n_j))
@@ -579,6 +656,9 @@ def _expand(
             elif k < n_pre[c] + n_dec[c]:
                 roles[i] = "decode"
                 x_di[i] = xd[c] / n_dec[c]
+            elif xa is not None and n_agg is not None and k < n_pre[c] + n_dec[c] + n_agg[c]:
+                roles[i] = "aggregated"
+                x_pi[i] = x_di[i] = xa[c] / n_agg[c]
     return x_pi, x_di, tuple(roles)
 
 
@@ -653,7 +733,7 @@ def problem_from_json(data: object) -> tuple[InnerProblem, float]:
     except (TypeError, ValueError):
         raise ValueError("`prefill_req_s`, `decode_req_s` and range `p` must be numbers (rows = islands)") from None
     extra: dict[str, object] = {}
-    for key in ("tau", "M", "budget_per_hour", "kv_gb", "link_gb_s", "cost_per_hour"):
+    for key in ("tau", "M", "budget_per_hour", "kv_gb", "link_gb_s", "cost_per_hour", "aggregated_req_s"):
         if key in data:
             try:
                 extra[key] = (
@@ -668,10 +748,11 @@ def problem_from_json(data: object) -> tuple[InnerProblem, float]:
         if (
             not isinstance(roles, list)
             or len(roles) != len(islands)
-            or not all(r in ("prefill", "decode") for r in roles)
+            or not all(r in ("prefill", "decode", "aggregated") for r in roles)
         ):
             raise ValueError(
-                f'`roles` must list "prefill" or "decode" for each of the {len(islands)} islands, got {roles!r}'
+                f'`roles` must list "prefill", "decode" or "aggregated" for each of the {len(islands)} islands, '
+                f"got {roles!r}"
             )
         extra["roles"] = tuple(roles)
     limit = data.get("time_limit_s", 10.0)
@@ -704,7 +785,7 @@ def problem_to_json(prob: InnerProblem, time_limit_s: float | None = None) -> di
         "tau": prob.tau,
         "M": prob.M,
     }
-    for key in ("kv_gb", "link_gb_s", "cost_per_hour"):
+    for key in ("kv_gb", "link_gb_s", "cost_per_hour", "aggregated_req_s"):
         if getattr(prob, key) is not None:
             out[key] = getattr(prob, key).tolist()
     if prob.budget_per_hour is not None:

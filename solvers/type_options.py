@@ -20,3 +20,4 @@ class TypeOptions:
     decode_req_s: np.ndarray
     link_gb_s_per_gpu: float = 0.0
     layouts: tuple[tuple[int, ...], ...] | None = None  # (6): the type's islands are one of these multisets
+    aggregated_req_s: np.ndarray | None = None  # (S, J) as aggregated engines (None: no aggregated role)

@@ -54,14 +54,14 @@ def island(gpu: str, size: int, role: str, tp: int, dp: int, ep: int, batch: int
     """A serving island as the planner describes one: DeepSeek-V3's experts spread over its EP group, its
     precision as the cost model prices it, hosts numbered from `node` (None: no hosts)."""
     experts = load_model("deepseek_v3").n_routed_experts
-    group = ep if role == "decode" else tp * dp
+    group = ep if role in ("decode", "aggregated") else tp * dp
     per_gpu = -(-experts // group)
     g = load_gpu(gpu)
     hosts = None if node is None else Hosts(g.node_gpus, tuple(range(node, node + -(-(first + size) // g.node_gpus))),
                                             first)  # fmt: skip
     return Island(gpu, size, role, tp, dp, ep, batch, Precision(*priced_precision(g, CostSettings().profile)),
                   size * g.price_per_hour, tuple(RangeShare(a, b, f, f / 2) for a, b, f in ranges), hosts, per_gpu,
-                  per_gpu * group - experts, 0.5, 0.5)  # fmt: skip
+                  per_gpu * group - experts, 0.5, 0.5, chunk_tokens=512 if role == "aggregated" else 0)  # fmt: skip
 
 
 def plan_with(islands: Sequence[Island], rate: float = 4.0, workload: str = "azure_conv",

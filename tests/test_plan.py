@@ -98,7 +98,7 @@ EDITS = [
     ("no gpu", del_island("gpu"), "islands[0]: no `gpu`"),
     ("tp 0", set_island("tp", 0), "islands[0]: tp must be a whole number >= 1, got 0"),
     ("tp eight", set_island("tp", "eight"), "islands[0]: tp must be a whole number >= 1, got 'eight'"),
-    ("another role", set_island("role", "router"), "islands[0]: role must be one of ['prefill', 'decode', 'idle']"),
+    ("another role", set_island("role", "router"), "islands[0]: role must be one of ['prefill', 'decode', 'aggregated', 'idle']"),
     ("islands a dict", lambda d: d.__setitem__("islands", {"0": d["islands"][0]}),
      "`islands` must be a list of islands, got dict"),
     ("no rate", lambda d: d["rates"].pop("rate_req_s"), "rates: no `rate_req_s`"),

@@ -40,18 +40,21 @@ def build_plan(
     for i, (gpu, size) in enumerate(layout.islands):
         serves = sol.x_prefill[i].sum() + sol.x_decode[i].sum() > 1e-9
         bench = planner.benchmark(gpu, size)
-        phase = "decode" if sol.roles[i] == "decode" else "prefill"
+        phase = sol.roles[i] if sol.roles[i] in ("decode", "aggregated") else "prefill"
+        # (an aggregated island has the same share in both phases, at its aggregated rate: `InnerProblem.resolved`)
         x, b = (sol.x_decode, prob.decode_req_s) if phase == "decode" else (sol.x_prefill, prob.prefill_req_s)
         cap = b * x
         tot = cap.sum(axis=0)
         served = np.flatnonzero(cap[i] > 0)
         cfg = bench.config(phase) if serves else None
-        table = bench.decode if phase == "decode" else bench.prefill
+        table = bench.table(phase)
         fraction = cap[i] / np.where(tot > 0, tot, 1.0)
         facts = _serving_facts(planner, bench, phase, cfg, fraction, sol.rate_req_s) if cfg else {}
-        batch = engine_batch(table, cap[i], served, phase) if cfg else 0
-        if cfg and phase == "decode":
+        batch = engine_batch(table, cap[i], served, phase) if cfg and table is not None else 0
+        if cfg and phase != "prefill":
             facts["overlap"] = overlapped(planner, gpu, cfg, batch, fraction)
+        if cfg and phase == "aggregated" and table is not None and table.chunk is not None:
+            facts["chunk_tokens"] = max(int(table.chunk[table.chosen, served].min()), 1)  # no step past TPOT
         islands.append(
             Island(
                 gpu=gpu,
@@ -112,13 +115,13 @@ def _serving_facts(
     - `utilisation`: the share of its time it is busy at the plan's rate (at most its SLO cap).
     - prefill `ttft_ms_expected`: the TTFT bound at the SLO percentile the queueing model gives the
       island at that load (W_q + batching + S_q, docs/inner.md); decode `tpot_ms_expected`: its mean
-      step over the mix it serves.
+      step over the mix it serves (aggregated: with the prompts' chunks in its steps).
     """
     experts = planner.model.n_routed_experts
-    group = int(cfg["ep"]) if phase == "decode" else int(cfg["tp"]) * int(cfg["dp"])
+    group = int(cfg["ep"]) if phase != "prefill" else int(cfg["tp"]) * int(cfg["dp"])
     per_gpu = -(-experts // group)
-    table = bench.decode if phase == "decode" else bench.prefill
-    raw = bench.decode_req_s if phase == "decode" else bench.prefill_req_s
+    table = bench.table(phase)
+    raw = {"prefill": bench.prefill_req_s, "decode": bench.decode_req_s, "aggregated": bench.aggregated_req_s}[phase]
     routed = rate * planner.ranges.p * fraction  # req/s of each range through this island
     ok = routed > 0
     out: dict[str, Any] = {
@@ -127,10 +130,10 @@ def _serving_facts(
         "traffic_share": float(planner.ranges.p @ fraction),
         "utilisation": float((routed[ok] / raw[ok]).sum()) if ok.any() else 0.0,
     }
-    if not ok.any() or table.chosen < 0:
+    if not ok.any() or table is None or table.chosen < 0:
         return out
     times_s = table.time_ms[table.chosen, ok] / 1e3
-    if phase == "decode":
+    if phase != "prefill":  # (aggregated: the decode step stretched by the prompts it interleaves)
         out["tpot_ms_expected"] = float(routed[ok] @ times_s / routed[ok].sum() * 1e3)
         return out
     cost = planner.cost
@@ -193,5 +196,6 @@ def engine_batch(table: PhaseTable, routed: np.ndarray, served: np.ndarray, phas
     w = routed[served]
     if phase == "prefill" or (b <= 0).any():
         return int(b[np.argmax(w)])
+    # (aggregated: as decode, the batch of its decoding sequences)
     return max(int(np.floor(w.sum() / (w / b).sum() + 1e-9)), 1)
 

@@ -101,7 +101,7 @@ def mtp_from_cfg(c: Mapping[str, Any]) -> dict[str, Any]:
 
 def cost_settings_from_cfg(cfg: Any) -> CostSettings:
     """The one cost-settings record of a command: `costmodel` (profile, fixes, cache_hit, fp8_combine,
-    prefill_batch_tokens) and `slo`."""
+    prefill_batch_tokens, mtp, aggregated) and `slo`."""
     c = cfg.costmodel
     try:
         return CostSettings(
@@ -113,6 +113,7 @@ def cost_settings_from_cfg(cfg: Any) -> CostSettings:
             # search.shapes=any plans the thesis's free sizes and configurations; everything else, what engines run
             engine_configs=cfg.get("search") is None or str(cfg.search.get("shapes", "nodes")) != "any",
             **mtp_from_cfg(c),
+            aggregated=boolean(c.get("aggregated", False), "costmodel.aggregated"),
         )
     except SpecError as err:
         raise ConfigError(f"costmodel: {err}") from None

@@ -172,6 +172,9 @@ class Planner:
             if self.budget_per_hour is not None:
                 kw.setdefault("budget_per_hour", self.budget_per_hour)
                 kw.setdefault("cost_per_hour", self.cost_per_hour(layout))
+            if self.cost.aggregated:  # already within the SLOs (`island_bench._aggregated`)
+                kw.setdefault("aggregated_req_s", np.array([self.benchmark(g, n).aggregated_req_s
+                                                            for g, n in layout.islands]))  # fmt: skip
         return InnerProblem(
             layout.islands,
             self.ranges.p,
@@ -210,7 +213,8 @@ class Planner:
         **kw: Any,
     ) -> tuple[InnerProblem, InnerSolution]:
         prob = self.problem(layout, objective, queueing, **kw)
-        return prob, solve(prob, time_limit_s=time_limit_s, backend=backend)
+        sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
+        return prob.resolved(sol.roles), sol
 
     def routed_caps(
         self, layout: Layout, prob: InnerProblem, sol: InnerSolution
@@ -259,6 +263,7 @@ class Planner:
             caps = new
             prob = self.problem(layout, "max_rate", caps=caps)
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
+            prob = prob.resolved(sol.roles)
         return prob, sol
 
     def support(self) -> tuple[np.ndarray, np.ndarray]:
@@ -292,6 +297,11 @@ class Planner:
                 _row(fine.decode.req_s, 0 if dec.chosen >= 0 else -1, len(lengths)),
             )
         full = [np.array([self._full[isl][k] for isl in layout.islands]) for k in (0, 1)]
+        agg = [] if prob is None or prob.roles is None else [i for i, r in enumerate(prob.roles) if r == "aggregated"]
+        if agg:  # an aggregated island at its ranges' rates (within the SLOs already; not re-scored by length)
+            rows = prob.prefill_req_s[agg][:, range_of]  # type: ignore[union-attr]
+            full = [f.copy() for f in full]
+            full[0][agg] = full[1][agg] = rows
         if not self.cost.slo:
             return full[0], full[1]
         caps = []
@@ -301,6 +311,7 @@ class Planner:
                 continue
             fluid = np.array([self.rates(g, n, queueing=False)[k] for g, n in layout.islands])
             caps.append(np.divide(rows, fluid, out=np.zeros_like(rows), where=fluid > 0))
+            caps[-1][agg] = 1.0
         return full[0] * caps[0][:, range_of], full[1] * caps[1][:, range_of]
 
     def evaluate(self, layout: Layout, prob: InnerProblem, sol: InnerSolution) -> tuple[Evaluation, np.ndarray]:

@@ -18,6 +18,7 @@ from pipeline.errors import ConfigError
 from pipeline.planning.traces import Trace
 from pipeline.planning.workload import Workload, from_trace, trace_from_cfg, workload_from_cfg
 from plan import Plan
+from simulator import mixed
 from simulator.arrivals import ARRIVALS, sampled
 from simulator.arrivals import from_trace as trace_requests
 from simulator.build import build
@@ -117,16 +118,25 @@ class Runner:
         r = Requests(req.arrival, req.input_len, req.output_len, req.user)  # fresh outcome arrays
         stats = {"mean_input": float(r.input_len.mean()), "mean_output": float(r.output_len.mean()),
                  "std_output": float(r.output_len.std())}  # fmt: skip
-        pre, dec, rt = build(
-            self.plan, self.gpus, router=router, max_len=int(r.input_len.max()),
-            max_context=int((r.input_len + r.output_len).max()), token_budget=self.s.token_budget, seed=self.s.seed,
-            stats=stats, expert_imbalance=self.s.expert_imbalance,
-        )  # fmt: skip
-        sched = make_scheduler(scheduler, max_output=int(r.output_len.max()), theta_age_ms=self.s.sjf_theta_age_ms,
-                               alpha=self.s.larry_alpha)  # fmt: skip
-        sim = Simulation(r, pre, dec, rt, sched)
+        max_len, max_context = int(r.input_len.max()), int((r.input_len + r.output_len).max())
+
+        def disaggregated(part: Requests) -> Simulation:
+            pre, dec, rt = build(
+                self.plan, self.gpus, router=router, max_len=max_len, max_context=max_context,
+                token_budget=self.s.token_budget, seed=self.s.seed, stats=stats,
+                expert_imbalance=self.s.expert_imbalance,
+            )  # fmt: skip
+            sched = make_scheduler(scheduler, max_output=int(r.output_len.max()),
+                                   theta_age_ms=self.s.sjf_theta_age_ms, alpha=self.s.larry_alpha)  # fmt: skip
+            part_sim = Simulation(part, pre, dec, rt, sched)
+            part_sim.run()
+            return part_sim
+
         t0 = time.perf_counter()
-        sim.run()
+        if any(isl.role == "aggregated" for isl in self.plan.serving):  # aggregated islands run apart
+            sim = mixed.run(self.plan, r, self.gpus, _engines_of(disaggregated), self.s.seed, self.s.expert_imbalance)
+        else:
+            sim = disaggregated(r)
         wall = time.perf_counter() - t0
         warm = float(r.arrival[int(len(r) * self.s.warmup_fraction)]) if len(r) else 0.0
         slo = self.slo
@@ -135,6 +145,14 @@ class Runner:
         m["sim_wall_s"] = wall
         m["sim_req_per_s"] = len(r) / wall if wall > 0 else 0.0
         return sim, m, wall
+
+
+def _engines_of(run: Callable[[Requests], Simulation]) -> Callable[[Requests], tuple[Simulation, list, list]]:
+    def go(part: Requests) -> tuple[Simulation, list, list]:
+        sim = run(part)
+        return sim, sim.prefill, sim.decode
+
+    return go
 
 
 def sustainable_rate(

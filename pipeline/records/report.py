@@ -100,7 +100,13 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         *_band_rows(plan),
         f"| cost | ${plan.cost_per_hour:,.2f}/h: ${plan.usd_per_m_output_tokens:.2f} per million output tokens, "
         f"{plan.rate_per_dollar:.4f} req/s per $/h |",
-        f"| islands | {plan.count('prefill')} prefill + {plan.count('decode')} decode |",
+        f"| islands | {plan.count('prefill')} prefill + {plan.count('decode')} decode"
+        + (
+            f" + {plan.count('aggregated')} aggregated (prefill and decode in mixed steps)"
+            if plan.count("aggregated")
+            else ""
+        )
+        + " |",
         f"| decoding | {_decoding_text(plan)} |",
         "",
         "Islands (batch: for prefill, prompts one forward pass takes, one per DP replica; for decode, running "
@@ -116,7 +122,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
     ]
 
     def cells(isl: Island) -> str:
-        tok = f"{isl.traffic_share * rates.output_tok_s:.0f}" if isl.role == "decode" else "-"
+        tok = f"{isl.traffic_share * rates.output_tok_s:.0f}" if isl.role in ("decode", "aggregated") else "-"
         return (
             f"{isl.role} | {isl.tp} / {isl.dp} / {isl.ep} | {isl.batch} | {isl.precision.describe()} | "
             f"{_ranges_text(isl.ranges)} | {isl.traffic_share:.1%} | {isl.utilisation:.1%} | "
@@ -278,7 +284,7 @@ def routing_plot(path: Path, plan: Plan, title: str) -> None:
         return
     groups = _alike(islands, lambda isl: (isl.role, isl.size, isl.gpu, isl.ranges))
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(groups) + 1.4))
-    colors = {"prefill": "tab:blue", "decode": "tab:orange"}
+    colors = {"prefill": "tab:blue", "decode": "tab:orange", "aggregated": "tab:green"}
     for row, group in enumerate(groups):  # a row of N islands is shaded by their share together
         for r in group[0].ranges:
             share = min(max(r.fraction * len(group), 0.0), 1.0)
@@ -289,9 +295,12 @@ def routing_plot(path: Path, plan: Plan, title: str) -> None:
     ax.set_yticks(range(len(groups)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set(xlabel="input length (tokens)", title=title)
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()],
-              labels=["prefill (P)", "decode (D); darker: more of the range's requests (a row of xN: all N)"],
-              fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)  # fmt: skip
+    shown = [r for r in colors if any(g[0].role == r for g in groups)]
+    names = {"prefill": "prefill (P)", "decode": "decode (D)", "aggregated": "aggregated (A)"}
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colors[r]) for r in shown],
+              labels=[names[r] + ("; darker: more of the range's requests (a row of xN: all N)" if r == shown[-1]
+                                  else "") for r in shown],
+              fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(shown))  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -304,7 +313,8 @@ def _node_map(islands: Sequence[Island]) -> list[str]:
     out = [
         "",
         "Node map (hosts numbered per GPU type; expected latency: the queueing model's TTFT at the SLO "
-        "percentile for prefill, the mean decode step for decode; redundant experts: replicas added so the "
+        "percentile for prefill, the mean decode step for decode (aggregated: with its prompts' chunks); redundant "
+        "experts: replicas added so the "
         "routed experts divide evenly over the EP group):",
         "",
         "| hosts | island | role | expected latency | EP group: experts/GPU (+redundant) |",

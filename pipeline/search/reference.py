@@ -132,6 +132,9 @@ def type_options(
                 np.array([r[1] for r in rates]),
                 float(kv_link_gb_s(g, planner.profile)),
                 None if layouts is None else layouts.get(g.name),
+                np.array([planner.benchmark(g.name, int(s)).aggregated_req_s for s in sizes])
+                if planner.cost.aggregated
+                else None,
             )
         )
     kv = (

@@ -344,7 +344,7 @@ def min_islands(
 def runs(planner: Planner, gpu: str, size: int) -> bool:
     """Can an island of `size` GPUs of type `gpu` run the model in at least one phase?"""
     b = planner.benchmark(gpu, size)
-    return b.prefill.chosen >= 0 or b.decode.chosen >= 0
+    return b.prefill.chosen >= 0 or b.decode.chosen >= 0 or (b.aggregated is not None and b.aggregated.chosen >= 0)
 
 
 def idle_types(planner: Planner, inventory: Inventory) -> list[str]:
@@ -353,9 +353,16 @@ def idle_types(planner: Planner, inventory: Inventory) -> list[str]:
 
 
 def check_a_plan_exists(planner: Planner, inventory: Inventory, space: Space) -> None:
-    """A plan needs a prefill island and a decode island at once: an inventory where no layout has both is a
-    config error naming why (memory, or an SLO no configuration meets), not a search that ends at 0 req/s."""
+    """A plan needs a prefill island and a decode island at once, or an aggregated island: an inventory where no
+    layout has either is a config error naming why (memory, or an SLO no configuration meets), not a search that
+    ends at 0 req/s."""
     full = {g.name: planner.benchmark(g.name, n) for g, n in zip(inventory.gpus, inventory.counts, strict=True)}
+    if planner.cost.aggregated and any(
+        (b := planner.benchmark(g.name, s)).aggregated is not None and b.aggregated.chosen >= 0
+        for g in inventory.gpus
+        for s in space.sizes(g.name)
+    ):
+        return
     pre = [g for g, b in full.items() if b.prefill.chosen >= 0]
     dec = [g for g, b in full.items() if b.decode.chosen >= 0]
     if any(p != d for p in pre for d in dec):
@@ -372,6 +379,10 @@ def check_a_plan_exists(planner: Planner, inventory: Inventory, space: Space) ->
                     b.decode.reason)  # fmt: skip
     raise ConfigError(
         f"inventory {inventory.describe()}: no layout of it serves {planner.model.name}: a plan needs a prefill "
-        f"island and a decode island at once" + (f", and {why}" if why else ", and no type has room for both")
-        + ": add GPUs, relax the SLOs (slo.ttft_ms, slo.tpot_ms) or choose a smaller model"
+        f"island and a decode island at once"
+        + (" (or an aggregated island)" if planner.cost.aggregated else "")
+        + (f", and {why}" if why else ", and no type has room for both")
+        + ": add GPUs, relax the SLOs (slo.ttft_ms, slo.tpot_ms)"
+        + ("" if planner.cost.aggregated else ", let islands aggregate (costmodel.aggregated=true)")
+        + " or choose a smaller model"
     )

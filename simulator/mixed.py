@@ -1,0 +1,105 @@
+"""A plan whose islands include aggregated ones, simulated in parts: each request goes, on arrival, to an
+aggregated island or to the disaggregated islands by the plan's routing (its input length's range and the
+share of that range each aggregated island takes), and each part runs on its own. The parts share no
+engines, so this is the whole plan's run; their outcomes are joined into one record of requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from costmodel.specs import GPU
+from plan import Plan
+from simulator.aggregated import AggregatedEngine, AggregatedSimulation
+from simulator.core import DecodeEngine, PrefillEngine
+from simulator.requests import Requests
+from simulator.timing import decode_timing, prefill_timing
+
+OUTCOMES = ("prefill_engine", "decode_engine", "first_token", "finish", "preemptions")
+
+
+@dataclass
+class MixedRun:
+    """The joined run: `r` as `Simulation.r`; `prefill`, `decode` the disaggregated part's engines."""
+
+    r: Requests
+    prefill: list[PrefillEngine] = field(default_factory=list)
+    decode: list[DecodeEngine] = field(default_factory=list)
+    kv_trace: list[tuple[float, float]] = field(default_factory=list)
+
+
+def split(plan: Plan, input_len: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Per request, the index in `plan.serving` of the aggregated island it goes to, or -1 (disaggregated)."""
+    serving = plan.serving
+    ends = np.array(sorted({r.end for isl in serving for r in isl.ranges}))
+    agg = [k for k, isl in enumerate(serving) if isl.role == "aggregated"]
+    share = np.zeros((len(ends), len(agg)))
+    for c, k in enumerate(agg):
+        for r in serving[k].ranges:
+            share[int(np.searchsorted(ends, r.end)), c] = r.fraction
+    j = np.minimum(np.searchsorted(ends, input_len, side="right"), len(ends) - 1)
+    cum = np.cumsum(share, axis=1)[j]  # (requests, aggregated islands)
+    u = np.random.default_rng(seed).random(len(input_len))
+    pick = (u[:, None] >= cum).sum(axis=1)  # the first island whose cumulative share passes u
+    return np.where(pick < len(agg), np.array([*agg, -1])[pick], -1)
+
+
+def aggregated_engines(plan: Plan, k: int, gpu: GPU, max_len: int, max_context: int,
+                       expert_imbalance: float = 1.0) -> list[AggregatedEngine]:  # fmt: skip
+    """The `dp` engines of aggregated island `plan.serving[k]`: decode steps as a decode island's, each attention
+    rank prefilling its own prompts (`island_bench._aggregated`: a piece's time is shared by the ranks), chunks of
+    the island's `chunk_tokens` per rank a step."""
+    isl, model, cost = plan.serving[k], plan.model, plan.cost
+    dec = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, cost, expert_imbalance,
+                        cost.mtp_drafts, cost.mtp_accepted)  # fmt: skip
+    if dec.kv_tokens < 1:
+        raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
+    ranks = isl.ep // isl.tp
+    pre = prefill_timing(gpu, model, isl.tp, ranks, max_len, cost)
+    pre = replace(pre, ms=pre.ms / ranks, handoff_ms=0.0)
+    chunk = isl.chunk_tokens or cost.prefill_batch_tokens
+    return [AggregatedEngine(i, dec, pre, chunk * ranks) for i in range(isl.dp)]
+
+
+def run(
+    plan: Plan,
+    r: Requests,
+    gpus: Mapping[str, GPU],
+    disaggregated: Callable[[Requests], tuple[object, list[PrefillEngine], list[DecodeEngine]]],
+    seed: int = 0,
+    expert_imbalance: float = 1.0,
+) -> MixedRun:
+    """Run `r` through `plan`: `disaggregated(requests)` builds and runs the disaggregated part (returning the
+    finished simulation and its engines); every aggregated island runs its share itself."""
+    where = split(plan, r.input_len, seed)
+    out = MixedRun(r)
+    max_len, max_context = int(r.input_len.max()), int((r.input_len + r.output_len).max())
+    parts: list[tuple[np.ndarray, Requests]] = []
+    rest = np.flatnonzero(where < 0)
+    if rest.size:
+        sub = _subset(r, rest)
+        sim, out.prefill, out.decode = disaggregated(sub)
+        out.kv_trace = list(getattr(sim, "kv_trace", []))
+        parts.append((rest, sub))
+    engines = max(len(out.prefill), len(out.decode))  # aggregated engines numbered after the others
+    for k in sorted(set(where[where >= 0].tolist())):
+        idx = np.flatnonzero(where == k)
+        sub = _subset(r, idx)
+        isl = plan.serving[k]
+        pool = aggregated_engines(plan, k, gpus[isl.gpu], max_len, max_context, expert_imbalance)
+        AggregatedSimulation(sub, pool).run()
+        sub.prefill_engine = np.where(sub.prefill_engine >= 0, sub.prefill_engine + engines, -1)
+        sub.decode_engine = sub.prefill_engine.copy()
+        engines += len(pool)
+        parts.append((idx, sub))
+    for idx, sub in parts:
+        for name in OUTCOMES:
+            getattr(r, name)[idx] = getattr(sub, name)
+    return out
+
+
+def _subset(r: Requests, idx: np.ndarray) -> Requests:
+    return Requests(r.arrival[idx], r.input_len[idx], r.output_len[idx], None if r.user is None else r.user[idx])

@@ -1,0 +1,173 @@
+"""Aggregated islands (`costmodel.aggregated`): engines prefilling and decoding their own requests in mixed steps,
+priced by hand, chosen by the inner solve and the exact reference, carried by plan.json and simulated as such."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import plan as plans
+from costmodel.catalog import load_gpu, load_model
+from costmodel.island_bench import benchmark_island
+from costmodel.settings import CostSettings
+from helpers import compose, in_process, one_line
+from solvers.exact import exact_optimum
+from solvers.inner import InnerProblem, solve
+from solvers.type_options import TypeOptions
+
+DSV3 = load_model("deepseek_v3")
+H200 = load_gpu("H200")
+ONE = np.array([1.0])
+
+
+def problem(n: int, **kw: object) -> InnerProblem:
+    """n identical islands of one range: 10 req/s prefilling or decoding alone, 5 req/s as aggregated engines."""
+    kw.setdefault("aggregated_req_s", np.full((n, 1), 5.0))
+    return InnerProblem((("H200", 8),) * n, ONE, np.full((n, 1), 10.0), np.full((n, 1), 10.0), **kw)  # type: ignore[arg-type]
+
+
+def test_one_island_serves_as_an_aggregated_engine_where_disaggregation_needs_two() -> None:
+    sol = solve(problem(1))
+    assert sol.roles == ("aggregated",) and sol.rate_req_s == pytest.approx(5.0)
+    # an aggregated island's share is in both phases, each at its aggregated rate
+    assert sol.x_prefill[0, 0] == sol.x_decode[0, 0] == pytest.approx(1.0)
+    assert sol.prefill_req_s == sol.decode_req_s == pytest.approx(5.0)
+    assert solve(problem(1, aggregated_req_s=None)).rate_req_s == 0.0  # (the same island without the role)
+
+
+def test_an_odd_island_aggregates_rather_than_stay_unbalanced() -> None:
+    """Three islands: prefill + two decode serve 10 req/s (prefill-bound); three aggregated 3 x 5 = 15."""
+    sol = solve(problem(3))
+    assert sol.rate_req_s == pytest.approx(15.0) and sol.roles.count("aggregated") == 3
+    fixed = solve(problem(3, roles=("prefill", "decode", "aggregated")))
+    assert fixed.rate_req_s == pytest.approx(15.0)  # 10 + 5 in each phase
+
+
+def test_a_budget_counts_aggregated_islands() -> None:
+    sol = solve(problem(3, cost_per_hour=np.ones(3), budget_per_hour=1.0))
+    assert sol.rate_req_s == pytest.approx(5.0) and sorted(sol.roles) == ["aggregated", "idle", "idle"]
+
+
+def test_aggregated_islands_hand_no_kv_over_the_network() -> None:
+    """A link too slow for any hand-off: prefill and decode islands serve nothing; aggregated ones all of it."""
+    sol = solve(problem(2, kv_gb=np.array([1.0]), link_gb_s=np.full(2, 1e-6)))
+    assert sol.rate_req_s == pytest.approx(10.0) and sol.roles == ("aggregated", "aggregated")
+
+
+def test_the_exact_reference_chooses_aggregated_islands_as_the_inner_solve_does() -> None:
+    """One type with room for one island of 8: only an aggregated island serves; with 24 GPUs three aggregate."""
+    for count, rate in ((8, 5.0), (24, 15.0)):
+        t = TypeOptions("H200", count, 1.0, np.array([8]), np.array([[10.0]]), np.array([[10.0]]),
+                        aggregated_req_s=np.array([[5.0]]))  # fmt: skip
+        res = exact_optimum([t], ONE)
+        assert res.rate_req_s == pytest.approx(rate)
+        assert [r for _, _, r in res.islands] == ["aggregated"] * (count // 8)
+        assert res.cost_per_hour == pytest.approx(count)
+
+
+def test_without_slos_an_aggregated_engine_time_shares_its_gpus() -> None:
+    """A mixed step is the decode step plus its chunk's prefill, so the island's rate is the harmonic sum of the
+    same GPUs prefilling alone (configuration tp x size/tp) and decoding alone (the decode configuration)."""
+    lengths, w = np.array([512.0, 2048.0, 8192.0]), np.array([0.5, 0.3, 0.2])
+    cost = CostSettings(aggregated=True)
+    bench = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, cost)
+    a = bench.aggregated
+    assert a is not None and a.chosen >= 0
+    tp, dp = int(a.tp[a.chosen]), int(a.dp[a.chosen])
+    only = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, cost, None, ((tp, 16 // tp), (tp, dp), (tp, dp)))
+    harmonic = 1.0 / (1.0 / only.prefill_req_s + 1.0 / only.decode_req_s)
+    np.testing.assert_allclose(bench.aggregated_req_s, harmonic, rtol=1e-9)
+    np.testing.assert_allclose(only.aggregated_req_s, bench.aggregated_req_s, rtol=1e-12)  # `only` keeps the row
+    assert CostSettings().aggregated is False and benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000).aggregated \
+        is None  # fmt: skip
+
+
+def test_with_a_tpot_target_no_mixed_step_passes_it() -> None:
+    """Prompts stretch the decode steps: the batch is sized for (1 - prefill share) of the cap and the chunk for the
+    rest, so the TPOT at the island's rate (the step over 1 - the share its prompts take) stays within the cap."""
+    lengths, w = np.array([512.0, 2048.0, 8192.0]), np.array([0.5, 0.3, 0.2])
+    cost = CostSettings(aggregated=True, ttft_ms=2000.0, tpot_ms=50.0)
+    bench = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, cost)
+    a = bench.aggregated
+    assert a is not None and a.chosen >= 0 and a.chunk is not None
+    served = bench.aggregated_req_s > 0
+    assert served.all()
+    assert (a.time_ms[a.chosen] <= 50.0 + 1e-6).all()
+    assert (a.chunk[a.chosen] >= 1).all() and (a.chunk[a.chosen] < cost.prefill_batch_tokens).all()
+    # the price of the target: below the same GPUs time-shared without it
+    free = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, CostSettings(aggregated=True))
+    assert (bench.aggregated_req_s < free.aggregated_req_s).all()
+
+
+@pytest.fixture(scope="module")
+def aggregated_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The exact layout of 16 H200 under the default SLOs with aggregated islands allowed, built as the search
+    builds it: one island of 16 cannot be split into prefill and decode, so it aggregates."""
+    from pipeline.planning.build import build_plan
+    from pipeline.search.reference import exact_layout, reference
+    from pipeline.search.settings import inventory_of, settings_from_cfg
+
+    tmp = tmp_path_factory.mktemp("aggregated")
+    cfg = compose(["+inventory=tiny_homo", "inventory.gpus.H200=16", "search.min_island=16",
+                   "costmodel.aggregated=true", "ranges.width=1000", f"out_root={tmp}/out"])  # fmt: skip
+    settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    layout = exact_layout(reference(settings, ctx, ctx.planner))
+    assert layout is not None
+    path = tmp / "plan.json"
+    path.write_text(json.dumps(plans.to_json(build_plan(ctx.planner, layout, 10.0))))
+    return path
+
+
+def test_a_plan_with_an_aggregated_island_round_trips_and_is_simulated_as_one(aggregated_plan: Path) -> None:
+    from pipeline.planning.simulation import RequestMix, Runner
+    from pipeline.planning.workload import workload_from_cfg
+
+    plan = plans.load(aggregated_plan)
+    (isl,) = plan.serving
+    assert isl.role == "aggregated" and isl.ep * isl.dp == 16 and isl.chunk_tokens >= 1
+    assert plan.cost.aggregated and plan.rates.rate_req_s > 0
+    assert plans.to_json(plans.load(aggregated_plan)) == json.loads(aggregated_plan.read_text())
+    mix = RequestMix.of(workload_from_cfg(plan.workload, plan.spec_of_workload))
+    sim, m, _ = Runner(plan, plan.slo).simulate(mix.requests(400, plan.rates.rate_req_s * 0.5, seed=1))
+    r = sim.r
+    assert (r.finish > 0).all() and (r.first_token >= r.arrival).all()
+    assert (r.prefill_engine == r.decode_engine).all()  # each request prefilled and decoded by one engine
+    assert m["throughput_req_s"] > 0
+
+
+def test_an_aggregated_plan_is_not_deployed_with_launch_files_for_other_engines(
+    aggregated_plan: Path, tmp_path: Path
+) -> None:
+    from pipeline.deploy import execute
+
+    r = in_process(execute, "deploy", f"plan={aggregated_plan}", f"out={tmp_path}/d")
+    one_line(r, "error: plan island 0 (16 x H200) runs aggregated engines")
+    assert "costmodel.aggregated=false" in r.stderr and not (tmp_path / "d").exists()
+
+
+def test_requests_split_between_aggregated_and_other_islands_by_the_plans_shares() -> None:
+    """A range half served by an aggregated island: about half its requests go there, the rest to the others; a
+    range it does not serve sends it none."""
+    from helpers import island
+    from simulator.mixed import split
+
+    agg = island("H200", 16, "aggregated", 1, 1, 16, 8, [(0, 1000, 0.5)])
+    pre = island("H200", 8, "prefill", 1, 8, 8, 1, [(0, 1000, 0.5), (1000, 2000, 1.0)])
+    dec = island("H200", 16, "decode", 1, 1, 16, 8, [(0, 1000, 0.5), (1000, 2000, 1.0)])
+    plan = type("P", (), {"serving": (pre, agg, dec)})()
+    lengths = np.r_[np.full(20_000, 500), np.full(1000, 1500)]
+    where = split(plan, lengths, seed=3)  # type: ignore[arg-type]
+    assert set(where.tolist()) == {-1, 1}
+    assert abs((where[:20_000] == 1).mean() - 0.5) < 0.02 and (where[20_000:] == -1).all()
+
+
+def test_settings_carry_the_switch_and_older_plans_read_it_as_off() -> None:
+    on = CostSettings(aggregated=True)
+    assert CostSettings.from_json(on.to_json(), "p").aggregated is True
+    old = {k: v for k, v in CostSettings().to_json().items() if k != "aggregated"}
+    assert CostSettings.from_json(old, "p").aggregated is False
+    with pytest.raises(Exception, match="aggregated"):
+        CostSettings.from_json({**on.to_json(), "aggregated": "yes"}, "p")
