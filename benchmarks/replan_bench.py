@@ -2,6 +2,7 @@
 
     python benchmarks/replan_bench.py                       # the six cells: `calibrated`, `serving`, `serving` + MTP
     python benchmarks/replan_bench.py --cells homo_c:azure_code --models calibrated,serving,corrected
+    python benchmarks/replan_bench.py --models "serving,serving costmodel.aggregated=true"  # may islands aggregate?
 
 For each cell (inventory:workload) and each cost model (conf/costmodel), the exact optimum of the search's model
 (default settings and SLOs, node-aligned islands: pipeline.search.reference): its rate, and its islands by GPU
@@ -42,7 +43,7 @@ def main() -> None:
                     help="conf/costmodel names, each with its overrides after it; the first the baseline")  # fmt: skip
     args = ap.parse_args()
     models = args.models.split(",")
-    print("| cell | cost model | exact optimum (req/s) | islands (count x GPUs each; P prefill, D decode) | s |")
+    print("| cell | cost model | exact optimum (req/s) | islands (count x GPUs each; P prefill, D decode, A aggregated) | s |")
     print("|---|---|---:|---|---:|")
     rates: dict[tuple[str, str], float] = {}
     for cell in args.cells.split(","):

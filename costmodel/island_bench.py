@@ -258,7 +258,7 @@ def benchmark_island(
     return IslandBenchmark(gpu.name, size, model.name, p.name, np.asarray(lengths), prefill, decode, aggregated)
 
 
-PREFILL_SHARES = np.linspace(0.05, 0.95, 19)  # with a TPOT target: the shares of an aggregated engine's time on prompts
+CHUNKS = 24  # prompt tokens an aggregated engine prefills a step: this many sizes tried, 16 to its largest
 
 
 def _aggregated(
@@ -276,79 +276,84 @@ def _aggregated(
     """Every decode configuration (tp, dp) as aggregated engines: dp engines of an EP group of size/dp GPUs,
     attention TP tp, each prefilling and decoding its own requests in mixed steps (`simulator.aggregated`).
 
-    A mixed step takes the decode step's time plus its prompt chunk's prefill time (as the simulator times it),
-    so an engine time-shares: a share φ of its time prefills, at the rate of the same GPUs prefilling alone
-    (b^P: configuration (tp, size/tp), every attention rank its own prompt), and 1 - φ decodes (b^D). Without
-    SLOs φ balances the two: b^A = 1 / (1/b^P + 1/b^D). With a TPOT target the prompts stretch every decode
-    step by 1 / (1 - φ), so the decode batch is sized for a step of (1 - φ) x the cap, for each φ of
-    PREFILL_SHARES, and b^A(φ) = min(φ b^P, (1 - φ) b^D(φ)); a step then prefills a chunk of prompt tokens
-    that takes φ of it (`chunk`, per attention rank), so no step passes the cap, and a prompt takes its
-    prefill time over φ. Each phase stays under its queueing cap (`utilisation_caps`: dp engines serving
-    prompts one after another; without a TPOT target a prompt is one chunk beside a decode step); each
-    configuration keeps the φ that serves the workload best. The rate is the whole island's requests/s
-    within the SLOs (its utilisation cap is already in it); `time_ms` is its TPOT at that rate, the decode
-    step over 1 - the share of time its prompts take.
+    A mixed step runs one decode step of the engine's running sequences plus a chunk of E prompt tokens (its
+    ranks' prompts one after another), and takes the decode step's time plus the chunk's prefill time, as the
+    simulator times it. In the steady state of an engine whose prompts keep it busy, with prompts of s tokens:
+
+        rate   λ = E / (T s)                       prompts finish as fast as the chunks eat them
+        running N = λ x steps x T = E x steps / s   (Little; steps = d / (1 + accepted MTP drafts))
+        step   T = t_decode(N) + t_prefill(E)
+
+    so N and T follow from E alone, and λ(E) = dp E / (T s) for the island. E is chosen per configuration
+    from CHUNKS sizes (at most `cost.prefill_batch_tokens` per attention rank) to serve the workload best,
+    subject to: N within the sequences memory holds; with a TPOT target, the step with the chunk where it
+    costs most (the end of the longest prompt, whose attention reads it all) within the target; and the
+    prompts' queue within TTFT (`utilisation_caps`: dp servers, a prompt taking ceil(s / E) steps). The rate is
+    the island's requests/s within the SLOs; `time_ms` is its TPOT there, `batch` the sequences per rank an
+    engine admits (those whose step beside the costliest chunk still meets the target), `chunk` E per rank.
     """
     p, mtp = cost.profile, cost.draft_layers
     s = lengths[None, :]
     tp, dp = cfg[:, :1].astype(float), cfg[:, 1:].astype(float)
     ep = size / dp
-    ranks = size / tp  # attention ranks: each prefills its own prompts
-    t_pre = prefill_time_ms(gpu, model, s, tp, ranks, cost.cache_hit, p, mtp)
-    r_pre = ranks * 1000.0 / t_pre
+    ranks_e = ep / tp  # attention ranks of one engine
+    unit_e = ranks_e if p.batch_per_attention_rank else ep  # batch units of one engine
     routed = np.ceil(model.n_routed_experts / ep)
-    batch = aligned_batch(max_batch(gpu, model, s, float(max_decode), tp, routed, p, mtp))
-    unit = size / tp if p.batch_per_attention_rank else float(size)
-    fits = batch >= 1
-    run = np.maximum(batch, 1.0)
-    total_ms = decode_tokens_ms(gpu, model, s, d, run, tp, ep, cost)
-
-    ranks_e = ranks / dp  # attention ranks of one engine: it prefills their prompts one after another
-    # a chunk's time where it costs most: the end of the longest prompt (its attention reads the whole prompt)
+    slots = aligned_batch(max_batch(gpu, model, s, float(max_decode), tp, routed, p, mtp))  # per unit, by memory
+    fits = slots >= 1
+    tokens = np.maximum(s * (1.0 - cost.cache_hit), 1.0)
+    per_token = prefill_time_ms(gpu, model, s, tp, ranks_e, cost.cache_hit, p, mtp) / ranks_e / tokens  # engine ms
     deepest = float(lengths.max())
-    grid = np.unique(np.geomspace(16, max(min(cost.prefill_batch_tokens, deepest), 16), 48).round())
-    t_grid = (
-        prefill_time_ms(gpu, model, np.array([[deepest]]), tp, ranks, cost.cache_hit, p, mtp)
-        - prefill_time_ms(gpu, model, deepest - grid[None, :], tp, ranks, cost.cache_hit, p, mtp)
-    ) / ranks_e
-
-    def rows(share: float | None) -> tuple[np.ndarray, ...]:
-        """(req/s, TPOT ms, batch, chunk) at prefill share `share` (None: balanced, no TPOT target)."""
-        b, t = run, total_ms
-        if share is not None:
-            b, t = _shrink_to_tpot(gpu, model, s, d, run, tp, ep, cost, step_cap * (1.0 - share), total_ms)
-        ok = fits & (b >= 1)
-        step = t / d
-        r_dec = np.where(ok, b * unit * 1000.0 / t, 0.0)
-        if share is None:
-            rate = np.where(ok, 1.0 / (1.0 / r_pre + 1.0 / np.where(ok, r_dec, 1.0)), 0.0)
-            chunk = np.full_like(step, float(cost.prefill_batch_tokens))
-            service = t_pre + step  # a prompt in one chunk, in a step beside the decoding sequences
-        else:
-            rate = np.minimum(share * r_pre, (1.0 - share) * r_dec)
-            # each step prefills share x its time, step / (1 - share) <= the cap: a chunk of that many tokens,
-            # and a prompt takes its prefill time over the share (one engine's ranks one after another)
-            budget = share * step / (1.0 - share)
-            chunk = np.stack([np.interp(budget[k], t_grid[k], grid) for k in range(len(cfg))])
-            service = t_pre / ranks_e / share
-        if cost.slo:  # each phase within its queueing cap
-            servers = dp[:, 0] if share is not None else ranks[:, 0]
-            pre = PhaseTable(tp[:, 0], servers, ep[:, 0], np.where(ok, r_pre, 0.0), service,
-                             np.zeros_like(rate), np.zeros(len(cfg)), -1, "")  # fmt: skip
-            dec = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], r_dec, step, b, np.zeros(len(cfg)), -1, "")
-            u_pre = _prefill_caps(pre, lengths, w, cost)[:, None]
-            u_dec = _decode_caps(dec, w, d, cost)[:, None]
-            rate = np.minimum(rate, np.minimum(u_pre * r_pre, u_dec * r_dec * (1.0 - (share or 0.0))))
-        rate = np.where(ok, rate, 0.0)
-        share_used = np.minimum(rate / r_pre, 0.999)  # of the engines' time on prompts, at that rate
-        return rate, step / (1.0 - share_used), np.where(ok, b, 0.0), np.floor(chunk)
-
-    candidates = [rows(None)] if not step_cap else [rows(float(f)) for f in PREFILL_SHARES]
-    served = np.array([c[0] @ w for c in candidates])  # (shares, configs)
-    best = np.argmax(served, axis=0)
-    pick = np.arange(len(cfg))
-    req_s, step_ms, b, chunk = (np.stack([c[k] for c in candidates])[best, pick] for k in range(4))
-    table = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], req_s, step_ms, b, np.zeros(len(cfg)), -1, "", chunk)
+    yield_ = 1.0 + cost.mtp_accepted  # tokens a decode step yields
+    steps = d / yield_
+    most = cost.prefill_batch_tokens * ranks_e  # (configs, 1) tokens an engine prefills a step at most
+    mid = s + (d - 1) / 2.0  # a decode step at its mean context (s + 1 ... s + d): step time is linear in context
+    best = (np.full((len(cfg), len(lengths)), -1.0), *(np.zeros((len(cfg), len(lengths))) for _ in range(4)))
+    best_score = np.full(len(cfg), -1.0)
+    coarse = np.unique(np.geomspace(16.0, float(most.max()), CHUNKS).round())
+    step_up = float(coarse[1] / coarse[0]) if len(coarse) > 1 else 2.0
+    tries = [np.full((len(cfg), 1), x) for x in coarse]  # then, around each configuration's best, finer
+    tries += [lambda f=f: best_e * f for f in np.geomspace(1.0 / step_up, step_up, 9)]  # type: ignore[misc]
+    best_e = np.full((len(cfg), 1), 16.0)
+    for size_e in tries:
+        size_e = size_e() if callable(size_e) else size_e
+        e = np.maximum(np.floor(size_e / ranks_e), 1.0) * ranks_e  # (configs, 1): whole tokens per attention rank
+        n = np.maximum(np.ceil(e * steps / (tokens * unit_e)), 1.0)  # running sequences per unit
+        t_dec = decode_tokens_ms(gpu, model, mid, 1, n, tp, ep, cost) * yield_  # one decode step
+        deep = (
+            prefill_time_ms(gpu, model, np.array([[deepest]]), tp, ranks_e, cost.cache_hit, p, mtp)
+            - prefill_time_ms(gpu, model, np.maximum(deepest - e, 0.0), tp, ranks_e, cost.cache_hit, p, mtp)
+        ) / ranks_e
+        period = t_dec + per_token * e
+        ok = fits & (n <= slots) & (e <= most)
+        if step_cap:
+            ok &= (t_dec + deep) / yield_ <= step_cap
+        rate = np.where(ok, dp * e * 1000.0 / (period * tokens), 0.0)
+        if cost.slo:  # the prompts' queue within TTFT: dp engines, a prompt ceil(s / e) steps
+            service = np.ceil(tokens / e) * period
+            pre = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], rate, service, np.zeros_like(rate), np.zeros(len(cfg)),
+                             -1, "")  # fmt: skip
+            rate = rate * _prefill_caps(pre, lengths, w, cost, batching=False)[:, None]
+        covered = (rate > 0) @ w
+        inverse = np.where(rate > 0, w / np.where(rate > 0, rate, 1.0), 0.0).sum(axis=-1)
+        score = np.round(covered, 9) * 1e9 + np.where(inverse > 0, 1.0 / np.where(inverse > 0, inverse, 1.0), 0.0)
+        better = score > best_score
+        row = (rate, period / yield_, np.where(ok, n, 0.0), np.broadcast_to(e / ranks_e, rate.shape),
+               np.broadcast_to(deep, rate.shape))  # fmt: skip
+        for k in np.flatnonzero(better):
+            best_score[k] = score[k]
+            best_e[k] = e[k]
+            for target, value in zip(best, row, strict=True):
+                target[k] = value[k]
+    req_s, tpot, running, chunk, deep = (np.maximum(x, 0.0) for x in best)
+    b = np.where(req_s > 0, slots, 0.0)
+    if step_cap:  # admit no more sequences than a step beside the costliest chunk allows
+        full = np.maximum(slots, 1.0)
+        cap = np.maximum(step_cap - deep / yield_, 1e-9)
+        b, _ = _shrink_to_tpot(gpu, model, mid, 1, full, tp, ep, cost, cap, decode_tokens_ms(gpu, model, mid, 1, full,
+                                                                                            tp, ep, cost))  # fmt: skip
+        b = np.where(req_s > 0, np.maximum(b, running), 0.0)
+    table = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], req_s, tpot, b, np.zeros(len(cfg)), -1, "", np.round(chunk))
     table = _chosen(table, np.ones(len(cfg)), w, cover=cost.slo)
     if table.chosen < 0:
         table = replace(table, reason=_reason("aggregated", fits.any(), step_cap, gpu, size, model))
@@ -439,9 +444,12 @@ def utilisation_caps(
     return u_pre, u_dec
 
 
-def _prefill_caps(t: PhaseTable, lengths: np.ndarray, weights: np.ndarray, cost: CostSettings) -> np.ndarray:
+def _prefill_caps(
+    t: PhaseTable, lengths: np.ndarray, weights: np.ndarray, cost: CostSettings, batching: bool = True
+) -> np.ndarray:
     """`utilisation_caps`' prefill cap of every configuration of the table (1 without a TTFT target, 0 where a
-    configuration serves no length)."""
+    configuration serves no length). `batching=False`: prompts start as they come (an aggregated engine's chunks
+    take them), not after a batch of `cost.prefill_batch_tokens` behind them."""
     caps = np.ones(len(t.tp))
     if cost.ttft_ms is None:
         return caps
@@ -458,16 +466,19 @@ def _prefill_caps(t: PhaseTable, lengths: np.ndarray, weights: np.ndarray, cost:
         mean, cs2 = mix_moments(service_s[ok], ww)
         budget = cost.ttft_ms / 1e3 - fixed_s - mix_quantile(service_s[ok], ww, q)
         tokens = float(ww @ np.asarray(lengths, dtype=float)[ok] / ww.sum())
-        batch_s = mean / tokens * max(cost.prefill_batch_tokens - tokens, 0.0)  # a full batch behind one prompt
+        batch_s = mean / tokens * max(cost.prefill_batch_tokens - tokens, 0.0) if batching else 0.0  # a full batch
         caps[k] = utilisation_caps_for_wait(int(t.dp[k]), mean, cs2, np.array([budget]), q, batch_s)[0]
     return caps
 
 
-def _decode_caps(t: PhaseTable, weights: np.ndarray, mean_decode: float, cost: CostSettings) -> np.ndarray:
+def _decode_caps(
+    t: PhaseTable, weights: np.ndarray, mean_decode: float, cost: CostSettings, wait_ms: np.ndarray | None = None
+) -> np.ndarray:
     """`utilisation_caps`' decode cap of every configuration of the table (1 without a TPOT target, 0 where a
-    configuration serves no length)."""
+    configuration serves no length). `wait_ms` (per configuration): a wait for a slot allowed at the TTFT percentile
+    instead (an aggregated engine admits a request before its prefill: the wait is in its TTFT)."""
     caps = np.ones(len(t.tp))
-    if cost.tpot_ms is None:
+    if (cost.tpot_ms if wait_ms is None else cost.ttft_ms) is None:
         return caps
     w = np.asarray(weights, dtype=float)
     d = max(round(mean_decode), 1)
@@ -481,5 +492,9 @@ def _decode_caps(t: PhaseTable, weights: np.ndarray, mean_decode: float, cost: C
         ww = w[ok] if w[ok].sum() > 0 else np.ones(ok.sum())
         mean, cs2 = mix_moments(service_s[ok], ww)
         c = max(int(np.floor(ww @ slots[ok] / ww.sum())), 1)
-        caps[k] = utilisation_caps_for_wait(c, mean, cs2, np.zeros(1), cost.tpot_percentile / 100)[0]
+        if wait_ms is None:
+            caps[k] = utilisation_caps_for_wait(c, mean, cs2, np.zeros(1), cost.tpot_percentile / 100)[0]
+        else:
+            wait = np.array([wait_ms[k] / 1e3])
+            caps[k] = utilisation_caps_for_wait(c, mean, cs2, wait, cost.ttft_percentile / 100)[0]
     return caps

@@ -151,7 +151,7 @@ class Island:
     Prefill: `dp` replicas of `tp` GPUs, one engine whose expert-parallel group is the whole island.
     Decode: `dp` engines, each an expert-parallel group of `ep` GPUs with attention-DP ranks of `tp` GPUs;
     `batch` counts running sequences per rank. Aggregated: engines shaped as decode's, each prefilling and
-    decoding its own requests in mixed steps (chunked prefill of `cost.prefill_batch_tokens` a step).
+    decoding its own requests in mixed steps (chunked prefill of `chunk_tokens` per attention rank a step).
     Idle: serves nothing (e.g. too small to hold the model)."""
 
     gpu: str

@@ -42,7 +42,8 @@ def split(plan: Plan, input_len: np.ndarray, seed: int = 0) -> np.ndarray:
             share[int(np.searchsorted(ends, r.end)), c] = r.fraction
     j = np.minimum(np.searchsorted(ends, input_len, side="right"), len(ends) - 1)
     cum = np.cumsum(share, axis=1)[j]  # (requests, aggregated islands)
-    u = np.random.default_rng(seed).random(len(input_len))
+    # a stream of its own: the requests' lengths may have been drawn from default_rng(seed)'s first uniforms
+    u = np.random.default_rng((seed, 0xA66)).random(len(input_len))
     pick = (u[:, None] >= cum).sum(axis=1)  # the first island whose cumulative share passes u
     return np.where(pick < len(agg), np.array([*agg, -1])[pick], -1)
 

@@ -11,7 +11,8 @@ import pytest
 
 import plan as plans
 from costmodel.catalog import load_gpu, load_model
-from costmodel.island_bench import benchmark_island
+from costmodel.formulas import prefill_time_ms
+from costmodel.island_bench import benchmark_island, decode_tokens_ms
 from costmodel.settings import CostSettings
 from helpers import compose, in_process, one_line
 from solvers.exact import exact_optimum
@@ -68,26 +69,39 @@ def test_the_exact_reference_chooses_aggregated_islands_as_the_inner_solve_does(
         assert res.cost_per_hour == pytest.approx(count)
 
 
-def test_without_slos_an_aggregated_engine_time_shares_its_gpus() -> None:
-    """A mixed step is the decode step plus its chunk's prefill, so the island's rate is the harmonic sum of the
-    same GPUs prefilling alone (configuration tp x size/tp) and decoding alone (the decode configuration)."""
+def test_without_slos_an_aggregated_engine_runs_at_its_steady_state_by_hand() -> None:
+    """Prompts keep the engine busy: each step decodes N sequences and prefills E prompt tokens, so prompts of s
+    tokens finish at E / (T s) per engine, N = E x d / s by Little's law and T = t_decode(N) + E x (the prompt's
+    prefill time per token), the decode step at a request's mean context. Re-derived here from the cost model's formulas for the chosen configuration."""
     lengths, w = np.array([512.0, 2048.0, 8192.0]), np.array([0.5, 0.3, 0.2])
-    cost = CostSettings(aggregated=True)
-    bench = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, cost)
+    cost, d = CostSettings(aggregated=True), 300
+    bench = benchmark_island(H200, 16, DSV3, lengths, w, d, 1000, cost)
     a = bench.aggregated
-    assert a is not None and a.chosen >= 0
-    tp, dp = int(a.tp[a.chosen]), int(a.dp[a.chosen])
-    only = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, cost, None, ((tp, 16 // tp), (tp, dp), (tp, dp)))
-    harmonic = 1.0 / (1.0 / only.prefill_req_s + 1.0 / only.decode_req_s)
-    np.testing.assert_allclose(bench.aggregated_req_s, harmonic, rtol=1e-9)
-    np.testing.assert_allclose(only.aggregated_req_s, bench.aggregated_req_s, rtol=1e-12)  # `only` keeps the row
+    assert a is not None and a.chosen >= 0 and a.chunk is not None
+    k = a.chosen
+    tp, dp = float(a.tp[k]), float(a.dp[k])
+    ep, ranks = 16 / dp, 16 / dp / tp
+    e = a.chunk[k][0] * ranks  # prompt tokens an engine prefills a step
+    assert (a.chunk[k] == a.chunk[k][0]).all()  # one chunk for every length
+    for j, s in enumerate(lengths):
+        n = max(np.ceil(e * d / (s * ranks)), 1.0)  # sequences per attention rank
+        # one decode step at the mean context of a request's d steps (the step is linear in context)
+        step = decode_tokens_ms(H200, DSV3, np.array([[s + (d - 1) / 2]]), 1, np.array([[n]]), np.array([[tp]]),
+                                np.array([[ep]]), cost)[0, 0]  # fmt: skip
+        by_sum = decode_tokens_ms(H200, DSV3, np.array([[s]]), d, np.array([[n]]), np.array([[tp]]),
+                                  np.array([[ep]]), cost)[0, 0] / d  # fmt: skip
+        assert step == pytest.approx(by_sum, rel=1e-3)
+        per_token = prefill_time_ms(H200, DSV3, s, tp, ranks, 0.0, cost.profile, 0) / ranks / s
+        period = step + per_token * e
+        assert bench.aggregated_req_s[j] == pytest.approx(dp * e * 1000.0 / (period * s), rel=1e-9)
+        assert a.time_ms[k, j] == pytest.approx(period, rel=1e-9)  # TPOT: one mixed step a token
     assert CostSettings().aggregated is False and benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000).aggregated \
         is None  # fmt: skip
 
 
 def test_with_a_tpot_target_no_mixed_step_passes_it() -> None:
-    """Prompts stretch the decode steps: the batch is sized for (1 - prefill share) of the cap and the chunk for the
-    rest, so the TPOT at the island's rate (the step over 1 - the share its prompts take) stays within the cap."""
+    """Prompts stretch the decode steps: the chunk is sized so a step beside it, where it costs most, stays within
+    the cap, and the engine admits no more sequences than such a step allows."""
     lengths, w = np.array([512.0, 2048.0, 8192.0]), np.array([0.5, 0.3, 0.2])
     cost = CostSettings(aggregated=True, ttft_ms=2000.0, tpot_ms=50.0)
     bench = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, cost)
@@ -97,28 +111,50 @@ def test_with_a_tpot_target_no_mixed_step_passes_it() -> None:
     assert served.all()
     assert (a.time_ms[a.chosen] <= 50.0 + 1e-6).all()
     assert (a.chunk[a.chosen] >= 1).all() and (a.chunk[a.chosen] < cost.prefill_batch_tokens).all()
+    assert (a.batch[a.chosen] >= 1).all()
     # the price of the target: below the same GPUs time-shared without it
     free = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, CostSettings(aggregated=True))
     assert (bench.aggregated_req_s < free.aggregated_req_s).all()
 
 
-@pytest.fixture(scope="module")
-def aggregated_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The exact layout of 16 H200 under the default SLOs with aggregated islands allowed, built as the search
-    builds it: one island of 16 cannot be split into prefill and decode, so it aggregates."""
+def one_island_plan(tmp: Path, *overrides: str) -> Path:
+    """The exact layout of 16 H200 with aggregated islands allowed, built as the search builds it: one island of 16
+    cannot be split into prefill and decode, so it aggregates."""
     from pipeline.planning.build import build_plan
     from pipeline.search.reference import exact_layout, reference
     from pipeline.search.settings import inventory_of, settings_from_cfg
 
-    tmp = tmp_path_factory.mktemp("aggregated")
     cfg = compose(["+inventory=tiny_homo", "inventory.gpus.H200=16", "search.min_island=16",
-                   "costmodel.aggregated=true", "ranges.width=1000", f"out_root={tmp}/out"])  # fmt: skip
+                   "costmodel.aggregated=true", "ranges.width=1000", f"out_root={tmp}/out", *overrides])  # fmt: skip
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
     layout = exact_layout(reference(settings, ctx, ctx.planner))
     assert layout is not None
     path = tmp / "plan.json"
     path.write_text(json.dumps(plans.to_json(build_plan(ctx.planner, layout, 10.0))))
     return path
+
+
+@pytest.fixture(scope="module")
+def aggregated_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`one_island_plan` under the default SLOs."""
+    return one_island_plan(tmp_path_factory.mktemp("aggregated"))
+
+
+def test_without_slos_the_simulator_keeps_up_with_the_aggregated_rate_and_no_more(tmp_path: Path) -> None:
+    """The steady state the island benchmark prices is the simulator's: at 0.9 x the plan's rate the island keeps
+    up, at 1.3 x it falls behind (the azure_code workload: prompts keep the engine busy)."""
+    from pipeline.planning.simulation import RequestMix, Runner
+    from pipeline.planning.workload import workload_from_cfg
+
+    plan = plans.load(one_island_plan(tmp_path, "slo.ttft_ms=null", "slo.tpot_ms=null"))
+    assert [isl.role for isl in plan.serving] == ["aggregated"]
+    mix = RequestMix.of(workload_from_cfg(plan.workload, plan.spec_of_workload))
+    runner = Runner(plan, plan.slo)
+    kept = {}
+    for f in (0.9, 1.3):
+        _, m, _ = runner.simulate(mix.requests(6000, plan.rates.rate_req_s * f, seed=2))
+        kept[f] = m["throughput_req_s"] / m["offered_req_s"]
+    assert kept[0.9] > 0.95 and kept[1.3] < 0.9, kept
 
 
 def test_a_plan_with_an_aggregated_island_round_trips_and_is_simulated_as_one(aggregated_plan: Path) -> None:
