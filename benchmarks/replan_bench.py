@@ -43,7 +43,8 @@ def main() -> None:
                     help="conf/costmodel names, each with its overrides after it; the first the baseline")  # fmt: skip
     args = ap.parse_args()
     models = args.models.split(",")
-    print("| cell | cost model | exact optimum (req/s) | islands (count x GPUs each; P prefill, D decode, A aggregated) | s |")
+    print("| cell | cost model | exact optimum (req/s) | islands (count x GPUs each; P prefill, D decode, "
+          "A aggregated) | s |")  # fmt: skip
     print("|---|---|---:|---|---:|")
     rates: dict[tuple[str, str], float] = {}
     for cell in args.cells.split(","):

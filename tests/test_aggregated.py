@@ -72,7 +72,8 @@ def test_the_exact_reference_chooses_aggregated_islands_as_the_inner_solve_does(
 def test_without_slos_an_aggregated_engine_runs_at_its_steady_state_by_hand() -> None:
     """Prompts keep the engine busy: each step decodes N sequences and prefills E prompt tokens, so prompts of s
     tokens finish at E / (T s) per engine, N = E x d / s by Little's law and T = t_decode(N) + E x (the prompt's
-    prefill time per token), the decode step at a request's mean context. Re-derived here from the cost model's formulas for the chosen configuration."""
+    prefill time per token), the decode step at a request's mean context. Re-derived here from the cost model's
+    formulas for the chosen configuration."""
     lengths, w = np.array([512.0, 2048.0, 8192.0]), np.array([0.5, 0.3, 0.2])
     cost, d = CostSettings(aggregated=True), 300
     bench = benchmark_island(H200, 16, DSV3, lengths, w, d, 1000, cost)

@@ -45,16 +45,20 @@ def reference(
     KeyboardInterrupt raised inside one of its callbacks is dropped."""
     with _ctrl_c_noted() if not _in_ray_worker() else contextlib.nullcontext([]) as pressed:
         types, kv = type_options(settings, ctx, planner, layouts, stop=lambda: bool(pressed))
-        result = None if pressed else interruptible(
-            exact_optimum,
-            types,
-            planner.ranges.p,
-            objective="rate_per_dollar" if settings.objective == "rate_per_dollar" else "max_rate",
-            budget_per_hour=planner.budget_per_hour,
-            kv_gb=kv,
-            time_limit_s=settings.reference_time_limit_s,
-            backend=backend,
-            tick=tick,
+        result = (
+            None
+            if pressed
+            else interruptible(
+                exact_optimum,
+                types,
+                planner.ranges.p,
+                objective="rate_per_dollar" if settings.objective == "rate_per_dollar" else "max_rate",
+                budget_per_hour=planner.budget_per_hour,
+                kv_gb=kv,
+                time_limit_s=settings.reference_time_limit_s,
+                backend=backend,
+                tick=tick,
+            )
         )
     if pressed or result is None:  # pressed while the islands were benchmarked, or between that and the solve
         raise KeyboardInterrupt
