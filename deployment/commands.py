@@ -27,6 +27,14 @@ ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998  # SGLang's prefill bootstrap server (--disaggregation-bootstrap-port default)
 DIST_PORT = 5000  # the leader's port for the engine's distributed init
 ROUTER_PORT = 8000
+# SGLang's DeepEP kernels by role: normal for prompts, low-latency for decode steps, either by batch (auto) for
+# aggregated engines, whose batches hold both
+DEEPEP_MODE = {"prefill": "normal", "decode": "low_latency", "aggregated": "auto"}
+# vLLM's all-to-all by role: DeepEP's high-throughput kernels for prompts, low-latency ones for decode steps and for
+# aggregated engines, whose steps are decode steps with a small chunk of prompt tokens (and whose micro-batch
+# overlap, like any, needs DeepEP's kernels)
+VLLM_ALL2ALL = {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency",
+                "aggregated": "deepep_low_latency"}  # fmt: skip
 # SGLang's PD timeouts (sglang/srt/environ.py; 300 s each by default): a prefill-decode handshake may wait for the
 # peer engine to finish loading (an hour, the Kubernetes startup probe's allowance); a decode engine waits for a
 # request's KV as long as the router waits for an answer (its --timeout, 600 s)
@@ -87,22 +95,25 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
     model's MTP module drafting the plan's tokens a step in a chain (NEXTN, SGLang's EAGLE path for it: top-k 1,
     drafts + 1 tokens verified), on prefill engines too (they run it over the prompt and send decode its first
     draft, as the cost model prices them)."""
-    batch = plan.cost.prefill_batch_tokens
+    batch = e.chunk if e.role == "aggregated" else plan.cost.prefill_batch_tokens
+    mixed = e.role == "aggregated"
+    pd = [] if mixed else ["--disaggregation-mode", e.role, "--disaggregation-transfer-backend", opts.transfer_backend]
     cmd = [
         "python3", "-m", "sglang.launch_server",
         "--model-path", opts.model_path,
         "--trust-remote-code",
         "--host", "0.0.0.0",
         "--port", str(ENGINE_PORT),
-        "--disaggregation-mode", e.role,
-        "--disaggregation-transfer-backend", opts.transfer_backend,
+        *pd,
         "--tp-size", str(e.gpus),
         "--ep-size", str(e.gpus),
         "--moe-a2a-backend", "deepep",
-        "--deepep-mode", "normal" if e.role == "prefill" else "low_latency",
+        "--deepep-mode", DEEPEP_MODE[e.role],
         "--chunked-prefill-size", str(batch * e.attn_dp),
         "--max-prefill-tokens", str(batch),
     ]  # fmt: skip
+    if mixed:  # the prompts' chunks in the decode steps, as the island was priced
+        cmd += ["--enable-mixed-chunk"]
     if e.overlap:  # two micro-batches, as the island's steps were priced (one where that is faster at its batch)
         cmd.insert(cmd.index("--chunked-prefill-size"), "--enable-two-batch-overlap")
     drafts = plan.cost.mtp_drafts
@@ -117,7 +128,7 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
         cmd += ["--ep-num-redundant-experts", str(e.redundant_experts), "--enable-eplb"]
         if opts.expert_location:  # a recorded expert distribution (or placement) to start from
             cmd += ["--init-expert-location", opts.expert_location]
-    if opts.ib_devices:
+    if opts.ib_devices and not mixed:
         cmd += ["--disaggregation-ib-device", opts.ib_devices]
     if e.role == "prefill":
         cmd += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
@@ -138,21 +149,23 @@ def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launc
     connector for disaggregation, and with MTP the model's MTP module drafting the plan's tokens a step. vLLM counts
     `--max-num-batched-tokens` and `--max-num-seqs` per DP rank."""
     local = min(e.gpus, e.node_gpus) // e.attn_tp  # attention DP ranks on one host
+    mixed = e.role == "aggregated"  # no KV hand-off: vLLM's own chunked prefill beside the decoding sequences
     cmd = [
         "vllm", "serve", opts.model_path,
         "--trust-remote-code",
         "--tensor-parallel-size", str(e.attn_tp),
         "--data-parallel-size", str(e.attn_dp),
         "--enable-expert-parallel",
-        "--all2all-backend", "deepep_high_throughput" if e.role == "prefill" else "deepep_low_latency",
-        "--max-num-batched-tokens", str(plan.cost.prefill_batch_tokens),
-        "--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}),
+        "--all2all-backend", VLLM_ALL2ALL[e.role],
+        "--max-num-batched-tokens", str(e.chunk if mixed else plan.cost.prefill_batch_tokens),
+        *([] if mixed else ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector",
+                                                                "kv_role": "kv_both"})]),
     ]  # fmt: skip
     if e.overlap:  # dual-batch overlap, as the island's steps were priced
         cmd.insert(cmd.index("--max-num-batched-tokens"), "--enable-dbo")
     if plan.cost.mtp_drafts:
         cmd += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": plan.cost.mtp_drafts})]
-    if e.role == "decode":
+    if e.role != "prefill":
         per_rank = max(e.max_running // e.attn_dp, 1)
         cmd += ["--max-num-seqs", str(per_rank)]  # vLLM captures a CUDA graph at exactly this batch
     if e.redundant_experts:
@@ -167,8 +180,8 @@ def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launc
     if rank == 0:
         cmd += ["--port", str(ENGINE_PORT)]
     # NIXL's side channel: the address the other engines reach this host at (vLLM's default is localhost)
-    env: dict[str, str | Ref] = {"VLLM_NIXL_SIDE_CHANNEL_HOST": Ref(HOST)}
-    if opts.ib_devices:  # UCX, under NIXL, on the RDMA devices given
+    env: dict[str, str | Ref] = {} if mixed else {"VLLM_NIXL_SIDE_CHANNEL_HOST": Ref(HOST)}
+    if opts.ib_devices and not mixed:  # UCX, under NIXL, on the RDMA devices given
         env["UCX_NET_DEVICES"] = ",".join(f"{d.strip()}:1" for d in opts.ib_devices.split(","))
     return Launch(cmd, env=env, late=late)
 

@@ -3,7 +3,9 @@
 - a prefill island is one engine over all its GPUs: tensor size = the island, attention data
   parallel (DP attention) with the plan's attention TP, expert parallel over the island;
 - a decode island is `dp` engines, each one EP group of `ep` GPUs, attention DP ranks of the
-  plan's TP, admitting the plan's batch per rank (batch x ranks running requests).
+  plan's TP, admitting the plan's batch per rank (batch x ranks running requests);
+- an aggregated island is `dp` engines shaped as decode's that also prefill, chunk by chunk, the plan's
+  `chunk_tokens` per rank a step beside their decoding sequences.
 
 An engine of whole hosts runs one process set per host (node rank 0 the leader); an engine
 smaller than a host gets its slice of the host's GPUs.
@@ -38,6 +40,7 @@ class Engine:
     gpu_slice: tuple[int, int] | None  # (first, last) GPU within its host when smaller than a host
     node_gpus: int
     overlap: bool = True  # two micro-batches overlapped, as the plan's island was priced (plan.Island.overlap)
+    chunk: int = 0  # aggregated: prompt tokens per attention rank a mixed step prefills (plan.Island.chunk_tokens)
 
     @property
     def nnodes(self) -> int:
@@ -65,12 +68,6 @@ def engines(plan: Plan) -> list[Engine]:
             raise DeployError(
                 f"plan island {k} ({isl.size} x {isl.gpu}) is neither a divisor of a {node}-GPU host nor whole hosts: "
                 "engines cannot be placed on it; plan with search.shapes=nodes (the default)"
-            )
-        if isl.role == "aggregated":
-            raise DeployError(
-                f"plan island {k} ({isl.size} x {isl.gpu}) runs aggregated engines (prefill and decode in mixed "
-                "steps); pipeline.deploy writes launch files for prefill and decode engines only: plan without "
-                "aggregated islands (costmodel.aggregated=false) to deploy"
             )
         if isl.precision.experts == "fp4":  # every launch file loads the one FP8 checkpoint at `model_path`
             raise DeployError(
@@ -101,12 +98,13 @@ def engines(plan: Plan) -> list[Engine]:
                     group,
                     isl.tp,
                     isl.attention_ranks,
-                    isl.batch * isl.attention_ranks if isl.role == "decode" else 0,
+                    isl.batch * isl.attention_ranks if isl.role != "prefill" else 0,
                     isl.redundant_experts,
                     mine,
                     gslice,
                     node,
                     isl.overlap,
+                    isl.chunk_tokens,
                 )
             )
     return out

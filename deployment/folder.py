@@ -26,6 +26,12 @@ def files(plan: Plan, opts: DeployOptions, source: str) -> tuple[list[Engine], d
         route = routing(plan, es, opts.engine, lambda e: f"http://{e.name}:{ENGINE_PORT}", opts.model_path)
         out["manifests.yaml"] = k8s.dump(k8s.manifests(plan, es, opts, route))
     else:  # llm-d: the decode pods' sidecars run the engines' protocol, told the prefill engine by the router
+        mixed = [e.island for e in es if e.role == "aggregated"]
+        if mixed:
+            raise DeployError(
+                f"plan island {mixed[0]} runs aggregated engines; llm-d's model service deploys prefill and decode "
+                "pods only: use target=k8s or target=shell for this plan"
+            )
         route = routing(plan, es, "llmd", llmd.address, opts.model_path, llmd.health)
         out.update(llmd.files(plan, es, opts, route))
     out["routing.json"] = json.dumps(route, indent=1) + "\n"

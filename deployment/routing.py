@@ -1,7 +1,7 @@
 """routing.json: what the router (`deployment.router`) applies, from a plan and its engines.
 
-Per phase, each serving island's engine URLs and its share of every input-length range (weights
-within an island are equal, its engines being identical).
+Per role (prefill, decode, aggregated), each serving island's engine URLs and its share of every input-length
+range (weights within an island are equal, its engines being identical).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ def routing(
     for e in es:
         islands.setdefault(e.island, []).append(address(e))
     phases: dict[str, dict[str, Any]] = {"prefill": {}, "decode": {}}
+    if any(isl.role == "aggregated" for isl in plan.serving):
+        phases["aggregated"] = {}
     for k, isl in enumerate(plan.islands):
         if isl.serving:
             phases[isl.role][str(k)] = {
@@ -60,6 +62,6 @@ def in_flight(plan: Plan) -> int:
     for isl in plan.serving:
         if isl.role == "prefill" and isl.ttft_ms_expected:
             seconds += isl.traffic_share * isl.ttft_ms_expected / 1000
-        elif isl.role == "decode" and isl.tpot_ms_expected:
+        elif isl.role in ("decode", "aggregated") and isl.tpot_ms_expected:
             seconds += isl.traffic_share * out_tokens * isl.tpot_ms_expected / 1000
     return math.ceil(rate * seconds)

@@ -359,13 +359,18 @@ def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
     cfg = getattr(v, "cuda_graph_config", None)
     drafts = int(v.speculative_num_steps) if v.speculative_algorithm is not None else 0
     chain = drafts and int(v.speculative_eagle_topk) == 1 and int(v.speculative_num_draft_tokens) == drafts + 1
+    mixed = e.role == "aggregated"
+    from deployment.commands import DEEPEP_MODE
+
+    # SGLang gives each attention DP rank chunked_prefill_size // attn_dp tokens a forward (the resolved value is
+    # that share); an aggregated engine's chunk, beside its decode steps, is exactly the plan's (its TPOT depends on it)
+    chunk = int(v.chunked_prefill_size)
     out = [
-        # SGLang gives each attention DP rank chunked_prefill_size // attn_dp tokens a forward
         Setting(
             "prefill tokens per rank per forward",
-            int(v.chunked_prefill_size),
-            plan.cost.prefill_batch_tokens,
-            int(v.chunked_prefill_size) >= plan.cost.prefill_batch_tokens,
+            chunk,
+            e.chunk if mixed else plan.cost.prefill_batch_tokens,
+            chunk == e.chunk if mixed else chunk >= plan.cost.prefill_batch_tokens,
         ),
         Setting("tensor (= expert) parallel size", int(v.tp_size), e.gpus, int(v.tp_size) == int(v.ep_size) == e.gpus),
         Setting("attention DP ranks", int(v.attn_dp_size), e.attn_dp, int(v.attn_dp_size) == e.attn_dp),
@@ -389,14 +394,17 @@ def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
             plan.cost.mtp_drafts,
             drafts == plan.cost.mtp_drafts and (not drafts or chain),
         ),
+        Setting("DeepEP mode", str(v.deepep_mode), DEEPEP_MODE[e.role], str(v.deepep_mode) == DEEPEP_MODE[e.role]),
         Setting(
-            "DeepEP mode",
-            str(v.deepep_mode),
-            "normal" if e.role == "prefill" else "low_latency",
-            str(v.deepep_mode) == ("normal" if e.role == "prefill" else "low_latency"),
+            "disaggregation",
+            str(v.disaggregation_mode),
+            "null" if mixed else e.role,
+            str(v.disaggregation_mode) == ("null" if mixed else e.role),
         ),
     ]
-    if e.role == "decode":
+    if mixed:  # prompt chunks and decode tokens in one batch, as priced
+        out += [Setting("mixed chunks", bool(v.enable_mixed_chunk), True, bool(v.enable_mixed_chunk))]
+    if e.role != "prefill":
         per_rank = e.max_running // e.attn_dp
         graph = cfg.decode.max_bs if cfg is not None else None
         tp, experts = np.asarray(isl.tp, dtype=float), np.asarray(isl.experts_per_gpu, dtype=float)

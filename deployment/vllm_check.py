@@ -342,23 +342,32 @@ def settings(plan: Any, e: Any, argv: list[str], env: dict[str, str]) -> list[Se
 
     c = resolve(argv, e.gpu, env)
     par, sched = c.parallel_config, c.scheduler_config
-    deepep = "deepep_high_throughput" if e.role == "prefill" else "deepep_low_latency"
+    from deployment.commands import VLLM_ALL2ALL
+
+    mixed = e.role == "aggregated"
     spec = c.speculative_config
     drafts = int(spec.num_speculative_tokens) if spec is not None and spec.method == "mtp" else 0
     out = [
-        Setting.equal("tokens per DP rank per step", sched.max_num_batched_tokens, plan.cost.prefill_batch_tokens),
+        Setting.equal("tokens per DP rank per step", sched.max_num_batched_tokens,
+                      e.chunk if mixed else plan.cost.prefill_batch_tokens),
         Setting.equal("attention TP", par.tensor_parallel_size, e.attn_tp),
         Setting.equal("attention DP ranks", par.data_parallel_size, e.attn_dp),
         Setting.equal("expert parallel", par.enable_expert_parallel, True),
         Setting.equal("EPLB", par.enable_eplb, e.redundant_experts > 0),
         Setting.equal("redundant experts", par.eplb_config.num_redundant_experts, e.redundant_experts),
-        Setting.equal("all-to-all", par.all2all_backend, deepep),
+        Setting.equal("all-to-all", par.all2all_backend, VLLM_ALL2ALL[e.role]),
         Setting.equal("dual-batch overlap", par.enable_dbo, e.overlap),
         Setting.equal("MTP draft tokens per step", drafts, plan.cost.mtp_drafts),
-        Setting.equal("KV connector", c.kv_transfer_config.kv_connector, "NixlConnector"),
-        Setting.equal("NIXL side-channel host", env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"), EXAMPLE[HOST]),
     ]  # fmt: skip
-    if e.role == "decode":
+    if mixed:  # one engine prefills and decodes: no KV leaves it
+        out += [Setting.equal("KV connector", getattr(c.kv_transfer_config, "kv_connector", None), None)]
+    else:
+        out += [
+            Setting.equal("KV connector", c.kv_transfer_config.kv_connector, "NixlConnector"),
+            Setting.equal("NIXL side-channel host", env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
+                          EXAMPLE[HOST]),
+        ]  # fmt: skip
+    if e.role != "prefill":
         per_rank = e.max_running // e.attn_dp
         # graphs are captured per tokens a step: every sequence's own and, with MTP, its drafts
         captured = per_rank * (1 + drafts) in (c.compilation_config.cudagraph_capture_sizes or [])

@@ -175,14 +175,91 @@ def test_a_plan_with_an_aggregated_island_round_trips_and_is_simulated_as_one(ag
     assert m["throughput_req_s"] > 0
 
 
-def test_an_aggregated_plan_is_not_deployed_with_launch_files_for_other_engines(
-    aggregated_plan: Path, tmp_path: Path
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_an_aggregated_island_launches_as_priced_by_the_engines_own_settings(
+    aggregated_plan: Path, engine: str
 ) -> None:
+    """Its engines prefill and decode without a KV hand-off: SGLang with mixed chunks of the plan's chunk per rank and
+    DeepEP by batch, vLLM with the chunk as its tokens per DP rank a step and no KV connector; the running requests
+    the plan's batch. Each engine's own settings resolution reads every value back as priced."""
+    from deployment.commands import DeployOptions, engine_argv
+    from deployment.engines import engines
+
+    plan = plans.load(aggregated_plan)
+    (e,) = engines(plan)
+    isl = plan.islands[e.island]
+    assert e.role == "aggregated" and e.chunk == isl.chunk_tokens and e.max_running == isl.batch * e.attn_dp
+    argv = engine_argv(e, 0, plan, DeployOptions(engine=engine))
+    if engine == "sglang":
+        from deployment import sglang_check as check
+
+        rows = check.settings(plan, e, argv[3:])
+        assert "--disaggregation-mode" not in argv and "--enable-mixed-chunk" in argv
+    else:
+        from deployment import vllm_check as check
+
+        try:
+            check._vllm()
+        except check.EngineArgsMissing as err:  # type: ignore[attr-defined]
+            pytest.fail(f"vLLM's source is needed to check the command: {err}")
+        rows = check.settings(plan, e, argv[2:], check.launch_env(e, 0, plan, DeployOptions(engine="vllm")))
+        assert "--kv-transfer-config" not in argv
+    wrong = [f"{r.name}: {r.resolved} != {r.plan}" for r in rows if not r.holds]
+    assert not wrong, wrong
+    names = {r.name for r in rows}
+    assert {"prefill tokens per rank per forward", "mixed chunks", "disaggregation"} <= names or engine == "vllm"
+    assert "tokens per DP rank per step" in names or engine == "sglang"
+
+
+def test_an_aggregated_plan_deploys_with_its_routing_and_not_on_llm_d(aggregated_plan: Path, tmp_path: Path) -> None:
     from pipeline.deploy import execute
 
     r = in_process(execute, "deploy", f"plan={aggregated_plan}", f"out={tmp_path}/d")
-    one_line(r, "error: plan island 0 (16 x H200) runs aggregated engines")
-    assert "costmodel.aggregated=false" in r.stderr and not (tmp_path / "d").exists()
+    assert r.returncode == 0, r.stderr
+    route = json.loads((tmp_path / "d" / "routing.json").read_text())
+    assert list(route["islands"]["aggregated"]) == ["0"] and not route["islands"]["prefill"]
+    r = in_process(execute, "deploy", f"plan={aggregated_plan}", f"out={tmp_path}/l", "target=llmd")
+    one_line(r, "error: plan island 0 runs aggregated engines")
+    assert not (tmp_path / "l").exists()
+
+
+def test_the_router_sends_an_aggregated_islands_share_to_it_and_the_rest_through_prefill_and_decode() -> None:
+    """Half of every range to an aggregated island, half through a prefill and a decode island: about half the
+    requests come back from the aggregated engine; with it down, all through the others."""
+    import asyncio
+
+    from aiohttp import ClientSession
+    from test_router import BIG, Engines, post, run, running, table
+
+    async def main() -> None:
+        engines = Engines()
+        p, d, a = (await engines.start(0.005), await engines.start(0.005), await engines.start(0.005))
+        config = table("sglang", {"0": [p]}, {"1": [d]}, ranges={k: [[0, BIG, 0.5]] for k in "01"})
+        config["islands"]["aggregated"] = {"2": {"engines": [f"http://127.0.0.1:{a}"], "ranges": [[0, BIG, 0.5]]}}
+        async with running(config, health_interval_s=60) as url, ClientSession() as s:
+            got = await asyncio.gather(*(post(s, url, {"prompt": "hi", "max_tokens": 4}) for _ in range(200)))
+            assert {g[0] for g in got} == {200}
+            together = sum("X-Archipelago-Aggregated" in g[2] for g in got)
+            # (the stand-ins count the router's first health check too)
+            assert 70 < together < 130 and together <= engines.seen[a][0] <= together + 1
+            assert 200 - together <= engines.seen[p][0] <= 201 - together
+            engines.kill(a)  # refused connections mark it down: the next requests go through prefill and decode
+            got = await asyncio.gather(*(post(s, url, {"prompt": "hi", "max_tokens": 4}) for _ in range(50)))
+            assert {g[0] for g in got} == {200} and not any("X-Archipelago-Aggregated" in g[2] for g in got)
+
+    run(main())
+
+
+def test_a_routing_table_with_only_aggregated_islands_loads_and_their_fractions_count_in_both_phases() -> None:
+    from deployment.router.table import RoutingError, load
+
+    engine = {"engines": ["http://127.0.0.1:30000"], "ranges": [[0, 1000, 1.0]]}
+    t = load({"protocol": "sglang", "islands": {"prefill": {}, "decode": {}, "aggregated": {"0": engine}}})
+    assert [i.name for i, _ in t.range_of(10).islands["aggregated"]] == ["0"]
+    half = {"engines": ["http://127.0.0.1:30001"], "ranges": [[0, 1000, 0.5]]}
+    with pytest.raises(RoutingError, match=r"its prefill fractions \(aggregated islands' included\) sum to 1.5"):
+        load({"protocol": "sglang", "islands": {"prefill": {"1": half}, "decode": {"2": half},
+                                                "aggregated": {"0": engine}}})  # fmt: skip
 
 
 def test_requests_split_between_aggregated_and_other_islands_by_the_plans_shares() -> None:

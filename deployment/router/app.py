@@ -3,8 +3,10 @@
 One request's path (`forward`):
 1. admission: past `max_in_flight` requests the router answers 503 at once (Retry-After), so an
    overload sheds instead of queueing without bound;
-2. the prompt's length in tokens (`tokens.Counter`) picks the plan's range; a prefill and a decode
-   island are drawn with the range's fractions, then an engine of each that is up (`table.pick`);
+2. the prompt's length in tokens (`tokens.Counter`) picks the plan's range; an aggregated island, or a
+   prefill and a decode island, are drawn with the range's fractions, then an engine of each that is up
+   (`table.aggregated_first`, `table.pick`); an aggregated engine gets the request as sent and its answer
+   is the client's;
 3. the engines' protocol: SGLang sends the request (bootstrap host, port and room added) to both at
    once and answers with the decode engine's stream; vLLM sends it to prefill first (one token,
    `do_remote_decode`) and then to decode with the prefill's `kv_transfer_params`; llm-d sends it to
@@ -37,7 +39,7 @@ import orjson
 from aiohttp import web
 
 from deployment.router.metrics import Metrics
-from deployment.router.table import Island, Table, pick
+from deployment.router.table import AGGREGATED, Island, Table, aggregated_first, pick
 from deployment.router.tokens import BadRequest, Counter
 from deployment.router.upstream import Answer, EngineDown, Pool
 
@@ -201,7 +203,7 @@ async def routing_view(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     router = request.app[STATE]
     up = {ph: sum(e not in router.down for i in router.table.islands[ph] for e in i.engines)
-          for ph in router.table.islands}  # fmt: skip
+          for ph in router.table.islands if router.table.islands[ph]}  # fmt: skip (roles the plan has)
     ok = not router.draining and all(up.values())
     body = {"ok": ok, "draining": router.draining, "engines_up": up, "in_flight": router.in_flight}
     return web.json_response(body, status=200 if ok else 503)
@@ -244,6 +246,10 @@ async def forward(request: web.Request) -> web.StreamResponse:
         except BadRequest as err:
             outcome = "bad_request"
             return _error(400, str(err))
+        if aggregated_first(router.table, tokens, router.rng, router.down):
+            response, outcome = await _aggregated(router, request, raw, tokens)
+            if outcome != "unavailable" or not router.table.range_of(tokens).islands["prefill"]:
+                return response  # (with every aggregated engine of the range down, prefill and decode take it)
         sender = SENDERS[router.table.protocol]
         response, outcome = await sender(router, request, raw, body, tokens)
         return response
@@ -316,6 +322,19 @@ async def _relay(
     finally:
         r.release()
     return out, outcome
+
+
+async def _aggregated(
+    router: Router, request: web.Request, raw: bytes, tokens: int
+) -> tuple[web.StreamResponse, str]:
+    """An aggregated engine prefills and decodes the request itself: the request as the client sent it, its answer
+    the client's (another engine of the range's aggregated islands while one cannot be reached)."""
+    tried: set[str] = set()
+    url, got = await _one_of(router, AGGREGATED, tokens, tried, lambda u: _post(router, u, request.path, raw))
+    if url is None:
+        return got
+    served = {"X-Archipelago-Aggregated": "/".join(map(str, router.names[url][1:]))}
+    return await _relay(router, request, got, url, served)
 
 
 def _served(router: Router, pre: str, dec: str) -> dict[str, str]:

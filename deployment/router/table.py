@@ -14,6 +14,8 @@ from urllib.parse import urlparse
 
 PROTOCOLS = ("sglang", "vllm", "llmd")  # llmd: a decode engine's llm-d routing sidecar runs either
 PHASES = ("prefill", "decode")
+AGGREGATED = "aggregated"  # islands that prefill and decode a request themselves (optional in routing.json)
+ROLES = (*PHASES, AGGREGATED)
 FRACTION_TOLERANCE = 1e-6  # a range's fractions over its islands sum to 1 within this
 
 
@@ -31,7 +33,8 @@ class Island:
 
 @dataclass(frozen=True)
 class Range:
-    """Prompts of `start <= tokens < end`: per phase, the islands serving it and their fractions."""
+    """Prompts of `start <= tokens < end`: per role (prefill, decode, aggregated), the islands serving it and their
+    fractions; an aggregated island's counts in both phases."""
 
     start: int
     end: int
@@ -40,7 +43,7 @@ class Range:
 
 @dataclass(frozen=True)
 class Table:
-    """The checked routing table: ranges sorted by end; every island by phase."""
+    """The checked routing table: ranges sorted by end; every island by role."""
 
     protocol: str
     ranges: tuple[Range, ...]
@@ -53,7 +56,7 @@ class Table:
 
     @property
     def engines(self) -> list[str]:
-        return [e for phase in PHASES for isl in self.islands[phase] for e in isl.engines]
+        return [e for role in ROLES for isl in self.islands[role] for e in isl.engines]
 
     def range_of(self, tokens: int) -> Range:
         """The range of a prompt of `tokens` (ranges are [start, end); past the last end, the last range)."""
@@ -89,15 +92,19 @@ def load(config: Any) -> Table:
     if config.get("protocol") not in PROTOCOLS:
         raise RoutingError(f"`protocol` must be one of {list(PROTOCOLS)}, got {config.get('protocol')!r}")
     phases = config.get("islands")
-    if not isinstance(phases, dict) or sorted(phases) != sorted(PHASES):
+    if not isinstance(phases, dict) or not set(PHASES) <= set(phases) <= set(ROLES):
         raise RoutingError(
-            "`islands` must be an object with exactly `prefill` and `decode`, each {island: {engines, "
-            f"ranges}}, got {type(phases).__name__ if not isinstance(phases, dict) else sorted(phases)}"
+            "`islands` must be an object with `prefill` and `decode` (and optionally `aggregated`), each {island: "
+            f"{{engines, ranges}}}}, got {type(phases).__name__ if not isinstance(phases, dict) else sorted(phases)}"
         )
+    phases = {AGGREGATED: {}, **phases}
+    if not isinstance(phases[AGGREGATED], dict):
+        raise RoutingError("`islands.aggregated` must be an object {island: {engines, ranges}}")
     islands: dict[str, tuple[Island, ...]] = {}
     shares: dict[str, dict[tuple[int, int], list[tuple[Island, float]]]] = {}
-    for phase in PHASES:
-        if not isinstance(phases[phase], dict) or not phases[phase]:
+    for phase in ROLES:
+        empty = not phases[phase] and not phases[AGGREGATED] and phase != AGGREGATED
+        if not isinstance(phases[phase], dict) or empty:
             raise RoutingError(f"`islands.{phase}` must name at least one island: {{island: {{engines, ranges}}}}")
         found, by_range = [], shares.setdefault(phase, {})
         for name, isl in phases[phase].items():
@@ -123,21 +130,23 @@ def load(config: Any) -> Table:
                 if frac > 0:
                     by_range.setdefault((int(start), int(end)), []).append((island, frac))
         islands[phase] = tuple(found)
-    spans = sorted(set(shares["prefill"]) | set(shares["decode"]))
+    spans = sorted(set(shares["prefill"]) | set(shares["decode"]) | set(shares[AGGREGATED]))
     for a, b in itertools.pairwise(spans):
         if b[0] != a[1]:
             raise RoutingError(f"ranges [{a[0]}, {a[1]}) and [{b[0]}, {b[1]}) must meet end to start (no gap, no "
                                "overlap): write them as the plan's routing gives them")  # fmt: skip
     ranges = []
     for span in spans:
-        per_phase = {}
+        both = shares[AGGREGATED].get(span, [])
+        per_phase = {AGGREGATED: tuple(both)}
         for phase in PHASES:
             got = shares[phase].get(span, [])
-            total = sum(f for _, f in got)
+            total = sum(f for _, f in got + both)
             if abs(total - 1.0) > FRACTION_TOLERANCE:
+                named = ", ".join(f"island {i.name}: {f:g}" for i, f in got + both) or "no island serves it"
+                theirs = " (aggregated islands' included)" if both else ""
                 raise RoutingError(
-                    f"range [{span[0]}, {span[1]}): its {phase} fractions sum to {total:.6g}, not 1 "
-                    f"({', '.join(f'island {i.name}: {f:g}' for i, f in got) or 'no island serves it'})"
+                    f"range [{span[0]}, {span[1]}): its {phase} fractions{theirs} sum to {total:.6g}, not 1 ({named})"
                 )
             per_phase[phase] = tuple(got)
         ranges.append(Range(span[0], span[1], per_phase))
@@ -150,7 +159,7 @@ def load(config: Any) -> Table:
     health = config.get("health", {})
     if not isinstance(health, dict):
         raise RoutingError(f"`health`: an object {{engine URL: URL of its health check}}, got {type(health).__name__}")
-    listed = {e for phase in PHASES for isl in islands[phase] for e in isl.engines}
+    listed = {e for role in ROLES for isl in islands[role] for e in isl.engines}
     for engine in health:
         if engine.rstrip("/") not in listed:
             raise RoutingError(f"`health`: {engine!r} is not an engine of `islands`")
@@ -178,3 +187,18 @@ def pick(
             return island, ok[int(rng.random() * len(ok))]
     island, _, ok = choices[-1]
     return island, ok[int(rng.random() * len(ok))]
+
+
+def aggregated_first(
+    table: Table, tokens: int, rng: random.Random, down: Collection[str] = (), avoid: Collection[str] = ()
+) -> bool:
+    """Does a prompt of `tokens` go to an aggregated island (True) or to a prefill and a decode island? Drawn with the
+    range's fractions, among the islands with an engine up (`pick`'s rule): aggregated islands against the prefill
+    islands they stand beside."""
+    r = table.range_of(tokens)
+
+    def up(role: str) -> float:
+        return sum(f for isl, f in r.islands[role] if any(e not in down and e not in avoid for e in isl.engines))
+
+    together, apart = up(AGGREGATED), up("prefill")
+    return together > 0 and rng.random() * (together + apart) < together
