@@ -111,7 +111,8 @@ def run(coro: Any) -> Any:
 GOOD = table("sglang", {"0": [30001]}, {"1": [30002]})
 BAD_TABLES = [
     ([GOOD], "the top level must be an object"),
-    ({**GOOD, "islands": [GOOD["islands"]]}, "`islands` must be an object with `prefill` and `decode` (and optionally `aggregated`)"),
+    ({**GOOD, "islands": [GOOD["islands"]]},
+     "`islands` must be an object with `prefill` and `decode` (and optionally `aggregated`)"),
     ({**GOOD, "islands": {"prefill": {}, "decode": GOOD["islands"]["decode"]}}, "`islands.prefill` must name"),
     (table("sglang", {"0": [1], "1": [2]}, {"2": [3]}, ranges={"0": [[0, BIG, 0.5]], "1": [[0, BIG, 0.3]]}),
      "range [0, 100000): its prefill fractions sum to 0.8, not 1"),

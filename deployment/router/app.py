@@ -203,7 +203,7 @@ async def routing_view(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     router = request.app[STATE]
     up = {ph: sum(e not in router.down for i in router.table.islands[ph] for e in i.engines)
-          for ph in router.table.islands if router.table.islands[ph]}  # fmt: skip (roles the plan has)
+          for ph in router.table.islands if router.table.islands[ph]}  # fmt: skip
     ok = not router.draining and all(up.values())
     body = {"ok": ok, "draining": router.draining, "engines_up": up, "in_flight": router.in_flight}
     return web.json_response(body, status=200 if ok else 503)
