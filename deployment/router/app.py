@@ -324,9 +324,7 @@ async def _relay(
     return out, outcome
 
 
-async def _aggregated(
-    router: Router, request: web.Request, raw: bytes, tokens: int
-) -> tuple[web.StreamResponse, str]:
+async def _aggregated(router: Router, request: web.Request, raw: bytes, tokens: int) -> tuple[web.StreamResponse, str]:
     """An aggregated engine prefills and decodes the request itself: the request as the client sent it, its answer
     the client's (another engine of the range's aggregated islands while one cannot be reached)."""
     tried: set[str] = set()
