@@ -320,9 +320,13 @@ def _aggregated(
         e = np.maximum(np.floor(size_e / ranks_e), 1.0) * ranks_e  # (configs, 1): whole tokens per attention rank
         n = np.maximum(np.ceil(e * steps / (tokens * unit_e)), 1.0)  # running sequences per unit
         t_dec = decode_tokens_ms(gpu, model, mid, 1, n, tp, ep, cost) * yield_  # one decode step
+        # a chunk longer than the longest prompt holds several: whole ones, and the end of one more; and a chunk
+        # may start a prompt, whose first piece pays a forward's fixed time (the prefill time of no tokens)
+        whole, rest = np.divmod(e, deepest)
         deep = (
-            prefill_time_ms(gpu, model, np.array([[deepest]]), tp, ranks_e, cost.cache_hit, p, mtp)
-            - prefill_time_ms(gpu, model, np.maximum(deepest - e, 0.0), tp, ranks_e, cost.cache_hit, p, mtp)
+            (whole + 1.0) * prefill_time_ms(gpu, model, np.array([[deepest]]), tp, ranks_e, cost.cache_hit, p, mtp)
+            - prefill_time_ms(gpu, model, deepest - rest, tp, ranks_e, cost.cache_hit, p, mtp)
+            + prefill_time_ms(gpu, model, np.zeros((1, 1)), tp, ranks_e, cost.cache_hit, p, mtp) * (rest > 0)
         ) / ranks_e
         period = t_dec + per_token * e
         ok = fits & (n <= slots) & (e <= most)
