@@ -102,11 +102,11 @@ RHO_GRID = np.arange(2000) / 2000.0  # 0 .. 0.9995
 def erlang_c_grid(c: int, rho: np.ndarray) -> np.ndarray:
     """Erlang C at every utilisation of `rho` (< 1), vectorised: Erlang B is P(N = c) / P(N <= c)
     for N ~ Poisson(a), so thousands of servers (a decode island's slots) cost no more than one."""
-    from scipy.stats import poisson
+    from scipy.special import gammaln, pdtr  # (not scipy.stats: its import alone takes half a second)
 
     a = rho * c
-    with np.errstate(divide="ignore", invalid="ignore"):
-        b = np.where(a > 0, np.exp(poisson.logpmf(c, a) - poisson.logcdf(c, a)), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # log P(N = c) - log P(N <= c)
+        b = np.where(a > 0, np.exp(c * np.log(a) - a - gammaln(c + 1) - np.log(pdtr(c, a))), 0.0)
     return np.where(a > 0, b / (1.0 - rho * (1.0 - b)), 0.0)
 
 
