@@ -308,16 +308,13 @@ def _aggregated(
     steps = d / yield_
     most = cost.prefill_batch_tokens * ranks_e  # (configs, 1) tokens an engine prefills a step at most
     mid = s + (d - 1) / 2.0  # a decode step at its mean context (s + 1 ... s + d): step time is linear in context
-    best = (np.full((len(cfg), len(lengths)), -1.0), *(np.zeros((len(cfg), len(lengths))) for _ in range(4)))
+    best = [np.full((len(cfg), len(lengths)), -1.0), *(np.zeros((len(cfg), len(lengths))) for _ in range(4))]
     best_score = np.full(len(cfg), -1.0)
-    coarse = np.unique(np.geomspace(16.0, float(most.max()), CHUNKS).round())
-    step_up = float(coarse[1] / coarse[0]) if len(coarse) > 1 else 2.0
-    tries = [np.full((len(cfg), 1), x) for x in coarse]  # then, around each configuration's best, finer
-    tries += [lambda f=f: best_e * f for f in np.geomspace(1.0 / step_up, step_up, 9)]  # type: ignore[misc]
     best_e = np.full((len(cfg), 1), 16.0)
-    for size_e in tries:
-        size_e = size_e() if callable(size_e) else size_e
-        e = np.maximum(np.floor(size_e / ranks_e), 1.0) * ranks_e  # (configs, 1): whole tokens per attention rank
+
+    def consider(size_e: np.ndarray) -> None:
+        """Price every configuration at about `size_e` (configs, 1) prompt tokens a step; keep what serves best."""
+        e = np.maximum(np.floor(size_e / ranks_e), 1.0) * ranks_e  # whole tokens per attention rank
         n = np.maximum(np.ceil(e * steps / (tokens * unit_e)), 1.0)  # running sequences per unit
         t_dec = decode_tokens_ms(gpu, model, mid, 1, n, tp, ep, cost) * yield_  # one decode step
         # a chunk longer than the longest prompt holds several: whole ones, and the end of one more; and a chunk
@@ -338,17 +335,24 @@ def _aggregated(
             pre = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], rate, service, np.zeros_like(rate), np.zeros(len(cfg)),
                              -1, "")  # fmt: skip
             rate = rate * _prefill_caps(pre, lengths, w, cost, batching=False)[:, None]
+        # the most of the workload served, then the rate at which one island serves all of it
         covered = (rate > 0) @ w
         inverse = np.where(rate > 0, w / np.where(rate > 0, rate, 1.0), 0.0).sum(axis=-1)
         score = np.round(covered, 9) * 1e9 + np.where(inverse > 0, 1.0 / np.where(inverse > 0, inverse, 1.0), 0.0)
-        better = score > best_score
         row = (rate, period / yield_, np.where(ok, n, 0.0), np.broadcast_to(e / ranks_e, rate.shape),
                np.broadcast_to(deep, rate.shape))  # fmt: skip
-        for k in np.flatnonzero(better):
-            best_score[k] = score[k]
-            best_e[k] = e[k]
+        for k in np.flatnonzero(score > best_score):
+            best_score[k], best_e[k] = score[k], e[k]
             for target, value in zip(best, row, strict=True):
                 target[k] = value[k]
+
+    coarse = np.unique(np.geomspace(16.0, float(most.max()), CHUNKS).round())
+    for x in coarse:
+        consider(np.full((len(cfg), 1), x))
+    step_up = float(coarse[1] / coarse[0]) if len(coarse) > 1 else 2.0
+    around = best_e.copy()
+    for f in np.geomspace(1.0 / step_up, step_up, 9):  # finer, around each configuration's best
+        consider(around * f)
     req_s, tpot, running, chunk, deep = (np.maximum(x, 0.0) for x in best)
     b = np.where(req_s > 0, slots, 0.0)
     if step_cap:  # admit no more sequences than a step beside the costliest chunk allows
@@ -475,14 +479,11 @@ def _prefill_caps(
     return caps
 
 
-def _decode_caps(
-    t: PhaseTable, weights: np.ndarray, mean_decode: float, cost: CostSettings, wait_ms: np.ndarray | None = None
-) -> np.ndarray:
+def _decode_caps(t: PhaseTable, weights: np.ndarray, mean_decode: float, cost: CostSettings) -> np.ndarray:
     """`utilisation_caps`' decode cap of every configuration of the table (1 without a TPOT target, 0 where a
-    configuration serves no length). `wait_ms` (per configuration): a wait for a slot allowed at the TTFT percentile
-    instead (an aggregated engine admits a request before its prefill: the wait is in its TTFT)."""
+    configuration serves no length)."""
     caps = np.ones(len(t.tp))
-    if (cost.tpot_ms if wait_ms is None else cost.ttft_ms) is None:
+    if cost.tpot_ms is None:
         return caps
     w = np.asarray(weights, dtype=float)
     d = max(round(mean_decode), 1)
@@ -496,9 +497,5 @@ def _decode_caps(
         ww = w[ok] if w[ok].sum() > 0 else np.ones(ok.sum())
         mean, cs2 = mix_moments(service_s[ok], ww)
         c = max(int(np.floor(ww @ slots[ok] / ww.sum())), 1)
-        if wait_ms is None:
-            caps[k] = utilisation_caps_for_wait(c, mean, cs2, np.zeros(1), cost.tpot_percentile / 100)[0]
-        else:
-            wait = np.array([wait_ms[k] / 1e3])
-            caps[k] = utilisation_caps_for_wait(c, mean, cs2, wait, cost.ttft_percentile / 100)[0]
+        caps[k] = utilisation_caps_for_wait(c, mean, cs2, np.zeros(1), cost.tpot_percentile / 100)[0]
     return caps
