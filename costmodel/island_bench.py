@@ -312,6 +312,9 @@ def _aggregated(
     best_score = np.full(len(cfg), -1.0)
     best_e = np.full((len(cfg), 1), 16.0)
 
+    t_deepest = prefill_time_ms(gpu, model, np.array([[deepest]]), tp, ranks_e, cost.cache_hit, p, mtp)
+    t_none = prefill_time_ms(gpu, model, np.zeros((1, 1)), tp, ranks_e, cost.cache_hit, p, mtp)
+
     def consider(size_e: np.ndarray) -> None:
         """Price every configuration at about `size_e` (configs, 1) prompt tokens a step; keep what serves best."""
         e = np.maximum(np.floor(size_e / ranks_e), 1.0) * ranks_e  # whole tokens per attention rank
@@ -321,9 +324,9 @@ def _aggregated(
         # may start a prompt, whose first piece pays a forward's fixed time (the prefill time of no tokens)
         whole, rest = np.divmod(e, deepest)
         deep = (
-            (whole + 1.0) * prefill_time_ms(gpu, model, np.array([[deepest]]), tp, ranks_e, cost.cache_hit, p, mtp)
+            (whole + 1.0) * t_deepest
             - prefill_time_ms(gpu, model, deepest - rest, tp, ranks_e, cost.cache_hit, p, mtp)
-            + prefill_time_ms(gpu, model, np.zeros((1, 1)), tp, ranks_e, cost.cache_hit, p, mtp) * (rest > 0)
+            + t_none * (rest > 0)
         ) / ranks_e
         period = t_dec + per_token * e
         ok = fits & (n <= slots) & (e <= most)
@@ -331,14 +334,15 @@ def _aggregated(
             ok &= (t_dec + deep) / yield_ <= step_cap
         rate = np.where(ok, dp * e * 1000.0 / (period * tokens), 0.0)
         if cost.slo:  # the prompts' queue within TTFT: dp engines, a prompt ceil(s / e) steps
+            # (only where the rate before the cap could beat the best so far: the cap only lowers it)
+            k = np.flatnonzero(_score(rate, w) > best_score)
             service = np.ceil(tokens / e) * period
-            pre = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], rate, service, np.zeros_like(rate), np.zeros(len(cfg)),
-                             -1, "")  # fmt: skip
-            rate = rate * _prefill_caps(pre, lengths, w, cost, batching=False)[:, None]
-        # the most of the workload served, then the rate at which one island serves all of it
-        covered = (rate > 0) @ w
-        inverse = np.where(rate > 0, w / np.where(rate > 0, rate, 1.0), 0.0).sum(axis=-1)
-        score = np.round(covered, 9) * 1e9 + np.where(inverse > 0, 1.0 / np.where(inverse > 0, inverse, 1.0), 0.0)
+            pre = PhaseTable(tp[k, 0], dp[k, 0], ep[k, 0], rate[k], service[k], np.zeros_like(rate[k]),
+                             np.zeros(len(k)), -1, "")  # fmt: skip
+            capped = np.zeros_like(rate)
+            capped[k] = rate[k] * _prefill_caps(pre, lengths, w, cost, batching=False)[:, None]
+            rate = capped
+        score = _score(rate, w)
         row = (rate, period / yield_, np.where(ok, n, 0.0), np.broadcast_to(e / ranks_e, rate.shape),
                np.broadcast_to(deep, rate.shape))  # fmt: skip
         for k in np.flatnonzero(score > best_score):
@@ -366,6 +370,14 @@ def _aggregated(
     if table.chosen < 0:
         table = replace(table, reason=_reason("aggregated", fits.any(), step_cap, gpu, size, model))
     return table
+
+
+def _score(rate: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per configuration (rows): the most of the workload served first, then the rate at which one island serves
+    all of it (the harmonic mean of its rates by the weights)."""
+    covered = (rate > 0) @ w
+    inverse = np.where(rate > 0, w / np.where(rate > 0, rate, 1.0), 0.0).sum(axis=-1)
+    return np.round(covered, 9) * 1e9 + np.where(inverse > 0, 1.0 / np.where(inverse > 0, inverse, 1.0), 0.0)
 
 
 def decode_tokens_ms(
