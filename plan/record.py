@@ -50,6 +50,10 @@ RATES = {
     "output_tok_s": "output tokens/s at rate_req_s (the workload's mean output length)",
     "simulated_req_s": "objective goodput: the highest rate the simulator sustained within the SLOs for this "
     "layout in the search (bisection from rate_req_s; pipeline/planning/goodput.py)",
+    "disaggregated_req_s": "comparison: the same layout with prefill and decode islands only (its rate_req_s "
+    "where the plan was made without aggregated islands)",
+    "with_aggregated_req_s": "comparison: the same layout with islands free to run aggregated engines too "
+    "(costmodel.aggregated; its rate_req_s where the plan was made with them)",
 }
 
 
@@ -254,11 +258,14 @@ class Rates:
     evaluated_req_s: float
     output_tok_s: float
     simulated_req_s: float | None = None
+    disaggregated_req_s: float | None = None
+    with_aggregated_req_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("rate_req_s", "fluid_req_s", "searched_req_s", "evaluated_req_s", "output_tok_s"):
             _real(getattr(self, name), name, 0.0)
-        _optional_real(self.simulated_req_s, "simulated_req_s", 0.0)
+        for name in ("simulated_req_s", "disaggregated_req_s", "with_aggregated_req_s"):
+            _optional_real(getattr(self, name), name, 0.0)
 
     @property
     def refined(self) -> bool:

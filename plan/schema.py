@@ -324,7 +324,8 @@ def _from_v1(d: Mapping[str, Any], where: str) -> Plan:
         return _island(x, at, hosts, Precision(dense, experts))
 
     rates = _of(Rates, {k: d[k] for k in ("rate_req_s", "fluid_req_s", "searched_req_s", "evaluated_req_s",
-                                          "output_tok_s", "simulated_req_s") if k in d}, where)  # fmt: skip
+                                          "output_tok_s", "simulated_req_s", "disaggregated_req_s",
+                                          "with_aggregated_req_s") if k in d}, where)  # fmt: skip
     inventory = None
     if isinstance(d.get("inventory"), Mapping):
         inv = d["inventory"]

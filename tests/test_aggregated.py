@@ -158,6 +158,25 @@ def test_without_slos_the_simulator_keeps_up_with_the_aggregated_rate_and_no_mor
     assert kept[0.9] > 0.95 and kept[1.3] < 0.9, kept
 
 
+def test_the_report_compares_the_layouts_rate_with_and_without_aggregated_islands(
+    aggregated_plan: Path, tmp_path: Path
+) -> None:
+    """16 H200 in one island: split into prefill and decode it serves nothing, aggregated it serves the plan's rate.
+    A plan made without the switch compares the other way (tiny_hetero: its own rate is the split one)."""
+    import pandas as pd
+
+    from helpers import plan_of
+    from pipeline.records.report import report
+
+    plan = plans.load(aggregated_plan)
+    assert plan.rates.disaggregated_req_s == 0.0 and plan.rates.with_aggregated_req_s == plan.rates.rate_req_s
+    row = next(line for line in report(plan, pd.DataFrame(), "# p").splitlines() if line.startswith("| roles compared"))
+    assert "prefill and decode islands only: 0.00 req/s" in row and "costmodel.aggregated=true" in row
+    split = plans.load(plan_of(tmp_path)[0])
+    assert split.rates.disaggregated_req_s == split.rates.rate_req_s > 0
+    assert split.rates.with_aggregated_req_s is not None and split.rates.with_aggregated_req_s >= 0
+
+
 def test_a_plan_with_an_aggregated_island_round_trips_and_is_simulated_as_one(aggregated_plan: Path) -> None:
     from pipeline.planning.simulation import RequestMix, Runner
     from pipeline.planning.workload import workload_from_cfg

@@ -11,6 +11,7 @@ rate band, the simulated check) goes onto the record with `dataclasses.replace`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -79,15 +80,27 @@ def build_plan(
     fluid = sol.rate_req_s  # without SLOs all three are one rate
     if planner.cost.slo:
         fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False)[1].rate_req_s
+    other = roles_compared(planner, layout, time_limit_s, backend)
     rates = Rates(
         rate_req_s=sol.rate_req_s,
         fluid_req_s=fluid,
         searched_req_s=searched[1].rate_req_s,
         evaluated_req_s=ev.rate_req_s,
         output_tok_s=sol.rate_req_s * planner.workload.mean_decode,
+        disaggregated_req_s=other if planner.cost.aggregated else sol.rate_req_s,
+        with_aggregated_req_s=sol.rate_req_s if planner.cost.aggregated else other,
     )
     return Plan(tuple(islands), rates, planner.model, planner.cost, planner.workload.name, sol.status, inventory,
                 workload_spec=planner.workload.spec)  # fmt: skip
+
+
+def roles_compared(planner: Planner, layout: Layout, time_limit_s: float, backend: str = "AUTO") -> float:
+    """The layout's rate (`Planner.solve_routed`, as the plan's) with the other choice of roles: prefill and decode
+    islands only where the plan allowed aggregated ones, aggregated ones allowed where it did not (report.md
+    compares the two)."""
+    cost = dataclasses.replace(planner.cost, aggregated=not planner.cost.aggregated)
+    other = dataclasses.replace(planner, cost=cost, _cache={}, _full={}, _caps={}, hits=0, misses=0)
+    return max(other.solve_routed(layout, time_limit_s, backend=backend)[1].rate_req_s, 0.0) + 0.0  # (no -0.0)
 
 
 def overlapped(planner: Planner, gpu: str, cfg: Mapping[str, int], batch: int, fraction: np.ndarray) -> bool:

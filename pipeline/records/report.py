@@ -107,6 +107,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
             else ""
         )
         + " |",
+        *_roles_rows(plan),
         f"| decoding | {_decoding_text(plan)} |",
         "",
         "Islands (batch: for prefill, prompts one forward pass takes, one per DP replica; for decode, running "
@@ -274,6 +275,17 @@ def _ranges_text(ranges: Sequence[RangeShare]) -> str:
     share = float(np.mean([r.fraction for r in ranges]))
     n = len(ranges)
     return f"{ranges[0].start}-{ranges[-1].end} ({n} range{'s' if n > 1 else ''}, {share:.0%})"
+
+
+def _roles_rows(plan: Plan) -> list[str]:
+    """The layout's rate with prefill and decode islands only beside its rate with aggregated ones allowed."""
+    r = plan.rates
+    if r.disaggregated_req_s is None or r.with_aggregated_req_s is None:
+        return []
+    chosen = "with" if plan.cost.aggregated else "without"
+    return [f"| roles compared (this layout) | prefill and decode islands only: {r.disaggregated_req_s:.2f} req/s; "
+            f"aggregated islands allowed: {r.with_aggregated_req_s:.2f} req/s (planned {chosen} them: "
+            f"costmodel.aggregated={str(plan.cost.aggregated).lower()}) |"]  # fmt: skip
 
 
 def routing_plot(path: Path, plan: Plan, title: str) -> None:
