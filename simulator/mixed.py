@@ -14,7 +14,7 @@ import numpy as np
 from costmodel.specs import GPU
 from plan import Plan
 from simulator.aggregated import AggregatedEngine, AggregatedSimulation
-from simulator.core import DecodeEngine, PrefillEngine
+from simulator.core import DecodeEngine, PrefillEngine, Simulation
 from simulator.requests import Requests
 from simulator.timing import decode_timing, prefill_timing
 
@@ -69,12 +69,12 @@ def run(
     plan: Plan,
     r: Requests,
     gpus: Mapping[str, GPU],
-    disaggregated: Callable[[Requests], tuple[object, list[PrefillEngine], list[DecodeEngine]]],
+    disaggregated: Callable[[Requests], Simulation],
     seed: int = 0,
     expert_imbalance: float = 1.0,
 ) -> MixedRun:
     """Run `r` through `plan`: `disaggregated(requests)` builds and runs the disaggregated part (returning the
-    finished simulation and its engines); every aggregated island runs its share itself."""
+    finished simulation); every aggregated island runs its share itself."""
     where = split(plan, r.input_len, seed)
     out = MixedRun(r)
     max_len, max_context = int(r.input_len.max()), int((r.input_len + r.output_len).max())
@@ -82,8 +82,8 @@ def run(
     rest = np.flatnonzero(where < 0)
     if rest.size:
         sub = _subset(r, rest)
-        sim, out.prefill, out.decode = disaggregated(sub)
-        out.kv_trace = list(getattr(sim, "kv_trace", []))
+        sim = disaggregated(sub)
+        out.prefill, out.decode, out.kv_trace = sim.prefill, sim.decode, list(sim.kv_trace)
         parts.append((rest, sub))
     engines = max(len(out.prefill), len(out.decode))  # aggregated engines numbered after the others
     for k in sorted(set(where[where >= 0].tolist())):

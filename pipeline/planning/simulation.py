@@ -134,7 +134,7 @@ class Runner:
 
         t0 = time.perf_counter()
         if any(isl.role == "aggregated" for isl in self.plan.serving):  # aggregated islands run apart
-            sim = mixed.run(self.plan, r, self.gpus, _engines_of(disaggregated), self.s.seed, self.s.expert_imbalance)
+            sim = mixed.run(self.plan, r, self.gpus, disaggregated, self.s.seed, self.s.expert_imbalance)
         else:
             sim = disaggregated(r)
         wall = time.perf_counter() - t0
@@ -145,14 +145,6 @@ class Runner:
         m["sim_wall_s"] = wall
         m["sim_req_per_s"] = len(r) / wall if wall > 0 else 0.0
         return sim, m, wall
-
-
-def _engines_of(run: Callable[[Requests], Simulation]) -> Callable[[Requests], tuple[Simulation, list, list]]:
-    def go(part: Requests) -> tuple[Simulation, list, list]:
-        sim = run(part)
-        return sim, sim.prefill, sim.decode
-
-    return go
 
 
 def sustainable_rate(
