@@ -189,13 +189,17 @@ def test_bad_requests_get_a_4xx_with_the_reason_and_never_reach_an_engine() -> N
 
 @pytest.mark.parametrize("protocol", ["sglang", "vllm"])
 @pytest.mark.parametrize("dead", ["prefill", "decode"])
-def test_a_dead_engines_requests_are_served_by_another_within_a_second(protocol: str, dead: str) -> None:
+def test_a_dead_engines_requests_are_served_by_another_at_once(protocol: str, dead: str) -> None:
+    """A dead engine refuses connections: its requests go to another engine at once, not after a connect timeout
+    (30 s here, so a wait on it could not pass for the load of a busy machine), and no request fails."""
+
     async def main() -> None:
         engines = Engines()
         p = [await engines.start(0.01), await engines.start(0.01)]
         d = [await engines.start(0.02), await engines.start(0.02)]
         victim = (p if dead == "prefill" else d)[0]
-        async with running(table(protocol, {"0": p}, {"1": d}), health_interval_s=0.2) as url:
+        async with running(table(protocol, {"0": p}, {"1": d}), health_interval_s=0.2,
+                           connect_timeout_s=30.0) as url:  # fmt: skip
             async with ClientSession() as s:
                 first = [await post(s, url, {"prompt": "hi", "max_tokens": 4}) for _ in range(20)]
                 assert {r[0] for r in first} == {200}
@@ -203,7 +207,7 @@ def test_a_dead_engines_requests_are_served_by_another_within_a_second(protocol:
                 before = engines.seen[victim][0]
                 after = await asyncio.gather(*(post(s, url, {"prompt": "hi", "max_tokens": 4}) for _ in range(100)))
                 assert {r[0] for r in after} == {200}, Counter(r[0] for r in after)
-                assert max(r[3] for r in after) < 1.0
+                assert max(r[3] for r in after) < 10.0  # (seconds: none waited for a connect timeout)
                 assert engines.seen[victim][0] == before
                 served = Counter(r[2][f"X-Archipelago-{dead.title()}"] for r in after)
                 assert set(served) == {f"{0 if dead == 'prefill' else 1}/1"}
