@@ -115,6 +115,13 @@ def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, liste
             if opts.engine == "sglang"
             else "sends the request to both in the vLLM NIXL protocol (prefill with max_tokens 1 returning "
             "kv_transfer_params, then decode with them)."
+        )
+        + (
+            " Aggregated islands (they prefill and decode their own requests) are drawn first, against the prefill "
+            "islands, with their fractions; an aggregated engine gets the request as sent and its answer is the "
+            "client's."
+            if any(e.role == "aggregated" for e in es)
+            else ""
         ),
         "An engine that refuses connections or fails its health check (`GET /health`, every 2 s) is ejected and its "
         "requests go to the others of its island (503 when a range has none); one silent past `--timeout` is a 504 "
