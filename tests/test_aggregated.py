@@ -237,7 +237,8 @@ def test_an_aggregated_plan_deploys_with_its_routing_and_not_on_llm_d(aggregated
     assert r.returncode == 0, r.stderr
     route = json.loads((tmp_path / "d" / "routing.json").read_text())
     assert list(route["islands"]["aggregated"]) == ["0"] and not route["islands"]["prefill"]
-    assert "Aggregated islands (they prefill and decode their own requests)" in (tmp_path / "d" / "README.md").read_text()
+    readme = (tmp_path / "d" / "README.md").read_text()
+    assert "Aggregated islands (they prefill and decode their own requests)" in readme
     r = in_process(execute, "deploy", f"plan={aggregated_plan}", f"out={tmp_path}/l", "target=llmd")
     one_line(r, "error: plan island 0 runs aggregated engines")
     assert not (tmp_path / "l").exists()
