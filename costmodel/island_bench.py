@@ -83,10 +83,15 @@ class IslandBenchmark:
     @property
     def aggregated_req_s(self) -> np.ndarray:
         """Requests/s the island serves whole (prefill and decode) as aggregated engines; zeros without them."""
-        return np.zeros(len(self.lengths)) if self.aggregated is None else self._pick(self.aggregated, "req_s")
+        return self.req_s("aggregated")
 
     def table(self, role: str) -> PhaseTable | None:
         return {"prefill": self.prefill, "decode": self.decode, "aggregated": self.aggregated}[role]
+
+    def req_s(self, role: str) -> np.ndarray:
+        """The chosen configuration's requests/s per length in `role` (zeros where the role has none)."""
+        t = self.table(role)
+        return np.zeros(len(self.lengths)) if t is None else self._pick(t, "req_s")
 
     def config(self, phase: str) -> dict[str, int] | None:
         t = self.table(phase)

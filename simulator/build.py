@@ -3,7 +3,7 @@ the cost model the plan was made with (its model and cost settings)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -12,6 +12,20 @@ from plan import Island, Plan
 from simulator.core import DecodeEngine, PrefillEngine, Router
 from simulator.routers import RouterInputs, make_router
 from simulator.timing import decode_timing, prefill_timing
+
+
+def range_ends(plan: Plan) -> np.ndarray:
+    """The upper ends of every range the plan's serving islands take, sorted."""
+    return np.array(sorted({r.end for isl in plan.serving for r in isl.ranges}))
+
+
+def range_shares(islands: Sequence[Island], ends: np.ndarray) -> np.ndarray:
+    """(ranges, islands): each island's share of each range's requests (ranges by `ends`)."""
+    f = np.zeros((len(ends), len(islands)))
+    for k, isl in enumerate(islands):
+        for r in isl.ranges:
+            f[int(np.searchsorted(ends, r.end)), k] = r.fraction
+    return f
 
 
 def build(
@@ -58,25 +72,16 @@ def build(
             ids = list(range(len(decode), len(decode) + isl.dp))
             decode += [DecodeEngine(i, k, t, rebuild) for i in ids]
         engines_of[isl.role].append(ids)
-    ends = sorted({r.end for isl in plan.serving for r in isl.ranges})
-    shares = {}
-    for phase, isls in phase_islands.items():
-        f = np.zeros((len(ends), len(isls)))
-        for k, isl in enumerate(isls):
-            for r in isl.ranges:
-                f[ends.index(r.end), k] = r.fraction
-        shares[phase] = f
-    whole = np.zeros(len(ends))  # the share of each range aggregated islands take
-    for isl in plan.serving:
-        if isl.role == "aggregated":
-            for r in isl.ranges:
-                whole[ends.index(r.end)] += r.fraction
+    ends = range_ends(plan)
+    shares = {phase: range_shares(isls, ends) for phase, isls in phase_islands.items()}
+    # the share of each range aggregated islands take
+    whole = range_shares([isl for isl in plan.serving if isl.role == "aggregated"], ends).sum(axis=1)
     stats = stats or {}
     inputs = RouterInputs(
         seed,
         token_budget,
         *(float(stats.get(k, v)) for k, v in (("mean_input", 1.0), ("mean_output", 1.0), ("std_output", 0.0))),
-        range_end=np.array(ends),
+        range_end=ends,
         shares=shares,
         engines_of=engines_of,
         elsewhere=whole >= 1.0 - 1e-9,

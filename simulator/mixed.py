@@ -14,6 +14,7 @@ import numpy as np
 from costmodel.specs import GPU
 from plan import Plan
 from simulator.aggregated import AggregatedEngine, AggregatedSimulation
+from simulator.build import range_ends, range_shares
 from simulator.core import DecodeEngine, PrefillEngine, Simulation
 from simulator.requests import Requests
 from simulator.timing import decode_timing, prefill_timing
@@ -33,13 +34,9 @@ class MixedRun:
 
 def split(plan: Plan, input_len: np.ndarray, seed: int = 0) -> np.ndarray:
     """Per request, the index in `plan.serving` of the aggregated island it goes to, or -1 (disaggregated)."""
-    serving = plan.serving
-    ends = np.array(sorted({r.end for isl in serving for r in isl.ranges}))
-    agg = [k for k, isl in enumerate(serving) if isl.role == "aggregated"]
-    share = np.zeros((len(ends), len(agg)))
-    for c, k in enumerate(agg):
-        for r in serving[k].ranges:
-            share[int(np.searchsorted(ends, r.end)), c] = r.fraction
+    ends = range_ends(plan)
+    agg = [k for k, isl in enumerate(plan.serving) if isl.role == "aggregated"]
+    share = range_shares([plan.serving[k] for k in agg], ends)
     j = np.minimum(np.searchsorted(ends, input_len, side="right"), len(ends) - 1)
     cum = np.cumsum(share, axis=1)[j]  # (requests, aggregated islands)
     # a stream of its own: the requests' lengths may have been drawn from default_rng(seed)'s first uniforms

@@ -134,7 +134,7 @@ def _serving_facts(
     group = int(cfg["ep"]) if phase != "prefill" else int(cfg["tp"]) * int(cfg["dp"])
     per_gpu = -(-experts // group)
     table = bench.table(phase)
-    raw = {"prefill": bench.prefill_req_s, "decode": bench.decode_req_s, "aggregated": bench.aggregated_req_s}[phase]
+    raw = bench.req_s(phase)
     routed = rate * planner.ranges.p * fraction  # req/s of each range through this island
     ok = routed > 0
     out: dict[str, Any] = {
