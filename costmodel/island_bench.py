@@ -37,6 +37,7 @@ from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model, SpecError
 
 MAX_DECODE_BATCH = 1024
+SEARCH_ELEMENTS = 2048  # batches priced at once per round of _shrink_to_tpot
 BATCH_ALIGN = 8
 
 
@@ -411,22 +412,31 @@ def _shrink_to_tpot(
     tp: np.ndarray,
     ep: np.ndarray,
     cost: CostSettings,
-    tpot_ms: float,
+    tpot_ms: float | np.ndarray,
     total_ms: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Largest batch <= the memory batch whose mean step time meets the TPOT cap (bisection)."""
-    lo = np.zeros_like(batch)  # known good (0 = none)
-    hi = batch.copy()  # candidate
+    """Largest batch <= the memory batch whose mean step time meets the TPOT cap, and its time.
+
+    The step time rises with the batch, so each round prices `ways` evenly spaced batches of every interval
+    still open in one evaluation and keeps the part between the last that meets the cap and the first that
+    does not: two rounds of 32 settle 1,024 batches where bisection takes eleven, and an evaluation's cost is
+    mostly numpy's per-call time until its arrays grow to thousands of elements (`SEARCH_ELEMENTS`)."""
     good = total_ms / d <= tpot_ms
-    lo = np.where(good, hi, lo)
-    hi = np.where(good, hi, hi - 1)
-    for _ in range(int(np.ceil(np.log2(MAX_DECODE_BATCH + 1))) + 1):
-        mid = np.ceil((lo + hi) / 2.0)
-        active = mid > lo
-        t = decode_tokens_ms(gpu, model, s, d, np.maximum(mid, 1.0), tp, ep, cost)
-        ok = active & (t / d <= tpot_ms)
-        lo = np.where(ok, mid, lo)
-        hi = np.where(active & ~ok, mid - 1, hi)
+    lo = np.where(good, batch, 0.0)  # meets the cap (0 = no batch does)
+    hi = np.where(good, batch, batch - 1.0)  # the largest batch not yet ruled out
+    ways = int(np.clip(SEARCH_ELEMENTS // max(batch.size, 1), 2, 32))
+    step = np.arange(1, ways + 1) / ways
+    cap = np.asarray(tpot_ms, dtype=float)
+    cap = cap[..., None] if cap.ndim else cap  # a cap per configuration and length, or one
+    while np.any(hi > lo):
+        cand = lo[..., None] + np.ceil((hi - lo)[..., None] * step)  # the last one is hi
+        t = decode_tokens_ms(gpu, model, s[..., None], d, np.maximum(cand, 1.0), tp[..., None], ep[..., None], cost)
+        ok = t / d <= cap
+        n = np.where(ok.all(axis=-1), ways, np.argmin(ok, axis=-1))  # candidates meeting the cap, from the first
+        open_ = hi > lo
+        below = np.take_along_axis(cand, np.maximum(n - 1, 0)[..., None], axis=-1)[..., 0]
+        above = np.take_along_axis(cand, np.minimum(n, ways - 1)[..., None], axis=-1)[..., 0]
+        lo, hi = (np.where(open_ & (n > 0), below, lo), np.where(open_ & (n < ways), above - 1.0, hi))
     final = decode_tokens_ms(gpu, model, s, d, np.maximum(lo, 1.0), tp, ep, cost)
     return lo, final
 

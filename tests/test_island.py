@@ -105,6 +105,25 @@ def test_tpot_cap_shrinks_the_batch_until_it_holds() -> None:
     assert capped.decode_req_s.sum() < free.decode_req_s.sum()
 
 
+@pytest.mark.parametrize("gpu, n, cap", [("H200", 16, 40.0), ("H20", 8, 60.0), ("MI300X", 32, 60.0)])
+def test_the_capped_batch_is_the_largest_that_meets_the_cap(gpu: str, n: int, cap: float) -> None:
+    """Every batch from 1 to the memory batch priced at once: the batch chosen per configuration and length is
+    the largest whose mean step meets the cap, whatever the search that found it."""
+    capped = bench(gpu, n, cost=CostSettings(tpot_ms=cap)).decode
+    free = bench(gpu, n).decode
+    g, m = load_gpu(gpu), DSV3
+    tp, dp = capped.tp[:, None, None], capped.dp[:, None, None]
+    ep = n / dp
+    b = np.arange(1.0, free.batch.max() + 1)[None, None, :]
+    d = round(WL.mean_decode)  # a request's decode steps, as the benchmark prices them
+    step = decode_steps_sum_ms(g, m, RANGES.mid[None, :, None], d, b, tp, ep, profile=CostProfile.corrected()) / d
+    meets = (step <= cap) & (b <= free.batch[:, :, None])
+    largest = np.where(meets.any(-1), (meets * b).max(-1), 0.0)
+    fits = free.batch >= 1
+    assert (capped.batch[fits] == largest[fits]).all()
+    assert (largest[fits] > 0).any() and (largest[fits] < free.batch[fits]).any()  # the cap binds somewhere
+
+
 def test_bad_island_inputs() -> None:
     with pytest.raises(SpecError, match="size >= 1"):
         bench("H200", 0)

@@ -143,3 +143,50 @@ def test_a_store_locked_only_briefly_is_waited_for(tmp_path: Path) -> None:
     finally:
         release.join()
     assert tracker.start_parent("after the lock", {"a": 1})
+
+
+def _schema(db: Path) -> dict[tuple[str, str], list[str]]:
+    """Every table, index and trigger as its clauses (MLflow's own migrations order a table's constraints
+    differently from one creation to the next), and the schema's revision."""
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall()
+        revision = {("revision", r[0]): [] for r in con.execute("SELECT * FROM alembic_version")}
+        return {(kind, name): sorted(line.strip().rstrip(",") for line in (sql or "").splitlines())
+                for kind, name, sql in rows} | revision  # fmt: skip
+    finally:
+        con.close()
+
+
+def test_a_new_store_copied_from_the_empty_template_is_the_store_mlflow_creates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    own = MlflowClient(f"sqlite:///{tmp_path}/own.db")  # MLflow creates the tables itself
+    default_location = own.get_experiment("0").artifact_location
+    first = Tracker(f"sqlite:///{tmp_path}/a/mlflow.db", "first")
+    (template,) = (tmp_path / "cache" / "archipelago").glob("mlflow-*-empty.db")
+    built = template.stat().st_mtime_ns
+    second = Tracker(f"sqlite:///{tmp_path}/b/mlflow.db", "second")
+    assert template.stat().st_mtime_ns == built  # copied, not rebuilt
+    assert _schema(tmp_path / "b" / "mlflow.db") == _schema(tmp_path / "own.db")
+    assert second.client.get_experiment("0").artifact_location == default_location
+    second.start_parent("search", {"sampler": "tpe"})
+    second.children(CHILDREN)
+    assert second.child_names() == {"trial-0000", "trial-0001"}
+    assert first.client.search_runs([first.experiment_id]) == []  # the copies share nothing
+
+
+def test_a_store_is_created_by_mlflow_where_the_template_cannot_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "cache").write_text("a file where the cache folder would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "plain")
+    tracker.start_parent("search", {"sampler": "tpe"})
+    assert _schema(tmp_path / "mlflow.db")[("table", "runs")]
+    assert not list(tmp_path.glob(".mlflow.db.*"))  # no half copy left beside the store

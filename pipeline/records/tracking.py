@@ -9,6 +9,9 @@ children in one transaction of plain inserts into MLflow's own tables (`Tracker.
 create / log / terminate calls, which competed with the search for the driver's cores. Any
 other store (a tracking server) gets those calls, one child at a time.
 
+A new SQLite store starts as a copy of an empty store of the installed MLflow version (`_from_template`),
+not after MLflow's second of schema migrations.
+
 The store is checked when the tracker is made, before any expensive work: a URI MLflow does not
 know, a SQLite file that cannot be created or written (read-only, locked), a server that does
 not answer within seconds — each is one `ConfigError` naming `mlflow.tracking_uri`.
@@ -20,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -109,6 +113,50 @@ def _write_ahead_log(db: Path) -> None:
 _WAL_STORES: set[Path] = set()  # stores whose connections sync at checkpoints (one listener each)
 
 
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "archipelago"
+
+
+def _from_template(db: Path) -> None:
+    """Start a new SQLite store as a copy of an empty one with MLflow's tables at this MLflow version's schema.
+
+    MLflow creates a new store's tables by running its schema migrations, about a second of every fresh store
+    (every search into a new folder); the copy takes milliseconds. The empty store is built once per MLflow
+    version in the user's cache (`$XDG_CACHE_HOME/archipelago`, else ~/.cache/archipelago) by MLflow's own
+    table creation. MLflow then opens the copy as any store of its version (it checks the schema's revision)
+    and adds its default experiment with this store's artifact location. Where the template cannot be built
+    or copied, MLflow creates the tables itself, as without it."""
+    if db.exists() and db.stat().st_size > 0:
+        return
+    part = db.with_name(f".{db.name}.{uuid.uuid4().hex}")
+    try:
+        shutil.copyfile(_template(), part)
+        os.replace(part, db)
+    except Exception:  # the template is only a shortcut: MLflow creates the tables itself below
+        with contextlib.suppress(OSError):
+            part.unlink(missing_ok=True)
+
+
+def _template() -> Path:
+    """The empty store of this MLflow version (built on first use; atomic, so concurrent builders are safe)."""
+    import mlflow
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    path = _cache_dir() / f"mlflow-{mlflow.__version__}-empty.db"
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    engine = sqlalchemy.create_engine(f"sqlite:///{part}")
+    try:
+        _initialize_tables(engine)
+    finally:
+        engine.dispose()
+    os.replace(part, path)
+    return path
+
+
 @contextlib.contextmanager
 def _creating(db: Path | None) -> Iterator[None]:
     """Hold `<db>.lock` while a SQLite store is opened: MLflow creates and migrates its tables on first use, and
@@ -190,6 +238,7 @@ class Tracker:
             elif db is not None:
                 make_dir(db.parent, "mlflow.tracking_uri", self.uri)
                 _check_unlocked(db, self.uri)
+                _from_template(db)
                 _write_ahead_log(db)
             elif scheme not in ("file", "databricks", "postgresql", "mysql", "mssql"):
                 raise ConfigError(
