@@ -116,6 +116,8 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
         cmd += ["--enable-mixed-chunk"]
     if e.overlap:  # two micro-batches, as the island's steps were priced (one where that is faster at its batch)
         cmd.insert(cmd.index("--chunked-prefill-size"), "--enable-two-batch-overlap")
+    if e.experts == "fp4":  # the FP8 checkpoint's routed experts requantized to NVFP4 as they load; dense stays FP8
+        cmd += ["--quantization", "modelopt_fp4"]
     drafts = plan.cost.mtp_drafts
     if drafts:
         cmd += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(drafts),
@@ -148,6 +150,12 @@ def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launc
     decode), two micro-batches overlapped where the island was priced so (DBO; plan.Island.overlap), the NIXL KV
     connector for disaggregation, and with MTP the model's MTP module drafting the plan's tokens a step. vLLM counts
     `--max-num-batched-tokens` and `--max-num-seqs` per DP rank."""
+    if e.experts == "fp4":
+        raise DeployError(
+            f"{e.name} was priced with FP4 routed experts; the vLLM launch files load the FP8 checkpoint's experts "
+            "in FP8, so they would not run what the plan priced: use engine=sglang (it requantizes the experts to "
+            "NVFP4 as they load) or plan with FP8 experts (+costmodel.fixes.experts_fp8=true)"
+        )
     local = min(e.gpus, e.node_gpus) // e.attn_tp  # attention DP ranks on one host
     mixed = e.role == "aggregated"  # no KV hand-off: vLLM's own chunked prefill beside the decoding sequences
     cmd = [

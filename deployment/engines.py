@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodel.catalog import CatalogError, load_gpu
 from costmodel.cli import UserError
 from plan import Plan
 
@@ -41,6 +42,7 @@ class Engine:
     node_gpus: int
     overlap: bool = True  # two micro-batches overlapped, as the plan's island was priced (plan.Island.overlap)
     chunk: int = 0  # aggregated: prompt tokens per attention rank a mixed step prefills (plan.Island.chunk_tokens)
+    experts: str = "fp8"  # the routed experts' format the island was priced in (plan.Island.precision.experts)
 
     @property
     def nnodes(self) -> int:
@@ -51,6 +53,14 @@ class Engine:
         """'H20 0,1' or 'H20 6 (GPUs 0-3)'."""
         text = f"{self.gpu} " + ",".join(map(str, self.hosts))
         return text + (f" (GPUs {self.gpu_slice[0]}-{self.gpu_slice[1]})" if self.gpu_slice else "")
+
+
+def _software(gpu: str) -> str:
+    """The kernel stack of a GPU type of the catalog (cuda | rocm); CUDA for one the catalog does not have."""
+    try:
+        return load_gpu(gpu).software
+    except CatalogError:
+        return "cuda"
 
 
 def engines(plan: Plan) -> list[Engine]:
@@ -69,10 +79,10 @@ def engines(plan: Plan) -> list[Engine]:
                 f"plan island {k} ({isl.size} x {isl.gpu}) is neither a divisor of a {node}-GPU host nor whole hosts: "
                 "engines cannot be placed on it; plan with search.shapes=nodes (the default)"
             )
-        if isl.precision.experts == "fp4":  # every launch file loads the one FP8 checkpoint at `model_path`
+        if isl.precision.experts == "fp4" and _software(isl.gpu) != "cuda":
             raise DeployError(
-                f"plan island {k} ({isl.size} x {isl.gpu}) was priced with FP4 routed experts (the GPU's FP4 rate); "
-                "the launch files load the FP8 checkpoint, so they would not run what the plan priced: plan with FP8 "
+                f"plan island {k} ({isl.size} x {isl.gpu}) was priced with FP4 routed experts; the launch files "
+                "requantize the FP8 checkpoint's experts to NVFP4 on load, an NVIDIA (CUDA) path only: plan with FP8 "
                 "experts (+costmodel.fixes.experts_fp8=true)"
             )
         if plan.model.n_heads % isl.tp:
@@ -105,6 +115,7 @@ def engines(plan: Plan) -> list[Engine]:
                     node,
                     isl.overlap,
                     isl.chunk_tokens,
+                    isl.precision.experts,
                 )
             )
     return out

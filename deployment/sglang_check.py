@@ -70,12 +70,16 @@ class Gpu:
     per_host: int = 8
 
 
-# memory.total as nvidia-smi prints it on these boards (the datasheet's 96 / 141 / 80 GB)
+# memory.total as nvidia-smi prints it on these boards (the datasheets' 96 / 141 / 80 / 180 GB; B200: 148 SMs and
+# compute capability 10.0, NVIDIA Blackwell architecture technical brief)
 GPUS = {
     "H20": Gpu("NVIDIA H20", 97871, 78),
     "H200": Gpu("NVIDIA H200", 143771, 132),
     "H800": Gpu("NVIDIA H800", 81559, 132),
+    "DGX-B200": Gpu("NVIDIA B200", 183359, 148, (10, 0)),
 }
+# the quantization SGLang's model config resolves -> the routed experts' format it loads them in
+EXPERT_FORMATS = {"fp8": "fp8", "modelopt_fp4": "fp4"}
 CUDA_VERSION = "13.0"  # SGLang 0.5.23's CUDA (it requires cuda-python>=13, flashinfer_python[cu13])
 
 
@@ -402,6 +406,15 @@ def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
             str(v.disaggregation_mode) == ("null" if mixed else e.role),
         ),
     ]
+    # the routed experts' format: SGLang's model config resolves the command's --quantization against the
+    # checkpoint's own (model_config.py `_verify_quantization`): modelopt_fp4 on the FP8 checkpoint requantizes the
+    # routed experts to NVFP4 as they load and keeps the dense layers in FP8
+    with _stubbed(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        from sglang.srt.arg_groups.overrides import model_config_of
+
+        quantization = str(model_config_of(args).quantization)
+    experts = EXPERT_FORMATS.get(quantization, quantization)
+    out += [Setting("routed experts' format", experts, e.experts, experts == e.experts)]
     if mixed:  # prompt chunks and decode tokens in one batch, as priced
         out += [Setting("mixed chunks", bool(v.enable_mixed_chunk), True, bool(v.enable_mixed_chunk))]
     if e.role != "prefill":
@@ -445,6 +458,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m deployment.sglang_check", description=main.__doc__)
     ap.add_argument("plan")
     p = plans.load(ap.parse_args(argv).plan)
+    unknown = sorted({i.gpu for i in p.islands if i.serving} - set(GPUS))
+    if unknown:
+        raise SystemExit(f"error: {ap.parse_args(argv).plan}: no device probe for {', '.join(unknown)} (SGLang's "
+                         f"settings are resolved as on {', '.join(sorted(GPUS))}): add its name, memory and compute "
+                         "capability to deployment/sglang_check.py GPUS")  # fmt: skip
     print(table(p, lambda e: engine_argv(e, 0, p, DeployOptions())[3:]))
 
 

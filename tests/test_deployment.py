@@ -252,21 +252,29 @@ def test_a_plan_without_node_aligned_islands_is_refused_with_the_fix(plan_path: 
     assert "is neither a divisor of a 8-GPU host nor whole hosts" in r.stderr and "search.shapes=nodes" in r.stderr
 
 
-def test_an_island_priced_with_fp4_experts_is_refused_with_the_fix(plan_path: Path, tmp_path: Path) -> None:
-    """The launch files load the one FP8 checkpoint: an island the cost model priced at FP4 (a B200's default) would
-    not run what was priced, so no launch files are written for the plan."""
+@pytest.mark.parametrize("engine, gpu, says", [
+    ("vllm", None, "the vLLM launch files load the FP8 checkpoint's experts in FP8"),
+    ("sglang", "MI355X", "an NVIDIA (CUDA) path only"),
+])  # fmt: skip
+def test_an_island_priced_with_fp4_experts_is_refused_where_its_launch_would_not_run_fp4(
+    plan_path: Path, tmp_path: Path, engine: str, gpu: str | None, says: str
+) -> None:
+    """SGLang requantizes the FP8 checkpoint's routed experts to NVFP4 as they load (tests/test_sglang_check.py reads
+    that back); vLLM's launch files do not, and the NVFP4 path is NVIDIA's: there an island priced at FP4 experts
+    would not run what was priced, so no launch files are written for the plan, and the message gives the fix."""
     from pipeline.deploy import execute
     from plan import Precision
 
     plan = plans.load(plan_path)
     k = next(k for k, i in enumerate(plan.islands) if i.role == "decode")
-    fp4 = dataclasses.replace(plan.islands[k], precision=Precision("fp8", "fp4"))
+    fp4 = dataclasses.replace(plan.islands[k], precision=Precision("fp8", "fp4"), gpu=gpu or plan.islands[k].gpu)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plans.to_json(dataclasses.replace(plan, islands=(
         *plan.islands[:k], fp4, *plan.islands[k + 1:])))))  # fmt: skip
-    r = in_process(execute, "deploy", f"plan={path}", f"out={tmp_path}/d")
-    one_line(r, f"error: plan island {k} ")
-    assert "priced with FP4 routed experts" in r.stderr and "+costmodel.fixes.experts_fp8=true" in r.stderr
+    r = in_process(execute, "deploy", f"plan={path}", f"engine={engine}", f"out={tmp_path}/d")
+    one_line(r, "error: ")
+    assert "priced with FP4 routed experts" in r.stderr and says in r.stderr
+    assert "+costmodel.fixes.experts_fp8=true" in r.stderr
     assert not (tmp_path / "d").exists()
 
 

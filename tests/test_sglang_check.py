@@ -149,3 +149,46 @@ def test_a_plan_with_mtp_launches_its_drafts_on_every_engine(sc, tmp_path: Path)
     assert "--speculative-num-steps" not in plain
     rows = {s.name: s for s in sc.settings(plan, e, plain)}
     assert not rows["MTP draft tokens per step"].holds and rows["MTP draft tokens per step"].resolved == 0
+
+
+B200 = ("~inventory.gpus.H800", "~inventory.gpus.H20", "~inventory.gpus.H200", "+inventory.gpus.DGX-B200=16")
+
+
+@pytest.mark.parametrize("experts", ["fp4", "fp8"])
+def test_a_b200_plan_launches_its_experts_in_the_format_it_priced(sc, tmp_path: Path, experts: str):
+    """16 B200: the cost model prices the routed experts at the GPU's FP4 rate unless told FP8. An FP4 island's
+    engines load the FP8 checkpoint with --quantization modelopt_fp4, which SGLang's own model config resolves against
+    the checkpoint's FP8 quantization as NVFP4 experts requantized on load (dense layers stay FP8); an FP8 island's
+    get no flag and resolve the checkpoint's fp8. Every setting holds on a Blackwell device probe; an FP4 engine
+    launched without the flag is caught."""
+    import dataclasses
+
+    fixes = () if experts == "fp4" else ("+costmodel.fixes.experts_fp8=true",)
+    path, _ = plan_of(tmp_path, *B200, "costmodel=serving", *fixes)
+    plan = plans.load(path)
+    assert {i.precision.experts for i in plan.islands if i.serving} == {experts}
+    assert not refusals(sc, plan)
+    for e in engines(plan):
+        argv = engine_argv(e, 0, plan, DeployOptions())[3:]
+        assert ("--quantization" in argv) == (experts == "fp4")
+        rows = {s.name: s for s in sc.settings(plan, e, argv)}
+        off = [f"{n}: {s.resolved} against {s.plan}" for n, s in rows.items() if not s.holds]
+        assert not off and rows["routed experts' format"].resolved == experts, (e.name, off)
+    e = engines(plan)[0]
+    other = dataclasses.replace(e, experts="fp8" if experts == "fp4" else "fp4")
+    rows = {s.name: s for s in sc.settings(plan, e, engine_argv(other, 0, plan, DeployOptions())[3:])}
+    assert not rows["routed experts' format"].holds
+
+
+def test_the_check_of_a_plan_on_a_gpu_without_a_device_probe_is_one_line(sc, tmp_path: Path):
+    import dataclasses
+
+    from helpers import cli
+
+    path, _ = plan_of(tmp_path)
+    plan = plans.load(path)
+    h100 = dataclasses.replace(plan, islands=tuple(dataclasses.replace(i, gpu="H100-SXM") for i in plan.islands))
+    (tmp_path / "h100.json").write_text(__import__("json").dumps(plans.to_json(h100)))
+    r = cli("deployment.sglang_check", str(tmp_path / "h100.json"))
+    assert r.returncode != 0 and r.stderr.strip().startswith("error:") and "H100-SXM" in r.stderr
+    assert "Traceback" not in r.stderr
