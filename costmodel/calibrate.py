@@ -61,7 +61,10 @@ from costmodel.switches import MODEL_DOCS
 # 0.1; benchmarks/inferencex_bench.py --leave-gpu-out), never by the check GPUs
 SERVING_PRIOR_SIGMA = 0.1
 # end-to-end knobs that are the serving engines' own, whatever the GPU: fitted once for every GPU (`*`)
-ENGINE_KNOBS = ("moe_tp", "step_overhead", "request_overhead", "handoff")
+ENGINE_KNOBS = ("moe_tp", "step_overhead", "sequence_overhead", "request_overhead", "handoff")
+# end-to-end knobs whose prior is an order of magnitude, not a figure from a profile: their prior sigma (log), wide
+# enough that the measurements set them
+GUESSED_PRIOR_SIGMA = {"sequence_overhead": 1.0}
 FITTING_GPUS = ("h200", "b200", "mi300x")  # costmodel.measured's: the only GPUs whose end-to-end rows are fitted
 
 TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3}
@@ -131,7 +134,7 @@ COMPONENTS: dict[str, Component] = {
         ("s", "ms"),
         ("request_overhead", "handoff", "kv_transfer", "dense_gemm", "grouped_gemm_prefill", "attention_prefill",
          "a2a_normal", "hbm", "gemm_fixed", "grouped_gemm_decode", "attention_decode", "kv_read", "a2a_low_latency",
-         "allreduce", "moe_tp", "step_overhead"),
+         "allreduce", "moe_tp", "step_overhead", "sequence_overhead"),
         "median time to first token of a closed-loop serving benchmark with few users (no queue): the front end, the "
         "prefill of an `input`-token prompt on `dp` attention ranks of TP `tp`, and disaggregated (`engine=disagg`) "
         "its KV transfer and hand-off; aggregated, the decode step of the others (`batch`, `context`, `ep`, `moe`) "
@@ -435,7 +438,7 @@ def knobs_of(row: Measurement, base: CostProfile) -> tuple[str, ...]:
         p = row.params
         if p.get("engine", "disagg") == "disagg":  # prefill, transfer and hand-off: no decode step
             decode = ("grouped_gemm_decode", "attention_decode", "kv_read", "a2a_low_latency", "moe_tp",
-                      "step_overhead", "allreduce")  # fmt: skip
+                      "step_overhead", "sequence_overhead", "allreduce")  # fmt: skip
             knobs = tuple(k for k in knobs if k not in decode)
         else:
             knobs = tuple(k for k in knobs if k not in ("handoff", "kv_transfer"))
@@ -521,7 +524,9 @@ def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: s
     # a GPU's kernel factors start at `prior_sigma`; the end-to-end factors (a stack's, every GPU's) correct rates
     # the kernel tables already set, at `serving_sigma`
     gpus = set(gpu_names())
-    priors = np.array([prior_sigma if g in gpus else min(prior_sigma, serving_sigma) for g, _ in pairs])
+    serving = min(prior_sigma, serving_sigma)
+    priors = np.array([prior_sigma if g in gpus else max(GUESSED_PRIOR_SIGMA.get(k, 0.0), serving)
+                       for g, k in pairs])  # fmt: skip
     meas_sigma = 0.1  # the fit's weighting only; the reported sigma uses the residual scatter
 
     def profile_of(theta: np.ndarray) -> CostProfile:

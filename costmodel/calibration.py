@@ -21,6 +21,7 @@ to measurements (`python -m costmodel.calibrate`), per GPU type:
 | `gemm_fixed` | 1 / the fixed cost of one dense GEMM kernel (`gemm_roofline` structure) | small dense GEMMs |
 | `moe_tp` | the expert kernels' rate on 1/ep-wide slices (experts split by TP) over whole experts' | serving |
 | `step_overhead` | 1 / the engine's fixed time per decode step (`step_overhead` structure) | serving |
+| `sequence_overhead` | 1 / the engine's time per running sequence a decode step (`sequence_overhead`) | serving |
 | `request_overhead` | 1 / a request's fixed time in the front end before its prefill (`request_overhead`) | serving |
 | `handoff` | 1 / a disaggregated request's fixed time from prefill to decode beside its KV bytes | serving |
 
@@ -69,12 +70,15 @@ KNOBS: dict[str, str] = {
     "moe_tp": "rate of the expert kernels on 1/ep-wide slices of every expert (experts split by TP), over whole "
     "experts'",
     "step_overhead": "1 / the engine's fixed time per decode step (scheduling, launch, sampling; step_overhead only)",
+    "sequence_overhead": "1 / the engine's time per running sequence a decode step outside the kernels "
+    "(sequence_overhead only)",
     "request_overhead": "1 / a request's fixed time in the serving front end before its prefill (request_overhead)",
     "handoff": "1 / a disaggregated request's fixed time from prefill to decode beside its KV bytes (request_overhead)",
 }
 # the engine behaviour (switches.SYSTEM_DOCS) a calibration fitted to end-to-end serving carries; `experts_fp8` is
 # each measurement's own precision, not structure
-STRUCTURE_SYSTEM = ("activated_experts", "overlap_chosen", "step_overhead", "dp_imbalance", "request_overhead")
+STRUCTURE_SYSTEM = ("activated_experts", "overlap_chosen", "step_overhead", "sequence_overhead", "dp_imbalance",
+                    "request_overhead")
 ALL_GPUS = "*"  # a factor under this key holds for every GPU without its own fitted one (nor its stack's)
 ORIGINS = ("fit", "prior")
 

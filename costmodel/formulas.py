@@ -46,6 +46,10 @@ GEMM_FIXED_MS = 0.002
 # SGLang's and TensorRT-LLM's per-iteration scheduling and sampling with CUDA graphs (their profiles show 0.5-2 ms);
 # the end-to-end fit (costmodel.calibrate, knob `step_overhead`) sets it from measured serving
 STEP_OVERHEAD_MS = 1.0
+# An engine's time per running sequence a decode step beside its kernels (`sequence_overhead`: the scheduler's,
+# sampler's and output bookkeeping per request, on the CPU), before calibration: a modelling prior, not a measured
+# figure; the end-to-end fit (knob `sequence_overhead`) sets it from measured serving
+SEQUENCE_OVERHEAD_MS = 0.01
 # A request's fixed times outside the GPUs (`request_overhead`), before calibration: the front end's (HTTP,
 # tokenisation, routing, scheduling) and, disaggregated, the hand-off's beside its KV bytes (bootstrap, transfer
 # set-up, admission); the end-to-end fit (knobs `request_overhead`, `handoff`) sets both from measured TTFT
@@ -85,6 +89,7 @@ class Rates:
         self.allreduce = k["allreduce"]
         self.moe_tp = k["moe_tp"]  # sliced experts' kernels, over whole experts'
         self.step_overhead_ms = STEP_OVERHEAD_MS / k["step_overhead"]
+        self.sequence_overhead_ms = SEQUENCE_OVERHEAD_MS / k["sequence_overhead"]
         self.gemm_fixed_ms = GEMM_FIXED_MS / k["gemm_fixed"]
         self.kv_link = g.scaleout_bw_gb_s * DERATE * k["kv_transfer"]  # prefill -> decode KV, per GPU
         self.has_fp4 = g.tflops_fp4 > 0
@@ -609,6 +614,9 @@ def decode_parts(
         tpot = np.minimum(tpot, tpot_1)
     if p.step_overhead:  # the engine's own time per step, outside the layers
         tpot_o, tpot = tpot_o + r.step_overhead_ms, tpot + r.step_overhead_ms
+    if p.sequence_overhead:  # and per sequence of the rank the step waits for
+        per_seq = att_seqs * r.sequence_overhead_ms
+        tpot_o, tpot = tpot_o + per_seq, tpot + per_seq
     return {
         "DenseMLA": dense_mla,
         "SparseMLA": sparse_mla,

@@ -46,6 +46,7 @@ class CostProfile:
     experts_fp8: bool = False
     overlap_chosen: bool = False
     step_overhead: bool = False
+    sequence_overhead: bool = False
     dp_imbalance: bool = False
     request_overhead: bool = False
     calibration: Calibration | None = None  # component efficiency factors per GPU (costmodel/calibration.py)

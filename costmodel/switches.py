@@ -88,4 +88,9 @@ SYSTEM_DOCS: dict[str, str] = {
         "every decode step pays the engine's fixed time beside its kernels (scheduling, launches, sampling, "
         "the CPU's share), STEP_OVERHEAD_MS before calibration; not zero"
     ),
+    "sequence_overhead": (
+        "every decode step also pays the engine's time per running sequence outside the kernels (its scheduling, "
+        "sampling and output bookkeeping on the CPU) for the sequences of the busiest attention rank, "
+        "SEQUENCE_OVERHEAD_MS each before calibration; not zero"
+    ),
 }

@@ -181,6 +181,32 @@ def test_step_overhead_by_hand() -> None:
     assert float(twice - alone) == pytest.approx(2 * STEP_OVERHEAD_MS, rel=1e-12)  # 1 / 0.5: twice the time
 
 
+def test_sequence_overhead_by_hand() -> None:
+    """`sequence_overhead`: a decode step pays SEQUENCE_OVERHEAD_MS over the calibration's `sequence_overhead`
+    factor for every sequence of the rank it waits for: 64 sequences a rank, 0.64 ms before calibration; with
+    `dp_imbalance` over EP 16 at attention TP 1 the busiest rank's 64 + sqrt(2 x 64 x ln 16) = 82.84; MTP drafts
+    add none (a sequence's bookkeeping, not its tokens); nothing else moves."""
+    import math
+
+    from costmodel.calibration import Calibration, Factor
+    from costmodel.formulas import SEQUENCE_OVERHEAD_MS
+
+    gpu, base = load_gpu("H200"), CostProfile.corrected()
+    on = base.with_fixes(sequence_overhead=True)
+    for batch, drafts in ((1, 0), (64, 0), (64, 2)):
+        off_p, on_p = (decode_parts(gpu, DSV3, 2048, batch, 1, 8, False, p, draft_tokens=drafts) for p in (base, on))
+        assert float(on_p["TPOT"] - off_p["TPOT"]) == pytest.approx(batch * SEQUENCE_OVERHEAD_MS, rel=1e-12)
+        assert float(on_p["SparseMLA"]) == float(off_p["SparseMLA"])
+    both, imbalanced = on.with_fixes(dp_imbalance=True), base.with_fixes(dp_imbalance=True)
+    extra = decode_parts(gpu, DSV3, 2048, 64, 1, 16, False, both)["TPOT"] - decode_parts(
+        gpu, DSV3, 2048, 64, 1, 16, False, imbalanced)["TPOT"]  # fmt: skip
+    assert float(extra) == pytest.approx((64 + math.sqrt(2 * 64 * math.log(16))) * SEQUENCE_OVERHEAD_MS, rel=1e-12)
+    quarter = Calibration("t", (("*", "sequence_overhead", Factor(0.25, 0.0, "fit")),))
+    more = decode_parts(gpu, DSV3, 2048, 10, 1, 8, False, on.calibrated(quarter))["TPOT"]
+    alone = decode_parts(gpu, DSV3, 2048, 10, 1, 8, False, base.calibrated(quarter))["TPOT"]
+    assert float(more - alone) == pytest.approx(10 * 4 * SEQUENCE_OVERHEAD_MS, rel=1e-12)  # 1 / 0.25: four times
+
+
 def test_dp_imbalance_by_hand() -> None:
     """`dp_imbalance`: 64 sequences per rank over EP 16 with attention TP 1 (16 ranks): the busiest rank holds
     64 + sqrt(2 x 64 x ln 16) = 64 + 18.84 = 82.84 sequences, so its attention is that of 82.84 sequences (to the

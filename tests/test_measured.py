@@ -138,10 +138,12 @@ def test_the_serving_fit_saw_only_the_fitting_gpus() -> None:
     assert {r.gpu for r in rows} == {GPUS[g] for g in FITTING_GPUS} and len(rows) == 165 + 74  # TPOT; TTFT, <= 16 users
     cal = load_calibration(INFERENCEX.parents[1] / "calibration/serving.yaml")
     assert dict(cal.switches) == {"gemm_roofline": True, "activated_experts": True, "overlap_chosen": True,
-                                  "step_overhead": True, "dp_imbalance": True, "request_overhead": True}  # fmt: skip
+                                  "step_overhead": True, "sequence_overhead": True, "dp_imbalance": True,
+                                  "request_overhead": True}  # fmt: skip
     fitted = {(g, k) for g, k, f in cal.factors if f.origin == "fit"}
     for g in ("H100-SXM", "DGX-B300", "GB200-NVL72", "GB300-NVL72", "MI325X", "MI355X"):
         assert not any(gpu == g for gpu, _ in fitted), g
     assert ("*", "moe_tp") in fitted and ("*", "step_overhead") in fitted and ("rocm", "hbm") in fitted
+    assert ("*", "sequence_overhead") in fitted
     # a check GPU's factor is its stack's times every GPU's: MI355X takes ROCm's, measured on MI300X only
     assert cal.get("MI355X", "hbm", "rocm").factor == pytest.approx(cal.table[("rocm", "hbm")].factor)
