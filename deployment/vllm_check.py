@@ -27,8 +27,9 @@ computed by vLLM's code):
   `vllm.platforms.cuda.CudaPlatform` (vLLM's detection needs NVML and an installed `vllm` distribution);
   the CUDA platform class itself is vLLM's (`NvmlCudaPlatform`).
 - NVML (`vllm.utils.import_utils.import_pynvml`): a fake that reports 8 GPUs of the given type:
-  name `NVIDIA H20` / `NVIDIA H200` / `NVIDIA H800`, memory 97871 / 143771 / 81559 MiB (nvidia-smi's
-  totals for H20 96 GB, H200 141 GB, H800 80 GB), compute capability 9.0, NVLink peer status OK.
+  name `NVIDIA H20` / `NVIDIA H200` / `NVIDIA H800` / `NVIDIA B200`, memory 97871 / 143771 / 81559 / 183359 MiB
+  (nvidia-smi's totals for H20 96 GB, H200 141 GB, H800 80 GB, B200 180 GB), compute capability 9.0 (10.0 for
+  B200), NVLink peer status OK.
 - the CUDA device count (`vllm.platforms.cuda._cuda_device_count_stateless`, which asks torch.cuda):
   the number of `CUDA_VISIBLE_DEVICES` entries when `env` sets it, else 8 (one host).
 - compiled extensions the wheel ships, absent from the sdist: `vllm._C_stable_libtorch` (imported
@@ -95,8 +96,9 @@ REQUIREMENTS = (
     "xgrammar==0.2.8",  # --no-deps
 )
 
-# GPU type -> (NVML name, total memory in MiB as nvidia-smi reports it); all compute capability 9.0
-GPUS = {"H20": ("NVIDIA H20", 97871), "H200": ("NVIDIA H200", 143771), "H800": ("NVIDIA H800", 81559)}
+# GPU type -> (NVML name, total memory in MiB as nvidia-smi reports it, compute capability); Hopper 9.0, B200 10.0
+GPUS = {"H20": ("NVIDIA H20", 97871, (9, 0)), "H200": ("NVIDIA H200", 143771, (9, 0)),
+        "H800": ("NVIDIA H800", 81559, (9, 0)), "DGX-B200": ("NVIDIA B200", 183359, (10, 0))}  # fmt: skip
 NODE_GPUS = 8
 
 # compiled extensions imported unconditionally on the CUDA platform (see the module docstring)
@@ -136,7 +138,7 @@ class _Nvml(types.ModuleType):
         return handle
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
-        return (9, 0)
+        return GPUS[self.gpu][2]
 
     def nvmlDeviceGetName(self, handle: int) -> str:
         return GPUS[self.gpu][0]
@@ -410,7 +412,14 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m deployment.vllm_check", description=main.__doc__)
     ap.add_argument("plan")
-    print(table(plans.load(ap.parse_args(argv).plan)))
+    path = ap.parse_args(argv).plan
+    p = plans.load(path)
+    unknown = sorted({i.gpu for i in p.islands if i.serving} - set(GPUS))
+    if unknown:
+        raise SystemExit(f"error: {path}: no device probe for {', '.join(unknown)} (vLLM's settings are resolved as "
+                         f"on {', '.join(sorted(GPUS))}): add its NVML name, memory and compute capability to "
+                         "deployment/vllm_check.py GPUS")  # fmt: skip
+    print(table(p))
 
 
 if __name__ == "__main__":

@@ -161,3 +161,32 @@ def test_a_plan_with_mtp_launches_its_drafts_on_every_engine(vllm_check, tmp_pat
     at = argv.index("--speculative-config")
     rows = {s.name: s for s in vllm_check.settings(plan, e, argv[:at] + argv[at + 2 :], launch_env(e, 0, plan))}
     assert not rows["MTP draft tokens per step"].holds and rows["MTP draft tokens per step"].resolved == 0
+
+
+def test_a_b200_plan_with_fp8_experts_resolves_as_priced_on_a_blackwell_probe(vllm_check, tmp_path: Path) -> None:
+    """16 B200 with the experts in FP8 (`+costmodel.fixes.experts_fp8=true`; vLLM's launch files do not requantize
+    them): every engine resolves on a compute-capability 10.0 device probe and every setting holds."""
+    b200 = ("~inventory.gpus.H800", "~inventory.gpus.H20", "~inventory.gpus.H200", "+inventory.gpus.DGX-B200=16")
+    path, _ = plan_of(tmp_path, *b200, "costmodel=serving", "+costmodel.fixes.experts_fp8=true")
+    plan = plans.load(path)
+    assert {i.gpu for i in plan.islands if i.serving} == {"DGX-B200"}
+    assert refusals(vllm_check, plan) == []
+    off = [f"{e.name}: {s.name} resolves to {s.resolved}, the plan has {s.plan}"
+           for e in engines(plan)
+           for s in vllm_check.settings(plan, e, engine_argv(e, 0, plan, OPTS)[2:], launch_env(e, 0, plan))
+           if not s.holds]  # fmt: skip
+    assert not off, "\n".join(off)
+
+
+def test_the_check_of_a_plan_on_a_gpu_without_a_device_probe_is_one_line(tmp_path: Path) -> None:
+    import dataclasses
+
+    from helpers import cli
+
+    path, _ = plan_of(tmp_path)
+    plan = plans.load(path)
+    h100 = dataclasses.replace(plan, islands=tuple(dataclasses.replace(i, gpu="H100-SXM") for i in plan.islands))
+    (tmp_path / "h100.json").write_text(json.dumps(plans.to_json(h100)))
+    r = cli("deployment.vllm_check", str(tmp_path / "h100.json"))
+    assert r.returncode != 0 and r.stderr.strip().startswith("error:") and "H100-SXM" in r.stderr
+    assert "Traceback" not in r.stderr
