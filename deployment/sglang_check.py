@@ -457,10 +457,11 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m deployment.sglang_check", description=main.__doc__)
     ap.add_argument("plan")
-    p = plans.load(ap.parse_args(argv).plan)
+    path = ap.parse_args(argv).plan
+    p = plans.load(path)
     unknown = sorted({i.gpu for i in p.islands if i.serving} - set(GPUS))
     if unknown:
-        raise SystemExit(f"error: {ap.parse_args(argv).plan}: no device probe for {', '.join(unknown)} (SGLang's "
+        raise SystemExit(f"error: {path}: no device probe for {', '.join(unknown)} (SGLang's "
                          f"settings are resolved as on {', '.join(sorted(GPUS))}): add its name, memory and compute "
                          "capability to deployment/sglang_check.py GPUS")  # fmt: skip
     print(table(p, lambda e: engine_argv(e, 0, p, DeployOptions())[3:]))

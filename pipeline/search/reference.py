@@ -221,9 +221,12 @@ def _ray_up() -> bool:
 
 
 def _in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (a process that never imported Ray is not: importing it only to ask
+    costs a quarter of a second)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
     try:
-        import ray
-
         return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
     except Exception:
         return False
