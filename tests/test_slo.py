@@ -193,10 +193,11 @@ def test_a_goodput_search_scores_every_layout_by_what_the_simulator_sustains(tmp
 
 
 def test_an_island_runs_the_configuration_that_serves_the_most_within_the_slos() -> None:
-    """8 x H20 prefilling Azure code under `serving`: two engines of TP 4 prefill the most prompts a second, but
-    with long prompts queueing behind each other no load keeps TTFT p99 within 2 s (cap 0); one engine of TP 8
-    meets it up to a load. The island is given the configuration that serves within the SLOs, not the one with the
-    most throughput (which left the island idle); without SLOs, the one with the most throughput."""
+    """8 x H20 prefilling Azure code under `serving`: two engines of TP 4 prefill the most prompts a second at every
+    length both can prefill within TTFT on an idle island (TP 8 also takes the longest), but with long prompts
+    queueing behind each other no load keeps TTFT p99 within 2 s (cap 0); one engine of TP 8 meets it up to a load.
+    The island is given the configuration that serves within the SLOs, not the one with the most throughput (which
+    left the island idle); without SLOs, the one with the most throughput."""
     from costmodel.island_bench import _prefill_caps
 
     _, ctx = settings_of("costmodel=serving", inventory="hetero_a")
@@ -206,7 +207,9 @@ def test_an_island_runs_the_configuration_that_serves_the_most_within_the_slos()
     caps = _prefill_caps(t, bench.lengths, pl.ranges.p, pl.cost)
     rows = {(int(t.tp[k]), int(t.dp[k])): k for k in range(len(t.tp))}
     two, one = rows[(4, 2)], rows[(8, 1)]
-    assert (t.req_s[two] >= t.req_s[one]).all() and t.req_s[two].sum() > t.req_s[one].sum()  # more throughput
+    both = (t.req_s[two] > 0) & (t.req_s[one] > 0)
+    assert both.sum() > len(both) // 2 and (t.req_s[two][both] >= t.req_s[one][both]).all()  # more throughput
+    assert t.req_s[two].sum() > t.req_s[one].sum()
     assert caps[two] == 0.0 < caps[one]  # ... but none of it within TTFT p99 <= 2 s
     assert bench.config("prefill") == {"tp": 8, "dp": 1, "ep": 8}
     assert (pl.rates("H20", 8)[0] > 0).any()
