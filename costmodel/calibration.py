@@ -44,6 +44,7 @@ are the profile's, bit for bit.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -165,14 +166,16 @@ class Calibration:
         return any(f.sigma > 0 for _, _, f in self.factors)
 
     def draws(self, n: int, seed: int = 0) -> list[Calibration]:
-        """`n` calibrations with every factor drawn from its lognormal (independently)."""
-        rng = np.random.default_rng(seed)
+        """`n` calibrations with every factor drawn from its lognormal (independently). Each factor's draws come
+        from a stream of its own, keyed by the seed and the factor's key and knob, so a factor added to or dropped
+        from the calibration leaves every other factor's draws as they were."""
+        z = np.array([np.random.default_rng([seed, zlib.crc32(f"{g}/{k}".encode())]).standard_normal(n)
+                      for g, k, _ in self.factors]).reshape(len(self.factors), n)  # fmt: skip
         out = []
         for i in range(n):
-            z = rng.standard_normal(len(self.factors))
             fs = tuple(
                 (g, k, Factor(f.factor * math.exp(f.sigma * zi), 0.0, f.origin, f.rows))
-                for (g, k, f), zi in zip(self.factors, z, strict=True)
+                for (g, k, f), zi in zip(self.factors, z[:, i], strict=True)
             )
             out.append(replace(self, name=f"{self.name}#draw{i}", factors=fs, default_sigma=0.0))
         return out

@@ -434,3 +434,16 @@ def test_the_shipped_serving_calibration_is_the_fit_of_the_shipped_measurements(
     for (g, k, a), (g2, k2, b) in zip(shipped.factors, refit.factors, strict=True):
         assert (g, k, a.origin, a.rows) == (g2, k2, b.origin, b.rows)
         assert a.factor == pytest.approx(b.factor, rel=1e-4) and a.sigma == pytest.approx(b.sigma, rel=1e-3)
+
+
+def test_a_factor_added_to_a_calibration_leaves_the_others_draws_as_they_were() -> None:
+    """The rate band's draws (`Calibration.draws`): each factor has a stream of its own, so adding a knob (a new
+    prior entry, as a new switch adds) moves no other factor's draws; each factor's draws spread by its sigma."""
+    base = Calibration("t", (("H200", "hbm", Factor(1.1, 0.2, "fit")), ("cuda", "kv_read", Factor(0.9, 0.1, "fit"))))
+    more = Calibration("t", (*base.factors, ("*", "sequence_overhead", Factor(1.0, 0.3, "prior"))))
+    a, b = base.draws(200, seed=7), more.draws(200, seed=7)
+    for k in range(2):
+        assert [d.factors[k][2].factor for d in a] == [d.factors[k][2].factor for d in b]
+    logs = np.log([d.factors[0][2].factor for d in a])
+    assert abs(logs.mean() - np.log(1.1)) < 0.05 and 0.15 < logs.std() < 0.25
+    assert [d.factors[0][2].factor for d in base.draws(5, seed=8)] != [d.factors[0][2].factor for d in a[:5]]

@@ -4,6 +4,7 @@ folder deleted while it runs, a store two searches open at once, an inventory to
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shutil
@@ -106,6 +107,46 @@ def test_the_exact_sampler_plans_the_global_optimum(tmp_path: Path) -> None:
     # the console explains the two rates of one layout, as report.md does
     assert "in the search's model: each island kept at the load whose queue meets the SLOs" in r.stdout
     assert "the plan's rate re-sets each island's load cap for the mix its routing gives it" in r.stdout
+
+
+def test_the_check_run_beside_the_band_is_the_check_run_after_it(tmp_path: Path) -> None:
+    """A search as a user runs it (one thread, so the simulated check runs in a forked process while the rate band
+    runs in the search's own): the verification plan.json records is the one `check` gives the written plan, run
+    here in turn, field for field but its wall time; and both parts' lines are printed."""
+    from pipeline.planning.check import check
+    from pipeline.simulate import mix_from_cfg
+
+    r = cli("pipeline.search", *SMALL, "search.sampler=exact", "search.band_draws=4", f"out_root={tmp_path}/out",
+            f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "rate band:" in r.stdout and "simulated:" in r.stdout
+    # side by side: the check starts before the band, whose lines come first when they run in turn
+    assert r.stdout.index("simulating the plan") < r.stdout.index("rate band: the best layout")
+    plan = plans.load(run_dir(tmp_path) / "plan.json")
+    assert plan.band is not None and plan.verification is not None
+    here = check(plan, mix_from_cfg({}, plan))  # the workload plan.json records
+    forked = json.loads(json.dumps(plans.to_json(plan)))["verification"]
+    mine = json.loads(json.dumps(plans.to_json(dataclasses.replace(plan, verification=here))))["verification"]
+    forked.pop("sim_wall_s"), mine.pop("sim_wall_s")
+    assert forked == mine
+
+
+def _halve(x: float) -> float:
+    if x < 0:
+        raise ValueError(f"negative: {x}")
+    return x / 2
+
+
+def test_a_forked_call_returns_its_value_or_raises_its_error_and_can_be_stopped() -> None:
+    from pipeline.search.reference import Forked
+
+    assert Forked(_halve, 3.0).result() == 1.5
+    with pytest.raises(ValueError, match="negative: -1"):
+        Forked(_halve, -1.0).result()
+    slow = Forked(time.sleep, 60)
+    t0 = time.perf_counter()
+    slow.kill()
+    assert time.perf_counter() - t0 < 10 and not slow._child.is_alive()
 
 
 def test_ctrl_c_during_the_exact_reference_exits_130_without_a_traceback(tmp_path: Path) -> None:

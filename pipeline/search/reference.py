@@ -188,6 +188,49 @@ def interruptible(fn: Callable[..., T], *args: Any, tick: Callable[[], None] | N
     return value
 
 
+def forkable() -> bool:
+    """Whether this process may fork a child that runs Python: fork is available, this is not a Ray worker, and no
+    thread runs beside the main one (a thread holding a lock when the process forks leaves it held in the child)."""
+    return "fork" in mp.get_all_start_methods() and not _in_ray_worker() and threading.active_count() == 1
+
+
+class Forked:
+    """`fn(*args)` started in a forked child process, to run beside this one. `result()` waits for its value (or
+    raises its exception; Ctrl-C while waiting kills the child and raises KeyboardInterrupt); `kill()` stops it."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        ctx = mp.get_context("fork")
+        self._recv, send = ctx.Pipe(duplex=False)
+        self._child = ctx.Process(target=_child, args=(send, fn, args, {}), daemon=True)
+        self._child.start()
+        send.close()
+
+    def result(self) -> Any:
+        with _ctrl_c_noted() as pressed:
+            try:
+                while not self._recv.poll(0.2):
+                    if pressed:
+                        raise KeyboardInterrupt
+                    if not self._child.is_alive() and not self._recv.poll(0):
+                        raise RuntimeError(f"a forked process died (exit code {self._child.exitcode})")
+                ok, value = self._recv.recv()
+            except BaseException:
+                self.kill()
+                raise
+            finally:
+                self._child.join(5)
+        if pressed:
+            raise KeyboardInterrupt
+        if not ok:
+            raise value
+        return value
+
+    def kill(self) -> None:
+        if self._child.is_alive():
+            self._child.kill()
+        self._child.join(5)
+
+
 @contextlib.contextmanager
 def _ctrl_c_noted() -> Iterator[list[int]]:
     """Ctrl-C noted (an entry in the list) instead of raised, for the caller to act on.

@@ -30,7 +30,7 @@ from pipeline.records.journal import link_latest, read_json, write_json, write_t
 from pipeline.records.progress import Progress
 from pipeline.records.report import best_so_far, convergence_plot, report, routing_plot, write_trials
 from pipeline.records.tracking import Tracker
-from pipeline.search.reference import ESTIMATE_ABOVE, exact_layout, reference, reference_cost
+from pipeline.search.reference import ESTIMATE_ABOVE, Forked, exact_layout, forkable, reference, reference_cost
 from pipeline.search.samplers import require_extras
 from pipeline.search.settings import Settings, context, idle_types, inventory_of, read_settings, recorded
 from pipeline.search.trial import Context, TrialFn, run_trial
@@ -239,8 +239,7 @@ def _finish(
     if best_layout is None:
         return _no_plan(run, settings, tracker, complete, wall_s)
     plan = _plan(run, settings, ctx, best_layout, complete, wall_s, notes)
-    plan = _with_band(plan, settings, ctx, best_layout)
-    plan = _checked(plan, settings, ctx)
+    plan = _band_and_check(plan, settings, ctx, best_layout)
     write_json(run.dir / "plan.json", to_json(plan))
     routing_plot(run.dir / "routing.png", plan, f"{settings.inventory.name}, {settings.workload_name}: routing")
     header = (f"# Search: {run.dir.parent.name}\n\n{settings.inventory.describe()}; workload {settings.workload_name}; "
@@ -318,7 +317,7 @@ def _plan(
 def _with_band(plan: Plan, settings: Settings, ctx: Context, layout: Layout) -> Plan:
     """The plan's rate over the calibration's uncertainty (`search.band_draws` re-plans of its layout)."""
     cal = settings.calibration
-    if cal is None or not cal.uncertain or not settings.band_draws:
+    if cal is None or not _will_band(settings):
         return plan
     t0 = time.perf_counter()
     print(f"[search] rate band: the best layout under {settings.band_draws} draws of calibration {cal.name} ...",
@@ -331,20 +330,54 @@ def _with_band(plan: Plan, settings: Settings, ctx: Context, layout: Layout) -> 
     return dataclasses.replace(plan, band=band)
 
 
-def _checked(plan: Plan, settings: Settings, ctx: Context) -> Plan:
-    """The plan simulated at its stated rate (`pipeline.planning.check`); the console gets a line, and where the
-    SLOs break, the rate the simulator sustains (a warning when more than 5 % below the stated rate, or the
-    throughput more than 5 % off). Ctrl-C here keeps the plan, unchecked."""
+def _band_and_check(plan: Plan, settings: Settings, ctx: Context, layout: Layout) -> Plan:
+    """The rate band and the simulated check. They are independent (the band re-plans the layout under drawn
+    factors; the check simulates the plan at its stated rate), so where both run and this process may fork (no
+    thread beside the main one: not after Ray or JAX started theirs) the check runs in a forked process while the
+    band runs here, each on its own core. Their results, and what they print, are those of running them in turn."""
+    if not (_will_check(plan, settings) and _will_band(settings)) or not forkable():
+        return _checked(_with_band(plan, settings, ctx, layout), settings, ctx)
+    _announce_check(plan)
+    pending = Forked(check, plan, RequestMix.of(ctx.planner.workload))
+    try:
+        plan = _with_band(plan, settings, ctx, layout)
+    except BaseException:
+        pending.kill()
+        raise
+    return _checked(plan, settings, ctx, pending)
+
+
+def _will_check(plan: Plan, settings: Settings) -> bool:
+    return bool(settings.verify) and plan.serves
+
+
+def _will_band(settings: Settings) -> bool:
+    cal = settings.calibration
+    return cal is not None and cal.uncertain and bool(settings.band_draws)
+
+
+def _announce_check(plan: Plan) -> None:
+    print(f"[search] simulating the plan at its stated {plan.rate_req_s:.1f} req/s, judged by its {plan.slo.text()} "
+          "...", flush=True)  # fmt: skip
+
+
+def _checked(plan: Plan, settings: Settings, ctx: Context, pending: Forked | None = None) -> Plan:
+    """The plan simulated at its stated rate (`pipeline.planning.check`; `pending`: already running in a forked
+    process); the console gets a line, and where the SLOs break, the rate the simulator sustains (a warning when
+    more than 5 % below the stated rate, or the throughput more than 5 % off). Ctrl-C here keeps the plan,
+    unchecked."""
     if not settings.verify:
         return plan
     if not plan.serves:
         print("[search] warning: the best layout serves no requests (no island can run the model in one role): "
               "nothing to simulate; see report.md's islands", file=sys.stderr, flush=True)  # fmt: skip
         return plan
-    print(f"[search] simulating the plan at its stated {plan.rate_req_s:.1f} req/s, judged by its {plan.slo.text()} "
-          "...", flush=True)  # fmt: skip
     try:
-        v = check(plan, RequestMix.of(ctx.planner.workload))
+        if pending is None:
+            _announce_check(plan)
+            v = check(plan, RequestMix.of(ctx.planner.workload))
+        else:
+            v = pending.result()
     except KeyboardInterrupt:
         print("[search] the simulated check was interrupted: plan.json is written without it", file=sys.stderr,
               flush=True)  # fmt: skip
