@@ -459,11 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("plan")
     path = ap.parse_args(argv).plan
     p = plans.load(path)
-    unknown = sorted({i.gpu for i in p.islands if i.serving} - set(GPUS))
-    if unknown:
-        raise SystemExit(f"error: {path}: no device probe for {', '.join(unknown)} (SGLang's "
-                         f"settings are resolved as on {', '.join(sorted(GPUS))}): add its name, memory and compute "
-                         "capability to deployment/sglang_check.py GPUS")  # fmt: skip
+    resolved.require_probes(p, path, GPUS, "SGLang", "name, memory and compute capability", "deployment/sglang_check.py")
     print(table(p, lambda e: engine_argv(e, 0, p, DeployOptions())[3:]))
 
 

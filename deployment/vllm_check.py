@@ -414,11 +414,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("plan")
     path = ap.parse_args(argv).plan
     p = plans.load(path)
-    unknown = sorted({i.gpu for i in p.islands if i.serving} - set(GPUS))
-    if unknown:
-        raise SystemExit(f"error: {path}: no device probe for {', '.join(unknown)} (vLLM's settings are resolved as "
-                         f"on {', '.join(sorted(GPUS))}): add its NVML name, memory and compute capability to "
-                         "deployment/vllm_check.py GPUS")  # fmt: skip
+    resolved.require_probes(p, path, GPUS, "vLLM", "NVML name, memory and compute capability",
+                            "deployment/vllm_check.py")
     print(table(p))
 
 
