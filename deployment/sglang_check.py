@@ -459,7 +459,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("plan")
     path = ap.parse_args(argv).plan
     p = plans.load(path)
-    resolved.require_probes(p, path, GPUS, "SGLang", "name, memory and compute capability", "deployment/sglang_check.py")
+    resolved.require_probes(
+        p, path, GPUS, "SGLang", "name, memory and compute capability", "deployment/sglang_check.py"
+    )
     print(table(p, lambda e: engine_argv(e, 0, p, DeployOptions())[3:]))
 
 

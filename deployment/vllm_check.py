@@ -414,8 +414,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("plan")
     path = ap.parse_args(argv).plan
     p = plans.load(path)
-    resolved.require_probes(p, path, GPUS, "vLLM", "NVML name, memory and compute capability",
-                            "deployment/vllm_check.py")
+    resolved.require_probes(
+        p, path, GPUS, "vLLM", "NVML name, memory and compute capability", "deployment/vllm_check.py"
+    )
     print(table(p))
 
 
