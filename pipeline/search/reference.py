@@ -161,31 +161,8 @@ def interruptible(fn: Callable[..., T], *args: Any, tick: Callable[[], None] | N
     """
     if "fork" not in mp.get_all_start_methods() or _in_ray_worker():
         return fn(*args, **kwargs)
-    ctx = mp.get_context("forkserver" if "jax" in sys.modules or _ray_up() else "fork")
-    recv, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True)
-    with _ctrl_c_noted() as pressed:
-        child.start()
-        send.close()
-        try:
-            while not recv.poll(0.2):
-                if pressed:
-                    raise KeyboardInterrupt
-                if tick is not None:
-                    tick()
-                if not child.is_alive():
-                    raise RuntimeError(f"the exact reference's process died (exit code {child.exitcode})")
-            ok, value = recv.recv()
-        except BaseException:
-            child.kill()
-            raise
-        finally:
-            child.join(5)
-    if pressed:  # as the child finished
-        raise KeyboardInterrupt
-    if not ok:
-        raise value
-    return value
+    method = "forkserver" if "jax" in sys.modules or _ray_up() else "fork"
+    return Forked(fn, *args, method=method, **kwargs).result(tick, "the exact reference's process")
 
 
 def forkable() -> bool:
@@ -195,31 +172,37 @@ def forkable() -> bool:
 
 
 class Forked:
-    """`fn(*args)` started in a forked child process, to run beside this one. `result()` waits for its value (or
-    raises its exception; Ctrl-C while waiting kills the child and raises KeyboardInterrupt); `kill()` stops it."""
+    """`fn(*args, **kwargs)` started in a child process (`method`: fork, or forkserver where this process must not
+    fork), to run beside this one. `result()` waits for its value (or raises its exception; Ctrl-C while starting
+    it or waiting kills the child and raises KeyboardInterrupt); `kill()` stops it."""
 
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        ctx = mp.get_context("fork")
+    def __init__(self, fn: Callable[..., Any], *args: Any, method: str = "fork", **kwargs: Any) -> None:
+        ctx = mp.get_context(method)
         self._recv, send = ctx.Pipe(duplex=False)
-        self._child = ctx.Process(target=_child, args=(send, fn, args, {}), daemon=True)
-        self._child.start()
+        self._child = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True)
+        with _ctrl_c_noted() as pressed:  # a Ctrl-C in the at-fork hooks would be dropped, not raised
+            self._child.start()
         send.close()
+        self._pressed = bool(pressed)
 
-    def result(self) -> Any:
+    def result(self, tick: Callable[[], None] | None = None, what: str = "a forked process") -> Any:
+        """The child's value; `tick` is called while waiting (a progress display)."""
         with _ctrl_c_noted() as pressed:
             try:
                 while not self._recv.poll(0.2):
-                    if pressed:
+                    if pressed or self._pressed:
                         raise KeyboardInterrupt
+                    if tick is not None:
+                        tick()
                     if not self._child.is_alive() and not self._recv.poll(0):
-                        raise RuntimeError(f"a forked process died (exit code {self._child.exitcode})")
+                        raise RuntimeError(f"{what} died (exit code {self._child.exitcode})")
                 ok, value = self._recv.recv()
             except BaseException:
                 self.kill()
                 raise
             finally:
                 self._child.join(5)
-        if pressed:
+        if pressed or self._pressed:  # as the child finished
             raise KeyboardInterrupt
         if not ok:
             raise value
