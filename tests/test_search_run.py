@@ -138,7 +138,7 @@ def _halve(x: float) -> float:
 
 
 def test_a_forked_call_returns_its_value_or_raises_its_error_and_can_be_stopped() -> None:
-    from pipeline.search.reference import Forked
+    from pipeline.forking import Forked
 
     assert Forked(_halve, 3.0).result() == 1.5
     with pytest.raises(ValueError, match="negative: -1"):

@@ -3,6 +3,7 @@ locked or flaky store neither fails nor doubles a trial; metrics as a reader tak
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +143,8 @@ def test_a_store_locked_only_briefly_is_waited_for(tmp_path: Path) -> None:
         tracker = Tracker(f"sqlite:///{db}", "archipelago")
     finally:
         release.join()
-    assert tracker.start_parent("after the lock", {"a": 1})
+    tracker.start_parent("after the lock", {"a": 1})
+    assert tracker.parent_id
 
 
 def _schema(db: Path) -> dict[tuple[str, str], list[str]]:
@@ -190,3 +192,115 @@ def test_a_store_is_created_by_mlflow_where_the_template_cannot_be(
     tracker.start_parent("search", {"sampler": "tpe"})
     assert _schema(tmp_path / "mlflow.db")[("table", "runs")]
     assert not list(tmp_path.glob(".mlflow.db.*"))  # no half copy left beside the store
+
+
+def _store(db: Path, experiment: str) -> tuple[Any, dict[str, Any]]:
+    """(the parent run, its children by name) of the one parent in `experiment`, read with MLflow's own client."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.get_experiment_by_name(experiment)
+    (parent,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'search'")
+    kids = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    return parent, {r.info.run_name: r for r in kids}
+
+
+def test_a_served_tracker_writes_the_runs_a_tracker_here_writes(tmp_path: Path) -> None:
+    """The same calls through the forked process and in this one leave the same runs; the parent's id reaches
+    the record file from the child, and the child is gone once closed."""
+    from pipeline.records.tracking import Served
+
+    artifact = tmp_path / "plan.json"
+    artifact.write_text("{}\n")
+    stores = {}
+    for kind, make in (("here", Tracker), ("served", Served)):
+        db, record = tmp_path / kind / "mlflow.db", tmp_path / kind / "state.json"
+        record.parent.mkdir()
+        record.write_text('{"kept": 1}\n')
+        tracker = make(f"sqlite:///{db}", "both")
+        tracker.start_parent("search", {"sampler": "tpe"}, description="a note", record=record)
+        tracker.children(CHILDREN)
+        assert tracker.bulk and tracker.child_names() == {"trial-0000", "trial-0001"}
+        tracker.describe_parent("the result")
+        tracker.finish_parent({"best_rate_req_s": 586.5738}, [artifact], series={"best": [1.0, 2.0]})
+        assert json.loads(record.read_text()) == {"kept": 1, "parent_run_id": tracker.parent_id}
+        tracker.close()
+        if kind == "served":
+            assert not tracker._child.is_alive() and tracker._child.exitcode == 0
+        stores[kind] = _store(db, "both")
+    (here, here_kids), (served, served_kids) = stores["here"], stores["served"]
+    assert served.info.status == here.info.status == "FINISHED"
+    assert served.data.params == here.data.params and served.data.metrics == here.data.metrics
+    assert served.data.tags["mlflow.note.content"] == "the result"
+    assert sorted(served_kids) == sorted(here_kids) == ["trial-0000", "trial-0001"]
+    for name, kid in served_kids.items():
+        assert (kid.data.params, kid.data.metrics, kid.info.status) == (
+            here_kids[name].data.params, here_kids[name].data.metrics, here_kids[name].info.status)  # fmt: skip
+    assert Path(served.info.artifact_uri.removeprefix("file://"), "plan.json").read_text() == "{}\n"
+
+
+def test_a_served_tracker_raises_what_mlflow_refuses_at_the_next_call(tmp_path: Path) -> None:
+    """A store MLflow will not open (a newer schema than its own): the error of the child's opening is raised
+    by the first call that waits, as the tracker here raises it at once; a failed call's error crosses too."""
+    import shutil
+    import sqlite3
+
+    from pipeline.errors import ConfigError
+    from pipeline.records.tracking import Served, _template
+
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(_template(), db)
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE alembic_version SET version_num = 'ffffffffffff'")
+    with pytest.raises(ConfigError, match="out-of-date database schema") as here:
+        Tracker(f"sqlite:///{db}", "x")
+    served = Served(f"sqlite:///{db}", "x")
+    served.start_parent("search", {})  # not waited for
+    with pytest.raises(ConfigError) as there:
+        served.ready()
+    assert str(there.value) == str(here.value)
+    served.end_parent("FAILED")  # never raises
+    served.close()
+
+    ok = Served(f"sqlite:///{tmp_path}/ok.db", "x")
+    with pytest.raises(AssertionError):  # no parent run started: the tracker's own assertion, raised here
+        ok.children(CHILDREN)
+    ok.start_parent("search", {})
+    ok.children(CHILDREN)  # the pipe is in step after an error
+    assert ok.child_names() == {"trial-0000", "trial-0001"}
+    ok.close()
+
+
+def test_a_served_tracker_survives_ctrl_c_and_refuses_to_be_used_from_a_copy(tmp_path: Path) -> None:
+    """Ctrl-C reaches the whole process group: the child ignores it, so the caller can still mark the run KILLED.
+    A copy pickled into another process (Ray Tune saves the search's state) says it cannot log."""
+    import os
+    import pickle
+    import signal
+
+    from pipeline.records.tracking import Served, StoreError
+
+    served = Served(f"sqlite:///{tmp_path}/mlflow.db", "x")
+    served.start_parent("search", {})
+    served.ready()
+    assert served._child.pid is not None
+    os.kill(served._child.pid, signal.SIGINT)
+    served.end_parent("KILLED")
+    parent_id = served.parent_id
+    served.close()
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(parent_id).info.status == "KILLED"
+    copy = pickle.loads(pickle.dumps(served))
+    with pytest.raises(StoreError, match="copied out of the process that opened it"):
+        copy.children(CHILDREN)
+
+
+def test_a_file_that_is_not_a_store_is_refused_before_any_work(tmp_path: Path) -> None:
+    from pipeline.search.run import execute
+
+    db = tmp_path / "notes.db"
+    db.write_text("these are notes, not an MLflow store\n" * 4)
+    r = in_process(execute, "search", *SMALL, f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{db}")
+    one_line(r, f"error: mlflow.tracking_uri=sqlite:///{db}: {db} is not an MLflow store (file is not a database)")
+    assert not (tmp_path / "out").exists() and db.read_text().startswith("these are notes")

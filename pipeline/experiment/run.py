@@ -132,7 +132,7 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
                        "params.sampler", "params.layout_id"))  # fmt: skip
     state_path = run_dir / "state.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
-    state["parent_run_id"] = tracker.start_parent(
+    tracker.start_parent(
         f"experiment:{run_dir.name}",
         {
             "experiment": spec.name,
@@ -146,8 +146,8 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
         state.get("parent_run_id"),
         f"Experiment {spec.name}: {spec.title}. {len(cells)} cells x {spec.trials} seeded searches; children: one "
         f"run per search (its cell, seed, best score); artifacts table.md, results and plots. Folder {run_dir}",
+        state_path,
     )
-    write_json(state_path, state)
 
     t0 = time.perf_counter()
     complete = with_ray(first.ray_address, first.ray_num_cpus,

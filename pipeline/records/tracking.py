@@ -13,8 +13,13 @@ A new SQLite store starts as a copy of an empty store of the installed MLflow ve
 not after MLflow's second of schema migrations.
 
 The store is checked when the tracker is made, before any expensive work: a URI MLflow does not
-know, a SQLite file that cannot be created or written (read-only, locked), a server that does
-not answer within seconds — each is one `ConfigError` naming `mlflow.tracking_uri`.
+know, a SQLite file that cannot be created or written (read-only, locked) or is not a database, a
+server that does not answer within seconds — each is one `ConfigError` naming `mlflow.tracking_uri`.
+
+A search's tracker is `Served` (`open_tracker`): MLflow's import and the store's opening, about 1.2 s of
+every run, take place in a forked process beside the search, which talks to it through a pipe. What
+MLflow itself refuses on opening (a store of another MLflow version) is then said before the trials,
+or, for the exact planner, once its plan is written.
 """
 
 from __future__ import annotations
@@ -22,10 +27,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import multiprocessing as mp
 import os
+import pickle
 import shutil
+import signal
+import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +44,36 @@ from urllib.parse import urlparse
 
 from pipeline.checks import check_answers, make_dir
 from pipeline.errors import ConfigError
+from pipeline.forking import ctrl_c_noted, forkable
+from pipeline.records.journal import read_json, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def default_uri() -> str:
     return f"sqlite:///{REPO / 'outputs' / 'mlflow.db'}"
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a SQLite store's URI (None for any other store)."""
+    return Path(uri.removeprefix("sqlite:///")) if urlparse(uri).scheme == "sqlite" else None
+
+
+def check_store(uri: str) -> None:
+    """The checks of a store that need no MLflow, each a `ConfigError` naming `mlflow.tracking_uri`: a scheme
+    MLflow does not know, a server that does not answer, a SQLite file whose folder cannot be made or that another
+    process keeps locked."""
+    scheme, db = urlparse(uri).scheme, sqlite_file(uri)
+    if scheme in ("http", "https"):
+        _check_server(uri)
+    elif db is not None:
+        make_dir(db.parent, "mlflow.tracking_uri", uri)
+        _check_unlocked(db, uri)
+    elif scheme not in ("file", "databricks", "postgresql", "mysql", "mssql"):
+        raise ConfigError(
+            f"mlflow.tracking_uri={uri}: MLflow does not know the scheme {scheme!r}: use "
+            "sqlite:////abs/path/mlflow.db or http://host:5000 (or null for the local store)"
+        )
 
 
 def _check_server(uri: str) -> None:
@@ -66,14 +100,19 @@ def _check_unlocked(db: Path, uri: str) -> None:
         with contextlib.closing(sqlite3.connect(db, timeout=LOCK_WAIT_S, isolation_level=None)) as con:
             con.execute("BEGIN IMMEDIATE")  # takes the write lock, as MLflow's first write will
             con.execute("ROLLBACK")
-    except sqlite3.OperationalError as err:
+    except sqlite3.DatabaseError as err:
         if "locked" in str(err):
             raise ConfigError(
                 f"mlflow.tracking_uri={uri}: cannot open the tracking store for writing (database is locked: "
                 f"another process has held it for {LOCK_WAIT_S:.0f} s; let it finish, or point "
                 "mlflow.tracking_uri at another file)"
             ) from None
-        # anything else (read-only, not a database) MLflow's own first write reports below
+        if not isinstance(err, sqlite3.OperationalError):  # the file is not a database (or is damaged)
+            raise ConfigError(
+                f"mlflow.tracking_uri={uri}: {db} is not an MLflow store ({err}): point mlflow.tracking_uri at "
+                "the store's file, or at a new file"
+            ) from None
+        # anything else (read-only) MLflow's own first write reports
 
 
 def _write_ahead_log(db: Path) -> None:
@@ -230,21 +269,12 @@ class Tracker:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         self.uri = uri or default_uri()
-        scheme = urlparse(self.uri).scheme
-        db = Path(self.uri.removeprefix("sqlite:///")) if scheme == "sqlite" else None
+        db = sqlite_file(self.uri)
         with _creating(db):  # two searches starting on a new store: one creates its tables, then the other
-            if scheme in ("http", "https"):
-                _check_server(self.uri)
-            elif db is not None:
-                make_dir(db.parent, "mlflow.tracking_uri", self.uri)
-                _check_unlocked(db, self.uri)
+            check_store(self.uri)
+            if db is not None:
                 _from_template(db)
                 _write_ahead_log(db)
-            elif scheme not in ("file", "databricks", "postgresql", "mysql", "mssql"):
-                raise ConfigError(
-                    f"mlflow.tracking_uri={self.uri}: MLflow does not know the scheme {scheme!r}: use "
-                    "sqlite:////abs/path/mlflow.db or http://host:5000 (or null for the local store)"
-                )
             import mlflow
             from mlflow.tracking import MlflowClient
 
@@ -289,17 +319,26 @@ class Tracker:
         return store if isinstance(store, SqlAlchemyStore) else None
 
     def start_parent(
-        self, name: str, params: Mapping[str, Any], run_id: str | None = None, description: str = ""
-    ) -> str:
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        run_id: str | None = None,
+        description: str = "",
+        record: Path | None = None,
+    ) -> None:
+        """Open the parent run (`run_id`: reopen that one, a resumed search's); its id is `parent_id`, and is noted
+        as `parent_run_id` in the JSON file `record` (the run folder's state.json, which a resume reads)."""
         if run_id is not None:
             self.client.update_run(run_id, status="RUNNING")
             self.parent_id = run_id
-            return run_id
-        tags = {NOTE: description} if description else None
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
-        self.parent_id = run.info.run_id
-        self._log(self.parent_id, params, {})
-        return self.parent_id
+        else:
+            tags = {NOTE: description} if description else None
+            run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+            self.parent_id = run.info.run_id
+            self._log(self.parent_id, params, {})
+        if record is not None:
+            state = read_json(record, "a new MLflow parent run records the search") or {}
+            write_json(record, {**state, "parent_run_id": self.parent_id})
 
     def describe_parent(self, description: str) -> None:
         """Replace the parent's description (e.g. with its result, once known)."""
@@ -410,6 +449,12 @@ class Tracker:
         except Exception:  # the store itself may be what failed; the run folder has the record
             pass
 
+    def ready(self) -> None:
+        """Nothing to wait for: the store opened in this process (`Served.ready` waits for its child)."""
+
+    def close(self) -> None:
+        """Nothing to wait for: every call ran in this process (`Served.close` waits for its child)."""
+
     def _log(
         self,
         run_id: str,
@@ -435,3 +480,195 @@ class Tracker:
         steps = [Metric(k, tidy(v), now, i) for k, vs in (series or {}).items() for i, v in enumerate(vs) if v == v]
         ms = [Metric(k, tidy(v), now, 0) for k, v in metrics.items() if v == v] + steps  # NaN dropped
         return [Param(k, str(v)[:6000]) for k, v in params.items()], ms
+
+
+def open_tracker(
+    uri: str | None, experiment: str, description: str = "", columns: Sequence[str] = ()
+) -> Tracker | Served:
+    """The tracker of a command's run: `Served` where this process may fork (`forking.forkable`), so MLflow's import
+    and the store's opening (about 1.2 s) run beside the command's own work; a `Tracker` here otherwise."""
+    if forkable():
+        return Served(uri, experiment, description, columns)
+    return Tracker(uri, experiment, description, columns)
+
+
+class StoreError(Exception):
+    """An error of the tracker's process that does not cross to this one as itself: its type's name and message."""
+
+
+class Served:
+    """A `Tracker` in a forked child process, called through a pipe: the same calls, run there in the order made.
+
+    The store's checks that need no MLflow (`check_store`) run here first, so a bad URI, folder, lock or server is
+    one `ConfigError` before any work. MLflow's import and the experiment's opening then run in the child while
+    the caller goes on, and `start_parent` is not waited for either (its id reaches `record` from the child). Every
+    other call waits for its answer, and so for every call before it: the first error among them is raised there
+    (an error MLflow itself raises on opening, e.g. a file that is not a store, surfaces at the first call after
+    `start_parent`). The child ignores Ctrl-C, so a run stopped by it is still marked KILLED, and exits when the
+    caller closes it or exits. Calls may come from several threads (the search's trial logger): one at a time."""
+
+    def __init__(self, uri: str | None, experiment: str, description: str = "", columns: Sequence[str] = ()) -> None:
+        self.uri = uri or default_uri()
+        check_store(self.uri)
+        ctx = mp.get_context("fork")
+        self._conn, theirs = ctx.Pipe()
+        self._child = ctx.Process(target=_serve, args=(theirs, (self.uri, experiment, description, tuple(columns))),
+                                  name="mlflow-tracker", daemon=True)  # fmt: skip
+        with ctrl_c_noted():  # a Ctrl-C in the at-fork hooks is dropped; the caller's next wait sees the next one
+            self._child.start()
+        theirs.close()
+        self._lock = threading.Lock()
+        self._owed: deque[str] = deque(["open"])  # the calls whose answers have not been read, oldest first
+        self._opened: dict[str, Any] = {}
+        self._parent_id: str | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        """A copy in another process (Ray Tune pickles the search's state with it) cannot reach the child: it is a
+        `Detached` that says so when used."""
+        return Detached, (self.uri,)
+
+    @property
+    def bulk(self) -> bool:
+        self._settle()
+        return bool(self._opened.get("bulk"))
+
+    @property
+    def experiment_id(self) -> str:
+        self._settle()
+        return str(self._opened["experiment_id"])
+
+    @property
+    def parent_id(self) -> str | None:
+        self._settle()
+        return self._parent_id
+
+    def start_parent(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        run_id: str | None = None,
+        description: str = "",
+        record: Path | None = None,
+    ) -> None:
+        with self._lock:
+            self._send("start_parent", name, params, run_id, description, record)
+
+    def describe_parent(self, description: str) -> None:
+        self._call("describe_parent", description)
+
+    def child_names(self) -> set[str]:
+        return set(self._call("child_names"))
+
+    child = Tracker.child  # a batch of one, through `children`
+
+    def children(self, runs: Sequence[Child]) -> None:
+        self._call("children", list(runs))
+
+    def finish_parent(
+        self,
+        metrics: Mapping[str, float],
+        artifacts: list[Path],
+        status: str = "FINISHED",
+        series: Mapping[str, Sequence[float]] | None = None,
+    ) -> None:
+        self._call("finish_parent", metrics, artifacts, status, series)
+
+    def end_parent(self, status: str) -> None:
+        """As `Tracker.end_parent`: never raises."""
+        try:
+            self._call("end_parent", status)
+        except BaseException:
+            pass
+
+    def ready(self) -> None:
+        """Wait for the store's opening and every call made so far; raise the first error among them."""
+        self._settle()
+
+    def close(self) -> None:
+        """Wait for every call made, then let the child exit."""
+        with contextlib.suppress(Exception), self._lock:
+            self._conn.send(None)
+        self._child.join(30)
+        if self._child.is_alive():
+            self._child.kill()
+            self._child.join(5)
+
+    def _call(self, name: str, *args: Any) -> Any:
+        with self._lock:
+            self._send(name, *args)
+            return self._read()
+
+    def _settle(self) -> None:
+        with self._lock:
+            self._read()
+
+    def _send(self, name: str, *args: Any) -> None:
+        self._conn.send((name, args))
+        self._owed.append(name)
+
+    def _read(self) -> Any:
+        """Read every answer owed; the last one's value, or the first error among them."""
+        error: BaseException | None = None
+        value: Any = None
+        while self._owed:
+            try:
+                ok, value = self._conn.recv()
+            except EOFError:
+                raise StoreError(f"the tracker's process exited (code {self._child.exitcode})") from None
+            name = self._owed.popleft()
+            if not ok:
+                error = error or value
+            elif name == "open":
+                self._opened = value
+            elif name == "start_parent":
+                self._parent_id = value
+        if error is not None:
+            raise error
+        return value
+
+
+class Detached:
+    """A `Served` tracker copied into another process: every use is an error naming the store."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+
+    def __getattr__(self, name: str) -> Any:
+        raise StoreError(f"the tracker of {self.uri} was copied out of the process that opened it: log from there")
+
+
+def _serve(conn: Any, args: tuple[Any, ...]) -> None:
+    """The tracker's process: open the store, answer `open`, then run each call and answer it until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides what Ctrl-C stops
+
+    def answer(ok: bool, value: Any) -> None:
+        if not ok:
+            try:
+                pickle.loads(pickle.dumps(value))
+            except Exception:  # e.g. an exception whose constructor takes more than its message
+                value = StoreError(f"{type(value).__name__}: {value}")
+        conn.send((ok, value))
+
+    tracker: Tracker | None = None
+    try:
+        tracker = Tracker(*args)
+        answer(True, {"bulk": tracker.bulk, "experiment_id": tracker.experiment_id})
+    except Exception as err:
+        failed: Exception = err
+        answer(False, err)
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the caller exited
+            return
+        if message is None:
+            return
+        name, call_args = message
+        if tracker is None:
+            answer(False, failed)
+            continue
+        try:
+            value = getattr(tracker, name)(*call_args)
+            answer(True, tracker.parent_id if name == "start_parent" else value)
+        except Exception as err:
+            answer(False, err)

@@ -10,17 +10,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import multiprocessing as mp
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
 from costmodel.formulas import kv_link_gb_s
+from pipeline.forking import Forked, ctrl_c_noted, in_ray_worker, ray_up
 from pipeline.planning.planner import Layout, Planner
 from pipeline.search.settings import Settings
 from pipeline.search.trial import Context
@@ -41,9 +40,9 @@ def reference(
     island multisets only (`solvers/exact.py`, (6)).
 
     Ctrl-C while the candidate islands are benchmarked is noted and acted on between two of them
-    (`_ctrl_c_noted`): allocation-heavy benchmarks run Python's garbage collector often, and a
+    (`ctrl_c_noted`): allocation-heavy benchmarks run Python's garbage collector often, and a
     KeyboardInterrupt raised inside one of its callbacks is dropped."""
-    with _ctrl_c_noted() if not _in_ray_worker() else contextlib.nullcontext([]) as pressed:
+    with ctrl_c_noted() if not in_ray_worker() else contextlib.nullcontext([]) as pressed:
         types, kv = type_options(settings, ctx, planner, layouts, stop=lambda: bool(pressed))
         result = (
             None
@@ -159,103 +158,10 @@ def interruptible(fn: Callable[..., T], *args: Any, tick: Callable[[], None] | N
     fork either: their threads do not survive it. The child then starts from a fork server, a clean
     process, and is handed `fn` and its arguments pickled. `tick` is called while the parent waits (a progress display).
     """
-    if "fork" not in mp.get_all_start_methods() or _in_ray_worker():
+    if "fork" not in mp.get_all_start_methods() or in_ray_worker():
         return fn(*args, **kwargs)
-    method = "forkserver" if "jax" in sys.modules or _ray_up() else "fork"
+    method = "forkserver" if "jax" in sys.modules or ray_up() else "fork"
     return Forked(fn, *args, method=method, **kwargs).result(tick, "the exact reference's process")
-
-
-def forkable() -> bool:
-    """Whether this process may fork a child that runs Python: fork is available, this is not a Ray worker, and no
-    thread runs beside the main one (a thread holding a lock when the process forks leaves it held in the child)."""
-    return "fork" in mp.get_all_start_methods() and not _in_ray_worker() and threading.active_count() == 1
-
-
-class Forked:
-    """`fn(*args, **kwargs)` started in a child process (`method`: fork, or forkserver where this process must not
-    fork), to run beside this one. `result()` waits for its value (or raises its exception; Ctrl-C while starting
-    it or waiting kills the child and raises KeyboardInterrupt); `kill()` stops it."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any, method: str = "fork", **kwargs: Any) -> None:
-        ctx = mp.get_context(method)
-        self._recv, send = ctx.Pipe(duplex=False)
-        self._child = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True)
-        with _ctrl_c_noted() as pressed:  # a Ctrl-C in the at-fork hooks would be dropped, not raised
-            self._child.start()
-        send.close()
-        self._pressed = bool(pressed)
-
-    def result(self, tick: Callable[[], None] | None = None, what: str = "a forked process") -> Any:
-        """The child's value; `tick` is called while waiting (a progress display)."""
-        with _ctrl_c_noted() as pressed:
-            try:
-                while not self._recv.poll(0.2):
-                    if pressed or self._pressed:
-                        raise KeyboardInterrupt
-                    if tick is not None:
-                        tick()
-                    if not self._child.is_alive() and not self._recv.poll(0):
-                        raise RuntimeError(f"{what} died (exit code {self._child.exitcode})")
-                ok, value = self._recv.recv()
-            except BaseException:
-                self.kill()
-                raise
-            finally:
-                self._child.join(5)
-        if pressed or self._pressed:  # as the child finished
-            raise KeyboardInterrupt
-        if not ok:
-            raise value
-        return value
-
-    def kill(self) -> None:
-        if self._child.is_alive():
-            self._child.kill()
-        self._child.join(5)
-
-
-@contextlib.contextmanager
-def _ctrl_c_noted() -> Iterator[list[int]]:
-    """Ctrl-C noted (an entry in the list) instead of raised, for the caller to act on.
-
-    A KeyboardInterrupt raised where Python runs a callback (the at-fork hooks of os.fork, where
-    logging releases its lock; a weakref callback during garbage collection) is printed as
-    "Exception ignored" and dropped, and the search would go on solving. Off the main thread
-    signal handlers cannot be set and nothing is noted."""
-    pressed: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield pressed
-        return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
-    try:
-        yield pressed
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _child(send: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C stops
-    try:
-        send.send((True, fn(*args, **kwargs)))
-    except Exception as err:
-        send.send((False, err))
-
-
-def _ray_up() -> bool:
-    ray = sys.modules.get("ray")
-    return ray is not None and ray.is_initialized()
-
-
-def _in_ray_worker() -> bool:
-    """Whether this process is a Ray worker (a process that never imported Ray is not: importing it only to ask
-    costs a quarter of a second)."""
-    ray = sys.modules.get("ray")
-    if ray is None:
-        return False
-    try:
-        return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
-    except Exception:
-        return False
 
 
 def exact_layout(ref: ExactResult) -> Layout | None:

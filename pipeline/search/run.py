@@ -21,6 +21,7 @@ from typing import Any
 
 from pipeline import cli
 from pipeline.errors import ConfigError, RecordsError
+from pipeline.forking import Forked, forkable
 from pipeline.planning.band import rate_band
 from pipeline.planning.build import build_plan
 from pipeline.planning.check import LOW, check
@@ -29,8 +30,8 @@ from pipeline.planning.simulation import RequestMix
 from pipeline.records.journal import link_latest, read_json, write_json, write_text
 from pipeline.records.progress import Progress
 from pipeline.records.report import best_so_far, convergence_plot, report, routing_plot, write_trials
-from pipeline.records.tracking import Tracker
-from pipeline.search.reference import ESTIMATE_ABOVE, Forked, exact_layout, forkable, reference, reference_cost
+from pipeline.records.tracking import Served, Tracker, open_tracker
+from pipeline.search.reference import ESTIMATE_ABOVE, exact_layout, reference, reference_cost
 from pipeline.search.samplers import require_extras
 from pipeline.search.settings import Settings, context, idle_types, inventory_of, read_settings, recorded
 from pipeline.search.trial import Context, TrialFn, run_trial
@@ -62,7 +63,16 @@ def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
     if settings.planner == "search":
         require_extras(settings.sampler)  # an optional extra missing: say so now
     check_ray_address(settings.ray_address)
-    tracker = Tracker(settings.mlflow_uri, settings.mlflow_experiment, EXPERIMENT_NOTE, COLUMNS)  # bad store: now
+    # a bad store: now; MLflow itself opens it beside the work below
+    tracker = open_tracker(settings.mlflow_uri, settings.mlflow_experiment, EXPERIMENT_NOTE, COLUMNS)
+    try:
+        return _search(settings, trial_fn, tracker)
+    finally:
+        tracker.close()
+
+
+def _search(settings: Settings, trial_fn: TrialFn, tracker: Tracker | Served) -> int:
+    """The search once its settings are read and its tracking store is open."""
     ctx = context(settings)  # the islands benchmarked: minimum sizes, whether a plan exists at all
     run = SearchRun(settings, ctx, tracker)
     what = _what(settings)
@@ -89,9 +99,7 @@ def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
         note = (f"Search: {settings.inventory.describe()}, workload {settings.workload_name}, {what}, objective "
                 f"{settings.objective}. Children: one run per trial (layout_id, status, rates). "
                 f"Run folder: {run.dir}")  # fmt: skip
-        state["parent_run_id"] = tracker.start_parent(run.dir.parent.name, _params(settings, ctx, run),
-                                                      resumed_parent, note)  # fmt: skip
-        write_json(state_path, state)
+        tracker.start_parent(run.dir.parent.name, _params(settings, ctx, run), resumed_parent, note, state_path)
         return _finish(run, settings, ctx, trial_fn, tracker, resumed_parent is not None, notes)
     except KeyboardInterrupt:
         tracker.end_parent("KILLED")
@@ -215,7 +223,7 @@ def _finish(
     settings: Settings,
     ctx: Context,
     trial_fn: TrialFn,
-    tracker: Tracker,
+    tracker: Tracker | Served,
     resumed: bool,
     notes: list[str],
 ) -> int:
@@ -229,6 +237,7 @@ def _finish(
         assert run.ref is not None
         best_layout = exact_layout(run.ref)
     else:
+        tracker.ready()  # a store MLflow cannot open: said before the trials, not after them
         complete = with_ray(settings.ray_address, settings.ray_num_cpus, lambda: run_tune(run, trial_fn))
         run.progress(force=True)
         best_layout = Layout.of(ctx.space.layout(run.best["params"])) if run.best else None
@@ -407,7 +416,7 @@ def _checked(plan: Plan, settings: Settings, ctx: Context, pending: Forked | Non
 
 
 def _log_parent(
-    run: SearchRun, settings: Settings, tracker: Tracker, plan: Plan, complete: bool, wall_s: float
+    run: SearchRun, settings: Settings, tracker: Tracker | Served, plan: Plan, complete: bool, wall_s: float
 ) -> None:
     ref, v = plan.reference, plan.verification
     metrics = {
@@ -465,7 +474,7 @@ def _summary(run: SearchRun, plan: Plan) -> None:
               "same model: search.sampler=exact plans it (its islands are in reference.json)", flush=True)  # fmt: skip
 
 
-def _no_plan(run: SearchRun, settings: Settings, tracker: Tracker, complete: bool, wall_s: float) -> int:
+def _no_plan(run: SearchRun, settings: Settings, tracker: Tracker | Served, complete: bool, wall_s: float) -> int:
     """No trial gave a usable layout: say why and what to change; no plan.json is written."""
     counts: dict[str, int] = {}
     for r in run.records:
