@@ -356,6 +356,45 @@ class Band:
 
 
 @dataclass(frozen=True)
+class HostLoss:
+    """The plan with one host gone (host `node` of `gpu`, as report.md's node map numbers them): its islands on
+    that host stop (`islands`, indices into the plan's; an engine spanning several hosts stops whole) and the
+    router re-solves its shares over the islands left, each in the role and engine it runs (no re-launch).
+    `simulated_req_s`: the rate the simulator sustains within the SLOs so (None: not simulated)."""
+
+    gpu: str
+    node: int
+    islands: tuple[int, ...]
+    rate_req_s: float
+    simulated_req_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _whole(self.node, "node")
+        for k, i in enumerate(self.islands):
+            _whole(i, f"islands[{k}]")
+        _real(self.rate_req_s, "rate_req_s", 0.0)
+        _optional_real(self.simulated_req_s, "simulated_req_s", 0.0)
+
+
+@dataclass(frozen=True)
+class HostLosses:
+    """The plan's rate with each host that runs a serving island gone in turn (pipeline/planning/failures.py);
+    `worst` is the one a team should plan spare capacity for."""
+
+    losses: tuple[HostLoss, ...]
+    rate_req_s: float  # the plan's rate with every host up, for the ratios
+
+    def __post_init__(self) -> None:
+        if not self.losses:
+            raise PlanError("losses is empty: a plan that serves runs on at least one host")
+        _real(self.rate_req_s, "rate_req_s", 0.0)
+
+    @property
+    def worst(self) -> HostLoss:
+        return min(self.losses, key=lambda h: (h.rate_req_s, h.gpu, h.node))
+
+
+@dataclass(frozen=True)
 class Window:
     """One simulation of the check at the plan's rate: its requests and measuring window."""
 
@@ -415,6 +454,7 @@ class Plan:
     reference: Reference | None = None
     band: Band | None = None
     verification: Verification | None = None
+    host_losses: HostLosses | None = None
     notes: tuple[str, ...] = ()
     workload_spec: str = ""  # the workload's definition as planned (canonical JSON of its conf mapping; "": unknown)
 

@@ -26,6 +26,8 @@ from costmodel.specs import Model, SpecError
 from plan.record import (
     RATES,
     Band,
+    HostLoss,
+    HostLosses,
     Hosts,
     InventoryInfo,
     Island,
@@ -85,6 +87,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "reference": record(plan.reference),
         "band": record(plan.band),
         "verification": record(plan.verification),
+        "host_losses": _losses_record(plan.host_losses),
         "notes": list(plan.notes),
     }
 
@@ -238,6 +241,26 @@ def _verification(d: Any, where: str) -> Verification | None:
     return _of(Verification, {**d, "windows": windows}, where, defaults)
 
 
+def _losses_record(losses: HostLosses | None) -> dict[str, Any] | None:
+    """plan.json's `host_losses`, with the worst host named beside the list (a reader's shortcut; not read back)."""
+    if losses is None:
+        return None
+    return {**dataclasses.asdict(losses), "worst": {"gpu": losses.worst.gpu, "node": losses.worst.node}}
+
+
+def _host_losses(d: Any, where: str) -> HostLosses | None:
+    if d is None:
+        return None
+    d = _mapping(d, where)
+    listed = _list(_need(d, "losses", where), f"{where}.losses")
+    losses = []
+    for k, h in enumerate(listed):
+        h = _mapping(h, f"{where}.losses[{k}]")
+        islands = tuple(_list(h.get("islands", []), f"{where}.losses[{k}].islands"))
+        losses.append(_of(HostLoss, {**h, "islands": islands}, f"{where}.losses[{k}]"))
+    return _of(HostLosses, {**d, "losses": tuple(losses)}, where)
+
+
 def _from_v2(d: Mapping[str, Any], where: str) -> Plan:
     model = _model(_need(d, "model", where), f"{where}: model")
     cost = _cost(_need(d, "cost", where), where)
@@ -267,6 +290,7 @@ def _from_v2(d: Mapping[str, Any], where: str) -> Plan:
         reference=_optional(Reference, d.get("reference"), f"{where}: reference"),
         band=_optional(Band, d.get("band"), f"{where}: band"),
         verification=_verification(d.get("verification"), f"{where}: verification"),
+        host_losses=_host_losses(d.get("host_losses"), f"{where}: host_losses"),
         notes=_notes(d.get("notes", []), where),
     )
 
@@ -361,5 +385,6 @@ def _from_v1(d: Mapping[str, Any], where: str) -> Plan:
         reference=reference,
         band=_optional(Band, d.get("band"), f"{where}: band"),
         verification=_verification(d.get("verification"), f"{where}: verification"),
+        host_losses=_host_losses(d.get("host_losses"), f"{where}: host_losses"),
         notes=_notes(d.get("notes", []), where),
     )

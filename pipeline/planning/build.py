@@ -22,6 +22,7 @@ from costmodel.island_bench import IslandBenchmark, PhaseTable
 from costmodel.queueing import mix_moments, mix_quantile, wait_quantile
 from pipeline.planning.planner import Layout, Planner
 from plan import Hosts, InventoryInfo, Island, Plan, Precision, RangeShare, Rates
+from solvers.inner import InnerProblem, InnerSolution
 
 
 def build_plan(
@@ -35,6 +36,27 @@ def build_plan(
     searched = planner.solve(layout, "max_rate", time_limit_s, backend=backend)  # the search's model
     prob, sol = planner.solve_routed(layout, time_limit_s, backend=backend, first=searched)
     ev, _ = planner.evaluate(layout, prob, sol)
+    islands = describe(planner, layout, prob, sol)
+    fluid = sol.rate_req_s  # without SLOs all three are one rate
+    if planner.cost.slo:
+        fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False)[1].rate_req_s
+    other = roles_compared(planner, layout, time_limit_s, backend)
+    rates = Rates(
+        rate_req_s=sol.rate_req_s,
+        fluid_req_s=fluid,
+        searched_req_s=searched[1].rate_req_s,
+        evaluated_req_s=ev.rate_req_s,
+        output_tok_s=sol.rate_req_s * planner.workload.mean_decode,
+        disaggregated_req_s=other if planner.cost.aggregated else sol.rate_req_s,
+        with_aggregated_req_s=sol.rate_req_s if planner.cost.aggregated else other,
+    )
+    return Plan(tuple(islands), rates, planner.model, planner.cost, planner.workload.name, sol.status, inventory,
+                workload_spec=planner.workload.spec)  # fmt: skip
+
+
+def describe(planner: Planner, layout: Layout, prob: InnerProblem, sol: InnerSolution) -> tuple[Island, ...]:
+    """Every island of `layout` as `sol` runs it: role, parallelism, batch, precision, the ranges it serves with
+    their shares, what it is expected to do at `sol`'s rate, and its hosts (an island given nothing is idle)."""
     r = planner.ranges
     hosts = place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
     islands = []
@@ -77,21 +99,7 @@ def build_plan(
                 **facts,
             )
         )
-    fluid = sol.rate_req_s  # without SLOs all three are one rate
-    if planner.cost.slo:
-        fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False)[1].rate_req_s
-    other = roles_compared(planner, layout, time_limit_s, backend)
-    rates = Rates(
-        rate_req_s=sol.rate_req_s,
-        fluid_req_s=fluid,
-        searched_req_s=searched[1].rate_req_s,
-        evaluated_req_s=ev.rate_req_s,
-        output_tok_s=sol.rate_req_s * planner.workload.mean_decode,
-        disaggregated_req_s=other if planner.cost.aggregated else sol.rate_req_s,
-        with_aggregated_req_s=sol.rate_req_s if planner.cost.aggregated else other,
-    )
-    return Plan(tuple(islands), rates, planner.model, planner.cost, planner.workload.name, sol.status, inventory,
-                workload_spec=planner.workload.spec)  # fmt: skip
+    return tuple(islands)
 
 
 def roles_compared(planner: Planner, layout: Layout, time_limit_s: float, backend: str = "AUTO") -> float:

@@ -8,7 +8,7 @@ a repeated island costs nothing, so a repeated layout costs only the solve.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,6 +262,38 @@ class Planner:
                 break
             caps = new
             prob = self.problem(layout, "max_rate", caps=caps)
+            sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
+            prob = prob.resolved(sol.roles)
+        return prob, sol
+
+    def solve_without(
+        self,
+        layout: Layout,
+        roles: Sequence[str],
+        down: Collection[int],
+        time_limit_s: float = 10.0,
+        backend: str = "AUTO",
+        rounds: int = 4,
+    ) -> tuple[InnerProblem, InnerSolution]:
+        """max_rate of `layout` with islands `down` gone and every other island kept in its role (`roles`, as its
+        engines run): the routing alone re-solved, each island's caps from the mix it is then given, as in
+        `solve_routed`. What the router can do when a host's engines stop; an LP, the roles being fixed."""
+        fixed = tuple("idle" if i in down else r for i, r in enumerate(roles))
+        caps = [tuple(np.zeros_like(c) for c in self.caps(g, n)) if i in down else self.caps(g, n)
+                for i, (g, n) in enumerate(layout.islands)]  # fmt: skip
+        prob = self.problem(layout, "max_rate", caps=caps, roles=fixed)  # type: ignore[arg-type]
+        sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
+        prob = prob.resolved(sol.roles)
+        if not self.cost.slo or sol.rate_req_s <= 0:
+            return prob, sol
+        for _ in range(rounds - 1):
+            new = self.routed_caps(layout, prob, sol)
+            new = [tuple(np.zeros_like(c) for c in caps[i]) if i in down else cap for i, cap in enumerate(new)]
+            if all(np.allclose(a, b, atol=1e-3) for old, cur in zip(caps, new, strict=True)
+                   for a, b in zip(old, cur, strict=True)):  # fmt: skip
+                break
+            caps = new
+            prob = self.problem(layout, "max_rate", caps=caps, roles=fixed)  # type: ignore[arg-type]
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
             prob = prob.resolved(sol.roles)
         return prob, sol

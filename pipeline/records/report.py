@@ -98,6 +98,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         f"req/s** ({rates.output_tok_s:.0f} output tok/s) |",
         *verification_rows(plan.verification),
         *_band_rows(plan),
+        *_loss_rows(plan),
         f"| cost | ${plan.cost_per_hour:,.2f}/h: ${plan.usd_per_m_output_tokens:.2f} per million output tokens, "
         f"{plan.rate_per_dollar:.4f} req/s per $/h |",
         f"| islands | {plan.count('prefill')} prefill + {plan.count('decode')} decode"
@@ -135,6 +136,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
     if routing_png:
         lines += ["", f"![which island serves which input lengths]({routing_png})"]
     lines += _node_map(plan.islands)
+    lines += hosts_lost(plan)
     lines += ["", "Diagnostics:", "", "| | |", "|---|---|", *_search_rows(plan)]
     lines += [
         f"| fluid bound (islands busy 100 %, no SLO) | {rates.fluid_req_s:.2f} req/s |",
@@ -210,6 +212,57 @@ def _band_rows(plan: Plan) -> list[str]:
         f"| range over the calibration (10th / 50th / 90th percentile) | {band.p10_req_s:.1f} / {band.p50_req_s:.1f} / "
         f"{band.p90_req_s:.1f} req/s ({band.draws} draws of {band.calibration}) |",
     ]
+
+
+def _loss_rows(plan: Plan) -> list[str]:
+    """The rate with the worst host gone (pipeline/planning/failures.py), if the plan has its host losses."""
+    losses = plan.host_losses
+    if losses is None:
+        return []
+    w = losses.worst
+    share = w.rate_req_s / losses.rate_req_s if losses.rate_req_s > 0 else 0.0
+    return [f"| one host lost (worst of {len(losses.losses)}) | {w.rate_req_s:.2f} req/s ({share:.0%}): {w.gpu} node "
+            f"{w.node} stops {_stopped_text(plan, w.islands)}; the router re-spreads the rest (hosts lost, below) |"]
+
+
+def _stopped_text(plan: Plan, islands: tuple[int, ...]) -> str:
+    return ", ".join(f"the {plan.islands[i].size} x {plan.islands[i].gpu} {plan.islands[i].role} island" for i in
+                     islands)  # fmt: skip
+
+
+def hosts_lost(plan: Plan) -> list[str]:
+    """report.md's section on losing one host: each distinct loss (hosts whose loss stops alike islands share a
+    row), worst first."""
+    losses = plan.host_losses
+    if losses is None:
+        return []
+    rows: dict[tuple[float, str], list[tuple[str, int]]] = {}
+    for h in losses.losses:
+        rows.setdefault((h.rate_req_s, _stopped_text(plan, h.islands)), []).append((h.gpu, h.node))
+    lines = ["", "Hosts lost, one at a time: every island with a GPU on the host stops (an engine spanning hosts "
+             "stops whole); the router re-solves its shares over the islands left, each in the role and engine it "
+             "runs (nothing re-launched). Hosts whose loss stops alike islands share a row:", "",
+             "| rate (req/s) | of the plan's | hosts (GPU node) | what stops |", "|---:|---:|---|---|"]  # fmt: skip
+    for (rate, stops), names in sorted(rows.items()):
+        share = rate / losses.rate_req_s if losses.rate_req_s > 0 else 0.0
+        lines.append(f"| {rate:.2f} | {share:.0%} | {_nodes_text(names)} | {stops} |")
+    return lines
+
+
+def _nodes_text(nodes: list[tuple[str, int]]) -> str:
+    """'H20 11-15, H200 0' for hosts (GPU, node): runs of consecutive nodes of a GPU type as a span."""
+    parts: list[str] = []
+    for gpu in dict.fromkeys(g for g, _ in nodes):
+        ns = sorted(n for g, n in nodes if g == gpu)
+        start = prev = ns[0]
+        for n in [*ns[1:], None]:
+            if n is not None and n == prev + 1:
+                prev = n
+                continue
+            parts.append(f"{gpu} {start}" + (f"-{prev}" if prev > start else ""))
+            if n is not None:
+                start = prev = n
+    return ", ".join(parts)
 
 
 def verification_rows(v: Verification | None) -> list[str]:

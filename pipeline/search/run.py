@@ -25,6 +25,7 @@ from pipeline.forking import Forked, forkable
 from pipeline.planning.band import rate_band
 from pipeline.planning.build import build_plan
 from pipeline.planning.check import LOW, check
+from pipeline.planning.failures import host_losses
 from pipeline.planning.planner import Layout
 from pipeline.planning.simulation import RequestMix
 from pipeline.records.journal import link_latest, read_json, write_json, write_text
@@ -345,15 +346,29 @@ def _band_and_check(plan: Plan, settings: Settings, ctx: Context, layout: Layout
     thread beside the main one: not after Ray or JAX started theirs) the check runs in a forked process while the
     band runs here, each on its own core. Their results, and what they print, are those of running them in turn."""
     if not (_will_check(plan, settings) and _will_band(settings)) or not forkable():
-        return _checked(_with_band(plan, settings, ctx, layout), settings, ctx)
+        return _checked(_with_losses(_with_band(plan, settings, ctx, layout), ctx, layout), settings, ctx)
     _announce_check(plan)
     pending = Forked(check, plan, RequestMix.of(ctx.planner.workload))
     try:
-        plan = _with_band(plan, settings, ctx, layout)
+        plan = _with_losses(_with_band(plan, settings, ctx, layout), ctx, layout)
     except BaseException:
         pending.kill()
         raise
     return _checked(plan, settings, ctx, pending)
+
+
+def _with_losses(plan: Plan, ctx: Context, layout: Layout) -> Plan:
+    """The plan's rate with each of its hosts gone in turn (`pipeline.planning.failures`), and a line on the worst."""
+    losses = host_losses(ctx.planner, layout, plan, ctx.inner_time_limit_s, ctx.backend)
+    if losses is None:
+        return plan
+    w = losses.worst
+    share = w.rate_req_s / plan.rate_req_s if plan.rate_req_s > 0 else 0.0
+    stops = ", ".join(f"{plan.islands[i].gpu} x{plan.islands[i].size} {plan.islands[i].role}" for i in w.islands)
+    print(f"[search] one host lost: at worst {w.gpu} node {w.node} (stops {stops}): {w.rate_req_s:.1f} req/s, "
+          f"{share:.0%} of the plan's rate ({len(losses.losses)} hosts; report.md: hosts lost)",
+          flush=True)  # fmt: skip
+    return dataclasses.replace(plan, host_losses=losses)
 
 
 def _will_check(plan: Plan, settings: Settings) -> bool:
@@ -435,6 +450,8 @@ def _log_parent(
     if plan.band is not None:
         metrics.update(band_p10_req_s=plan.band.p10_req_s, band_p50_req_s=plan.band.p50_req_s,
                        band_p90_req_s=plan.band.p90_req_s)  # fmt: skip
+    if plan.host_losses is not None:
+        metrics["one_host_lost_req_s"] = plan.host_losses.worst.rate_req_s
     if plan.rates.simulated_req_s is not None:
         metrics["goodput_req_s"] = plan.rates.simulated_req_s
     if v is not None:  # `sustained` logs as 1 or 0

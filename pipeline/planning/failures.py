@@ -1,0 +1,74 @@
+"""What a plan sustains when one of its hosts is gone (N-1), and the plan the simulator checks it on.
+
+A host is one machine of a GPU type (`Island.hosts`: report.md's node map numbers them per type). When it
+fails, every island with a GPU on it stops: an engine that spans several hosts stops whole, and the islands
+that share the host with it stop too. The router then ejects those engines and spreads the traffic over the
+islands left. The engines themselves keep running as launched (their role, parallelism and batch): nothing is
+re-launched. `host_losses` gives the rate for each host that runs a serving island
+(`Planner.solve_without`: the routing re-solved with every other island's role fixed, an LP), and
+`without_host` the plan as it then runs, for the simulator (`pipeline.planning.check`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+
+from pipeline.planning.build import describe
+from pipeline.planning.planner import Layout, Planner
+from plan import HostLoss, HostLosses, Plan
+
+
+def hosts(plan: Plan) -> list[tuple[str, int]]:
+    """(GPU type, host) of every host a serving island runs on, in the node map's order."""
+    found = {(isl.gpu, node) for isl in plan.islands if isl.serving and isl.hosts for node in isl.hosts.nodes}
+    return sorted(found)
+
+
+def stopped(plan: Plan, gpu: str, node: int) -> tuple[int, ...]:
+    """The islands that stop when host `node` of `gpu` fails: every island with a GPU on it."""
+    return tuple(i for i, isl in enumerate(plan.islands)
+                 if isl.gpu == gpu and isl.hosts is not None and node in isl.hosts.nodes)  # fmt: skip
+
+
+def host_losses(
+    planner: Planner, layout: Layout, plan: Plan, time_limit_s: float, backend: str = "AUTO"
+) -> HostLosses | None:
+    """The plan's rate with each of its hosts gone in turn (None for a plan that serves nothing)."""
+    if not plan.serves:
+        return None
+    roles = [isl.role for isl in plan.islands]
+    losses, rates = [], {}
+    for gpu, node in hosts(plan):
+        down = stopped(plan, gpu, node)
+        key = alike(plan, down)
+        if key not in rates:  # hosts whose loss stops alike islands lose the same rate: the same LP up to the order
+            rates[key] = planner.solve_without(layout, roles, down, time_limit_s, backend)[1].rate_req_s
+        losses.append(HostLoss(gpu, node, down, rates[key]))
+    return HostLosses(tuple(losses), plan.rate_req_s)
+
+
+def alike(plan: Plan, down: Collection[int]) -> tuple[tuple[str, int, str, int, int, int], ...]:
+    """What the islands `down` are, whichever of several identical islands they are: GPU, size, role, parallelism
+    and the ranges they serve. Two hosts with alike islands stopped leave problems that differ only in the
+    order of their islands, so the same rate."""
+    return tuple(sorted((plan.islands[i].gpu, plan.islands[i].size, plan.islands[i].role, plan.islands[i].tp,
+                         plan.islands[i].dp, hash(plan.islands[i].ranges)) for i in down))  # fmt: skip
+
+
+def without_host(
+    planner: Planner, layout: Layout, plan: Plan, down: Collection[int], time_limit_s: float, backend: str = "AUTO"
+) -> Plan:
+    """`plan` as it runs with islands `down` stopped: their share routed to the islands left at the rate
+    `host_losses` gives, each of those with the engine it was launched with (its batch and micro-batch overlap,
+    not the ones a new plan for that load would pick). No band, check or losses of its own."""
+    prob, sol = planner.solve_without(layout, [isl.role for isl in plan.islands], down, time_limit_s, backend)
+    islands = []
+    for i, (now, was) in enumerate(zip(describe(planner, layout, prob, sol), plan.islands, strict=True)):
+        if i in down or not now.serving:
+            islands.append(dataclasses.replace(now, role="idle", tp=0, dp=0, ep=0, batch=0, ranges=()))
+            continue
+        islands.append(dataclasses.replace(now, batch=was.batch, overlap=was.overlap, chunk_tokens=was.chunk_tokens))
+    rates = dataclasses.replace(plan.rates, rate_req_s=sol.rate_req_s,
+                                output_tok_s=sol.rate_req_s * planner.workload.mean_decode)  # fmt: skip
+    return dataclasses.replace(plan, islands=tuple(islands), rates=rates, band=None, verification=None,
+                               host_losses=None, status=sol.status)  # fmt: skip
