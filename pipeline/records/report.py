@@ -221,8 +221,10 @@ def _loss_rows(plan: Plan) -> list[str]:
         return []
     w = losses.worst
     share = w.rate_req_s / losses.rate_req_s if losses.rate_req_s > 0 else 0.0
-    return [f"| one host lost (worst of {len(losses.losses)}) | {w.rate_req_s:.2f} req/s ({share:.0%}): {w.gpu} node "
-            f"{w.node} stops {_stopped_text(plan, w.islands)}; the router re-spreads the rest (hosts lost, below) |"]
+    return [
+        f"| one host lost (worst of {len(losses.losses)}) | {w.rate_req_s:.2f} req/s ({share:.0%}): {w.gpu} node "
+        f"{w.node} stops {_stopped_text(plan, w.islands)}; the router re-spreads the rest (hosts lost, below) |"
+    ]
 
 
 def _stopped_text(plan: Plan, islands: tuple[int, ...]) -> str:
