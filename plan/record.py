@@ -383,11 +383,18 @@ class HostLosses:
 
     losses: tuple[HostLoss, ...]
     rate_req_s: float  # the plan's rate with every host up, for the ratios
+    spare_hosts: int = 0  # search.spare_hosts=K planned for: the worst K hosts lost at once, below (0: not asked)
+    spare_nodes: tuple[tuple[str, int], ...] = ()  # those K hosts (GPU, node)
+    spare_req_s: float | None = None  # the rate with them lost
 
     def __post_init__(self) -> None:
         if not self.losses:
             raise PlanError("losses is empty: a plan that serves runs on at least one host")
         _real(self.rate_req_s, "rate_req_s", 0.0)
+        _whole(self.spare_hosts, "spare_hosts")
+        _optional_real(self.spare_req_s, "spare_req_s", 0.0)
+        if (self.spare_req_s is None) != (self.spare_hosts == 0):
+            raise PlanError("spare_req_s is the rate with spare_hosts hosts lost: give both or neither")
 
     @property
     def worst(self) -> HostLoss:

@@ -258,7 +258,12 @@ def _host_losses(d: Any, where: str) -> HostLosses | None:
         h = _mapping(h, f"{where}.losses[{k}]")
         islands = tuple(_list(h.get("islands", []), f"{where}.losses[{k}].islands"))
         losses.append(_of(HostLoss, {**h, "islands": islands}, f"{where}.losses[{k}]"))
-    return _of(HostLosses, {**d, "losses": tuple(losses)}, where)
+    spare = []
+    for k, e in enumerate(_list(d.get("spare_nodes", []), f"{where}.spare_nodes")):
+        if not (isinstance(e, (list, tuple)) and len(e) == 2):
+            raise PlanError(f"{where}.spare_nodes[{k}]: expected [GPU, node], got {e!r}")
+        spare.append((str(e[0]), e[1]))
+    return _of(HostLosses, {**d, "losses": tuple(losses), "spare_nodes": tuple(spare)}, where)
 
 
 def _from_v2(d: Mapping[str, Any], where: str) -> Plan:

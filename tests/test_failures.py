@@ -115,3 +115,109 @@ def test_a_search_reports_its_worst_host_on_the_console_in_plan_json_and_mlflow(
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("archipelago").experiment_id])
     assert run.data.metrics["one_host_lost_req_s"] == pytest.approx(w.rate_req_s, rel=1e-5)
+
+
+def test_spare_roles_keep_the_most_with_an_island_lost_as_every_role_assignment_tried_in_turn_says() -> None:
+    """`solvers/spare.py` against brute force: every assignment of prefill / decode roles, each scenario's
+    routing solved as an LP with those roles fixed (`solvers.inner`), the lowest over the scenarios; the best
+    assignment's rate is the MILP's, and its roles reach it."""
+    import itertools
+
+    import numpy as np
+
+    from solvers.inner import InnerProblem, solve
+    from solvers.spare import spare_roles
+
+    rng = np.random.default_rng(7)
+    n_i, n_j = 5, 3
+    bp, bd = rng.uniform(5, 40, (n_i, n_j)), rng.uniform(5, 40, (n_i, n_j))
+    p = np.array([0.5, 0.3, 0.2])
+    scenarios = [{0}, {1, 2}, {3}, {4}]
+
+    def lowest(roles: tuple[str, ...]) -> float:
+        rates = []
+        for down in scenarios:
+            keep = np.array([i not in down for i in range(n_i)])[:, None]
+            prob = InnerProblem(tuple(("X", 1 + i) for i in range(n_i)), p, bp * keep, bd * keep, roles=roles)
+            rates.append(solve(prob).rate_req_s)
+        return min(rates)
+
+    brute = {roles: lowest(roles) for roles in itertools.product(("prefill", "decode"), repeat=n_i)}
+    found = spare_roles(bp, bd, p, scenarios)
+    assert found.status == "optimal"
+    assert found.rate_req_s == pytest.approx(max(brute.values()), rel=1e-6)
+    assert lowest(found.roles) == pytest.approx(found.rate_req_s, rel=1e-6)
+    # the roles that serve the most with every island up are not the ones that keep the most with one lost here
+    all_up = solve(InnerProblem(tuple(("X", 1 + i) for i in range(n_i)), p, bp, bd))
+    assert brute[all_up.roles] < found.rate_req_s
+
+
+def test_four_alike_islands_keep_half_with_one_lost_and_two_keep_nothing() -> None:
+    import numpy as np
+
+    from solvers.spare import spare_roles
+
+    b, p = np.full((4, 1), 10.0), np.array([1.0])
+    assert spare_roles(b, b, p, []).rate_req_s == pytest.approx(20.0)  # every island up: two prefill, two decode
+    one = spare_roles(b, b, p, [{0}, {1}, {2}, {3}])
+    assert one.rate_req_s == pytest.approx(10.0) and sorted(one.roles) == ["decode", "decode", "prefill", "prefill"]
+    assert spare_roles(b[:2], b[:2], p, [{0}, {1}]).rate_req_s == 0.0  # one prefill, one decode: either loss stops
+
+
+def test_loss_scenarios_keep_the_sets_no_other_includes() -> None:
+    from pipeline.planning.failures import loss_scenarios
+
+    islands = [("H20", 16), ("H20", 8), ("H20", 8), ("H200", 8)]  # H20 hosts 0-1, 2, 3; H200 host 0
+    one = loss_scenarios(islands, {"H20": 8, "H200": 8}, 1)
+    assert sorted(sorted(d) for _, d in one) == [[0], [1], [2], [3]]  # hosts 0 and 1 stop the same island: once
+    two = loss_scenarios(islands, {"H20": 8, "H200": 8}, 2)
+    assert all(len(lost) == 2 for lost, _ in two)
+    downs = [d for _, d in two]
+    assert not any(a < b for a in downs for b in downs)  # none inside another
+    assert frozenset({0, 1}) in downs and frozenset({0}) not in downs  # H20 hosts 0 and 1 together: inside {0, 1}
+    assert loss_scenarios(islands, {"H20": 8, "H200": 8}, 5) == [(
+        (("H20", 0), ("H20", 1), ("H20", 2), ("H20", 3), ("H200", 0)), frozenset(range(4)))]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["search.sampler=exact"], "search.spare_hosts=1: the exact MILP plans with every host up"),
+        (["search.objective=goodput"], "search.spare_hosts=1 scores a layout by its rate with hosts lost: use"),
+        (["search.spare_hosts=8"], "search.spare_hosts=8: the inventory has 8 hosts; losing 8 leaves nothing"),
+        (["costmodel.aggregated=true"], "search.spare_hosts=1 plans prefill and decode roles for every island, "
+                                        "without costmodel.aggregated=true"),
+    ],
+)
+def test_spare_hosts_it_cannot_plan_for_is_one_line(tmp_path: Path, extra: list[str], says: str) -> None:
+    from helpers import one_line
+    from pipeline.search.run import execute
+
+    r = in_process(execute, "search", *SMALL, "search.spare_hosts=1", *extra, f"out_root={tmp_path}/out",
+                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
+    one_line(r, f"error: {says}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_search_for_one_spare_host_keeps_serving_where_the_fastest_plan_stops(tmp_path: Path) -> None:
+    """tiny_hetero: the plan of most req/s decodes on one island over four H20 hosts, so losing any of them stops
+    it. Planned with search.spare_hosts=1 (a real search: Ray Tune, Optuna's TPE, the robust roles), the plan
+    keeps serving with its worst host lost, and says what that costs with every host up."""
+    from pipeline.search.run import execute
+
+    rates = {}
+    for k in (0, 1):
+        out = tmp_path / f"spare{k}"
+        r = in_process(execute, "search", *SMALL, f"search.spare_hosts={k}", "search.iterations=4",
+                       "search.band_draws=0", "search.verify=false", f"out_root={out}",
+                       f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        (folder,) = {p.parent for p in out.glob("*/*/plan.json")}
+        plan = plans.load(folder / "plan.json")
+        assert plan.host_losses is not None
+        rates[k] = (plan.rate_req_s, plan.host_losses.worst.rate_req_s)
+        if k:
+            assert plan.host_losses.spare_req_s == pytest.approx(plan.host_losses.worst.rate_req_s)
+            assert "planned for 1 host lost" in r.stdout
+    assert rates[0][1] == 0.0 < rates[1][1]  # the fastest plan stops with one host; the spare plan does not
+    assert rates[1][0] <= rates[0][0] * (1 + 1e-9)  # what that costs with every host up

@@ -31,15 +31,18 @@ def build_plan(
     time_limit_s: float,
     backend: str = "AUTO",
     inventory: InventoryInfo | None = None,
+    roles: tuple[str, ...] | None = None,
 ) -> Plan:
-    """Solve `layout` (max_rate, routed caps) and describe every island: the plan of that layout."""
-    searched = planner.solve(layout, "max_rate", time_limit_s, backend=backend)  # the search's model
-    prob, sol = planner.solve_routed(layout, time_limit_s, backend=backend, first=searched)
+    """Solve `layout` (max_rate, routed caps) and describe every island: the plan of that layout. `roles`: every
+    island's role, given (search.spare_hosts: the roles that keep the most with hosts lost), not chosen here."""
+    fixed = {} if roles is None else {"roles": roles}
+    searched = planner.solve(layout, "max_rate", time_limit_s, backend=backend, **fixed)  # the search's model
+    prob, sol = planner.solve_routed(layout, time_limit_s, backend=backend, first=searched, roles=roles)
     ev, _ = planner.evaluate(layout, prob, sol)
     islands = describe(planner, layout, prob, sol)
     fluid = sol.rate_req_s  # without SLOs all three are one rate
     if planner.cost.slo:
-        fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False)[1].rate_req_s
+        fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False, **fixed)[1].rate_req_s
     other = roles_compared(planner, layout, time_limit_s, backend)
     rates = Rates(
         rate_req_s=sol.rate_req_s,

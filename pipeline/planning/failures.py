@@ -6,16 +6,24 @@ that share the host with it stop too. The router then ejects those engines and s
 islands left. The engines themselves keep running as launched (their role, parallelism and batch): nothing is
 re-launched. `host_losses` gives the rate for each host that runs a serving island
 (`Planner.solve_without`: the routing re-solved with every other island's role fixed, an LP), and
-`without_host` the plan as it then runs, for the simulator (`pipeline.planning.check`)."""
+`without_host` the plan as it then runs, for the simulator (`pipeline.planning.check`).
+
+`search.spare_hosts=K` plans for K hosts lost at once: `spare_solve` scores a layout (in a trial) by the
+lowest rate over every set of K hosts lost, with the roles that make it highest (`solvers/spare.py`: roles are
+fixed when engines launch, routing adapts to each loss), and the plan keeps those roles; `worst_loss` gives the
+plan's own rate in that worst case, each island's load cap set for the mix it is then given."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+import itertools
+import math
+from collections.abc import Collection, Mapping, Sequence
 
-from pipeline.planning.build import describe
+from pipeline.planning.build import describe, place
 from pipeline.planning.planner import Layout, Planner
 from plan import HostLoss, HostLosses, Plan
+from solvers.spare import SpareRoles, spare_roles
 
 
 def hosts(plan: Plan) -> list[tuple[str, int]]:
@@ -72,3 +80,49 @@ def without_host(
                                 output_tok_s=sol.rate_req_s * planner.workload.mean_decode)  # fmt: skip
     return dataclasses.replace(plan, islands=tuple(islands), rates=rates, band=None, verification=None,
                                host_losses=None, status=sol.status)  # fmt: skip
+
+
+COMBINATIONS = 5000  # search.spare_hosts: at most this many sets of hosts a layout may lose (C(hosts, K))
+
+
+def loss_scenarios(
+    islands: Sequence[tuple[str, int]], node_gpus: Mapping[str, int], spare: int
+) -> list[tuple[tuple[tuple[str, int], ...], frozenset[int]]]:
+    """(the hosts lost, the islands that stop) for each set of `spare` hosts of the islands (placed as `place`
+    places them: the plan's node map), keeping only the sets whose stopped islands no other set's include: with
+    more islands stopped, the rate can only be lower. No more hosts than `spare`: one scenario, every island."""
+    hosts_of = place(islands, node_gpus)
+    on: dict[tuple[str, int], set[int]] = {}
+    for i, (gpu, _) in enumerate(islands):
+        for node in hosts_of[i].nodes:
+            on.setdefault((gpu, node), set()).add(i)
+    hosts = sorted(on)
+    if len(hosts) <= spare:
+        return [(tuple(hosts), frozenset(range(len(islands))))]
+    found: dict[frozenset[int], tuple[tuple[str, int], ...]] = {}
+    for lost in itertools.combinations(hosts, spare):
+        found.setdefault(frozenset().union(*(on[h] for h in lost)), lost)
+    return [(lost, down) for down, lost in found.items() if not any(down < other for other in found)]
+
+
+def worst_loss(
+    planner: Planner, layout: Layout, roles: Sequence[str], spare: int, time_limit_s: float, backend: str = "AUTO"
+) -> tuple[float, tuple[tuple[str, int], ...]]:
+    """(the lowest rate, the hosts lost) over every set of `spare` hosts lost at once, every island kept in its
+    role (`roles`) and the routing re-solved for each (`Planner.solve_without`, caps from the mix it gives)."""
+    node_gpus = {g: planner.gpus[g].node_gpus for g, _ in layout.islands}
+    worst: tuple[float, tuple[tuple[str, int], ...]] = (math.inf, ())
+    for lost, down in loss_scenarios(layout.islands, node_gpus, spare):
+        rate = planner.solve_without(layout, roles, down, time_limit_s, backend)[1].rate_req_s
+        if rate < worst[0]:
+            worst = (rate, lost)
+    return worst
+
+
+def spare_solve(planner: Planner, layout: Layout, spare: int, time_limit_s: float, backend: str = "AUTO") -> SpareRoles:
+    """The roles of `layout` that keep the most with its worst `spare` hosts lost, and that rate, in the search's
+    model (each island's whole-mix load cap): `solvers/spare.py` over `loss_scenarios`."""
+    prob = planner.problem(layout, "max_rate")
+    node_gpus = {g: planner.gpus[g].node_gpus for g, _ in layout.islands}
+    scenarios = [down for _, down in loss_scenarios(layout.islands, node_gpus, spare)]
+    return spare_roles(prob.prefill_req_s, prob.decode_req_s, prob.p, scenarios, time_limit_s, backend)

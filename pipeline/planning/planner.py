@@ -241,14 +241,17 @@ class Planner:
         backend: str = "AUTO",
         rounds: int = 4,
         first: tuple[InnerProblem, InnerSolution] | None = None,
+        roles: tuple[str, ...] | None = None,
     ) -> tuple[InnerProblem, InnerSolution]:
         """max_rate with every island's caps computed from the mix the routing gives it (docs/inner.md).
 
         The caps depend on the routing and the routing on the caps: solve, recompute each island's
         caps from its routed mix, solve again, until the caps settle (at most `rounds` solves).
         Without SLOs there are no caps and this is `solve`. `first`: that whole-mix solve, if already made.
+        `roles`: every island's role fixed (an LP each round), not chosen.
         """
-        prob, sol = first or self.solve(layout, "max_rate", time_limit_s, backend=backend)
+        fixed = {} if roles is None else {"roles": roles}
+        prob, sol = first or self.solve(layout, "max_rate", time_limit_s, backend=backend, **fixed)
         if not self.cost.slo or sol.rate_req_s <= 0:
             return prob, sol
         caps = None
@@ -261,7 +264,7 @@ class Planner:
             ):
                 break
             caps = new
-            prob = self.problem(layout, "max_rate", caps=caps)
+            prob = self.problem(layout, "max_rate", caps=caps, **fixed)
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
             prob = prob.resolved(sol.roles)
         return prob, sol

@@ -184,8 +184,13 @@ def _search_rows(plan: Plan) -> list[str]:
     label = ("the exact reference, stopped at its time limit: its layout" if ref.gap_is_bound
              else "exact optimum of that model")  # fmt: skip
     rows.append(f"| {label} | {_fmt(ref.optimum_req_s)} req/s |")
+    spare = plan.host_losses.spare_hosts if plan.host_losses is not None else 0
     if ref.gap is None:
         rows.append("| gap to it | n/a |")
+    elif spare:
+        rows.append(f"| gap to it | at most {ref.gap:.2%} (search.spare_hosts={spare}: the trials scored each layout "
+                    f"by its rate with its worst {spare} host{'s' if spare > 1 else ''} lost; the optimum with every "
+                    "host up bounds that) |")  # fmt: skip
     elif ref.gap_is_bound:
         rows.append(f"| gap to it | at most {ref.gap:.2%} (the reference stopped at its time limit; the optimum is at "
                     f"most {_fmt(ref.bound_req_s)} req/s) |")  # fmt: skip
@@ -221,10 +226,16 @@ def _loss_rows(plan: Plan) -> list[str]:
         return []
     w = losses.worst
     share = w.rate_req_s / losses.rate_req_s if losses.rate_req_s > 0 else 0.0
-    return [
+    rows = [
         f"| one host lost (worst of {len(losses.losses)}) | {w.rate_req_s:.2f} req/s ({share:.0%}): {w.gpu} node "
         f"{w.node} stops {_stopped_text(plan, w.islands)}; the router re-spreads the rest (hosts lost, below) |"
     ]
+    if losses.spare_req_s is not None:
+        k, rate = losses.spare_hosts, losses.spare_req_s
+        share = rate / losses.rate_req_s if losses.rate_req_s > 0 else 0.0
+        rows.append(f"| {k} host{'s' if k > 1 else ''} lost at once (planned for: search.spare_hosts={k}) | "
+                    f"{rate:.2f} req/s ({share:.0%}) at worst: {_nodes_text(list(losses.spare_nodes))} |")  # fmt: skip
+    return rows
 
 
 def _stopped_text(plan: Plan, islands: tuple[int, ...]) -> str:

@@ -25,7 +25,7 @@ from pipeline.forking import Forked, forkable
 from pipeline.planning.band import rate_band
 from pipeline.planning.build import build_plan
 from pipeline.planning.check import LOW, check
-from pipeline.planning.failures import host_losses
+from pipeline.planning.failures import host_losses, spare_solve, worst_loss
 from pipeline.planning.planner import Layout
 from pipeline.planning.simulation import RequestMix
 from pipeline.records.journal import link_latest, read_json, write_json, write_text
@@ -35,7 +35,7 @@ from pipeline.records.tracking import Served, Tracker, open_tracker
 from pipeline.search.reference import ESTIMATE_ABOVE, exact_layout, reference, reference_cost
 from pipeline.search.samplers import require_extras
 from pipeline.search.settings import Settings, context, idle_types, inventory_of, read_settings, recorded
-from pipeline.search.trial import Context, TrialFn, run_trial
+from pipeline.search.trial import Context, TrialFn, run_trial, score_layout
 from pipeline.search.trials import SearchRun
 from pipeline.tune.driver import check_ray_address, run_tune, with_ray
 from plan import InventoryInfo, Plan, Reference, SearchInfo, to_json
@@ -207,7 +207,12 @@ def _reference(run: SearchRun, settings: Settings, ctx: Context) -> ExactResult 
         bar.elapsed, f"exact reference: {bar.elapsed:.0f} s of at most {limit:g} s"))  # fmt: skip
     bar.close()
     run.ref = ref
-    if run.gap_is_bound:  # stopped by its time limit with a layout: the optimum lies between the two
+    if settings.spare_hosts:
+        bound = ref.bound if ref.status == "feasible" else ref.rate_req_s
+        print(f"[search] exact optimum {bound:.2f} req/s with every host up ({ref.status}, "
+              f"{ref.solve_ms / 1e3:.1f} s): no layout keeps more with {settings.spare_hosts} host"
+              f"{'s' if settings.spare_hosts > 1 else ''} lost, so gaps below are against this bound", flush=True)
+    elif ref.status == "feasible" and settings.objective == "max_rate":  # stopped by its time limit with a layout
         print(f"[search] exact reference stopped at its time limit ({ref.solve_ms / 1e3:.1f} s): the optimum is "
               f"between {ref.rate_req_s:.2f} and {ref.bound:.2f} req/s in the search's model; gaps below are against "
               "the upper end (raise search.reference_time_limit_s to close it)", flush=True)  # fmt: skip
@@ -292,10 +297,15 @@ def _plan(
     inv = settings.inventory
     inventory = InventoryInfo(inv.name, tuple((g.name, n) for g, n in zip(inv.gpus, inv.counts, strict=True)),
                               inv.cost_per_hour)  # fmt: skip
-    plan = build_plan(ctx.planner, layout, ctx.inner_time_limit_s, ctx.backend, inventory)
+    roles = None
+    if settings.spare_hosts:  # the roles that keep the most with the worst hosts lost, as the trials scored them
+        roles = spare_solve(ctx.planner, layout, settings.spare_hosts, ctx.inner_time_limit_s, ctx.backend).roles
+    plan = build_plan(ctx.planner, layout, ctx.inner_time_limit_s, ctx.backend, inventory, roles)
     score = plan.rates.searched_req_s  # the gap compares the search's model with the reference's: the same one
     if settings.objective == "rate_per_dollar":
         score = score / plan.cost_per_hour if plan.cost_per_hour > 0 else 0.0
+    if settings.spare_hosts:  # what the trials scored: the rate with the worst hosts lost, in the search's model
+        score = float(score_layout(ctx, layout)["score"])
     ref = run.ref
     reference_info = None
     if ref is not None:
@@ -346,22 +356,29 @@ def _band_and_check(plan: Plan, settings: Settings, ctx: Context, layout: Layout
     thread beside the main one: not after Ray or JAX started theirs) the check runs in a forked process while the
     band runs here, each on its own core. Their results, and what they print, are those of running them in turn."""
     if not (_will_check(plan, settings) and _will_band(settings)) or not forkable():
-        return _checked(_with_losses(_with_band(plan, settings, ctx, layout), ctx, layout), settings, ctx)
+        return _checked(_with_losses(_with_band(plan, settings, ctx, layout), settings, ctx, layout), settings, ctx)
     _announce_check(plan)
     pending = Forked(check, plan, RequestMix.of(ctx.planner.workload))
     try:
-        plan = _with_losses(_with_band(plan, settings, ctx, layout), ctx, layout)
+        plan = _with_losses(_with_band(plan, settings, ctx, layout), settings, ctx, layout)
     except BaseException:
         pending.kill()
         raise
     return _checked(plan, settings, ctx, pending)
 
 
-def _with_losses(plan: Plan, ctx: Context, layout: Layout) -> Plan:
-    """The plan's rate with each of its hosts gone in turn (`pipeline.planning.failures`), and a line on the worst."""
+def _with_losses(plan: Plan, settings: Settings, ctx: Context, layout: Layout) -> Plan:
+    """The plan's rate with each of its hosts gone in turn (`pipeline.planning.failures`), and a line on the worst;
+    with search.spare_hosts=K, also its worst K hosts lost at once."""
     losses = host_losses(ctx.planner, layout, plan, ctx.inner_time_limit_s, ctx.backend)
     if losses is None:
         return plan
+    if settings.spare_hosts:
+        roles = [isl.role for isl in plan.islands]
+        rate, nodes = worst_loss(ctx.planner, layout, roles, settings.spare_hosts, ctx.inner_time_limit_s, ctx.backend)
+        losses = dataclasses.replace(losses, spare_hosts=settings.spare_hosts, spare_nodes=nodes, spare_req_s=rate)
+        print(f"[search] {settings.spare_hosts} hosts lost at once (search.spare_hosts): at worst "
+              f"{', '.join(f'{g} node {n}' for g, n in nodes)}: {rate:.1f} req/s", flush=True)  # fmt: skip
     w = losses.worst
     share = w.rate_req_s / plan.rate_req_s if plan.rate_req_s > 0 else 0.0
     stops = ", ".join(f"{plan.islands[i].gpu} x{plan.islands[i].size} {plan.islands[i].role}" for i in w.islands)
@@ -452,6 +469,8 @@ def _log_parent(
                        band_p90_req_s=plan.band.p90_req_s)  # fmt: skip
     if plan.host_losses is not None:
         metrics["one_host_lost_req_s"] = plan.host_losses.worst.rate_req_s
+        if plan.host_losses.spare_req_s is not None:
+            metrics["spare_hosts_lost_req_s"] = plan.host_losses.spare_req_s
     if plan.rates.simulated_req_s is not None:
         metrics["goodput_req_s"] = plan.rates.simulated_req_s
     if v is not None:  # `sustained` logs as 1 or 0
@@ -480,7 +499,12 @@ def _summary(run: SearchRun, plan: Plan) -> None:
           "convergence.png, trials.parquet)", flush=True)  # fmt: skip
     ref = plan.reference
     gap = f", {ref.gap_text()} to the exact optimum there" if ref is not None and ref.gap is not None else ""
-    if plan.rates.refined:
+    losses = plan.host_losses
+    if losses is not None and losses.spare_req_s is not None:
+        k = losses.spare_hosts
+        print(f"[search] planned for {k} host{'s' if k > 1 else ''} lost: the trials scored each layout by its rate "
+              f"with its worst {k} lost{gap} with every host up", flush=True)  # fmt: skip
+    elif plan.rates.refined:
         print(f"[search] the search's model scores this layout {plan.rates.searched_req_s:.2f} req/s{gap}; the plan's "
               "rate re-sets each island's load cap for the mix its routing gives it (report.md: two rates of one "
               "layout)", flush=True)  # fmt: skip
@@ -530,8 +554,8 @@ def _reference_ahead(run: SearchRun, settings: Settings, score: float) -> float 
 
     Cut short by its time limit the reference still has a layout (solvers/exact.py), at thousands of GPUs
     often a better one than the search's."""
-    if run.ref is None or settings.planner == "exact" or score <= 0:
-        return None
+    if run.ref is None or settings.planner == "exact" or score <= 0 or settings.spare_hosts:
+        return None  # (with hosts lost the reference's layout is not scored: its rate with all up is a bound)
     if settings.objective not in ("max_rate", "rate_per_dollar"):
         return None
     ref = run.ref.rate_per_dollar if settings.objective == "rate_per_dollar" else run.ref.rate_req_s

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ class Settings:
     verify: bool  # simulate the best plan at its stated rate
     band_draws: int  # calibration draws the best layout is re-planned under for its rate band (0: none)
     robust: bool  # plan at every calibration factor's 10th percentile
+    spare_hosts: int  # score each layout by its lowest rate with any this many hosts lost (0: every host up)
     calibration: Any  # the calibration of the cost model (before robust's shift), or None
     run_root: Path  # outputs/search/<name>-<hash>
     ray_address: str | None
@@ -180,6 +182,14 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
     if goodput is not None and not planner.cost.slo:
         raise ConfigError("search.objective=goodput counts requests served within the SLOs: set the slo block "
                           "(slo=null plans for throughput only; use objective=max_rate there)")  # fmt: skip
+    spare_hosts = whole_number(s.get("spare_hosts", 0), "search.spare_hosts")
+    if spare_hosts:
+        check_spare_hosts(spare_hosts, sampler, objective, inventory)
+        extra = [k for k, on in (("costmodel.aggregated=true", planner.cost.aggregated), ("search.budget_per_hour",
+                 budget is not None), ("search.kv_transfer=true", kv_transfer)) if on]  # fmt: skip
+        if extra:
+            raise ConfigError(f"search.spare_hosts={spare_hosts} plans prefill and decode roles for every island, "
+                              f"without {extra[0]}: drop one of the two")  # fmt: skip
     shapes = str(s.shapes)
     if shapes not in SHAPES:
         raise ConfigError(
@@ -222,6 +232,7 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         verify=boolean(s.verify, "search.verify"),
         band_draws=whole_number(s.get("band_draws", 0), "search.band_draws"),
         robust=robust,
+        spare_hosts=spare_hosts,
         calibration=calibration,
         run_root=Path(str(cfg.out_root)) / name,
         ray_address=None if cfg.ray.address is None else str(cfg.ray.address),
@@ -237,6 +248,27 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         key=digest,
         config=record,
     )
+
+
+def check_spare_hosts(spare: int, sampler: str, objective: str, inventory: Inventory) -> None:
+    """search.spare_hosts=K is a score of the search's trials over every set of K hosts: refused where it cannot
+    be (the exact MILP, an objective without a rate) or would take too long (too many sets of hosts)."""
+    from pipeline.planning.failures import COMBINATIONS
+
+    if sampler == "exact":
+        raise ConfigError(f"search.spare_hosts={spare}: the exact MILP plans with every host up; use a search "
+                          "sampler (search.sampler=tpe, the default) to plan for lost hosts")  # fmt: skip
+    if objective not in ("max_rate", "rate_per_dollar"):
+        raise ConfigError(f"search.spare_hosts={spare} scores a layout by its rate with hosts lost: use "
+                          f"search.objective=max_rate or rate_per_dollar, not {objective}")  # fmt: skip
+    hosts = sum(-(-n // g.node_gpus) for g, n in zip(inventory.gpus, inventory.counts, strict=True))
+    if spare >= hosts:
+        raise ConfigError(f"search.spare_hosts={spare}: the inventory has {hosts} hosts; losing {spare} leaves "
+                          "nothing to serve with. Use fewer")  # fmt: skip
+    sets = math.comb(hosts, spare)
+    if sets > COMBINATIONS:
+        raise ConfigError(f"search.spare_hosts={spare}: {sets:,} sets of {spare} of the inventory's {hosts} hosts "
+                          f"to score in every trial (at most {COMBINATIONS:,}): use a smaller K")  # fmt: skip
 
 
 def context(settings: Settings) -> Any:
@@ -261,7 +293,7 @@ def context(settings: Settings) -> Any:
     )
     check_a_plan_exists(planner, inventory, space)
     return Context(planner, space, settings.objective, settings.inner_time_limit_s, settings.key, settings.backend,
-                   settings.goodput)  # fmt: skip
+                   settings.goodput, settings.spare_hosts)  # fmt: skip
 
 
 def recorded(settings: Settings, ctx: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from pipeline.planning.failures import spare_solve
 from pipeline.planning.goodput import GoodputCheck, layout_goodput
 from pipeline.planning.planner import Layout, Planner
 from pipeline.search.space import Space
@@ -33,6 +34,7 @@ class Context:
     key: str  # identity of the planner inputs (config hash)
     backend: str = "AUTO"  # inner MILP solver
     goodput: GoodputCheck | None = None  # objective goodput: how each layout is simulated
+    spare_hosts: int = 0  # score a layout by its lowest rate with any this many hosts lost (0: all up)
 
 
 _PLANNERS: dict[str, Planner] = {}  # per process: survives Ray Tune's actor reuse
@@ -55,7 +57,8 @@ METRICS = (
     "trial_ms",
     "n_islands",
 )
-GOODPUT_METRICS = ("simulated_req_s", "stated_req_s")  # objective goodput only: the simulated and analytic rates
+# objective goodput only: the simulated and analytic rates; search.spare_hosts only: the rate with the worst hosts lost
+GOODPUT_METRICS = ("simulated_req_s", "stated_req_s", "spare_req_s")
 TrialFn = Callable[[Context, Mapping[str, Any]], dict]  # run_trial, or a test's stand-in for it
 
 
@@ -91,6 +94,10 @@ def score_layout(ctx: Context, layout: Layout, t0: float | None = None) -> dict[
     per_dollar = sol.rate_req_s / cost if cost > 0 else 0.0
     score = per_dollar if ctx.objective == "rate_per_dollar" else sol.rate_req_s
     extra = {}
+    if ctx.spare_hosts:  # the lowest rate with any `spare_hosts` hosts lost replaces the rate with all up
+        spare = spare_solve(planner, layout, ctx.spare_hosts, ctx.inner_time_limit_s, ctx.backend)
+        score = spare.rate_req_s / cost if ctx.objective == "rate_per_dollar" and cost > 0 else spare.rate_req_s
+        extra = {"spare_req_s": spare.rate_req_s}
     if ctx.objective == "goodput":  # the simulator's verdict replaces the analytic rate as the score
         check = ctx.goodput or GoodputCheck()
         score, plan = layout_goodput(planner, layout, check, ctx.inner_time_limit_s, ctx.backend)

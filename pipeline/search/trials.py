@@ -174,14 +174,17 @@ class SearchRun:
 
     @property
     def gap_is_bound(self) -> bool:
-        """Did the reference stop at its time limit? Then `gap` is measured against its proven bound
-        on the optimum: an upper bound on the true gap."""
-        return self.ref is not None and self.ref.status == "feasible" and self.s.objective == "max_rate"
+        """Is `gap` measured against a bound on the optimum, an upper bound on the true gap? Where the reference
+        stopped at its time limit (its proven bound), and with search.spare_hosts (the reference plans with every
+        host up: no layout keeps more with hosts lost)."""
+        if self.ref is None:
+            return False
+        return self.s.spare_hosts > 0 or (self.ref.status == "feasible" and self.s.objective == "max_rate")
 
     def gap(self, score: float) -> float:
         if self.ref is None or self.s.objective == "thesis":
             return float("nan")
-        if self.gap_is_bound:
+        if self.ref.status == "feasible" and self.s.objective == "max_rate":
             ref = self.ref.bound
         else:
             ref = self.ref.rate_per_dollar if self.s.objective == "rate_per_dollar" else self.ref.rate_req_s
