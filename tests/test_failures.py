@@ -185,8 +185,10 @@ def test_loss_scenarios_keep_the_sets_no_other_includes() -> None:
         (["search.sampler=exact"], "search.spare_hosts=1: the exact MILP plans with every host up"),
         (["search.objective=goodput"], "search.spare_hosts=1 scores a layout by its rate with hosts lost: use"),
         (["search.spare_hosts=8"], "search.spare_hosts=8: the inventory has 8 hosts; losing 8 leaves nothing"),
-        (["costmodel.aggregated=true"], "search.spare_hosts=1 plans prefill and decode roles for every island, "
-                                        "without costmodel.aggregated=true"),
+        (
+            ["costmodel.aggregated=true"],
+            "search.spare_hosts=1 plans prefill and decode roles for every island, without costmodel.aggregated=true",
+        ),
     ],
 )
 def test_spare_hosts_it_cannot_plan_for_is_one_line(tmp_path: Path, extra: list[str], says: str) -> None:
