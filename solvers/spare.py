@@ -45,11 +45,13 @@ def spare_roles(
     scenarios: Sequence[Collection[int]],
     time_limit_s: float = 10.0,
     backend: str = "AUTO",
+    fixed: Sequence[str | None] | None = None,
 ) -> SpareRoles:
     """The roles maximising the lowest rate over `scenarios` (each: the islands that stop), and that rate.
 
     `prefill_req_s`, `decode_req_s`: (I, J) req/s of each island on each range in each role; `p`: range masses.
-    No scenario: the plain max_rate of the layout (every island up)."""
+    No scenario: the plain max_rate of the layout (every island up). `fixed`: per island a role it keeps
+    ("prefill" or "decode", as its running engine) or None (the solve chooses): a re-plan's kept islands."""
     t0 = time.perf_counter()
     bp, bd = np.asarray(prefill_req_s, dtype=float), np.asarray(decode_req_s, dtype=float)
     n_i, n_j = bp.shape
@@ -59,6 +61,9 @@ def spare_roles(
     n_col = col_lam + 1
     lb, ub = np.zeros(n_col), np.zeros(n_col)
     ub[:n_i] = 1.0
+    for i, role in enumerate(fixed or ()):
+        if role is not None:
+            lb[i] = ub[i] = 1.0 if role == "decode" else 0.0
     ub[col_lam] = np.inf
     ii, jj = np.meshgrid(np.arange(n_i), np.arange(n_j), indexing="ij")
     rows: list[np.ndarray] = []

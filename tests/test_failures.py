@@ -165,17 +165,19 @@ def test_four_alike_islands_keep_half_with_one_lost_and_two_keep_nothing() -> No
 
 
 def test_loss_scenarios_keep_the_sets_no_other_includes() -> None:
+    from pipeline.planning.build import place
     from pipeline.planning.failures import loss_scenarios
 
     islands = [("H20", 16), ("H20", 8), ("H20", 8), ("H200", 8)]  # H20 hosts 0-1, 2, 3; H200 host 0
-    one = loss_scenarios(islands, {"H20": 8, "H200": 8}, 1)
+    hosts = place(islands, {"H20": 8, "H200": 8})
+    one = loss_scenarios(islands, hosts, 1)
     assert sorted(sorted(d) for _, d in one) == [[0], [1], [2], [3]]  # hosts 0 and 1 stop the same island: once
-    two = loss_scenarios(islands, {"H20": 8, "H200": 8}, 2)
+    two = loss_scenarios(islands, hosts, 2)
     assert all(len(lost) == 2 for lost, _ in two)
     downs = [d for _, d in two]
     assert not any(a < b for a in downs for b in downs)  # none inside another
     assert frozenset({0, 1}) in downs and frozenset({0}) not in downs  # H20 hosts 0 and 1 together: inside {0, 1}
-    assert loss_scenarios(islands, {"H20": 8, "H200": 8}, 5) == [(
+    assert loss_scenarios(islands, hosts, 5) == [(
         (("H20", 0), ("H20", 1), ("H20", 2), ("H20", 3), ("H200", 0)), frozenset(range(4)))]  # fmt: skip
 
 

@@ -32,14 +32,16 @@ def build_plan(
     backend: str = "AUTO",
     inventory: InventoryInfo | None = None,
     roles: tuple[str, ...] | None = None,
+    hosts: Sequence[Hosts] | None = None,
 ) -> Plan:
     """Solve `layout` (max_rate, routed caps) and describe every island: the plan of that layout. `roles`: every
-    island's role, given (search.spare_hosts: the roles that keep the most with hosts lost), not chosen here."""
+    island's role, given (search.spare_hosts: the roles that keep the most with hosts lost), not chosen here;
+    `hosts`: every island's hosts, given (a re-plan keeps islands where they run), not placed here."""
     fixed = {} if roles is None else {"roles": roles}
     searched = planner.solve(layout, "max_rate", time_limit_s, backend=backend, **fixed)  # the search's model
     prob, sol = planner.solve_routed(layout, time_limit_s, backend=backend, first=searched, roles=roles)
     ev, _ = planner.evaluate(layout, prob, sol)
-    islands = describe(planner, layout, prob, sol)
+    islands = describe(planner, layout, prob, sol, hosts)
     fluid = sol.rate_req_s  # without SLOs all three are one rate
     if planner.cost.slo:
         fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False, **fixed)[1].rate_req_s
@@ -57,11 +59,15 @@ def build_plan(
                 workload_spec=planner.workload.spec)  # fmt: skip
 
 
-def describe(planner: Planner, layout: Layout, prob: InnerProblem, sol: InnerSolution) -> tuple[Island, ...]:
+def describe(
+    planner: Planner, layout: Layout, prob: InnerProblem, sol: InnerSolution, hosts: Sequence[Hosts] | None = None
+) -> tuple[Island, ...]:
     """Every island of `layout` as `sol` runs it: role, parallelism, batch, precision, the ranges it serves with
-    their shares, what it is expected to do at `sol`'s rate, and its hosts (an island given nothing is idle)."""
+    their shares, what it is expected to do at `sol`'s rate, and its hosts (`place`'s unless given; an island
+    given nothing is idle)."""
     r = planner.ranges
-    hosts = place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
+    if hosts is None:
+        hosts = place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
     islands = []
     for i, (gpu, size) in enumerate(layout.islands):
         serves = sol.x_prefill[i].sum() + sol.x_decode[i].sum() > 1e-9

@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 
 from pipeline.planning.build import describe, place
 from pipeline.planning.planner import Layout, Planner
-from plan import HostLoss, HostLosses, Plan
+from plan import HostLoss, HostLosses, Hosts, Plan
 from solvers.spare import SpareRoles, spare_roles
 
 
@@ -71,7 +71,8 @@ def without_host(
     not the ones a new plan for that load would pick). No band, check or losses of its own."""
     prob, sol = planner.solve_without(layout, [isl.role for isl in plan.islands], down, time_limit_s, backend)
     islands = []
-    for i, (now, was) in enumerate(zip(describe(planner, layout, prob, sol), plan.islands, strict=True)):
+    hosts = [isl.hosts or Hosts(1, (0,), 0) for isl in plan.islands]
+    for i, (now, was) in enumerate(zip(describe(planner, layout, prob, sol, hosts), plan.islands, strict=True)):
         if i in down or not now.serving:
             islands.append(dataclasses.replace(now, role="idle", tp=0, dp=0, ep=0, batch=0, ranges=()))
             continue
@@ -86,12 +87,12 @@ COMBINATIONS = 5000  # search.spare_hosts: at most this many sets of hosts a lay
 
 
 def loss_scenarios(
-    islands: Sequence[tuple[str, int]], node_gpus: Mapping[str, int], spare: int
+    islands: Sequence[tuple[str, int]], hosts_of: Sequence[Hosts], spare: int
 ) -> list[tuple[tuple[tuple[str, int], ...], frozenset[int]]]:
-    """(the hosts lost, the islands that stop) for each set of `spare` hosts of the islands (placed as `place`
-    places them: the plan's node map), keeping only the sets whose stopped islands no other set's include: with
-    more islands stopped, the rate can only be lower. No more hosts than `spare`: one scenario, every island."""
-    hosts_of = place(islands, node_gpus)
+    """(the hosts lost, the islands that stop) for each set of `spare` hosts of the islands (`hosts_of`: each
+    island's hosts, the plan's node map), keeping only the sets whose stopped islands no other set's include:
+    with more islands stopped, the rate can only be lower. No more hosts than `spare`: one scenario, every
+    island."""
     on: dict[tuple[str, int], set[int]] = {}
     for i, (gpu, _) in enumerate(islands):
         for node in hosts_of[i].nodes:
@@ -106,13 +107,14 @@ def loss_scenarios(
 
 
 def worst_loss(
-    planner: Planner, layout: Layout, roles: Sequence[str], spare: int, time_limit_s: float, backend: str = "AUTO"
+    planner: Planner, layout: Layout, plan: Plan, spare: int, time_limit_s: float, backend: str = "AUTO"
 ) -> tuple[float, tuple[tuple[str, int], ...]]:
-    """(the lowest rate, the hosts lost) over every set of `spare` hosts lost at once, every island kept in its
-    role (`roles`) and the routing re-solved for each (`Planner.solve_without`, caps from the mix it gives)."""
-    node_gpus = {g: planner.gpus[g].node_gpus for g, _ in layout.islands}
+    """(the lowest rate, the hosts lost) over every set of `spare` hosts of `plan` lost at once, every island kept
+    in its role and the routing re-solved for each (`Planner.solve_without`, caps from the mix it gives)."""
+    roles = [isl.role for isl in plan.islands]
+    hosts_of = [isl.hosts or Hosts(1, (0,), 0) for isl in plan.islands]
     worst: tuple[float, tuple[tuple[str, int], ...]] = (math.inf, ())
-    for lost, down in loss_scenarios(layout.islands, node_gpus, spare):
+    for lost, down in loss_scenarios(layout.islands, hosts_of, spare):
         rate = planner.solve_without(layout, roles, down, time_limit_s, backend)[1].rate_req_s
         if rate < worst[0]:
             worst = (rate, lost)
@@ -123,6 +125,6 @@ def spare_solve(planner: Planner, layout: Layout, spare: int, time_limit_s: floa
     """The roles of `layout` that keep the most with its worst `spare` hosts lost, and that rate, in the search's
     model (each island's whole-mix load cap): `solvers/spare.py` over `loss_scenarios`."""
     prob = planner.problem(layout, "max_rate")
-    node_gpus = {g: planner.gpus[g].node_gpus for g, _ in layout.islands}
-    scenarios = [down for _, down in loss_scenarios(layout.islands, node_gpus, spare)]
+    hosts_of = place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
+    scenarios = [down for _, down in loss_scenarios(layout.islands, hosts_of, spare)]
     return spare_roles(prob.prefill_req_s, prob.decode_req_s, prob.p, scenarios, time_limit_s, backend)

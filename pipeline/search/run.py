@@ -374,8 +374,7 @@ def _with_losses(plan: Plan, settings: Settings, ctx: Context, layout: Layout) -
     if losses is None:
         return plan
     if settings.spare_hosts:
-        roles = [isl.role for isl in plan.islands]
-        rate, nodes = worst_loss(ctx.planner, layout, roles, settings.spare_hosts, ctx.inner_time_limit_s, ctx.backend)
+        rate, nodes = worst_loss(ctx.planner, layout, plan, settings.spare_hosts, ctx.inner_time_limit_s, ctx.backend)
         losses = dataclasses.replace(losses, spare_hosts=settings.spare_hosts, spare_nodes=nodes, spare_req_s=rate)
         print(f"[search] {settings.spare_hosts} hosts lost at once (search.spare_hosts): at worst "
               f"{', '.join(f'{g} node {n}' for g, n in nodes)}: {rate:.1f} req/s", flush=True)  # fmt: skip
