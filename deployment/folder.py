@@ -17,14 +17,16 @@ from plan import Plan
 def files(plan: Plan, opts: DeployOptions, source: str) -> tuple[list[Engine], dict[str, str]]:
     """(the engines, {path in the folder: text}) of the launch files of `plan`; `source` names the plan."""
     es = engines(plan)
+    # a re-plan (search.from_plan): the islands that run on unchanged need no launch; the router takes them all
+    launch = es if plan.replan is None else [e for e in es if e.island not in set(plan.replan.kept)]
     out: dict[str, str] = {}
     if opts.target == "shell":
         route = routing(plan, es, opts.engine, lambda e: f"http://HOST-{e.gpu.lower()}-{e.hosts[0]}:{ENGINE_PORT}",
                         opts.model_path)  # fmt: skip
-        out.update(scripts(plan, es, opts))
+        out.update(scripts(plan, launch, opts))
     elif opts.target == "k8s":
         route = routing(plan, es, opts.engine, lambda e: f"http://{e.name}:{ENGINE_PORT}", opts.model_path)
-        out["manifests.yaml"] = k8s.dump(k8s.manifests(plan, es, opts, route))
+        out["manifests.yaml"] = k8s.dump(k8s.manifests(plan, launch, opts, route))
     else:  # llm-d: the decode pods' sidecars run the engines' protocol, told the prefill engine by the router
         mixed = [e.island for e in es if e.role == "aggregated"]
         if mixed:
@@ -76,6 +78,13 @@ def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, liste
         "",
         f"- the model weights' path on every host (now `{opts.model_path}`: `model_path=` when deploying);",
     ]
+    if plan.replan is not None:
+        kept = sorted(set(plan.replan.kept))
+        keep = "" if opts.target == "llmd" else (
+            f" Islands {', '.join(str(i) for i in kept)} run on as they are: no launch files for them here; stop "
+            "only the engines of the islands this folder launches anew before starting them.")  # fmt: skip
+        lines[2:2] = [f"A re-plan of {plan.replan.from_plan}: {'; '.join(plan.replan.moves) or 'no move'} "
+                      f"({plan.replan.hosts_relaunched} hosts re-launched).{keep}", ""]  # fmt: skip
     if opts.target == "shell":
         lines += [
             "- for each multi-host engine, `LEADER_ADDR`: the address of its first host (the scripts stop if unset);",

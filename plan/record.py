@@ -402,6 +402,29 @@ class HostLosses:
 
 
 @dataclass(frozen=True)
+class Replan:
+    """How this plan was reached from a running one (search.from_plan; pipeline/planning/replan.py): the moves
+    (a line each), the islands that run on unchanged (`kept`, indices into this plan's islands: no launch files),
+    the hosts re-launched, and this plan's rate beside the best plan from scratch, both in the search's model."""
+
+    from_plan: str
+    moves: tuple[str, ...]
+    kept: tuple[int, ...]
+    hosts_relaunched: int
+    max_moves: int
+    searched_req_s: float
+    scratch_req_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for k, i in enumerate(self.kept):
+            _whole(i, f"kept[{k}]")
+        _whole(self.hosts_relaunched, "hosts_relaunched")
+        _whole(self.max_moves, "max_moves")
+        _real(self.searched_req_s, "searched_req_s", 0.0)
+        _optional_real(self.scratch_req_s, "scratch_req_s", 0.0)
+
+
+@dataclass(frozen=True)
 class Window:
     """One simulation of the check at the plan's rate: its requests and measuring window."""
 
@@ -462,6 +485,7 @@ class Plan:
     band: Band | None = None
     verification: Verification | None = None
     host_losses: HostLosses | None = None
+    replan: Replan | None = None
     notes: tuple[str, ...] = ()
     workload_spec: str = ""  # the workload's definition as planned (canonical JSON of its conf mapping; "": unknown)
 

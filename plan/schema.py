@@ -37,6 +37,7 @@ from plan.record import (
     RangeShare,
     Rates,
     Reference,
+    Replan,
     SearchInfo,
     Verification,
     Window,
@@ -88,6 +89,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "band": record(plan.band),
         "verification": record(plan.verification),
         "host_losses": _losses_record(plan.host_losses),
+        "replan": record(plan.replan),
         "notes": list(plan.notes),
     }
 
@@ -241,6 +243,15 @@ def _verification(d: Any, where: str) -> Verification | None:
     return _of(Verification, {**d, "windows": windows}, where, defaults)
 
 
+def _replan(d: Any, where: str) -> Replan | None:
+    if d is None:
+        return None
+    d = _mapping(d, where)
+    moves = tuple(str(m) for m in _list(d.get("moves", []), f"{where}.moves"))
+    kept = tuple(_list(d.get("kept", []), f"{where}.kept"))
+    return _of(Replan, {**d, "moves": moves, "kept": kept}, where)
+
+
 def _losses_record(losses: HostLosses | None) -> dict[str, Any] | None:
     """plan.json's `host_losses`, with the worst host named beside the list (a reader's shortcut; not read back)."""
     if losses is None:
@@ -296,6 +307,7 @@ def _from_v2(d: Mapping[str, Any], where: str) -> Plan:
         band=_optional(Band, d.get("band"), f"{where}: band"),
         verification=_verification(d.get("verification"), f"{where}: verification"),
         host_losses=_host_losses(d.get("host_losses"), f"{where}: host_losses"),
+        replan=_replan(d.get("replan"), f"{where}: replan"),
         notes=_notes(d.get("notes", []), where),
     )
 
@@ -391,5 +403,6 @@ def _from_v1(d: Mapping[str, Any], where: str) -> Plan:
         band=_optional(Band, d.get("band"), f"{where}: band"),
         verification=_verification(d.get("verification"), f"{where}: verification"),
         host_losses=_host_losses(d.get("host_losses"), f"{where}: host_losses"),
+        replan=_replan(d.get("replan"), f"{where}: replan"),
         notes=_notes(d.get("notes", []), where),
     )

@@ -99,6 +99,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         *verification_rows(plan.verification),
         *_band_rows(plan),
         *_loss_rows(plan),
+        *_replan_rows(plan),
         f"| cost | ${plan.cost_per_hour:,.2f}/h: ${plan.usd_per_m_output_tokens:.2f} per million output tokens, "
         f"{plan.rate_per_dollar:.4f} req/s per $/h |",
         f"| islands | {plan.count('prefill')} prefill + {plan.count('decode')} decode"
@@ -236,6 +237,22 @@ def _loss_rows(plan: Plan) -> list[str]:
         rows.append(f"| {k} host{'s' if k > 1 else ''} lost at once (planned for: search.spare_hosts={k}) | "
                     f"{rate:.2f} req/s ({share:.0%}) at worst: {_nodes_text(list(losses.spare_nodes))} |")  # fmt: skip
     return rows
+
+
+def _replan_rows(plan: Plan) -> list[str]:
+    """How a re-plan (search.from_plan) reached this plan, and what it costs against one from scratch."""
+    again = plan.replan
+    if again is None:
+        return []
+    share = f", {again.searched_req_s / again.scratch_req_s:.1%} of" if again.scratch_req_s else ""
+    kept = ", ".join(str(i) for i in again.kept) or "none"
+    return [
+        f"| re-planned from | {again.from_plan}: {len(again.moves)} of at most {again.max_moves} moves, "
+        f"{again.hosts_relaunched} hosts re-launched; islands {kept} run on unchanged |",
+        *(f"| move {k + 1} | {m} |" for k, m in enumerate(again.moves)),
+        f"| against a plan from scratch | {again.searched_req_s:.2f} req/s in the search's model{share} "
+        f"{_fmt(again.scratch_req_s)} req/s (the exact optimum, which may move every island) |",
+    ]
 
 
 def _stopped_text(plan: Plan, islands: tuple[int, ...]) -> str:

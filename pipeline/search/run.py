@@ -27,6 +27,7 @@ from pipeline.planning.build import build_plan
 from pipeline.planning.check import LOW, check
 from pipeline.planning.failures import host_losses, spare_solve, worst_loss
 from pipeline.planning.planner import Layout
+from pipeline.planning.replan import Replanned, hosts_now, replan
 from pipeline.planning.simulation import RequestMix
 from pipeline.records.journal import link_latest, read_json, write_json, write_text
 from pipeline.records.progress import Progress
@@ -38,7 +39,7 @@ from pipeline.search.settings import Settings, context, idle_types, inventory_of
 from pipeline.search.trial import Context, TrialFn, run_trial, score_layout
 from pipeline.search.trials import SearchRun
 from pipeline.tune.driver import check_ray_address, run_tune, with_ray
-from plan import InventoryInfo, Plan, Reference, SearchInfo, to_json
+from plan import InventoryInfo, Plan, Reference, Replan, SearchInfo, to_json
 from solvers.exact import ExactResult
 
 NO_PLAN = 1  # exit code of a search that finished without a usable layout
@@ -152,6 +153,11 @@ def _what(settings: Settings) -> str:
     """How the layout is found, in the banner's words."""
     if settings.planner == "exact":
         return "the exact MILP plans the layout (no trials)"
+    if settings.planner == "replan":
+        lost = f", hosts lost {', '.join(f'{g}:{n}' for g, n in settings.lost_hosts)}" if settings.lost_hosts else ""
+        hosts = f" and {settings.max_hosts} hosts" if settings.max_hosts is not None else ""
+        return (f"re-plan of {settings.from_plan_path} within {settings.max_moves} changed islands{hosts}{lost} "
+                "(no trials)")  # fmt: skip
     polish = f" (the last {round(settings.polish * settings.trials)} polish the best)" if settings.polish else ""
     return (f"{settings.generator} layouts, sampler {settings.sampler}, {settings.iterations} x {settings.batch} "
             f"trials{polish}")  # fmt: skip
@@ -189,7 +195,7 @@ def _reference(run: SearchRun, settings: Settings, ctx: Context) -> ExactResult 
         except (TypeError, KeyError) as err:
             print(f"[search] warning: {path} is not a reference this version wrote ({err}): solving it again",
                   file=sys.stderr, flush=True)  # fmt: skip
-    if not (settings.reference or settings.planner == "exact"):
+    if not (settings.reference or settings.planner in ("exact", "replan")):  # a re-plan is judged against it
         return None
     if sum(len(ctx.space.sizes(g.name)) for g in settings.inventory.gpus) > ESTIMATE_ABOVE:
         cost = reference_cost(settings, ctx, ctx.planner)
@@ -242,6 +248,9 @@ def _finish(
     if settings.planner == "exact":
         assert run.ref is not None
         best_layout = exact_layout(run.ref)
+    elif settings.planner == "replan":
+        run.replanned = _replanned(settings, ctx)
+        best_layout = run.replanned.layout if run.replanned.pieces else None
     else:
         tracker.ready()  # a store MLflow cannot open: said before the trials, not after them
         complete = with_ray(settings.ray_address, settings.ray_num_cpus, lambda: run_tune(run, trial_fn))
@@ -297,15 +306,23 @@ def _plan(
     inv = settings.inventory
     inventory = InventoryInfo(inv.name, tuple((g.name, n) for g, n in zip(inv.gpus, inv.counts, strict=True)),
                               inv.cost_per_hour)  # fmt: skip
-    roles = None
+    roles, hosts, again = None, None, run.replanned
     if settings.spare_hosts:  # the roles that keep the most with the worst hosts lost, as the trials scored them
         roles = spare_solve(ctx.planner, layout, settings.spare_hosts, ctx.inner_time_limit_s, ctx.backend).roles
-    plan = build_plan(ctx.planner, layout, ctx.inner_time_limit_s, ctx.backend, inventory, roles)
+    if again is not None:  # a re-plan: kept islands where and as they run, the others as moved
+        roles, hosts = again.roles, [p.hosts for p in again.pieces]
+    plan = build_plan(ctx.planner, layout, ctx.inner_time_limit_s, ctx.backend, inventory, roles, hosts)
     score = plan.rates.searched_req_s  # the gap compares the search's model with the reference's: the same one
     if settings.objective == "rate_per_dollar":
         score = score / plan.cost_per_hour if plan.cost_per_hour > 0 else 0.0
     if settings.spare_hosts:  # what the trials scored: the rate with the worst hosts lost, in the search's model
         score = float(score_layout(ctx, layout)["score"])
+    if again is not None:
+        score = again.searched_req_s
+        scratch = run.ref.rate_req_s if run.ref is not None else None
+        plan = dataclasses.replace(plan, replan=Replan(settings.from_plan_path, again.moves, again.kept,
+                                                       again.hosts_relaunched, settings.max_moves,
+                                                       again.searched_req_s, scratch))  # fmt: skip
     ref = run.ref
     reference_info = None
     if ref is not None:
@@ -365,6 +382,23 @@ def _band_and_check(plan: Plan, settings: Settings, ctx: Context, layout: Layout
         pending.kill()
         raise
     return _checked(plan, settings, ctx, pending)
+
+
+def _replanned(settings: Settings, ctx: Context) -> Replanned:
+    """The best plan within search.max_moves changed islands of the running plan (`pipeline.planning.replan`)."""
+    inv = settings.inventory
+    counts = {g.name: n for g, n in zip(inv.gpus, inv.counts, strict=True)}
+    node_gpus = {g.name: g.node_gpus for g in inv.gpus}
+    hosts = hosts_now(settings.from_plan, counts, node_gpus, settings.lost_hosts)
+    t0 = time.perf_counter()
+    print(f"[search] re-plan: from {settings.from_plan_path}, at most {settings.max_moves} islands changed ...",
+          flush=True)  # fmt: skip
+    found = replan(ctx.planner, settings.from_plan, hosts, dict(ctx.space.min_island), settings.max_moves,
+                   ctx.inner_time_limit_s, ctx.backend, settings.max_hosts)  # fmt: skip
+    moves = "; ".join(found.moves) or "none (the running islands as they are)"
+    print(f"[search] re-plan: {len(found.moves)} moves ({moves}), {found.hosts_relaunched} hosts re-launched: "
+          f"{found.searched_req_s:.2f} req/s in the search's model ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return found
 
 
 def _with_losses(plan: Plan, settings: Settings, ctx: Context, layout: Layout) -> Plan:
@@ -499,7 +533,14 @@ def _summary(run: SearchRun, plan: Plan) -> None:
     ref = plan.reference
     gap = f", {ref.gap_text()} to the exact optimum there" if ref is not None and ref.gap is not None else ""
     losses = plan.host_losses
-    if losses is not None and losses.spare_req_s is not None:
+    again = plan.replan
+    if again is not None and again.scratch_req_s:
+        share = again.searched_req_s / again.scratch_req_s
+        print(f"[search] re-planned with {len(again.moves)} moves, {again.hosts_relaunched} hosts re-launched: "
+              f"{again.searched_req_s:.2f} req/s in the search's model, {share:.1%} of the best plan from scratch "
+              f"({again.scratch_req_s:.2f}, which moves any island); launch files for the changed islands only "
+              "(pipeline.deploy)", flush=True)  # fmt: skip
+    elif losses is not None and losses.spare_req_s is not None:
         k = losses.spare_hosts
         print(f"[search] planned for {k} host{'s' if k > 1 else ''} lost: the trials scored each layout by its rate "
               f"with its worst {k} lost{gap} with every host up", flush=True)  # fmt: skip

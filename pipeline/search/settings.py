@@ -59,6 +59,11 @@ class Settings:
     band_draws: int  # calibration draws the best layout is re-planned under for its rate band (0: none)
     robust: bool  # plan at every calibration factor's 10th percentile
     spare_hosts: int  # score each layout by its lowest rate with any this many hosts lost (0: every host up)
+    from_plan: Any  # search.from_plan: the running plan (a Plan) a re-plan starts from, or None
+    from_plan_path: str  # its path ("" without)
+    max_moves: int  # a re-plan changes at most this many islands
+    max_hosts: int | None  # and re-launches at most this many hosts (None: no bound)
+    lost_hosts: tuple[tuple[str, int], ...]  # hosts of the running plan that are gone
     calibration: Any  # the calibration of the cost model (before robust's shift), or None
     run_root: Path  # outputs/search/<name>-<hash>
     ray_address: str | None
@@ -182,7 +187,13 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
     if goodput is not None and not planner.cost.slo:
         raise ConfigError("search.objective=goodput counts requests served within the SLOs: set the slo block "
                           "(slo=null plans for throughput only; use objective=max_rate there)")  # fmt: skip
+    from_plan, lost_hosts = None, ()
+    if s.get("from_plan") is not None:
+        from_plan, lost_hosts = read_from_plan(s, inventory)
     spare_hosts = whole_number(s.get("spare_hosts", 0), "search.spare_hosts")
+    if spare_hosts and from_plan is not None:
+        raise ConfigError("search.from_plan re-plans a running plan with few moves; search.spare_hosts plans a new "
+                          "one for lost hosts: drop one of the two")  # fmt: skip
     if spare_hosts:
         check_spare_hosts(spare_hosts, sampler, objective, inventory)
         extra = [k for k, on in (("costmodel.aggregated=true", planner.cost.aggregated), ("search.budget_per_hour",
@@ -218,7 +229,7 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
     return Settings(
         inventory=inventory,
         workload_name=workload_name,
-        planner="exact" if sampler == "exact" else "search",
+        planner="replan" if from_plan is not None else "exact" if sampler == "exact" else "search",
         sampler=sampler,
         generator=generator,
         iterations=positive_int(s.iterations, "search.iterations"),
@@ -233,6 +244,11 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         band_draws=whole_number(s.get("band_draws", 0), "search.band_draws"),
         robust=robust,
         spare_hosts=spare_hosts,
+        from_plan=from_plan,
+        from_plan_path="" if from_plan is None else str(s.from_plan),
+        max_moves=positive_int(s.get("max_moves", 3), "search.max_moves"),
+        max_hosts=None if s.get("max_hosts") is None else whole_number(s.max_hosts, "search.max_hosts"),
+        lost_hosts=lost_hosts,
         calibration=calibration,
         run_root=Path(str(cfg.out_root)) / name,
         ray_address=None if cfg.ray.address is None else str(cfg.ray.address),
@@ -248,6 +264,27 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         key=digest,
         config=record,
     )
+
+
+def read_from_plan(s: Any, inventory: Inventory) -> tuple[Any, tuple[tuple[str, int], ...]]:
+    """(the running plan, the hosts of it that are gone) of search.from_plan and search.lost_hosts, checked."""
+    import plan as plans
+
+    running = plans.load(str(s.from_plan), "search.from_plan")
+    gpus = {g.name: g for g in inventory.gpus}
+    lost = []
+    for item in plain(s.get("lost_hosts")) or []:
+        gpu, _, node = str(item).partition(":")
+        if gpu not in gpus or not node.strip().isdigit():
+            raise ConfigError(f"search.lost_hosts: {item!r} is not GPU:host with a GPU of the inventory "
+                              f"({sorted(gpus)}) and a host number, e.g. H20:11")  # fmt: skip
+        lost.append((gpu, int(node)))
+    unknown = sorted({isl.gpu for isl in running.islands if isl.serving} - set(gpus))
+    if unknown:
+        raise ConfigError(f"search.from_plan={s.from_plan}: its islands run on {unknown[0]}, which this "
+                          f"inventory does not have ({sorted(gpus)}): re-plan with the inventory the plan runs on, "
+                          "changed")  # fmt: skip
+    return running, tuple(lost)
 
 
 def check_spare_hosts(spare: int, sampler: str, objective: str, inventory: Inventory) -> None:

@@ -43,6 +43,7 @@ class SearchRun:
             (r for r in self.records if r["status"] in OK), key=lambda r: r["score"], default=None
         )
         self.ref: ExactResult | None = None
+        self.replanned: Any = None  # search.from_plan: the re-plan found (pipeline.planning.replan.Replanned)
         self.unlogged: list[dict[str, Any]] = []  # finished trials MLflow has not taken yet
         self.fatal: OSError | None = None  # why the journal could not be written: the search stops asking for trials
         self.store_warned = False  # one console line when the store stops answering, not one per trial
