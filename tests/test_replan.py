@@ -114,15 +114,22 @@ def test_no_move_keeps_the_running_islands_and_a_host_budget_is_kept(tmp_path: P
         (["search.from_plan=/nonexistent/plan.json"], "error: search.from_plan=/nonexistent/plan.json: no such file"),
         (["search.lost_hosts=[H20-11]"], "error: search.lost_hosts: 'H20-11' is not GPU:host"),
         (["search.spare_hosts=1"], "error: search.from_plan re-plans a running plan with few moves"),
+        (["aggregated"], "error: search.from_plan={path}: island 2 runs aggregated engines; a re-plan keeps"),
     ],
 )
 def test_a_re_plan_it_cannot_make_is_one_line(tmp_path: Path, extra: list[str], says: str) -> None:
+    import dataclasses
+
     from pipeline.search.run import execute
 
+    running = _tiny()
+    if extra == ["aggregated"]:  # a plan whose decode island runs aggregated engines
+        mixed = dataclasses.replace(running.islands[2], role="aggregated", chunk_tokens=64)
+        running, extra = dataclasses.replace(running, islands=(*running.islands[:2], mixed)), []
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plans.to_json(_tiny())))
-    args = [f"search.from_plan={path}", *extra] if "from_plan" not in extra[0] else extra
+    path.write_text(json.dumps(plans.to_json(running)))
+    args = [f"search.from_plan={path}", *extra] if not extra or "from_plan" not in extra[0] else extra
     r = in_process(execute, "search", *SMALL, *args, f"out_root={tmp_path}/out",
                    f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
-    one_line(r, says)
+    one_line(r, says.format(path=path))
     assert not (tmp_path / "out").exists()

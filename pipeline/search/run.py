@@ -319,10 +319,7 @@ def _plan(
         score = float(score_layout(ctx, layout)["score"])
     if again is not None:
         score = again.searched_req_s
-        scratch = run.ref.rate_req_s if run.ref is not None else None
-        plan = dataclasses.replace(plan, replan=Replan(settings.from_plan_path, again.moves, again.kept,
-                                                       again.hosts_relaunched, settings.max_moves,
-                                                       again.searched_req_s, scratch))  # fmt: skip
+        plan = _as_running(plan, settings, again, run.ref.rate_req_s if run.ref is not None else None)
     ref = run.ref
     reference_info = None
     if ref is not None:
@@ -382,6 +379,33 @@ def _band_and_check(plan: Plan, settings: Settings, ctx: Context, layout: Layout
         pending.kill()
         raise
     return _checked(plan, settings, ctx, pending)
+
+
+def _as_running(plan: Plan, settings: Settings, again: Replanned, scratch: float | None) -> Plan:
+    """The re-plan's plan with each kept island as its engines run: the old plan's batch and micro-batching. A kept
+    island whose configuration for the new workload differs from the one running (TP, DP, EP) is re-launched:
+    it is a move too, past search.max_moves if need be, and the console and report say so."""
+    old = {(isl.gpu, isl.hosts.nodes, isl.role): isl for isl in settings.from_plan.islands
+           if isl.serving and isl.hosts is not None}  # fmt: skip
+    islands, kept, moves = list(plan.islands), [], list(again.moves)
+    relaunched = again.hosts_relaunched
+    for i in again.kept:
+        now = islands[i]
+        was = old.get((now.gpu, now.hosts.nodes if now.hosts else (), now.role))
+        if was is not None and (was.tp, was.dp, was.ep) == (now.tp, now.dp, now.ep):
+            islands[i] = dataclasses.replace(now, batch=was.batch, overlap=was.overlap, chunk_tokens=was.chunk_tokens)
+            kept.append(i)
+            continue
+        before = f"TP {was.tp} x DP {was.dp}" if was is not None else "another configuration"
+        moves.append(f"re-launch {now.size} x {now.gpu} {now.role} as TP {now.tp} x DP {now.dp} (ran {before}: "
+                     "its configuration for this workload)")  # fmt: skip
+        relaunched += len(now.hosts.nodes) if now.hosts else 0
+    if len(moves) > len(again.moves):
+        print(f"[search] warning: {len(moves) - len(again.moves)} kept island(s) run another configuration for this "
+              f"workload and are re-launched too: {len(moves)} moves", file=sys.stderr, flush=True)  # fmt: skip
+    record = Replan(settings.from_plan_path, tuple(moves), tuple(kept), relaunched, settings.max_moves,
+                    again.searched_req_s, scratch)  # fmt: skip
+    return dataclasses.replace(plan, islands=tuple(islands), replan=record)
 
 
 def _replanned(settings: Settings, ctx: Context) -> Replanned:

@@ -279,6 +279,12 @@ def read_from_plan(s: Any, inventory: Inventory) -> tuple[Any, tuple[tuple[str, 
             raise ConfigError(f"search.lost_hosts: {item!r} is not GPU:host with a GPU of the inventory "
                               f"({sorted(gpus)}) and a host number, e.g. H20:11")  # fmt: skip
         lost.append((gpu, int(node)))
+    mixed = [k for k, isl in enumerate(running.islands) if isl.role == "aggregated"]
+    if mixed:
+        raise ConfigError(
+            f"search.from_plan={s.from_plan}: island {mixed[0]} runs aggregated engines; a re-plan keeps prefill "
+            "and decode islands only: plan from scratch (drop search.from_plan)"
+        )
     unknown = sorted({isl.gpu for isl in running.islands if isl.serving} - set(gpus))
     if unknown:
         raise ConfigError(f"search.from_plan={s.from_plan}: its islands run on {unknown[0]}, which this "
