@@ -223,5 +223,21 @@ def test_a_search_for_one_spare_host_keeps_serving_where_the_fastest_plan_stops(
         if k:
             assert plan.host_losses.spare_req_s == pytest.approx(plan.host_losses.worst.rate_req_s)
             assert "planned for 1 host lost" in r.stdout
+            spare = plan
     assert rates[0][1] == 0.0 < rates[1][1]  # the fastest plan stops with one host; the spare plan does not
     assert rates[1][0] <= rates[0][0] * (1 + 1e-9)  # what that costs with every host up
+    # the spare plan's worst loss, as its engines then run, holds in the simulator at the rate it states
+    from pipeline.planning.check import check
+    from pipeline.planning.failures import without_host
+    from pipeline.planning.planner import Layout
+    from pipeline.planning.simulation import RequestMix
+    from pipeline.search.settings import context, inventory_of, read_settings
+
+    cfg = compose(list(SMALL))
+    ctx = context(read_settings(cfg, *inventory_of(cfg)))
+    layout = Layout(tuple((isl.gpu, isl.size) for isl in spare.islands))
+    worst = spare.host_losses.worst
+    reduced = without_host(ctx.planner, layout, spare, worst.islands, ctx.inner_time_limit_s, ctx.backend)
+    assert reduced.rate_req_s == pytest.approx(worst.rate_req_s, rel=1e-6)
+    v = check(reduced, RequestMix.of(ctx.planner.workload))
+    assert abs(v.simulated_over_stated - 1.0) <= 0.05 and (v.sustained or v.holds_at_0_95), v.why_not
