@@ -74,6 +74,10 @@ def test_the_command_runs_compares_and_logs_to_mlflow(tmp_path: Path) -> None:
         (["plan={plan}", "out_root=/etc/passwd/x"], "error: out_root=/etc/passwd/x: cannot create the folder"),
         (["plan={plan}", "router=magic"], "error: router='magic' is unknown"),
         (["plan={plan}", "arrivals=trace"], "error: arrivals=trace needs timestamps; workload azure_conv has none"),
+        (
+            ["plan={plan}", "+workload=synthetic_fig4_2", "arrivals=workload"],
+            "error: arrivals=workload is the arrival model a workload fitted to its trace; workload synthetic_fig4_2",
+        ),
         (["plan={plan}", "requests=1000000000"], "error: requests=1,000,000,000 is over 5,000,000 per simulation"),
         (["plan={plan}", "slo.tpot_ms=-1"], "error: `slo.tpot_ms > 0` must hold (or null for no cap), got"),
     ],
@@ -86,6 +90,18 @@ def test_bad_input_is_one_line_before_any_simulation(tmp_path: Path, args: list[
     r = simulate(tmp_path, *(a.format(**files) for a in args))
     one_line(r, start.format(**files))
     assert not list((tmp_path / "sim").glob("*/*/metrics.json"))
+
+
+def test_a_plan_simulated_under_its_workloads_own_arrivals_says_how_much_of_the_day_it_covers(
+    tmp_path: Path,
+) -> None:
+    """arrivals=workload: the arrival model the workload fitted to its trace (azure_conv). 4,000 requests at the
+    plan's rate cover a little of the trace's hour, and the report says so and what would cover it."""
+    path = write(tmp_path, tiny_plan())
+    r = simulate(tmp_path, f"plan={path}", "arrivals=workload", "rate_scale=1", "requests=4000")
+    assert r.returncode == 0, r.stderr
+    assert "requests at 4.0 req/s span 1,000 s of the workload's 3,510-s arrival profile (28%)" in r.stdout
+    assert "requests=14,040 covers it" in r.stdout
 
 
 def test_a_plan_is_judged_by_its_own_slos_unless_the_command_gives_others(tmp_path: Path) -> None:

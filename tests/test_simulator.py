@@ -288,6 +288,26 @@ def test_arrivals_keep_their_rate_and_a_trace_its_order() -> None:
         arrivals_ms("poisson", 3, 0.0, rng)
 
 
+def test_the_workload_arrival_model_keeps_its_traces_rate_bin_by_bin() -> None:
+    """A trace with 5, 40, 0 and 15 requests in its four 10-s bins has the profile 1/3, 8/3, 0, 1. The model's
+    arrivals at 100 req/s (from a random bin, round and round the profile) hold the mean rate, come in each bin
+    at that bin's share, and never in the empty one."""
+    from simulator.arrivals import PROFILE_BIN_S, modulated_ms, rate_profile
+
+    trace = np.concatenate([np.linspace(0, 9.9, 5), 10 + np.linspace(0, 9.9, 40), 30 + np.linspace(0, 9.9, 15)])
+    prof = rate_profile(trace)
+    assert np.allclose(prof, [1 / 3, 8 / 3, 0.0, 1.0])
+    t = modulated_ms(200_000, 100.0, prof, np.random.default_rng(1)) / 1e3
+    assert (np.diff(t) >= 0).all() and len(t) == 200_000
+    cycles = int(t[-1] // (4 * PROFILE_BIN_S))  # whole cycles of the profile
+    whole = t[t < cycles * 4 * PROFILE_BIN_S]
+    assert len(whole) / (cycles * 4 * PROFILE_BIN_S) == pytest.approx(100.0, rel=0.02)
+    per_bin = np.bincount((whole // PROFILE_BIN_S).astype(int) % 4, minlength=4) / (cycles * PROFILE_BIN_S * 100.0)
+    shift = int(np.argmax(per_bin)) - 1  # the walk's start: the busiest bin is the profile's second
+    assert np.allclose(np.roll(per_bin, -shift), prof, atol=0.05)
+    assert (per_bin == 0).sum() == 1  # the bin the trace left empty gets nothing
+
+
 def test_dp_select_keeps_a_user_on_their_engine_until_memory_saturates() -> None:
     from simulator.routers import DPSelect
 

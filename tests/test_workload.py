@@ -39,6 +39,23 @@ def test_shipped_histograms_match_the_published_statistics(
     assert w.max_decode == max_out
 
 
+@pytest.mark.parametrize("name", ["code", "conv"])
+def test_a_shipped_arrival_model_is_its_traces_rate_per_10_s(name: str) -> None:
+    """The arrival model a shipped workload carries is derived from its trace, bin for bin: the trace beside the
+    project (../shared/data/traces) gives the same profile; and its 60-s windows peak as the trace's do."""
+    from pipeline.planning.traces import load_trace
+    from simulator.arrivals import rate_profile
+
+    trace = load_trace(CONF_DIR.parents[1] / "shared" / "data" / "traces" / f"AzureLLMInferenceTrace_{name}.csv")
+    w = workload_from_cfg(f"azure_{name}", conf(f"azure_{name}"))
+    assert w.arrival_profile is not None
+    assert np.allclose(w.arrival_profile, rate_profile(trace.arrival_s))
+    six = w.arrival_profile[: 6 * (len(w.arrival_profile) // 6)].reshape(-1, 6).mean(axis=1)  # 60-s windows
+    t = np.sort(trace.arrival_s - trace.arrival_s.min())
+    windows = np.bincount((t // 60).astype(int))[: len(six)]
+    assert np.percentile(six, 99) == pytest.approx(np.percentile(windows / windows.mean(), 99), rel=0.05)
+
+
 @pytest.mark.parametrize("width", [1, 7, 125, 500, 8000, 20000])
 def test_ranges_cover_the_support_and_sum_to_one(width: int) -> None:
     w = workload_from_cfg("azure_conv", conf("azure_conv"))

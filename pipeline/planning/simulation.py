@@ -40,6 +40,7 @@ class RequestMix:
     inputs: tuple[np.ndarray, np.ndarray]  # (lengths, weights)
     outputs: tuple[np.ndarray, np.ndarray]
     trace: Trace | None = None
+    profile: np.ndarray | None = None  # the workload's arrival model (`workload` arrivals; simulator.arrivals)
 
     @staticmethod
     def of(workload: Workload, trace: Trace | None = None) -> RequestMix:
@@ -49,11 +50,12 @@ class RequestMix:
         else:
             out = np.flatnonzero(workload.output_pmf > 0)
             outputs = (out, workload.output_pmf[out])
-        return RequestMix(workload.name, (inputs, workload.pmf[inputs]), outputs, trace)
+        return RequestMix(workload.name, (inputs, workload.pmf[inputs]), outputs, trace, workload.arrival_profile)
 
     def requests(self, n: int, rate: float, arrivals: str = "poisson", seed: int = 0) -> Requests:
-        """`n` requests at `rate` req/s: `poisson` or `constant` arrivals, or the trace's own (`trace`) scaled to
-        `rate`."""
+        """`n` requests at `rate` req/s: `poisson` or `constant` arrivals, the workload's own arrival model
+        (`workload`: its trace's rate over time, at a mean of `rate`), or the trace's own timestamps (`trace`)
+        scaled to `rate`."""
         if arrivals not in ARRIVALS:
             raise ConfigError(f"arrivals={arrivals!r}: choose from {list(ARRIVALS)}")
         if n > MAX_REQUESTS:
@@ -61,8 +63,11 @@ class RequestMix:
                 f"requests={n:,} is over {MAX_REQUESTS:,} per simulation (about {n / SIMULATED_REQ_S / 60:,.0f} min "
                 f"at {SIMULATED_REQ_S:,} simulated requests/s and {n * 120 / 1e9:,.0f} GB of arrays): lower requests"
             )
+        if arrivals == "workload" and self.profile is None:
+            raise ConfigError(f"arrivals=workload is the arrival model a workload fitted to its trace; workload "
+                              f"{self.name} has no trace (a synthetic one): use arrivals=poisson")  # fmt: skip
         if arrivals != "trace":
-            return sampled(n, self.inputs, self.outputs, arrivals, rate, seed)
+            return sampled(n, self.inputs, self.outputs, arrivals, rate, seed, self.profile)
         t = self.trace
         if t is None or t.arrival_s is None:
             raise ConfigError(f"arrivals=trace needs timestamps; workload {self.name} has none: use +workload=trace "

@@ -20,6 +20,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipeline.errors import WorkloadError
+from simulator.arrivals import rate_profile
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 # A request longer than this is no request any model of the catalogue serves (DeepSeek-V3's
@@ -214,10 +215,12 @@ def load_trace(path: str | Path, fmt: str = "auto", columns: Columns | None = No
 
 
 def derive_histogram(trace: Trace, out: Path, attribution: str) -> None:
-    """Save the per-length request counts of a trace (no timestamps, no per-request rows)."""
+    """Save the per-length request counts of a trace and, where it has timestamps, its arrival model (its rate per
+    10-s bin over its mean: `simulator.arrivals.rate_profile`); no timestamps, no per-request rows."""
     iv, ic = np.unique(trace.input_tokens, return_counts=True)
     ov, oc = np.unique(trace.output_tokens, return_counts=True)
     out.parent.mkdir(parents=True, exist_ok=True)
+    timed = trace.arrival_s is not None and len(trace.arrival_s) > 1
     np.savez_compressed(
         out,
         input_values=iv,
@@ -226,6 +229,7 @@ def derive_histogram(trace: Trace, out: Path, attribution: str) -> None:
         output_counts=oc,
         source=np.array(Path(trace.source).name),
         attribution=np.array(attribution),
+        **({"arrival_profile": rate_profile(trace.arrival_s)} if timed else {}),  # type: ignore[arg-type]
     )
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from pipeline.errors import WorkloadError
 from pipeline.planning.traces import Columns, Trace, load_histogram, load_trace
+from simulator.arrivals import rate_profile
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class Workload:
     max_decode: int
     arrival_s: np.ndarray | None = None  # request arrival times (s), kept for the simulator
     output_pmf: np.ndarray | None = None  # p(n) over output length n (None: only its mean and maximum are known)
+    # its arrival model: the trace's requests per 10-s bin over their mean (simulator.arrivals; None: no trace)
+    arrival_profile: np.ndarray | None = None
     spec: str = ""  # its conf/workload mapping as composed (canonical JSON): what plan.json records to rebuild it
 
     def __post_init__(self) -> None:
@@ -147,12 +150,17 @@ def from_counts(
     output_values: np.ndarray,
     output_counts: np.ndarray,
     arrival_s: np.ndarray | None = None,
+    arrival_profile: np.ndarray | None = None,
 ) -> Workload:
-    """A workload from per-length request counts (a trace or a shipped histogram)."""
+    """A workload from per-length request counts (a trace or a shipped histogram); its arrival model from the
+    trace's timestamps, or as shipped (`arrival_profile`)."""
     pmf = np.bincount(input_values.astype(int), weights=input_counts.astype(float))
     mean_decode = float(output_values @ output_counts / output_counts.sum())
     out = np.bincount(output_values.astype(int), weights=output_counts.astype(float))
-    return Workload(name, pmf / pmf.sum(), mean_decode, int(output_values.max()), arrival_s, out / out.sum())
+    if arrival_profile is None and arrival_s is not None and len(arrival_s) > 1:
+        arrival_profile = rate_profile(arrival_s)
+    return Workload(name, pmf / pmf.sum(), mean_decode, int(output_values.max()), arrival_s, out / out.sum(),
+                    arrival_profile)  # fmt: skip
 
 
 def from_trace(trace: Trace) -> Workload:
@@ -190,7 +198,8 @@ def _from_cfg(name: str, cfg: Mapping[str, Any]) -> Workload:
     if kind == "histogram":
         (hist,) = _need(cfg, ("histogram",), where)
         h = load_histogram(str(hist))
-        return from_counts(name, h["input_values"], h["input_counts"], h["output_values"], h["output_counts"])
+        return from_counts(name, h["input_values"], h["input_counts"], h["output_values"], h["output_counts"],
+                           arrival_profile=h.get("arrival_profile"))  # fmt: skip
     if kind == "trace":
         return from_trace(trace_from_cfg(name, cfg))
     raise WorkloadError(

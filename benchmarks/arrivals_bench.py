@@ -1,0 +1,111 @@
+"""The workload's arrival model against its trace, and what its bursts do to a plan over a whole trace's day.
+
+    python benchmarks/arrivals_bench.py                      # both Azure traces; the main job's exact plan
+    python benchmarks/arrivals_bench.py --plan PATH/plan.json --scales 1,0.5,0.25
+
+A. Fidelity: each shipped trace (../shared/data/traces, the Azure LLM inference traces 2023, CC BY 4.0)
+   against arrivals drawn from its model (`arrivals=workload`: a Cox process over the trace's rate per
+   10-s bin, simulator/arrivals.py), one whole cycle of the profile per seed, at the trace's own rate and at
+   100 times it: the inter-arrival coefficient of variation and the 99th percentile and maximum of the
+   request rate in 1-, 10- and 60-s windows over the mean. Nothing is fitted to these numbers beyond the
+   profile itself.
+B. A plan simulated over one whole cycle of its workload's profile (every bin of the trace's day once), with
+   the workload's arrivals at `--scales` x its stated rate and with Poisson arrivals at its stated rate: the
+   share of requests within the SLOs and the SLO percentiles over the whole day.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.planning.simulation import RequestMix, Runner, SimSettings
+from pipeline.planning.traces import load_trace
+from simulator.arrivals import PROFILE_BIN_S, modulated_ms, rate_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT.parent / "shared" / "data" / "traces"
+WINDOWS = (1, 10, 60)
+
+
+def burstiness(t_s: np.ndarray) -> list[float]:
+    """[CV of the gaps, then per window: p99 / mean, max / mean of the rate in windows of that many seconds]."""
+    t = np.sort(t_s - t_s.min())
+    gaps = np.diff(t)
+    out = [float(gaps.std() / gaps.mean())]
+    for w in WINDOWS:
+        c = np.bincount((t // w).astype(int)).astype(float)
+        out += [float(np.percentile(c, 99) / c.mean()), float(c.max() / c.mean())]
+    return out
+
+
+def fidelity(seeds: int) -> None:
+    head = ["CV"] + [f"{w}-s {k}" for w in WINDOWS for k in ("p99", "max")]
+    print("## A. The arrival model against its trace (rate in windows over the mean; CV of the gaps)\n")
+    print("| trace | arrivals | " + " | ".join(head) + " |")
+    print("|---|---|" + "---:|" * len(head))
+    for name in ("code", "conv"):
+        trace = load_trace(TRACES / f"AzureLLMInferenceTrace_{name}.csv")
+        t = trace.arrival_s
+        rate = len(t) / float(t.max() - t.min())
+        prof = rate_profile(t)
+        print(f"| {name} | the trace ({rate:.2f} req/s) | " + " | ".join(f"{v:.2f}" for v in burstiness(t)) + " |")
+        for scale in (1, 100):
+            rows = []
+            for seed in range(seeds):
+                n = int(rate * scale * len(prof) * PROFILE_BIN_S)  # one whole cycle of the profile
+                rows.append(burstiness(modulated_ms(n, rate * scale, prof, np.random.default_rng(seed)) / 1e3))
+            mean = np.mean(rows, axis=0)
+            print(f"| {name} | model at {scale} x its rate ({seeds} seeds) | " + " | ".join(f"{v:.2f}" for v in mean)
+                  + " |")  # fmt: skip
+    print()
+
+
+def day(plan_path: str | None, scales: list[float]) -> None:
+    import plan as plans
+
+    if plan_path is None:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from common import exact_plan
+
+        _, ctx, plan = exact_plan(["+inventory=hetero_a"])
+        mix, where = RequestMix.of(ctx.planner.workload), "the main job's exact plan (hetero_a, azure_code)"
+    else:
+        from pipeline.planning.simulation import request_mix
+
+        plan = plans.load(plan_path)
+        mix, where = request_mix(plan.workload, plan.spec_of_workload), plan_path
+    if mix.profile is None:
+        raise SystemExit(f"workload {mix.name} has no arrival model (no trace): nothing to compare")
+    day_s = len(mix.profile) * PROFILE_BIN_S
+    runner = Runner(plan, plan.slo, SimSettings())
+    print(f"## B. {where}: {plan.rate_req_s:.1f} req/s stated, simulated over one whole cycle of the workload's "
+          f"{day_s:,.0f}-s arrival profile ({plan.slo.text()})\n")  # fmt: skip
+    print("| arrivals | mean rate (req/s) | requests | within the SLOs | TTFT p99 (ms) | TPOT p99 (ms) | "
+          "throughput / offered | s |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for kind, scale in [("poisson", 1.0), *(("workload", s) for s in scales)]:
+        rate = plan.rate_req_s * scale
+        t0 = time.perf_counter()
+        _, m, _ = runner.simulate(mix.requests(int(rate * day_s), rate, kind, 0))
+        print(f"| {kind} | {rate:.1f} ({scale:g} x) | {int(rate * day_s):,} | {m['slo_attainment']:.1%} | "
+              f"{m['ttft_ms_p99']:,.0f} | {m['tpot_ms_p99']:.1f} | {m['throughput_req_s'] / m['offered_req_s']:.3f} "
+              f"| {time.perf_counter() - t0:.0f} |", flush=True)  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plan", default=None, help="a plan.json (default: the main job's exact plan)")
+    ap.add_argument("--scales", default="1,0.5,0.25", help="mean rates to simulate, as multiples of the stated")
+    ap.add_argument("--seeds", type=int, default=5)
+    args = ap.parse_args()
+    fidelity(args.seeds)
+    day(args.plan, [float(s) for s in args.scales.split(",")])
+
+
+if __name__ == "__main__":
+    main()
