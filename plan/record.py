@@ -425,6 +425,35 @@ class Replan:
 
 
 @dataclass(frozen=True)
+class Bursts:
+    """The mean rate the plan sustains within its SLOs under its workload's own arrivals (search.arrivals=workload;
+    pipeline/planning/check.py `bursts`), each simulation one whole cycle of the workload's arrival profile so the
+    SLO percentiles are the day's: `rate_req_s` (0: none of the rates tried held). `peak_to_mean` (q): the
+    workload's 10-s rate over its mean that `percentile` % of its requests arrive at or below;
+    `estimate_req_s` = the stated rate / q, the first probe. At `rate_req_s`: the share of requests within the
+    SLOs and their percentiles over the day; `why_above`: why the lowest rate above it that was tried broke."""
+
+    rate_req_s: float
+    estimate_req_s: float
+    peak_to_mean: float
+    percentile: float
+    day_s: float
+    slo_attainment: float
+    ttft_ms_p99: float
+    tpot_ms_p99: float
+    why_above: str
+    probes: int
+    sim_wall_s: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("rate_req_s", "estimate_req_s", "day_s", "sim_wall_s"):
+            _real(getattr(self, name), name, 0.0)
+        _real(self.peak_to_mean, "peak_to_mean", 0.0)
+        _whole(self.probes, "probes")
+
+
+@dataclass(frozen=True)
 class Window:
     """One simulation of the check at the plan's rate: its requests and measuring window."""
 
@@ -486,6 +515,7 @@ class Plan:
     verification: Verification | None = None
     host_losses: HostLosses | None = None
     replan: Replan | None = None
+    bursts: Bursts | None = None
     notes: tuple[str, ...] = ()
     workload_spec: str = ""  # the workload's definition as planned (canonical JSON of its conf mapping; "": unknown)
 

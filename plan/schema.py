@@ -26,6 +26,7 @@ from costmodel.specs import Model, SpecError
 from plan.record import (
     RATES,
     Band,
+    Bursts,
     HostLoss,
     HostLosses,
     Hosts,
@@ -90,6 +91,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "verification": record(plan.verification),
         "host_losses": _losses_record(plan.host_losses),
         "replan": record(plan.replan),
+        "bursts": record(plan.bursts),
         "notes": list(plan.notes),
     }
 
@@ -308,6 +310,7 @@ def _from_v2(d: Mapping[str, Any], where: str) -> Plan:
         verification=_verification(d.get("verification"), f"{where}: verification"),
         host_losses=_host_losses(d.get("host_losses"), f"{where}: host_losses"),
         replan=_replan(d.get("replan"), f"{where}: replan"),
+        bursts=_optional(Bursts, d.get("bursts"), f"{where}: bursts"),
         notes=_notes(d.get("notes", []), where),
     )
 
@@ -404,5 +407,6 @@ def _from_v1(d: Mapping[str, Any], where: str) -> Plan:
         verification=_verification(d.get("verification"), f"{where}: verification"),
         host_losses=_host_losses(d.get("host_losses"), f"{where}: host_losses"),
         replan=_replan(d.get("replan"), f"{where}: replan"),
+        bursts=_optional(Bursts, d.get("bursts"), f"{where}: bursts"),
         notes=_notes(d.get("notes", []), where),
     )

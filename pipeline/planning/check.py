@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.planning.simulation import RequestMix, Runner, SimSettings, sustainable_rate, until_steady
-from plan import Plan, Verification, Window
+from plan import Bursts, Plan, Verification, Window
+from simulator.arrivals import PROFILE_BIN_S
 from simulator.core import Simulation
 
 SECONDS_OF_ARRIVALS = 90.0  # a plan is checked on this much simulated time at its stated rate ...
@@ -83,3 +84,47 @@ def check(plan: Plan, mix: RequestMix, settings: SimSettings | None = None) -> V
         windows=tuple(Window(**{k: float(w[k]) if k != "requests" else int(w[k]) for k in w}) for w in windows),
         precision=precision,
     )
+
+
+BURST_PROBES = 7  # whole-day simulations the rate under the workload's own arrivals is found with
+
+
+def peak_to_mean(profile: np.ndarray, percentile: float) -> float:
+    """The workload's bursts: the rate over the mean that `percentile` % of its requests arrive at or below (the
+    profile weighted by the requests in each bin: a request-weighted quantile)."""
+    r = np.sort(np.asarray(profile, dtype=float))
+    cum = np.cumsum(r) / r.sum()
+    return float(r[min(int(np.searchsorted(cum, percentile / 100.0)), len(r) - 1)])
+
+
+def bursts(plan: Plan, mix: RequestMix, settings: SimSettings | None = None) -> Bursts:
+    """The mean rate `plan` sustains within its SLOs under its workload's own arrivals (`arrivals=workload`: the
+    Cox process over its trace's rate profile), each probe simulating one whole cycle of the profile, so the SLO
+    percentiles are the day's. A model gives the first probe: a plan that sustains its stated rate C under
+    Poisson arrivals sustains about C / q under bursts whose rate, for the SLO's percentile of requests, is at
+    most q times the mean (`peak_to_mean`); `BURST_PROBES` probes then bisect between half and twice that."""
+    if mix.profile is None:
+        raise ValueError(f"workload {mix.name} has no arrival model (no trace)")
+    settings = settings or SimSettings()
+    runner = Runner(plan, plan.slo, settings)
+    day_s = len(mix.profile) * PROFILE_BIN_S
+    percentile = max(plan.slo.ttft_percentile, plan.slo.tpot_percentile) if plan.slo.any else 99.0
+    q = peak_to_mean(mix.profile, percentile)
+    estimate = plan.rate_req_s / q
+    seen: dict[float, dict[str, float]] = {}
+    walls: list[float] = []
+
+    def sustains(rate: float) -> str:
+        _, m, wall = runner.simulate(mix.requests(max(int(np.ceil(rate * day_s)), 100), rate, "workload",
+                                                  settings.seed))  # fmt: skip
+        walls.append(wall)
+        seen[rate] = m
+        return runner.verdict(m)
+
+    best, why = sustainable_rate(sustains, estimate, BURST_PROBES, 0.5, 2.0)
+    m = seen.get(best) or {}
+    nan = float("nan")
+    return Bursts(rate_req_s=best, estimate_req_s=estimate, peak_to_mean=q, percentile=percentile, day_s=day_s,
+                  slo_attainment=m.get("slo_attainment", nan), ttft_ms_p99=m.get("ttft_ms_p99", nan),
+                  tpot_ms_p99=m.get("tpot_ms_p99", nan), why_above=why, probes=len(walls), sim_wall_s=sum(walls),
+                  seed=settings.seed)  # fmt: skip

@@ -98,6 +98,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         f"req/s** ({rates.output_tok_s:.0f} output tok/s) |",
         *verification_rows(plan.verification),
         *_band_rows(plan),
+        *_burst_rows(plan),
         *_loss_rows(plan),
         *_replan_rows(plan),
         f"| cost | ${plan.cost_per_hour:,.2f}/h: ${plan.usd_per_m_output_tokens:.2f} per million output tokens, "
@@ -237,6 +238,23 @@ def _loss_rows(plan: Plan) -> list[str]:
         rows.append(f"| {k} host{'s' if k > 1 else ''} lost at once (planned for: search.spare_hosts={k}) | "
                     f"{rate:.2f} req/s ({share:.0%}) at worst: {_nodes_text(list(losses.spare_nodes))} |")  # fmt: skip
     return rows
+
+
+def _burst_rows(plan: Plan) -> list[str]:
+    """The mean rate the plan sustains under its workload's own arrivals (search.arrivals=workload)."""
+    b = plan.bursts
+    if b is None:
+        return []
+    share = b.rate_req_s / plan.rate_req_s if plan.rate_req_s > 0 else 0.0
+    held = f"none of the rates tried held ({b.why_above})"
+    if b.rate_req_s > 0:
+        held = (f"{b.slo_attainment:.1%} of requests within the SLOs, TTFT p99 {b.ttft_ms_p99:,.0f} ms, TPOT p99 "
+                f"{b.tpot_ms_p99:.1f} ms")  # fmt: skip
+    return [f"| **under the workload's own arrivals** (a {b.day_s:,.0f}-s day of its trace's bursts, simulated) | "
+            f"**{b.rate_req_s:.2f} req/s** mean ({share:.1%} of the rate above; it tolerates peaks of "
+            f"{1 / share if share > 0 else float('inf'):.1f} x that mean): {held}; its 10-s rate is at most "
+            f"{b.peak_to_mean:.2f} x the mean for {b.percentile:g} % of requests (the rate / that: "
+            f"{b.estimate_req_s:.2f}) |"]  # fmt: skip
 
 
 def _replan_rows(plan: Plan) -> list[str]:

@@ -24,7 +24,7 @@ from pipeline.errors import ConfigError, RecordsError
 from pipeline.forking import Forked, forkable
 from pipeline.planning.band import rate_band
 from pipeline.planning.build import build_plan
-from pipeline.planning.check import LOW, check
+from pipeline.planning.check import BURST_PROBES, LOW, bursts, check
 from pipeline.planning.failures import host_losses, spare_solve, worst_loss
 from pipeline.planning.planner import Layout
 from pipeline.planning.replan import Replanned, hosts_now, replan
@@ -40,6 +40,7 @@ from pipeline.search.trial import Context, TrialFn, run_trial, score_layout
 from pipeline.search.trials import SearchRun
 from pipeline.tune.driver import check_ray_address, run_tune, with_ray
 from plan import InventoryInfo, Plan, Reference, Replan, SearchInfo, to_json
+from simulator.arrivals import PROFILE_BIN_S
 from solvers.exact import ExactResult
 
 NO_PLAN = 1  # exit code of a search that finished without a usable layout
@@ -264,6 +265,8 @@ def _finish(
         return _no_plan(run, settings, tracker, complete, wall_s)
     plan = _plan(run, settings, ctx, best_layout, complete, wall_s, notes)
     plan = _band_and_check(plan, settings, ctx, best_layout)
+    if settings.arrivals == "workload" and plan.serves:
+        plan = _with_bursts(plan, settings, ctx)
     write_json(run.dir / "plan.json", to_json(plan))
     routing_plot(run.dir / "routing.png", plan, f"{settings.inventory.name}, {settings.workload_name}: routing")
     header = (f"# Search: {run.dir.parent.name}\n\n{settings.inventory.describe()}; workload {settings.workload_name}; "
@@ -425,6 +428,27 @@ def _replanned(settings: Settings, ctx: Context) -> Replanned:
     return found
 
 
+def _with_bursts(plan: Plan, settings: Settings, ctx: Context) -> Plan:
+    """search.arrivals=workload: the mean rate the plan sustains under its workload's own arrivals, a day each
+    simulation (`pipeline.planning.check.bursts`). Ctrl-C here keeps the plan without it."""
+    mix = RequestMix.of(ctx.planner.workload)
+    assert mix.profile is not None
+    day = len(mix.profile) * PROFILE_BIN_S
+    print(f"[search] under the workload's own arrivals: {BURST_PROBES} simulations of its {day:,.0f}-s day ...",
+          flush=True)  # fmt: skip
+    try:
+        b = bursts(plan, mix)
+    except KeyboardInterrupt:
+        print("[search] the simulations under the workload's arrivals were interrupted: plan.json is written "
+              "without them", file=sys.stderr, flush=True)  # fmt: skip
+        return plan
+    print(f"[search] under the workload's own arrivals (its 10-s rate at most {b.peak_to_mean:.2f} x the mean for "
+          f"{b.percentile:g} % of requests): the plan sustains {b.rate_req_s:.1f} req/s within its SLOs over the "
+          f"day, {b.rate_req_s / plan.rate_req_s:.1%} of its rate under Poisson arrivals ({b.sim_wall_s:.0f} s)",
+          flush=True)  # fmt: skip
+    return dataclasses.replace(plan, bursts=b)
+
+
 def _with_losses(plan: Plan, settings: Settings, ctx: Context, layout: Layout) -> Plan:
     """The plan's rate with each of its hosts gone in turn (`pipeline.planning.failures`), and a line on the worst;
     with search.spare_hosts=K, also its worst K hosts lost at once."""
@@ -524,6 +548,8 @@ def _log_parent(
     if plan.band is not None:
         metrics.update(band_p10_req_s=plan.band.p10_req_s, band_p50_req_s=plan.band.p50_req_s,
                        band_p90_req_s=plan.band.p90_req_s)  # fmt: skip
+    if plan.bursts is not None:
+        metrics.update(bursty_rate_req_s=plan.bursts.rate_req_s, burst_peak_to_mean=plan.bursts.peak_to_mean)
     if plan.host_losses is not None:
         metrics["one_host_lost_req_s"] = plan.host_losses.worst.rate_req_s
         if plan.host_losses.spare_req_s is not None:

@@ -59,6 +59,7 @@ class Settings:
     band_draws: int  # calibration draws the best layout is re-planned under for its rate band (0: none)
     robust: bool  # plan at every calibration factor's 10th percentile
     spare_hosts: int  # score each layout by its lowest rate with any this many hosts lost (0: every host up)
+    arrivals: str  # poisson, or workload: the plan's rate under its workload's own arrivals is stated too
     from_plan: Any  # search.from_plan: the running plan (a Plan) a re-plan starts from, or None
     from_plan_path: str  # its path ("" without)
     max_moves: int  # a re-plan changes at most this many islands
@@ -187,6 +188,13 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
     if goodput is not None and not planner.cost.slo:
         raise ConfigError("search.objective=goodput counts requests served within the SLOs: set the slo block "
                           "(slo=null plans for throughput only; use objective=max_rate there)")  # fmt: skip
+    arrivals = str(s.get("arrivals", "poisson"))
+    if arrivals not in ("poisson", "workload"):
+        raise ConfigError(f"search.arrivals={arrivals!r}: choose poisson, or workload (the arrival model fitted to "
+                          "the workload's trace)")  # fmt: skip
+    if arrivals == "workload" and planner.workload.arrival_profile is None:
+        raise ConfigError(f"search.arrivals=workload needs a workload with a trace's arrival model; workload "
+                          f"{workload_name} has none (a synthetic one): use search.arrivals=poisson")  # fmt: skip
     from_plan, lost_hosts = None, ()
     if s.get("from_plan") is not None:
         from_plan, lost_hosts = read_from_plan(s, inventory)
@@ -244,6 +252,7 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         band_draws=whole_number(s.get("band_draws", 0), "search.band_draws"),
         robust=robust,
         spare_hosts=spare_hosts,
+        arrivals=arrivals,
         from_plan=from_plan,
         from_plan_path="" if from_plan is None else str(s.from_plan),
         max_moves=positive_int(s.get("max_moves", 3), "search.max_moves"),

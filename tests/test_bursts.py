@@ -1,0 +1,88 @@
+"""A plan's rate under its workload's own arrivals (search.arrivals=workload; pipeline/planning/check.py `bursts`):
+the burst height a model starts from, the rate the whole-day simulations find, and how a search records it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import plan as plans
+from helpers import SMALL, in_process, one_line, plan_of
+
+
+def test_the_peak_to_mean_is_the_burst_height_that_many_requests_arrive_at_or_below() -> None:
+    """Profile 1/3, 8/3, 0, 1 (requests 5, 40, 0, 15 of 60): 40 of 60 requests arrive at 8/3 x the mean, so for
+    99 % of them the rate is at most 8/3; 15 + 5 = 20 of 60 (33 %) at 1 or below."""
+    from pipeline.planning.check import peak_to_mean
+
+    prof = np.array([1 / 3, 8 / 3, 0.0, 1.0])
+    assert peak_to_mean(prof, 99.0) == pytest.approx(8 / 3)
+    assert peak_to_mean(prof, 30.0) == pytest.approx(1.0)
+    assert peak_to_mean(prof, 5.0) == pytest.approx(1 / 3)
+
+
+def test_the_rate_under_the_workloads_bursts_holds_over_the_day_and_the_next_rate_up_does_not(tmp_path: Path) -> None:
+    """A small plan (azure_code) under its workload's own arrivals: the rate `bursts` finds holds over the whole day
+    (the draws its probes made), 15 % more does not, and it is far below the Poisson rate (the code trace's 10-s
+    rate reaches 12.8 x its mean)."""
+    import yaml
+
+    from costmodel.catalog import CONF_DIR
+    from pipeline.planning.check import bursts
+    from pipeline.planning.simulation import Runner, SimSettings, request_mix
+    from simulator.arrivals import PROFILE_BIN_S
+
+    path, _ = plan_of(tmp_path)  # tiny_hetero's exact plan, as a search builds it (azure_code)
+    plan = plans.load(path)
+    mix = request_mix(plan.workload, yaml.safe_load((CONF_DIR / "workload" / f"{plan.workload}.yaml").read_text()))
+    b = bursts(plan, mix)
+    assert 0 < b.rate_req_s < plan.rate_req_s and b.probes == 7
+    assert b.estimate_req_s == pytest.approx(plan.rate_req_s / b.peak_to_mean)
+    assert b.day_s == len(mix.profile) * PROFILE_BIN_S
+    runner = Runner(plan, plan.slo, SimSettings())
+    for rate, holds in ((b.rate_req_s, True), (b.rate_req_s * 1.15, False)):  # the same draws as the probes'
+        day = mix.requests(int(np.ceil(rate * b.day_s)), rate, "workload", 0)
+        assert day.arrival[-1] / 1e3 == pytest.approx(b.day_s, rel=0.1)  # a whole day of the profile
+        _, m, _ = runner.simulate(day)
+        assert (runner.verdict(m) == "") is holds, (rate, runner.verdict(m))
+
+
+def test_a_search_under_the_workloads_arrivals_states_both_rates(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.search.run import execute
+
+    r = in_process(execute, "search", *SMALL, "search.sampler=exact", "search.band_draws=0",
+                   "search.arrivals=workload", f"out_root={tmp_path}/out",
+                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (folder,) = {p.parent for p in (tmp_path / "out").glob("*/*/plan.json")}
+    plan = plans.load(folder / "plan.json")
+    b = plan.bursts
+    assert b is not None and 0 < b.rate_req_s < plan.rate_req_s
+    assert json.loads((folder / "plan.json").read_text())["bursts"]["rate_req_s"] == b.rate_req_s
+    assert f"the plan sustains {b.rate_req_s:.1f} req/s within its SLOs over the day" in r.stdout
+    assert "| **under the workload's own arrivals**" in (folder / "report.md").read_text()
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("archipelago").experiment_id])
+    assert run.data.metrics["bursty_rate_req_s"] == pytest.approx(b.rate_req_s, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["search.arrivals=bursty"], "error: search.arrivals='bursty': choose poisson, or workload"),
+        (["search.arrivals=workload", "workload=synthetic_fig4_2"],
+         "error: search.arrivals=workload needs a workload with a trace's arrival model; workload synthetic_fig4_2"),
+    ],
+)  # fmt: skip
+def test_arrivals_it_cannot_plan_for_is_one_line(tmp_path: Path, extra: list[str], says: str) -> None:
+    from pipeline.search.run import execute
+
+    r = in_process(execute, "search", *SMALL, *extra, f"out_root={tmp_path}/out",
+                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
+    one_line(r, says)
+    assert not (tmp_path / "out").exists()
