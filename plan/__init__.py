@@ -27,6 +27,7 @@ from plan.record import (
     SearchInfo,
     Verification,
     Window,
+    node_spans,
 )
 from plan.schema import READS, SCHEMA, from_json, load, to_json
 
@@ -56,5 +57,6 @@ __all__ = [
     "Window",
     "from_json",
     "load",
+    "node_spans",
     "to_json",
 ]

@@ -21,6 +21,7 @@ as sound as one the search built: a bad value is a `PlanError` naming the field.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +127,17 @@ class Hosts:
         if not self.aligned(size):
             text += f" (GPUs {first}-{(first + size - 1) % n} of the last: not host-aligned)"
         return text
+
+
+def node_spans(hosts: Iterable[int]) -> str:
+    """`0-124` or `3, 5-7`: host numbers as runs."""
+    out: list[list[int]] = []
+    for h in sorted(set(hosts)):
+        if out and h == out[-1][1] + 1:
+            out[-1][1] = h
+        else:
+            out.append([h, h])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
 
 
 PRECISIONS = ("bf16", "fp8", "fp4")

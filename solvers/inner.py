@@ -385,14 +385,7 @@ def _max_rate(
         add(all_c, col_y + all_c, -link)
         close(n_c, -np.inf, 0.0)
 
-    from scipy.sparse import csr_matrix
-
-    matrix = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_row, n_col))
-    objective = np.zeros(n_col)
-    objective[col_lam] = 1.0
-    model = mb.Model()
-    model.helper.fill_model_from_sparse_data(lb, ub, objective, np.concatenate(row_lb), np.concatenate(row_ub), matrix)
-    model.helper.set_maximize(True)
+    model = maximising(col_lam, lb, ub, rows, cols, vals, np.concatenate(row_lb), np.concatenate(row_ub))
     counts = [*range(col_y, col_lam), *(range(col_g, n_col) if with_agg else ())]
     if prob.roles is None:
         for col in counts:
@@ -429,6 +422,30 @@ def _max_rate(
     x_pi, x_di, roles = _expand(prob, classes, xp, xd, n_pre, n_dec, xa, n_agg)
     priced = prob.resolved(roles)
     return _solution(priced, classes, status, rate, roles, x_pi, x_di, thesis_deviation(priced, x_pi, x_di), t0, extra)
+
+
+def maximising(
+    col: int,
+    lb: np.ndarray,
+    ub: np.ndarray,
+    rows: list[np.ndarray],
+    cols: list[np.ndarray],
+    vals: list[np.ndarray],
+    row_lb: np.ndarray,
+    row_ub: np.ndarray,
+) -> mb.Model:
+    """The model `max x[col]` over columns within [lb, ub] and rows within [row_lb, row_ub], the rows' entries given
+    as pieces of (row, column, value) triplets; integrality is the caller's to set."""
+    from scipy.sparse import csr_matrix
+
+    shape = (len(row_lb), len(lb))
+    matrix = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=shape)
+    objective = np.zeros(len(lb))
+    objective[col] = 1.0
+    model = mb.Model()
+    model.helper.fill_model_from_sparse_data(lb, ub, objective, row_lb, row_ub, matrix)
+    model.helper.set_maximize(True)
+    return model
 
 
 def _searched_incumbent(

@@ -24,10 +24,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from ortools.linear_solver.python import model_builder as mb
-from scipy.sparse import csr_matrix
 
-from solvers.inner import _solve_matrix
+from solvers.inner import _solve_matrix, maximising
 
 
 @dataclass(frozen=True)
@@ -94,12 +92,7 @@ def spare_roles(
             row_lb += [-np.inf] * n_i
             row_ub += [hi] * n_i
             n_row += n_i
-    matrix = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_row, n_col))
-    objective = np.zeros(n_col)
-    objective[col_lam] = 1.0
-    model = mb.Model()
-    model.helper.fill_model_from_sparse_data(lb, ub, objective, np.array(row_lb), np.array(row_ub), matrix)
-    model.helper.set_maximize(True)
+    model = maximising(col_lam, lb, ub, rows, cols, vals, np.array(row_lb), np.array(row_ub))
     for i in range(n_i):
         model.helper.set_var_integrality(i, True)
     status, x = _solve_matrix(model, backend, time_limit_s)

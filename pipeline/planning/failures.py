@@ -26,16 +26,15 @@ from plan import HostLoss, HostLosses, Hosts, Plan
 from solvers.spare import SpareRoles, spare_roles
 
 
-def hosts(plan: Plan) -> list[tuple[str, int]]:
-    """(GPU type, host) of every host a serving island runs on, in the node map's order."""
-    found = {(isl.gpu, node) for isl in plan.islands if isl.serving and isl.hosts for node in isl.hosts.nodes}
-    return sorted(found)
-
-
-def stopped(plan: Plan, gpu: str, node: int) -> tuple[int, ...]:
-    """The islands that stop when host `node` of `gpu` fails: every island with a GPU on it."""
-    return tuple(i for i, isl in enumerate(plan.islands)
-                 if isl.gpu == gpu and isl.hosts is not None and node in isl.hosts.nodes)  # fmt: skip
+def islands_on(gpus: Sequence[str], hosts_of: Sequence[Hosts | None]) -> dict[tuple[str, int], tuple[int, ...]]:
+    """Per host (GPU type, host number), in the node map's order, the islands that stop when it fails: every
+    island with a GPU on it (`gpus`, `hosts_of`: each island's GPU type and hosts; an island without hosts is on
+    none)."""
+    on: dict[tuple[str, int], list[int]] = {}
+    for i, (gpu, hosts) in enumerate(zip(gpus, hosts_of, strict=True)):
+        for node in hosts.nodes if hosts is not None else ():
+            on.setdefault((gpu, node), []).append(i)
+    return {h: tuple(on[h]) for h in sorted(on)}
 
 
 def host_losses(
@@ -46,8 +45,9 @@ def host_losses(
         return None
     roles = [isl.role for isl in plan.islands]
     losses, rates = [], {}
-    for gpu, node in hosts(plan):
-        down = stopped(plan, gpu, node)
+    for (gpu, node), down in islands_on([isl.gpu for isl in plan.islands], [isl.hosts for isl in plan.islands]).items():
+        if not any(plan.islands[i].serving for i in down):
+            continue  # nothing it runs serves: its loss costs nothing
         key = alike(plan, down)
         if key not in rates:  # hosts whose loss stops alike islands lose the same rate: the same LP up to the order
             rates[key] = planner.solve_without(layout, roles, down, time_limit_s, backend)[1].rate_req_s
@@ -71,8 +71,9 @@ def without_host(
     not the ones a new plan for that load would pick). No band, check or losses of its own."""
     prob, sol = planner.solve_without(layout, [isl.role for isl in plan.islands], down, time_limit_s, backend)
     islands = []
-    hosts = [isl.hosts or Hosts(1, (0,), 0) for isl in plan.islands]
-    for i, (now, was) in enumerate(zip(describe(planner, layout, prob, sol, hosts), plan.islands, strict=True)):
+    hosts = [isl.hosts for isl in plan.islands]
+    given = None if None in hosts else hosts  # (a plan of an old version may lack its hosts: placed anew)
+    for i, (now, was) in enumerate(zip(describe(planner, layout, prob, sol, given), plan.islands, strict=True)):
         if i in down or not now.serving:
             islands.append(dataclasses.replace(now, role="idle", tp=0, dp=0, ep=0, batch=0, ranges=()))
             continue
@@ -87,17 +88,14 @@ COMBINATIONS = 5000  # search.spare_hosts: at most this many sets of hosts a lay
 
 
 def loss_scenarios(
-    islands: Sequence[tuple[str, int]], hosts_of: Sequence[Hosts], spare: int
+    islands: Sequence[tuple[str, int]], hosts_of: Sequence[Hosts | None], spare: int
 ) -> list[tuple[tuple[tuple[str, int], ...], frozenset[int]]]:
     """(the hosts lost, the islands that stop) for each set of `spare` hosts of the islands (`hosts_of`: each
     island's hosts, the plan's node map), keeping only the sets whose stopped islands no other set's include:
     with more islands stopped, the rate can only be lower. No more hosts than `spare`: one scenario, every
     island."""
-    on: dict[tuple[str, int], set[int]] = {}
-    for i, (gpu, _) in enumerate(islands):
-        for node in hosts_of[i].nodes:
-            on.setdefault((gpu, node), set()).add(i)
-    hosts = sorted(on)
+    on = islands_on([g for g, _ in islands], hosts_of)
+    hosts = list(on)
     if len(hosts) <= spare:
         return [(tuple(hosts), frozenset(range(len(islands))))]
     found: dict[frozenset[int], tuple[tuple[str, int], ...]] = {}
@@ -112,9 +110,8 @@ def worst_loss(
     """(the lowest rate, the hosts lost) over every set of `spare` hosts of `plan` lost at once, every island kept
     in its role and the routing re-solved for each (`Planner.solve_without`, caps from the mix it gives)."""
     roles = [isl.role for isl in plan.islands]
-    hosts_of = [isl.hosts or Hosts(1, (0,), 0) for isl in plan.islands]
     worst: tuple[float, tuple[tuple[str, int], ...]] = (math.inf, ())
-    for lost, down in loss_scenarios(layout.islands, hosts_of, spare):
+    for lost, down in loss_scenarios(layout.islands, [isl.hosts for isl in plan.islands], spare):
         rate = planner.solve_without(layout, roles, down, time_limit_s, backend)[1].rate_req_s
         if rate < worst[0]:
             worst = (rate, lost)

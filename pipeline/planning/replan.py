@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pipeline.planning.planner import Layout, Planner
-from plan import Hosts, Plan
+from plan import Hosts, Plan, node_spans
 from solvers.spare import spare_roles
 
 BEAM = 12  # states kept at each depth of the search over moves
@@ -166,7 +166,7 @@ def _moves(
                 continue
             take = tuple(free[:k])
             added = Piece(gpu, k * per, Hosts(per, take, 0), None, None)
-            out.append((_ordered([*pieces, added]), f"add {k * per} x {gpu} on hosts {_span(take)}"))
+            out.append((_ordered([*pieces, added]), f"add {k * per} x {gpu} on hosts {node_spans(take)}"))
     for i, p in enumerate(pieces):
         if p.origin is None or p.flipped:
             continue
@@ -186,17 +186,5 @@ def _moves(
             take = tuple(pool[:k])
             resized = Piece(p.gpu, k * per, Hosts(per, take, 0), None, None)
             out.append((_ordered([*pieces[:i], resized, *pieces[i + 1 :]]),
-                        f"resize {where} to {k * per} x {p.gpu} on hosts {_span(take)}"))  # fmt: skip
+                        f"resize {where} to {k * per} x {p.gpu} on hosts {node_spans(take)}"))  # fmt: skip
     return out
-
-
-def _span(nodes: Sequence[int]) -> str:
-    """'0-4, 6, 8-9': host numbers, runs as spans."""
-    parts, start = [], None
-    for k, n in enumerate(nodes):
-        if start is None:
-            start = n
-        if k + 1 == len(nodes) or nodes[k + 1] != n + 1:
-            parts.append(f"{start}-{n}" if n > start else f"{n}")
-            start = None
-    return ", ".join(parts)

@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from plan import RATES, Island, Plan, RangeShare, Verification
+from plan import RATES, Island, Plan, RangeShare, Verification, node_spans
 
 # The two rates of one layout, in the words the console and report.md use for them (docs/inner.md).
 TWO_MODELS = (
@@ -299,18 +299,8 @@ def hosts_lost(plan: Plan) -> list[str]:
 
 def _nodes_text(nodes: list[tuple[str, int]]) -> str:
     """'H20 11-15, H200 0' for hosts (GPU, node): runs of consecutive nodes of a GPU type as a span."""
-    parts: list[str] = []
-    for gpu in dict.fromkeys(g for g, _ in nodes):
-        ns = sorted(n for g, n in nodes if g == gpu)
-        start = prev = ns[0]
-        for n in [*ns[1:], None]:
-            if n is not None and n == prev + 1:
-                prev = n
-                continue
-            parts.append(f"{gpu} {start}" + (f"-{prev}" if prev > start else ""))
-            if n is not None:
-                start = prev = n
-    return ", ".join(parts)
+    return ", ".join(f"{gpu} {run}" for gpu in dict.fromkeys(g for g, _ in nodes)
+                     for run in node_spans(n for g, n in nodes if g == gpu).split(", "))  # fmt: skip
 
 
 def verification_rows(v: Verification | None) -> list[str]:
@@ -356,17 +346,6 @@ def _label(group: Sequence[Island]) -> str:
     """`8 x H200`, or `8 x H200 (x125)` for a run of 125 such islands."""
     isl = group[0]
     return f"{isl.size} x {isl.gpu}" + (f" (x{len(group)})" if len(group) > 1 else "")
-
-
-def _spans(hosts: Iterable[int]) -> str:
-    """`0-124` or `3, 5-7`: host numbers as runs."""
-    out: list[list[int]] = []
-    for h in sorted(set(hosts)):
-        if out and h == out[-1][1] + 1:
-            out[-1][1] = h
-        else:
-            out.append([h, h])
-    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
 
 
 def _ranges_text(ranges: Sequence[RangeShare]) -> str:
@@ -449,7 +428,7 @@ def _node_map(islands: Sequence[Island]) -> list[str]:
         hosts = isl.placement
         if len(group) > 1 and isl.hosts is not None:  # a run of islands: the hosts they cover
             nodes = [h for member in group for h in member.hosts.nodes]  # type: ignore[union-attr]
-            hosts = f"{isl.gpu} node{'s' if len(set(nodes)) > 1 else ''} {_spans(nodes)}"
+            hosts = f"{isl.gpu} node{'s' if len(set(nodes)) > 1 else ''} {node_spans(nodes)}"
             hosts += "" if aligned(isl) else " (islands not host-aligned)"
         out.append(f"| {hosts} | {_label(group)} | {cells(isl)}")
     return out
