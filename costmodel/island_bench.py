@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms, request_overheads_ms
-from costmodel.queueing import mix_moments, mix_quantile, tpot_step_cap_ms
+from costmodel.queueing import RateProfile, mix_moments, mix_quantile, modulated_cap, tpot_step_cap_ms
 from costmodel.queueing import utilisation_caps as utilisation_caps_for_wait
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model, SpecError
@@ -452,10 +452,15 @@ def _reason(phase: str, fits_somewhere: bool, cap: float | None, gpu: GPU, size:
 
 
 def utilisation_caps(
-    bench: IslandBenchmark, weights: np.ndarray, mean_decode: float, cost: CostSettings
+    bench: IslandBenchmark,
+    weights: np.ndarray,
+    mean_decode: float,
+    cost: CostSettings,
+    arrivals: RateProfile | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per length (as benchmarked), the share of its time each phase of the island may be busy and
-    still meet the SLO percentiles (`costmodel/queueing.py`); ones without SLOs.
+    still meet the SLO percentiles (`costmodel/queueing.py`) under Poisson arrivals, or under `arrivals`, a
+    rate that varies in time (`queueing.modulated_cap`: the percentiles over all its arrivals); ones without SLOs.
 
     Prefill: c = dp engines, service time t(s) per prompt, the service mix that of the workload
     over the lengths the island can prefill (weights); the island meets TTFT at the percentile q
@@ -474,17 +479,24 @@ def utilisation_caps(
     """
     n = len(bench.lengths)
     pre, dec = bench.prefill, bench.decode
-    u_pre = np.full(n, _prefill_caps(pre, bench.lengths, weights, cost)[pre.chosen]) if pre.chosen >= 0 else np.ones(n)
-    u_dec = np.full(n, _decode_caps(dec, weights, mean_decode, cost)[dec.chosen]) if dec.chosen >= 0 else np.ones(n)
+    u_pre = (np.full(n, _prefill_caps(pre, bench.lengths, weights, cost, arrivals=arrivals)[pre.chosen])
+             if pre.chosen >= 0 else np.ones(n))  # fmt: skip
+    u_dec = (np.full(n, _decode_caps(dec, weights, mean_decode, cost, arrivals)[dec.chosen])
+             if dec.chosen >= 0 else np.ones(n))  # fmt: skip
     return u_pre, u_dec
 
 
 def _prefill_caps(
-    t: PhaseTable, lengths: np.ndarray, weights: np.ndarray, cost: CostSettings, batching: bool = True
+    t: PhaseTable,
+    lengths: np.ndarray,
+    weights: np.ndarray,
+    cost: CostSettings,
+    batching: bool = True,
+    arrivals: RateProfile | None = None,
 ) -> np.ndarray:
     """`utilisation_caps`' prefill cap of every configuration of the table (1 without a TTFT target, 0 where a
     configuration serves no length). `batching=False`: prompts start as they come (an aggregated engine's chunks
-    take them), not after a batch of `cost.prefill_batch_tokens` behind them."""
+    take them), not after a batch of `cost.prefill_batch_tokens` behind them. `arrivals`: bursty ones."""
     caps = np.ones(len(t.tp))
     if cost.ttft_ms is None:
         return caps
@@ -502,13 +514,19 @@ def _prefill_caps(
         budget = cost.ttft_ms / 1e3 - fixed_s - mix_quantile(service_s[ok], ww, q)
         tokens = float(ww @ np.asarray(lengths, dtype=float)[ok] / ww.sum())
         batch_s = mean / tokens * max(cost.prefill_batch_tokens - tokens, 0.0) if batching else 0.0  # a full batch
-        caps[k] = utilisation_caps_for_wait(int(t.dp[k]), mean, cs2, np.array([budget]), q, batch_s)[0]
+        caps[k] = (
+            utilisation_caps_for_wait(int(t.dp[k]), mean, cs2, np.array([budget]), q, batch_s)[0]
+            if arrivals is None
+            else modulated_cap(int(t.dp[k]), mean, cs2, budget, q, arrivals, batch_s)
+        )
     return caps
 
 
-def _decode_caps(t: PhaseTable, weights: np.ndarray, mean_decode: float, cost: CostSettings) -> np.ndarray:
+def _decode_caps(
+    t: PhaseTable, weights: np.ndarray, mean_decode: float, cost: CostSettings, arrivals: RateProfile | None = None
+) -> np.ndarray:
     """`utilisation_caps`' decode cap of every configuration of the table (1 without a TPOT target, 0 where a
-    configuration serves no length)."""
+    configuration serves no length). `arrivals`: bursty ones."""
     caps = np.ones(len(t.tp))
     if cost.tpot_ms is None:
         return caps
@@ -524,5 +542,7 @@ def _decode_caps(t: PhaseTable, weights: np.ndarray, mean_decode: float, cost: C
         ww = w[ok] if w[ok].sum() > 0 else np.ones(ok.sum())
         mean, cs2 = mix_moments(service_s[ok], ww)
         c = max(int(np.floor(ww @ slots[ok] / ww.sum())), 1)
-        caps[k] = utilisation_caps_for_wait(c, mean, cs2, np.zeros(1), cost.tpot_percentile / 100)[0]
+        q = cost.tpot_percentile / 100
+        caps[k] = (utilisation_caps_for_wait(c, mean, cs2, np.zeros(1), q)[0] if arrivals is None
+                   else modulated_cap(c, mean, cs2, 0.0, q, arrivals))  # fmt: skip
     return caps

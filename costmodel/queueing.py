@@ -28,6 +28,8 @@ simulator, not taken on trust: docs/inner.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -153,10 +155,71 @@ def tpot_step_cap_ms(tpot_ms: float, q: float, output_pmf: np.ndarray) -> float:
     def miss(st: float) -> float:
         return float(w @ np.clip(1.0 - (tpot_ms - st) * (n - 1) / st, 0.0, 1.0))
 
-    lo, hi = 0.0, tpot_ms
-    if miss(hi) <= 1.0 - q:
+    return _largest_within(miss, 1.0 - q, tpot_ms, 50)
+
+
+def _largest_within(miss: Callable[[float], float], allowed: float, hi: float, steps: int) -> float:
+    """The largest x in [0, hi] with miss(x) <= allowed, miss growing with x (bisection, `steps` halvings)."""
+    if miss(hi) <= allowed:
         return hi
-    for _ in range(50):
+    lo = 0.0
+    for _ in range(steps):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if miss(mid) <= 1.0 - q else (lo, mid)
+        lo, hi = (mid, hi) if miss(mid) <= allowed else (lo, mid)
     return lo
+
+
+@dataclass(frozen=True)
+class RateProfile:
+    """Arrivals whose rate varies in time: `relative[i]` x the mean over the i-th `bin_s`-second bin, the bins
+    walked in turn and round again (a workload's arrival model, `simulator.arrivals.rate_profile`)."""
+
+    relative: np.ndarray
+    bin_s: float
+
+    def __post_init__(self) -> None:
+        r = np.asarray(self.relative, dtype=float)
+        if r.ndim != 1 or not len(r) or (r < 0).any() or not r.sum() > 0 or not self.bin_s > 0:
+            raise ValueError("a rate profile is a non-empty 1-d array of rates >= 0 (some > 0) over bins of > 0 s")
+
+
+STEPS_PER_BIN = 10  # the fluid backlog is followed at this many steps a profile bin
+
+
+def modulated_cap(
+    c: int, mean_s: float, cs2: float, wait_s: float, q: float, arrivals: RateProfile, batch_s: float = 0.0
+) -> float:
+    """The largest mean utilisation ρ at which the waits of arrivals modulated by `arrivals` (ρ x relative[i] in
+    bin i) meet `wait_s` at the percentile q over all of them: `utilisation_caps`' cap for bursty arrivals.
+
+    A bin's load ρ_i = ρ relative[i] above 1 builds a backlog, a fluid queue (Lindley's recursion over
+    `STEPS_PER_BIN` steps a bin, two cycles of the profile so the first bin starts with the last one's backlog),
+    and an arrival first waits it out: B_j seconds of work per server. On top of it, the M/G/c wait of the
+    Poisson model at the bin's load, that load capped at ρ̂, the Poisson cap for the same budget: the stationary
+    queue at a load between ρ̂ and 1 builds over minutes (its relaxation time grows as (1 - √ρ)^-2), longer than a
+    burst of 10 s lasts, so within a burst it stays near what it is at ρ̂. An arrival in step j then misses
+    the budget with probability 1 where B_j >= t, else C(c, c ρ'_j) exp(-θ_j (t - B_j)), t the budget less
+    the batching delay (`utilisation_caps`); the cap is the largest ρ at which the arrivals' mean miss is at
+    most 1 - q (bisection). With a flat profile it is ρ̂ itself."""
+    hat = float(utilisation_caps(c, mean_s, cs2, np.array([wait_s]), q, batch_s)[0])
+    if wait_s < 0 or hat <= 0:
+        return 0.0
+    rel = np.asarray(arrivals.relative, dtype=float)
+    rel = rel / rel.mean()
+    dt = arrivals.bin_s / STEPS_PER_BIN
+    weight = np.repeat(rel, STEPS_PER_BIN) / (rel.sum() * STEPS_PER_BIN)  # share of the arrivals in each step
+    rate = c / mean_s
+
+    def missed(rho: float) -> float:
+        load = np.repeat(np.tile(rho * rel, 2), STEPS_PER_BIN)
+        s = np.concatenate([[0.0], np.cumsum((load - 1.0) * dt)])
+        backlog = s - np.minimum.accumulate(np.minimum(s, 0.0))  # Lindley: B_k = S_k - min(0, min_{j<=k} S_j)
+        mid = 0.5 * (backlog[:-1] + backlog[1:])[len(weight) :]  # the second cycle, at each step's middle
+        capped = np.minimum(rho * rel, hat)
+        pw = np.repeat(erlang_c_grid(c, capped), STEPS_PER_BIN)
+        theta = np.repeat(2.0 * rate * (1.0 - capped) / (1.0 + cs2), STEPS_PER_BIN)
+        t = np.maximum(wait_s / (1.0 + np.repeat(capped, STEPS_PER_BIN)), wait_s - batch_s)
+        tail = np.where((mid > 0) & (mid >= t), 1.0, np.minimum(pw * np.exp(-theta * np.maximum(t - mid, 0.0)), 1.0))
+        return float(weight @ tail)
+
+    return _largest_within(missed, 1.0 - q, hat, 30)

@@ -14,7 +14,6 @@ The plan is judged by its own SLOs (the targets it was made for) unless the comm
 from __future__ import annotations
 
 import hashlib
-import math
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -31,7 +30,6 @@ from pipeline.planning.simulation import SIMULATED_REQ_S, RequestMix, Runner, Si
 from pipeline.records.journal import link_latest, write_json
 from pipeline.records.simulation_report import cdf_plots, table, throughput_plot
 from plan import Plan
-from simulator.arrivals import PROFILE_BIN_S
 from simulator.metrics import steady_state_note
 from simulator.routers import ROUTERS
 from simulator.schedulers import SCHEDULERS
@@ -135,15 +133,9 @@ def execute(cfg: Any) -> int:
     if len(base) > LONG_RUN:
         print(f"[simulate] {len(base):,} requests a simulation: expect about {len(base) / SIMULATED_REQ_S:,.0f} s "
               "each", flush=True)  # fmt: skip
-    if str(cfg.arrivals) == "workload" and mix.profile is not None:  # the share of the model's day simulated
-        day_s = len(mix.profile) * PROFILE_BIN_S
-        span = len(base) / rate
-        if span < day_s:
-            note = (f"Note: {len(base):,} requests at {rate:.1f} req/s span {span:,.0f} s of the workload's "
-                    f"{day_s:,.0f}-s arrival profile ({span / day_s:.0%}): the percentiles are that stretch's, not "
-                    f"the whole trace's; requests={math.ceil(rate * day_s):,} covers it.")  # fmt: skip
-            head += note + "\n\n"
-            print(f"[simulate] {note}", flush=True)
+    if note := mix.coverage(len(base), rate, str(cfg.arrivals)):  # how much of the trace's day the run covers
+        head += f"Note: {note}\n\n"
+        print(f"[simulate] Note: {note}", flush=True)
     if plan.workload and workload != plan.workload:  # the offered rate is a multiple of a Λ planned for another mix
         note = (f"Note: the plan was made for workload {plan.workload}; the offered rate here is a multiple of its Λ "
                 f"({lam:.1f} req/s), not a rate planned for {workload}.")  # fmt: skip

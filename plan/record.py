@@ -442,8 +442,10 @@ class Bursts:
     pipeline/planning/check.py `bursts`), each simulation one whole cycle of the workload's arrival profile so the
     SLO percentiles are the day's: `rate_req_s` (0: none of the rates tried held). `peak_to_mean` (q): the
     workload's 10-s rate over its mean that `percentile` % of its requests arrive at or below;
-    `estimate_req_s` = the stated rate / q, the first probe. At `rate_req_s`: the share of requests within the
-    SLOs and their percentiles over the day; `why_above`: why the lowest rate above it that was tried broke."""
+    `estimate_req_s` = the stated rate / q; `model_req_s`: the search's queueing model's rate under these
+    arrivals (`costmodel.queueing.modulated_cap`), the first probe where given, else `estimate_req_s`. At
+    `rate_req_s`: the share of requests within the SLOs and their percentiles over the day; `why_above`: why the
+    lowest rate above it that was tried broke."""
 
     rate_req_s: float
     estimate_req_s: float
@@ -457,8 +459,11 @@ class Bursts:
     probes: int
     sim_wall_s: float
     seed: int = 0
+    model_req_s: float | None = None  # the queueing model's rate under these arrivals (the search planned for them)
 
     def __post_init__(self) -> None:
+        if self.model_req_s is not None:
+            _real(self.model_req_s, "model_req_s", 0.0)
         for name in ("rate_req_s", "estimate_req_s", "day_s", "sim_wall_s"):
             _real(getattr(self, name), name, 0.0)
         _real(self.peak_to_mean, "peak_to_mean", 0.0)

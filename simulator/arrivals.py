@@ -1,7 +1,11 @@
 """Requests for a simulation: lengths from a trace or from its length distributions, and arrivals.
 
-- `trace`: the trace's own timestamps, compressed by `rate_scale` (2 = twice the request rate);
-  lengths are the trace's own, request by request.
+- `trace`: the trace's own requests on its own time scale at `rate_scale` times its rate (`replayed`): each
+  request kept with probability `rate_scale` below 1, copied about `rate_scale` times above it, the copies
+  spread over the gap to the trace's next request and given the lengths of the requests after it; a minute of
+  the trace lasts a minute, so its bursts last as long as they did. Past the trace's end it starts again.
+- `trace_compressed`: the trace's own timestamps divided by `rate_scale` (2 = twice the request rate, every
+  burst half as long); lengths are the trace's own, request by request.
 - `poisson`: exponential gaps at `rate` req/s; `constant`: gaps of exactly 1 / `rate`.
 - `workload`: the workload's own arrival model, fitted to its trace: a Cox process (a Poisson process
   whose rate varies in time; Cox 1955) whose rate in each `PROFILE_BIN_S`-second bin is `rate` times
@@ -18,7 +22,7 @@ import numpy as np
 
 from simulator.requests import Requests
 
-ARRIVALS = ("poisson", "constant", "trace", "workload")
+ARRIVALS = ("poisson", "constant", "trace", "trace_compressed", "workload")
 PROFILE_BIN_S = 10.0  # the rate profile's bin (docs/simulator.md: the Azure traces' 10-s and 60-s window peaks kept)
 
 
@@ -84,3 +88,39 @@ def from_trace(
     t = (arrival_s[:k] - arrival_s[0]) * 1000.0 / rate_scale
     order = np.argsort(t, kind="stable")
     return Requests(t[order], np.maximum(input_len[:k][order], 1), np.maximum(output_len[:k][order], 1))
+
+
+def replayed(
+    arrival_s: np.ndarray, input_len: np.ndarray, output_len: np.ndarray, rate_scale: float, n: int, seed: int = 0
+) -> tuple[Requests, float]:
+    """`n` requests of the trace at `rate_scale` x its rate on its own time scale, and how many times over the
+    trace they run (below 1: the share of its span they cover).
+
+    Request i of the trace gets floor(k) + Bernoulli(k - floor(k)) copies (k = `rate_scale`; below 1 it is
+    kept or dropped): the first at its own time, the others uniform over the gap to request i + 1, copy j with
+    the lengths of request i + j, so lengths keep their place in the day. The rate in any window longer than
+    the trace's gaps is k times the trace's; within a gap the copies are spread evenly. Past the trace's end
+    the replay starts again from its first request, one mean gap later."""
+    if not rate_scale > 0:
+        raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
+    order = np.argsort(arrival_s, kind="stable")
+    t = (np.asarray(arrival_s, dtype=float)[order] - float(np.min(arrival_s))) * 1000.0
+    ins, outs = np.maximum(input_len[order], 1), np.maximum(output_len[order], 1)
+    size = len(t)
+    gap = np.diff(t, append=t[-1] + (t[-1] / max(size - 1, 1)))
+    period = t[-1] + gap[-1]
+    rng = np.random.default_rng(seed)
+    times, which = [], []
+    got, passes = 0, 0
+    while got < n:
+        copies = int(rate_scale) + (rng.random(size) < rate_scale - int(rate_scale))
+        src = np.repeat(np.arange(size), copies)
+        j = np.arange(len(src)) - np.repeat(np.cumsum(copies) - copies, copies)
+        at = t[src] + np.where(j > 0, rng.uniform(0.0, 1.0, len(src)) * gap[src], 0.0) + passes * period
+        times.append(at)
+        which.append((src + j) % size)
+        got, passes = got + len(src), passes + 1
+    at, idx = np.concatenate(times), np.concatenate(which)
+    first = np.argsort(at, kind="stable")[:n]
+    at, idx = at[first], idx[first]
+    return Requests(at, ins[idx], outs[idx]), float((at[-1] + gap.mean()) / period)

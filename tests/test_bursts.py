@@ -65,10 +65,41 @@ def test_a_search_under_the_workloads_arrivals_states_both_rates(tmp_path: Path)
     assert b is not None and 0 < b.rate_req_s < plan.rate_req_s
     assert json.loads((folder / "plan.json").read_text())["bursts"]["rate_req_s"] == b.rate_req_s
     assert f"the plan sustains {b.rate_req_s:.1f} req/s within its SLOs over the day" in r.stdout
-    assert "| **under the workload's own arrivals**" in (folder / "report.md").read_text()
+    # the search planned for the bursts: its exact optimum is the plan's rate under them in the queueing model
+    assert b.model_req_s is not None and 0 < b.model_req_s < plan.rate_req_s
+    assert plan.reference is not None and plan.reference.optimum_req_s == pytest.approx(b.model_req_s, rel=1e-6)
+    assert f"{b.model_req_s:.2f} req/s for this one, gap 0.00%" in r.stdout
+    text = (folder / "report.md").read_text()
+    assert "| **under the workload's own arrivals**" in text and "the search planned for these arrivals" in text
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("archipelago").experiment_id])
     assert run.data.metrics["bursty_rate_req_s"] == pytest.approx(b.rate_req_s, rel=1e-5)
+    assert run.data.metrics["bursty_model_req_s"] == pytest.approx(b.model_req_s, rel=1e-5)
+
+
+def test_the_queueing_model_under_the_bursts_loads_every_island_less_than_under_poisson(tmp_path: Path) -> None:
+    """The planner of search.arrivals=workload (azure_code: its 10-s rate reaches 12.8 x its mean) caps every
+    island's load at under half the Poisson cap, and its plan is that of the roles it scores best under them,
+    stated at Poisson's rates: the same planner without the bursts (`poisson`) gives that plan's rate."""
+    from pipeline.planning.build import build_plan, bursty_rate
+    from pipeline.planning.planner import Layout
+
+    path, planner = plan_of(tmp_path, "search.arrivals=workload")
+    plan = plans.load(path)
+    flat = planner.poisson()
+    assert planner.arrivals is not None and flat.arrivals is None and flat.poisson() is flat
+    for gpu, size in {(isl.gpu, isl.size) for isl in plan.islands}:
+        bench = planner.benchmark(gpu, size)
+        runs = (bench.prefill.chosen >= 0, bench.decode.chosen >= 0)  # the phases the island can run
+        for can, bursty, poisson in zip(runs, planner.caps(gpu, size), flat.caps(gpu, size), strict=True):
+            assert not can or ((poisson > 0).all() and (bursty < 0.5 * poisson).all())
+        assert any(runs)
+    layout = Layout.of([(isl.gpu, isl.size) for isl in plan.islands])
+    best = planner.solve(layout, "max_rate", 10.0)[1]
+    assert tuple(isl.role for isl in plan.islands) == best.roles
+    assert bursty_rate(planner, layout, plan, 10.0) == pytest.approx(best.rate_req_s)
+    again = build_plan(flat, layout, 10.0, roles=best.roles)
+    assert plan.rate_req_s == pytest.approx(again.rate_req_s) and plan.rate_req_s > 2 * best.rate_req_s
 
 
 @pytest.mark.parametrize(
@@ -77,6 +108,9 @@ def test_a_search_under_the_workloads_arrivals_states_both_rates(tmp_path: Path)
         (["search.arrivals=bursty"], "error: search.arrivals='bursty': choose poisson, or workload"),
         (["search.arrivals=workload", "workload=synthetic_fig4_2"],
          "error: search.arrivals=workload needs a workload with a trace's arrival model; workload synthetic_fig4_2"),
+        (["search.arrivals=workload", "costmodel.aggregated=true"],
+         "error: search.arrivals=workload plans disaggregated islands by the queueing model under the workload's "
+         "bursts; an aggregated island's SLO model is Poisson's"),
     ],
 )  # fmt: skip
 def test_arrivals_it_cannot_plan_for_is_one_line(tmp_path: Path, extra: list[str], says: str) -> None:

@@ -124,3 +124,28 @@ def test_batching_lowers_the_cap_by_the_work_batched_behind_a_job() -> None:
     small = utilisation_caps(c, mean, cs2, np.array([budget]), q, 0.05)[0]
     ok = [r for r in RHO_GRID if wq(r) + min(r * wq(r), 0.05) <= budget]
     assert small == pytest.approx(max(ok)) and big <= small <= plain
+
+
+def test_a_flat_rate_profile_gives_the_poisson_cap() -> None:
+    """Arrivals at the mean rate in every bin are Poisson's: the modulated cap is `utilisation_caps`' own."""
+    from costmodel.queueing import RateProfile, modulated_cap, utilisation_caps
+
+    flat = RateProfile(np.ones(6), 10.0)
+    for c, mean, cs2, wait, batch in ((4, 0.3, 0.5, 1.2, 0.4), (1, 0.2, 0.3, 1.5, 0.0), (2000, 30.0, 0.5, 0.0, 0.0)):
+        poisson = utilisation_caps(c, mean, cs2, np.array([wait]), 0.99, batch)[0]
+        assert 0 < poisson < 1
+        assert modulated_cap(c, mean, cs2, wait, 0.99, flat, batch) == pytest.approx(poisson)
+
+
+def test_a_burst_is_absorbed_while_its_backlog_stays_within_the_wait_budget() -> None:
+    """Bins of 10 s alternating at 0.5 and 1.5 x the mean, on servers so many and so fast that only the fluid
+    backlog waits: a hot bin at load 1.5 ρ > 1 builds (1.5 ρ - 1) s of work per second, and its arrivals (75 % of
+    all) wait that out. Followed at 1-s steps, the last step's middle (9.5 s in) must stay under the 2-s budget
+    for 99 % of arrivals to meet it: ρ = (1 + 2 / 9.5) / 1.5. With no budget at all (a decode slot's "no wait"),
+    no backlog may build: ρ = 1 / 1.5."""
+    from costmodel.queueing import RateProfile, modulated_cap
+
+    hot_cold = RateProfile(np.array([0.5, 1.5]), 10.0)
+    assert modulated_cap(1000, 1e-5, 1.0, 2.0, 0.99, hot_cold) == pytest.approx((1 + 2 / 9.5) / 1.5, rel=1e-4)
+    assert modulated_cap(1000, 1e-5, 1.0, 0.0, 0.99, hot_cold) == pytest.approx(1 / 1.5, rel=1e-4)
+    assert modulated_cap(1000, 1e-5, 1.0, -0.1, 0.99, hot_cold) == 0.0  # a budget spent before any wait

@@ -100,8 +100,27 @@ def test_a_plan_simulated_under_its_workloads_own_arrivals_says_how_much_of_the_
     path = write(tmp_path, tiny_plan())
     r = simulate(tmp_path, f"plan={path}", "arrivals=workload", "rate_scale=1", "requests=4000")
     assert r.returncode == 0, r.stderr
-    assert "requests at 4.0 req/s span 1,000 s of the workload's 3,510-s arrival profile (28%)" in r.stdout
+    assert "requests at 4.0 req/s span 1,000 s of the workload's arrival profile (3,510 s; 28%)" in r.stdout
     assert "requests=14,040 covers it" in r.stdout
+
+
+def test_a_trace_replayed_on_its_own_time_scale_says_how_much_of_it_a_run_covers(tmp_path: Path) -> None:
+    """arrivals=trace keeps the trace's time scale (the Azure code trace: 8,818 requests over 3,436 s): 2,000
+    requests at 4 req/s cover 500 s of it; 20,000 run past its end, and it is replayed again, which the run says.
+    arrivals=trace_compressed squeezes its timestamps into the rate instead, and says nothing of the sort."""
+    from helpers import SHARED
+
+    path = write(tmp_path, tiny_plan())
+    trace = ["+workload=trace", f"workload.path={SHARED / 'data' / 'traces' / 'AzureLLMInferenceTrace_code.csv'}"]
+    part = simulate(tmp_path, f"plan={path}", *trace, "arrivals=trace", "rate=4", "requests=2000")
+    assert part.returncode == 0, part.stderr
+    assert "2,000 requests at 4.0 req/s span 500 s of the trace, on its own time scale (3,436 s; 15%)" in part.stdout
+    over = simulate(tmp_path, f"plan={path}", *trace, "arrivals=trace", "rate=4", "requests=20000")
+    assert "span 5,000 s: the trace is 3,436 s long, so it is replayed 1.5 times over" in over.stdout
+    assert "requests=13,745 covers it once" in over.stdout
+    squeezed = simulate(tmp_path, f"plan={path}", *trace, "arrivals=trace_compressed", "rate=4", "requests=2000")
+    assert squeezed.returncode == 0, squeezed.stderr
+    assert "Note: 2,000 requests" not in squeezed.stdout and "trace_compressed arrivals" in squeezed.stdout
 
 
 def test_a_plan_is_judged_by_its_own_slos_unless_the_command_gives_others(tmp_path: Path) -> None:

@@ -308,6 +308,50 @@ def test_the_workload_arrival_model_keeps_its_traces_rate_bin_by_bin() -> None:
     assert (per_bin == 0).sum() == 1  # the bin the trace left empty gets nothing
 
 
+def test_a_replayed_trace_keeps_its_time_scale_at_any_rate() -> None:
+    """arrivals=trace: the trace at 0, 1, 3 and 3.5 s (mean gap 7/6 s, so its day is 14/3 s) at twice its rate is
+    each request at its own time and one copy in the gap after it, with the next request's lengths; at half its
+    rate requests are dropped, never moved, and past the trace's end it starts again a mean gap after its last."""
+    from simulator.arrivals import replayed
+
+    t, ins, outs = np.array([0.0, 1.0, 3.0, 3.5]), np.array([10, 20, 30, 40]), np.array([1, 2, 3, 4])
+    r, passes = replayed(t, ins, outs, 2.0, 8)
+    own = np.isin(r.arrival, [0.0, 1000.0, 3000.0, 3500.0])
+    assert own.sum() == 4 and r.input_len[own].tolist() == [10, 20, 30, 40]
+    copies = r.arrival[~own] / 1e3
+    gaps = [(0.0, 1.0), (1.0, 3.0), (3.0, 3.5), (3.5, 3.5 + 7 / 6)]  # each copy in the gap after its request
+    assert all(lo < c < hi for c, (lo, hi) in zip(copies, gaps, strict=True))
+    assert r.input_len[~own].tolist() == [20, 30, 40, 10] and r.output_len[~own].tolist() == [2, 3, 4, 1]
+    assert passes == pytest.approx((r.arrival[-1] / 1e3 + 7 / 6) / (14 / 3))
+    half, passes = replayed(t, ins, outs, 0.5, 40, seed=3)
+    day_ms = 14 / 3 * 1e3
+    place = half.arrival - np.floor(half.arrival / day_ms + 1e-9) * day_ms
+    assert np.isclose(place[:, None], [0.0, 1000.0, 3000.0, 3500.0], atol=1e-6).any(axis=1).all()
+    assert len(half.arrival) == 40 and (np.diff(half.arrival) > 0).all()
+    assert passes == pytest.approx(20, rel=0.25)  # 40 requests at half of 4 a day: about 20 days
+
+
+def test_the_code_trace_replayed_at_a_hundred_times_its_rate_keeps_its_bursts() -> None:
+    """The Azure code trace (its 60-s rate reaches 3.8 x its mean for the p99 window) replayed at 100 x its rate:
+    the rate in 10- and 60-s windows over the mean is the trace's own; compressing its timestamps by 100 instead
+    (arrivals=trace_compressed) squeezes its hour into 36 s and leaves no 60-s burst at all."""
+    from helpers import SHARED
+    from pipeline.planning.traces import load_trace
+    from simulator.arrivals import replayed
+
+    trace = load_trace(SHARED / "data" / "traces" / "AzureLLMInferenceTrace_code.csv")
+
+    def peaks(t_s: np.ndarray, window: float) -> float:
+        c = np.bincount((t_s // window).astype(int)).astype(float)
+        return float(np.percentile(c, 99) / c.mean())
+
+    r, passes = replayed(trace.arrival_s, trace.input_tokens, trace.output_tokens, 100.0, 100 * len(trace))
+    assert passes == pytest.approx(1.0, abs=0.01)
+    for window in (10.0, 60.0):
+        assert peaks(r.arrival / 1e3, window) == pytest.approx(peaks(trace.arrival_s, window), rel=0.03)
+    assert peaks(trace.arrival_s, 60.0) > 3.5 and peaks(trace.arrival_s / 100, 60.0) == 1.0
+
+
 def test_dp_select_keeps_a_user_on_their_engine_until_memory_saturates() -> None:
     from simulator.routers import DPSelect
 

@@ -36,7 +36,15 @@ def build_plan(
 ) -> Plan:
     """Solve `layout` (max_rate, routed caps) and describe every island: the plan of that layout. `roles`: every
     island's role, given (search.spare_hosts: the roles that keep the most with hosts lost), not chosen here;
-    `hosts`: every island's hosts, given (a re-plan keeps islands where they run), not placed here."""
+    `hosts`: every island's hosts, given (a re-plan keeps islands where they run), not placed here.
+
+    A planner of bursty arrivals (`Planner.arrivals`, search.arrivals=workload) gives the roles, the ones that keep
+    the most under them, unless `roles` are given; the plan's rates, routing and loads are Poisson's, as every
+    plan states them (`bursty_rate` gives the model's rate under the bursts)."""
+    if planner.arrivals is not None:
+        if roles is None:
+            roles = planner.solve(layout, "max_rate", time_limit_s, backend=backend)[1].roles
+        planner = planner.poisson()
     fixed = {} if roles is None else {"roles": roles}
     searched = planner.solve(layout, "max_rate", time_limit_s, backend=backend, **fixed)  # the search's model
     prob, sol = planner.solve_routed(layout, time_limit_s, backend=backend, first=searched, roles=roles)
@@ -57,6 +65,13 @@ def build_plan(
     )
     return Plan(tuple(islands), rates, planner.model, planner.cost, planner.workload.name, sol.status, inventory,
                 workload_spec=planner.workload.spec)  # fmt: skip
+
+
+def bursty_rate(planner: Planner, layout: Layout, plan: Plan, time_limit_s: float, backend: str = "AUTO") -> float:
+    """The rate of `plan`'s islands in their roles in `planner`'s queueing model, under its arrivals (the bursty
+    ones of search.arrivals=workload: `costmodel.queueing.modulated_cap`)."""
+    roles = tuple(isl.role for isl in plan.islands)
+    return planner.solve(layout, "max_rate", time_limit_s, backend=backend, roles=roles)[1].rate_req_s
 
 
 def describe(

@@ -7,6 +7,7 @@ a repeated island costs nothing, so a repeated layout costs only the solve.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import numpy as np
 from costmodel.formulas import kv_bytes_per_seq, kv_link_gb_s
 from costmodel.island_bench import IslandBenchmark, benchmark_island, utilisation_caps
 from costmodel.profile import CostProfile
+from costmodel.queueing import RateProfile
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 from pipeline.errors import ConfigError
@@ -80,6 +82,7 @@ class Planner:
     gpus: Mapping[str, GPU]
     kv_transfer: bool = False  # max_rate: cap KV GB/s out of prefill and into decode islands by their NICs
     budget_per_hour: float | None = None  # max_rate: $/h cap on the islands in use (others stay idle)
+    arrivals: RateProfile | None = None  # the SLO caps under these bursty arrivals (None: Poisson's)
     _cache: dict[tuple[str, int], IslandBenchmark] = field(default_factory=dict, repr=False)
     _full: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _caps: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
@@ -134,8 +137,15 @@ class Planner:
         key = (gpu, size)
         if key not in self._caps:
             bench = self.benchmark(gpu, size)
-            self._caps[key] = utilisation_caps(bench, self.ranges.p, self.workload.mean_decode, self.cost)
+            self._caps[key] = utilisation_caps(bench, self.ranges.p, self.workload.mean_decode, self.cost,
+                                               self.arrivals)  # fmt: skip
         return self._caps[key]
+
+    def poisson(self) -> Planner:
+        """This planner with the SLO caps of Poisson arrivals (itself where it has them); benchmarks shared."""
+        if self.arrivals is None:
+            return self
+        return dataclasses.replace(self, arrivals=None, _caps={}, _full=self._full, _cache=self._cache)
 
     def rates(self, gpu: str, size: int, queueing: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(prefill, decode) req/s per range of island (gpu, size): with `queueing`, at the load the SLOs
@@ -231,7 +241,8 @@ class Planner:
             if routed.sum() <= 0:
                 out.append(self.caps(g, n))
             else:
-                out.append(utilisation_caps(self.benchmark(g, n), routed, self.workload.mean_decode, self.cost))
+                out.append(utilisation_caps(self.benchmark(g, n), routed, self.workload.mean_decode, self.cost,
+                                            self.arrivals))  # fmt: skip
         return out
 
     def solve_routed(

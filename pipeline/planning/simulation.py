@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pipeline.planning.traces import Trace
 from pipeline.planning.workload import Workload, from_trace, trace_from_cfg, workload_from_cfg
 from plan import Plan
 from simulator import mixed
-from simulator.arrivals import ARRIVALS, sampled
+from simulator.arrivals import ARRIVALS, PROFILE_BIN_S, replayed, sampled
 from simulator.arrivals import from_trace as trace_requests
 from simulator.build import build
 from simulator.core import Simulation
@@ -66,14 +67,42 @@ class RequestMix:
         if arrivals == "workload" and self.profile is None:
             raise ConfigError(f"arrivals=workload is the arrival model a workload fitted to its trace; workload "
                               f"{self.name} has no trace (a synthetic one): use arrivals=poisson")  # fmt: skip
-        if arrivals != "trace":
+        if not arrivals.startswith("trace"):
             return sampled(n, self.inputs, self.outputs, arrivals, rate, seed, self.profile)
-        t = self.trace
-        if t is None or t.arrival_s is None:
-            raise ConfigError(f"arrivals=trace needs timestamps; workload {self.name} has none: use +workload=trace "
-                              "with a timestamped trace, or arrivals=poisson")  # fmt: skip
-        scale = rate / (len(t) / max(float(t.arrival_s.max() - t.arrival_s.min()), 1e-9))
+        t = self.timed(arrivals)
+        scale = rate / (len(t) / t.span_s)
+        if arrivals == "trace":
+            return replayed(t.arrival_s, t.input_tokens, t.output_tokens, scale, n, seed)[0]
         return trace_requests(t.arrival_s, t.input_tokens, t.output_tokens, scale, n)
+
+    def timed(self, arrivals: str) -> Trace:
+        t = self.trace
+        if t is None or t.arrival_s is None or len(t) < 2:
+            raise ConfigError(f"arrivals={arrivals} needs timestamps; workload {self.name} has none: use "
+                              "+workload=trace with a timestamped trace, or arrivals=poisson")  # fmt: skip
+        return t
+
+    def coverage(self, n: int, rate: float, arrivals: str) -> str:
+        """What `n` requests at `rate` req/s cover of the trace's day, where that bears on the percentiles: a
+        stretch of it (the percentiles are that stretch's), or more than it (`trace`: replayed again); "" else."""
+        span = n / rate
+        if arrivals == "workload" and self.profile is not None:
+            day_s = len(self.profile) * PROFILE_BIN_S
+            what = "the workload's arrival profile"
+        elif arrivals == "trace" and self.trace is not None and self.trace.arrival_s is not None:
+            day_s = self.timed(arrivals).span_s
+            what = "the trace, on its own time scale"
+        else:
+            return ""
+        if span < day_s:
+            return (f"{n:,} requests at {rate:.1f} req/s span {span:,.0f} s of {what} ({day_s:,.0f} s; "
+                    f"{span / day_s:.0%}): the percentiles are that stretch's, not the whole trace's; "
+                    f"requests={math.ceil(rate * day_s):,} covers it.")  # fmt: skip
+        if arrivals == "trace" and span > 1.01 * day_s:
+            return (f"{n:,} requests at {rate:.1f} req/s span {span:,.0f} s: the trace is {day_s:,.0f} s long, so "
+                    f"it is replayed {span / day_s:.1f} times over, its bursts again in the same places; "
+                    f"requests={math.floor(rate * day_s):,} covers it once.")  # fmt: skip
+        return ""
 
 
 def request_mix(name: str, cfg: Mapping[str, Any]) -> RequestMix:

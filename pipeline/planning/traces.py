@@ -56,6 +56,14 @@ class Trace:
     def __len__(self) -> int:
         return len(self.input_tokens)
 
+    @property
+    def span_s(self) -> float:
+        """The trace's day: its first to last request plus a mean gap (its requests / this = its mean rate)."""
+        t = self.arrival_s
+        if t is None or len(t) < 2:
+            return 0.0
+        return max(float(t.max() - t.min()) * len(t) / (len(t) - 1), 1e-9)
+
 
 def _read_table(path: Path) -> pa.Table:
     if not path.is_file():

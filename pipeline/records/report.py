@@ -254,7 +254,15 @@ def _burst_rows(plan: Plan) -> list[str]:
             f"**{b.rate_req_s:.2f} req/s** mean ({share:.1%} of the rate above; it tolerates peaks of "
             f"{1 / share if share > 0 else float('inf'):.1f} x that mean): {held}; its 10-s rate is at most "
             f"{b.peak_to_mean:.2f} x the mean for {b.percentile:g} % of requests (the rate / that: "
-            f"{b.estimate_req_s:.2f}) |"]  # fmt: skip
+            f"{b.estimate_req_s:.2f}){_burst_model_text(b)} |"]  # fmt: skip
+
+
+def _burst_model_text(b: Any) -> str:
+    if b.model_req_s is None:
+        return ""
+    off = f", {b.model_req_s / b.rate_req_s:.2f} x the simulated rate" if b.rate_req_s > 0 else ""
+    return (f"; the search planned for these arrivals, whose queueing model gives {b.model_req_s:.2f} req/s"
+            f"{off}")  # fmt: skip
 
 
 def _replan_rows(plan: Plan) -> list[str]:

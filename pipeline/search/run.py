@@ -23,7 +23,7 @@ from pipeline import cli
 from pipeline.errors import ConfigError, RecordsError
 from pipeline.forking import Forked, forkable
 from pipeline.planning.band import rate_band
-from pipeline.planning.build import build_plan
+from pipeline.planning.build import build_plan, bursty_rate
 from pipeline.planning.check import BURST_PROBES, LOW, bursts, check
 from pipeline.planning.failures import host_losses, spare_solve, worst_loss
 from pipeline.planning.planner import Layout
@@ -186,6 +186,9 @@ def _params(settings: Settings, ctx: Context, run: SearchRun) -> dict[str, Any]:
     }
 
 
+BURSTY = " under the workload's own arrivals (search.arrivals=workload; its Poisson rate is stated beside it)"
+
+
 def _reference(run: SearchRun, settings: Settings, ctx: Context) -> ExactResult | None:
     """The exact reference: reference.json of a resumed run, else solved now (when the search has one)."""
     path = run.dir / "reference.json"
@@ -226,7 +229,8 @@ def _reference(run: SearchRun, settings: Settings, ctx: Context) -> ExactResult 
     else:
         print(f"[search] exact optimum {ref.rate_req_s:.2f} req/s at ${ref.cost_per_hour:,.0f}/h ({ref.status}, "
               f"{ref.solve_ms / 1e3:.1f} s) in the search's model: each island kept at the load whose queue meets the "
-              "SLOs for the whole workload's mix", flush=True)  # fmt: skip
+              f"SLOs for the whole workload's mix{BURSTY if ctx.planner.arrivals is not None else ''}",
+              flush=True)  # fmt: skip
     write_json(path, {**ref.__dict__, "islands": [list(t) for t in ref.islands]})
     return ref
 
@@ -264,9 +268,10 @@ def _finish(
     if best_layout is None:
         return _no_plan(run, settings, tracker, complete, wall_s)
     plan = _plan(run, settings, ctx, best_layout, complete, wall_s, notes)
-    plan = _band_and_check(plan, settings, ctx, best_layout)
+    poisson = dataclasses.replace(ctx, planner=ctx.planner.poisson(), key=f"{ctx.key}:poisson")  # the plan's rates
+    plan = _band_and_check(plan, settings, poisson, best_layout)
     if settings.arrivals == "workload" and plan.serves:
-        plan = _with_bursts(plan, settings, ctx)
+        plan = _with_bursts(plan, ctx, best_layout)
     write_json(run.dir / "plan.json", to_json(plan))
     routing_plot(run.dir / "routing.png", plan, f"{settings.inventory.name}, {settings.workload_name}: routing")
     header = (f"# Search: {run.dir.parent.name}\n\n{settings.inventory.describe()}; workload {settings.workload_name}; "
@@ -316,6 +321,8 @@ def _plan(
         roles, hosts = again.roles, [p.hosts for p in again.pieces]
     plan = build_plan(ctx.planner, layout, ctx.inner_time_limit_s, ctx.backend, inventory, roles, hosts)
     score = plan.rates.searched_req_s  # the gap compares the search's model with the reference's: the same one
+    if ctx.planner.arrivals is not None:  # search.arrivals=workload: the trials scored layouts under the bursts
+        score = bursty_rate(ctx.planner, layout, plan, ctx.inner_time_limit_s, ctx.backend)
     if settings.objective == "rate_per_dollar":
         score = score / plan.cost_per_hour if plan.cost_per_hour > 0 else 0.0
     if settings.spare_hosts:  # what the trials scored: the rate with the worst hosts lost, in the search's model
@@ -428,16 +435,23 @@ def _replanned(settings: Settings, ctx: Context) -> Replanned:
     return found
 
 
-def _with_bursts(plan: Plan, settings: Settings, ctx: Context) -> Plan:
+def _with_bursts(plan: Plan, ctx: Context, layout: Layout) -> Plan:
     """search.arrivals=workload: the mean rate the plan sustains under its workload's own arrivals, a day each
-    simulation (`pipeline.planning.check.bursts`). Ctrl-C here keeps the plan without it."""
+    simulation (`pipeline.planning.check.bursts`), from the queueing model's rate under them. Ctrl-C here keeps
+    the plan without it."""
     mix = RequestMix.of(ctx.planner.workload)
     assert mix.profile is not None
     day = len(mix.profile) * PROFILE_BIN_S
+    model = None
+    if ctx.planner.arrivals is not None:
+        model = bursty_rate(ctx.planner, layout, plan, ctx.inner_time_limit_s, ctx.backend)
+    if model is not None:
+        print(f"[search] under the workload's own arrivals the queueing model gives {model:.1f} req/s "
+              f"({model / plan.rate_req_s:.1%} of the Poisson rate)", flush=True)  # fmt: skip
     print(f"[search] under the workload's own arrivals: {BURST_PROBES} simulations of its {day:,.0f}-s day ...",
           flush=True)  # fmt: skip
     try:
-        b = bursts(plan, mix)
+        b = bursts(plan, mix, model_req_s=model)
     except KeyboardInterrupt:
         print("[search] the simulations under the workload's arrivals were interrupted: plan.json is written "
               "without them", file=sys.stderr, flush=True)  # fmt: skip
@@ -550,6 +564,8 @@ def _log_parent(
                        band_p90_req_s=plan.band.p90_req_s)  # fmt: skip
     if plan.bursts is not None:
         metrics.update(bursty_rate_req_s=plan.bursts.rate_req_s, burst_peak_to_mean=plan.bursts.peak_to_mean)
+        if plan.bursts.model_req_s is not None:
+            metrics.update(bursty_model_req_s=plan.bursts.model_req_s)
     if plan.host_losses is not None:
         metrics["one_host_lost_req_s"] = plan.host_losses.worst.rate_req_s
         if plan.host_losses.spare_req_s is not None:
@@ -590,6 +606,9 @@ def _summary(run: SearchRun, plan: Plan) -> None:
               f"{again.searched_req_s:.2f} req/s in the search's model, {share:.1%} of the best plan from scratch "
               f"({again.scratch_req_s:.2f}, which moves any island); launch files for the changed islands only "
               "(pipeline.deploy)", flush=True)  # fmt: skip
+    elif plan.bursts is not None and plan.bursts.model_req_s is not None:
+        print(f"[search] planned for the workload's own arrivals: the trials scored each layout by its rate under them "
+              f"in the queueing model, {plan.bursts.model_req_s:.2f} req/s for this one{gap}", flush=True)  # fmt: skip
     elif losses is not None and losses.spare_req_s is not None:
         k = losses.spare_hosts
         print(f"[search] planned for {k} host{'s' if k > 1 else ''} lost: the trials scored each layout by its rate "

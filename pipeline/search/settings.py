@@ -8,6 +8,7 @@ that names the key and how to fix it, so nothing expensive starts on a config th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from costmodel.catalog import CONF_DIR
+from costmodel.queueing import RateProfile
 from pipeline.checks import boolean, fraction, number, optional_positive, positive_int, whole_number
 from pipeline.cli import choice, plain
 from pipeline.errors import ConfigError
@@ -29,6 +31,7 @@ from pipeline.planning.planner import Planner
 from pipeline.planning.workload import Workload, ranges_from_cfg, workload_from_cfg
 from pipeline.search.samplers import SAMPLERS
 from pipeline.search.space import GENERATORS, Space
+from simulator.arrivals import PROFILE_BIN_S
 from solvers.inner import BACKENDS
 from solvers.layouts import node_shapes, smallest_shape
 
@@ -195,6 +198,15 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
     if arrivals == "workload" and planner.workload.arrival_profile is None:
         raise ConfigError(f"search.arrivals=workload needs a workload with a trace's arrival model; workload "
                           f"{workload_name} has none (a synthetic one): use search.arrivals=poisson")  # fmt: skip
+    if arrivals == "workload":  # the search plans for the workload's bursts: every island's SLO caps under them
+        if planner.cost.aggregated or goodput is not None:
+            raise ConfigError("search.arrivals=workload plans disaggregated islands by the queueing model under the "
+                              "workload's bursts; " + ("an aggregated island's SLO model is Poisson's: set "
+                              "costmodel.aggregated=false" if planner.cost.aggregated else "objective=goodput "
+                              "simulates Poisson arrivals: use objective=max_rate or rate_per_dollar"))  # fmt: skip
+        if planner.cost.slo:
+            bursty = RateProfile(planner.workload.arrival_profile, PROFILE_BIN_S)
+            planner = dataclasses.replace(planner, arrivals=bursty)
     from_plan, lost_hosts = None, ()
     if s.get("from_plan") is not None:
         from_plan, lost_hosts = read_from_plan(s, inventory)
