@@ -15,11 +15,11 @@ B. A plan simulated over one whole cycle of its workload's profile (every bin of
    share of requests within the SLOs and the SLO percentiles over the whole day.
 C. `--cells`: each Table 5.1 cell's exact plan for Poisson arrivals and its exact plan for the workload's own
    arrivals (search.arrivals=workload: the SLO caps under them, `costmodel.queueing.modulated_cap`), each
-   with the mean rate it sustains under those arrivals as search.arrivals=workload states it
-   (`pipeline.planning.check.bursts`, seed 0); the second's queueing-model rate beside it, then its rate
-   simulated again on other draws of the arrivals (seeds 1 and 2: another start in the profile, other
-   Poisson draws, other lengths), and where it breaks there, 5 % below it: the share of requests within the
-   SLOs, the verdict, and the throughput over the offered rate.
+   with the queueing model's mean rate under those arrivals (`rates.bursty_req_s`) and the mean rate it
+   sustains under them in the simulator, as search.arrivals=workload states it (`pipeline.planning.check.bursts`,
+   seed 0); then the second plan's simulated rate simulated again on other draws of the arrivals (seeds 1 and
+   2: another start in the profile, other Poisson draws, other lengths), and where it breaks there, 5 % below
+   it: the share of requests within the SLOs, the verdict, and the throughput over the offered rate.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.planning.planner import Layout
 from pipeline.planning.simulation import RequestMix, Runner, SimSettings
 from pipeline.planning.traces import load_trace
 from simulator.arrivals import PROFILE_BIN_S, modulated_ms, rate_profile, replayed
@@ -119,31 +118,30 @@ CELLS = [f"{i}:{w}" for i in ("hetero_a", "hetero_b", "homo_c") for w in ("azure
 def cells(which: list[str]) -> None:
     from common import exact_plan
 
-    from pipeline.planning.build import bursty_rate
     from pipeline.planning.check import bursts
 
     print("\n## C. The Table 5.1 cells under their workload's own arrivals\n")
-    print("Each cell twice: the exact plan for Poisson arrivals (the default), with C / q as the first probe, and "
-          "the exact plan for the workload's arrivals (search.arrivals=workload: every island's SLO caps under "
-          "them), with its queueing model's rate as the first probe. The second is simulated again on seeds 1 "
-          "and 2, and 5 % below where it breaks there.\n")  # fmt: skip
-    print("| cell | Poisson plan: stated (req/s) | its rate under the bursts | C / q | burst plan: stated (Poisson) | "
-          "its rate under the bursts | model | model / simulated | seed 1: within the SLOs, verdict, "
-          "throughput / offered | seed 2 | s |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|")
+    print("Each cell twice: its exact plan for Poisson arrivals (the default) and its exact plan for the workload's "
+          "arrivals (search.arrivals=workload: every island's SLO caps under them). For each, the queueing model's "
+          "rate under the bursts (`rates.bursty_req_s`, every plan states it) and the rate the simulator sustains "
+          "over a whole day of them (`check.bursts`, seed 0, its first probe the model's rate). The second plan's "
+          "simulated rate is simulated again on seeds 1 and 2, and 5 % below where it breaks there.\n")  # fmt: skip
+    print("| cell | Poisson plan: stated | model | simulated | model / simulated | burst plan: stated (Poisson) | "
+          "model | simulated | model / simulated | seed 1: within the SLOs, verdict, throughput / offered | "
+          "seed 2 | s |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|")
     for cell in which:
         inv, wl = cell.split(":")
         t0 = time.perf_counter()
-        _, ctx, poisson = exact_plan([f"+inventory={inv}", f"workload={wl}"])
-        mix = RequestMix.of(ctx.planner.workload)
-        b0 = bursts(poisson, mix)
-        _, bctx, plan = exact_plan([f"+inventory={inv}", f"workload={wl}", "search.arrivals=workload"])
-        layout = Layout.of([(isl.gpu, isl.size) for isl in plan.islands])
-        model = bursty_rate(bctx.planner, layout, plan, bctx.inner_time_limit_s, bctx.backend)
-        b = bursts(plan, mix, model_req_s=model)
+        row = [cell]
+        for extra in ([], ["search.arrivals=workload"]):
+            _, ctx, plan = exact_plan([f"+inventory={inv}", f"workload={wl}", *extra])
+            mix = RequestMix.of(ctx.planner.workload)
+            b = bursts(plan, mix)
+            model = plan.rates.bursty_req_s
+            row += [f"{plan.rate_req_s:.1f}", f"{model:.1f}", f"{b.rate_req_s:.1f}", f"{model / b.rate_req_s:.2f}"]
         day_s = len(mix.profile) * PROFILE_BIN_S
-        again = []
-        for seed in (1, 2):
+        for seed in (1, 2):  # the burst plan's simulated rate on other draws
             runner = Runner(plan, plan.slo, SimSettings(seed=seed))
             text = []
             for at in (1.0, 0.95):  # the stated rate; where it breaks on this draw, 5 % below it
@@ -154,10 +152,8 @@ def cells(which: list[str]) -> None:
                             f"{m['throughput_req_s'] / m['offered_req_s']:.3f}")  # fmt: skip
                 if not why:
                     break
-            again.append("; ".join(text))
-        print(f"| {cell} | {poisson.rate_req_s:.1f} | {b0.rate_req_s:.1f} | {b0.estimate_req_s:.1f} | "
-              f"{plan.rate_req_s:.1f} | {b.rate_req_s:.1f} | {model:.1f} | {model / b.rate_req_s:.2f} | {again[0]} | "
-              f"{again[1]} | {time.perf_counter() - t0:.0f} |", flush=True)  # fmt: skip
+            row.append("; ".join(text))
+        print("| " + " | ".join(row) + f" | {time.perf_counter() - t0:.0f} |", flush=True)
 
 
 def main() -> None:

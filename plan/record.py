@@ -55,6 +55,10 @@ RATES = {
     "where the plan was made without aggregated islands)",
     "with_aggregated_req_s": "comparison: the same layout with islands free to run aggregated engines too "
     "(costmodel.aggregated; its rate_req_s where the plan was made with them)",
+    "bursty_req_s": "the mean rate the same islands in the same roles sustain under the workload's own arrivals "
+    "(its trace's rate over time), each island's caps set so the SLO percentiles hold over the whole day "
+    "(costmodel.queueing.modulated_cap; docs/inner.md); the rate to promise where traffic comes as the trace's "
+    "did, checked against the simulator in docs/simulator.md; none without a trace or without SLOs",
 }
 
 
@@ -272,11 +276,12 @@ class Rates:
     simulated_req_s: float | None = None
     disaggregated_req_s: float | None = None
     with_aggregated_req_s: float | None = None
+    bursty_req_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("rate_req_s", "fluid_req_s", "searched_req_s", "evaluated_req_s", "output_tok_s"):
             _real(getattr(self, name), name, 0.0)
-        for name in ("simulated_req_s", "disaggregated_req_s", "with_aggregated_req_s"):
+        for name in ("simulated_req_s", "disaggregated_req_s", "with_aggregated_req_s", "bursty_req_s"):
             _optional_real(getattr(self, name), name, 0.0)
 
     @property
@@ -442,8 +447,8 @@ class Bursts:
     pipeline/planning/check.py `bursts`), each simulation one whole cycle of the workload's arrival profile so the
     SLO percentiles are the day's: `rate_req_s` (0: none of the rates tried held). `peak_to_mean` (q): the
     workload's 10-s rate over its mean that `percentile` % of its requests arrive at or below;
-    `estimate_req_s` = the stated rate / q; `model_req_s`: the search's queueing model's rate under these
-    arrivals (`costmodel.queueing.modulated_cap`), the first probe where given, else `estimate_req_s`. At
+    `estimate_req_s` = the stated rate / q; the first probe is the plan's `rates.bursty_req_s` (the queueing
+    model's rate under these arrivals) where it has one, else `estimate_req_s`. At
     `rate_req_s`: the share of requests within the SLOs and their percentiles over the day; `why_above`: why the
     lowest rate above it that was tried broke."""
 
@@ -459,11 +464,8 @@ class Bursts:
     probes: int
     sim_wall_s: float
     seed: int = 0
-    model_req_s: float | None = None  # the queueing model's rate under these arrivals (the search planned for them)
 
     def __post_init__(self) -> None:
-        if self.model_req_s is not None:
-            _real(self.model_req_s, "model_req_s", 0.0)
         for name in ("rate_req_s", "estimate_req_s", "day_s", "sim_wall_s"):
             _real(getattr(self, name), name, 0.0)
         _real(self.peak_to_mean, "peak_to_mean", 0.0)

@@ -66,28 +66,31 @@ def test_a_search_under_the_workloads_arrivals_states_both_rates(tmp_path: Path)
     assert json.loads((folder / "plan.json").read_text())["bursts"]["rate_req_s"] == b.rate_req_s
     assert f"the plan sustains {b.rate_req_s:.1f} req/s within its SLOs over the day" in r.stdout
     # the search planned for the bursts: its exact optimum is the plan's rate under them in the queueing model
-    assert b.model_req_s is not None and 0 < b.model_req_s < plan.rate_req_s
-    assert plan.reference is not None and plan.reference.optimum_req_s == pytest.approx(b.model_req_s, rel=1e-6)
-    assert f"{b.model_req_s:.2f} req/s for this one, gap 0.00%" in r.stdout
+    model = plan.rates.bursty_req_s
+    assert model is not None and 0 < model < plan.rate_req_s
+    assert plan.reference is not None and plan.reference.optimum_req_s == pytest.approx(model, rel=1e-6)
+    assert f"{model:.2f} req/s for this one, gap 0.00%" in r.stdout
     text = (folder / "report.md").read_text()
-    assert "| **under the workload's own arrivals**" in text and "the search planned for these arrivals" in text
+    assert "| **under the workload's own arrivals**" in text and "queueing model (each island's SLO caps" in text
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("archipelago").experiment_id])
     assert run.data.metrics["bursty_rate_req_s"] == pytest.approx(b.rate_req_s, rel=1e-5)
-    assert run.data.metrics["bursty_model_req_s"] == pytest.approx(b.model_req_s, rel=1e-5)
+    assert run.data.metrics["bursty_model_req_s"] == pytest.approx(model, rel=1e-5)
 
 
 def test_the_queueing_model_under_the_bursts_loads_every_island_less_than_under_poisson(tmp_path: Path) -> None:
     """The planner of search.arrivals=workload (azure_code: its 10-s rate reaches 12.8 x its mean) caps every
     island's load at under half the Poisson cap, and its plan is that of the roles it scores best under them,
-    stated at Poisson's rates: the same planner without the bursts (`poisson`) gives that plan's rate."""
-    from pipeline.planning.build import build_plan, bursty_rate
+    stated at Poisson's rates (the same planner without the bursts, `poisson`, gives that plan's rate) with the
+    rate under the bursts beside them. A plan made for Poisson arrivals states that rate too, for its own roles."""
+    from pipeline.planning.build import build_plan
     from pipeline.planning.planner import Layout
 
     path, planner = plan_of(tmp_path, "search.arrivals=workload")
     plan = plans.load(path)
     flat = planner.poisson()
-    assert planner.arrivals is not None and flat.arrivals is None and flat.poisson() is flat
+    assert planner.arrivals is not None and flat.arrivals is None
+    assert flat.poisson() is flat and flat.bursty() is planner and planner.bursty() is planner
     for gpu, size in {(isl.gpu, isl.size) for isl in plan.islands}:
         bench = planner.benchmark(gpu, size)
         runs = (bench.prefill.chosen >= 0, bench.decode.chosen >= 0)  # the phases the island can run
@@ -97,9 +100,12 @@ def test_the_queueing_model_under_the_bursts_loads_every_island_less_than_under_
     layout = Layout.of([(isl.gpu, isl.size) for isl in plan.islands])
     best = planner.solve(layout, "max_rate", 10.0)[1]
     assert tuple(isl.role for isl in plan.islands) == best.roles
-    assert bursty_rate(planner, layout, plan, 10.0) == pytest.approx(best.rate_req_s)
+    assert plan.rates.bursty_req_s == pytest.approx(best.rate_req_s)
     again = build_plan(flat, layout, 10.0, roles=best.roles)
     assert plan.rate_req_s == pytest.approx(again.rate_req_s) and plan.rate_req_s > 2 * best.rate_req_s
+    assert again.rates.bursty_req_s == pytest.approx(best.rate_req_s)  # the Poisson planner states it too
+    fresh = flat.with_cost(flat.cost)
+    assert fresh.bursty() is not None and fresh.bursty() is not planner  # fresh caches, its own twin
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ Z10 = 1.2815515655446004  # the standard normal's 90th percentile: search.robust
 def redrawn(planner: Planner, cal: Calibration) -> Planner:
     """`planner` with its cost model under calibration `cal` (fresh caches)."""
     cost = dataclasses.replace(planner.cost, profile=planner.profile.calibrated(cal))
-    return dataclasses.replace(planner, cost=cost, _cache={}, _full={}, _caps={}, hits=0, misses=0)
+    return planner.with_cost(cost)
 
 
 def rate_band(

@@ -40,7 +40,7 @@ def build_plan(
 
     A planner of bursty arrivals (`Planner.arrivals`, search.arrivals=workload) gives the roles, the ones that keep
     the most under them, unless `roles` are given; the plan's rates, routing and loads are Poisson's, as every
-    plan states them (`bursty_rate` gives the model's rate under the bursts)."""
+    plan states them, with the rate under the workload's own arrivals beside them (`bursty_req_s`)."""
     if planner.arrivals is not None:
         if roles is None:
             roles = planner.solve(layout, "max_rate", time_limit_s, backend=backend)[1].roles
@@ -54,6 +54,9 @@ def build_plan(
     if planner.cost.slo:
         fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False, **fixed)[1].rate_req_s
     other = roles_compared(planner, layout, time_limit_s, backend)
+    bursty = planner.bursty()
+    if bursty is not None:  # the same islands in the same roles, each capped for the workload's own arrivals
+        bursty_req_s = bursty.solve(layout, "max_rate", time_limit_s, backend=backend, roles=sol.roles)[1].rate_req_s
     rates = Rates(
         rate_req_s=sol.rate_req_s,
         fluid_req_s=fluid,
@@ -62,16 +65,10 @@ def build_plan(
         output_tok_s=sol.rate_req_s * planner.workload.mean_decode,
         disaggregated_req_s=other if planner.cost.aggregated else sol.rate_req_s,
         with_aggregated_req_s=sol.rate_req_s if planner.cost.aggregated else other,
+        bursty_req_s=None if bursty is None else bursty_req_s,
     )
     return Plan(tuple(islands), rates, planner.model, planner.cost, planner.workload.name, sol.status, inventory,
                 workload_spec=planner.workload.spec)  # fmt: skip
-
-
-def bursty_rate(planner: Planner, layout: Layout, plan: Plan, time_limit_s: float, backend: str = "AUTO") -> float:
-    """The rate of `plan`'s islands in their roles in `planner`'s queueing model, under its arrivals (the bursty
-    ones of search.arrivals=workload: `costmodel.queueing.modulated_cap`)."""
-    roles = tuple(isl.role for isl in plan.islands)
-    return planner.solve(layout, "max_rate", time_limit_s, backend=backend, roles=roles)[1].rate_req_s
 
 
 def describe(
@@ -131,7 +128,7 @@ def roles_compared(planner: Planner, layout: Layout, time_limit_s: float, backen
     islands only where the plan allowed aggregated ones, aggregated ones allowed where it did not (report.md
     compares the two)."""
     cost = dataclasses.replace(planner.cost, aggregated=not planner.cost.aggregated)
-    other = dataclasses.replace(planner, cost=cost, _cache={}, _full={}, _caps={}, hits=0, misses=0)
+    other = planner.with_cost(cost)
     return max(other.solve_routed(layout, time_limit_s, backend=backend)[1].rate_req_s, 0.0) + 0.0  # (no -0.0)
 
 

@@ -97,13 +97,11 @@ def peak_to_mean(profile: np.ndarray, percentile: float) -> float:
     return float(r[min(int(np.searchsorted(cum, percentile / 100.0)), len(r) - 1)])
 
 
-def bursts(
-    plan: Plan, mix: RequestMix, settings: SimSettings | None = None, model_req_s: float | None = None
-) -> Bursts:
+def bursts(plan: Plan, mix: RequestMix, settings: SimSettings | None = None) -> Bursts:
     """The mean rate `plan` sustains within its SLOs under its workload's own arrivals (`arrivals=workload`: the
     Cox process over its trace's rate profile), each probe simulating one whole cycle of the profile, so the SLO
-    percentiles are the day's. A model gives the first probe: `model_req_s`, the search's queueing model under
-    those arrivals (`costmodel.queueing.modulated_cap`), where given; else C / q: a plan that sustains its
+    percentiles are the day's. A model gives the first probe: the plan's `rates.bursty_req_s`, the queueing model
+    under those arrivals (`costmodel.queueing.modulated_cap`), where it has one; else C / q: a plan that sustains its
     stated rate C under Poisson arrivals sustains about that under bursts whose rate, for the SLO's percentile of
     requests, is at most q times the mean (`peak_to_mean`). `BURST_PROBES` probes then bisect between half and
     twice the first."""
@@ -125,10 +123,10 @@ def bursts(
         seen[rate] = m
         return runner.verdict(m)
 
-    best, why = sustainable_rate(sustains, model_req_s or estimate, BURST_PROBES, 0.5, 2.0)
+    best, why = sustainable_rate(sustains, plan.rates.bursty_req_s or estimate, BURST_PROBES, 0.5, 2.0)
     m = seen.get(best) or {}
     nan = float("nan")
     return Bursts(rate_req_s=best, estimate_req_s=estimate, peak_to_mean=q, percentile=percentile, day_s=day_s,
                   slo_attainment=m.get("slo_attainment", nan), ttft_ms_p99=m.get("ttft_ms_p99", nan),
                   tpot_ms_p99=m.get("tpot_ms_p99", nan), why_above=why, probes=len(walls), sim_wall_s=sum(walls),
-                  seed=settings.seed, model_req_s=model_req_s)  # fmt: skip
+                  seed=settings.seed)  # fmt: skip

@@ -23,6 +23,7 @@ from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 from pipeline.errors import ConfigError
 from pipeline.planning.workload import Ranges, Workload
+from simulator.arrivals import PROFILE_BIN_S
 from solvers.evaluate import Evaluation, evaluate
 from solvers.inner import InnerProblem, InnerSolution, solve
 
@@ -86,6 +87,7 @@ class Planner:
     _cache: dict[tuple[str, int], IslandBenchmark] = field(default_factory=dict, repr=False)
     _full: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _caps: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _other: Planner | None = field(default=None, repr=False)  # `poisson` / `bursty`: the same planner, other caps
     hits: int = 0
     misses: int = 0
 
@@ -141,11 +143,30 @@ class Planner:
                                                self.arrivals)  # fmt: skip
         return self._caps[key]
 
+    def with_cost(self, cost: CostSettings) -> Planner:
+        """This planner under other cost settings, its caches fresh."""
+        return dataclasses.replace(self, cost=cost, _cache={}, _full={}, _caps={}, _other=None, hits=0, misses=0)
+
     def poisson(self) -> Planner:
         """This planner with the SLO caps of Poisson arrivals (itself where it has them); benchmarks shared."""
         if self.arrivals is None:
             return self
-        return dataclasses.replace(self, arrivals=None, _caps={}, _full=self._full, _cache=self._cache)
+        if self._other is None:
+            self._other = dataclasses.replace(self, arrivals=None, _caps={}, _other=self)
+        return self._other
+
+    def bursty(self) -> Planner | None:
+        """This planner with the SLO caps under the workload's own arrivals (its trace's rate profile; itself where
+        it has them); None where the workload has no trace, there are no SLOs, or islands may aggregate (an
+        aggregated island's rate within the SLOs is Poisson's, not capped by a queue: `island_bench._aggregated`)."""
+        if self.arrivals is not None:
+            return self
+        if self.workload.arrival_profile is None or not self.cost.slo or self.cost.aggregated:
+            return None
+        if self._other is None:
+            profile = RateProfile(self.workload.arrival_profile, PROFILE_BIN_S)
+            self._other = dataclasses.replace(self, arrivals=profile, _caps={}, _other=self)
+        return self._other
 
     def rates(self, gpu: str, size: int, queueing: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(prefill, decode) req/s per range of island (gpu, size): with `queueing`, at the load the SLOs

@@ -241,28 +241,27 @@ def _loss_rows(plan: Plan) -> list[str]:
 
 
 def _burst_rows(plan: Plan) -> list[str]:
-    """The mean rate the plan sustains under its workload's own arrivals (search.arrivals=workload)."""
-    b = plan.bursts
+    """The mean rate the plan sustains under its workload's own arrivals: the queueing model's (every plan of a
+    workload with a trace) and the simulated one (search.arrivals=workload)."""
+    model, b = plan.rates.bursty_req_s, plan.bursts
+    rows = []
+    if model is not None:
+        share = model / plan.rate_req_s if plan.rate_req_s > 0 else 0.0
+        rows.append(f"| under the workload's own arrivals, queueing model (each island's SLO caps under its trace's "
+                    f"bursts, the percentiles over the whole day) | {model:.2f} req/s mean ({share:.1%} of the rate) |")  # fmt: skip
     if b is None:
-        return []
+        return rows
     share = b.rate_req_s / plan.rate_req_s if plan.rate_req_s > 0 else 0.0
     held = f"none of the rates tried held ({b.why_above})"
     if b.rate_req_s > 0:
         held = (f"{b.slo_attainment:.1%} of requests within the SLOs, TTFT p99 {b.ttft_ms_p99:,.0f} ms, TPOT p99 "
                 f"{b.tpot_ms_p99:.1f} ms")  # fmt: skip
-    return [f"| **under the workload's own arrivals** (a {b.day_s:,.0f}-s day of its trace's bursts, simulated) | "
-            f"**{b.rate_req_s:.2f} req/s** mean ({share:.1%} of the rate above; it tolerates peaks of "
-            f"{1 / share if share > 0 else float('inf'):.1f} x that mean): {held}; its 10-s rate is at most "
-            f"{b.peak_to_mean:.2f} x the mean for {b.percentile:g} % of requests (the rate / that: "
-            f"{b.estimate_req_s:.2f}){_burst_model_text(b)} |"]  # fmt: skip
-
-
-def _burst_model_text(b: Any) -> str:
-    if b.model_req_s is None:
-        return ""
-    off = f", {b.model_req_s / b.rate_req_s:.2f} x the simulated rate" if b.rate_req_s > 0 else ""
-    return (f"; the search planned for these arrivals, whose queueing model gives {b.model_req_s:.2f} req/s"
-            f"{off}")  # fmt: skip
+    rows.append(f"| **under the workload's own arrivals** (a {b.day_s:,.0f}-s day of its trace's bursts, simulated) | "
+                f"**{b.rate_req_s:.2f} req/s** mean ({share:.1%} of the rate above; it tolerates peaks of "
+                f"{1 / share if share > 0 else float('inf'):.1f} x that mean): {held}; its 10-s rate is at most "
+                f"{b.peak_to_mean:.2f} x the mean for {b.percentile:g} % of requests (the rate / that: "
+                f"{b.estimate_req_s:.2f}) |")  # fmt: skip
+    return rows
 
 
 def _replan_rows(plan: Plan) -> list[str]:

@@ -23,7 +23,7 @@ from pipeline import cli
 from pipeline.errors import ConfigError, RecordsError
 from pipeline.forking import Forked, forkable
 from pipeline.planning.band import rate_band
-from pipeline.planning.build import build_plan, bursty_rate
+from pipeline.planning.build import build_plan
 from pipeline.planning.check import BURST_PROBES, LOW, bursts, check
 from pipeline.planning.failures import host_losses, spare_solve, worst_loss
 from pipeline.planning.planner import Layout
@@ -271,7 +271,7 @@ def _finish(
     poisson = dataclasses.replace(ctx, planner=ctx.planner.poisson(), key=f"{ctx.key}:poisson")  # the plan's rates
     plan = _band_and_check(plan, settings, poisson, best_layout)
     if settings.arrivals == "workload" and plan.serves:
-        plan = _with_bursts(plan, ctx, best_layout)
+        plan = _with_bursts(plan, ctx)
     write_json(run.dir / "plan.json", to_json(plan))
     routing_plot(run.dir / "routing.png", plan, f"{settings.inventory.name}, {settings.workload_name}: routing")
     header = (f"# Search: {run.dir.parent.name}\n\n{settings.inventory.describe()}; workload {settings.workload_name}; "
@@ -281,7 +281,7 @@ def _finish(
                                              else None))  # fmt: skip
     _log_parent(run, settings, tracker, plan, complete, wall_s)
     link_latest(settings.run_root.parent, run.dir)  # outputs/search/latest: the newest finished plan
-    _summary(run, plan)
+    _summary(run, plan, ctx.planner.arrivals is not None)
     _unlogged_warning(run)
     if not complete:
         print(f"[search] interrupted after {len(run.records)}/{settings.trials} trials; finished trials are kept. "
@@ -321,8 +321,8 @@ def _plan(
         roles, hosts = again.roles, [p.hosts for p in again.pieces]
     plan = build_plan(ctx.planner, layout, ctx.inner_time_limit_s, ctx.backend, inventory, roles, hosts)
     score = plan.rates.searched_req_s  # the gap compares the search's model with the reference's: the same one
-    if ctx.planner.arrivals is not None:  # search.arrivals=workload: the trials scored layouts under the bursts
-        score = bursty_rate(ctx.planner, layout, plan, ctx.inner_time_limit_s, ctx.backend)
+    if ctx.planner.arrivals is not None and plan.rates.bursty_req_s is not None:  # trials scored under the bursts
+        score = plan.rates.bursty_req_s
     if settings.objective == "rate_per_dollar":
         score = score / plan.cost_per_hour if plan.cost_per_hour > 0 else 0.0
     if settings.spare_hosts:  # what the trials scored: the rate with the worst hosts lost, in the search's model
@@ -435,23 +435,17 @@ def _replanned(settings: Settings, ctx: Context) -> Replanned:
     return found
 
 
-def _with_bursts(plan: Plan, ctx: Context, layout: Layout) -> Plan:
+def _with_bursts(plan: Plan, ctx: Context) -> Plan:
     """search.arrivals=workload: the mean rate the plan sustains under its workload's own arrivals, a day each
     simulation (`pipeline.planning.check.bursts`), from the queueing model's rate under them. Ctrl-C here keeps
     the plan without it."""
     mix = RequestMix.of(ctx.planner.workload)
     assert mix.profile is not None
     day = len(mix.profile) * PROFILE_BIN_S
-    model = None
-    if ctx.planner.arrivals is not None:
-        model = bursty_rate(ctx.planner, layout, plan, ctx.inner_time_limit_s, ctx.backend)
-    if model is not None:
-        print(f"[search] under the workload's own arrivals the queueing model gives {model:.1f} req/s "
-              f"({model / plan.rate_req_s:.1%} of the Poisson rate)", flush=True)  # fmt: skip
     print(f"[search] under the workload's own arrivals: {BURST_PROBES} simulations of its {day:,.0f}-s day ...",
           flush=True)  # fmt: skip
     try:
-        b = bursts(plan, mix, model_req_s=model)
+        b = bursts(plan, mix)
     except KeyboardInterrupt:
         print("[search] the simulations under the workload's arrivals were interrupted: plan.json is written "
               "without them", file=sys.stderr, flush=True)  # fmt: skip
@@ -564,8 +558,8 @@ def _log_parent(
                        band_p90_req_s=plan.band.p90_req_s)  # fmt: skip
     if plan.bursts is not None:
         metrics.update(bursty_rate_req_s=plan.bursts.rate_req_s, burst_peak_to_mean=plan.bursts.peak_to_mean)
-        if plan.bursts.model_req_s is not None:
-            metrics.update(bursty_model_req_s=plan.bursts.model_req_s)
+    if plan.rates.bursty_req_s is not None:
+        metrics["bursty_model_req_s"] = plan.rates.bursty_req_s
     if plan.host_losses is not None:
         metrics["one_host_lost_req_s"] = plan.host_losses.worst.rate_req_s
         if plan.host_losses.spare_req_s is not None:
@@ -587,8 +581,9 @@ def _log_parent(
     )
 
 
-def _summary(run: SearchRun, plan: Plan) -> None:
-    """The plan in two console lines: its rate, and how it relates to the search's model and the reference."""
+def _summary(run: SearchRun, plan: Plan, bursty: bool) -> None:
+    """The plan in two console lines: its rate, and how it relates to the search's model and the reference
+    (`bursty`: the search scored layouts under the workload's own arrivals)."""
     v, sim = plan.verification, ""
     if v is not None and not v.sustained:  # the SLOs broke at the plan's rate
         sim = f" (the simulator sustains {v.sustained_req_s:.2f})" if v.sustained_req_s else \
@@ -596,6 +591,11 @@ def _summary(run: SearchRun, plan: Plan) -> None:
     print(f"[search] plan: {plan.rate_req_s:.2f} req/s" + (f" within {plan.slo.text()}" if plan.slo.any else "")
           + sim + f" (${plan.cost_per_hour:,.0f}/h); wrote {run.dir}/ (plan.json, report.md, routing.png, "
           "convergence.png, trials.parquet)", flush=True)  # fmt: skip
+    model = plan.rates.bursty_req_s
+    if model is not None and plan.bursts is None:
+        print(f"[search] under the workload's own arrivals (its trace's bursts) the queueing model gives {model:.2f} "
+              f"req/s ({model / plan.rate_req_s:.1%} of the rate) within the SLOs over a day; search.arrivals=workload "
+              "plans for them and simulates it", flush=True)  # fmt: skip
     ref = plan.reference
     gap = f", {ref.gap_text()} to the exact optimum there" if ref is not None and ref.gap is not None else ""
     losses = plan.host_losses
@@ -606,9 +606,9 @@ def _summary(run: SearchRun, plan: Plan) -> None:
               f"{again.searched_req_s:.2f} req/s in the search's model, {share:.1%} of the best plan from scratch "
               f"({again.scratch_req_s:.2f}, which moves any island); launch files for the changed islands only "
               "(pipeline.deploy)", flush=True)  # fmt: skip
-    elif plan.bursts is not None and plan.bursts.model_req_s is not None:
+    elif bursty and plan.rates.bursty_req_s is not None:
         print(f"[search] planned for the workload's own arrivals: the trials scored each layout by its rate under them "
-              f"in the queueing model, {plan.bursts.model_req_s:.2f} req/s for this one{gap}", flush=True)  # fmt: skip
+              f"in the queueing model, {plan.rates.bursty_req_s:.2f} req/s for this one{gap}", flush=True)  # fmt: skip
     elif losses is not None and losses.spare_req_s is not None:
         k = losses.spare_hosts
         print(f"[search] planned for {k} host{'s' if k > 1 else ''} lost: the trials scored each layout by its rate "

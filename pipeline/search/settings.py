@@ -8,7 +8,6 @@ that names the key and how to fix it, so nothing expensive starts on a config th
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -20,7 +19,6 @@ from typing import Any
 import yaml
 
 from costmodel.catalog import CONF_DIR
-from costmodel.queueing import RateProfile
 from pipeline.checks import boolean, fraction, number, optional_positive, positive_int, whole_number
 from pipeline.cli import choice, plain
 from pipeline.errors import ConfigError
@@ -31,7 +29,6 @@ from pipeline.planning.planner import Planner
 from pipeline.planning.workload import Workload, ranges_from_cfg, workload_from_cfg
 from pipeline.search.samplers import SAMPLERS
 from pipeline.search.space import GENERATORS, Space
-from simulator.arrivals import PROFILE_BIN_S
 from solvers.inner import BACKENDS
 from solvers.layouts import node_shapes, smallest_shape
 
@@ -204,9 +201,7 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
                               "workload's bursts; " + ("an aggregated island's SLO model is Poisson's: set "
                               "costmodel.aggregated=false" if planner.cost.aggregated else "objective=goodput "
                               "simulates Poisson arrivals: use objective=max_rate or rate_per_dollar"))  # fmt: skip
-        if planner.cost.slo:
-            bursty = RateProfile(planner.workload.arrival_profile, PROFILE_BIN_S)
-            planner = dataclasses.replace(planner, arrivals=bursty)
+        planner = planner.bursty() or planner
     from_plan, lost_hosts = None, ()
     if s.get("from_plan") is not None:
         from_plan, lost_hosts = read_from_plan(s, inventory)
