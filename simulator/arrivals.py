@@ -105,21 +105,25 @@ def replayed(
         raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
     order = np.argsort(arrival_s, kind="stable")
     t = (np.asarray(arrival_s, dtype=float)[order] - float(np.min(arrival_s))) * 1000.0
-    ins, outs = np.maximum(input_len[order], 1), np.maximum(output_len[order], 1)
     size = len(t)
-    gap = np.diff(t, append=t[-1] + (t[-1] / max(size - 1, 1)))
+    if size < 2 or t[-1] <= 0:
+        raise ValueError("a trace replayed on its own time scale needs requests at two different times at least")
+    ins, outs = np.maximum(input_len[order], 1), np.maximum(output_len[order], 1)
+    gap = np.diff(t, append=t[-1] + t[-1] / (size - 1))
     period = t[-1] + gap[-1]
     rng = np.random.default_rng(seed)
     times, which = [], []
-    got, passes = 0, 0
-    while got < n:
-        copies = int(rate_scale) + (rng.random(size) < rate_scale - int(rate_scale))
-        src = np.repeat(np.arange(size), copies)
+    got, pos = 0, 0  # pos: the next request of the trace repeated end to end (pass pos // size)
+    while got < n:  # in time order, a stretch of the trace at a time: as much as n still needs, and a little more
+        take = min(size - pos % size, int((n - got) / rate_scale * 1.1) + 16)
+        i = pos % size + np.arange(take)
+        copies = int(rate_scale) + (rng.random(take) < rate_scale - int(rate_scale))
+        src = np.repeat(i, copies)
         j = np.arange(len(src)) - np.repeat(np.cumsum(copies) - copies, copies)
-        at = t[src] + np.where(j > 0, rng.uniform(0.0, 1.0, len(src)) * gap[src], 0.0) + passes * period
-        times.append(at)
+        spread = np.where(j > 0, rng.uniform(0.0, 1.0, len(src)) * gap[src], 0.0)
+        times.append(t[src] + spread + (pos // size) * period)
         which.append((src + j) % size)
-        got, passes = got + len(src), passes + 1
+        got, pos = got + len(src), pos + take
     at, idx = np.concatenate(times), np.concatenate(which)
     first = np.argsort(at, kind="stable")[:n]
     at, idx = at[first], idx[first]

@@ -77,9 +77,12 @@ class RequestMix:
 
     def timed(self, arrivals: str) -> Trace:
         t = self.trace
-        if t is None or t.arrival_s is None or len(t) < 2:
+        if t is None or t.arrival_s is None:
             raise ConfigError(f"arrivals={arrivals} needs timestamps; workload {self.name} has none: use "
                               "+workload=trace with a timestamped trace, or arrivals=poisson")  # fmt: skip
+        if not len(t) > 1 or not t.arrival_s.max() > t.arrival_s.min():
+            raise ConfigError(f"arrivals={arrivals} needs timestamps at two different times at least; workload "
+                              f"{self.name} has {len(t)} request(s) over 0 s: use arrivals=poisson")  # fmt: skip
         return t
 
     def coverage(self, n: int, rate: float, arrivals: str) -> str:
