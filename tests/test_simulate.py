@@ -78,14 +78,17 @@ def test_the_command_runs_compares_and_logs_to_mlflow(tmp_path: Path) -> None:
             ["plan={plan}", "+workload=synthetic_fig4_2", "arrivals=workload"],
             "error: arrivals=workload is the arrival model a workload fitted to its trace; workload synthetic_fig4_2",
         ),
+        (["plan={plan}", "+workload=trace", "workload.path={same}", "arrivals=trace"],
+         "error: arrivals=trace needs timestamps at two different times at least; workload trace has 3 request(s)"),
         (["plan={plan}", "requests=1000000000"], "error: requests=1,000,000,000 is over 5,000,000 per simulation"),
         (["plan={plan}", "slo.tpot_ms=-1"], "error: `slo.tpot_ms > 0` must hold (or null for no cap), got"),
     ],
 )
 def test_bad_input_is_one_line_before_any_simulation(tmp_path: Path, args: list[str], start: str) -> None:
     files = {"tmp": tmp_path, "plan": write(tmp_path, tiny_plan()), "bad": tmp_path / "bad.json",
-             "binary": tmp_path / "binary.json"}  # fmt: skip
+             "binary": tmp_path / "binary.json", "same": tmp_path / "same.csv"}  # fmt: skip
     files["bad"].write_text("{not json")
+    files["same"].write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "2023-11-16 18:17:03.9,100,10\n" * 3)
     files["binary"].write_bytes(bytes(range(256)) * 4)
     r = simulate(tmp_path, *(a.format(**files) for a in args))
     one_line(r, start.format(**files))
