@@ -58,7 +58,8 @@ RATES = {
     "bursty_req_s": "the mean rate the same islands in the same roles sustain under the workload's own arrivals "
     "(its trace's rate over time), each island's caps set so the SLO percentiles hold over the whole day "
     "(costmodel.queueing.modulated_cap; docs/inner.md); the rate to promise where traffic comes as the trace's "
-    "did, checked against the simulator in docs/simulator.md; none without a trace or without SLOs",
+    "did, checked against the simulator in docs/simulator.md; none without a trace, without SLOs, or with "
+    "aggregated islands allowed (their SLO model is Poisson's)",
 }
 
 
