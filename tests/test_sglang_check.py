@@ -192,3 +192,30 @@ def test_the_check_of_a_plan_on_a_gpu_without_a_device_probe_is_one_line(sc, tmp
     r = cli("deployment.sglang_check", str(tmp_path / "h100.json"))
     assert r.returncode != 0 and r.stderr.strip().startswith("error:") and "H100-SXM" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_re_plans_engines_resolve_to_what_it_priced(sc, tmp_path: Path):
+    """A re-plan (search.from_plan) of the small plan after it loses an H20 host: the engines pipeline.deploy launches
+    anew (the changed islands) pass SGLang's own checks and resolve to the plan's settings, and so do the islands
+    that run on, at the batch they were launched with."""
+    from helpers import SMALL, in_process
+    from pipeline.search.run import execute
+
+    def search(out: Path, *args: str) -> Path:
+        r = in_process(execute, "search", *SMALL, "search.band_draws=0", "search.verify=false", *args,
+                       f"out_root={out}", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        return next(out.glob("*/*/plan.json"))
+
+    old = search(tmp_path / "old", "search.sampler=exact")
+    path = search(tmp_path / "new", "inventory.gpus.H20=24", f"search.from_plan={old}", "search.lost_hosts=[H20:3]")
+    plan = plans.load(path)
+    assert plan.replan is not None
+    launched = [e for e in engines(plan) if e.island not in set(plan.replan.kept)]
+    assert plan.replan.moves and launched and plan.replan.kept  # islands launched anew beside islands that run on
+    refused = refusals(sc, plan)
+    assert not refused, "\n".join(["SGLang refuses:", *refused])
+    off = [f"{e.name}: {s.name} resolves to {s.resolved}, the plan has {s.plan}"
+           for e in engines(plan)
+           for s in sc.settings(plan, e, engine_argv(e, 0, plan, DeployOptions())[3:]) if not s.holds]  # fmt: skip
+    assert not off, "\n".join(off)
