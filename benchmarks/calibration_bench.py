@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.calibrate import COMPONENTS, fit, leave_one_out, load_measurements, log_errors
+from costmodel.calibrate import fit, leave_one_out, log_errors
 from costmodel.catalog import CONF_DIR
+from costmodel.measurements import COMPONENTS, load_measurements
 from costmodel.profile import CostProfile
 
 CELLS = [f"{i}:{w}" for i in ("hetero_a", "hetero_b", "homo_c") for w in ("azure_code", "azure_conv")]

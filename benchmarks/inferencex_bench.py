@@ -172,7 +172,9 @@ def table(preds: list[Predicted], title: str) -> None:
 
 def refit_without(gpu: str) -> object:
     """The end-to-end calibration refitted without `gpu`'s rows: the kernel tables and the other fitting GPUs'."""
-    from costmodel.calibrate import fit, load_measurements, serving_rows
+    from costmodel.calibrate import fit
+    from costmodel.measured import serving_rows
+    from costmodel.measurements import load_measurements
 
     kernels = load_measurements([CONF_DIR / "calibration" / "published.csv"])
     rows = [m for m in serving_rows(INFERENCEX) if m.gpu != GPUS[gpu]]

@@ -14,13 +14,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from costmodel import calibrate
-from costmodel.calibrate import Measurement, MeasurementError
 from costmodel.catalog import CONF_DIR
+from costmodel.measurements import Measurement, MeasurementError
 from costmodel.settings import MTP_ACCEPTANCE
 
 INFERENCEX = CONF_DIR / "measured" / "inferencex_dsr1.csv"
-FITTING_GPUS = calibrate.FITTING_GPUS  # InferenceX's names (H200, B200, MI300X); the rest are never fitted
+FITTING_GPUS = ("h200", "b200", "mi300x")  # InferenceX's names (H200, B200, MI300X); the rest are never fitted
 # InferenceX's GPU names -> conf/gpu
 GPUS = {"h100": "H100-SXM", "h200": "H200", "b200": "DGX-B200", "b300": "DGX-B300", "gb200": "GB200-NVL72",
         "gb300": "GB300-NVL72", "mi300x": "MI300X", "mi325x": "MI325X", "mi355x": "MI355X"}  # fmt: skip
@@ -220,3 +219,11 @@ def load_inferencex(path: str | Path = INFERENCEX) -> list[Row]:
     if not rows:
         raise MeasurementError(f"{p}: no rows")
     return rows
+
+
+def serving_rows(path: Path) -> list[Measurement]:
+    """The fitting GPUs' rows of an InferenceX extract as `serving_tpot` measurements, and those with few users
+    as `serving_ttft` ones (the fit's end-to-end rows: `python -m costmodel.calibrate --serving`)."""
+    fitting = [r for r in load_inferencex(path) if r.fitting]
+    rows = [serving_measurement(r, path) for r in fitting] + [ttft_measurement(r, path) for r in fitting]
+    return [m for m in rows if m is not None]

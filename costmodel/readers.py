@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from costmodel.calibrate import MeasurementError, read_text
 from costmodel.catalog import CatalogError, gpu_names, load_model, model_names
 from costmodel.cli import ArgumentParser, UserError, run
+from costmodel.measurements import MeasurementError, read_text
 
 HEADER = ["component", "gpu", "shape", "value", "unit", "source"]
 

@@ -15,17 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from costmodel.calibrate import (
-    COMPONENTS,
-    Measurement,
-    MeasurementError,
-    default_base,
-    fit,
-    leave_one_out,
-    load_measurements,
-    predict,
-    write_calibration,
-)
+from costmodel.calibrate import default_base, fit, leave_one_out, predict, write_calibration
 from costmodel.calibration import KNOBS, Calibration, Factor, load_calibration
 from costmodel.catalog import load_gpu, load_model
 from costmodel.formulas import (
@@ -43,6 +33,7 @@ from costmodel.formulas import (
     max_batch,
     prefill_time_ms,
 )
+from costmodel.measurements import COMPONENTS, Measurement, MeasurementError, load_measurements
 from costmodel.profile import CostProfile
 from costmodel.settings import CostSettings
 from costmodel.specs import GPUArray, SpecError
@@ -217,13 +208,10 @@ BAD = {
     "not divide deepseek_v3's 128 attention heads",
     "component,gpu,shape,value,unit,source\ndecode_step,H20,batch=8.5 context=1024 tp=8,0.05,s,x\n": "shape "
     "batch='8.5' must be a whole number",
-    "component,gpu,shape,value,unit,source\nserving_tpot,H200,batch=8 context=1024 tp=8 ep=8 users=8,0.02,s,x\n":
-    "users, output_len and prefill_len together",
-    "component,gpu,shape,value,unit,source\nserving_tpot,H200,batch=8 context=1024 tp=8 ep=12,0.02,s,x\n":
-    "tp dividing ep",
+    "component,gpu,shape,value,unit,source\nserving_tpot,H200,batch=8 context=1024 tp=8 ep=8 users=8,0.02,s,x\n": "users, output_len and prefill_len together",
+    "component,gpu,shape,value,unit,source\nserving_tpot,H200,batch=8 context=1024 tp=8 ep=12,0.02,s,x\n": "tp dividing ep",
     "component,gpu,shape,value,unit,source\nserving_ttft,H200,input=1024 tp=3 dp=1,0.2,s,x\n": "shape tp=3 does not",
-    "component,gpu,shape,value,unit,source\nserving_ttft,H200,input=1024 tp=8 dp=1 engine=both,0.2,s,x\n":
-    "engine='both' must be one of",
+    "component,gpu,shape,value,unit,source\nserving_ttft,H200,input=1024 tp=8 dp=1 engine=both,0.2,s,x\n": "engine='both' must be one of",
 }
 
 
@@ -424,8 +412,7 @@ def test_serving_rows_fit_their_stack_and_every_gpu_and_a_gpu_never_measured_tak
 def test_the_shipped_serving_calibration_is_the_fit_of_the_shipped_measurements() -> None:
     """conf/calibration/serving.yaml is what its header's command fits: the kernel tables and InferenceX's rows of
     the fitting GPUs (about a minute)."""
-    from costmodel.calibrate import serving_rows
-    from costmodel.measured import INFERENCEX
+    from costmodel.measured import INFERENCEX, serving_rows
 
     shipped = load_calibration(ROOT / "conf" / "calibration" / "serving.yaml")
     rows = load_measurements([PUBLISHED]) + serving_rows(INFERENCEX)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.calibrate import MeasurementError
 from costmodel.measured import FITTING_GPUS, INFERENCEX, load_inferencex
+from costmodel.measurements import MeasurementError
 
 
 def test_every_row_loads_with_its_run_and_inferencex_s_identities_hold() -> None:
@@ -130,9 +130,8 @@ def test_the_fits_prediction_is_the_simulators_on_the_same_rows() -> None:
 def test_the_serving_fit_saw_only_the_fitting_gpus() -> None:
     """conf/calibration/serving.yaml: its end-to-end factors are the stacks' and every GPU's, fitted on H200, B200
     and MI300X rows only; no check GPU has a factor of its own, and the engine behaviour it assumed travels with it."""
-    from costmodel.calibrate import serving_rows
     from costmodel.calibration import load_calibration
-    from costmodel.measured import GPUS
+    from costmodel.measured import GPUS, serving_rows
 
     rows = serving_rows(INFERENCEX)
     assert {r.gpu for r in rows} == {GPUS[g] for g in FITTING_GPUS} and len(rows) == 165 + 74  # TPOT; TTFT, <= 16 users
