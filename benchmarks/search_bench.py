@@ -43,7 +43,7 @@ from pipeline.search.reference import reference
 from pipeline.search.samplers import make_sampler
 from pipeline.search.trial import ask_tell, run_trial
 from pipeline.search.trials import SearchRun
-from pipeline.tune.driver import run_tune, start_local_ray
+from pipeline.search.tune.driver import run_tune, start_local_ray
 from solvers.layouts import divide
 
 

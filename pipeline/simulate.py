@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import plan as plans
 from costmodel.catalog import CONF_DIR
+from costmodel.settings import Slo
 from pipeline import cli
 from pipeline.checks import make_dir, number, optional_positive, positive_int, whole_number
 from pipeline.cli import choice, plain
@@ -31,6 +34,7 @@ from pipeline.records.journal import link_latest, write_json
 from pipeline.records.simulation_report import cdf_plots, table, throughput_plot
 from plan import Plan
 from simulator.metrics import steady_state_note
+from simulator.requests import Requests
 from simulator.routers import ROUTERS
 from simulator.schedulers import SCHEDULERS
 
@@ -77,25 +81,118 @@ def mix_from_cfg(cfg: Any, plan: Plan) -> RequestMix:
     return request_mix(plan.workload, plain(OmegaConf.load(path)))
 
 
-def execute(cfg: Any) -> int:
-    from pipeline.records.tracking import Tracker
+@dataclass(frozen=True)
+class Session:
+    """One `pipeline.simulate` command once its settings are read: what every mode simulates and where it writes."""
 
+    cfg: Any
+    plan: Plan
+    runner: Runner
+    mix: RequestMix
+    requests: Requests  # the command's requests at its offered rate
+    rate: float  # the offered rate, req/s
+    tracker: Any  # pipeline.records.tracking.Tracker: the parent run is open
+    out: Path
+    head: str  # metrics.md's heading
+    slo: Slo
+
+    @property
+    def policy(self) -> tuple[str, str]:
+        return str(self.cfg.router), str(self.cfg.scheduler)
+
+
+Result = tuple[str, dict[str, Any], list[str]]  # metrics.md's text after the heading, the parent's metrics, files
+
+
+def run_once(s: Session) -> Result:
+    """mode=run: one simulation with the command's router and scheduler."""
+    router, scheduler = s.policy
+    sim, m, _ = s.runner.simulate(s.requests, router, scheduler)
+    cdf_plots(sim, s.out / "cdf.png", f"{router} + {scheduler}, {m['offered_req_s']:.0f} req/s offered", s.slo)
+    text = table([{k: m[k] for k in SHOWN if k in m}], [k for k in SHOWN if k in m])
+    why = s.runner.verdict(m)
+    text += f"\n{'Sustained' if not why else 'Not sustained'} at {m['offered_req_s']:.1f} req/s offered"
+    text += f" ({why})\n" if why else " (throughput keeps up and the SLO percentiles hold)\n"
+    note = steady_state_note(m)
+    text += f"\nWarning: {note}\n" if note else ""
+    write_json(s.out / "metrics.json", m)
+    return text, m, ["metrics.json", "metrics.md", "cdf.png"]
+
+
+def compare(s: Session) -> Result:
+    """mode=compare: every router x scheduler on the same requests, a child run each."""
+    rows = []
+    for router in ROUTERS:
+        for sched in SCHEDULERS:
+            _, m, _ = s.runner.simulate(s.requests, router, sched)
+            rows.append({"router": router, "scheduler": sched, **m})
+            s.tracker.child(f"{router}+{sched}", {"router": router, "scheduler": sched}, m, failed=False)
+            print(f"[simulate] {router} + {sched}: {m['throughput_req_s']:.1f} req/s, p99 TTFT "
+                  f"{m.get('ttft_ms_p99', float('nan')):.0f} ms", flush=True)  # fmt: skip
+    write_json(s.out / "metrics.json", rows)
+    return table(rows, ["router", "scheduler", *[k for k in SHOWN if k in rows[0]]]), {}, ["metrics.json", "metrics.md"]
+
+
+def saturate(s: Session) -> Result:
+    """mode=saturate: the offered rate swept as multiples of the plan's rate; the highest one sustained."""
+    cfg, lam, seed = s.cfg, s.plan.rate_req_s, s.runner.s.seed
+    router, scheduler = s.policy
+    rows, best = [], 0.0
+    duration = float(cfg.saturate.duration_s)
+    for scale in [float(x) for x in cfg.saturate.scales]:
+        req = s.mix.requests(max(len(s.requests), int(lam * scale * duration)), lam * scale, str(cfg.arrivals), seed)
+        _, m, _ = s.runner.simulate(req, router, scheduler)
+        ok = not s.runner.verdict(m)
+        if ok:
+            best = max(best, m["offered_req_s"])
+        rows.append({"rate_scale": scale, "sustained": ok, **m})
+        s.tracker.child(f"x{scale:g}", {"rate_scale": scale}, m, failed=False)
+        print(f"[simulate] {scale:g} x Λ: offered {m['offered_req_s']:.1f}, served {m['throughput_req_s']:.1f} "
+              f"req/s, p99 TTFT {m.get('ttft_ms_p99', float('nan')):.0f} ms -> {'ok' if ok else 'no'}",
+              flush=True)  # fmt: skip
+        if note := steady_state_note(m):
+            print(f"[simulate] warning: at {scale:g} x Λ {note} (saturate.duration_s)", file=sys.stderr, flush=True)
+    m = {"sustained_req_s": best, "plan_rate_req_s": lam, "ratio": best / lam}
+    throughput_plot(rows, lam, best, s.out / "throughput.png", f"{router} + {scheduler}; {s.slo.text()}")
+    text = table(rows, ["rate_scale", "sustained", *[k for k in SHOWN if k in rows[0]]])
+    text += f"\nHighest sustained rate {best:.1f} req/s = {best / lam:.3f} x the plan's Λ.\n"
+    write_json(s.out / "metrics.json", {"summary": m, "rows": rows})
+    return text, m, ["metrics.json", "metrics.md", "throughput.png"]
+
+
+MODES: dict[str, Callable[[Session], Result]] = {"run": run_once, "saturate": saturate, "compare": compare}
+
+
+def execute(cfg: Any) -> int:
     if cfg.plan is None:
         raise ConfigError("plan=PATH is required: the plan.json a search wrote (outputs/search/<run>/<time>/plan.json)")
     plan = plans.load(cfg.plan)
-    plan_path = Path(str(cfg.plan))
     if not plan.serves:
         raise ConfigError(f"plan={cfg.plan}: its rate is 0 req/s (no island can run the model in a role): nothing "
                           "to simulate")  # fmt: skip
     mode = str(cfg.mode)
-    if mode not in ("run", "saturate", "compare"):
-        raise ConfigError(f"mode={mode!r}: choose run, saturate or compare")
+    if mode not in MODES:
+        raise ConfigError(f"mode={mode!r}: choose from {list(MODES)}")
     for key, valid in (("router", ROUTERS), ("scheduler", SCHEDULERS)):
         if str(cfg[key]) not in valid:
             raise ConfigError(f"{key}={cfg[key]!r} is unknown: choose from {list(valid)}")
+    s = _session(cfg, plan, mode)
+    text, m, files = MODES[mode](s)
+    text = s.head + text
+    (s.out / "metrics.md").write_text(text)
+    s.tracker.finish_parent({k: v for k, v in m.items() if isinstance(v, (int, float))}, [s.out / f for f in files])
+    link_latest(Path(str(cfg.out_root)), s.out)  # outputs/simulate/latest: the newest finished simulation
+    print(text + f"[simulate] wrote {s.out}/", flush=True)
+    return 0
+
+
+def _session(cfg: Any, plan: Plan, mode: str) -> Session:
+    """The command's settings checked, its requests drawn, its run folder made and its MLflow parent run open."""
+    from pipeline.records.tracking import Tracker
+
     settings = settings_from_cfg(cfg)
     slo, source = slo_from_cfg(cfg, own=plan.slo)
-    lam = plan.rate_req_s
+    lam, plan_path = plan.rate_req_s, Path(str(cfg.plan))
     rate = optional_positive(cfg.rate, "rate") or lam * float(cfg.rate_scale)
     n = positive_int(cfg.requests, "requests")
     mix = mix_from_cfg(cfg, plan)
@@ -141,58 +238,7 @@ def execute(cfg: Any) -> int:
                 f"({lam:.1f} req/s), not a rate planned for {workload}.")  # fmt: skip
         head += note + "\n\n"
         print(f"[simulate] {note}", flush=True)
-    if mode == "run":
-        sim, m, _ = runner.simulate(base, str(cfg.router), str(cfg.scheduler))
-        cdf_plots(sim, out / "cdf.png", f"{cfg.router} + {cfg.scheduler}, {m['offered_req_s']:.0f} req/s offered", slo)
-        text = head + table([{k: m[k] for k in SHOWN if k in m}], [k for k in SHOWN if k in m])
-        why = runner.verdict(m)
-        text += f"\n{'Sustained' if not why else 'Not sustained'} at {m['offered_req_s']:.1f} req/s offered"
-        text += f" ({why})\n" if why else " (throughput keeps up and the SLO percentiles hold)\n"
-        note = steady_state_note(m)
-        text += f"\nWarning: {note}\n" if note else ""
-        write_json(out / "metrics.json", m)
-        files = ["metrics.json", "metrics.md", "cdf.png"]
-    elif mode == "compare":
-        rows = []
-        for router in ROUTERS:
-            for sched in SCHEDULERS:
-                _, m, _ = runner.simulate(base, router, sched)
-                rows.append({"router": router, "scheduler": sched, **m})
-                tracker.child(f"{router}+{sched}", {"router": router, "scheduler": sched}, m, failed=False)
-                print(f"[simulate] {router} + {sched}: {m['throughput_req_s']:.1f} req/s, p99 TTFT "
-                      f"{m.get('ttft_ms_p99', float('nan')):.0f} ms", flush=True)  # fmt: skip
-        text = head + table(rows, ["router", "scheduler", *[k for k in SHOWN if k in rows[0]]])
-        write_json(out / "metrics.json", rows)
-        files = ["metrics.json", "metrics.md"]
-    else:
-        rows, best = [], 0.0
-        duration = float(cfg.saturate.duration_s)
-        for scale in [float(x) for x in cfg.saturate.scales]:
-            req = mix.requests(max(n, int(lam * scale * duration)), lam * scale, str(cfg.arrivals), settings.seed)
-            _, m, _ = runner.simulate(req, str(cfg.router), str(cfg.scheduler))
-            ok = not runner.verdict(m)
-            if ok:
-                best = max(best, m["offered_req_s"])
-            rows.append({"rate_scale": scale, "sustained": ok, **m})
-            tracker.child(f"x{scale:g}", {"rate_scale": scale}, m, failed=False)
-            print(
-                f"[simulate] {scale:g} x Λ: offered {m['offered_req_s']:.1f}, served {m['throughput_req_s']:.1f} "
-                f"req/s, p99 TTFT {m.get('ttft_ms_p99', float('nan')):.0f} ms -> {'ok' if ok else 'no'}",
-                flush=True,
-            )
-            if note := steady_state_note(m):
-                print(f"[simulate] warning: at {scale:g} x Λ {note} (saturate.duration_s)", file=sys.stderr, flush=True)
-        m = {"sustained_req_s": best, "plan_rate_req_s": lam, "ratio": best / lam}
-        throughput_plot(rows, lam, best, out / "throughput.png", f"{cfg.router} + {cfg.scheduler}; {slo.text()}")
-        text = head + table(rows, ["rate_scale", "sustained", *[k for k in SHOWN if k in rows[0]]])
-        text += f"\nHighest sustained rate {best:.1f} req/s = {best / lam:.3f} x the plan's Λ.\n"
-        write_json(out / "metrics.json", {"summary": m, "rows": rows})
-        files = ["metrics.json", "metrics.md", "throughput.png"]
-    (out / "metrics.md").write_text(text)
-    tracker.finish_parent({k: v for k, v in m.items() if isinstance(v, (int, float))}, [out / f for f in files])
-    link_latest(Path(str(cfg.out_root)), out)  # outputs/simulate/latest: the newest finished simulation
-    print(text + f"[simulate] wrote {out}/", flush=True)
-    return 0
+    return Session(cfg, plan, runner, mix, base, rate, tracker, out, head, slo)
 
 
 if __name__ == "__main__":

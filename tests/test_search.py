@@ -319,14 +319,14 @@ def test_polish_in_the_search_refines_the_real_layouts(tmp_path: Path) -> None:
 
 
 def test_the_tune_searcher_shows_the_sampler_what_the_in_process_loop_shows_it(tmp_path: Path) -> None:
-    """One Tune trial per batch (pipeline/tune/batch.py): the same proposals, batch by batch, as
+    """One Tune trial per batch (pipeline/search/tune/batch.py): the same proposals, batch by batch, as
     `ask_tell`, with a failed trial told as failed; polish makes the proposals depend on what was told."""
     import optuna
     from ray.tune.search import Searcher
 
     from pipeline.search.samplers import make_sampler
     from pipeline.search.trial import ask_tell, guarded
-    from pipeline.tune.batch import BatchSearcher
+    from pipeline.search.tune.batch import BatchSearcher
 
     settings, ctx = small_context(tmp_path, "search.polish=0.5", "search.shapes=any")
     expected = ask_tell(ctx, make_sampler("random", 0, ctx.space, settings.polish, 16), 16, 4)

@@ -1,4 +1,4 @@
-"""The Ray Tune driver (pipeline/tune/): trials whose worker or node dies run again, every trial runs in the
+"""The Ray Tune driver (pipeline/search/tune/): trials whose worker or node dies run again, every trial runs in the
 environment its workers start in, fractions of a CPU per trial, and a cluster of two nodes.
 
 The searches here run in this process, on the test process's local Ray (conftest `local_ray`); their trial
@@ -73,7 +73,7 @@ def test_trials_run_in_the_env_the_prewarmed_workers_start_in_on_fractions_of_a_
     """The driver starts the other workers' processes early in `trainable_env()`; Ray reuses them for
     the trainable's tasks only if that is the env Ray Tune gives the trainable (its tasks inherit it).
     ray.cpus_per_trial=0.5 on 2 CPUs: 4 bundles of half a CPU, each worker's task sized to one."""
-    from pipeline.tune.batch import trainable_env
+    from pipeline.search.tune.batch import trainable_env
 
     assert run_search(tmp_path, notes_its_runtime_env, "ray.cpus_per_trial=0.5") == 0
     recs = journal(tmp_path)
@@ -118,7 +118,7 @@ def dies_first_or_always(marks: Path, ctx: Any, params: Any) -> dict[str, Any]:
 def test_a_share_whose_worker_dies_runs_again_then_is_recorded_failed(tmp_path: Path, local_ray: Any) -> None:
     from ray import cloudpickle
 
-    from pipeline.tune import worker
+    from pipeline.search.tune import worker
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ctx_ref = [local_ray.put("context")]

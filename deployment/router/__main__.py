@@ -64,8 +64,9 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("ARCHIPELAGO_ROUTER_API_KEY"),
         help="Bearer key every endpoint but /health asks for (default: $ARCHIPELAGO_ROUTER_API_KEY)",
     )
-    ap.add_argument("--tokenizer", help="the model's tokenizer.json (or its folder) for exact prompt lengths "
-                    "(default: routing.json's `tokenizer` when that file exists here)")  # fmt: skip
+    ap.add_argument("--tokenizer", help="the model's tokenizer.json (or its folder) for exact prompt lengths; the "
+                    "router stops if it cannot read it (default: routing.json's `tokenizer` where this host has that "
+                    "file, else lengths estimated from characters, as the start line says)")  # fmt: skip
     ap.add_argument(
         "--max-in-flight",
         type=_positive(int),
@@ -111,12 +112,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"{args.routing}: not JSON ({err.msg}, line {err.lineno})")
     except RoutingError as err:
         _fail(f"{args.routing}: {err}")
-    tokenizer = args.tokenizer
-    if tokenizer is None and table.tokenizer and Path(table.tokenizer).exists():
-        tokenizer = table.tokenizer
     settings = Settings(api_key=args.api_key or None, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
                         connect_timeout_s=args.connect_timeout, health_interval_s=args.health_interval,
-                        retries=args.retries, tokenizer=tokenizer)  # fmt: skip
+                        retries=args.retries, tokenizer=args.tokenizer)  # fmt: skip
     try:
         application = app(table, settings)
     except ValueError as err:
@@ -159,7 +157,9 @@ async def serve(application: web.Application, args: argparse.Namespace, table: o
     lengths = (
         "exact (the model's tokenizer)"
         if router.count.exact
-        else (f"estimated as characters / {router.table.chars_per_token:g} (give --tokenizer for exact counts)")
+        else f"estimated as characters / {router.table.chars_per_token:g} ("
+        + (f"routing.json's tokenizer {router.table.tokenizer} is not on this host: " if router.table.tokenizer else "")
+        + "give --tokenizer for exact counts)"
     )
     print(f"[router] {args.routing}: {counts['prefill']} prefill and {counts['decode']} decode islands, "
           f"{len(router.table.engines)} engines; prompt lengths {lengths}; up to {router.capacity} requests in "

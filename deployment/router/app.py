@@ -32,6 +32,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -59,7 +60,15 @@ class Settings:
     health_interval_s: float = 2.0  # every engine's /health is asked this often (timeout: the same, at most 1 s)
     retries: int = 2  # times a request is sent to another engine after a connection failure
     max_body_bytes: int = 8 * 1024 * 1024
-    tokenizer: str | None = None  # the model's tokenizer.json (None: routing.json's, else characters / chars_per_token)
+    # the model's tokenizer.json, which must be readable (None: routing.json's `tokenizer` where that file exists on
+    # this host, else prompts estimated as characters / chars_per_token)
+    tokenizer: str | None = None
+
+    def tokenizer_of(self, table: Table) -> str | None:
+        """The tokenizer the router counts with: the one given, else routing.json's where this host has it."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        return table.tokenizer if table.tokenizer and Path(table.tokenizer).exists() else None
 
     def admitted(self, table: Table) -> int:
         return self.max_in_flight or max(2 * table.in_flight, 1024)
@@ -71,7 +80,7 @@ class Router:
     def __init__(self, table: Table, settings: Settings, seed: int | None = None) -> None:
         self.table, self.settings = table, settings
         self.rng = random.Random(seed)
-        self.count = Counter(settings.tokenizer or table.tokenizer, table.chars_per_token)
+        self.count = Counter(settings.tokenizer_of(table), table.chars_per_token)
         self.capacity = settings.admitted(table)
         self.in_flight = 0
         self.down: set[str] = set()

@@ -94,7 +94,7 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
     `command`: the command line's overrides after `+experiment=NAME`, as the table quotes them.
     """
     from pipeline.records.tracking import Tracker
-    from pipeline.tune.driver import with_ray
+    from pipeline.search.tune.driver import with_ray
 
     spec = spec_from_cfg(cfg)
     cells = build_cells(spec, passthrough)

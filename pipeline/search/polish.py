@@ -10,7 +10,7 @@ trying the layouts next to the best one. `PolishSampler` wraps any Optuna sample
   the nearest value that changes the layout) of the best finished trial; when every neighbour of
   it is tried, of the next best distinct layout; when none is left, the wrapped sampler again.
 
-With batches (`pipeline.tune.batch.BatchSearcher` under Ray Tune, or `ask_tell`), the best trial is
+With batches (`pipeline.search.tune.batch.BatchSearcher` under Ray Tune, or `ask_tell`), the best trial is
 fixed while a batch is asked, so a batch evaluates the whole neighbourhood of the incumbent at
 once: steepest ascent, one step per batch. Trials the wrapped sampler did not propose are
 ordinary finished trials to it (it sees their parameters and scores), so it can take over again.

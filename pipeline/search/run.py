@@ -2,7 +2,7 @@
 
     settings and trial context   (pipeline.search.settings)
     the exact reference          (pipeline.search.reference; reference.json)
-    the trials                   (pipeline.tune.driver under Ray Tune, or the reference's layout)
+    the trials                   (pipeline.search.tune.driver under Ray Tune, or the reference's layout)
     the plan                     (pipeline.planning.build, then the rate band and the simulated check)
     its records                  (plan.json, report.md, plots, trials.parquet; MLflow's parent run)
 
@@ -38,7 +38,7 @@ from pipeline.search.samplers import require_extras
 from pipeline.search.settings import Settings, context, idle_types, inventory_of, read_settings, recorded
 from pipeline.search.trial import Context, TrialFn, run_trial, score_layout
 from pipeline.search.trials import SearchRun
-from pipeline.tune.driver import check_ray_address, run_tune, with_ray
+from pipeline.search.tune.driver import check_ray_address, run_tune, with_ray
 from plan import InventoryInfo, Plan, Reference, Replan, SearchInfo, to_json
 from simulator.arrivals import PROFILE_BIN_S
 from solvers.exact import ExactResult

@@ -143,7 +143,7 @@ def guarded(ctx: Context, params: Mapping[str, Any], trial_fn: TrialFn | None = 
 def ask_tell(ctx: Context, sampler: Any, evals: int, batch: int) -> list[dict[str, Any]]:
     """`evals` trials in one process, `batch` proposals asked and told back together.
 
-    The sampler sees exactly what it sees under Ray Tune (`pipeline.tune.batch.BatchSearcher`);
+    The sampler sees exactly what it sees under Ray Tune (`pipeline.search.tune.batch.BatchSearcher`);
     experiments that repeat whole searches run one of these per Ray task.
     """
     study = optuna.create_study(direction="maximize", sampler=sampler)

@@ -1,6 +1,6 @@
 """A search's trials as they finish: its run folder, the journal, MLflow's child runs, the best so far, the gap
 to the exact reference and the progress line (`SearchRun`). The trials themselves run elsewhere
-(`pipeline.tune.driver` under Ray Tune); every finished one comes back through `add_batch`.
+(`pipeline.search.tune.driver` under Ray Tune); every finished one comes back through `add_batch`.
 
 Every finished trial is journalled before anything else, so a logging failure (an MLflow store locked or
 gone) can neither lose a trial nor turn it into a failed one: its child run is logged once the store

@@ -1,6 +1,6 @@
 """What a Ray worker of a search runs: its share of a batch, with the search's context kept per process.
 
-Kept apart from `pipeline.tune.batch` so that a worker scoring layouts imports the search's own
+Kept apart from `pipeline.search.tune.batch` so that a worker scoring layouts imports the search's own
 code and Ray, not Ray Tune (another ~0.35 s of a worker's start-up on top of ~0.75 s).
 """
 

@@ -1,12 +1,12 @@
 """The Ray Tune driver of a search: its remaining trials as Ray Tune trials, and the Ray it runs on.
 
-Three layers around Ray Tune (STYLE.md 9): `pipeline.search.trial.run_trial` scores a layout, the
-trainable `pipeline.tune.batch.batch_trial` scores one batch of proposals as Ray tasks and
+Three layers around Ray Tune: `pipeline.search.trial.run_trial` scores a layout, the
+trainable `pipeline.search.tune.batch.batch_trial` scores one batch of proposals as Ray tasks and
 reports them, and `run_tune` wires the Tuner. A "trial" everywhere else (the journal, MLflow, the
 progress line) is one layout; each finished batch goes back to the search's `SearchRun`.
 
 A trial that raises is a failed trial (recorded, the search goes on); a trial whose worker or
-node dies runs again (`pipeline.tune.worker.RETRIES` times).
+node dies runs again (`pipeline.search.tune.worker.RETRIES` times).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def run_tune(run: SearchRun, trial_fn: TrialFn = run_trial) -> bool:
     import ray
     from ray import tune
 
-    from pipeline.tune.batch import BatchSearcher, batch_trial, resources, trainable_env
-    from pipeline.tune.worker import RETRIES, prewarm, worker_failed
+    from pipeline.search.tune.batch import BatchSearcher, batch_trial, resources, trainable_env
+    from pipeline.search.tune.worker import RETRIES, prewarm, worker_failed
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # as many workers as the cluster has room for, and no more than a batch can keep busy
@@ -84,7 +84,7 @@ def run_tune(run: SearchRun, trial_fn: TrialFn = run_trial) -> bool:
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=searcher,  # one trial per batch (pipeline/tune/batch.py)
+            search_alg=searcher,  # one trial per batch (pipeline/search/tune/batch.py)
             num_samples=-1,  # the searcher says when it is done
             reuse_actors=True,
         ),

@@ -11,15 +11,15 @@ So a Tune trial is one batch, as the sampler sees it anyway (`pipeline.search.tr
 proposals asked, then all `batch` results told). Its trainable deals the layouts out over the
 workers of the trial's placement group (one bundle of `cpus_per_trial` per worker, as many as the
 cluster has room for, on any of its nodes): it scores its own share and hands every other worker
-its share as one Ray task (`pipeline.tune.worker`). A worker process keeps the search's planner
+its share as one Ray task (`pipeline.search.tune.worker`). A worker process keeps the search's planner
 (and its benchmark cache) from one batch to the next. On a one-node Ray the driver starts the
-other workers' processes while Ray Tune starts the trainable (`pipeline.tune.worker.prewarm`); on a cluster
+other workers' processes while Ray Tune starts the trainable (`pipeline.search.tune.worker.prewarm`); on a cluster
 they start with the trainable's first batch. Until one is ready (~1-1.5 s on a busy 2-core
 machine) the trainable scores layouts alone, one after another, and so it does throughout with
 room for one worker only.
 
 Failures: a layout that raises is a failed trial (recorded, the search goes on). A task whose
-worker dies runs again (`pipeline.tune.worker.RETRIES` times), then is recorded as failed; a trainable
+worker dies runs again (`pipeline.search.tune.worker.RETRIES` times), then is recorded as failed; a trainable
 whose actor dies is retried by Tune, batch and all.
 """
 
@@ -33,7 +33,7 @@ import optuna
 from ray import tune
 from ray.tune.search import Searcher
 
-from pipeline.tune import worker as tune_worker
+from pipeline.search.tune import worker as tune_worker
 
 if TYPE_CHECKING:
     from pipeline.search.trial import TrialFn
