@@ -62,6 +62,6 @@ def in_flight(plan: Plan) -> int:
     for isl in plan.serving:
         if isl.role == "prefill" and isl.ttft_ms_expected:
             seconds += isl.traffic_share * isl.ttft_ms_expected / 1000
-        elif isl.role in ("decode", "aggregated") and isl.tpot_ms_expected:
+        elif isl.role.decodes and isl.tpot_ms_expected:
             seconds += isl.traffic_share * out_tokens * isl.tpot_ms_expected / 1000
     return math.ceil(rate * seconds)

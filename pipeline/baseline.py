@@ -70,7 +70,7 @@ def execute(cfg: Any) -> int:
     rng = np.random.default_rng(int(cfg.search.seed))
     draw = [rng.choice(v, SAMPLE, p=c / c.sum()) for v, c in ((h["input_values"], h["input_counts"]),
                                                              (h["output_values"], h["output_counts"]))]  # fmt: skip
-    inv = dict(zip((g.name for g in settings.inventory.gpus), settings.inventory.counts, strict=True))
+    inv = settings.inventory.by_name
     t0 = time.perf_counter()
     choices = estimator_plan(inv, planner.gpus, planner.model, draw[0], draw[1], planner.profile)
     est_s = time.perf_counter() - t0

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel.cli import UserError
+from costmodel.roles import ROLES, Role
+
+__all__ = ["ROLES", "Role"]  # re-exported by plan/__init__.py with the records
 from costmodel.settings import CostSettings, Slo
 from costmodel.specs import Model
 
-ROLES = ("prefill", "decode", "aggregated", "idle")
 MAX_DECODE_BATCH = 1024  # sequences per attention-DP rank; the island benchmark never plans more
 
 
@@ -177,7 +179,7 @@ class Island:
 
     gpu: str
     size: int
-    role: str
+    role: Role  # a plain word ("decode") is taken too
     tp: int
     dp: int
     ep: int
@@ -203,8 +205,9 @@ class Island:
         _whole(self.size, "size", 1)
         if self.role not in ROLES:
             raise PlanError(f"role must be one of {list(ROLES)}, got {self.role!r}")
+        object.__setattr__(self, "role", Role(self.role))
         _real(self.cost_per_hour, "cost_per_hour", 0.0)
-        if self.role == "idle":
+        if not self.role.serving:
             if self.ranges:
                 raise PlanError("an idle island serves no input-length ranges")
             return
@@ -213,10 +216,10 @@ class Island:
         _whole(self.redundant_experts, "redundant_experts")
         if self.role == "prefill" and self.tp * self.dp != self.size:
             raise PlanError(f"prefill tp {self.tp} x dp {self.dp} must be the size {self.size}")
-        if self.role in ("decode", "aggregated") and (self.ep * self.dp != self.size or self.ep % self.tp):
+        if self.role.decodes and (self.ep * self.dp != self.size or self.ep % self.tp):
             raise PlanError(f"{self.role} ep {self.ep} x dp {self.dp} must be the size {self.size}, with tp "
                             f"{self.tp} dividing ep")  # fmt: skip
-        if self.role in ("decode", "aggregated") and self.batch > MAX_DECODE_BATCH:
+        if self.role.decodes and self.batch > MAX_DECODE_BATCH:
             raise PlanError(f"decode batch {self.batch} is over {MAX_DECODE_BATCH} sequences per rank, which no "
                             "plan of pipeline.search writes")  # fmt: skip
         if not self.ranges:
@@ -235,25 +238,25 @@ class Island:
         _optional_real(self.ttft_ms_expected, "ttft_ms_expected", 0.0)
         _optional_real(self.tpot_ms_expected, "tpot_ms_expected", 0.0)
         _whole(self.chunk_tokens, "chunk_tokens")
-        if self.role == "aggregated" and self.chunk_tokens < 1:
+        if self.role is Role.AGGREGATED and self.chunk_tokens < 1:
             raise PlanError("an aggregated island prefills at least one prompt token a step (chunk_tokens >= 1)")
         if not isinstance(self.overlap, bool):
             raise PlanError(f"overlap must be true or false, got {self.overlap!r}")
 
     @property
     def serving(self) -> bool:
-        return self.role != "idle"
+        return self.role.serving
 
     @property
     def ep_group(self) -> int:
         """GPUs one engine spreads the routed experts over: the whole island for prefill, `ep` for decode and
         aggregated engines."""
-        return self.ep if self.role in ("decode", "aggregated") else self.tp * self.dp
+        return self.ep if self.role.decodes else self.tp * self.dp
 
     @property
     def engines(self) -> int:
         """Engine instances of the island: one for prefill, `dp` for decode and aggregated, none when idle."""
-        return 0 if not self.serving else 1 if self.role == "prefill" else self.dp
+        return 0 if not self.serving else self.dp if self.role.decodes else 1
 
     @property
     def attention_ranks(self) -> int:

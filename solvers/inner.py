@@ -61,11 +61,11 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 from ortools.linear_solver.python import model_builder as mb
 
+from costmodel.roles import ROLES
 from solvers import role_search
 
 OBJECTIVES = ("max_rate", "thesis")
 STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
-ROLES = ("prefill", "decode", "aggregated", "idle")
 MILP_BACKENDS = ("SCIP", "HIGHS", "CBC")
 BACKENDS = ("AUTO", *MILP_BACKENDS)  # AUTO: SCIP for AUTO_SCIP_S, then HiGHS (see `_solve_matrix`)
 AUTO_SCIP_S = 1.0  # AUTO's SCIP stint before HiGHS takes over (docs/inner.md)

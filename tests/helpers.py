@@ -14,7 +14,7 @@ from typing import Any
 from costmodel.catalog import CONF_DIR, load_gpu, load_model
 from costmodel.formulas import priced_precision
 from costmodel.settings import CostSettings
-from plan import Hosts, Island, Plan, Precision, RangeShare, Rates
+from plan import Hosts, Island, Plan, Precision, RangeShare, Rates, Role
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -54,7 +54,7 @@ def island(gpu: str, size: int, role: str, tp: int, dp: int, ep: int, batch: int
     """A serving island as the planner describes one: DeepSeek-V3's experts spread over its EP group, its
     precision as the cost model prices it, hosts numbered from `node` (None: no hosts)."""
     experts = load_model("deepseek_v3").n_routed_experts
-    group = ep if role in ("decode", "aggregated") else tp * dp
+    group = ep if Role(role).decodes else tp * dp
     per_gpu = -(-experts // group)
     g = load_gpu(gpu)
     hosts = None if node is None else Hosts(g.node_gpus, tuple(range(node, node + -(-(first + size) // g.node_gpus))),

@@ -96,7 +96,7 @@ def test_no_move_keeps_the_running_islands_and_a_host_budget_is_kept(tmp_path: P
     settings = read_settings(cfg, *inventory_of(cfg))
     ctx = context(settings)
     node = {g.name: g.node_gpus for g in settings.inventory.gpus}
-    counts = {g.name: n for g, n in zip(settings.inventory.gpus, settings.inventory.counts, strict=True)}
+    counts = settings.inventory.by_name
     hosts = hosts_now(old, counts, node, [("H20", 3)])
     mins = dict(ctx.space.min_island)
     none = replan(ctx.planner, old, hosts, mins, 0, ctx.inner_time_limit_s, ctx.backend)

@@ -142,7 +142,7 @@ def _table_5_1(cells: Sequence[Cell], summary: pd.DataFrame) -> list[str]:
     ]
     for inv in inventories:
         inventory = inv_of[inv]
-        counts = dict(zip((g.name for g in inventory.gpus), inventory.counts, strict=True))
+        counts = inventory.by_name
         kind = "hetero" if len(inventory.gpus) > 1 else "homo"
         row = f"| {inv} | {kind} | " + " | ".join(str(counts.get(g, 0)) for g in gpu_names)
         row += f" | {inventory.cost_per_hour:,.0f} |"

@@ -21,7 +21,7 @@ from costmodel.formulas import decode_parts, priced_precision
 from costmodel.island_bench import IslandBenchmark, PhaseTable
 from costmodel.queueing import mix_moments, mix_quantile, wait_quantile
 from pipeline.planning.planner import Layout, Planner
-from plan import Hosts, InventoryInfo, Island, Plan, Precision, RangeShare, Rates
+from plan import Hosts, InventoryInfo, Island, Plan, Precision, RangeShare, Rates, Role
 from solvers.inner import InnerProblem, InnerSolution
 
 
@@ -84,7 +84,7 @@ def describe(
     for i, (gpu, size) in enumerate(layout.islands):
         serves = sol.x_prefill[i].sum() + sol.x_decode[i].sum() > 1e-9
         bench = planner.benchmark(gpu, size)
-        phase = sol.roles[i] if sol.roles[i] in ("decode", "aggregated") else "prefill"
+        phase = Role(sol.roles[i]) if Role(sol.roles[i]).decodes else Role.PREFILL
         # (an aggregated island has the same share in both phases, at its aggregated rate: `InnerProblem.resolved`)
         x, b = (sol.x_decode, prob.decode_req_s) if phase == "decode" else (sol.x_prefill, prob.prefill_req_s)
         cap = b * x
@@ -95,7 +95,7 @@ def describe(
         fraction = cap[i] / np.where(tot > 0, tot, 1.0)
         facts = _serving_facts(planner, bench, phase, cfg, fraction, sol.rate_req_s) if cfg else {}
         batch = engine_batch(table, cap[i], served, phase) if cfg and table is not None else 0
-        if cfg and phase != "prefill":
+        if cfg and phase.decodes:
             facts["overlap"] = overlapped(planner, gpu, cfg, batch, fraction)
         if cfg and phase == "aggregated" and table is not None and table.chunk is not None:
             facts["chunk_tokens"] = max(int(table.chunk[table.chosen, served].min()), 1)  # no step past TPOT
@@ -160,7 +160,7 @@ def _serving_facts(
       step over the mix it serves (aggregated: with the prompts' chunks in its steps).
     """
     experts = planner.model.n_routed_experts
-    group = int(cfg["ep"]) if phase != "prefill" else int(cfg["tp"]) * int(cfg["dp"])
+    group = int(cfg["ep"]) if Role(phase).decodes else int(cfg["tp"]) * int(cfg["dp"])
     per_gpu = -(-experts // group)
     table = bench.table(phase)
     raw = bench.req_s(phase)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,23 +13,43 @@ from pipeline.errors import ConfigError
 
 @dataclass(frozen=True)
 class Inventory:
+    """GPU types (each with the inventory's price) and how many of each; iterating gives (GPU, count) pairs."""
+
     name: str
     gpus: tuple[GPU, ...]  # one per type, with the inventory's price
     counts: tuple[int, ...]
 
+    def __iter__(self) -> Iterator[tuple[GPU, int]]:
+        return iter(zip(self.gpus, self.counts, strict=True))
+
+    @property
+    def by_name(self) -> dict[str, int]:
+        """{GPU type: count}."""
+        return {g.name: n for g, n in self}
+
+    @property
+    def named(self) -> tuple[tuple[str, int], ...]:
+        """(GPU type, count) pairs, as the search space and plan.json keep them."""
+        return tuple((g.name, n) for g, n in self)
+
     @property
     def cost_per_hour(self) -> float:
-        return sum(g.price_per_hour * n for g, n in zip(self.gpus, self.counts, strict=True))
+        return sum(g.price_per_hour * n for g, n in self)
 
     @property
     def total_gpus(self) -> int:
         return sum(self.counts)
 
+    @property
+    def hosts(self) -> int:
+        """Hosts the inventory fills, a type's last one possibly part-full."""
+        return sum(-(-n // g.node_gpus) for g, n in self)
+
     def count(self, gpu_name: str) -> int:
-        return dict(zip((g.name for g in self.gpus), self.counts, strict=True)).get(gpu_name, 0)
+        return self.by_name.get(gpu_name, 0)
 
     def describe(self) -> str:
-        parts = " + ".join(f"{n} {g.name}" for g, n in zip(self.gpus, self.counts, strict=True))
+        parts = " + ".join(f"{n} {g.name}" for g, n in self)
         return f"{self.name}: {parts} (${self.cost_per_hour:,.2f}/h)"
 
 

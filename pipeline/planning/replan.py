@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pipeline.planning.planner import Layout, Planner
-from plan import Hosts, Plan, node_spans
+from plan import Hosts, Plan, Role, node_spans
 from solvers.spare import spare_roles
 
 BEAM = 12  # states kept at each depth of the search over moves
@@ -101,7 +101,7 @@ def replan(
     for i, isl in enumerate(old.islands):
         if isl.serving and isl.hosts is not None and isl.gpu in planner.gpus and \
                 set(isl.hosts.nodes) <= set(hosts.get(isl.gpu, ())):  # fmt: skip
-            kept.append(Piece(isl.gpu, isl.size, isl.hosts, isl.role if isl.role != "aggregated" else None, i))
+            kept.append(Piece(isl.gpu, isl.size, isl.hosts, isl.role if isl.role.disaggregated else None, i))
     scored: dict[tuple[object, ...], tuple[float, tuple[str, ...]]] = {}
 
     def score(pieces: tuple[Piece, ...]) -> tuple[float, tuple[str, ...]]:
@@ -171,8 +171,8 @@ def _moves(
         if p.origin is None or p.flipped:
             continue
         where = f"{p.size} x {p.gpu} (old island {p.origin})"
-        if p.role in ("prefill", "decode"):
-            other = "decode" if p.role == "prefill" else "prefill"
+        if p.role is not None and Role(p.role).disaggregated:
+            other = Role(p.role).other
             flipped = replace(p, role=other, flipped=True)
             out.append((_ordered([*pieces[:i], flipped, *pieces[i + 1 :]]), f"flip {where} to {other}"))
         out.append((pieces[:i] + pieces[i + 1 :], f"drop {where}"))

@@ -126,7 +126,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
     ]
 
     def cells(isl: Island) -> str:
-        tok = f"{isl.traffic_share * rates.output_tok_s:.0f}" if isl.role in ("decode", "aggregated") else "-"
+        tok = f"{isl.traffic_share * rates.output_tok_s:.0f}" if isl.role.decodes else "-"
         return (
             f"{isl.role} | {isl.tp} / {isl.dp} / {isl.ep} | {isl.batch} | {isl.precision.describe()} | "
             f"{_ranges_text(isl.ranges)} | {isl.traffic_share:.1%} | {isl.utilisation:.1%} | "
@@ -248,7 +248,8 @@ def _burst_rows(plan: Plan) -> list[str]:
     if model is not None:
         share = model / plan.rate_req_s if plan.rate_req_s > 0 else 0.0
         rows.append(f"| under the workload's own arrivals, queueing model (each island's SLO caps under its trace's "
-                    f"bursts, the percentiles over the whole day) | {model:.2f} req/s mean ({share:.1%} of the rate) |")  # fmt: skip
+                    f"bursts, the percentiles over the whole day) | {model:.2f} req/s mean ({share:.1%} of the rate) "
+                    "|")  # fmt: skip
     if b is None:
         return rows
     share = b.rate_req_s / plan.rate_req_s if plan.rate_req_s > 0 else 0.0

@@ -118,7 +118,7 @@ def type_options(
     GB of one request per range (None without the KV-transfer constraint). `stop()` is asked between
     two benchmarks: True ends the work early (the caller then raises)."""
     types = []
-    for g, n in zip(settings.inventory.gpus, settings.inventory.counts, strict=True):
+    for g, n in settings.inventory:
         sizes = np.array(ctx.space.sizes(g.name), dtype=int)  # node-aligned shapes unless search.shapes=any
         rates = []
         for s in sizes:  # at the load the SLOs allow, as the inner solve

@@ -312,8 +312,7 @@ def _plan(
 ) -> Plan:
     """The plan of the best layout, with how the search found it and its gap to the exact reference."""
     inv = settings.inventory
-    inventory = InventoryInfo(inv.name, tuple((g.name, n) for g, n in zip(inv.gpus, inv.counts, strict=True)),
-                              inv.cost_per_hour)  # fmt: skip
+    inventory = InventoryInfo(inv.name, inv.named, inv.cost_per_hour)
     roles, hosts, again = None, None, run.replanned
     if settings.spare_hosts:  # the roles that keep the most with the worst hosts lost, as the trials scored them
         roles = spare_solve(ctx.planner, layout, settings.spare_hosts, ctx.inner_time_limit_s, ctx.backend).roles
@@ -421,7 +420,7 @@ def _as_running(plan: Plan, settings: Settings, again: Replanned, scratch: float
 def _replanned(settings: Settings, ctx: Context) -> Replanned:
     """The best plan within search.max_moves changed islands of the running plan (`pipeline.planning.replan`)."""
     inv = settings.inventory
-    counts = {g.name: n for g, n in zip(inv.gpus, inv.counts, strict=True)}
+    counts = inv.by_name
     node_gpus = {g.name: g.node_gpus for g in inv.gpus}
     hosts = hosts_now(settings.from_plan, counts, node_gpus, settings.lost_hosts)
     t0 = time.perf_counter()

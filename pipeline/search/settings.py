@@ -320,7 +320,7 @@ def check_spare_hosts(spare: int, sampler: str, objective: str, inventory: Inven
     if objective not in ("max_rate", "rate_per_dollar"):
         raise ConfigError(f"search.spare_hosts={spare} scores a layout by its rate with hosts lost: use "
                           f"search.objective=max_rate or rate_per_dollar, not {objective}")  # fmt: skip
-    hosts = sum(-(-n // g.node_gpus) for g, n in zip(inventory.gpus, inventory.counts, strict=True))
+    hosts = inventory.hosts
     if spare >= hosts:
         raise ConfigError(f"search.spare_hosts={spare}: the inventory has {hosts} hosts; losing {spare} leaves "
                           "nothing to serve with. Use fewer")  # fmt: skip
@@ -340,7 +340,7 @@ def context(settings: Settings) -> Any:
     mins = min_islands(sp.min_island, sp.min_island_per_type, inventory, planner, node)
     space = Space(
         sp.generator,
-        tuple((g.name, n) for g, n in zip(inventory.gpus, inventory.counts, strict=True)),
+        inventory.named,
         tuple(mins.items()),
         skew_range=sp.skew_range,
         max_islands=sp.max_islands,
@@ -414,7 +414,7 @@ def min_islands(
     if unknown:
         raise ConfigError(f"search.min_island_per_type names {unknown}, not in inventory {inventory.describe()}")
     out = {}
-    for g, count in zip(inventory.gpus, inventory.counts, strict=True):
+    for g, count in inventory:
         value = per_type.get(g.name, everywhere)
         where = f"search.min_island_per_type.{g.name}" if g.name in per_type else "search.min_island"
         sizes = list(range(1, count + 1)) if node is None else list(node_shapes(node[g.name], count))
@@ -440,14 +440,14 @@ def runs(planner: Planner, gpu: str, size: int) -> bool:
 
 def idle_types(planner: Planner, inventory: Inventory) -> list[str]:
     """GPU types of which not even one island of every GPU can run the model in either phase."""
-    return [g.name for g, n in zip(inventory.gpus, inventory.counts, strict=True) if not runs(planner, g.name, n)]
+    return [g.name for g, n in inventory if not runs(planner, g.name, n)]
 
 
 def check_a_plan_exists(planner: Planner, inventory: Inventory, space: Space) -> None:
     """A plan needs a prefill island and a decode island at once, or an aggregated island: an inventory where no
     layout has either is a config error naming why (memory, or an SLO no configuration meets), not a search that
     ends at 0 req/s."""
-    full = {g.name: planner.benchmark(g.name, n) for g, n in zip(inventory.gpus, inventory.counts, strict=True)}
+    full = {g.name: planner.benchmark(g.name, n) for g, n in inventory}
     if planner.cost.aggregated and any(
         (b := planner.benchmark(g.name, s)).aggregated is not None and b.aggregated.chosen >= 0
         for g in inventory.gpus
