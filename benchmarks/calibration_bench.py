@@ -104,12 +104,12 @@ def check(calibration: str) -> None:
     # the model's step time at that batch against the published one (1 / speed)
     for speed in d["user_tok_s"]:
         batch = d["tok_s_per_gpu"] / speed
-        cells = [f"{(1e3 / speed) / float(decode_step_ms(gpu, model, d['context'], batch, 1, d['ep'], False, p)):.2f}"
+        cells = [f"{(1e3 / speed) / float(decode_step_ms(gpu, model, d['context'], batch, 1, d['ep'], profile=p)):.2f}"
                  for p in profiles.values()]  # fmt: skip
         print(f"| decode step at {batch:.0f} sequences/GPU, context {d['context']} | {1e3 / speed:.1f} ms | "
               + " | ".join(cells) + " |")  # fmt: skip
     for s in (2048, 4096, 8192):  # the prompt length is not published: three plausible ones
-        rates = [s / (float(prefill_time_ms(gpu, model, s, 1, f["dp"], f["cache_hit"], p)) / 1e3)
+        rates = [s / (float(prefill_time_ms(gpu, model, s, 1, f["dp"], cache_hit=f["cache_hit"], profile=p)) / 1e3)
                  for p in profiles.values()]  # fmt: skip
         cells = [f"{r / f['tok_s_per_gpu']:.2f}" for r in rates]
         print(f"| prefill input tok/s/GPU (hits included), {s}-token prompts | {f['tok_s_per_gpu']:.0f} | "

@@ -105,12 +105,13 @@ def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Pred
     p_size, p_tp = worker(p)
     p_dp = p_size // p_tp
     pre_t = prefill_timing(gpu, model, p_tp, p_dp, row.isl, cost)  # type: ignore[arg-type]
-    budget = cost.prefill_batch_tokens  # type: ignore[attr-defined]
+    budget = cost.engine.prefill_batch_tokens  # type: ignore[attr-defined]
     prefill = [PrefillEngine(i, 0, pre_t, budget) for i in range(p.workers * p_dp)]
     d_size, d_tp, _ = decode_engine(row)
     ranks = d_size // d_tp
-    dec_t = decode_timing(gpu, model, d_tp, d_size, users_per_rank(row), row.isl + row.osl, cost, 1.0,  # type: ignore[arg-type]
-                          *row.speculation, moe_tp=d.ep == 1)  # fmt: skip
+    drafts, accepted = row.speculation
+    dec_t = decode_timing(gpu, model, d_tp, d_size, users_per_rank(row), row.isl + row.osl, cost,  # type: ignore[arg-type]
+                          draft_tokens=drafts, accepted=accepted, moe_tp=d.ep == 1)  # fmt: skip
     rebuild = prefill_timing(gpu, model, d_tp, ranks, row.isl + row.osl, cost)  # type: ignore[arg-type]
     decode = [DecodeEngine(i, 1, dec_t, rebuild) for i in range(d.workers)]
     if dec_t.kv_tokens < row.isl + row.osl:  # the model's memory: weights leave no KV room on these GPUs
@@ -132,8 +133,9 @@ def _aggregated(
     d = row.decode
     size, attn_tp, engines = decode_engine(row)  # Row.gpus: an aggregated row measures one engine
     ranks = size // attn_tp
+    drafts, accepted = row.speculation
     dec_t = decode_timing(gpu, model, attn_tp, size, users_per_rank(row), row.isl + row.osl, cost,  # type: ignore[arg-type]
-                          1.0, *row.speculation, moe_tp=d.ep == 1)  # fmt: skip
+                          draft_tokens=drafts, accepted=accepted, moe_tp=d.ep == 1)  # fmt: skip
     pre_t = prefill_timing(gpu, model, attn_tp, ranks, row.isl, cost)  # type: ignore[arg-type]
     if ranks > 1:
         pre_t = dataclasses.replace(pre_t, ms=pre_t.ms / ranks)

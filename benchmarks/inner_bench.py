@@ -42,7 +42,7 @@ import pulp
 
 from costmodel.catalog import load_gpu, load_model
 from costmodel.profile import CostProfile
-from costmodel.settings import CostSettings
+from costmodel.settings import CostSettings, Slo
 from pipeline.planning.planner import Layout, Planner
 from pipeline.planning.workload import make_ranges, workload_from_cfg
 from solvers import inner
@@ -282,8 +282,8 @@ def bench_real_distinct(seeds: int) -> None:
     )
     for name in ("azure_code", "azure_conv"):
         workload = workload_from_cfg(name, {"kind": "histogram", "histogram": name})
-        planner = Planner(model, workload, make_ranges(workload, 250), CostSettings(profile, ttft_ms=2000, tpot_ms=50),
-                          {g: load_gpu(g) for g in REAL_TYPES})  # fmt: skip
+        cost = CostSettings(profile, slo=Slo(ttft_ms=2000, tpot_ms=50))
+        planner = Planner(model, workload, make_ranges(workload, 250), cost, {g: load_gpu(g) for g in REAL_TYPES})
         rng, times, proven, usable = np.random.default_rng(0), [], 0, []
         for _ in range(seeds):
             layout = Layout.of([pairs[k] for k in rng.choice(len(pairs), 64, replace=False)])

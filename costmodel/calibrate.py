@@ -38,6 +38,7 @@ from costmodel.cli import ArgumentParser, UserError, run
 from costmodel.formulas import (
     DECODE_A2A_LATENCY_MS,
     MLA_DISCOUNT,
+    DecodeRun,
     Rates,
     _a2a_split_ms,
     _allreduce_ms,
@@ -118,10 +119,10 @@ def predict(row: Measurement, profile: CostProfile) -> float:
         ms = _xfer_ms(p["bytes"], r.kv_link, profile)
     elif c == "prefill_step":
         model = load_model(p.get("model", "deepseek_v3"))
-        ms = p["batch"] * prefill_time_ms(gpu, model, p["input_len"], p["tp"], 1, 0.0, profile)
+        ms = p["batch"] * prefill_time_ms(gpu, model, p["input_len"], p["tp"], 1, cache_hit=0.0, profile=profile)
     elif c == "decode_step":
         model = load_model(p.get("model", "deepseek_v3"))
-        ms = decode_step_ms(gpu, model, p["context"], p["batch"], p["tp"], p["tp"], False, profile)
+        ms = decode_step_ms(gpu, model, p["context"], p["batch"], p["tp"], p["tp"], profile=profile)
     elif c == "serving_tpot":
         ms = serving_tpot_ms(gpu, p, profile)
     elif c == "serving_ttft":
@@ -142,13 +143,13 @@ def serving_tpot_ms(gpu: Any, p: dict[str, Any], profile: CostProfile) -> float:
     request by request; this is what a fit can afford to evaluate thousands of times."""
     model = load_model(p.get("model", "deepseek_v3"))
     prof = profile.with_fixes(experts_fp8=p.get("precision", "fp8") == "fp8")
-    step = decode_step_ms(gpu, model, p["context"], p["batch"], p["tp"], p["ep"], False, prof, 1.0,
-                          p.get("drafts", 0), p.get("moe", "ep") == "tp")  # fmt: skip
+    run = DecodeRun(draft_tokens=p.get("drafts", 0), moe_tp=p.get("moe", "ep") == "tp")
+    step = decode_step_ms(gpu, model, p["context"], p["batch"], p["tp"], p["ep"], profile=prof, run=run)
     ms = float(step) / (1.0 + p.get("accepted_pct", 0) / 100.0)
     if "users" in p:
         ranks = p["ep"] // p["tp"]
-        one = prefill_time_ms(gpu, model, np.array([float(p["prefill_len"])]), np.array([p["tp"]]),
-                              np.array([ranks]), 0.0, prof)  # fmt: skip
+        one = prefill_time_ms(gpu, model, np.array([float(p["prefill_len"])]), np.array([p["tp"]]), np.array([ranks]),
+                              profile=prof)  # fmt: skip
         ms += p["users"] / p["output_len"] * float(one[0]) / ranks
     return ms
 
@@ -161,13 +162,16 @@ def serving_ttft_ms(gpu: Any, p: dict[str, Any], profile: CostProfile) -> float:
     prof = profile.with_fixes(experts_fp8=p.get("precision", "fp8") == "fp8")
     front, handoff = request_overheads_ms(prof)
     tokens = np.array([float(p["input"])])
-    pre = float(prefill_time_ms(gpu, model, tokens, np.array([p["tp"]]), np.array([p["dp"]]), 0.0, prof)[0])
+    pre = float(
+        prefill_time_ms(gpu, model, tokens, np.array([p["tp"]]), np.array([p["dp"]]), cache_hit=0.0, profile=prof)[0]
+    )
     if p.get("engine", "disagg") == "disagg":
         kv = float(kv_bytes_per_seq(gpu, model, tokens, np.array([1.0]), prof)[0])
         link = float(kv_link_gb_s(gpu, prof)) * p["tp"]
         return front + pre + kv / (link * 1e9) * 1e3 + handoff
+    run = DecodeRun(moe_tp=p.get("moe", "ep") == "tp")
     step = decode_step_ms(gpu, model, p.get("context", p["input"]), p.get("batch", 1), p["tp"], p.get("ep", p["dp"]),
-                          False, prof, 1.0, 0, p.get("moe", "ep") == "tp")  # fmt: skip
+                          profile=prof, run=run)  # fmt: skip
     return front + pre / p["dp"] + float(step)
 
 

@@ -23,34 +23,43 @@ DSV3 = load_model("deepseek_v3")
 POINTS: list[tuple[str, Callable[[CostProfile], float]]] = [
     (
         "prefill H800 S=4096 tp4 dp8 ρ=.563 (row A)",
-        lambda p: float(prefill_time_ms(load_gpu("H800"), DSV3, 4096, 4, 8, 0.563, p)),
+        lambda p: float(prefill_time_ms(load_gpu("H800"), DSV3, 4096, 4, 8, cache_hit=0.563, profile=p)),
     ),
-    ("prefill H20 S=1024 tp8 dp8 ρ=0", lambda p: float(prefill_time_ms(load_gpu("H20"), DSV3, 1024, 8, 8, 0.0, p))),
-    ("prefill H800 S=2048 tp1 dp16 ρ=0", lambda p: float(prefill_time_ms(load_gpu("H800"), DSV3, 2048, 1, 16, 0.0, p))),
-    ("prefill H200 S=2048 tp2 dp12 ρ=0", lambda p: float(prefill_time_ms(load_gpu("H200"), DSV3, 2048, 2, 12, 0.0, p))),
+    (
+        "prefill H20 S=1024 tp8 dp8 ρ=0",
+        lambda p: float(prefill_time_ms(load_gpu("H20"), DSV3, 1024, 8, 8, cache_hit=0.0, profile=p)),
+    ),
+    (
+        "prefill H800 S=2048 tp1 dp16 ρ=0",
+        lambda p: float(prefill_time_ms(load_gpu("H800"), DSV3, 2048, 1, 16, cache_hit=0.0, profile=p)),
+    ),
+    (
+        "prefill H200 S=2048 tp2 dp12 ρ=0",
+        lambda p: float(prefill_time_ms(load_gpu("H200"), DSV3, 2048, 2, 12, cache_hit=0.0, profile=p)),
+    ),
     (
         "prefill GB200 S=8192 tp4 dp8 ρ=0",
-        lambda p: float(prefill_time_ms(load_gpu("GB200-NVL72"), DSV3, 8192, 4, 8, 0.0, p)),
+        lambda p: float(prefill_time_ms(load_gpu("GB200-NVL72"), DSV3, 8192, 4, 8, cache_hit=0.0, profile=p)),
     ),
     (
         "decode H800 S=4383 bs64 tp1 ep144 (row B)",
-        lambda p: float(decode_step_ms(load_gpu("H800"), DSV3, 4383, 64, 1, 144, False, p)),
+        lambda p: float(decode_step_ms(load_gpu("H800"), DSV3, 4383, 64, 1, 144, profile=p)),
     ),
     (
         "decode H200 S=4383 bs128 tp1 ep16",
-        lambda p: float(decode_step_ms(load_gpu("H200"), DSV3, 4383, 128, 1, 16, False, p)),
+        lambda p: float(decode_step_ms(load_gpu("H200"), DSV3, 4383, 128, 1, 16, profile=p)),
     ),
     (
         "decode GB200 S=4383 bs128 tp1 ep72",
-        lambda p: float(decode_step_ms(load_gpu("GB200-NVL72"), DSV3, 4383, 128, 1, 72, False, p)),
+        lambda p: float(decode_step_ms(load_gpu("GB200-NVL72"), DSV3, 4383, 128, 1, 72, profile=p)),
     ),
     (
         "decode H20 S=4383 bs62 tp1 ep16",
-        lambda p: float(decode_step_ms(load_gpu("H20"), DSV3, 4383, 62, 1, 16, False, p)),
+        lambda p: float(decode_step_ms(load_gpu("H20"), DSV3, 4383, 62, 1, 16, profile=p)),
     ),
     (
         "max batch H800 S+D=5593 tp1 4 routed (row C)",
-        lambda p: float(max_batch(load_gpu("H800"), DSV3, 4383, 1210, 1, 4, p)),
+        lambda p: float(max_batch(load_gpu("H800"), DSV3, 4383, 1210, 1, 4, profile=p)),
     ),
 ]
 

@@ -23,10 +23,13 @@ Decode step (two micro-batches, EP group of N GPUs holding ceil(E/N) routed expe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from costmodel.calibration import knobs_for
 from costmodel.profile import CostProfile
+from costmodel.settings import CostSettings
 from costmodel.specs import GPU, GPUArray, Model
 
 # Constants of the original program (spec section 3, "Hard-coded constants").
@@ -309,6 +312,7 @@ def _tp_split_ms(
     g: GPUArray,
     r: Rates,
     p: CostProfile,
+    *,
     kernels: int = 0,
 ) -> np.ndarray:
     """`t` split over tp GPUs, plus the all-reduce; the fixed cost of `kernels` GEMM kernels
@@ -371,6 +375,7 @@ def prefill_parts(
     seq_len: np.ndarray,
     tp: np.ndarray,
     dp: np.ndarray,
+    *,
     cache_hit: float | np.ndarray = 0.0,
     profile: CostProfile | None = None,
     draft_layers: int = 0,
@@ -398,7 +403,7 @@ def prefill_parts(
     gemm = gemm + _kv_down_gflop(model, kv_tokens)
     gemms = _attn_gemms(model, q, s, kv_tokens, decode=False)
     mla = _attn_ms(gemm, attn, _attn_weight_bytes(model, r, p), r, p, gemms)
-    tp_mla = _tp_split_ms(mla, q, model, tp, g, r, p, len(gemms))
+    tp_mla = _tp_split_ms(mla, q, model, tp, g, r, p, kernels=len(gemms))
     dense_attn = tp_mla if p.tp_dense_layers else mla
     dense_mlp = _dense_mlp_ms(q, model, tp, g, r, p)
 
@@ -451,13 +456,16 @@ def prefill_time_ms(
     seq_len: np.ndarray,
     tp: np.ndarray,
     dp: np.ndarray,
+    *,
     cache_hit: float | np.ndarray = 0.0,
     profile: CostProfile | None = None,
     draft_layers: int = 0,
 ) -> np.ndarray:
     """Time (ms) for an island of tp·dp GPUs to prefill dp prompts of `seq_len` tokens (`draft_layers`: MTP's,
     prefill_parts)."""
-    return prefill_parts(gpu, model, seq_len, tp, dp, cache_hit, profile, draft_layers)["Sum"]
+    return prefill_parts(gpu, model, seq_len, tp, dp, cache_hit=cache_hit, profile=profile, draft_layers=draft_layers)[
+        "Sum"
+    ]
 
 
 # --- decode ----------------------------------------------------------------------------------------
@@ -476,6 +484,27 @@ def activated_experts(
     return np.minimum(g * q + spread, g)
 
 
+@dataclass(frozen=True)
+class DecodeRun:
+    """How an engine runs its decode steps, beside the step's shape (context, batch, TP, EP): `decode_parts`."""
+
+    fp8_combine: bool = False  # the combine in FP8 on FP4 GPUs (spec 4.11)
+    expert_imbalance: float = 1.0  # the busiest GPU's routed-expert load over the mean (an expert placement's)
+    draft_tokens: int = 0  # MTP: draft tokens every step verifies
+    moe_tp: bool = False  # routed experts split by tensor parallelism over the EP group, not placed whole
+
+    def __post_init__(self) -> None:
+        if self.draft_tokens < 0:
+            raise ValueError(f"`draft_tokens >= 0` must hold, got {self.draft_tokens}")
+        if not self.expert_imbalance >= 1.0:
+            raise ValueError(f"`expert_imbalance >= 1` must hold (busiest over mean), got {self.expert_imbalance}")
+
+    @staticmethod
+    def of(cost: CostSettings, expert_imbalance: float = 1.0) -> DecodeRun:
+        """How the engines of a plan made with `cost` run their decode steps."""
+        return DecodeRun(cost.engine.fp8_combine, expert_imbalance, cost.drafts)
+
+
 def decode_parts(
     gpu: GPU | GPUArray,
     model: Model,
@@ -483,20 +512,19 @@ def decode_parts(
     batch: np.ndarray,
     tp: np.ndarray,
     ep: np.ndarray,
-    fp8_combine: bool = False,
+    *,
     profile: CostProfile | None = None,
-    expert_imbalance: float = 1.0,
-    draft_tokens: int = 0,
-    moe_tp: bool = False,
+    run: DecodeRun = DecodeRun(),
 ) -> dict[str, np.ndarray]:
     """Per-layer terms and totals (ms) of one decode step of an EP group of `ep` GPUs.
 
     `batch` is sequences per GPU under shallowsim and per attention-DP rank (TP group) under
-    `batch_per_attention_rank`. `expert_imbalance` >= 1 is the busiest GPU's routed-expert load
-    over the mean (an expert placement's max/mean, `solvers/expert_placement.py`): that GPU's
-    routed GEMMs and all-to-all traffic grow by it, and the step waits for it. Keys: DenseMLA,
-    SparseMLA, DenseMLP, SharedExpert, RoutedExpert, Dispatch, Combine, Delta (per layer),
-    TPOT_O and TPOT (whole model, ms).
+    `batch_per_attention_rank`. `run` is how the engine runs the step (`DecodeRun`):
+    `expert_imbalance` >= 1 is the busiest GPU's routed-expert load over the mean (an expert
+    placement's max/mean, `solvers/expert_placement.py`): that GPU's routed GEMMs and all-to-all
+    traffic grow by it, and the step waits for it. Keys: DenseMLA, SparseMLA, DenseMLP,
+    SharedExpert, RoutedExpert, Dispatch, Combine, Delta (per layer), TPOT_O and TPOT (whole
+    model, ms).
 
     `draft_tokens` > 0: a speculative (MTP) step. Every sequence verifies 1 + `draft_tokens` tokens, so the
     projections, the attention FLOPs, the dense MLP, the experts and the all-to-all carry that many tokens per
@@ -515,10 +543,8 @@ def decode_parts(
     engine runs them only where that is faster than one micro-batch with its communication exposed (the two-
     batch-overlap setting, decided per batch size: `Overlap` is 1 where two micro-batches run, else 0).
     """
-    if draft_tokens < 0:
-        raise ValueError(f"`draft_tokens >= 0` must hold, got {draft_tokens}")
-    if not expert_imbalance >= 1.0:
-        raise ValueError(f"`expert_imbalance >= 1` must hold (busiest over mean), got {expert_imbalance}")
+    fp8_combine, expert_imbalance, draft_tokens, moe_tp = run.fp8_combine, run.expert_imbalance, run.draft_tokens, \
+        run.moe_tp  # fmt: skip
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
     r = Rates(g, "decode", p)
@@ -547,7 +573,7 @@ def decode_parts(
         t_kv = _xfer_ms(kv_bytes / kv_shard, r.kv_bw, p)
     else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
         t_kv = kv_bytes / kv_shard / GIB / r.kv_bw * 1000.0
-    sparse_mla = _tp_split_ms(mla, att, model, tp, g, r, p, len(gemms)) + t_kv
+    sparse_mla = _tp_split_ms(mla, att, model, tp, g, r, p, kernels=len(gemms)) + t_kv
     dense_mla = sparse_mla if p.tp_dense_layers else mla + t_kv
     dense_mlp = _dense_mlp_ms(att, model, tp, g, r, p)
 
@@ -639,17 +665,13 @@ def decode_step_ms(
     batch: np.ndarray,
     tp: np.ndarray,
     ep: np.ndarray,
-    fp8_combine: bool = False,
+    *,
     profile: CostProfile | None = None,
-    expert_imbalance: float = 1.0,
-    draft_tokens: int = 0,
-    moe_tp: bool = False,
+    run: DecodeRun = DecodeRun(),
 ) -> np.ndarray:
-    """Time (ms) of one decode step (one token for every sequence in the batch; with `draft_tokens`, a speculative
-    step verifying that many more; `moe_tp`: experts split by TP, decode_parts)."""
-    parts = decode_parts(gpu, model, context, batch, tp, ep, fp8_combine, profile, expert_imbalance, draft_tokens,
-                         moe_tp)  # fmt: skip
-    return parts["TPOT"]
+    """Time (ms) of one decode step (one token for every sequence in the batch; with `run.draft_tokens`, a
+    speculative step verifying that many more; `run.moe_tp`: experts split by TP, decode_parts)."""
+    return decode_parts(gpu, model, context, batch, tp, ep, profile=profile, run=run)["TPOT"]
 
 
 def decode_steps_sum_ms(
@@ -660,26 +682,26 @@ def decode_steps_sum_ms(
     batch: np.ndarray,
     tp: np.ndarray,
     ep: np.ndarray,
-    fp8_combine: bool = False,
+    *,
     profile: CostProfile | None = None,
-    draft_tokens: int = 0,
+    run: DecodeRun = DecodeRun(),
 ) -> np.ndarray:
     """Σ_{k=1..n_steps} decode_step_ms(context0 + k), exactly, from two evaluations.
 
     Context enters a step only through KV reads and attention FLOPs, both affine in it, so
     TPOT_O(c) and Delta(c) are affine: the sum is n·TPOT_O(mean context) plus L_moe times the
-    sum of the positive part of an arithmetic sequence, done in closed form. `draft_tokens`: every step an MTP
-    step verifying that many drafts (decode_parts; the draft module's layers are among L_moe).
+    sum of the positive part of an arithmetic sequence, done in closed form. `run.draft_tokens`: every step an
+    MTP step verifying that many drafts (decode_parts; the draft module's layers are among L_moe).
     """
     if n_steps < 1:
         raise ValueError(f"`n_steps >= 1` must hold, got {n_steps=}")
     c0 = np.asarray(context0, dtype=float)
-    lo = decode_parts(gpu, model, c0 + 1.0, batch, tp, ep, fp8_combine, profile, draft_tokens=draft_tokens)
+    lo = decode_parts(gpu, model, c0 + 1.0, batch, tp, ep, profile=profile, run=run)
     if n_steps == 1:
         return lo["TPOT"]
-    hi = decode_parts(gpu, model, c0 + n_steps, batch, tp, ep, fp8_combine, profile, draft_tokens=draft_tokens)
+    hi = decode_parts(gpu, model, c0 + n_steps, batch, tp, ep, profile=profile, run=run)
     total_o = n_steps * (lo["TPOT_O"] + hi["TPOT_O"]) / 2.0
-    l_s = model.n_moe_layers + draft_tokens
+    l_s = model.n_moe_layers + run.draft_tokens
     return total_o + l_s * _sum_positive_arith(lo["Delta"], hi["Delta"], n_steps)
 
 
@@ -781,6 +803,7 @@ def max_batch(
     decode_len: np.ndarray,
     tp: np.ndarray,
     routed_per_gpu: np.ndarray,
+    *,
     profile: CostProfile | None = None,
     draft_layers: int = 0,
 ) -> np.ndarray:

@@ -8,7 +8,7 @@ representative input length s in one vectorised call per phase:
              routed experts each; batch(s) = max batch for s + max decode length, rounded
              down to a multiple of 8 and capped at 1024;
              b^D(s) = (sequences decoding at once on the island) · 1000 / Σ_{k=1..d} t_step(s+k)
-             (with MTP, `cost.mtp_drafts`: every step verifies the drafts and yields 1 + the accepted
+             (with MTP, `cost.drafts`: every step verifies the drafts and yields 1 + the accepted
              ones, so each token costs t_step / (1 + accepted); prefill and memory carry the MTP module)
 
 "Sequences decoding at once" is batch · n / tp under `batch_per_attention_rank` (the batch is
@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms, request_overheads_ms
+from costmodel.formulas import DecodeRun, decode_steps_sum_ms, max_batch, prefill_time_ms, request_overheads_ms
 from costmodel.queueing import RateProfile, mix_moments, mix_quantile, modulated_cap, tpot_step_cap_ms
 from costmodel.queueing import utilisation_caps as utilisation_caps_for_wait
 from costmodel.settings import CostSettings
@@ -66,7 +66,7 @@ class IslandBenchmark:
     lengths: np.ndarray
     prefill: PhaseTable
     decode: PhaseTable
-    aggregated: PhaseTable | None = None  # with `cost.aggregated`: the island as aggregated engines
+    aggregated: PhaseTable | None = None  # with `cost.engine.aggregated`: the island as aggregated engines
 
     def _pick(self, table: PhaseTable, attr: str) -> np.ndarray:
         if table.chosen < 0:
@@ -116,8 +116,8 @@ def decode_configs(n: int) -> list[tuple[int, int]]:
 
 def runnable(configs: list[tuple[int, int]], model: Model, cost: CostSettings) -> list[tuple[int, int]]:
     """The (tp, dp) configurations an engine can run: attention TP must divide the attention heads
-    (`cost.engine_configs`; off for the thesis's free configurations, search.shapes=any). TP 1 always can."""
-    if not cost.engine_configs:
+    (`cost.engine.runnable_only`; off for the thesis's free configurations, search.shapes=any). TP 1 always can."""
+    if not cost.engine.runnable_only:
         return configs
     return [(tp, dp) for tp, dp in configs if model.n_heads % tp == 0]
 
@@ -182,7 +182,7 @@ def benchmark_island(
     """
     cost = cost or CostSettings()
     p, cache_hit = cost.profile, cost.cache_hit
-    ttft_ms, tpot_ms = cost.ttft_ms, cost.tpot_ms
+    ttft_ms, tpot_ms = cost.slo.ttft_ms, cost.slo.tpot_ms
     if size < 1:
         raise SpecError(f"`size >= 1` must hold for an island, got {size=}")
     if not p.precision_per_gpu and not gpu.has_fp8:
@@ -190,7 +190,7 @@ def benchmark_island(
             f"GPU {gpu.name} has no FP8; profile {p.name!r} assumes FP8 weights everywhere: "
             "use the corrected profile (precision_per_gpu)"
         )
-    if cost.mtp_drafts and not model.mtp_layers:
+    if cost.drafts and not model.mtp_layers:
         raise SpecError(f"model {model.name} has no MTP module (mtp_layers 0): MTP decoding needs one; set "
                         "costmodel.mtp.drafts=0")  # fmt: skip
     if not p.weights_from_config and model.attention != "mla":
@@ -208,8 +208,8 @@ def benchmark_island(
     tp, dp = cfg[:, :1], cfg[:, 1:]
     e_pre = np.ceil(model.n_routed_experts / size) if p.whole_experts_per_gpu else model.n_routed_experts / size
     mtp = cost.draft_layers  # the MTP module, run over the prompt for the first draft and held beside the weights
-    fits = max_batch(gpu, model, s, 0.0, tp, e_pre, p, mtp) >= 1.0
-    t_pre = prefill_time_ms(gpu, model, s, tp, dp, cache_hit, p, mtp)
+    fits = max_batch(gpu, model, s, 0.0, tp, e_pre, profile=p, draft_layers=mtp) >= 1.0
+    t_pre = prefill_time_ms(gpu, model, s, tp, dp, cache_hit=cache_hit, profile=p, draft_layers=mtp)
     ok = fits
     if ttft_ms:
         # A configuration serves the lengths it prefills within TTFT on an idle island; when the
@@ -217,7 +217,7 @@ def benchmark_island(
         # serves those too, as misses, rather than leave them without an island. The queueing
         # caps then keep the percentile for the mix each island is given.
         meets = t_pre <= ttft_ms
-        rare = (fits & ~meets) @ w < 1.0 - cost.ttft_percentile / 100
+        rare = (fits & ~meets) @ w < 1.0 - cost.slo.ttft_percentile / 100
         ok = fits & (meets | rare[:, None])
     r_pre = np.where(ok, dp * 1000.0 / t_pre, 0.0)
     prefill = PhaseTable(
@@ -240,14 +240,14 @@ def benchmark_island(
     tp, dp = cfg[:, :1], cfg[:, 1:]
     ep = size / dp
     routed = np.ceil(model.n_routed_experts / ep)
-    batch = aligned_batch(max_batch(gpu, model, s, float(max_decode), tp, routed, p, mtp))
+    batch = aligned_batch(max_batch(gpu, model, s, float(max_decode), tp, routed, profile=p, draft_layers=mtp))
     unit = size / tp if p.batch_per_attention_rank else float(size)  # batch units on the island
     fits = batch >= 1
     run = np.maximum(batch, 1.0)
     total_ms = decode_tokens_ms(gpu, model, s, d, run, tp, ep, cost)
     step_cap = tpot_ms
     if tpot_ms and output_pmf is not None:
-        step_cap = tpot_step_cap_ms(tpot_ms, cost.tpot_percentile / 100, output_pmf)
+        step_cap = tpot_step_cap_ms(tpot_ms, cost.slo.tpot_percentile / 100, output_pmf)
     if step_cap:
         run, total_ms = _shrink_to_tpot(gpu, model, s, d, run, tp, ep, cost, step_cap, total_ms)
     ok = fits & (run >= 1) & ((total_ms / d <= step_cap) if step_cap else True)
@@ -258,7 +258,7 @@ def benchmark_island(
     if decode.chosen < 0:
         decode = replace(decode, reason=_reason("decode", fits.any(), tpot_ms, gpu, size, model))
     aggregated = None
-    if cost.aggregated:
+    if cost.engine.aggregated:
         cfg_a = np.array([only[2]] if only and len(only) > 2 else runnable(decode_configs(size), model, cost))
         aggregated = _aggregated(gpu, size, model, s[0], w, d, max_decode, cost, step_cap, cfg_a)
     return IslandBenchmark(gpu.name, size, model.name, p.name, np.asarray(lengths), prefill, decode, aggregated)
@@ -291,7 +291,7 @@ def _aggregated(
         step   T = t_decode(N) + t_prefill(E)
 
     so N and T follow from E alone, and λ(E) = dp E / (T s) for the island. E is chosen per configuration
-    from CHUNKS sizes (at most `cost.prefill_batch_tokens` per attention rank) to serve the workload best,
+    from CHUNKS sizes (at most `cost.engine.prefill_batch_tokens` per attention rank) to serve the workload best,
     subject to: N within the sequences memory holds; with a TPOT target, the step with the chunk where it
     costs most (the end of the longest prompt, whose attention reads it all) within the target; and the
     prompts' queue within TTFT (`utilisation_caps`: dp servers, a prompt taking ceil(s / E) steps). The rate is
@@ -305,21 +305,31 @@ def _aggregated(
     ranks_e = ep / tp  # attention ranks of one engine
     unit_e = ranks_e if p.batch_per_attention_rank else ep  # batch units of one engine
     routed = np.ceil(model.n_routed_experts / ep)
-    slots = aligned_batch(max_batch(gpu, model, s, float(max_decode), tp, routed, p, mtp))  # per unit, by memory
+    slots = aligned_batch(
+        max_batch(gpu, model, s, float(max_decode), tp, routed, profile=p, draft_layers=mtp)
+    )  # per unit, by memory
     fits = slots >= 1
     tokens = np.maximum(s * (1.0 - cost.cache_hit), 1.0)
-    per_token = prefill_time_ms(gpu, model, s, tp, ranks_e, cost.cache_hit, p, mtp) / ranks_e / tokens  # engine ms
+    per_token = (
+        prefill_time_ms(gpu, model, s, tp, ranks_e, cache_hit=cost.cache_hit, profile=p, draft_layers=mtp)
+        / ranks_e
+        / tokens
+    )  # engine ms
     deepest = float(lengths.max())
-    yield_ = 1.0 + cost.mtp_accepted  # tokens a decode step yields
+    yield_ = 1.0 + cost.accepted  # tokens a decode step yields
     steps = d / yield_
-    most = cost.prefill_batch_tokens * ranks_e  # (configs, 1) tokens an engine prefills a step at most
+    most = cost.engine.prefill_batch_tokens * ranks_e  # (configs, 1) tokens an engine prefills a step at most
     mid = s + (d - 1) / 2.0  # a decode step at its mean context (s + 1 ... s + d): step time is linear in context
     best = [np.full((len(cfg), len(lengths)), -1.0), *(np.zeros((len(cfg), len(lengths))) for _ in range(4))]
     best_score = np.full(len(cfg), -1.0)
     best_e = np.full((len(cfg), 1), 16.0)
 
-    t_deepest = prefill_time_ms(gpu, model, np.array([[deepest]]), tp, ranks_e, cost.cache_hit, p, mtp)
-    t_none = prefill_time_ms(gpu, model, np.zeros((1, 1)), tp, ranks_e, cost.cache_hit, p, mtp)
+    t_deepest = prefill_time_ms(
+        gpu, model, np.array([[deepest]]), tp, ranks_e, cache_hit=cost.cache_hit, profile=p, draft_layers=mtp
+    )
+    t_none = prefill_time_ms(
+        gpu, model, np.zeros((1, 1)), tp, ranks_e, cache_hit=cost.cache_hit, profile=p, draft_layers=mtp
+    )
 
     def consider(size_e: np.ndarray) -> None:
         """Price every configuration at about `size_e` (configs, 1) prompt tokens a step; keep what serves best."""
@@ -331,7 +341,9 @@ def _aggregated(
         whole, rest = np.divmod(e, deepest)
         deep = (
             (whole + 1.0) * t_deepest
-            - prefill_time_ms(gpu, model, deepest - rest, tp, ranks_e, cost.cache_hit, p, mtp)
+            - prefill_time_ms(
+                gpu, model, deepest - rest, tp, ranks_e, cache_hit=cost.cache_hit, profile=p, draft_layers=mtp
+            )
             + t_none * (rest > 0)
         ) / ranks_e
         period = t_dec + per_token * e
@@ -339,7 +351,7 @@ def _aggregated(
         if step_cap:
             ok &= (t_dec + deep) / yield_ <= step_cap
         rate = np.where(ok, dp * e * 1000.0 / (period * tokens), 0.0)
-        if cost.slo:  # the prompts' queue within TTFT: dp engines, a prompt ceil(s / e) steps
+        if cost.slo.any:  # the prompts' queue within TTFT: dp engines, a prompt ceil(s / e) steps
             # (only where the rate before the cap could beat the best so far: the cap only lowers it)
             k = np.flatnonzero(_score(rate, w) > best_score)
             service = np.ceil(tokens / e) * period
@@ -372,7 +384,7 @@ def _aggregated(
                                                                                             tp, ep, cost))  # fmt: skip
         b = np.where(req_s > 0, np.maximum(b, running), 0.0)
     table = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], req_s, tpot, b, np.zeros(len(cfg)), -1, "", np.round(chunk))
-    table = _chosen(table, np.ones(len(cfg)), w, cover=cost.slo)
+    table = _chosen(table, np.ones(len(cfg)), w, cover=cost.slo.any)
     if table.chosen < 0:
         table = replace(table, reason=_reason("aggregated", fits.any(), step_cap, gpu, size, model))
     return table
@@ -397,10 +409,20 @@ def decode_tokens_ms(
     cost: CostSettings,
 ) -> np.ndarray:
     """Time (ms) for every sequence of the batch to get its d tokens after a prompt of s: d steps, or with MTP steps
-    verifying `cost.mtp_drafts` drafts that yield 1 + `cost.mtp_accepted` tokens each (each step's time spread over
+    verifying `cost.drafts` drafts that yield 1 + `cost.accepted` tokens each (each step's time spread over
     the tokens it yields, as simulator.timing.decode_timing runs them)."""
-    total = decode_steps_sum_ms(gpu, model, s, d, batch, tp, ep, cost.fp8_combine, cost.profile, cost.mtp_drafts)
-    return total / (1.0 + cost.mtp_accepted)
+    total = decode_steps_sum_ms(
+        gpu,
+        model,
+        s,
+        d,
+        batch,
+        tp,
+        ep,
+        profile=cost.profile,
+        run=DecodeRun(fp8_combine=cost.engine.fp8_combine, draft_tokens=cost.drafts),
+    )
+    return total / (1.0 + cost.accepted)
 
 
 def _shrink_to_tpot(
@@ -469,7 +491,7 @@ def utilisation_caps(
     q-quantile). One cap for the whole island: a cap per
     length would let an island mixing short and long prompts run at the short ones' load, where
     its long ones miss the target (measured: benchmarks/slo_bench.py). An engine batches queued
-    prompts up to `cost.prefill_batch_tokens` and emits their first tokens together, so a queued
+    prompts up to `cost.engine.prefill_batch_tokens` and emits their first tokens together, so a queued
     prompt also waits for those batched behind it (the batch term of `queueing.utilisation_caps`,
     a full batch costed at the mix's mean time per token). Decode: c = the
     sequence slots (batch x attention ranks x dp), service = the whole decode of a request; a
@@ -496,12 +518,12 @@ def _prefill_caps(
 ) -> np.ndarray:
     """`utilisation_caps`' prefill cap of every configuration of the table (1 without a TTFT target, 0 where a
     configuration serves no length). `batching=False`: prompts start as they come (an aggregated engine's chunks
-    take them), not after a batch of `cost.prefill_batch_tokens` behind them. `arrivals`: bursty ones."""
+    take them), not after a batch of `cost.engine.prefill_batch_tokens` behind them. `arrivals`: bursty ones."""
     caps = np.ones(len(t.tp))
-    if cost.ttft_ms is None:
+    if cost.slo.ttft_ms is None:
         return caps
     w = np.asarray(weights, dtype=float)
-    q = cost.ttft_percentile / 100
+    q = cost.slo.ttft_percentile / 100
     fixed_s = sum(request_overheads_ms(cost.profile)) / 1e3  # the front end and the hand-off, outside the GPUs
     for k in range(len(caps)):
         ok = t.req_s[k] > 0
@@ -511,9 +533,11 @@ def _prefill_caps(
         service_s = t.time_ms[k] / 1e3
         ww = w[ok] if w[ok].sum() > 0 else np.ones(ok.sum())
         mean, cs2 = mix_moments(service_s[ok], ww)
-        budget = cost.ttft_ms / 1e3 - fixed_s - mix_quantile(service_s[ok], ww, q)
+        budget = cost.slo.ttft_ms / 1e3 - fixed_s - mix_quantile(service_s[ok], ww, q)
         tokens = float(ww @ np.asarray(lengths, dtype=float)[ok] / ww.sum())
-        batch_s = mean / tokens * max(cost.prefill_batch_tokens - tokens, 0.0) if batching else 0.0  # a full batch
+        batch_s = (
+            mean / tokens * max(cost.engine.prefill_batch_tokens - tokens, 0.0) if batching else 0.0
+        )  # a full batch
         caps[k] = (
             utilisation_caps_for_wait(int(t.dp[k]), mean, cs2, np.array([budget]), q, batch_s)[0]
             if arrivals is None
@@ -528,7 +552,7 @@ def _decode_caps(
     """`utilisation_caps`' decode cap of every configuration of the table (1 without a TPOT target, 0 where a
     configuration serves no length). `arrivals`: bursty ones."""
     caps = np.ones(len(t.tp))
-    if cost.tpot_ms is None:
+    if cost.slo.tpot_ms is None:
         return caps
     w = np.asarray(weights, dtype=float)
     d = max(round(mean_decode), 1)
@@ -542,7 +566,7 @@ def _decode_caps(
         ww = w[ok] if w[ok].sum() > 0 else np.ones(ok.sum())
         mean, cs2 = mix_moments(service_s[ok], ww)
         c = max(int(np.floor(ww @ slots[ok] / ww.sum())), 1)
-        q = cost.tpot_percentile / 100
+        q = cost.slo.tpot_percentile / 100
         caps[k] = (utilisation_caps_for_wait(c, mean, cs2, np.zeros(1), q)[0] if arrivals is None
                    else modulated_cap(c, mean, cs2, 0.0, q, arrivals))  # fmt: skip
     return caps

@@ -19,7 +19,7 @@ import numpy as np
 
 from costmodel.catalog import CatalogError, load_gpu, load_model
 from costmodel.cli import ArgumentParser, run
-from costmodel.formulas import decode_parts, max_batch, prefill_parts
+from costmodel.formulas import DecodeRun, decode_parts, max_batch, prefill_parts
 from costmodel.profile import CostProfile
 from costmodel.specs import Model
 
@@ -73,8 +73,8 @@ def _prefill(row: dict[str, str], line: int, model: Model) -> float:
         _num(row, "seq_len", line),
         _num(row, "tp", line),
         _num(row, "dp", line),
-        _num(row, "kv_cache_rate", line),
-        SHALLOWSIM,
+        cache_hit=_num(row, "kv_cache_rate", line),
+        profile=SHALLOWSIM,
     )
     return float(parts[key])
 
@@ -89,8 +89,8 @@ def _decode(row: dict[str, str], line: int, model: Model) -> float:
         bs,
         _num(row, "tp", line),
         _num(row, "ep", line),
-        _flag(row, "fp8_combine"),
-        SHALLOWSIM,
+        profile=SHALLOWSIM,
+        run=DecodeRun(fp8_combine=_flag(row, "fp8_combine")),
     )
     if metric == "TPS":
         return 1000.0 / float(parts["TPOT"])
@@ -109,7 +109,7 @@ def _max_batch(row: dict[str, str], line: int, model: Model) -> float:
             _num(row, "decode_len", line),
             _num(row, "tp", line),
             routed,
-            SHALLOWSIM,
+            profile=SHALLOWSIM,
         )
     )
 
@@ -121,8 +121,10 @@ def _search_best(row: dict[str, str], line: int, model: Model) -> float:
     ep = np.array(SEARCH_EP, dtype=float)[:, None]
     tp = np.array(SEARCH_TP, dtype=float)[None, :]
     gx = np.ceil(model.n_routed_experts / ep)
-    fits = bs <= max_batch(gpu, model, s, dl, tp, gx, SHALLOWSIM)
-    tpot = decode_parts(gpu, model, s, bs, tp, ep, _flag(row, "fp8_combine"), SHALLOWSIM)["TPOT"]
+    fits = bs <= max_batch(gpu, model, s, dl, tp, gx, profile=SHALLOWSIM)
+    tpot = decode_parts(
+        gpu, model, s, bs, tp, ep, profile=SHALLOWSIM, run=DecodeRun(fp8_combine=_flag(row, "fp8_combine"))
+    )["TPOT"]
     total = np.where(fits, 1000.0 / tpot * bs, -np.inf)
     if not np.isfinite(total.max()):
         raise RowError(f"line {line}: no (tp, EP) point passes the memory filter")

@@ -95,7 +95,7 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
     model's MTP module drafting the plan's tokens a step in a chain (NEXTN, SGLang's EAGLE path for it: top-k 1,
     drafts + 1 tokens verified), on prefill engines too (they run it over the prompt and send decode its first
     draft, as the cost model prices them)."""
-    batch = e.chunk if e.role == "aggregated" else plan.cost.prefill_batch_tokens
+    batch = e.chunk if e.role == "aggregated" else plan.cost.engine.prefill_batch_tokens
     mixed = e.role == "aggregated"
     pd = [] if mixed else ["--disaggregation-mode", e.role, "--disaggregation-transfer-backend", opts.transfer_backend]
     cmd = [
@@ -118,7 +118,7 @@ def sglang_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Lau
         cmd.insert(cmd.index("--chunked-prefill-size"), "--enable-two-batch-overlap")
     if e.experts == "fp4":  # the FP8 checkpoint's routed experts requantized to NVFP4 as they load; dense stays FP8
         cmd += ["--quantization", "modelopt_fp4"]
-    drafts = plan.cost.mtp_drafts
+    drafts = plan.cost.drafts
     if drafts:
         cmd += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(drafts),
                 "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(drafts + 1)]  # fmt: skip
@@ -165,14 +165,14 @@ def vllm_command(e: Engine, rank: int, plan: Plan, opts: DeployOptions) -> Launc
         "--data-parallel-size", str(e.attn_dp),
         "--enable-expert-parallel",
         "--all2all-backend", VLLM_ALL2ALL[e.role],
-        "--max-num-batched-tokens", str(e.chunk if mixed else plan.cost.prefill_batch_tokens),
+        "--max-num-batched-tokens", str(e.chunk if mixed else plan.cost.engine.prefill_batch_tokens),
         *([] if mixed else ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector",
                                                                 "kv_role": "kv_both"})]),
     ]  # fmt: skip
     if e.overlap:  # dual-batch overlap, as the island's steps were priced
         cmd.insert(cmd.index("--max-num-batched-tokens"), "--enable-dbo")
-    if plan.cost.mtp_drafts:
-        cmd += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": plan.cost.mtp_drafts})]
+    if plan.cost.drafts:
+        cmd += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": plan.cost.drafts})]
     if e.role != "prefill":
         per_rank = max(e.max_running // e.attn_dp, 1)
         cmd += ["--max-num-seqs", str(per_rank)]  # vLLM captures a CUDA graph at exactly this batch

@@ -6,6 +6,7 @@ leader's address and its index), a Service each; the router's ConfigMap, Deploym
 
 from __future__ import annotations
 
+import enum
 import json
 from typing import Any
 
@@ -99,6 +100,9 @@ def env(launch: Launch) -> list[dict[str, Any]]:
 class _NoAliases(yaml.SafeDumper):
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+_NoAliases.add_multi_representer(enum.Enum, lambda dumper, v: dumper.represent_data(v.value))  # a Role: its word
 
 
 def dump(docs: list[dict[str, Any]]) -> str:

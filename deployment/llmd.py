@@ -130,7 +130,7 @@ def values(plan: Plan, e: Engine, opts: DeployOptions) -> dict[str, Any]:
                     "secure": False,  # --secure-proxy=false: plain HTTP (the sidecar's default is HTTPS, self-signed)
                 },
             },
-            e.role: pod,
+            str(e.role): pod,
             other: {"create": False},
             "extraObjects": [
                 {

@@ -373,8 +373,8 @@ def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
         Setting(
             "prefill tokens per rank per forward",
             chunk,
-            e.chunk if mixed else plan.cost.prefill_batch_tokens,
-            chunk == e.chunk if mixed else chunk >= plan.cost.prefill_batch_tokens,
+            e.chunk if mixed else plan.cost.engine.prefill_batch_tokens,
+            chunk == e.chunk if mixed else chunk >= plan.cost.engine.prefill_batch_tokens,
         ),
         Setting("tensor (= expert) parallel size", int(v.tp_size), e.gpus, int(v.tp_size) == int(v.ep_size) == e.gpus),
         Setting("attention DP ranks", int(v.attn_dp_size), e.attn_dp, int(v.attn_dp_size) == e.attn_dp),
@@ -395,8 +395,8 @@ def settings(plan: Any, e: Any, argv: list[str]) -> list[Setting]:
         Setting(
             "MTP draft tokens per step",
             drafts,
-            plan.cost.mtp_drafts,
-            drafts == plan.cost.mtp_drafts and (not drafts or chain),
+            plan.cost.drafts,
+            drafts == plan.cost.drafts and (not drafts or chain),
         ),
         Setting("DeepEP mode", str(v.deepep_mode), DEEPEP_MODE[e.role], str(v.deepep_mode) == DEEPEP_MODE[e.role]),
         Setting(

@@ -351,7 +351,7 @@ def settings(plan: Any, e: Any, argv: list[str], env: dict[str, str]) -> list[Se
     drafts = int(spec.num_speculative_tokens) if spec is not None and spec.method == "mtp" else 0
     out = [
         Setting.equal("tokens per DP rank per step", sched.max_num_batched_tokens,
-                      e.chunk if mixed else plan.cost.prefill_batch_tokens),
+                      e.chunk if mixed else plan.cost.engine.prefill_batch_tokens),
         Setting.equal("attention TP", par.tensor_parallel_size, e.attn_tp),
         Setting.equal("attention DP ranks", par.data_parallel_size, e.attn_dp),
         Setting.equal("expert parallel", par.enable_expert_parallel, True),
@@ -359,7 +359,7 @@ def settings(plan: Any, e: Any, argv: list[str], env: dict[str, str]) -> list[Se
         Setting.equal("redundant experts", par.eplb_config.num_redundant_experts, e.redundant_experts),
         Setting.equal("all-to-all", par.all2all_backend, VLLM_ALL2ALL[e.role]),
         Setting.equal("dual-batch overlap", par.enable_dbo, e.overlap),
-        Setting.equal("MTP draft tokens per step", drafts, plan.cost.mtp_drafts),
+        Setting.equal("MTP draft tokens per step", drafts, plan.cost.drafts),
     ]  # fmt: skip
     if mixed:  # one engine prefills and decodes: no KV leaves it
         out += [Setting.equal("KV connector", getattr(c.kv_transfer_config, "kv_connector", None), None)]

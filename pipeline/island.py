@@ -94,7 +94,7 @@ def execute(cfg: Any) -> None:
         gpu,
         size,
         model,
-        ranges.benchmark_lengths(cost.slo),
+        ranges.benchmark_lengths(cost.slo.any),
         ranges.p,
         workload.mean_decode,
         workload.max_decode,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from costmodel.cli import UserError
 from costmodel.roles import ROLES, Role
@@ -107,6 +107,8 @@ class Hosts:
     node_gpus: int
     nodes: tuple[int, ...]
     first_gpu: int
+
+    JSON_DERIVED: ClassVar = ("placement",)  # plan.json's `placement` beside them: `describe`, for a reader
 
     def __post_init__(self) -> None:
         _whole(self.node_gpus, "node_gpus", 1)
@@ -198,6 +200,8 @@ class Island:
     # always for prefill; for decode, where that is faster at its batch (switch `overlap_chosen`), else one
     overlap: bool = True
     chunk_tokens: int = 0  # aggregated: prompt tokens per attention rank a mixed step prefills (0: not aggregated)
+
+    JSON_DERIVED: ClassVar = ("ep_group",)  # plan.json's `ep_group` beside them, checked against `ep_group`
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, str) or not self.gpu:
@@ -408,6 +412,8 @@ class HostLosses:
     spare_nodes: tuple[tuple[str, int], ...] = ()  # those K hosts (GPU, node)
     spare_req_s: float | None = None  # the rate with them lost
 
+    JSON_DERIVED: ClassVar = ("worst",)  # plan.json names the worst host beside the list, for a reader
+
     def __post_init__(self) -> None:
         if not self.losses:
             raise PlanError("losses is empty: a plan that serves runs on at least one host")
@@ -542,6 +548,9 @@ class Plan:
     notes: tuple[str, ...] = ()
     workload_spec: str = ""  # the workload's definition as planned (canonical JSON of its conf mapping; "": unknown)
 
+    # what plan.json writes beside the record for a reader (plan/schema.py), not read back
+    JSON_DERIVED: ClassVar = ("rate_meanings", "cost_per_hour", "rate_per_dollar", "prefill_islands", "decode_islands")
+
     def __post_init__(self) -> None:
         if not self.islands:
             raise PlanError("islands is empty: a plan has at least one island")
@@ -611,14 +620,9 @@ class Plan:
     @property
     def slo(self) -> Slo:
         """The latency targets the plan was made for (its cost settings')."""
-        return self.cost.targets
+        return self.cost.slo
 
     @property
     def profile_name(self) -> str:
         return self.cost.profile.name
 
-
-def checked_notes(notes: Any) -> tuple[str, ...]:
-    if not isinstance(notes, (list, tuple)) or not all(isinstance(n, str) for n in notes):
-        raise PlanError(f"notes must be a list of texts, got {notes!r}")
-    return tuple(notes)

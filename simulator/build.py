@@ -48,7 +48,7 @@ def build(
     `expert_imbalance` (an expert placement's busiest-over-mean GPU load) slows every decode step.
     """
     model, cost = plan.model, plan.cost
-    token_budget = cost.prefill_batch_tokens if token_budget is None else token_budget
+    token_budget = cost.engine.prefill_batch_tokens if token_budget is None else token_budget
     islands = [isl for isl in plan.serving if isl.role != "aggregated"]
     prefill: list[PrefillEngine] = []
     decode: list[DecodeEngine] = []
@@ -64,8 +64,8 @@ def build(
             ids = list(range(len(prefill), len(prefill) + isl.dp))
             prefill += [PrefillEngine(i, k, t, token_budget) for i in ids]
         else:
-            t = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, cost, expert_imbalance,
-                              cost.mtp_drafts, cost.mtp_accepted)  # fmt: skip
+            t = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, cost,
+                              expert_imbalance=expert_imbalance)  # fmt: skip
             if t.kv_tokens < 1:
                 raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
             rebuild = prefill_timing(gpu, model, isl.tp, isl.ep // isl.tp, max_context, cost)

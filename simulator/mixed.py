@@ -51,14 +51,13 @@ def aggregated_engines(plan: Plan, k: int, gpu: GPU, max_len: int, max_context: 
     rank prefilling its own prompts (`island_bench._aggregated`: a piece's time is shared by the ranks), chunks of
     the island's `chunk_tokens` per rank a step."""
     isl, model, cost = plan.serving[k], plan.model, plan.cost
-    dec = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, cost, expert_imbalance,
-                        cost.mtp_drafts, cost.mtp_accepted)  # fmt: skip
+    dec = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, cost, expert_imbalance=expert_imbalance)
     if dec.kv_tokens < 1:
         raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
     ranks = isl.ep // isl.tp
     pre = prefill_timing(gpu, model, isl.tp, ranks, max_len, cost)
     pre = replace(pre, ms=pre.ms / ranks, handoff_ms=0.0)
-    chunk = isl.chunk_tokens or cost.prefill_batch_tokens
+    chunk = isl.chunk_tokens or cost.engine.prefill_batch_tokens
     return [AggregatedEngine(i, dec, pre, chunk * ranks) for i in range(isl.dp)]
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.formulas import (
+    DecodeRun,
     decode_step_ms,
     kv_bytes_per_seq,
     kv_link_gb_s,
@@ -71,7 +72,9 @@ class DecodeTiming:
 def prefill_timing(gpu: GPU, model: Model, tp: int, dp: int, max_len: int, cost: CostSettings) -> PrefillTiming:
     lengths = np.unique(np.geomspace(1, max(max_len, 2), 96).round())
     n_tp, n_dp = np.full_like(lengths, tp), np.full_like(lengths, dp)
-    ms = prefill_time_ms(gpu, model, lengths, n_tp, n_dp, cost.cache_hit, cost.profile, cost.draft_layers)
+    ms = prefill_time_ms(
+        gpu, model, lengths, n_tp, n_dp, cache_hit=cost.cache_hit, profile=cost.profile, draft_layers=cost.draft_layers
+    )
     kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile, cost.draft_layers)[0])
     link = float(kv_link_gb_s(gpu, cost.profile)) * tp
     return PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, link, *request_overheads_ms(cost.profile))
@@ -85,19 +88,23 @@ def decode_timing(
     batch: int,
     max_context: int,
     cost: CostSettings,
+    *,
     expert_imbalance: float = 1.0,
-    draft_tokens: int = 0,
-    accepted: float = 0.0,
+    draft_tokens: int | None = None,
+    accepted: float | None = None,
     moe_tp: bool = False,
 ) -> DecodeTiming:
     """`batch` is the plan's decode batch per rank (sequences per attention rank, or per GPU under shallowsim);
     `expert_imbalance` is the expert placement's busiest-over-mean GPU load (1 = perfectly even).
 
-    Speculative decoding (MTP): a step verifies `draft_tokens` more tokens per sequence and yields 1 + `accepted`
-    of them on average; it is simulated as 1 + `accepted` steps of one token each, of its time divided by that
-    (the same tokens per second and per sequence, with the KV cache growing a token at a time).
+    Speculative decoding (MTP): a step verifies `draft_tokens` more tokens per sequence (default: the cost
+    settings' drafts) and yields 1 + `accepted` of them on average (default: the settings'); it is simulated as
+    1 + `accepted` steps of one token each, of its time divided by that (the same tokens per second and per
+    sequence, with the KV cache growing a token at a time).
 
     `moe_tp`: the routed experts split by tensor parallelism over the `ep` GPUs (costmodel.formulas.decode_parts)."""
+    draft_tokens = cost.drafts if draft_tokens is None else draft_tokens
+    accepted = cost.accepted if accepted is None else accepted
     if not 0 <= accepted <= draft_tokens:
         raise ValueError(f"`0 <= accepted <= draft_tokens` must hold, got accepted={accepted}, drafts={draft_tokens}")
     profile = cost.profile
@@ -106,14 +113,23 @@ def decode_timing(
     contexts = np.unique(np.geomspace(16, max(max_context, 32), 24).round())
     bb, cc = np.meshgrid(batches, contexts, indexing="ij")
     tp_ep = np.full_like(bb, tp), np.full_like(bb, ep)
-    step = decode_step_ms(gpu, model, cc, bb, *tp_ep, cost.fp8_combine, profile, expert_imbalance, draft_tokens,
-                          moe_tp)  # fmt: skip
+    run = DecodeRun(cost.engine.fp8_combine, expert_imbalance, draft_tokens, moe_tp)
+    step = decode_step_ms(gpu, model, cc, bb, *tp_ep, profile=profile, run=run)
     ms = step / (1.0 + accepted)  # an MTP step's time per token it yields
     # KV capacity: sequences of 1,024 tokens that fit beside the weights (and the MTP module's), per rank, in tokens
     routed = np.ceil(model.n_routed_experts / ep)
     mtp = 1 if draft_tokens else 0
     per_rank = float(
-        max_batch(gpu, model, np.array([1024.0]), 0.0, np.array([float(tp)]), np.array([routed]), profile, mtp)[0]
+        max_batch(
+            gpu,
+            model,
+            np.array([1024.0]),
+            0.0,
+            np.array([float(tp)]),
+            np.array([routed]),
+            profile=profile,
+            draft_layers=mtp,
+        )[0]
     )
     kv_tokens = int(max(per_rank, 0.0) * 1024 * ranks)
     return DecodeTiming(batches, contexts, np.asarray(ms, dtype=float), ranks, batch * ranks, kv_tokens)

@@ -49,6 +49,19 @@ def compose(overrides: Sequence[str], config: str = "search") -> Any:
     return cfg
 
 
+def flat_cost(cost: CostSettings) -> dict[str, Any]:
+    """`cost` as plan.json schemas 1 and 2 wrote it: one flat record (the reader of earlier plans reads this)."""
+    cal = cost.profile.calibration
+    return {
+        "profile": cost.profile.name, "switches": cost.profile.switches(), "cache_hit": cost.cache_hit,
+        "fp8_combine": cost.engine.fp8_combine, "ttft_ms": cost.slo.ttft_ms, "tpot_ms": cost.slo.tpot_ms,
+        "ttft_percentile": cost.slo.ttft_percentile, "tpot_percentile": cost.slo.tpot_percentile,
+        "prefill_batch_tokens": cost.engine.prefill_batch_tokens, "engine_configs": cost.engine.runnable_only,
+        "mtp_drafts": cost.drafts, "mtp_acceptance": cost.mtp.acceptance if cost.mtp else 0.85,
+        "aggregated": cost.engine.aggregated, "calibration": None if cal is None else cal.to_json(),
+    }  # fmt: skip
+
+
 def island(gpu: str, size: int, role: str, tp: int, dp: int, ep: int, batch: int,
            ranges: Sequence[tuple[int, int, float]], node: int | None = None, first: int = 0) -> Island:  # fmt: skip
     """A serving island as the planner describes one: DeepSeek-V3's experts spread over its EP group, its

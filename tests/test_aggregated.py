@@ -13,8 +13,8 @@ import plan as plans
 from costmodel.catalog import load_gpu, load_model
 from costmodel.formulas import prefill_time_ms
 from costmodel.island_bench import benchmark_island, decode_tokens_ms
-from costmodel.settings import CostSettings
-from helpers import compose, in_process, one_line
+from costmodel.settings import CostSettings, EngineSettings, Slo
+from helpers import compose, flat_cost, in_process, one_line
 from solvers.exact import exact_optimum
 from solvers.inner import InnerProblem, solve
 from solvers.type_options import TypeOptions
@@ -75,7 +75,7 @@ def test_without_slos_an_aggregated_engine_runs_at_its_steady_state_by_hand() ->
     prefill time per token), the decode step at a request's mean context. Re-derived here from the cost model's
     formulas for the chosen configuration."""
     lengths, w = np.array([512.0, 2048.0, 8192.0]), np.array([0.5, 0.3, 0.2])
-    cost, d = CostSettings(aggregated=True), 300
+    cost, d = CostSettings(engine=EngineSettings(aggregated=True)), 300
     bench = benchmark_island(H200, 16, DSV3, lengths, w, d, 1000, cost)
     a = bench.aggregated
     assert a is not None and a.chosen >= 0 and a.chunk is not None
@@ -92,29 +92,31 @@ def test_without_slos_an_aggregated_engine_runs_at_its_steady_state_by_hand() ->
         by_sum = decode_tokens_ms(H200, DSV3, np.array([[s]]), d, np.array([[n]]), np.array([[tp]]),
                                   np.array([[ep]]), cost)[0, 0] / d  # fmt: skip
         assert step == pytest.approx(by_sum, rel=1e-3)
-        per_token = prefill_time_ms(H200, DSV3, s, tp, ranks, 0.0, cost.profile, 0) / ranks / s
+        per_token = (
+            prefill_time_ms(H200, DSV3, s, tp, ranks, cache_hit=0.0, profile=cost.profile, draft_layers=0) / ranks / s
+        )
         period = step + per_token * e
         assert bench.aggregated_req_s[j] == pytest.approx(dp * e * 1000.0 / (period * s), rel=1e-9)
         assert a.time_ms[k, j] == pytest.approx(period, rel=1e-9)  # TPOT: one mixed step a token
-    assert CostSettings().aggregated is False and benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000).aggregated \
-        is None  # fmt: skip
+    assert CostSettings().engine.aggregated is False
+    assert benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000).aggregated is None
 
 
 def test_with_a_tpot_target_no_mixed_step_passes_it() -> None:
     """Prompts stretch the decode steps: the chunk is sized so a step beside it, where it costs most, stays within
     the cap, and the engine admits no more sequences than such a step allows."""
     lengths, w = np.array([512.0, 2048.0, 8192.0]), np.array([0.5, 0.3, 0.2])
-    cost = CostSettings(aggregated=True, ttft_ms=2000.0, tpot_ms=50.0)
+    cost = CostSettings(slo=Slo(2000.0, 50.0), engine=EngineSettings(aggregated=True))
     bench = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, cost)
     a = bench.aggregated
     assert a is not None and a.chosen >= 0 and a.chunk is not None
     served = bench.aggregated_req_s > 0
     assert served.all()
     assert (a.time_ms[a.chosen] <= 50.0 + 1e-6).all()
-    assert (a.chunk[a.chosen] >= 1).all() and (a.chunk[a.chosen] < cost.prefill_batch_tokens).all()
+    assert (a.chunk[a.chosen] >= 1).all() and (a.chunk[a.chosen] < cost.engine.prefill_batch_tokens).all()
     assert (a.batch[a.chosen] >= 1).all()
     # the price of the target: below the same GPUs time-shared without it
-    free = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, CostSettings(aggregated=True))
+    free = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, CostSettings(engine=EngineSettings(aggregated=True)))
     assert (bench.aggregated_req_s < free.aggregated_req_s).all()
 
 
@@ -184,7 +186,7 @@ def test_a_plan_with_an_aggregated_island_round_trips_and_is_simulated_as_one(ag
     plan = plans.load(aggregated_plan)
     (isl,) = plan.serving
     assert isl.role == "aggregated" and isl.ep * isl.dp == 16 and isl.chunk_tokens >= 1
-    assert plan.cost.aggregated and plan.rates.rate_req_s > 0
+    assert plan.cost.engine.aggregated and plan.rates.rate_req_s > 0
     assert plans.to_json(plans.load(aggregated_plan)) == json.loads(aggregated_plan.read_text())
     mix = RequestMix.of(workload_from_cfg(plan.workload, plan.spec_of_workload))
     sim, m, _ = Runner(plan, plan.slo).simulate(mix.requests(400, plan.rates.rate_req_s * 0.5, seed=1))
@@ -300,9 +302,9 @@ def test_requests_split_between_aggregated_and_other_islands_by_the_plans_shares
 
 
 def test_settings_carry_the_switch_and_older_plans_read_it_as_off() -> None:
-    on = CostSettings(aggregated=True)
-    assert CostSettings.from_json(on.to_json(), "p").aggregated is True
-    old = {k: v for k, v in CostSettings().to_json().items() if k != "aggregated"}
-    assert CostSettings.from_json(old, "p").aggregated is False
+    on = CostSettings(engine=EngineSettings(aggregated=True))
+    assert CostSettings.from_json(on.to_json(), "p").engine.aggregated is True
+    old = {k: v for k, v in flat_cost(CostSettings()).items() if k != "aggregated"}  # plan.json schema 2, before it
+    assert CostSettings.from_json(old, "p").engine.aggregated is False
     with pytest.raises(Exception, match="aggregated"):
-        CostSettings.from_json({**on.to_json(), "aggregated": "yes"}, "p")
+        CostSettings.from_json({**on.to_json(), "engine": {"aggregated": "yes"}}, "p")

@@ -35,8 +35,9 @@ from costmodel.formulas import (
 )
 from costmodel.measurements import COMPONENTS, Measurement, MeasurementError, load_measurements
 from costmodel.profile import CostProfile
-from costmodel.settings import CostSettings
+from costmodel.settings import CostSettings, Slo
 from costmodel.specs import GPUArray, SpecError
+from helpers import flat_cost
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "conf" / "calibration" / "published.csv"
@@ -100,24 +101,27 @@ def test_a_calibration_of_ones_changes_no_number() -> None:
         gpu = load_gpu("H800")
         s, b, tp = np.array([512.0, 4096.0, 16384.0]), np.array([1.0, 32.0, 128.0]), np.array([1.0, 4.0, 8.0])
         assert np.array_equal(
-            prefill_time_ms(gpu, DSV3, s, tp, 4, 0.3, base), prefill_time_ms(gpu, DSV3, s, tp, 4, 0.3, cal)
+            prefill_time_ms(gpu, DSV3, s, tp, 4, cache_hit=0.3, profile=base),
+            prefill_time_ms(gpu, DSV3, s, tp, 4, cache_hit=0.3, profile=cal),
         )
-        assert np.array_equal(decode_step_ms(gpu, DSV3, 4096, b, 1, 32, False, base),
-                              decode_step_ms(gpu, DSV3, 4096, b, 1, 32, False, cal))  # fmt: skip
-        assert np.array_equal(max_batch(gpu, DSV3, 4096, 1024, 1, 9, base), max_batch(gpu, DSV3, 4096, 1024, 1, 9, cal))
+        assert np.array_equal(decode_step_ms(gpu, DSV3, 4096, b, 1, 32, profile=base),
+                              decode_step_ms(gpu, DSV3, 4096, b, 1, 32, profile=cal))  # fmt: skip
+        assert np.array_equal(
+            max_batch(gpu, DSV3, 4096, 1024, 1, 9, profile=base), max_batch(gpu, DSV3, 4096, 1024, 1, 9, profile=cal)
+        )
 
 
 def test_a_factor_moves_its_own_gpu_and_component_only() -> None:
     fast = Calibration("fast", (("H800", "a2a_low_latency", Factor(2.0, 0.0, "fit")),))
     base = CostProfile.corrected()
     h800, h20 = load_gpu("H800"), load_gpu("H20")
-    args = (DSV3, 4096, 64, 1, 64, False)
-    fast_h800 = decode_parts(h800, *args, base.calibrated(fast))["Dispatch"]
-    assert fast_h800 < decode_parts(h800, *args, base)["Dispatch"]
-    assert decode_step_ms(h20, *args, base.calibrated(fast)) == decode_step_ms(h20, *args, base)
+    args = (DSV3, 4096, 64, 1, 64)
+    fast_h800 = decode_parts(h800, *args, profile=base.calibrated(fast))["Dispatch"]
+    assert fast_h800 < decode_parts(h800, *args, profile=base)["Dispatch"]
+    assert decode_step_ms(h20, *args, profile=base.calibrated(fast)) == decode_step_ms(h20, *args, profile=base)
     # prefill all-to-all is the normal kernels' knob, not this one
-    assert prefill_time_ms(h800, DSV3, 4096, 4, 16, 0.0, base.calibrated(fast)) == prefill_time_ms(
-        h800, DSV3, 4096, 4, 16, 0.0, base
+    assert prefill_time_ms(h800, DSV3, 4096, 4, 16, cache_hit=0.0, profile=base.calibrated(fast)) == prefill_time_ms(
+        h800, DSV3, 4096, 4, 16, cache_hit=0.0, profile=base
     )
 
 
@@ -140,10 +144,10 @@ def test_a_calibration_file_and_a_plans_cost_record_round_trip(tmp_path: Path) -
     assert back == f.calibration
     # the calibration brings the structure it was fitted on: its factors mean nothing under another
     assert dict(back.switches) == {"gemm_roofline": True}
-    settings = CostSettings(CostProfile.corrected().calibrated(back), ttft_ms=2000.0)
+    settings = CostSettings(CostProfile.corrected().calibrated(back), slo=Slo(ttft_ms=2000.0))
     assert settings.profile.gemm_roofline and not CostProfile.corrected().gemm_roofline
     assert CostSettings.from_json(json.loads(json.dumps(settings.to_json())), "plan.json") == settings
-    old = {k: v for k, v in settings.to_json().items() if k != "calibration"}  # a plan from before calibrations
+    old = {k: v for k, v in flat_cost(settings).items() if k != "calibration"}  # a plan from before calibrations
     old["switches"] = {k: v for k, v in old["switches"].items() if k != "gemm_roofline"}  # ... and refinements
     again = CostSettings.from_json(old, "plan.json").profile
     assert again.calibration is None and not again.gemm_roofline
@@ -208,10 +212,13 @@ BAD = {
     "not divide deepseek_v3's 128 attention heads",
     "component,gpu,shape,value,unit,source\ndecode_step,H20,batch=8.5 context=1024 tp=8,0.05,s,x\n": "shape "
     "batch='8.5' must be a whole number",
-    "component,gpu,shape,value,unit,source\nserving_tpot,H200,batch=8 context=1024 tp=8 ep=8 users=8,0.02,s,x\n": "users, output_len and prefill_len together",
-    "component,gpu,shape,value,unit,source\nserving_tpot,H200,batch=8 context=1024 tp=8 ep=12,0.02,s,x\n": "tp dividing ep",
+    "component,gpu,shape,value,unit,source\nserving_tpot,H200,batch=8 context=1024 tp=8 ep=8 users=8,0.02,s,x\n":
+        "users, output_len and prefill_len together",
+    "component,gpu,shape,value,unit,source\nserving_tpot,H200,batch=8 context=1024 tp=8 ep=12,0.02,s,x\n":
+        "tp dividing ep",
     "component,gpu,shape,value,unit,source\nserving_ttft,H200,input=1024 tp=3 dp=1,0.2,s,x\n": "shape tp=3 does not",
-    "component,gpu,shape,value,unit,source\nserving_ttft,H200,input=1024 tp=8 dp=1 engine=both,0.2,s,x\n": "engine='both' must be one of",
+    "component,gpu,shape,value,unit,source\nserving_ttft,H200,input=1024 tp=8 dp=1 engine=both,0.2,s,x\n":
+        "engine='both' must be one of",
 }
 
 
@@ -248,8 +255,8 @@ def test_sglang_one_batch_results_become_measurements_the_fit_takes(tmp_path: Pa
     h20 = load_gpu("H20")
     lines = []
     for b, s in itertools.product((1, 8, 64), (512, 2048, 8192)):
-        pre = b * float(prefill_time_ms(h20, DSV3, s, 8, 1, 0.0, prof)) / 1e3
-        dec = float(decode_step_ms(h20, DSV3, s + 8, b, 8, 8, False, prof)) / 1e3
+        pre = b * float(prefill_time_ms(h20, DSV3, s, 8, 1, cache_hit=0.0, profile=prof)) / 1e3
+        dec = float(decode_step_ms(h20, DSV3, s + 8, b, 8, 8, profile=prof)) / 1e3
         lines.append(json.dumps({"run_name": "t", "batch_size": b, "input_len": s, "output_len": 16,
                                  "prefill_latency": pre, "prefill_throughput": b * s / pre,
                                  "median_decode_latency": dec, "median_decode_throughput": b / dec}))  # fmt: skip

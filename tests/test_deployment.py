@@ -308,14 +308,14 @@ def test_the_deployment_readme_names_the_rate_the_simulator_sustains_where_it_is
 def test_configurations_engines_cannot_run_are_never_proposed() -> None:
     from costmodel.catalog import load_gpu, load_model
     from costmodel.island_bench import benchmark_island
-    from costmodel.settings import CostSettings
+    from costmodel.settings import CostSettings, EngineSettings
     from pipeline.planning.workload import make_ranges, synthetic_normal
 
     wl = synthetic_normal("n", 2000, 1000, 0, 8000, 100, 1000)
     r = make_ranges(wl, 1000)
     model = load_model("deepseek_v3")
     args = (load_gpu("H800"), 24, model, r.mid, r.p, 100, 1000)
-    free = benchmark_island(*args, CostSettings(engine_configs=False))
+    free = benchmark_island(*args, CostSettings(engine=EngineSettings(runnable_only=False)))
     engines = benchmark_island(*args, CostSettings())
     assert 3 in free.prefill.tp and 3 in free.decode.tp  # 24 GPUs: TP 3 (or 6, 12, 24) splits 128 heads unevenly
     for t in (engines.prefill, engines.decode):

@@ -40,7 +40,7 @@ def test_placements_put_every_expert_once_with_equal_counts() -> None:
 
 def test_a_better_placement_is_a_faster_decode_step() -> None:
     from costmodel.catalog import load_gpu, load_model
-    from costmodel.formulas import decode_step_ms
+    from costmodel.formulas import DecodeRun, decode_step_ms
 
     a, _ = synthetic(8, 32, seed=1)
     worse, better = imbalance(a, contiguous(a, 8), 8), imbalance(a, heuristic(a, 8), 8)
@@ -49,7 +49,9 @@ def test_a_better_placement_is_a_faster_decode_step() -> None:
     one = np.array([1.0])  # 256 sequences per rank: enough tokens per expert that its GEMMs are compute-bound
 
     def step(f: float) -> float:
-        return float(decode_step_ms(gpu, model, one * 2048, one * 256, one, one * 8, expert_imbalance=f)[0])
+        return float(
+            decode_step_ms(gpu, model, one * 2048, one * 256, one, one * 8, run=DecodeRun(expert_imbalance=f))[0]
+        )
 
     assert step(worse) > step(better) > step(1.0)
     with pytest.raises(ValueError, match="expert_imbalance >= 1"):

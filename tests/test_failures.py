@@ -85,6 +85,7 @@ def test_the_rate_with_a_host_lost_holds_in_the_simulator(tiny: Any) -> None:
 
 def test_a_plan_with_its_host_losses_reads_back_from_plan_json(tiny: Any, tmp_path: Path) -> None:
     from pipeline.records.report import report
+    from pipeline.search.steps import STEPS
 
     _, _, plan, losses = tiny
     with_losses = dataclasses.replace(plan, host_losses=losses)
@@ -93,7 +94,7 @@ def test_a_plan_with_its_host_losses_reads_back_from_plan_json(tiny: Any, tmp_pa
     back = plans.load(path)
     assert back.host_losses == losses
     assert json.loads(path.read_text())["host_losses"]["worst"] == {"gpu": "H20", "node": 0}
-    text = report(back, pd.DataFrame(), "# plan")
+    text = report(back, pd.DataFrame(), "# plan", None, STEPS)
     assert "| one host lost (worst of 8) | 0.00 req/s (0%): H20 node 0 stops the 32 x H20 decode island;" in text
     assert "| 0.00 | 0% | H20 0-3 | the 32 x H20 decode island |" in text
 

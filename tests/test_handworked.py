@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.catalog import load_gpu, load_model
-from costmodel.formulas import decode_parts, max_batch, prefill_parts
+from costmodel.formulas import DecodeRun, decode_parts, max_batch, prefill_parts
 from costmodel.profile import CostProfile
 
 SS = CostProfile.shallowsim()
@@ -13,7 +13,7 @@ DSV3 = load_model("deepseek_v3")
 
 
 def test_row_a_prefill_h800() -> None:
-    p = prefill_parts(load_gpu("H800"), DSV3, 4096, 4, 8, 0.563, SS)
+    p = prefill_parts(load_gpu("H800"), DSV3, 4096, 4, 8, cache_hit=0.563, profile=SS)
     assert p["MLA"] == pytest.approx(5.284154, abs=1e-6)
     assert p["TP_MLA"] == pytest.approx(1.715450, abs=1e-6)
     assert p["DenseMLP"] == pytest.approx(2.386132, abs=1e-6)
@@ -26,7 +26,7 @@ def test_row_a_prefill_h800() -> None:
 
 
 def test_row_b_decode_h800() -> None:
-    p = decode_parts(load_gpu("H800"), DSV3, 4383, 64, 1, 144, False, SS)
+    p = decode_parts(load_gpu("H800"), DSV3, 4383, 64, 1, 144, profile=SS)
     assert p["DenseMLA"] == pytest.approx(0.263094, abs=1e-6)
     assert p["SparseMLA"] == pytest.approx(0.313094, abs=1e-6)
     assert p["DenseMLP"] == pytest.approx(0.141337, abs=1e-6)
@@ -37,15 +37,17 @@ def test_row_b_decode_h800() -> None:
     assert p["Delta"] == pytest.approx(-0.079119, abs=1e-6)
     assert p["TPOT"] == pytest.approx(28.044855019375003, rel=1e-12)
     # the memory filter keeps this point: max_bs(tp=1, 2 routed + 1 shared) = 275.68
-    assert max_batch(load_gpu("H800"), DSV3, 4383, 1210, 1, 2, SS) == pytest.approx(275.68, abs=0.01)
+    assert max_batch(load_gpu("H800"), DSV3, 4383, 1210, 1, 2, profile=SS) == pytest.approx(275.68, abs=0.01)
 
 
 def test_row_c_max_batch_h800() -> None:
-    assert max_batch(load_gpu("H800"), DSV3, 4383, 1210, 1, 4, SS) == pytest.approx(248.41690135047165, rel=1e-12)
+    assert max_batch(load_gpu("H800"), DSV3, 4383, 1210, 1, 4, profile=SS) == pytest.approx(
+        248.41690135047165, rel=1e-12
+    )
 
 
 def test_row_d_fp4_decode_gb200() -> None:
-    p = decode_parts(load_gpu("GB200-NVL72"), DSV3, 4383, 128, 4, 72, True, SS)
+    p = decode_parts(load_gpu("GB200-NVL72"), DSV3, 4383, 128, 4, 72, profile=SS, run=DecodeRun(fp8_combine=True))
     assert p["SparseMLA"] == pytest.approx(0.143652, abs=1e-6)
     assert p["DenseMLA"] == pytest.approx(0.172684, abs=1e-6)
     assert p["SharedExpert"] == pytest.approx(0.009492, abs=1e-6)
@@ -59,8 +61,8 @@ def test_row_d_fp4_decode_gb200() -> None:
 def test_tp_has_no_effect_when_comm_dominates() -> None:
     """Spec 4.11: with Delta > 0 SparseMLA cancels, e.g. DGX-B200, EP 72, bs 128."""
     g = load_gpu("DGX-B200")
-    t1 = decode_parts(g, DSV3, 4383, 128, 1, 72, False, SS)
-    t4 = decode_parts(g, DSV3, 4383, 128, 4, 72, False, SS)
+    t1 = decode_parts(g, DSV3, 4383, 128, 1, 72, profile=SS)
+    t4 = decode_parts(g, DSV3, 4383, 128, 4, 72, profile=SS)
     assert t1["Delta"] > 0 and t4["Delta"] > 0
     assert t1["TPOT"] == pytest.approx(19.3993, abs=1e-4)
     assert t4["TPOT"] == pytest.approx(t1["TPOT"], rel=1e-12)
@@ -87,15 +89,15 @@ def test_activated_experts_by_hand() -> None:
     gpu = load_gpu("H200")
     base = CostProfile.corrected()
     on = base.with_fixes(activated_experts=True)
-    off_p = decode_parts(gpu, DSV3, 2048, 2, 1, 8, False, base)
-    on_p = decode_parts(gpu, DSV3, 2048, 2, 1, 8, False, on)
+    off_p = decode_parts(gpu, DSV3, 2048, 2, 1, 8, profile=base)
+    on_p = decode_parts(gpu, DSV3, 2048, 2, 1, 8, profile=on)
     r = Rates(GPUArray.of(gpu), "decode", base)
     t_w = float(_xfer_ms(_expert_bytes(DSV3, r, "decode", base), r.bw, base))
     busiest = float(activated_experts(np.array(32.0), np.array(8.0), 8, 256, np.array(8.0)))
     assert off_p["RoutedExpert"] - on_p["RoutedExpert"] == pytest.approx(MICRO_BATCHES * t_w * (32 - busiest), rel=1e-9)
     for key in ("SparseMLA", "SharedExpert", "Dispatch", "Combine"):
         assert on_p[key] == pytest.approx(off_p[key], rel=1e-12)
-    big_off, big_on = (decode_parts(gpu, DSV3, 2048, 512, 1, 8, False, p)["TPOT"] for p in (base, on))
+    big_off, big_on = (decode_parts(gpu, DSV3, 2048, 512, 1, 8, profile=p)["TPOT"] for p in (base, on))
     assert big_on == pytest.approx(big_off, rel=1e-12)  # 2,048 tokens a micro-batch activate every expert
     assert on.name == "corrected[+activated_experts]"
 
@@ -113,8 +115,8 @@ def test_overlap_chosen_by_hand() -> None:
     r = Rates(GPUArray.of(gpu), "decode", base)
     t_w = float(_xfer_ms(_expert_bytes(DSV3, r, "decode", base), r.bw, base))
     chosen = base.with_fixes(overlap_chosen=True)
-    two = decode_parts(gpu, DSV3, 2048, 2, 1, 8, False, base)
-    one = decode_parts(gpu, DSV3, 2048, 2, 1, 8, False, chosen)
+    two = decode_parts(gpu, DSV3, 2048, 2, 1, 8, profile=base)
+    one = decode_parts(gpu, DSV3, 2048, 2, 1, 8, profile=chosen)
     assert float(one["Overlap"]) == 0.0 and float(two["Overlap"]) == 1.0
     # by hand, per MoE layer: one micro-batch streams each resident expert (and the shared one) once, computes
     # the same FLOPs, and adds its whole dispatch and combine
@@ -127,8 +129,8 @@ def test_overlap_chosen_by_hand() -> None:
     assert float(one["TPOT"]) == pytest.approx(float(by_hand), rel=1e-12) and one["TPOT"] < two["TPOT"]
     assert float(one["Delta"]) == pytest.approx(float(one["Dispatch"] + one["Combine"]), rel=1e-12)
     # a large batch on a group over the NIC (EP 32: 4 hosts): the all-to-all is worth hiding, two micro-batches stay
-    big_two = decode_parts(gpu, DSV3, 2048, 256, 1, 32, False, base)
-    big = decode_parts(gpu, DSV3, 2048, 256, 1, 32, False, chosen)
+    big_two = decode_parts(gpu, DSV3, 2048, 256, 1, 32, profile=base)
+    big = decode_parts(gpu, DSV3, 2048, 256, 1, 32, profile=chosen)
     assert float(big["Overlap"]) == 1.0 and float(big["TPOT"]) == pytest.approx(float(big_two["TPOT"]), rel=1e-12)
     assert chosen.name == "corrected[+overlap_chosen]"
 
@@ -148,8 +150,8 @@ def test_experts_split_by_tp_by_hand() -> None:
     r = Rates(GPUArray.of(gpu), "decode", p)
     t_w = float(_xfer_ms(_expert_bytes(DSV3, r, "decode", p), r.bw, p))
     # batch 16 on attention TP 8: 2 tokens per GPU, 1 per micro-batch, 8 over the group
-    sliced = decode_parts(gpu, DSV3, 2048, 16, 8, 8, False, p, moe_tp=True)
-    whole = decode_parts(gpu, DSV3, 2048, 16, 8, 8, False, p)
+    sliced = decode_parts(gpu, DSV3, 2048, 16, 8, 8, profile=p, run=DecodeRun(moe_tp=True))
+    whole = decode_parts(gpu, DSV3, 2048, 16, 8, 8, profile=p)
     active = 256 * (1 - (1 - 8 / 256) ** 8)
     assert active == pytest.approx(57.421, abs=1e-3)
     weights = MICRO_BATCHES * t_w * active / 8
@@ -172,12 +174,12 @@ def test_step_overhead_by_hand() -> None:
     gpu, base = load_gpu("H200"), CostProfile.corrected()
     on = base.with_fixes(step_overhead=True)
     for batch in (1, 64):
-        off_p, on_p = (decode_parts(gpu, DSV3, 2048, batch, 1, 8, False, p) for p in (base, on))
+        off_p, on_p = (decode_parts(gpu, DSV3, 2048, batch, 1, 8, profile=p) for p in (base, on))
         assert float(on_p["TPOT"] - off_p["TPOT"]) == pytest.approx(STEP_OVERHEAD_MS, rel=1e-12)
         assert float(on_p["SparseMLA"]) == float(off_p["SparseMLA"])
     half = Calibration("t", (("cuda", "step_overhead", Factor(0.5, 0.0, "fit")),))
-    twice = decode_parts(gpu, DSV3, 2048, 1, 1, 8, False, on.calibrated(half))["TPOT"]
-    alone = decode_parts(gpu, DSV3, 2048, 1, 1, 8, False, base.calibrated(half))["TPOT"]
+    twice = decode_parts(gpu, DSV3, 2048, 1, 1, 8, profile=on.calibrated(half))["TPOT"]
+    alone = decode_parts(gpu, DSV3, 2048, 1, 1, 8, profile=base.calibrated(half))["TPOT"]
     assert float(twice - alone) == pytest.approx(2 * STEP_OVERHEAD_MS, rel=1e-12)  # 1 / 0.5: twice the time
 
 
@@ -194,16 +196,20 @@ def test_sequence_overhead_by_hand() -> None:
     gpu, base = load_gpu("H200"), CostProfile.corrected()
     on = base.with_fixes(sequence_overhead=True)
     for batch, drafts in ((1, 0), (64, 0), (64, 2)):
-        off_p, on_p = (decode_parts(gpu, DSV3, 2048, batch, 1, 8, False, p, draft_tokens=drafts) for p in (base, on))
+        off_p, on_p = (
+            decode_parts(gpu, DSV3, 2048, batch, 1, 8, profile=p, run=DecodeRun(draft_tokens=drafts))
+            for p in (base, on)
+        )
         assert float(on_p["TPOT"] - off_p["TPOT"]) == pytest.approx(batch * SEQUENCE_OVERHEAD_MS, rel=1e-12)
         assert float(on_p["SparseMLA"]) == float(off_p["SparseMLA"])
     both, imbalanced = on.with_fixes(dp_imbalance=True), base.with_fixes(dp_imbalance=True)
-    extra = decode_parts(gpu, DSV3, 2048, 64, 1, 16, False, both)["TPOT"] - decode_parts(
-        gpu, DSV3, 2048, 64, 1, 16, False, imbalanced)["TPOT"]  # fmt: skip
+    extra = decode_parts(gpu, DSV3, 2048, 64, 1, 16, profile=both)["TPOT"] - decode_parts(
+        gpu, DSV3, 2048, 64, 1, 16, profile=imbalanced
+    )["TPOT"]
     assert float(extra) == pytest.approx((64 + math.sqrt(2 * 64 * math.log(16))) * SEQUENCE_OVERHEAD_MS, rel=1e-12)
     quarter = Calibration("t", (("*", "sequence_overhead", Factor(0.25, 0.0, "fit")),))
-    more = decode_parts(gpu, DSV3, 2048, 10, 1, 8, False, on.calibrated(quarter))["TPOT"]
-    alone = decode_parts(gpu, DSV3, 2048, 10, 1, 8, False, base.calibrated(quarter))["TPOT"]
+    more = decode_parts(gpu, DSV3, 2048, 10, 1, 8, profile=on.calibrated(quarter))["TPOT"]
+    alone = decode_parts(gpu, DSV3, 2048, 10, 1, 8, profile=base.calibrated(quarter))["TPOT"]
     assert float(more - alone) == pytest.approx(10 * 4 * SEQUENCE_OVERHEAD_MS, rel=1e-12)  # 1 / 0.25: four times
 
 
@@ -218,14 +224,14 @@ def test_dp_imbalance_by_hand() -> None:
     on = base.with_fixes(dp_imbalance=True)
     busiest = 64 + math.sqrt(2 * 64 * math.log(16))
     assert busiest == pytest.approx(82.84, abs=0.01)
-    skewed = decode_parts(gpu, DSV3, 4096, 64, 1, 16, False, on)
-    as_if = decode_parts(gpu, DSV3, 4096, busiest, 1, 16, False, base)
-    mean = decode_parts(gpu, DSV3, 4096, 64, 1, 16, False, base)
+    skewed = decode_parts(gpu, DSV3, 4096, 64, 1, 16, profile=on)
+    as_if = decode_parts(gpu, DSV3, 4096, busiest, 1, 16, profile=base)
+    mean = decode_parts(gpu, DSV3, 4096, 64, 1, 16, profile=base)
     for key in ("SparseMLA", "DenseMLA", "DenseMLP"):
         assert float(skewed[key]) == pytest.approx(float(as_if[key]), rel=1e-12), key
     for key in ("RoutedExpert", "SharedExpert", "Dispatch"):
         assert float(skewed[key]) == pytest.approx(float(mean[key]), rel=1e-12), key
-    one_rank = (decode_parts(gpu, DSV3, 4096, 64, 8, 8, False, p)["TPOT"] for p in (base, on))
+    one_rank = (decode_parts(gpu, DSV3, 4096, 64, 8, 8, profile=p)["TPOT"] for p in (base, on))
     assert float(next(one_rank)) == pytest.approx(float(next(one_rank)), rel=1e-12)
 
 
@@ -246,7 +252,7 @@ def test_experts_fp8_by_hand() -> None:
     assert float(np.asarray(r8.expert)) < float(np.asarray(r4.expert))  # the FP8 rate, not FP4's
     assert priced_precision(b200, base) == ("fp8", "fp4") and priced_precision(b200, fp8) == ("fp8", "fp8")
     for gpu in (b200, h200):
-        off, on = (decode_parts(gpu, DSV3, 2048, 64, 1, 8, False, p) for p in (base, fp8))
+        off, on = (decode_parts(gpu, DSV3, 2048, 64, 1, 8, profile=p) for p in (base, fp8))
         assert on["SparseMLA"] == pytest.approx(off["SparseMLA"], rel=1e-12)
         assert (on["RoutedExpert"] > off["RoutedExpert"]) == (gpu is b200)
         if gpu is h200:
@@ -263,9 +269,9 @@ def test_an_mtp_step_by_hand() -> None:
     from simulator.timing import decode_timing
 
     gpu, p = load_gpu("H200"), CostProfile.corrected()
-    mtp = decode_parts(gpu, DSV3, 2048, 16, 1, 8, False, p, draft_tokens=1)
-    twice = decode_parts(gpu, DSV3, 2048, 32, 1, 8, False, p)
-    once = decode_parts(gpu, DSV3, 2048, 16, 1, 8, False, p)
+    mtp = decode_parts(gpu, DSV3, 2048, 16, 1, 8, profile=p, run=DecodeRun(draft_tokens=1))
+    twice = decode_parts(gpu, DSV3, 2048, 32, 1, 8, profile=p)
+    once = decode_parts(gpu, DSV3, 2048, 16, 1, 8, profile=p)
     for key in ("RoutedExpert", "SharedExpert", "Dispatch", "Combine", "DenseMLP"):
         assert mtp[key] == pytest.approx(twice[key], rel=1e-12), key
     assert once["SparseMLA"] < mtp["SparseMLA"] < twice["SparseMLA"]  # 32 tokens' compute, 16 sequences' KV reads
@@ -277,7 +283,7 @@ def test_an_mtp_step_by_hand() -> None:
     cost = CostSettings(p)
     plain = decode_timing(gpu, DSV3, 1, 8, 16, 4096, cost)
     spec = decode_timing(gpu, DSV3, 1, 8, 16, 4096, cost, draft_tokens=1, accepted=0.85)
-    step = float(decode_parts(gpu, DSV3, 2048, 16, 1, 8, False, p, draft_tokens=1)["TPOT"])
+    step = float(decode_parts(gpu, DSV3, 2048, 16, 1, 8, profile=p, run=DecodeRun(draft_tokens=1))["TPOT"])
     assert spec.step_ms(16 * 8, 2048) == pytest.approx(step / 1.85, rel=0.02)  # interpolated on its grid
     assert spec.step_ms(16 * 8, 2048) < plain.step_ms(16 * 8, 2048)
     with pytest.raises(ValueError, match="accepted <= draft_tokens"):

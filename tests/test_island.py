@@ -9,7 +9,7 @@ from costmodel.catalog import load_gpu, load_model
 from costmodel.formulas import decode_steps_sum_ms, max_batch, prefill_time_ms
 from costmodel.island_bench import aligned_batch, benchmark_island, decode_configs, prefill_configs
 from costmodel.profile import CostProfile
-from costmodel.settings import CostSettings
+from costmodel.settings import CostSettings, Slo
 from costmodel.specs import SpecError
 from pipeline.planning.workload import make_ranges, synthetic_normal
 
@@ -86,7 +86,7 @@ def test_long_lengths_can_be_infeasible_while_short_ones_fit() -> None:
 
 def test_ttft_cap_zeroes_slow_lengths() -> None:
     free = bench("H20", 32)
-    capped = bench("H20", 32, cost=CostSettings(ttft_ms=200.0))
+    capped = bench("H20", 32, cost=CostSettings(slo=Slo(ttft_ms=200.0)))
     t = capped.prefill.time_ms[capped.prefill.chosen]
     assert (capped.prefill_req_s[t > 200] == 0).all()
     assert (capped.prefill_req_s[t <= 200] > 0).any()
@@ -95,7 +95,7 @@ def test_ttft_cap_zeroes_slow_lengths() -> None:
 
 def test_tpot_cap_shrinks_the_batch_until_it_holds() -> None:
     free = bench("H200", 16)
-    capped = bench("H200", 16, cost=CostSettings(tpot_ms=40.0))
+    capped = bench("H200", 16, cost=CostSettings(slo=Slo(tpot_ms=40.0)))
     d = capped.decode
     ok = d.batch[d.chosen] > 0
     assert ok.any()
@@ -109,7 +109,7 @@ def test_tpot_cap_shrinks_the_batch_until_it_holds() -> None:
 def test_the_capped_batch_is_the_largest_that_meets_the_cap(gpu: str, n: int, cap: float) -> None:
     """Every batch from 1 to the memory batch priced at once: the batch chosen per configuration and length is
     the largest whose mean step meets the cap, whatever the search that found it."""
-    capped = bench(gpu, n, cost=CostSettings(tpot_ms=cap)).decode
+    capped = bench(gpu, n, cost=CostSettings(slo=Slo(tpot_ms=cap))).decode
     free = bench(gpu, n).decode
     g, m = load_gpu(gpu), DSV3
     tp, dp = capped.tp[:, None, None], capped.dp[:, None, None]
@@ -155,7 +155,7 @@ def test_one_configuration_benchmarked_alone_is_its_row_of_the_whole_benchmark(g
     # the plan is re-scored at every length with only its chosen configurations (pipeline.planning.planner.exact_rates)
     lengths = np.arange(1, 8001, 7)
     weights = WL.pmf[lengths] if len(WL.pmf) > lengths.max() else np.ones(len(lengths))
-    cost = CostSettings(**slo)
+    cost = CostSettings(slo=Slo(**slo))
     args = (load_gpu(gpu), n, DSV3, lengths, weights, WL.mean_decode, WL.max_decode, cost, WL.output_pmf)
     whole = benchmark_island(*args)
     for k in range(len(whole.prefill.tp)):

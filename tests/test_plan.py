@@ -14,28 +14,34 @@ import pytest
 
 import plan as plans
 from costmodel.profile import CostProfile
-from costmodel.settings import CostSettings
+from costmodel.settings import CostSettings, EngineSettings, Slo
 from costmodel.specs import SpecError
-from helpers import REPO, in_process, one_line, plan_of, tiny_plan
+from helpers import REPO, flat_cost, in_process, one_line, plan_of, tiny_plan
 from plan import PlanError
 
 V1 = REPO / "tests" / "data" / "plan_v1_hetero_a.json"  # the main job's plan.json as the previous version wrote it
 
 
 def test_cost_settings_round_trip_whole() -> None:
-    cost = CostSettings(CostProfile.corrected().with_fixes(causal_attention=False), 0.3, True, 2000.0, None)
+    engine = EngineSettings(fp8_combine=True)
+    cost = CostSettings(CostProfile.corrected().with_fixes(causal_attention=False), 0.3, Slo(2000.0), engine)
     back = CostSettings.from_json(json.loads(json.dumps(cost.to_json())), "plan.json")
     assert back == cost and back.profile.name == "corrected[-causal_attention]"
-    system = CostSettings(CostProfile.corrected().with_fixes(activated_experts=True), 0.3, True, 2000.0, None)
+    assert set(cost.to_json()) == {"profile", "cache_hit", "slo", "engine", "mtp"}  # nested as the record is
+    system = CostSettings(CostProfile.corrected().with_fixes(activated_experts=True), 0.3, Slo(2000.0), engine)
     again = CostSettings.from_json(json.loads(json.dumps(system.to_json())), "plan.json")
     assert again == system and again.profile.activated_experts  # a system switch travels through plan.json
-    old = {**system.to_json(), "switches": {k: v for k, v in system.to_json()["switches"].items()
-                                            if k != "activated_experts"}}  # fmt: skip
-    assert not CostSettings.from_json(old, "plan.json").profile.activated_experts  # plans from before it: off
+    # the flat record of plan.json schema 2 reads as the same settings; one from before a switch reads it as off
+    assert CostSettings.from_json(flat_cost(system), "plan.json") == system
+    old = flat_cost(system)
+    old["switches"] = {k: v for k, v in old["switches"].items() if k != "activated_experts"}
+    assert not CostSettings.from_json(old, "plan.json").profile.activated_experts
     with pytest.raises(SpecError, match=r"plan\.json: `cost\.switches` must give every cost-model fix"):
-        CostSettings.from_json({**cost.to_json(), "switches": {"warp": True}}, "plan.json")
+        CostSettings.from_json({**flat_cost(cost), "switches": {"warp": True}}, "plan.json")
     with pytest.raises(SpecError, match=r"`0 <= cache_hit < 1` must hold"):
         CostSettings.from_json({**cost.to_json(), "cache_hit": 1.5}, "plan.json")
+    with pytest.raises(SpecError, match=r"plan\.json: engine\.fp8_combine must be true or false"):
+        CostSettings.from_json({**cost.to_json(), "engine": {"fp8_combine": "yes"}}, "plan.json")
 
 
 def test_a_plan_the_planner_built_round_trips_through_plan_json(tmp_path: Path) -> None:
@@ -67,14 +73,14 @@ def test_a_plan_json_of_the_previous_version_loads_with_every_number_in_its_plac
         assert isl.hosts is not None and list(isl.hosts.nodes) == was["nodes"] and isl.placement == was["placement"]
         assert [(r.start, r.end, r.fraction) for r in isl.ranges] == [(r["start"], r["end"], r["fraction"])
                                                                      for r in was["ranges"]]  # fmt: skip
-    again = plans.from_json(json.loads(json.dumps(plans.to_json(plan))))  # written as schema 2, read back
+    again = plans.from_json(json.loads(json.dumps(plans.to_json(plan))))  # written as schema 3, read back
     assert again == plan
 
 
 def test_a_plan_of_a_newer_schema_is_refused_with_the_versions_this_one_reads() -> None:
     data = plans.to_json(tiny_plan())
-    with pytest.raises(PlanError, match=r"plan schema 3 is not one this version of Archipelago reads \(\[1, 2\]\)"):
-        plans.from_json({**data, "schema": 3})
+    with pytest.raises(PlanError, match=r"plan schema 4 is not one this version of Archipelago reads \(\[1, 2, 3\]\)"):
+        plans.from_json({**data, "schema": 4})
 
 
 def edited(change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
@@ -97,11 +103,13 @@ EDITS = [
     ("no tp", del_island("tp"), "islands[0]: no `tp`"),
     ("no gpu", del_island("gpu"), "islands[0]: no `gpu`"),
     ("tp 0", set_island("tp", 0), "islands[0]: tp must be a whole number >= 1, got 0"),
-    ("tp eight", set_island("tp", "eight"), "islands[0]: tp must be a whole number >= 1, got 'eight'"),
+    ("tp eight", set_island("tp", "eight"), "islands[0].tp must be a whole number, got 'eight'"),
     ("another role", set_island("role", "router"),
-     "islands[0]: role must be one of ['prefill', 'decode', 'aggregated', 'idle']"),
+     "islands[0].role must be one of ['prefill', 'decode', 'aggregated', 'idle'], got 'router'"),
     ("islands a dict", lambda d: d.__setitem__("islands", {"0": d["islands"][0]}),
      "`islands` must be a list of islands, got dict"),
+    ("a field no island has", set_island("tensor_parallel", 8),
+     "islands[0]: `tensor_parallel` is not a field of Island"),
     ("no rate", lambda d: d["rates"].pop("rate_req_s"), "rates: no `rate_req_s`"),
     ("empty nodes", lambda d: d["islands"][0]["hosts"].__setitem__("nodes", []), "nodes is empty"),
     ("nodes to spare", lambda d: d["islands"][0]["hosts"].__setitem__("nodes", [0, 1]),
@@ -161,3 +169,18 @@ def test_records_check_their_invariants_whoever_makes_them() -> None:
         dataclasses.replace(plan.islands[0], ranges=plan.islands[0].ranges[::-1])
     assert plan.count("prefill") == 2 and plan.count("decode") == 1 and plan.serves
     assert plan.cost_per_hour == pytest.approx(sum(isl.cost_per_hour for isl in plan.islands))
+
+
+DATA = REPO / "tests" / "data"
+OLD_PLANS = sorted({*DATA.glob("plan_v*.json"), *(DATA / "plans").glob("*.json")})
+
+
+@pytest.mark.parametrize("path", OLD_PLANS, ids=lambda p: p.name)
+def test_every_plan_json_of_an_earlier_schema_loads_and_reads_back_the_same_as_schema_3(path: Path) -> None:
+    data = json.loads(path.read_text())
+    assert data.get("schema", 1) in (1, 2)  # what earlier releases wrote
+    plan = plans.load(path)
+    written = plans.to_json(plan)
+    assert written["schema"] == plans.SCHEMA == 3
+    assert plans.from_json(json.loads(json.dumps(written))) == plan
+    assert plan.rates.rate_req_s == (data["rates"] if "schema" in data else data)["rate_req_s"]

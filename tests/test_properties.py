@@ -24,7 +24,7 @@ degrees = st.sampled_from([1, 2, 4, 8, 16, 32, 64])
 def test_prefill_time_grows_with_length(g: str, m: str, tp: int, dp: int, s1: int, s2: int, rho: float) -> None:
     lo, hi = sorted((s1, s2))
     for profile in (CORRECTED, ROOFLINE):
-        t = prefill_time_ms(load_gpu(g), load_model(m), np.array([lo, hi]), tp, dp, rho, profile)
+        t = prefill_time_ms(load_gpu(g), load_model(m), np.array([lo, hi]), tp, dp, cache_hit=rho, profile=profile)
         assert np.isfinite(t).all() and (t > 0).all()
         assert t[0] <= t[1] * (1 + 1e-12)  # flat where comm dominates: allow rounding
 
@@ -71,7 +71,7 @@ def test_decode_step_grows_with_context(g: str, m: str, tp: int, ep: int, bs: in
 @given(gpus, models, degrees, st.integers(1, 256), st.integers(0, 64000), st.integers(0, 64000), st.integers(0, 4000))
 def test_max_batch_falls_with_context(g: str, m: str, tp: int, experts: int, c1: int, c2: int, dl: int) -> None:
     lo, hi = sorted((c1, c2))
-    mb = max_batch(load_gpu(g), load_model(m), np.array([lo, hi]), dl + 1, tp, experts, CORRECTED)
+    mb = max_batch(load_gpu(g), load_model(m), np.array([lo, hi]), dl + 1, tp, experts, profile=CORRECTED)
     assert np.isfinite(mb).all() and (mb >= 0).all()
     assert (mb == np.floor(mb)).all()
     assert mb[0] >= mb[1]

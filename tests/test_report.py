@@ -8,8 +8,10 @@ from pathlib import Path
 import pandas as pd
 
 import plan as plans
-from helpers import plan_of, tiny_plan
-from pipeline.records.report import TWO_MODELS, report, verification_rows
+from helpers import REPO, plan_of, tiny_plan
+from pipeline.records.report import TWO_MODELS, report
+from pipeline.search.steps import STEPS
+from pipeline.search.steps.check import verification_rows
 from plan import Hosts, Reference, SearchInfo, Verification
 
 
@@ -63,3 +65,15 @@ def test_the_simulated_check_rows_say_what_held_and_what_to_plan_with() -> None:
     assert broke[-1] == "| simulated window | 3,000 requests: the window is short |"
     none = verification_rows(check(sustained=False, why_not="TTFT 9000 > 2000 ms", sustained_req_s=0.0))
     assert "none of the lower rates simulated held either (down to half the stated rate)" in none[0]
+
+
+def test_the_previous_releases_main_job_plan_reports_the_rows_it_reported() -> None:
+    """tests/data/plan_v2_hetero_a.json and report_v2_hetero_a.md: the main job's plan.json (schema 2) and report.md
+    as the previous release wrote them. Read by this release, the plan reports every row as it did (all but the
+    trials' table, which comes from trials.parquet)."""
+    data = REPO / "tests" / "data"
+    plan = plans.load(data / "plan_v2_hetero_a.json")
+    before = (data / "report_v2_hetero_a.md").read_text().splitlines()
+    trials = before.index("Top layouts (each once: the first trial that scored it, and how many trials did):")
+    now = report(plan, pd.DataFrame(), "\n".join(before[:3]), "routing.png", STEPS).splitlines()
+    assert now == before[: trials - 1]

@@ -353,8 +353,8 @@ def test_a_tokenizer_file_that_is_not_one_is_refused_in_one_line(tmp_path: Path)
 # --- metrics and shutdown --------------------------------------------------------------------------------------------
 
 
-def test_routing_jsons_tokenizer_is_used_where_this_host_has_it_and_estimated_where_not(tokenizer_json: Path,
-                                                                                      tmp_path: Path) -> None:  # fmt: skip
+def test_routing_jsons_tokenizer_is_used_where_this_host_has_it_and_not_otherwise(tokenizer_json: Path,
+                                                                                  tmp_path: Path) -> None:  # fmt: skip
     """What `--tokenizer`'s help says: without it, routing.json's `tokenizer` counts the prompt's tokens where the
     file is on this host; where it is not, the router starts and estimates (its start line says why)."""
     from deployment.router.app import Router, Settings

@@ -168,7 +168,8 @@ def test_a_shallowsim_plan_is_simulated_with_its_cache_hit(tmp_path: Path) -> No
     with_hit = prefill_timing(gpu, plan.model, 8, 1, 4096, cost)
     without = prefill_timing(gpu, plan.model, 8, 1, 4096, CostSettings(cost.profile))
     s = with_hit.lengths
-    expected = prefill_time_ms(gpu, plan.model, s, np.full_like(s, 8), np.ones_like(s), 0.563, cost.profile)
+    expected = prefill_time_ms(gpu, plan.model, s, np.full_like(s, 8), np.ones_like(s), cache_hit=0.563,
+                               profile=cost.profile)  # fmt: skip
     assert np.allclose(with_hit.ms, expected, rtol=1e-12)  # the plan's cache hit, exactly
     assert (with_hit.ms[s > 100] < without.ms[s > 100]).all()
 
@@ -204,7 +205,7 @@ def test_a_plan_the_simulator_does_not_sustain_is_given_the_rate_it_does(tmp_pat
     """The check after a search, on a plan, and on the same plan claiming 1.6 x its rate: there the check
     fails, and the rate the simulator sustains is found below."""
     from pipeline.planning.check import LOW, check
-    from pipeline.records.report import verification_rows
+    from pipeline.search.steps.check import verification_rows
 
     path, _ = plan_of(tmp_path)
     plan = plans.load(path)
@@ -230,7 +231,7 @@ def test_a_window_shorter_than_the_slowest_requests_is_lengthened(
     kept at 800, the check misjudges the plan; lengthened, it agrees with the check on 90 s, and an
     overloaded plan is called overloaded instead of lengthened further."""
     from pipeline.planning import check as checking
-    from pipeline.records.report import verification_rows
+    from pipeline.search.steps.check import verification_rows
     from simulator.metrics import RAMP_DEFICIT_MAX
 
     path, _ = plan_of(tmp_path)

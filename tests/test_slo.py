@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from costmodel.settings import Slo
 from helpers import compose, plan_of
 
 
@@ -24,7 +25,7 @@ def test_slo_null_reproduces_the_throughput_only_optimum_exactly() -> None:
     from pipeline.search.reference import reference
 
     settings, ctx = settings_of("slo=null", "search.shapes=any", "costmodel=corrected", inventory="hetero_a")
-    assert not ctx.planner.cost.slo
+    assert not ctx.planner.cost.slo.any
     for g, n in (("H200", 8), ("H20", 16)):  # no caps: the benchmark's own rates
         raw = ctx.planner.benchmark(g, n)
         capped = ctx.planner.rates(g, n)
@@ -41,7 +42,7 @@ def test_caps_lower_every_rate_and_the_reference_still_bounds_every_layout(tmp_p
 
     settings, ctx = settings_of(f"out_root={tmp_path}", "ranges.width=1000")
     planner = ctx.planner
-    assert planner.cost.slo and planner.cost.ttft_ms == 2000 and planner.cost.tpot_ms == 50
+    assert planner.cost.slo == Slo(2000.0, 50.0)
     assert planner.benchmark("H200", 16).decode.chosen >= 0  # (8 x H200 cannot decode within TPOT)
     u_pre, u_dec = planner.caps("H200", 16)
     assert ((0 <= u_pre) & (u_pre < 1)).all() and ((0 < u_dec) & (u_dec < 1)).all()
@@ -69,12 +70,12 @@ def test_short_answers_make_the_decode_batch_leave_room_for_the_step_boundary_wa
     from costmodel.catalog import load_gpu, load_model
     from costmodel.island_bench import benchmark_island
     from costmodel.queueing import tpot_step_cap_ms
-    from costmodel.settings import CostSettings
+    from costmodel.settings import CostSettings, Slo
     from pipeline.planning.workload import make_ranges, synthetic_normal
 
     wl = synthetic_normal("n", 500, 2000, 0, 8000, 20, 200)
     r = make_ranges(wl, 1000)
-    cost = CostSettings(tpot_ms=50.0)
+    cost = CostSettings(slo=Slo(tpot_ms=50.0))
     short = np.zeros(201)
     short[[4, 6, 200]] = [0.3, 0.3, 0.4]  # many short answers, as in the Azure code trace
     args = (load_gpu("H200"), 16, load_model("deepseek_v3"), r.mid, r.p, 20, 200, cost)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.formulas import decode_parts, priced_precision
+from costmodel.formulas import DecodeRun, decode_parts, priced_precision
 from costmodel.island_bench import IslandBenchmark, PhaseTable
 from costmodel.queueing import mix_moments, mix_quantile, wait_quantile
 from pipeline.planning.planner import Layout, Planner
@@ -51,7 +51,7 @@ def build_plan(
     ev, _ = planner.evaluate(layout, prob, sol)
     islands = describe(planner, layout, prob, sol, hosts)
     fluid = sol.rate_req_s  # without SLOs all three are one rate
-    if planner.cost.slo:
+    if planner.cost.slo.any:
         fluid = planner.solve(layout, "max_rate", time_limit_s, backend=backend, queueing=False, **fixed)[1].rate_req_s
     other = roles_compared(planner, layout, time_limit_s, backend)
     bursty = planner.bursty()
@@ -63,8 +63,8 @@ def build_plan(
         searched_req_s=searched[1].rate_req_s,
         evaluated_req_s=ev.rate_req_s,
         output_tok_s=sol.rate_req_s * planner.workload.mean_decode,
-        disaggregated_req_s=other if planner.cost.aggregated else sol.rate_req_s,
-        with_aggregated_req_s=sol.rate_req_s if planner.cost.aggregated else other,
+        disaggregated_req_s=other if planner.cost.engine.aggregated else sol.rate_req_s,
+        with_aggregated_req_s=sol.rate_req_s if planner.cost.engine.aggregated else other,
         bursty_req_s=None if bursty is None else bursty_req_s,
     )
     return Plan(tuple(islands), rates, planner.model, planner.cost, planner.workload.name, sol.status, inventory,
@@ -127,7 +127,8 @@ def roles_compared(planner: Planner, layout: Layout, time_limit_s: float, backen
     """The layout's rate (`Planner.solve_routed`, as the plan's) with the other choice of roles: prefill and decode
     islands only where the plan allowed aggregated ones, aggregated ones allowed where it did not (report.md
     compares the two)."""
-    cost = dataclasses.replace(planner.cost, aggregated=not planner.cost.aggregated)
+    engine = planner.cost.engine
+    cost = dataclasses.replace(planner.cost, engine=dataclasses.replace(engine, aggregated=not engine.aggregated))
     other = planner.with_cost(cost)
     return max(other.solve_routed(layout, time_limit_s, backend=backend)[1].rate_req_s, 0.0) + 0.0  # (no -0.0)
 
@@ -141,7 +142,7 @@ def overlapped(planner: Planner, gpu: str, cfg: Mapping[str, int], batch: int, f
     w = planner.ranges.p * fraction
     context = float(w @ planner.lengths / w.sum()) + planner.workload.mean_decode / 2 if w.sum() > 0 else 1.0
     parts = decode_parts(planner.gpus[gpu], planner.model, context, batch, cfg["tp"], cfg["ep"],
-                         planner.cost.fp8_combine, planner.profile, draft_tokens=planner.cost.mtp_drafts)  # fmt: skip
+                         profile=planner.profile, run=DecodeRun.of(planner.cost))  # fmt: skip
     return bool(float(parts["Overlap"]) > 0)
 
 
@@ -179,13 +180,13 @@ def _serving_facts(
         out["tpot_ms_expected"] = float(routed[ok] @ times_s / routed[ok].sum() * 1e3)
         return out
     cost = planner.cost
-    q = cost.ttft_percentile / 100
+    q = cost.slo.ttft_percentile / 100
     mean, cs2 = mix_moments(times_s, routed[ok])
     c = int(cfg["dp"])
     rho = min(out["utilisation"], 0.9999)
     wait = wait_quantile(c, rho * c / mean, mean, cs2, q)
     tokens = float(routed[ok] @ planner.lengths[ok] / routed[ok].sum())
-    batch_s = mean / tokens * max(cost.prefill_batch_tokens - tokens, 0.0)
+    batch_s = mean / tokens * max(cost.engine.prefill_batch_tokens - tokens, 0.0)
     out["ttft_ms_expected"] = float((wait + min(rho * wait, batch_s) + mix_quantile(times_s, routed[ok], q)) * 1e3)
     return out
 

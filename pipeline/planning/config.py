@@ -7,7 +7,6 @@ line and exits with 2.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from costmodel.calibration import load_calibration
 from costmodel.catalog import CONF_DIR, build
 from costmodel.profile import CostProfile
-from costmodel.settings import CostSettings, Slo
+from costmodel.settings import MAX_DRAFTS, CostSettings, EngineSettings, Mtp, Slo
 from costmodel.specs import GPU, Model, SpecError
 from pipeline.checks import boolean, fraction, number, optional_positive, positive_int, whole_number
 from pipeline.cli import plain
@@ -87,16 +86,33 @@ def slo_from_cfg(cfg: Any, own: Slo | None = None) -> tuple[Slo, str]:
     return Slo(**values), source
 
 
-def mtp_from_cfg(c: Mapping[str, Any]) -> dict[str, Any]:
-    """`costmodel.mtp` (drafts, acceptance) as CostSettings' fields; absent: no MTP."""
+def mtp_from_cfg(c: Mapping[str, Any]) -> Mtp | None:
+    """`costmodel.mtp` (drafts, acceptance); absent or 0 drafts: no MTP."""
     mtp = c.get("mtp") or {}
     unknown = sorted(set(mtp) - {"drafts", "acceptance"})
     if unknown:
         raise ConfigError(f"costmodel.mtp.{unknown[0]} is not an MTP setting: the settings are drafts and acceptance")
-    out: dict[str, Any] = {"mtp_drafts": whole_number(mtp.get("drafts", 0), "costmodel.mtp.drafts")}
-    if mtp.get("acceptance") is not None:
-        out["mtp_acceptance"] = number(mtp["acceptance"], "costmodel.mtp.acceptance", low=0.01, high=1.0)
-    return out
+    drafts = whole_number(mtp.get("drafts", 0), "costmodel.mtp.drafts")
+    if drafts > MAX_DRAFTS:
+        raise ConfigError(f"`0 <= mtp.drafts <= {MAX_DRAFTS}` must hold (0: no MTP), got costmodel.mtp.drafts={drafts}")
+    acceptance = mtp.get("acceptance")
+    if acceptance is not None:
+        acceptance = number(acceptance, "costmodel.mtp.acceptance", low=0.01, high=1.0)
+    if not drafts:
+        return None
+    return Mtp(drafts) if acceptance is None else Mtp(drafts, acceptance)
+
+
+def engine_from_cfg(cfg: Any) -> EngineSettings:
+    """How the engines run (`costmodel`: prefill_batch_tokens, fp8_combine, aggregated; `search.shapes`)."""
+    c = cfg.costmodel
+    return EngineSettings(
+        prefill_batch_tokens=positive_int(c.prefill_batch_tokens, "costmodel.prefill_batch_tokens"),
+        fp8_combine=boolean(c.fp8_combine, "costmodel.fp8_combine"),
+        aggregated=boolean(c.get("aggregated", False), "costmodel.aggregated"),
+        # search.shapes=any plans the thesis's free sizes and configurations; everything else, what engines run
+        runnable_only=cfg.get("search") is None or str(cfg.search.get("shapes", "nodes")) != "any",
+    )
 
 
 def cost_settings_from_cfg(cfg: Any) -> CostSettings:
@@ -105,15 +121,11 @@ def cost_settings_from_cfg(cfg: Any) -> CostSettings:
     c = cfg.costmodel
     try:
         return CostSettings(
-            profile_from_cfg(c),
-            fraction(c.cache_hit, "costmodel.cache_hit"),
-            boolean(c.fp8_combine, "costmodel.fp8_combine"),
-            **dataclasses.asdict(slo_from_cfg(cfg)[0]),
-            prefill_batch_tokens=positive_int(c.prefill_batch_tokens, "costmodel.prefill_batch_tokens"),
-            # search.shapes=any plans the thesis's free sizes and configurations; everything else, what engines run
-            engine_configs=cfg.get("search") is None or str(cfg.search.get("shapes", "nodes")) != "any",
-            **mtp_from_cfg(c),
-            aggregated=boolean(c.get("aggregated", False), "costmodel.aggregated"),
+            profile=profile_from_cfg(c),
+            cache_hit=fraction(c.cache_hit, "costmodel.cache_hit"),
+            slo=slo_from_cfg(cfg)[0],
+            engine=engine_from_cfg(cfg),
+            mtp=mtp_from_cfg(c),
         )
     except SpecError as err:
         raise ConfigError(f"costmodel: {err}") from None

@@ -98,7 +98,7 @@ class Planner:
     @property
     def lengths(self) -> np.ndarray:
         """The length each range is benchmarked at (`Ranges.benchmark_lengths`)."""
-        return self.ranges.benchmark_lengths(self.cost.slo)
+        return self.ranges.benchmark_lengths(self.cost.slo.any)
 
     def benchmark(
         self,
@@ -161,7 +161,7 @@ class Planner:
         aggregated island's rate within the SLOs is Poisson's, not capped by a queue: `island_bench._aggregated`)."""
         if self.arrivals is not None:
             return self
-        if self.workload.arrival_profile is None or not self.cost.slo or self.cost.aggregated:
+        if self.workload.arrival_profile is None or not self.cost.slo.any or self.cost.engine.aggregated:
             return None
         if self._other is None:
             profile = RateProfile(self.workload.arrival_profile, PROFILE_BIN_S)
@@ -172,7 +172,7 @@ class Planner:
         """(prefill, decode) req/s per range of island (gpu, size): with `queueing`, at the load the SLOs
         allow (the benchmark's rate times its utilisation cap); without, the fluid rate of a busy island."""
         bench = self.benchmark(gpu, size)
-        if not queueing or not self.cost.slo:
+        if not queueing or not self.cost.slo.any:
             return bench.prefill_req_s, bench.decode_req_s
         u_pre, u_dec = self.caps(gpu, size)
         return bench.prefill_req_s * u_pre, bench.decode_req_s * u_dec
@@ -203,7 +203,7 @@ class Planner:
             if self.budget_per_hour is not None:
                 kw.setdefault("budget_per_hour", self.budget_per_hour)
                 kw.setdefault("cost_per_hour", self.cost_per_hour(layout))
-            if self.cost.aggregated:  # already within the SLOs (`island_bench._aggregated`)
+            if self.cost.engine.aggregated:  # already within the SLOs (`island_bench._aggregated`)
                 kw.setdefault("aggregated_req_s", np.array([self.benchmark(g, n).aggregated_req_s
                                                             for g, n in layout.islands]))  # fmt: skip
         return InnerProblem(
@@ -284,7 +284,7 @@ class Planner:
         """
         fixed = {} if roles is None else {"roles": roles}
         prob, sol = first or self.solve(layout, "max_rate", time_limit_s, backend=backend, **fixed)
-        if not self.cost.slo or sol.rate_req_s <= 0:
+        if not self.cost.slo.any or sol.rate_req_s <= 0:
             return prob, sol
         caps = None
         for _ in range(rounds - 1):
@@ -319,7 +319,7 @@ class Planner:
         prob = self.problem(layout, "max_rate", caps=caps, roles=fixed)  # type: ignore[arg-type]
         sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
         prob = prob.resolved(sol.roles)
-        if not self.cost.slo or sol.rate_req_s <= 0:
+        if not self.cost.slo.any or sol.rate_req_s <= 0:
             return prob, sol
         for _ in range(rounds - 1):
             new = self.routed_caps(layout, prob, sol)
@@ -369,7 +369,7 @@ class Planner:
             rows = prob.prefill_req_s[agg][:, range_of]  # type: ignore[union-attr]
             full = [f.copy() for f in full]
             full[0][agg] = full[1][agg] = rows
-        if not self.cost.slo:
+        if not self.cost.slo.any:
             return full[0], full[1]
         caps = []
         for k, rows in enumerate((None, None) if prob is None else (prob.prefill_req_s, prob.decode_req_s)):

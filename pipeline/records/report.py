@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import matplotlib
 import numpy as np
@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from plan import RATES, Island, Plan, RangeShare, Verification, node_spans
+from plan import RATES, Island, Plan, RangeShare, node_spans
 
 # The two rates of one layout, in the words the console and report.md use for them (docs/inner.md).
 TWO_MODELS = (
@@ -81,8 +81,18 @@ def best_so_far(records: Sequence[Mapping[str, Any]]) -> list[float]:
     return out
 
 
-def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = None) -> str:
-    """report.md: the rate to plan with and its check, the islands, the node map, then the diagnostics."""
+class Reported(Protocol):
+    """What report.md asks of a post-search step (pipeline/search/steps): its rows under the rate, its section."""
+
+    def rows(self, plan: Plan) -> list[str]: ...
+
+    def sections(self, plan: Plan) -> list[str]: ...
+
+
+def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = None,
+           steps: Sequence[Reported] = ()) -> str:  # fmt: skip
+    """report.md: the rate to plan with and what the post-search `steps` found of it (their rows), the cost, the
+    islands, the node map and the steps' sections, then the diagnostics."""
     rate, rates = plan.rate_req_s, plan.rates
     lines = [
         header,
@@ -96,11 +106,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         "|---|---|",
         f"| **rate** ({'within ' + plan.slo.text() if plan.slo.any else 'no SLO: the fluid rate'}) | **{rate:.2f} "
         f"req/s** ({rates.output_tok_s:.0f} output tok/s) |",
-        *verification_rows(plan.verification),
-        *_band_rows(plan),
-        *_burst_rows(plan),
-        *_loss_rows(plan),
-        *_replan_rows(plan),
+        *(row for s in steps for row in s.rows(plan)),
         f"| cost | ${plan.cost_per_hour:,.2f}/h: ${plan.usd_per_m_output_tokens:.2f} per million output tokens, "
         f"{plan.rate_per_dollar:.4f} req/s per $/h |",
         f"| islands | {plan.count('prefill')} prefill + {plan.count('decode')} decode"
@@ -138,7 +144,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
     if routing_png:
         lines += ["", f"![which island serves which input lengths]({routing_png})"]
     lines += _node_map(plan.islands)
-    lines += hosts_lost(plan)
+    lines += [line for s in steps for line in s.sections(plan)]
     lines += ["", "Diagnostics:", "", "| | |", "|---|---|", *_search_rows(plan)]
     lines += [
         f"| fluid bound (islands busy 100 %, no SLO) | {rates.fluid_req_s:.2f} req/s |",
@@ -171,10 +177,10 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
 
 def _decoding_text(plan: Plan) -> str:
     c = plan.cost
-    if not c.mtp_drafts:
+    if c.mtp is None:
         return "one token a step (no MTP: costmodel.mtp.drafts=0)"
-    return (f"MTP, {c.mtp_drafts} draft token{'s' if c.mtp_drafts > 1 else ''} a step, each accepted with "
-            f"{c.mtp_acceptance:g}: {1 + c.mtp_accepted:.2f} tokens a step")  # fmt: skip
+    return (f"MTP, {c.mtp.drafts} draft token{'s' if c.mtp.drafts > 1 else ''} a step, each accepted with "
+            f"{c.mtp.acceptance:g}: {1 + c.mtp.accepted:.2f} tokens a step")  # fmt: skip
 
 
 def _search_rows(plan: Plan) -> list[str]:
@@ -201,135 +207,6 @@ def _search_rows(plan: Plan) -> list[str]:
     if ref.points_ahead:
         rows.append(f"| the exact reference's own layout | scores {ref.layout_ahead:.2%} more in the same model: "
                     "`search.sampler=exact` plans it (reference.json) |")  # fmt: skip
-    return rows
-
-
-def _band_rows(plan: Plan) -> list[str]:
-    """The headline's range over the calibration's uncertainty (pipeline/planning/band.py), if it has one."""
-    rows = []
-    if plan.search is not None and plan.search.robust:
-        rows.append("| planned at | every calibration factor's 10th percentile (search.robust) |")
-    band = plan.band
-    if band is None:
-        uncalibrated = plan.cost.profile.calibration is None
-        why = "no calibration (costmodel.calibration)" if uncalibrated else "search.band_draws=0"
-        return [*rows, f"| range | not estimated: {why} |"]
-    return [
-        *rows,
-        f"| range over the calibration (10th / 50th / 90th percentile) | {band.p10_req_s:.1f} / {band.p50_req_s:.1f} / "
-        f"{band.p90_req_s:.1f} req/s ({band.draws} draws of {band.calibration}) |",
-    ]
-
-
-def _loss_rows(plan: Plan) -> list[str]:
-    """The rate with the worst host gone (pipeline/planning/failures.py), if the plan has its host losses."""
-    losses = plan.host_losses
-    if losses is None:
-        return []
-    w = losses.worst
-    share = w.rate_req_s / losses.rate_req_s if losses.rate_req_s > 0 else 0.0
-    rows = [
-        f"| one host lost (worst of {len(losses.losses)}) | {w.rate_req_s:.2f} req/s ({share:.0%}): {w.gpu} node "
-        f"{w.node} stops {_stopped_text(plan, w.islands)}; the router re-spreads the rest (hosts lost, below) |"
-    ]
-    if losses.spare_req_s is not None:
-        k, rate = losses.spare_hosts, losses.spare_req_s
-        share = rate / losses.rate_req_s if losses.rate_req_s > 0 else 0.0
-        rows.append(f"| {k} host{'s' if k > 1 else ''} lost at once (planned for: search.spare_hosts={k}) | "
-                    f"{rate:.2f} req/s ({share:.0%}) at worst: {_nodes_text(list(losses.spare_nodes))} |")  # fmt: skip
-    return rows
-
-
-def _burst_rows(plan: Plan) -> list[str]:
-    """The mean rate the plan sustains under its workload's own arrivals: the queueing model's (every plan of a
-    workload with a trace) and the simulated one (search.arrivals=workload)."""
-    model, b = plan.rates.bursty_req_s, plan.bursts
-    rows = []
-    if model is not None:
-        share = model / plan.rate_req_s if plan.rate_req_s > 0 else 0.0
-        rows.append(f"| under the workload's own arrivals, queueing model (each island's SLO caps under its trace's "
-                    f"bursts, the percentiles over the whole day) | {model:.2f} req/s mean ({share:.1%} of the rate) "
-                    "|")  # fmt: skip
-    if b is None:
-        return rows
-    share = b.rate_req_s / plan.rate_req_s if plan.rate_req_s > 0 else 0.0
-    held = f"none of the rates tried held ({b.why_above})"
-    if b.rate_req_s > 0:
-        held = (f"{b.slo_attainment:.1%} of requests within the SLOs, TTFT p99 {b.ttft_ms_p99:,.0f} ms, TPOT p99 "
-                f"{b.tpot_ms_p99:.1f} ms")  # fmt: skip
-    rows.append(f"| **under the workload's own arrivals** (a {b.day_s:,.0f}-s day of its trace's bursts, simulated) | "
-                f"**{b.rate_req_s:.2f} req/s** mean ({share:.1%} of the rate above; it tolerates peaks of "
-                f"{1 / share if share > 0 else float('inf'):.1f} x that mean): {held}; its 10-s rate is at most "
-                f"{b.peak_to_mean:.2f} x the mean for {b.percentile:g} % of requests (the rate / that: "
-                f"{b.estimate_req_s:.2f}) |")  # fmt: skip
-    return rows
-
-
-def _replan_rows(plan: Plan) -> list[str]:
-    """How a re-plan (search.from_plan) reached this plan, and what it costs against one from scratch."""
-    again = plan.replan
-    if again is None:
-        return []
-    share = f", {again.searched_req_s / again.scratch_req_s:.1%} of" if again.scratch_req_s else ""
-    kept = ", ".join(str(i) for i in again.kept) or "none"
-    return [
-        f"| re-planned from | {again.from_plan}: {len(again.moves)} of at most {again.max_moves} moves, "
-        f"{again.hosts_relaunched} hosts re-launched; islands {kept} run on unchanged |",
-        *(f"| move {k + 1} | {m} |" for k, m in enumerate(again.moves)),
-        f"| against a plan from scratch | {again.searched_req_s:.2f} req/s in the search's model{share} "
-        f"{_fmt(again.scratch_req_s)} req/s (the exact optimum, which may move every island) |",
-    ]
-
-
-def _stopped_text(plan: Plan, islands: tuple[int, ...]) -> str:
-    return ", ".join(f"the {plan.islands[i].size} x {plan.islands[i].gpu} {plan.islands[i].role} island" for i in
-                     islands)  # fmt: skip
-
-
-def hosts_lost(plan: Plan) -> list[str]:
-    """report.md's section on losing one host: each distinct loss (hosts whose loss stops alike islands share a
-    row), worst first."""
-    losses = plan.host_losses
-    if losses is None:
-        return []
-    rows: dict[tuple[float, str], list[tuple[str, int]]] = {}
-    for h in losses.losses:
-        rows.setdefault((h.rate_req_s, _stopped_text(plan, h.islands)), []).append((h.gpu, h.node))
-    lines = ["", "Hosts lost, one at a time: every island with a GPU on the host stops (an engine spanning hosts "
-             "stops whole); the router re-solves its shares over the islands left, each in the role and engine it "
-             "runs (nothing re-launched). Hosts whose loss stops alike islands share a row:", "",
-             "| rate (req/s) | of the plan's | hosts (GPU node) | what stops |", "|---:|---:|---|---|"]  # fmt: skip
-    for (rate, stops), names in sorted(rows.items()):
-        share = rate / losses.rate_req_s if losses.rate_req_s > 0 else 0.0
-        lines.append(f"| {rate:.2f} | {share:.0%} | {_nodes_text(names)} | {stops} |")
-    return lines
-
-
-def _nodes_text(nodes: list[tuple[str, int]]) -> str:
-    """'H20 11-15, H200 0' for hosts (GPU, node): runs of consecutive nodes of a GPU type as a span."""
-    return ", ".join(f"{gpu} {run}" for gpu in dict.fromkeys(g for g, _ in nodes)
-                     for run in node_spans(n for g, n in nodes if g == gpu).split(", "))  # fmt: skip
-
-
-def verification_rows(v: Verification | None) -> list[str]:
-    """The simulated check's rows of report.md."""
-    if v is None:
-        return ["| simulated | not checked (search.verify=false) |"]
-    verdict = "SLOs held" if v.sustained else f"**not sustained**: {v.why_not}"
-    if not v.sustained and v.sustained_req_s:  # the highest rate below the stated one that held
-        verdict += (f"; the simulator sustains **{v.sustained_req_s:.2f} req/s** ({v.sustained_over_stated:.3f} x "
-                    "stated): plan with that")  # fmt: skip
-    elif not v.sustained:
-        verdict += "; none of the lower rates simulated held either (down to half the stated rate)"
-    rows = [
-        f"| simulated at that rate | {v.throughput_req_s:.2f} req/s = {v.simulated_over_stated:.3f} x stated"
-        + (f" (± {v.precision:.1%}: its window's sampling noise)" if v.precision else "")
-        + f"; {verdict} |",
-        f"| simulated latency | TTFT p50 {v.ttft_ms_p50:.0f} ms, p99 {v.ttft_ms_p99:.0f} ms; TPOT p99 "
-        f"{v.tpot_ms_p99:.1f} ms; {v.slo_attainment:.1%} of requests within the SLOs ({v.slo}) |",
-    ]
-    if v.steady_state:  # the verdict rests on a window that may be too short (or an overload)
-        rows.append(f"| simulated window | {v.requests:,} requests: {v.steady_state} |")
     return rows
 
 
@@ -370,10 +247,10 @@ def _roles_rows(plan: Plan) -> list[str]:
     r = plan.rates
     if r.disaggregated_req_s is None or r.with_aggregated_req_s is None:
         return []
-    chosen = "with" if plan.cost.aggregated else "without"
+    chosen = "with" if plan.cost.engine.aggregated else "without"
     return [f"| roles compared (this layout) | prefill and decode islands only: {r.disaggregated_req_s:.2f} req/s; "
             f"aggregated islands allowed: {r.with_aggregated_req_s:.2f} req/s (planned {chosen} them: "
-            f"costmodel.aggregated={str(plan.cost.aggregated).lower()}) |"]  # fmt: skip
+            f"costmodel.aggregated={str(plan.cost.engine.aggregated).lower()}) |"]  # fmt: skip
 
 
 def routing_plot(path: Path, plan: Plan, title: str) -> None:

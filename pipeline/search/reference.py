@@ -136,7 +136,7 @@ def type_options(
                 float(kv_link_gb_s(g, planner.profile)),
                 None if layouts is None else layouts.get(g.name),
                 np.array([planner.benchmark(g.name, int(s)).aggregated_req_s for s in sizes])
-                if planner.cost.aggregated
+                if planner.cost.engine.aggregated
                 else None,
             )
         )

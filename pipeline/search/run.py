@@ -21,14 +21,11 @@ from typing import Any
 
 from pipeline import cli
 from pipeline.errors import ConfigError, RecordsError
-from pipeline.forking import Forked, forkable
-from pipeline.planning.band import rate_band
 from pipeline.planning.build import build_plan
-from pipeline.planning.check import BURST_PROBES, LOW, bursts, check
-from pipeline.planning.failures import host_losses, spare_solve, worst_loss
+from pipeline.planning.check import LOW
+from pipeline.planning.failures import spare_solve
 from pipeline.planning.planner import Layout
 from pipeline.planning.replan import Replanned, hosts_now, replan
-from pipeline.planning.simulation import RequestMix
 from pipeline.records.journal import link_latest, read_json, write_json, write_text
 from pipeline.records.progress import Progress
 from pipeline.records.report import best_so_far, convergence_plot, report, routing_plot, write_trials
@@ -36,11 +33,12 @@ from pipeline.records.tracking import Served, Tracker, open_tracker
 from pipeline.search.reference import ESTIMATE_ABOVE, exact_layout, reference, reference_cost
 from pipeline.search.samplers import require_extras
 from pipeline.search.settings import Settings, context, idle_types, inventory_of, read_settings, recorded
+from pipeline.search.steps import STEPS, StepContext
+from pipeline.search.steps.runner import run_steps, say, step_metrics
 from pipeline.search.trial import Context, TrialFn, run_trial, score_layout
 from pipeline.search.trials import SearchRun
 from pipeline.search.tune.driver import check_ray_address, run_tune, with_ray
-from plan import InventoryInfo, Plan, Reference, Replan, SearchInfo, to_json
-from simulator.arrivals import PROFILE_BIN_S
+from plan import InventoryInfo, Plan, Reference, SearchInfo, to_json
 from solvers.exact import ExactResult
 
 NO_PLAN = 1  # exit code of a search that finished without a usable layout
@@ -249,18 +247,7 @@ def _finish(
         run.reconcile(tracker.child_names())
         run.log_trials()
     t_start = time.perf_counter()
-    complete = True
-    if settings.planner == "exact":
-        assert run.ref is not None
-        best_layout = exact_layout(run.ref)
-    elif settings.planner == "replan":
-        run.replanned = _replanned(settings, ctx)
-        best_layout = run.replanned.layout if run.replanned.pieces else None
-    else:
-        tracker.ready()  # a store MLflow cannot open: said before the trials, not after them
-        complete = with_ray(settings.ray_address, settings.ray_num_cpus, lambda: run_tune(run, trial_fn))
-        run.progress(force=True)
-        best_layout = Layout.of(ctx.space.layout(run.best["params"])) if run.best else None
+    best_layout, complete = _layout(run, settings, ctx, trial_fn, tracker)
     wall_s = time.perf_counter() - t_start
     run.log_trials()
     df = write_trials(run.dir / "trials.parquet", run.records)
@@ -269,25 +256,45 @@ def _finish(
         return _no_plan(run, settings, tracker, complete, wall_s)
     plan = _plan(run, settings, ctx, best_layout, complete, wall_s, notes)
     poisson = dataclasses.replace(ctx, planner=ctx.planner.poisson(), key=f"{ctx.key}:poisson")  # the plan's rates
-    plan = _band_and_check(plan, settings, poisson, best_layout)
-    if settings.arrivals == "workload" and plan.serves:
-        plan = _with_bursts(plan, ctx)
-    write_json(run.dir / "plan.json", to_json(plan))
-    routing_plot(run.dir / "routing.png", plan, f"{settings.inventory.name}, {settings.workload_name}: routing")
-    header = (f"# Search: {run.dir.parent.name}\n\n{settings.inventory.describe()}; workload {settings.workload_name}; "
-              f"model {plan.model.name}, cost profile {plan.profile_name}; {settings.generator} + {settings.sampler}, "
-              f"objective {settings.objective}")  # fmt: skip
-    write_text(run.dir / "report.md", report(plan, df, header, "routing.png" if (run.dir / "routing.png").exists()
-                                             else None))  # fmt: skip
+    sc = StepContext(settings, ctx, poisson, best_layout, run)
+    plan = run_steps(STEPS, plan, sc)
+    _records(run, settings, plan, df)
     _log_parent(run, settings, tracker, plan, complete, wall_s)
     link_latest(settings.run_root.parent, run.dir)  # outputs/search/latest: the newest finished plan
-    _summary(run, plan, ctx.planner.arrivals is not None)
+    _summary(run, plan, sc)
     _unlogged_warning(run)
     if not complete:
         print(f"[search] interrupted after {len(run.records)}/{settings.trials} trials; finished trials are kept. "
               "Continue with the same command plus search.resume=true", file=sys.stderr, flush=True)  # fmt: skip
         return cli.INTERRUPTED
     return 0
+
+
+def _layout(
+    run: SearchRun, settings: Settings, ctx: Context, trial_fn: TrialFn, tracker: Tracker | Served
+) -> tuple[Layout | None, bool]:
+    """(the best layout, whether the search finished): the exact MILP's, a re-plan's, or the trials' best."""
+    if settings.planner == "exact":
+        assert run.ref is not None
+        return exact_layout(run.ref), True
+    if settings.planner == "replan":
+        run.replanned = _replanned(settings, ctx)
+        return (run.replanned.layout if run.replanned.pieces else None), True
+    tracker.ready()  # a store MLflow cannot open: said before the trials, not after them
+    complete = with_ray(settings.ray_address, settings.ray_num_cpus, lambda: run_tune(run, trial_fn))
+    run.progress(force=True)
+    return (Layout.of(ctx.space.layout(run.best["params"])) if run.best else None), complete
+
+
+def _records(run: SearchRun, settings: Settings, plan: Plan, df: Any) -> None:
+    """plan.json, routing.png and report.md (the post-search steps' rows and sections in it)."""
+    write_json(run.dir / "plan.json", to_json(plan))
+    routing_plot(run.dir / "routing.png", plan, f"{settings.inventory.name}, {settings.workload_name}: routing")
+    header = (f"# Search: {run.dir.parent.name}\n\n{settings.inventory.describe()}; workload {settings.workload_name}; "
+              f"model {plan.model.name}, cost profile {plan.profile_name}; {settings.generator} + {settings.sampler}, "
+              f"objective {settings.objective}")  # fmt: skip
+    png = "routing.png" if (run.dir / "routing.png").exists() else None
+    write_text(run.dir / "report.md", report(plan, df, header, png, STEPS))
 
 
 def _convergence(run: SearchRun, settings: Settings) -> None:
@@ -328,7 +335,6 @@ def _plan(
         score = float(score_layout(ctx, layout)["score"])
     if again is not None:
         score = again.searched_req_s
-        plan = _as_running(plan, settings, again, run.ref.rate_req_s if run.ref is not None else None)
     ref = run.ref
     reference_info = None
     if ref is not None:
@@ -357,66 +363,6 @@ def _plan(
     return dataclasses.replace(plan, rates=rates, search=search, reference=reference_info, notes=tuple(notes))
 
 
-def _with_band(plan: Plan, settings: Settings, ctx: Context, layout: Layout) -> Plan:
-    """The plan's rate over the calibration's uncertainty (`search.band_draws` re-plans of its layout)."""
-    cal = settings.calibration
-    if cal is None or not _will_band(settings):
-        return plan
-    t0 = time.perf_counter()
-    print(f"[search] rate band: the best layout under {settings.band_draws} draws of calibration {cal.name} ...",
-          flush=True)  # fmt: skip
-    band = rate_band(ctx.planner, layout, plan.rate_req_s, plan.rates.searched_req_s, cal, settings.band_draws,
-                     ctx.inner_time_limit_s, ctx.backend, settings.seed)  # fmt: skip
-    if band is not None:
-        print(f"[search] rate band: {band.p10_req_s:.1f} - {band.p90_req_s:.1f} req/s (10th-90th percentile; "
-              f"{time.perf_counter() - t0:.1f} s)", flush=True)  # fmt: skip
-    return dataclasses.replace(plan, band=band)
-
-
-def _band_and_check(plan: Plan, settings: Settings, ctx: Context, layout: Layout) -> Plan:
-    """The rate band and the simulated check. They are independent (the band re-plans the layout under drawn
-    factors; the check simulates the plan at its stated rate), so where both run and this process may fork (no
-    thread beside the main one: not after Ray or JAX started theirs) the check runs in a forked process while the
-    band runs here, each on its own core. Their results, and what they print, are those of running them in turn."""
-    if not (_will_check(plan, settings) and _will_band(settings)) or not forkable():
-        return _checked(_with_losses(_with_band(plan, settings, ctx, layout), settings, ctx, layout), settings, ctx)
-    _announce_check(plan)
-    pending = Forked(check, plan, RequestMix.of(ctx.planner.workload))
-    try:
-        plan = _with_losses(_with_band(plan, settings, ctx, layout), settings, ctx, layout)
-    except BaseException:
-        pending.kill()
-        raise
-    return _checked(plan, settings, ctx, pending)
-
-
-def _as_running(plan: Plan, settings: Settings, again: Replanned, scratch: float | None) -> Plan:
-    """The re-plan's plan with each kept island as its engines run: the old plan's batch and micro-batching. A kept
-    island whose configuration for the new workload differs from the one running (TP, DP, EP) is re-launched:
-    it is a move too, past search.max_moves if need be, and the console and report say so."""
-    old = {(isl.gpu, isl.hosts.nodes, isl.role): isl for isl in settings.from_plan.islands
-           if isl.serving and isl.hosts is not None}  # fmt: skip
-    islands, kept, moves = list(plan.islands), [], list(again.moves)
-    relaunched = again.hosts_relaunched
-    for i in again.kept:
-        now = islands[i]
-        was = old.get((now.gpu, now.hosts.nodes if now.hosts else (), now.role))
-        if was is not None and (was.tp, was.dp, was.ep) == (now.tp, now.dp, now.ep):
-            islands[i] = dataclasses.replace(now, batch=was.batch, overlap=was.overlap, chunk_tokens=was.chunk_tokens)
-            kept.append(i)
-            continue
-        before = f"TP {was.tp} x DP {was.dp}" if was is not None else "another configuration"
-        moves.append(f"re-launch {now.size} x {now.gpu} {now.role} as TP {now.tp} x DP {now.dp} (ran {before}: "
-                     "its configuration for this workload)")  # fmt: skip
-        relaunched += len(now.hosts.nodes) if now.hosts else 0
-    if len(moves) > len(again.moves):
-        print(f"[search] warning: {len(moves) - len(again.moves)} kept island(s) run another configuration for this "
-              f"workload and are re-launched too: {len(moves)} moves", file=sys.stderr, flush=True)  # fmt: skip
-    record = Replan(settings.from_plan_path, tuple(moves), tuple(kept), relaunched, settings.max_moves,
-                    again.searched_req_s, scratch)  # fmt: skip
-    return dataclasses.replace(plan, islands=tuple(islands), replan=record)
-
-
 def _replanned(settings: Settings, ctx: Context) -> Replanned:
     """The best plan within search.max_moves changed islands of the running plan (`pipeline.planning.replan`)."""
     inv = settings.inventory
@@ -434,111 +380,10 @@ def _replanned(settings: Settings, ctx: Context) -> Replanned:
     return found
 
 
-def _with_bursts(plan: Plan, ctx: Context) -> Plan:
-    """search.arrivals=workload: the mean rate the plan sustains under its workload's own arrivals, a day each
-    simulation (`pipeline.planning.check.bursts`), from the queueing model's rate under them. Ctrl-C here keeps
-    the plan without it."""
-    mix = RequestMix.of(ctx.planner.workload)
-    assert mix.profile is not None
-    day = len(mix.profile) * PROFILE_BIN_S
-    print(f"[search] under the workload's own arrivals: {BURST_PROBES} simulations of its {day:,.0f}-s day ...",
-          flush=True)  # fmt: skip
-    try:
-        b = bursts(plan, mix)
-    except KeyboardInterrupt:
-        print("[search] the simulations under the workload's arrivals were interrupted: plan.json is written "
-              "without them", file=sys.stderr, flush=True)  # fmt: skip
-        return plan
-    print(f"[search] under the workload's own arrivals (its 10-s rate at most {b.peak_to_mean:.2f} x the mean for "
-          f"{b.percentile:g} % of requests): the plan sustains {b.rate_req_s:.1f} req/s within its SLOs over the "
-          f"day, {b.rate_req_s / plan.rate_req_s:.1%} of its rate under Poisson arrivals ({b.sim_wall_s:.0f} s)",
-          flush=True)  # fmt: skip
-    return dataclasses.replace(plan, bursts=b)
-
-
-def _with_losses(plan: Plan, settings: Settings, ctx: Context, layout: Layout) -> Plan:
-    """The plan's rate with each of its hosts gone in turn (`pipeline.planning.failures`), and a line on the worst;
-    with search.spare_hosts=K, also its worst K hosts lost at once."""
-    losses = host_losses(ctx.planner, layout, plan, ctx.inner_time_limit_s, ctx.backend)
-    if losses is None:
-        return plan
-    if settings.spare_hosts:
-        rate, nodes = worst_loss(ctx.planner, layout, plan, settings.spare_hosts, ctx.inner_time_limit_s, ctx.backend)
-        losses = dataclasses.replace(losses, spare_hosts=settings.spare_hosts, spare_nodes=nodes, spare_req_s=rate)
-        print(f"[search] {settings.spare_hosts} hosts lost at once (search.spare_hosts): at worst "
-              f"{', '.join(f'{g} node {n}' for g, n in nodes)}: {rate:.1f} req/s", flush=True)  # fmt: skip
-    w = losses.worst
-    share = w.rate_req_s / plan.rate_req_s if plan.rate_req_s > 0 else 0.0
-    stops = ", ".join(f"{plan.islands[i].gpu} x{plan.islands[i].size} {plan.islands[i].role}" for i in w.islands)
-    print(f"[search] one host lost: at worst {w.gpu} node {w.node} (stops {stops}): {w.rate_req_s:.1f} req/s, "
-          f"{share:.0%} of the plan's rate ({len(losses.losses)} hosts; report.md: hosts lost)",
-          flush=True)  # fmt: skip
-    return dataclasses.replace(plan, host_losses=losses)
-
-
-def _will_check(plan: Plan, settings: Settings) -> bool:
-    return bool(settings.verify) and plan.serves
-
-
-def _will_band(settings: Settings) -> bool:
-    cal = settings.calibration
-    return cal is not None and cal.uncertain and bool(settings.band_draws)
-
-
-def _announce_check(plan: Plan) -> None:
-    print(f"[search] simulating the plan at its stated {plan.rate_req_s:.1f} req/s, judged by its {plan.slo.text()} "
-          "...", flush=True)  # fmt: skip
-
-
-def _checked(plan: Plan, settings: Settings, ctx: Context, pending: Forked | None = None) -> Plan:
-    """The plan simulated at its stated rate (`pipeline.planning.check`; `pending`: already running in a forked
-    process); the console gets a line, and where the SLOs break, the rate the simulator sustains (a warning when
-    more than 5 % below the stated rate, or the throughput more than 5 % off). Ctrl-C here keeps the plan,
-    unchecked."""
-    if not settings.verify:
-        return plan
-    if not plan.serves:
-        print("[search] warning: the best layout serves no requests (no island can run the model in one role): "
-              "nothing to simulate; see report.md's islands", file=sys.stderr, flush=True)  # fmt: skip
-        return plan
-    try:
-        if pending is None:
-            _announce_check(plan)
-            v = check(plan, RequestMix.of(ctx.planner.workload))
-        else:
-            v = pending.result()
-    except KeyboardInterrupt:
-        print("[search] the simulated check was interrupted: plan.json is written without it", file=sys.stderr,
-              flush=True)  # fmt: skip
-        return plan
-    print(
-        f"[search] simulated: {v.throughput_req_s:.1f} req/s = {v.simulated_over_stated:.3f} x stated (± "
-        f"{v.precision:.1%}); TTFT p50 "
-        f"{v.ttft_ms_p50:.0f} / p99 {v.ttft_ms_p99:.0f} ms, TPOT p99 {v.tpot_ms_p99:.1f} ms, "
-        f"{v.slo_attainment:.1%} within the SLOs ({v.requests:,} requests, {v.sim_wall_s:.1f} s)",
-        flush=True,
-    )
-    if v.steady_state:
-        print(f"[search] warning: in the simulated check {v.steady_state}", file=sys.stderr, flush=True)
-    off = abs(v.simulated_over_stated - 1.0) > max(0.05, 2 * v.precision)  # more than chance gives this window
-    if v.sustained and not off:
-        return dataclasses.replace(plan, verification=v)
-    if v.sustained_req_s > 0:
-        below = f"it sustains {v.sustained_req_s:.1f} req/s ({v.sustained_over_stated:.3f} x stated)"
-    else:
-        below = f"none of the rates tried down to {LOW:g} x stated held either"
-    if not v.sustained and v.holds_at_0_95 and not off:  # within 5 %: a finite simulation at the edge
-        print(f"[search] at the stated rate the simulator finds {v.why_not}; {below}", flush=True)
-    else:
-        why = f"{v.why_not}; {below}" if v.why_not else f"simulated / stated = {v.simulated_over_stated:.3f}"
-        print(f"[search] warning: the simulator does not confirm the stated rate ({why})", file=sys.stderr, flush=True)
-    return dataclasses.replace(plan, verification=v)
-
-
 def _log_parent(
     run: SearchRun, settings: Settings, tracker: Tracker | Served, plan: Plan, complete: bool, wall_s: float
 ) -> None:
-    ref, v = plan.reference, plan.verification
+    ref = plan.reference
     metrics = {
         "best_rate_req_s": plan.rate_req_s,
         "best_rate_per_dollar": plan.rate_per_dollar,
@@ -552,22 +397,9 @@ def _log_parent(
         "fluid_req_s": plan.rates.fluid_req_s,
         "searched_req_s": plan.rates.searched_req_s,
     }
-    if plan.band is not None:
-        metrics.update(band_p10_req_s=plan.band.p10_req_s, band_p50_req_s=plan.band.p50_req_s,
-                       band_p90_req_s=plan.band.p90_req_s)  # fmt: skip
-    if plan.bursts is not None:
-        metrics.update(bursty_rate_req_s=plan.bursts.rate_req_s, burst_peak_to_mean=plan.bursts.peak_to_mean)
-    if plan.rates.bursty_req_s is not None:
-        metrics["bursty_model_req_s"] = plan.rates.bursty_req_s
-    if plan.host_losses is not None:
-        metrics["one_host_lost_req_s"] = plan.host_losses.worst.rate_req_s
-        if plan.host_losses.spare_req_s is not None:
-            metrics["spare_hosts_lost_req_s"] = plan.host_losses.spare_req_s
     if plan.rates.simulated_req_s is not None:
         metrics["goodput_req_s"] = plan.rates.simulated_req_s
-    if v is not None:  # `sustained` logs as 1 or 0
-        metrics.update({f"simulated_{k}": float(x) for k, x in dataclasses.asdict(v).items()
-                        if isinstance(x, (int, float)) and x is not None})  # fmt: skip
+    metrics.update(step_metrics(STEPS, plan))  # the post-search steps': the check's, the band's, ...
     tracker.finish_parent(metrics, [run.dir / f for f in FILES], status="FINISHED" if complete else "KILLED",
                           series={"best_so_far": best_so_far(run.records)})  # fmt: skip
     gap = ref.gap_text() if ref is not None else ""
@@ -580,9 +412,9 @@ def _log_parent(
     )
 
 
-def _summary(run: SearchRun, plan: Plan, bursty: bool) -> None:
-    """The plan in two console lines: its rate, and how it relates to the search's model and the reference
-    (`bursty`: the search scored layouts under the workload's own arrivals)."""
+def _summary(run: SearchRun, plan: Plan, sc: StepContext) -> None:
+    """The plan in its closing console lines: its rate, what the post-search steps add, and how it relates to the
+    search's model and the reference (a step that changed what the trials scored says so in its own words)."""
     v, sim = plan.verification, ""
     if v is not None and not v.sustained:  # the SLOs broke at the plan's rate
         sim = f" (the simulator sustains {v.sustained_req_s:.2f})" if v.sustained_req_s else \
@@ -590,37 +422,21 @@ def _summary(run: SearchRun, plan: Plan, bursty: bool) -> None:
     print(f"[search] plan: {plan.rate_req_s:.2f} req/s" + (f" within {plan.slo.text()}" if plan.slo.any else "")
           + sim + f" (${plan.cost_per_hour:,.0f}/h); wrote {run.dir}/ (plan.json, report.md, routing.png, "
           "convergence.png, trials.parquet)", flush=True)  # fmt: skip
-    model = plan.rates.bursty_req_s
-    if model is not None and plan.bursts is None:
-        print(f"[search] under the workload's own arrivals (its trace's bursts) the queueing model gives {model:.2f} "
-              f"req/s ({model / plan.rate_req_s:.1%} of the rate) within the SLOs over a day; search.arrivals=workload "
-              "plans for them and simulates it", flush=True)  # fmt: skip
+    for line in (line for s in STEPS for line in s.summary(plan, sc)):
+        say(line)
     ref = plan.reference
     gap = f", {ref.gap_text()} to the exact optimum there" if ref is not None and ref.gap is not None else ""
-    losses = plan.host_losses
-    again = plan.replan
-    if again is not None and again.scratch_req_s:
-        share = again.searched_req_s / again.scratch_req_s
-        print(f"[search] re-planned with {len(again.moves)} moves, {again.hosts_relaunched} hosts re-launched: "
-              f"{again.searched_req_s:.2f} req/s in the search's model, {share:.1%} of the best plan from scratch "
-              f"({again.scratch_req_s:.2f}, which moves any island); launch files for the changed islands only "
-              "(pipeline.deploy)", flush=True)  # fmt: skip
-    elif bursty and plan.rates.bursty_req_s is not None:
-        print(f"[search] planned for the workload's own arrivals: the trials scored each layout by its rate under them "
-              f"in the queueing model, {plan.rates.bursty_req_s:.2f} req/s for this one{gap}", flush=True)  # fmt: skip
-    elif losses is not None and losses.spare_req_s is not None:
-        k = losses.spare_hosts
-        print(f"[search] planned for {k} host{'s' if k > 1 else ''} lost: the trials scored each layout by its rate "
-              f"with its worst {k} lost{gap} with every host up", flush=True)  # fmt: skip
+    scored = next((line for s in sorted(STEPS, key=lambda s: s.stage) if (line := s.scored(plan, sc))), None)
+    if scored:
+        say(scored)
     elif plan.rates.refined:
-        print(f"[search] the search's model scores this layout {plan.rates.searched_req_s:.2f} req/s{gap}; the plan's "
-              "rate re-sets each island's load cap for the mix its routing gives it (report.md: two rates of one "
-              "layout)", flush=True)  # fmt: skip
+        say(f"the search's model scores this layout {plan.rates.searched_req_s:.2f} req/s{gap}; the plan's rate "
+            "re-sets each island's load cap for the mix its routing gives it (report.md: two rates of one layout)")
     elif gap:
-        print(f"[search] {gap.removeprefix(', ')}", flush=True)
+        say(gap.removeprefix(", "))
     if ref is not None and ref.points_ahead:
-        print(f"[search] the exact reference's own layout scores {ref.layout_ahead:.2%} more than the plan's in the "
-              "same model: search.sampler=exact plans it (its islands are in reference.json)", flush=True)  # fmt: skip
+        say(f"the exact reference's own layout scores {ref.layout_ahead:.2%} more than the plan's in the same model: "
+            "search.sampler=exact plans it (its islands are in reference.json)")
 
 
 def _no_plan(run: SearchRun, settings: Settings, tracker: Tracker | Served, complete: bool, wall_s: float) -> int:

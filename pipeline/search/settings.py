@@ -56,6 +56,7 @@ class Settings:
     reference_time_limit_s: float
     resume: bool
     verify: bool  # simulate the best plan at its stated rate
+    host_losses: bool  # state the plan's rate with each of its hosts lost
     band_draws: int  # calibration draws the best layout is re-planned under for its rate band (0: none)
     robust: bool  # plan at every calibration factor's 10th percentile
     spare_hosts: int  # score each layout by its lowest rate with any this many hosts lost (0: every host up)
@@ -185,7 +186,7 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
                               "this cost model has none: add costmodel.calibration=published (or a file of "
                               "yours from python -m costmodel.calibrate)")  # fmt: skip
         planner = redrawn(planner, calibration.shifted(-Z10))
-    if goodput is not None and not planner.cost.slo:
+    if goodput is not None and not planner.cost.slo.any:
         raise ConfigError("search.objective=goodput counts requests served within the SLOs: set the slo block "
                           "(slo=null plans for throughput only; use objective=max_rate there)")  # fmt: skip
     arrivals = str(s.get("arrivals", "poisson"))
@@ -196,10 +197,10 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         raise ConfigError(f"search.arrivals=workload needs a workload with a trace's arrival model; workload "
                           f"{workload_name} has none (a synthetic one): use search.arrivals=poisson")  # fmt: skip
     if arrivals == "workload":  # the search plans for the workload's bursts: every island's SLO caps under them
-        if planner.cost.aggregated or goodput is not None:
+        if planner.cost.engine.aggregated or goodput is not None:
             raise ConfigError("search.arrivals=workload plans disaggregated islands by the queueing model under the "
                               "workload's bursts; " + ("an aggregated island's SLO model is Poisson's: set "
-                              "costmodel.aggregated=false" if planner.cost.aggregated else "objective=goodput "
+                              "costmodel.aggregated=false" if planner.cost.engine.aggregated else "objective=goodput "
                               "simulates Poisson arrivals: use objective=max_rate or rate_per_dollar"))  # fmt: skip
         planner = planner.bursty() or planner
     from_plan, lost_hosts = None, ()
@@ -211,8 +212,9 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
                           "one for lost hosts: drop one of the two")  # fmt: skip
     if spare_hosts:
         check_spare_hosts(spare_hosts, sampler, objective, inventory)
-        extra = [k for k, on in (("costmodel.aggregated=true", planner.cost.aggregated), ("search.budget_per_hour",
-                 budget is not None), ("search.kv_transfer=true", kv_transfer)) if on]  # fmt: skip
+        extra = [k for k, on in (("costmodel.aggregated=true", planner.cost.engine.aggregated),
+                                 ("search.budget_per_hour", budget is not None),
+                                 ("search.kv_transfer=true", kv_transfer)) if on]  # fmt: skip
         if extra:
             raise ConfigError(f"search.spare_hosts={spare_hosts} plans prefill and decode roles for every island, "
                               f"without {extra[0]}: drop one of the two")  # fmt: skip
@@ -256,6 +258,7 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         reference_time_limit_s=number(s.reference_time_limit_s, "search.reference_time_limit_s", low=0.001),
         resume=boolean(s.resume, "search.resume"),
         verify=boolean(s.verify, "search.verify"),
+        host_losses=boolean(s.get("host_losses", True), "search.host_losses"),
         band_draws=whole_number(s.get("band_draws", 0), "search.band_draws"),
         robust=robust,
         spare_hosts=spare_hosts,
@@ -389,7 +392,7 @@ def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
     out["search"] = {
         k: v
         for k, v in config["search"].items()
-        if k not in ("resume", "inner_backend", "min_island_by_type", "verify")
+        if k not in ("resume", "inner_backend", "min_island_by_type", "verify", "host_losses")
         and not (k == "goodput" and config["search"].get("objective") != "goodput")
     }
     return out
@@ -448,7 +451,7 @@ def check_a_plan_exists(planner: Planner, inventory: Inventory, space: Space) ->
     layout has either is a config error naming why (memory, or an SLO no configuration meets), not a search that
     ends at 0 req/s."""
     full = {g.name: planner.benchmark(g.name, n) for g, n in inventory}
-    if planner.cost.aggregated and any(
+    if planner.cost.engine.aggregated and any(
         (b := planner.benchmark(g.name, s)).aggregated is not None and b.aggregated.chosen >= 0
         for g in inventory.gpus
         for s in space.sizes(g.name)
@@ -471,9 +474,9 @@ def check_a_plan_exists(planner: Planner, inventory: Inventory, space: Space) ->
     raise ConfigError(
         f"inventory {inventory.describe()}: no layout of it serves {planner.model.name}: a plan needs a prefill "
         f"island and a decode island at once"
-        + (" (or an aggregated island)" if planner.cost.aggregated else "")
+        + (" (or an aggregated island)" if planner.cost.engine.aggregated else "")
         + (f", and {why}" if why else ", and no type has room for both")
         + ": add GPUs, relax the SLOs (slo.ttft_ms, slo.tpot_ms)"
-        + ("" if planner.cost.aggregated else ", let islands aggregate (costmodel.aggregated=true)")
+        + ("" if planner.cost.engine.aggregated else ", let islands aggregate (costmodel.aggregated=true)")
         + " or choose a smaller model"
     )

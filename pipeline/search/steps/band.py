@@ -1,0 +1,58 @@
+"""The rate band: the plan's layout re-planned under draws of the calibration's factors, its rate's 10th, 50th and
+90th percentile (`pipeline.planning.band.rate_band`). The plan's `band`; off with search.band_draws=0, and without
+an uncertain calibration."""
+
+from __future__ import annotations
+
+from pipeline.planning.band import rate_band
+from pipeline.search.steps.base import PlanStep, StepContext
+from plan import Band, Plan
+
+
+class RateBand(PlanStep):
+    name = "band"
+    field = "band"
+    what = "the rate band"
+    off = "search.band_draws=0"
+    on = ("costmodel=calibrated", "search.band_draws=4")
+
+    def wanted(self, plan: Plan, sc: StepContext) -> bool:
+        cal = sc.settings.calibration
+        return cal is not None and cal.uncertain and bool(sc.settings.band_draws)
+
+    def announce(self, plan: Plan, sc: StepContext) -> str | None:
+        return (f"rate band: the best layout under {sc.settings.band_draws} draws of calibration "
+                f"{sc.settings.calibration.name} ...")  # fmt: skip
+
+    def compute(self, plan: Plan, sc: StepContext) -> Band | None:
+        s, ctx = sc.settings, sc.rates
+        return rate_band(ctx.planner, sc.layout, plan.rate_req_s, plan.rates.searched_req_s, s.calibration,
+                         s.band_draws, ctx.inner_time_limit_s, ctx.backend, s.seed)  # fmt: skip
+
+    def lines(self, plan: Plan, sc: StepContext, seconds: float) -> list[str]:
+        b = plan.band
+        if b is None:
+            return []
+        return [f"rate band: {b.p10_req_s:.1f} - {b.p90_req_s:.1f} req/s (10th-90th percentile; {seconds:.1f} s)"]
+
+    def metrics(self, plan: Plan) -> dict[str, float]:
+        b = plan.band
+        if b is None:
+            return {}
+        return {"band_p10_req_s": b.p10_req_s, "band_p50_req_s": b.p50_req_s, "band_p90_req_s": b.p90_req_s}
+
+    def rows(self, plan: Plan) -> list[str]:
+        """The headline's range over the calibration's uncertainty, or why it has none."""
+        rows = []
+        if plan.search is not None and plan.search.robust:
+            rows.append("| planned at | every calibration factor's 10th percentile (search.robust) |")
+        band = plan.band
+        if band is None:
+            uncalibrated = plan.cost.profile.calibration is None
+            why = "no calibration (costmodel.calibration)" if uncalibrated else "search.band_draws=0"
+            return [*rows, f"| range | not estimated: {why} |"]
+        return [
+            *rows,
+            f"| range over the calibration (10th / 50th / 90th percentile) | {band.p10_req_s:.1f} / "
+            f"{band.p50_req_s:.1f} / {band.p90_req_s:.1f} req/s ({band.draws} draws of {band.calibration}) |",
+        ]
