@@ -5,6 +5,7 @@ simulator (`simulator.build`), the report and the launch files (`deployment`) re
 reads plan.json by key.
 """
 
+from plan.engines import Engine, Placement, engines_of, island_engines
 from plan.record import (
     MAX_DECODE_BATCH,
     RATES,
@@ -41,11 +42,13 @@ __all__ = [
     "SCHEMA",
     "Band",
     "Bursts",
+    "Engine",
     "HostLoss",
     "HostLosses",
     "Hosts",
     "InventoryInfo",
     "Island",
+    "Placement",
     "Plan",
     "PlanError",
     "Precision",
@@ -57,7 +60,9 @@ __all__ = [
     "SearchInfo",
     "Verification",
     "Window",
+    "engines_of",
     "from_json",
+    "island_engines",
     "load",
     "node_spans",
     "to_json",

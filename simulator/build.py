@@ -4,11 +4,12 @@ the cost model the plan was made with (its model and cost settings)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from costmodel.specs import GPU
-from plan import Island, Plan
+from plan import Island, Plan, island_engines
 from simulator.core import DecodeEngine, PrefillEngine, Router
 from simulator.routers import RouterInputs, make_router
 from simulator.timing import decode_timing, prefill_timing
@@ -41,37 +42,47 @@ def build(
     expert_imbalance: float = 1.0,
 ) -> tuple[list[PrefillEngine], list[DecodeEngine], Router]:
     """Engines for every prefill and decode island of `plan` (dp each) and the router named `router`. Aggregated
-    islands run apart (`simulator.mixed`): the router routes what the plan leaves to the others.
+    islands run apart (`simulator.mixed`): the router routes what the plan leaves to the others. Each island's
+    engines run what the plan's engine records say (`plan.island_engines`): a prefill engine is one attention rank of
+    its island's engine, batching its prompt tokens per rank; a decode engine admits its running sequences and
+    verifies its MTP drafts.
 
-    `token_budget`: prompt tokens a prefill engine batches (None: the plan's `prefill_batch_tokens`);
-    `stats` (mean_input, mean_output, std_output of the workload) parameterise `sal` and `mapper`;
-    `expert_imbalance` (an expert placement's busiest-over-mean GPU load) slows every decode step.
+    `token_budget`: prompt tokens a prefill engine batches (None: its engine record's, the plan's
+    `prefill_batch_tokens`); `stats` (mean_input, mean_output, std_output of the workload) parameterise `sal` and
+    `mapper`; `expert_imbalance` (an expert placement's busiest-over-mean GPU load) slows every decode step.
     """
     model, cost = plan.model, plan.cost
-    token_budget = cost.engine.prefill_batch_tokens if token_budget is None else token_budget
-    islands = [isl for isl in plan.serving if isl.role != "aggregated"]
+    islands = [(j, isl) for j, isl in enumerate(plan.islands) if isl.serving and isl.role != "aggregated"]
     prefill: list[PrefillEngine] = []
     decode: list[DecodeEngine] = []
     engines_of: dict[str, list[list[int]]] = {"prefill": [], "decode": []}
     phase_islands: dict[str, list[Island]] = {"prefill": [], "decode": []}
-    for k, isl in enumerate(islands):
+    budgets = []  # the prefill engines' token budgets, for the routers that size batches
+    for k, (j, isl) in enumerate(islands):
         if isl.gpu not in gpus:
             raise ValueError(f"plan island {k} uses GPU {isl.gpu!r}, not among {sorted(gpus)}")
-        gpu = gpus[isl.gpu]
+        gpu, mine = gpus[isl.gpu], island_engines(plan, j)
         phase_islands[isl.role].append(isl)
         if isl.role == "prefill":
-            t = prefill_timing(gpu, model, isl.tp, isl.dp, max_len, cost)
-            ids = list(range(len(prefill), len(prefill) + isl.dp))
-            prefill += [PrefillEngine(i, k, t, token_budget) for i in ids]
+            (e,) = mine  # one engine over the island: its attention ranks prefill apart
+            budget = e.prefill_tokens if token_budget is None else token_budget
+            budgets.append(budget)
+            t = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost)
+            ids = list(range(len(prefill), len(prefill) + e.attn_dp))
+            prefill += [PrefillEngine(i, k, t, budget) for i in ids]
         else:
-            t = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, cost,
-                              expert_imbalance=expert_imbalance)  # fmt: skip
+            e = mine[0]  # the island's engines are alike
+            t = decode_timing(gpu, model, e.attn_tp, e.gpus, isl.batch, max_context, cost,
+                              expert_imbalance=expert_imbalance, draft_tokens=e.drafts)  # fmt: skip
             if t.kv_tokens < 1:
                 raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
-            rebuild = prefill_timing(gpu, model, isl.tp, isl.ep // isl.tp, max_context, cost)
-            ids = list(range(len(decode), len(decode) + isl.dp))
+            t = replace(t, max_seqs=e.max_running)
+            rebuild = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_context, cost)
+            ids = list(range(len(decode), len(decode) + len(mine)))
             decode += [DecodeEngine(i, k, t, rebuild) for i in ids]
         engines_of[isl.role].append(ids)
+    if token_budget is None:  # the routers that size batches: the prefill engines' (the plan's, where none prefill)
+        token_budget = budgets[0] if budgets else cost.engine.prefill_batch_tokens
     ends = range_ends(plan)
     shares = {phase: range_shares(isls, ends) for phase, isls in phase_islands.items()}
     # the share of each range aggregated islands take

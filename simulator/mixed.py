@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from costmodel.specs import GPU
-from plan import Plan
+from plan import Plan, island_engines
 from simulator.aggregated import AggregatedEngine, AggregatedSimulation
 from simulator.build import range_ends, range_shares
 from simulator.core import DecodeEngine, PrefillEngine, Simulation
@@ -47,18 +47,20 @@ def split(plan: Plan, input_len: np.ndarray, seed: int = 0) -> np.ndarray:
 
 def aggregated_engines(plan: Plan, k: int, gpu: GPU, max_len: int, max_context: int,
                        expert_imbalance: float = 1.0) -> list[AggregatedEngine]:  # fmt: skip
-    """The `dp` engines of aggregated island `plan.serving[k]`: decode steps as a decode island's, each attention
-    rank prefilling its own prompts (`island_bench._aggregated`: a piece's time is shared by the ranks), chunks of
-    the island's `chunk_tokens` per rank a step."""
-    isl, model, cost = plan.serving[k], plan.model, plan.cost
-    dec = decode_timing(gpu, model, isl.tp, isl.ep, isl.batch, max_context, cost, expert_imbalance=expert_imbalance)
+    """The `dp` engines of aggregated island `plan.serving[k]`, as its engine records say (`plan.island_engines`):
+    decode steps as a decode island's, each attention rank prefilling its own prompts (`island_bench._aggregated`: a
+    piece's time is shared by the ranks), chunks of the record's `chunk` per rank a step."""
+    j = [i for i, isl in enumerate(plan.islands) if isl.serving][k]
+    isl, model, cost, mine = plan.islands[j], plan.model, plan.cost, island_engines(plan, j)
+    e = mine[0]  # the island's engines are alike
+    dec = decode_timing(gpu, model, e.attn_tp, e.gpus, isl.batch, max_context, cost, expert_imbalance=expert_imbalance,
+                        draft_tokens=e.drafts)  # fmt: skip
     if dec.kv_tokens < 1:
         raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
-    ranks = isl.ep // isl.tp
-    pre = prefill_timing(gpu, model, isl.tp, ranks, max_len, cost)
-    pre = replace(pre, ms=pre.ms / ranks, handoff_ms=0.0)
-    chunk = isl.chunk_tokens or cost.engine.prefill_batch_tokens
-    return [AggregatedEngine(i, dec, pre, chunk * ranks) for i in range(isl.dp)]
+    dec = replace(dec, max_seqs=e.max_running)
+    pre = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost)
+    pre = replace(pre, ms=pre.ms / e.attn_dp, handoff_ms=0.0)
+    return [AggregatedEngine(i, dec, pre, e.chunk * e.attn_dp) for i in range(len(mine))]
 
 
 def run(
