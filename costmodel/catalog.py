@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -44,6 +45,12 @@ def build(cls: type[T], data: Mapping[str, Any], source: str) -> T:
     values: dict[str, Any] = {}
     for name, value in data.items():
         kind = flds[name].type
+        record = _record_type(cls, name)
+        if record is not None and value is not None:  # a block of its own (a GPU's `device`)
+            if not isinstance(value, Mapping):
+                raise CatalogError(f"{source}: field `{name}` must be a block of fields, got {value!r}")
+            values[name] = build(record, value, f"{source}: {name}")
+            continue
         if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
@@ -58,6 +65,13 @@ def build(cls: type[T], data: Mapping[str, Any], source: str) -> T:
         return cls(**values)
     except SpecError as err:
         raise CatalogError(f"{source}: {err}") from None
+
+
+def _record_type(cls: type, name: str) -> type | None:
+    """The record class field `name` of `cls` holds (`Device` for `device: Device | None`), or None."""
+    hint = typing.get_type_hints(cls)[name]
+    kinds = typing.get_args(hint) or (hint,)
+    return next((k for k in kinds if isinstance(k, type) and dataclasses.is_dataclass(k)), None)
 
 
 def _entries(group: str) -> dict[str, Path]:

@@ -28,6 +28,31 @@ def _require(cond: bool, msg: str) -> None:
 
 
 @dataclass(frozen=True)
+class Device:
+    """What a GPU of the type reports about itself, as the engines' own settings checks need it (their device probes,
+    `deployment.engines`): its name as torch and NVML give it, its memory as nvidia-smi reports it, its SMs and its
+    compute capability."""
+
+    name: str  # torch.cuda.get_device_name, NVML's nvmlDeviceGetName
+    memory_mib: int  # nvidia-smi --query-gpu=memory.total (MiB): torch's total_memory and NVML's, >> 20
+    sms: int  # streaming multiprocessors (torch.cuda.get_device_properties().multi_processor_count)
+    capability: tuple[int, int]  # compute capability (major, minor)
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.name, str) and bool(self.name), f"device `name` must be text, got {self.name!r}")
+        for f in ("memory_mib", "sms"):
+            v = getattr(self, f)
+            _require(isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                     f"`device.{f} > 0` (integer) must hold, got {v!r}")  # fmt: skip
+        cc = self.capability
+        _require(
+            isinstance(cc, (list, tuple)) and len(cc) == 2 and all(isinstance(c, int) and c >= 0 for c in cc),
+            f"`device.capability` must be [major, minor], e.g. [9, 0], got {cc!r}",
+        )
+        object.__setattr__(self, "capability", tuple(cc))
+
+
+@dataclass(frozen=True)
 class GPU:
     """One GPU type. Bandwidths are per GPU and per direction; TFLOPS are dense peaks."""
 
@@ -46,6 +71,7 @@ class GPU:
     price_per_hour: float
     node_gpus: int = 8  # GPUs per host (server, or rack compute tray): the unit a deployment places
     software: str = "cuda"  # the kernel stack its engines run (cuda | rocm): end-to-end factors are the stack's
+    device: Device | None = None  # what the device reports (None: not recorded; the engines' checks need it)
 
     def __post_init__(self) -> None:
         _require(self.software in SOFTWARE, f"`software` of GPU {self.name} must be one of {SOFTWARE}, "
