@@ -112,7 +112,7 @@ def main() -> None:
             f"\nbest / exact after {args.evals} evaluations (batches of {args.batch}), median over {args.seeds} seeds"
             f" from {args.first_seed}; minimum island " + ", ".join(f"{g} {n}" for g, n in ctx.space.min_island) + ":"
         )
-    polishes = [settings.polish if p == "default" else float(p) for p in args.polish.split(",")]
+    polishes = [settings.search.polish if p == "default" else float(p) for p in args.polish.split(",")]
     for name in [] if args.speed_only else args.samplers.split(","):
         for polish in dict.fromkeys(polishes):
             ratios, walls = [], []
@@ -145,7 +145,7 @@ def main() -> None:
 
     def in_process() -> tuple[list[dict[str, Any]], float]:
         t = time.perf_counter()
-        sampler = make_sampler("random", 0, ctx.space, settings.polish, n)  # as run_tune's
+        sampler = make_sampler("random", 0, ctx.space, settings.search.polish, n)  # as run_tune's
         _, results = optuna_loop(ctx, sampler, n, args.batch)
         return results, time.perf_counter() - t
 

@@ -42,8 +42,8 @@ CELLS = [f"{i}:{w}" for i in ("hetero_a", "hetero_b", "homo_c") for w in ("azure
 
 def plan_for(inv: str, wl: str, evals: int, extra: list[str]) -> tuple[Plan, RequestMix]:
     settings, ctx = context([f"+inventory={inv}", f"workload={wl}", *extra])
-    sampler = make_sampler(settings.sampler, 0, ctx.space, settings.polish, evals)
-    out = ask_tell(ctx, sampler, evals, settings.batch)
+    sampler = make_sampler(settings.search.sampler, 0, ctx.space, settings.search.polish, evals)
+    out = ask_tell(ctx, sampler, evals, settings.search.batch)
     best = max((r for r in out if r["status"] in OK), key=lambda r: r["score"])
     plan = build_plan(ctx.planner, Layout.of(ctx.space.layout(best["params"])), 30.0)
     return plan, RequestMix.of(ctx.planner.workload)

@@ -113,10 +113,17 @@ def test_the_queueing_model_under_the_bursts_loads_every_island_less_than_under_
     [
         (["search.arrivals=bursty"], "error: search.arrivals='bursty': choose poisson, or workload"),
         (["search.arrivals=workload", "workload=synthetic_fig4_2"],
-         "error: search.arrivals=workload needs a workload with a trace's arrival model; workload synthetic_fig4_2"),
+         "error: search.arrivals=workload plans disaggregated islands by the queueing model under the workload's "
+         "bursts: workload synthetic_fig4_2 has no trace's arrival model (a synthetic one): use "
+         "search.arrivals=poisson"),
         (["search.arrivals=workload", "costmodel.aggregated=true"],
          "error: search.arrivals=workload plans disaggregated islands by the queueing model under the workload's "
-         "bursts; an aggregated island's SLO model is Poisson's"),
+         "bursts; costmodel.aggregated=true lets islands run aggregated engines, whose SLO model is Poisson's: drop "
+         "one of the two"),
+        (["search.arrivals=workload", "search.objective=goodput"],
+         "error: search.arrivals=workload plans disaggregated islands by the queueing model under the workload's "
+         "bursts; search.objective=goodput scores each layout by the requests the simulator serves within the SLOs, "
+         "under Poisson arrivals: drop one of the two"),
     ],
 )  # fmt: skip
 def test_arrivals_it_cannot_plan_for_is_one_line(tmp_path: Path, extra: list[str], says: str) -> None:

@@ -292,7 +292,7 @@ def test_robust_plans_at_the_pessimistic_factors_and_needs_a_calibration() -> No
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
     central = settings.calibration  # the band draws from this; the search plans with the shifted one
     shifted = ctx.planner.profile.calibration
-    assert settings.robust and central.name == "published" and not shifted.uncertain
+    assert settings.search.robust and central.name == "published" and not shifted.uncertain
     for (_, _, f), (_, _, s) in zip(central.factors, shifted.factors, strict=True):
         assert s.factor == pytest.approx(f.factor * math.exp(-Z10 * f.sigma))
     plain = compose(base)

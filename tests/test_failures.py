@@ -185,13 +185,16 @@ def test_loss_scenarios_keep_the_sets_no_other_includes() -> None:
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
-        (["search.sampler=exact"], "search.spare_hosts=1: the exact MILP plans with every host up"),
-        (["search.objective=goodput"], "search.spare_hosts=1 scores a layout by its rate with hosts lost: use"),
+        (["search.sampler=exact"], "search.spare_hosts=1 scores each trial's layout by its rate with its worst hosts "
+                                   "lost, with prefill and decode roles for every island; search.sampler=exact plans "
+                                   "with the exact MILP, every host up: drop one of the two"),
+        (["search.objective=goodput"], "search.spare_hosts=1 scores each trial's layout by its rate with its worst "
+                                       "hosts lost, with prefill and decode roles for every island; "
+                                       "search.objective=goodput scores each layout by the requests the simulator"),
         (["search.spare_hosts=8"], "search.spare_hosts=8: the inventory has 8 hosts; losing 8 leaves nothing"),
-        (
-            ["costmodel.aggregated=true"],
-            "search.spare_hosts=1 plans prefill and decode roles for every island, without costmodel.aggregated=true",
-        ),
+        (["costmodel.aggregated=true"], "search.spare_hosts=1 scores each trial's layout by its rate with its worst "
+                                        "hosts lost, with prefill and decode roles for every island; "
+                                        "costmodel.aggregated=true lets islands run aggregated engines"),
     ],
 )
 def test_spare_hosts_it_cannot_plan_for_is_one_line(tmp_path: Path, extra: list[str], says: str) -> None:

@@ -113,7 +113,9 @@ def test_no_move_keeps_the_running_islands_and_a_host_budget_is_kept(tmp_path: P
     [
         (["search.from_plan=/nonexistent/plan.json"], "error: search.from_plan=/nonexistent/plan.json: no such file"),
         (["search.lost_hosts=[H20-11]"], "error: search.lost_hosts: 'H20-11' is not GPU:host"),
-        (["search.spare_hosts=1"], "error: search.from_plan re-plans a running plan with few moves"),
+        (["search.spare_hosts=1"], "error: search.spare_hosts=1 scores each trial's layout by its rate with its worst "
+                                   "hosts lost, with prefill and decode roles for every island; search.from_plan "
+                                   "re-plans a running plan with few moves: drop one of the two"),
         (["aggregated"], "error: search.from_plan={path}: island 2 runs aggregated engines; a re-plan keeps"),
     ],
 )

@@ -307,8 +307,8 @@ def test_polish_in_the_search_refines_the_real_layouts(tmp_path: Path) -> None:
 
     # throughput-only (slo=null): the landscape this exact expectation was worked out on
     settings, ctx = small_context(tmp_path, "search.polish=0.5", "slo=null", "search.shapes=any")
-    assert settings.polish == 0.5
-    sampler = make_sampler("random", 0, ctx.space, settings.polish, 16)
+    assert settings.search.polish == 0.5
+    sampler = make_sampler("random", 0, ctx.space, settings.search.polish, 16)
     out = ask_tell(ctx, sampler, 16, 4)
     assert all(r["status"] == "optimal" for r in out)
     first = max(out[:8], key=lambda r: r["score"])
@@ -329,9 +329,9 @@ def test_the_tune_searcher_shows_the_sampler_what_the_in_process_loop_shows_it(t
     from pipeline.search.tune.batch import BatchSearcher
 
     settings, ctx = small_context(tmp_path, "search.polish=0.5", "search.shapes=any")
-    expected = ask_tell(ctx, make_sampler("random", 0, ctx.space, settings.polish, 16), 16, 4)
+    expected = ask_tell(ctx, make_sampler("random", 0, ctx.space, settings.search.polish, 16), 16, 4)
     searcher = BatchSearcher(
-        make_sampler("random", 0, ctx.space, settings.polish, 16), ctx.space.distributions(), 4, 16
+        make_sampler("random", 0, ctx.space, settings.search.polish, 16), ctx.space.distributions(), 4, 16
     )
     seen: list[dict[str, Any]] = []
     for k in range(4):

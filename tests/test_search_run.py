@@ -327,10 +327,10 @@ def open_store(uri: str, barrier: Any, results: Any) -> None:
 def test_an_inventory_too_big_to_benchmark_says_how_big_before_the_work(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.search import run
+    from pipeline.search import reference
     from pipeline.search.run import execute
 
-    monkeypatch.setattr(run, "available_memory", lambda: 1e8)  # a machine with 100 MB free
+    monkeypatch.setattr(reference, "available_memory", lambda: 1e8)  # a machine with 100 MB free
     r = in_process(execute, "search", "+inventory=homo_c", "inventory.gpus.H200=100000", f"out_root={tmp_path}/out",
                    f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db")  # fmt: skip
     assert "[search] 100,000 GPUs: the exact reference benchmarks 12,500 island sizes first: about" in r.stdout

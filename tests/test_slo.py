@@ -148,7 +148,9 @@ def test_sustainable_rate_bisects_from_the_stated_rate_to_the_threshold() -> Non
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["search.objective=goodput", "slo=null"], "search.objective=goodput counts requests served within the SLOs"),
+        (["search.objective=goodput", "slo=null"], "search.objective=goodput scores each layout by the requests the "
+                                                   "simulator serves within the SLOs, under Poisson arrivals: set the "
+                                                   "slo block"),
         (["search.objective=goodput", "+search.goodput.minutes=3"], "search.goodput.minutes is not a goodput setting"),
         (["search.objective=goodput", "search.goodput.steps=0"], "search.goodput.steps"),
         (["search.objective=goodput", "search.goodput.longest_s=10"], "search.goodput.longest_s must be"),

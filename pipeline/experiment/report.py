@@ -43,7 +43,8 @@ def tables(
         bests, devs, walls = [], [], []
         for rec in recs:
             for k, t in enumerate(rec["trials"]):
-                rows.append({**dict(c.label), "seed": rec["seed"], "trial": k, "iteration": k // c.settings.batch, **t})
+                iteration = k // c.settings.search.batch
+                rows.append({**dict(c.label), "seed": rec["seed"], "trial": k, "iteration": iteration, **t})
             b = best_trial(rec["trials"])
             if "error" not in rec:
                 bests.append(b["score"] if b else 0.0)
@@ -52,12 +53,13 @@ def tables(
         ref = refs.get(c.ref_key)
         ref_score = None
         if ref is not None:
-            ref_score = ref["rate_per_dollar"] if c.settings.objective == "rate_per_dollar" else ref["rate_req_s"]
+            per_dollar = c.settings.search.objective == "rate_per_dollar"
+            ref_score = ref["rate_per_dollar"] if per_dollar else ref["rate_req_s"]
         summ.append(
             {
                 **dict(c.label),
                 "cell": c.key,
-                "sampler": c.settings.sampler,
+                "sampler": c.settings.search.sampler,
                 "searches": len(bests),
                 "failed": sum("error" in r for r in recs),
                 "best_mean": _stat(np.mean, bests),
@@ -70,7 +72,7 @@ def tables(
                 "best_over_exact": _stat(np.mean, bests) / ref_score if ref_score else float("nan"),
                 "wall_s_mean": _stat(np.mean, walls),
                 "wall_s_std": _stat(np.std, walls),
-                "evaluations": c.settings.trials if c.settings.planner == "search" else 1,
+                "evaluations": c.settings.search.trials if c.settings.mode == "search" else 1,
                 "skipped": c.skipped,
             }
         )
@@ -89,7 +91,7 @@ def _pm(mean: float, std: float, digits: int = 1) -> str:
 
 
 def markdown(spec: Spec, cells: Sequence[Cell], summary: pd.DataFrame, command: Sequence[str]) -> str:
-    seed0 = cells[0].settings.seed
+    seed0 = cells[0].settings.search.seed
     smoke = " experiment.smoke=true" if spec.smoke and "experiment.smoke=true" not in command else ""
     head = [
         f"# {spec.title}",
@@ -103,7 +105,7 @@ def markdown(spec: Spec, cells: Sequence[Cell], summary: pd.DataFrame, command: 
     ]
     if spec.table == "table_5_1":
         return "\n".join(head + _table_5_1(cells, summary)) + "\n"
-    unit = "req/s per $/h" if cells[0].settings.objective == "rate_per_dollar" else "req/s"
+    unit = "req/s per $/h" if cells[0].settings.search.objective == "rate_per_dollar" else "req/s"
     axes = [a for a, _ in spec.axes]
     lines = [
         "| " + " | ".join(axes) + f" | best {unit} (mean ± std) | min | max | D_total | exact | best/exact | "

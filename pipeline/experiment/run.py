@@ -127,7 +127,7 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
         + (f"\n[experiment] resuming: {total - len(todo)} searches already done" if len(todo) < total else ""),
         flush=True,
     )
-    tracker = Tracker(first.mlflow_uri, first.mlflow_experiment, EXPERIMENT_NOTE,
+    tracker = Tracker(first.mlflow.tracking_uri, first.mlflow.experiment, EXPERIMENT_NOTE,
                       ("metrics.best_score", "metrics.wall_s", "metrics.searches", "params.experiment", "params.seed",
                        "params.sampler", "params.layout_id"))  # fmt: skip
     state_path = run_dir / "state.json"
@@ -150,7 +150,7 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
     )
 
     t0 = time.perf_counter()
-    complete = with_ray(first.ray_address, first.ray_num_cpus,
+    complete = with_ray(first.ray.address, first.ray.num_cpus,
                         lambda: _run_tasks(cells, todo, refs, refs_path, journal, tracker, t0))  # fmt: skip
     done = _by_search(journal)
     results, summary = tables(spec, cells, done, refs)
@@ -159,7 +159,7 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
     summary.to_parquet(run_dir / "summary.parquet", index=False)
     table = markdown(spec, cells, summary, passthrough if command is None else command)
     (run_dir / "table.md").write_text(table)
-    unit = "req/s per $/h" if first.objective == "rate_per_dollar" else "req/s"
+    unit = "req/s per $/h" if first.search.objective == "rate_per_dollar" else "req/s"
     plots = plot(spec, results, summary, run_dir, unit)
     tracker.finish_parent(
         {"searches": float(len(done)), "wall_s": time.perf_counter() - t0},
@@ -200,15 +200,16 @@ def _run_tasks(
     ref_task = ray.remote(num_cpus=1)(reference_task)
     ctx_refs = {c.key: ray.put(c.ctx) for c in cells if not c.skipped}
     pending: dict[Any, tuple[str, Any]] = {}
-    needs_ref = {c.ref_key: c for c in cells if not c.skipped and c.settings.reference and c.ref_key not in refs}
+    needs_ref = {c.ref_key: c for c in cells if not c.skipped and c.settings.search.reference and c.ref_key not in refs}
     for key, c in needs_ref.items():  # once per distinct model, beside the searches
         pending[ref_task.remote(c.settings, ctx_refs[c.key])] = ("ref", key)
     for c, seed in todo:
         s = c.settings
-        if s.planner == "exact":
+        if s.mode == "exact":
             fut = exact_task.remote(s, ctx_refs[c.key])
         else:
-            fut = search_task.remote(ctx_refs[c.key], s.sampler, seed, s.trials, s.batch, s.polish)
+            o = s.search
+            fut = search_task.remote(ctx_refs[c.key], o.sampler, seed, o.trials, o.batch, o.polish)
         pending[fut] = ("search", (c, seed))
     n_todo, finished = len(todo), 0
     try:
@@ -259,14 +260,14 @@ EXPERIMENT_NOTE = (
 
 
 def _log_child(tracker: Any, cell: Cell, seed: int, rec: Mapping[str, Any]) -> None:
-    curve = best_so_far_per_iteration(rec["trials"], cell.settings.batch)
+    curve = best_so_far_per_iteration(rec["trials"], cell.settings.search.batch)
     best = best_trial(rec["trials"])
     tracker.child(
         f"{cell.key} seed={seed}",
         {
             **dict(cell.label),
             "seed": seed,
-            "sampler": cell.settings.sampler,
+            "sampler": cell.settings.search.sampler,
             "layout_id": layout_id(rec["best_islands"] or ""),
         },
         {

@@ -35,8 +35,8 @@ class Cell:
 
     def seeds(self, trials: int) -> list[int]:
         """The searches' seeds; the exact planner is deterministic: one search says all."""
-        n = 1 if self.settings.planner == "exact" else trials
-        return [self.settings.seed + k for k in range(n)]
+        n = 1 if self.settings.mode == "exact" else trials
+        return [self.settings.search.seed + k for k in range(n)]
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,8 @@ def build_cells(spec: Spec, passthrough: Sequence[str]) -> list[Cell]:
             }
             skipped = ""
             try:
-                if settings.planner == "search":
-                    make_sampler(settings.sampler, 0, ctx.space)
+                if settings.mode == "search":
+                    make_sampler(settings.search.sampler, 0, ctx.space)
             except ConfigError as err:
                 skipped = str(err)
             cells.append(Cell(label, settings, ctx, digest(ref_id), skipped))

@@ -41,6 +41,7 @@ def write_trials(path: Path, records: Sequence[Mapping[str, Any]]) -> pd.DataFra
 def convergence_plot(
     path: Path,
     records: Sequence[Mapping[str, Any]],
+    *,
     batch: int,
     reference: float | None,
     unit: str,

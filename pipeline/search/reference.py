@@ -10,20 +10,28 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import multiprocessing as mp
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from costmodel.formulas import kv_link_gb_s
+from pipeline.errors import ConfigError
 from pipeline.forking import Forked, ctrl_c_noted, in_ray_worker, ray_up
 from pipeline.planning.planner import Layout, Planner
+from pipeline.records.journal import read_json, write_json
+from pipeline.records.progress import Progress
 from pipeline.search.settings import Settings
 from pipeline.search.trial import Context
 from solvers.exact import ExactResult, TypeOptions, exact_optimum
+
+if TYPE_CHECKING:
+    from pipeline.search.trials import SearchRun
 
 T = TypeVar("T")
 
@@ -51,10 +59,10 @@ def reference(
                 exact_optimum,
                 types,
                 planner.ranges.p,
-                objective="rate_per_dollar" if settings.objective == "rate_per_dollar" else "max_rate",
+                objective="rate_per_dollar" if settings.search.objective == "rate_per_dollar" else "max_rate",
                 budget_per_hour=planner.budget_per_hour,
                 kv_gb=kv,
-                time_limit_s=settings.reference_time_limit_s,
+                time_limit_s=settings.search.reference_time_limit_s,
                 backend=backend,
                 tick=tick,
             )
@@ -167,3 +175,67 @@ def interruptible(fn: Callable[..., T], *args: Any, tick: Callable[[], None] | N
 def exact_layout(ref: ExactResult) -> Layout | None:
     """The layout of the exact optimum (None if the MILP found none)."""
     return Layout.of([(g, n) for g, n, _ in ref.islands]) if ref.islands else None
+
+
+def available_memory() -> float:
+    """Bytes of memory this machine has free for new work (MemAvailable; the total where that is not known)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+BURSTY = " under the workload's own arrivals (search.arrivals=workload; its Poisson rate is stated beside it)"
+
+
+def run_reference(run: SearchRun, settings: Settings, ctx: Context) -> ExactResult | None:
+    """A search's exact reference: reference.json of a resumed run, else solved now (when the search has one),
+    and the console's line on what it proves."""
+    path = run.dir / "reference.json"
+    saved = read_json(path, "the exact reference (it is solved again)")
+    if saved is not None:
+        try:
+            return ExactResult(**{**saved, "islands": tuple(tuple(t) for t in saved["islands"])})
+        except (TypeError, KeyError) as err:
+            print(f"[search] warning: {path} is not a reference this version wrote ({err}): solving it again",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    if not (settings.search.reference or settings.mode in ("exact", "replan")):  # a re-plan is judged against it
+        return None
+    if sum(len(ctx.space.sizes(g.name)) for g in settings.inventory.gpus) > ESTIMATE_ABOVE:
+        cost = reference_cost(settings, ctx, ctx.planner)
+        free = available_memory()
+        print(f"[search] {settings.inventory.total_gpus:,} GPUs: {cost.describe()} ({free / 1e9:,.1f} GB free)",
+              flush=True)  # fmt: skip
+        if cost.bytes > 0.8 * free:
+            raise ConfigError(f"{cost.describe()}, more than the {free / 1e9:,.1f} GB this machine has free: set "
+                              "search.reference=false (the search alone, without a gap), raise search.min_island, "
+                              "or plan on a machine with more memory")  # fmt: skip
+    limit = settings.search.reference_time_limit_s
+    print(f"[search] solving the exact reference MILP (at most {limit:g} s; Ctrl-C stops the search) ...", flush=True)
+    bar = Progress("search", "exact reference MILP", limit, "s", every_s=15.0)
+    ref = reference(settings, ctx, ctx.planner, tick=lambda: bar.update(
+        bar.elapsed, f"exact reference: {bar.elapsed:.0f} s of at most {limit:g} s"))  # fmt: skip
+    bar.close()
+    run.ref = ref
+    print(f"[search] {_proves(ref, settings, ctx)}", flush=True)
+    write_json(path, {**ref.__dict__, "islands": [list(t) for t in ref.islands]})
+    return ref
+
+
+def _proves(ref: ExactResult, settings: Settings, ctx: Context) -> str:
+    """What the exact reference proves, in the console's words."""
+    spare, took = settings.search.spare_hosts, f"{ref.solve_ms / 1e3:.1f} s"
+    if spare:
+        bound = ref.bound if ref.status == "feasible" else ref.rate_req_s
+        return (f"exact optimum {bound:.2f} req/s with every host up ({ref.status}, {took}): no layout keeps more "
+                f"with {spare} host{'s' if spare > 1 else ''} lost, so gaps below are against this bound")
+    if ref.status == "feasible" and settings.search.objective == "max_rate":  # stopped by its time limit: a layout
+        return (f"exact reference stopped at its time limit ({took}): the optimum is between {ref.rate_req_s:.2f} "
+                f"and {ref.bound:.2f} req/s in the search's model; gaps below are against the upper end (raise "
+                "search.reference_time_limit_s to close it)")
+    return (f"exact optimum {ref.rate_req_s:.2f} req/s at ${ref.cost_per_hour:,.0f}/h ({ref.status}, {took}) in the "
+            f"search's model: each island kept at the load whose queue meets the SLOs for the whole workload's "
+            f"mix{BURSTY if ctx.planner.arrivals is not None else ''}")

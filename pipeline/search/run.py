@@ -13,24 +13,22 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from pipeline import cli
-from pipeline.errors import ConfigError, RecordsError
+from pipeline.errors import RecordsError
 from pipeline.planning.build import build_plan
 from pipeline.planning.check import LOW
 from pipeline.planning.failures import spare_solve
 from pipeline.planning.planner import Layout
 from pipeline.planning.replan import Replanned, hosts_now, replan
 from pipeline.records.journal import link_latest, read_json, write_json, write_text
-from pipeline.records.progress import Progress
 from pipeline.records.report import best_so_far, convergence_plot, report, routing_plot, write_trials
 from pipeline.records.tracking import Served, Tracker, open_tracker
-from pipeline.search.reference import ESTIMATE_ABOVE, exact_layout, reference, reference_cost
+from pipeline.search.reference import exact_layout, run_reference
 from pipeline.search.samplers import require_extras
 from pipeline.search.settings import Settings, context, idle_types, inventory_of, read_settings, recorded
 from pipeline.search.steps import STEPS, StepContext
@@ -39,7 +37,6 @@ from pipeline.search.trial import Context, TrialFn, run_trial, score_layout
 from pipeline.search.trials import SearchRun
 from pipeline.search.tune.driver import check_ray_address, run_tune, with_ray
 from plan import InventoryInfo, Plan, Reference, SearchInfo, to_json
-from solvers.exact import ExactResult
 
 NO_PLAN = 1  # exit code of a search that finished without a usable layout
 
@@ -61,11 +58,11 @@ FILES = ("plan.json", "report.md", "convergence.png", "routing.png", "trials.par
 def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
     """Run the search `cfg` describes; returns the exit code (0 done, 1 no plan, 130 interrupted)."""
     settings = read_settings(cfg, *inventory_of(cfg))  # every value checked; nothing benchmarked yet
-    if settings.planner == "search":
-        require_extras(settings.sampler)  # an optional extra missing: say so now
-    check_ray_address(settings.ray_address)
+    if settings.mode == "search":
+        require_extras(settings.search.sampler)  # an optional extra missing: say so now
+    check_ray_address(settings.ray.address)
     # a bad store: now; MLflow itself opens it beside the work below
-    tracker = open_tracker(settings.mlflow_uri, settings.mlflow_experiment, EXPERIMENT_NOTE, COLUMNS)
+    tracker = open_tracker(settings.mlflow.tracking_uri, settings.mlflow.experiment, EXPERIMENT_NOTE, COLUMNS)
     try:
         return _search(settings, trial_fn, tracker)
     finally:
@@ -79,7 +76,7 @@ def _search(settings: Settings, trial_fn: TrialFn, tracker: Tracker | Served) ->
     what = _what(settings)
     print(
         f"[search] {settings.inventory.describe()}; workload {settings.workload_name}; {what}, objective "
-        f"{settings.objective}; minimum island " + ", ".join(f"{g} {n}" for g, n in ctx.space.min_island)
+        f"{settings.search.objective}; minimum island " + ", ".join(f"{g} {n}" for g, n in ctx.space.min_island)
         + f"\n[search] run folder {run.dir}"
         + (f"\n[search] resuming: {run.resumed} trials already done" if run.resumed else ""),
         flush=True,
@@ -93,12 +90,12 @@ def _search(settings: Settings, trial_fn: TrialFn, tracker: Tracker | Served) ->
         print(f"[search] warning: {note}", flush=True)
     try:
         write_json(run.dir / "config.json", recorded(settings, ctx))
-        run.ref = _reference(run, settings, ctx)
+        run.ref = run_reference(run, settings, ctx)
         state_path = run.dir / "state.json"
         state = read_json(state_path, "a new MLflow parent run records the search") or {}
         resumed_parent = state.get("parent_run_id")
         note = (f"Search: {settings.inventory.describe()}, workload {settings.workload_name}, {what}, objective "
-                f"{settings.objective}. Children: one run per trial (layout_id, status, rates). "
+                f"{settings.search.objective}. Children: one run per trial (layout_id, status, rates). "
                 f"Run folder: {run.dir}")  # fmt: skip
         tracker.start_parent(run.dir.parent.name, _params(settings, ctx, run), resumed_parent, note, state_path)
         return _finish(run, settings, ctx, trial_fn, tracker, resumed_parent is not None, notes)
@@ -115,17 +112,6 @@ def _search(settings: Settings, trial_fn: TrialFn, tracker: Tracker | Served) ->
 
 CANNOT_WRITE = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded",
                 errno.EROFS: "the file system is read-only"}  # fmt: skip
-
-
-def available_memory() -> float:
-    """Bytes of memory this machine has free for new work (MemAvailable; the total where that is not known)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def records_error(err: BaseException, run_dir: Path) -> str | None:
@@ -150,16 +136,15 @@ def records_error(err: BaseException, run_dir: Path) -> str | None:
 
 def _what(settings: Settings) -> str:
     """How the layout is found, in the banner's words."""
-    if settings.planner == "exact":
+    if settings.mode == "exact":
         return "the exact MILP plans the layout (no trials)"
-    if settings.planner == "replan":
-        lost = f", hosts lost {', '.join(f'{g}:{n}' for g, n in settings.lost_hosts)}" if settings.lost_hosts else ""
-        hosts = f" and {settings.max_hosts} hosts" if settings.max_hosts is not None else ""
-        return (f"re-plan of {settings.from_plan_path} within {settings.max_moves} changed islands{hosts}{lost} "
-                "(no trials)")  # fmt: skip
-    polish = f" (the last {round(settings.polish * settings.trials)} polish the best)" if settings.polish else ""
-    return (f"{settings.generator} layouts, sampler {settings.sampler}, {settings.iterations} x {settings.batch} "
-            f"trials{polish}")  # fmt: skip
+    again, o = settings.replan, settings.search
+    if again is not None:
+        lost = f", hosts lost {', '.join(f'{g}:{n}' for g, n in again.lost_hosts)}" if again.lost_hosts else ""
+        hosts = f" and {again.max_hosts} hosts" if again.max_hosts is not None else ""
+        return f"re-plan of {again.path} within {again.max_moves} changed islands{hosts}{lost} (no trials)"
+    polish = f" (the last {round(o.polish * o.trials)} polish the best)" if o.polish else ""
+    return f"{o.generator} layouts, sampler {o.sampler}, {o.iterations} x {o.batch} trials{polish}"
 
 
 def _params(settings: Settings, ctx: Context, run: SearchRun) -> dict[str, Any]:
@@ -172,65 +157,16 @@ def _params(settings: Settings, ctx: Context, run: SearchRun) -> dict[str, Any]:
         "model": ctx.planner.model.name,
         "cost_profile": ctx.planner.profile.name,
         "calibration": "none" if cal is None else f"{cal.name} ({cal.source or 'fitted'})"
-        + (", robust: 10th percentile" if settings.robust else ""),
-        "generator": settings.generator,
-        "sampler": settings.sampler,
-        "objective": settings.objective,
-        "iterations": settings.iterations,
-        "batch": settings.batch,
-        "seed": settings.seed,
+        + (", robust: 10th percentile" if settings.search.robust else ""),
+        "generator": settings.search.generator,
+        "sampler": settings.search.sampler,
+        "objective": settings.search.objective,
+        "iterations": settings.search.iterations,
+        "batch": settings.search.batch,
+        "seed": settings.search.seed,
         "run_dir": str(run.dir),
         **{f"search.{k}": v for k, v in settings.config["search"].items() if k not in shown},
     }
-
-
-BURSTY = " under the workload's own arrivals (search.arrivals=workload; its Poisson rate is stated beside it)"
-
-
-def _reference(run: SearchRun, settings: Settings, ctx: Context) -> ExactResult | None:
-    """The exact reference: reference.json of a resumed run, else solved now (when the search has one)."""
-    path = run.dir / "reference.json"
-    saved = read_json(path, "the exact reference (it is solved again)")
-    if saved is not None:
-        try:
-            return ExactResult(**{**saved, "islands": tuple(tuple(t) for t in saved["islands"])})
-        except (TypeError, KeyError) as err:
-            print(f"[search] warning: {path} is not a reference this version wrote ({err}): solving it again",
-                  file=sys.stderr, flush=True)  # fmt: skip
-    if not (settings.reference or settings.planner in ("exact", "replan")):  # a re-plan is judged against it
-        return None
-    if sum(len(ctx.space.sizes(g.name)) for g in settings.inventory.gpus) > ESTIMATE_ABOVE:
-        cost = reference_cost(settings, ctx, ctx.planner)
-        free = available_memory()
-        print(f"[search] {settings.inventory.total_gpus:,} GPUs: {cost.describe()} ({free / 1e9:,.1f} GB free)",
-              flush=True)  # fmt: skip
-        if cost.bytes > 0.8 * free:
-            raise ConfigError(f"{cost.describe()}, more than the {free / 1e9:,.1f} GB this machine has free: set "
-                              "search.reference=false (the search alone, without a gap), raise search.min_island, "
-                              "or plan on a machine with more memory")  # fmt: skip
-    limit = settings.reference_time_limit_s
-    print(f"[search] solving the exact reference MILP (at most {limit:g} s; Ctrl-C stops the search) ...", flush=True)
-    bar = Progress("search", "exact reference MILP", limit, "s", every_s=15.0)
-    ref = reference(settings, ctx, ctx.planner, tick=lambda: bar.update(
-        bar.elapsed, f"exact reference: {bar.elapsed:.0f} s of at most {limit:g} s"))  # fmt: skip
-    bar.close()
-    run.ref = ref
-    if settings.spare_hosts:
-        bound = ref.bound if ref.status == "feasible" else ref.rate_req_s
-        print(f"[search] exact optimum {bound:.2f} req/s with every host up ({ref.status}, "
-              f"{ref.solve_ms / 1e3:.1f} s): no layout keeps more with {settings.spare_hosts} host"
-              f"{'s' if settings.spare_hosts > 1 else ''} lost, so gaps below are against this bound", flush=True)
-    elif ref.status == "feasible" and settings.objective == "max_rate":  # stopped by its time limit with a layout
-        print(f"[search] exact reference stopped at its time limit ({ref.solve_ms / 1e3:.1f} s): the optimum is "
-              f"between {ref.rate_req_s:.2f} and {ref.bound:.2f} req/s in the search's model; gaps below are against "
-              "the upper end (raise search.reference_time_limit_s to close it)", flush=True)  # fmt: skip
-    else:
-        print(f"[search] exact optimum {ref.rate_req_s:.2f} req/s at ${ref.cost_per_hour:,.0f}/h ({ref.status}, "
-              f"{ref.solve_ms / 1e3:.1f} s) in the search's model: each island kept at the load whose queue meets the "
-              f"SLOs for the whole workload's mix{BURSTY if ctx.planner.arrivals is not None else ''}",
-              flush=True)  # fmt: skip
-    write_json(path, {**ref.__dict__, "islands": [list(t) for t in ref.islands]})
-    return ref
 
 
 def _finish(
@@ -264,8 +200,8 @@ def _finish(
     _summary(run, plan, sc)
     _unlogged_warning(run)
     if not complete:
-        print(f"[search] interrupted after {len(run.records)}/{settings.trials} trials; finished trials are kept. "
-              "Continue with the same command plus search.resume=true", file=sys.stderr, flush=True)  # fmt: skip
+        print(f"[search] interrupted after {len(run.records)}/{settings.search.trials} trials; finished trials are "
+              "kept. Continue with the same command plus search.resume=true", file=sys.stderr, flush=True)  # fmt: skip
         return cli.INTERRUPTED
     return 0
 
@@ -274,14 +210,14 @@ def _layout(
     run: SearchRun, settings: Settings, ctx: Context, trial_fn: TrialFn, tracker: Tracker | Served
 ) -> tuple[Layout | None, bool]:
     """(the best layout, whether the search finished): the exact MILP's, a re-plan's, or the trials' best."""
-    if settings.planner == "exact":
+    if settings.mode == "exact":
         assert run.ref is not None
         return exact_layout(run.ref), True
-    if settings.planner == "replan":
+    if settings.mode == "replan":
         run.replanned = _replanned(settings, ctx)
         return (run.replanned.layout if run.replanned.pieces else None), True
     tracker.ready()  # a store MLflow cannot open: said before the trials, not after them
-    complete = with_ray(settings.ray_address, settings.ray_num_cpus, lambda: run_tune(run, trial_fn))
+    complete = with_ray(settings.ray.address, settings.ray.num_cpus, lambda: run_tune(run, trial_fn))
     run.progress(force=True)
     return (Layout.of(ctx.space.layout(run.best["params"])) if run.best else None), complete
 
@@ -290,22 +226,24 @@ def _records(run: SearchRun, settings: Settings, plan: Plan, df: Any) -> None:
     """plan.json, routing.png and report.md (the post-search steps' rows and sections in it)."""
     write_json(run.dir / "plan.json", to_json(plan))
     routing_plot(run.dir / "routing.png", plan, f"{settings.inventory.name}, {settings.workload_name}: routing")
+    o = settings.search
     header = (f"# Search: {run.dir.parent.name}\n\n{settings.inventory.describe()}; workload {settings.workload_name}; "
-              f"model {plan.model.name}, cost profile {plan.profile_name}; {settings.generator} + {settings.sampler}, "
-              f"objective {settings.objective}")  # fmt: skip
+              f"model {plan.model.name}, cost profile {plan.profile_name}; {o.generator} + {o.sampler}, "
+              f"objective {o.objective}")  # fmt: skip
     png = "routing.png" if (run.dir / "routing.png").exists() else None
     write_text(run.dir / "report.md", report(plan, df, header, png, STEPS))
 
 
 def _convergence(run: SearchRun, settings: Settings) -> None:
-    unit = "req/s per $/h" if settings.objective == "rate_per_dollar" else "req/s"
+    o = settings.search
+    per_dollar = o.objective == "rate_per_dollar"
     line = None
-    if run.ref is not None and settings.objective != "thesis":
-        line = run.ref.bound if run.gap_is_bound else (
-            run.ref.rate_per_dollar if settings.objective == "rate_per_dollar" else run.ref.rate_req_s)  # fmt: skip
-    convergence_plot(run.dir / "convergence.png", run.records, settings.batch, line, unit,
-                     f"{settings.inventory.name}, {settings.workload_name}: {settings.sampler} ({settings.generator})",
-                     run.polish_from, run.gap_is_bound)  # fmt: skip
+    if run.ref is not None and o.objective != "thesis":
+        line = run.ref.bound if run.gap_is_bound else run.ref.rate_per_dollar if per_dollar else run.ref.rate_req_s
+    convergence_plot(run.dir / "convergence.png", run.records, batch=o.batch, reference=line,
+                     unit="req/s per $/h" if per_dollar else "req/s",
+                     title=f"{settings.inventory.name}, {settings.workload_name}: {o.sampler} ({o.generator})",
+                     polish_from=run.polish_from, reference_is_bound=run.gap_is_bound)  # fmt: skip
 
 
 def _plan(
@@ -321,24 +259,24 @@ def _plan(
     inv = settings.inventory
     inventory = InventoryInfo(inv.name, inv.named, inv.cost_per_hour)
     roles, hosts, again = None, None, run.replanned
-    if settings.spare_hosts:  # the roles that keep the most with the worst hosts lost, as the trials scored them
-        roles = spare_solve(ctx.planner, layout, settings.spare_hosts, ctx.inner_time_limit_s, ctx.backend).roles
+    if settings.search.spare_hosts:  # the roles that keep the most with the worst hosts lost, as the trials scored them
+        roles = spare_solve(ctx.planner, layout, settings.search.spare_hosts, ctx.inner_time_limit_s, ctx.backend).roles
     if again is not None:  # a re-plan: kept islands where and as they run, the others as moved
         roles, hosts = again.roles, [p.hosts for p in again.pieces]
     plan = build_plan(ctx.planner, layout, ctx.inner_time_limit_s, ctx.backend, inventory, roles, hosts)
     score = plan.rates.searched_req_s  # the gap compares the search's model with the reference's: the same one
     if ctx.planner.arrivals is not None and plan.rates.bursty_req_s is not None:  # trials scored under the bursts
         score = plan.rates.bursty_req_s
-    if settings.objective == "rate_per_dollar":
+    if settings.search.objective == "rate_per_dollar":
         score = score / plan.cost_per_hour if plan.cost_per_hour > 0 else 0.0
-    if settings.spare_hosts:  # what the trials scored: the rate with the worst hosts lost, in the search's model
+    if settings.search.spare_hosts:  # what the trials scored: the rate with the worst hosts lost, in the search's model
         score = float(score_layout(ctx, layout)["score"])
     if again is not None:
         score = again.searched_req_s
     ref = run.ref
     reference_info = None
     if ref is not None:
-        gap = run.gap(score) if settings.objective != "thesis" else _thesis_gap(run, plan)
+        gap = run.gap(score) if settings.search.objective != "thesis" else _thesis_gap(run, plan)
         reference_info = Reference(
             optimum_req_s=ref.rate_req_s,
             rate_per_dollar=ref.rate_per_dollar,
@@ -348,17 +286,17 @@ def _plan(
             layout_ahead=_reference_ahead(run, settings, score),
         )
     search = SearchInfo(
-        objective=settings.objective,
-        sampler=settings.sampler,
-        generator=settings.generator,
+        objective=settings.search.objective,
+        sampler=settings.search.sampler,
+        generator=settings.search.generator,
         trials=len(run.records),
         failed=sum(r["status"] == "error" for r in run.records),
         rejected=sum(r["status"] == "rejected" for r in run.records),
         complete=complete,
         wall_s=wall_s,
-        robust=settings.robust,
+        robust=settings.search.robust,
     )
-    simulated = run.best.get("simulated_req_s") if settings.objective == "goodput" and run.best else None
+    simulated = run.best.get("simulated_req_s") if settings.search.objective == "goodput" and run.best else None
     rates = dataclasses.replace(plan.rates, simulated_req_s=simulated)  # the goodput the search scored it with
     return dataclasses.replace(plan, rates=rates, search=search, reference=reference_info, notes=tuple(notes))
 
@@ -368,12 +306,12 @@ def _replanned(settings: Settings, ctx: Context) -> Replanned:
     inv = settings.inventory
     counts = inv.by_name
     node_gpus = {g.name: g.node_gpus for g in inv.gpus}
-    hosts = hosts_now(settings.from_plan, counts, node_gpus, settings.lost_hosts)
+    hosts = hosts_now(settings.replan.plan, counts, node_gpus, settings.replan.lost_hosts)
     t0 = time.perf_counter()
-    print(f"[search] re-plan: from {settings.from_plan_path}, at most {settings.max_moves} islands changed ...",
+    print(f"[search] re-plan: from {settings.replan.path}, at most {settings.replan.max_moves} islands changed ...",
           flush=True)  # fmt: skip
-    found = replan(ctx.planner, settings.from_plan, hosts, dict(ctx.space.min_island), settings.max_moves,
-                   ctx.inner_time_limit_s, ctx.backend, settings.max_hosts)  # fmt: skip
+    found = replan(ctx.planner, settings.replan.plan, hosts, dict(ctx.space.min_island), settings.replan.max_moves,
+                   ctx.inner_time_limit_s, ctx.backend, settings.replan.max_hosts)  # fmt: skip
     moves = "; ".join(found.moves) or "none (the running islands as they are)"
     print(f"[search] re-plan: {len(found.moves)} moves ({moves}), {found.hosts_relaunched} hosts re-launched: "
           f"{found.searched_req_s:.2f} req/s in the search's model ({time.perf_counter() - t0:.1f} s)", flush=True)
@@ -447,7 +385,7 @@ def _no_plan(run: SearchRun, settings: Settings, tracker: Tracker | Served, comp
     seen = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trials"
     if not complete:
         why, fix = "the search was interrupted before any trial finished", "run it again with search.resume=true"
-    elif settings.planner == "exact":
+    elif settings.mode == "exact":
         why = f"the exact MILP found no layout ({run.ref.status if run.ref else 'not solved'})"
         fix = "raise search.reference_time_limit_s"
     elif counts.get("time_limit"):
@@ -478,11 +416,11 @@ def _reference_ahead(run: SearchRun, settings: Settings, score: float) -> float 
 
     Cut short by its time limit the reference still has a layout (solvers/exact.py), at thousands of GPUs
     often a better one than the search's."""
-    if run.ref is None or settings.planner == "exact" or score <= 0 or settings.spare_hosts:
+    if run.ref is None or settings.mode == "exact" or score <= 0 or settings.search.spare_hosts:
         return None  # (with hosts lost the reference's layout is not scored: its rate with all up is a bound)
-    if settings.objective not in ("max_rate", "rate_per_dollar"):
+    if settings.search.objective not in ("max_rate", "rate_per_dollar"):
         return None
-    ref = run.ref.rate_per_dollar if settings.objective == "rate_per_dollar" else run.ref.rate_req_s
+    ref = run.ref.rate_per_dollar if settings.search.objective == "rate_per_dollar" else run.ref.rate_req_s
     return ref / score - 1.0
 
 

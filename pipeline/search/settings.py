@@ -27,6 +27,7 @@ from pipeline.planning.goodput import GoodputCheck
 from pipeline.planning.inventory import Inventory, inventory_from_cfg
 from pipeline.planning.planner import Planner
 from pipeline.planning.workload import Workload, ranges_from_cfg, workload_from_cfg
+from pipeline.search.features import Choices, check_features
 from pipeline.search.samplers import SAMPLERS
 from pipeline.search.space import GENERATORS, Space
 from solvers.inner import BACKENDS
@@ -38,52 +39,6 @@ DEFAULT_INVENTORY = "hetero_a"
 # every key a `conf/search/*.yaml` sets: anything else under `search.` is a typo, not a setting
 SEARCH_KEYS = frozenset(k for p in (CONF_DIR / "search").glob("*.yaml") for k in (yaml.safe_load(p.read_text()) or {}))
 SEARCH_KEYS = SEARCH_KEYS - {"defaults"}
-
-
-@dataclass(frozen=True)
-class Settings:
-    inventory: Inventory
-    workload_name: str
-    planner: str  # "search" or "exact" (search.sampler=exact)
-    sampler: str
-    generator: str
-    iterations: int
-    batch: int
-    polish: float  # fraction of trials, at the end, that refine the best layout locally
-    objective: str
-    seed: int
-    reference: bool
-    reference_time_limit_s: float
-    resume: bool
-    verify: bool  # simulate the best plan at its stated rate
-    host_losses: bool  # state the plan's rate with each of its hosts lost
-    band_draws: int  # calibration draws the best layout is re-planned under for its rate band (0: none)
-    robust: bool  # plan at every calibration factor's 10th percentile
-    spare_hosts: int  # score each layout by its lowest rate with any this many hosts lost (0: every host up)
-    arrivals: str  # poisson, or workload: the plan's rate under its workload's own arrivals is stated too
-    from_plan: Any  # search.from_plan: the running plan (a Plan) a re-plan starts from, or None
-    from_plan_path: str  # its path ("" without)
-    max_moves: int  # a re-plan changes at most this many islands
-    max_hosts: int | None  # and re-launches at most this many hosts (None: no bound)
-    lost_hosts: tuple[tuple[str, int], ...]  # hosts of the running plan that are gone
-    calibration: Any  # the calibration of the cost model (before robust's shift), or None
-    run_root: Path  # outputs/search/<name>-<hash>
-    ray_address: str | None
-    ray_num_cpus: int | None
-    cpus_per_trial: float
-    mlflow_uri: str | None
-    mlflow_experiment: str
-    planning: Planner  # model, workload, ranges and cost settings: no island benchmarked yet
-    space: SpaceSettings
-    inner_time_limit_s: float
-    backend: str  # the inner MILP's solver
-    goodput: GoodputCheck | None  # objective goodput: how each layout is simulated
-    key: str  # the run's identity (config hash)
-    config: dict[str, Any] = field(default_factory=dict)  # the resolved config, for the record
-
-    @property
-    def trials(self) -> int:
-        return self.iterations * self.batch
 
 
 @dataclass(frozen=True)
@@ -100,6 +55,86 @@ class SpaceSettings:
     counts_are_bounds: bool
     grid_points: int
     node: tuple[tuple[str, int], ...] | None  # (GPU type, GPUs per host) with node-aligned shapes
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """The `search` group: how layouts are proposed and scored, and what the post-search steps do."""
+
+    sampler: str
+    generator: str
+    iterations: int
+    batch: int
+    polish: float  # fraction of trials, at the end, that refine the best layout locally
+    objective: str
+    seed: int
+    resume: bool
+    reference: bool  # solve the exact reference and give every trial's gap to it
+    reference_time_limit_s: float
+    inner_time_limit_s: float
+    backend: str  # the inner MILP's solver
+    robust: bool  # plan at every calibration factor's 10th percentile
+    spare_hosts: int  # score each layout by its lowest rate with any this many hosts lost (0: every host up)
+    arrivals: str  # poisson, or workload: plan for the workload's own arrivals (its trace's bursts)
+    goodput: GoodputCheck | None  # objective goodput: how each layout is simulated
+    verify: bool  # the post-search steps: simulate the plan at its stated rate ...
+    host_losses: bool  # ... state its rate with each of its hosts lost ...
+    band_draws: int  # ... and re-plan it under this many draws of the calibration for its rate band (0: none)
+
+    @property
+    def trials(self) -> int:
+        return self.iterations * self.batch
+
+
+@dataclass(frozen=True)
+class Replanning:
+    """search.from_plan: re-plan a running plan for this inventory and workload within few moves."""
+
+    plan: Any  # the running plan (a Plan)
+    path: str
+    max_moves: int  # a re-plan changes at most this many islands
+    max_hosts: int | None  # and re-launches at most this many hosts (None: no bound)
+    lost_hosts: tuple[tuple[str, int], ...]  # hosts of the running plan that are gone
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """The `ray` block: a local Ray (address None) or a cluster's."""
+
+    address: str | None
+    num_cpus: int | None
+    cpus_per_trial: float
+
+
+@dataclass(frozen=True)
+class MlflowOptions:
+    """The `mlflow` block: the tracking store (None: outputs/mlflow.db) and the experiment."""
+
+    tracking_uri: str | None
+    experiment: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A search's settings, as the config's groups give them."""
+
+    inventory: Inventory
+    workload_name: str
+    planning: Planner  # model, workload, ranges and cost settings (costmodel, slo): no island benchmarked yet
+    calibration: Any  # the cost model's calibration (before robust's shift), or None
+    search: SearchOptions
+    replan: Replanning | None  # search.from_plan (None: a plan from scratch)
+    space: SpaceSettings
+    ray: RayOptions
+    mlflow: MlflowOptions
+    run_root: Path  # outputs/search/<name>-<hash>
+    key: str  # the run's identity (config hash)
+    config: dict[str, Any] = field(default_factory=dict)  # the resolved config, for the record
+
+    @property
+    def mode(self) -> str:
+        """How the layout is found: `search` (trials), `exact` (the exact MILP) or `replan` (from a running plan)."""
+        return "replan" if self.replan is not None else "exact" if self.search.sampler == "exact" else "search"
 
 
 def inventory_of(cfg: Any) -> tuple[str, Any]:
@@ -156,6 +191,59 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
             f"search.{unknown[0]} is not a search setting (a typo?): the settings are {sorted(SEARCH_KEYS)}"
         )
     inventory = inventory_from_cfg(inventory_name, plain(inv_cfg))
+    budget = optional_positive(s.budget_per_hour, "search.budget_per_hour")
+    kv_transfer = boolean(s.kv_transfer, "search.kv_transfer")
+    planner = planner_from_cfg(cfg, {g.name: g for g in inventory.gpus}, kv_transfer, budget)
+    search = search_from_cfg(s)
+    replanning = replanning_from_cfg(s, inventory) if s.get("from_plan") is not None else None
+    calibration = planner.profile.calibration
+    check_features(Choices(
+        objective=search.objective, sampler=search.sampler, workload=choice("workload"), budget=budget is not None,
+        kv_transfer=kv_transfer,
+        aggregated=planner.cost.engine.aggregated, arrivals=search.arrivals,
+        trace=planner.workload.arrival_profile is not None, slo=planner.cost.slo.any, spare_hosts=search.spare_hosts,
+        from_plan=replanning is not None, robust=search.robust,
+        calibrated=calibration is not None and calibration.uncertain,
+    ))  # fmt: skip
+    if search.spare_hosts:
+        check_spare_hosts(search.spare_hosts, inventory)
+    if search.robust:  # every factor at its 10th percentile
+        from pipeline.planning.band import Z10, redrawn
+
+        planner = redrawn(planner, calibration.shifted(-Z10))
+    if search.arrivals == "workload":  # every island's SLO caps under the workload's bursts
+        planner = planner.bursty() or planner
+    record = {k: plain(cfg[k]) for k in cfg if k != "hydra"}
+    record["inventory"] = {"name": inventory_name, **plain(inv_cfg)}
+    record["search"]["min_island_per_type"] = record["search"].get("min_island_per_type") or {}
+    digest = hashlib.sha1(json.dumps(run_identity(record), sort_keys=True, default=str).encode()).hexdigest()[:8]
+    workload_name = choice("workload")
+    name = f"{inventory_name}-{workload_name}-{search.generator}-{search.sampler}-{search.objective}-{digest}"
+    return Settings(
+        inventory=inventory,
+        workload_name=workload_name,
+        planning=planner,
+        calibration=calibration,
+        search=search,
+        replan=replanning,
+        space=space_from_cfg(s, inventory, bounds=search.objective == "rate_per_dollar" or budget is not None),
+        ray=RayOptions(
+            address=None if cfg.ray.address is None else str(cfg.ray.address),
+            num_cpus=None if cfg.ray.num_cpus is None else positive_int(cfg.ray.num_cpus, "ray.num_cpus"),
+            cpus_per_trial=number(cfg.ray.cpus_per_trial, "ray.cpus_per_trial", low=0.01),
+        ),
+        mlflow=MlflowOptions(
+            tracking_uri=None if cfg.mlflow.tracking_uri is None else str(cfg.mlflow.tracking_uri),
+            experiment=str(cfg.mlflow.experiment),
+        ),
+        run_root=Path(str(cfg.out_root)) / name,
+        key=digest,
+        config=record,
+    )
+
+
+def search_from_cfg(s: Any) -> SearchOptions:
+    """The `search` group's values, each checked (ConfigError names the key)."""
     sampler, objective, generator = str(s.sampler), str(s.objective), str(s.generator)
     if sampler not in (*SAMPLERS, "exact"):
         raise ConfigError(f"search.sampler={sampler!r} is unknown: choose from {[*SAMPLERS, 'exact']}")
@@ -163,61 +251,42 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         raise ConfigError(f"search.objective={objective!r} is unknown: choose from {list(OBJECTIVES)}")
     if generator not in GENERATORS:
         raise ConfigError(f"search.generator={generator!r}: choose from {list(GENERATORS)}")
-    on_violation = str(s.get("on_violation", "reject"))
-    if on_violation not in ("reject", "repair"):
-        raise ConfigError(f"search.on_violation={on_violation!r}: choose reject or repair")
     backend = str(s.inner_backend).upper()
     if backend not in BACKENDS:
         raise ConfigError(f"search.inner_backend={s.inner_backend!r}: choose from {list(BACKENDS)}")
-    budget = optional_positive(s.budget_per_hour, "search.budget_per_hour")
-    kv_transfer = boolean(s.kv_transfer, "search.kv_transfer")
-    if objective == "thesis" and (budget is not None or kv_transfer):
-        raise ConfigError("search.objective=thesis has no budget or KV-transfer constraint: drop those overrides")
-    goodput = goodput_from_cfg(s.get("goodput") or {}) if objective == "goodput" else None
-    workload_name = choice("workload")
-    planner = planner_from_cfg(cfg, {g.name: g for g in inventory.gpus}, kv_transfer, budget)
-    calibration = planner.profile.calibration
-    robust = boolean(s.get("robust", False), "search.robust")
-    if robust:
-        from pipeline.planning.band import Z10, redrawn
-
-        if calibration is None or not calibration.uncertain:
-            raise ConfigError("search.robust=true plans for the pessimistic end of a calibration's range, and "
-                              "this cost model has none: add costmodel.calibration=published (or a file of "
-                              "yours from python -m costmodel.calibrate)")  # fmt: skip
-        planner = redrawn(planner, calibration.shifted(-Z10))
-    if goodput is not None and not planner.cost.slo.any:
-        raise ConfigError("search.objective=goodput counts requests served within the SLOs: set the slo block "
-                          "(slo=null plans for throughput only; use objective=max_rate there)")  # fmt: skip
     arrivals = str(s.get("arrivals", "poisson"))
     if arrivals not in ("poisson", "workload"):
         raise ConfigError(f"search.arrivals={arrivals!r}: choose poisson, or workload (the arrival model fitted to "
                           "the workload's trace)")  # fmt: skip
-    if arrivals == "workload" and planner.workload.arrival_profile is None:
-        raise ConfigError(f"search.arrivals=workload needs a workload with a trace's arrival model; workload "
-                          f"{workload_name} has none (a synthetic one): use search.arrivals=poisson")  # fmt: skip
-    if arrivals == "workload":  # the search plans for the workload's bursts: every island's SLO caps under them
-        if planner.cost.engine.aggregated or goodput is not None:
-            raise ConfigError("search.arrivals=workload plans disaggregated islands by the queueing model under the "
-                              "workload's bursts; " + ("an aggregated island's SLO model is Poisson's: set "
-                              "costmodel.aggregated=false" if planner.cost.engine.aggregated else "objective=goodput "
-                              "simulates Poisson arrivals: use objective=max_rate or rate_per_dollar"))  # fmt: skip
-        planner = planner.bursty() or planner
-    from_plan, lost_hosts = None, ()
-    if s.get("from_plan") is not None:
-        from_plan, lost_hosts = read_from_plan(s, inventory)
-    spare_hosts = whole_number(s.get("spare_hosts", 0), "search.spare_hosts")
-    if spare_hosts and from_plan is not None:
-        raise ConfigError("search.from_plan re-plans a running plan with few moves; search.spare_hosts plans a new "
-                          "one for lost hosts: drop one of the two")  # fmt: skip
-    if spare_hosts:
-        check_spare_hosts(spare_hosts, sampler, objective, inventory)
-        extra = [k for k, on in (("costmodel.aggregated=true", planner.cost.engine.aggregated),
-                                 ("search.budget_per_hour", budget is not None),
-                                 ("search.kv_transfer=true", kv_transfer)) if on]  # fmt: skip
-        if extra:
-            raise ConfigError(f"search.spare_hosts={spare_hosts} plans prefill and decode roles for every island, "
-                              f"without {extra[0]}: drop one of the two")  # fmt: skip
+    return SearchOptions(
+        sampler=sampler,
+        generator=generator,
+        iterations=positive_int(s.iterations, "search.iterations"),
+        batch=positive_int(s.batch, "search.batch"),
+        polish=fraction(s.polish, "search.polish"),
+        objective=objective,
+        seed=whole_number(s.seed, "search.seed"),
+        resume=boolean(s.resume, "search.resume"),
+        reference=boolean(s.reference, "search.reference"),
+        reference_time_limit_s=number(s.reference_time_limit_s, "search.reference_time_limit_s", low=0.001),
+        inner_time_limit_s=number(s.inner_time_limit_s, "search.inner_time_limit_s", low=0.001),
+        backend=backend,
+        robust=boolean(s.get("robust", False), "search.robust"),
+        spare_hosts=whole_number(s.get("spare_hosts", 0), "search.spare_hosts"),
+        arrivals=arrivals,
+        goodput=goodput_from_cfg(s.get("goodput") or {}) if objective == "goodput" else None,
+        verify=boolean(s.verify, "search.verify"),
+        host_losses=boolean(s.get("host_losses", True), "search.host_losses"),
+        band_draws=whole_number(s.get("band_draws", 0), "search.band_draws"),
+    )
+
+
+def space_from_cfg(s: Any, inventory: Inventory, bounds: bool) -> SpaceSettings:
+    """The layouts the search may propose (`search`: generator, shapes, island sizes, skew, slots); `bounds`: the
+    inventory's counts are upper bounds (a $ objective or budget), not what every layout uses."""
+    on_violation = str(s.get("on_violation", "reject"))
+    if on_violation not in ("reject", "repair"):
+        raise ConfigError(f"search.on_violation={on_violation!r}: choose reject or repair")
     shapes = str(s.shapes)
     if shapes not in SHAPES:
         raise ConfigError(
@@ -226,67 +295,23 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
     per_type = plain(s.min_island_per_type) or {}
     if not isinstance(per_type, Mapping):
         raise ConfigError(f"search.min_island_per_type must map GPU names to sizes, got {per_type!r}")
-    space = SpaceSettings(
-        generator=generator,
+    return SpaceSettings(
+        generator=str(s.generator),
         min_island=plain(s.min_island),
         min_island_per_type=per_type,
         skew_range=number(s.skew_range, "search.skew_range", low=0),
         max_islands=None if str(s.max_islands) == "auto" else positive_int(s.max_islands, "search.max_islands"),
         k_slots=positive_int(s.get("k_slots", 16), "search.k_slots"),
         repair=on_violation == "repair",
-        counts_are_bounds=objective == "rate_per_dollar" or budget is not None,
+        counts_are_bounds=bounds,
         grid_points=positive_int(s.grid_points, "search.grid_points"),
         node=tuple((g.name, g.node_gpus) for g in inventory.gpus) if shapes == "nodes" else None,
     )
-    record = {k: plain(cfg[k]) for k in cfg if k != "hydra"}
-    record["inventory"] = {"name": inventory_name, **plain(inv_cfg)}
-    record["search"]["min_island_per_type"] = record["search"].get("min_island_per_type") or {}
-    digest = hashlib.sha1(json.dumps(run_identity(record), sort_keys=True, default=str).encode()).hexdigest()[:8]
-    name = f"{inventory_name}-{workload_name}-{generator}-{sampler}-{objective}-{digest}"
-    return Settings(
-        inventory=inventory,
-        workload_name=workload_name,
-        planner="replan" if from_plan is not None else "exact" if sampler == "exact" else "search",
-        sampler=sampler,
-        generator=generator,
-        iterations=positive_int(s.iterations, "search.iterations"),
-        batch=positive_int(s.batch, "search.batch"),
-        polish=fraction(s.polish, "search.polish"),
-        objective=objective,
-        seed=whole_number(s.seed, "search.seed"),
-        reference=boolean(s.reference, "search.reference"),
-        reference_time_limit_s=number(s.reference_time_limit_s, "search.reference_time_limit_s", low=0.001),
-        resume=boolean(s.resume, "search.resume"),
-        verify=boolean(s.verify, "search.verify"),
-        host_losses=boolean(s.get("host_losses", True), "search.host_losses"),
-        band_draws=whole_number(s.get("band_draws", 0), "search.band_draws"),
-        robust=robust,
-        spare_hosts=spare_hosts,
-        arrivals=arrivals,
-        from_plan=from_plan,
-        from_plan_path="" if from_plan is None else str(s.from_plan),
-        max_moves=positive_int(s.get("max_moves", 3), "search.max_moves"),
-        max_hosts=None if s.get("max_hosts") is None else whole_number(s.max_hosts, "search.max_hosts"),
-        lost_hosts=lost_hosts,
-        calibration=calibration,
-        run_root=Path(str(cfg.out_root)) / name,
-        ray_address=None if cfg.ray.address is None else str(cfg.ray.address),
-        ray_num_cpus=None if cfg.ray.num_cpus is None else positive_int(cfg.ray.num_cpus, "ray.num_cpus"),
-        cpus_per_trial=number(cfg.ray.cpus_per_trial, "ray.cpus_per_trial", low=0.01),
-        mlflow_uri=None if cfg.mlflow.tracking_uri is None else str(cfg.mlflow.tracking_uri),
-        mlflow_experiment=str(cfg.mlflow.experiment),
-        planning=planner,
-        space=space,
-        inner_time_limit_s=number(s.inner_time_limit_s, "search.inner_time_limit_s", low=0.001),
-        backend=backend,
-        goodput=goodput,
-        key=digest,
-        config=record,
-    )
 
 
-def read_from_plan(s: Any, inventory: Inventory) -> tuple[Any, tuple[tuple[str, int], ...]]:
-    """(the running plan, the hosts of it that are gone) of search.from_plan and search.lost_hosts, checked."""
+def replanning_from_cfg(s: Any, inventory: Inventory) -> Replanning:
+    """search.from_plan (the running plan), search.lost_hosts (the hosts of it that are gone) and the re-plan's
+    bounds, checked."""
     import plan as plans
 
     running = plans.load(str(s.from_plan), "search.from_plan")
@@ -309,20 +334,16 @@ def read_from_plan(s: Any, inventory: Inventory) -> tuple[Any, tuple[tuple[str, 
         raise ConfigError(f"search.from_plan={s.from_plan}: its islands run on {unknown[0]}, which this "
                           f"inventory does not have ({sorted(gpus)}): re-plan with the inventory the plan runs on, "
                           "changed")  # fmt: skip
-    return running, tuple(lost)
+    max_hosts = None if s.get("max_hosts") is None else whole_number(s.max_hosts, "search.max_hosts")
+    return Replanning(running, str(s.from_plan), positive_int(s.get("max_moves", 3), "search.max_moves"), max_hosts,
+                      tuple(lost))  # fmt: skip
 
 
-def check_spare_hosts(spare: int, sampler: str, objective: str, inventory: Inventory) -> None:
-    """search.spare_hosts=K is a score of the search's trials over every set of K hosts: refused where it cannot
-    be (the exact MILP, an objective without a rate) or would take too long (too many sets of hosts)."""
+def check_spare_hosts(spare: int, inventory: Inventory) -> None:
+    """search.spare_hosts=K is a score of the search's trials over every set of K hosts: refused where it would
+    take too long (too many sets of hosts) or leave nothing to serve with."""
     from pipeline.planning.failures import COMBINATIONS
 
-    if sampler == "exact":
-        raise ConfigError(f"search.spare_hosts={spare}: the exact MILP plans with every host up; use a search "
-                          "sampler (search.sampler=tpe, the default) to plan for lost hosts")  # fmt: skip
-    if objective not in ("max_rate", "rate_per_dollar"):
-        raise ConfigError(f"search.spare_hosts={spare} scores a layout by its rate with hosts lost: use "
-                          f"search.objective=max_rate or rate_per_dollar, not {objective}")  # fmt: skip
     hosts = inventory.hosts
     if spare >= hosts:
         raise ConfigError(f"search.spare_hosts={spare}: the inventory has {hosts} hosts; losing {spare} leaves "
@@ -354,8 +375,9 @@ def context(settings: Settings) -> Any:
         node=sp.node,
     )
     check_a_plan_exists(planner, inventory, space)
-    return Context(planner, space, settings.objective, settings.inner_time_limit_s, settings.key, settings.backend,
-                   settings.goodput, settings.spare_hosts)  # fmt: skip
+    o = settings.search
+    return Context(planner, space, o.objective, o.inner_time_limit_s, settings.key, o.backend, o.goodput,
+                   o.spare_hosts)  # fmt: skip
 
 
 def recorded(settings: Settings, ctx: Any) -> dict[str, Any]:

@@ -53,8 +53,8 @@ class SearchRun:
         self._logging = threading.Lock()  # one writer of child runs at a time
         self._logger: threading.Thread | None = None  # logs child runs while Tune runs (`background_logging`)
         self._wake = threading.Event()
-        n_polish = round(settings.polish * settings.trials) if settings.planner == "search" else 0
-        self.polish_from = settings.trials - n_polish if n_polish else None  # the trial polish starts at
+        n_polish = round(settings.search.polish * settings.search.trials) if settings.mode == "search" else 0
+        self.polish_from = settings.search.trials - n_polish if n_polish else None  # the trial polish starts at
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its callbacks, and with them this run, into its experiment state; locks do not pickle
@@ -65,7 +65,7 @@ class SearchRun:
 
     def _run_dir(self) -> Path:
         root = self.s.run_root
-        if self.s.resume:  # a run cut short may have written any of its files, or all of them whole
+        if self.s.search.resume:  # a run cut short may have written any of its files, or all of them whole
             made = ("trials.jsonl", "state.json", "config.json")
             runs = sorted(p for p in root.glob("*") if any((p / f).exists() for f in made)) if root.exists() else []
             if not runs:
@@ -102,7 +102,7 @@ class SearchRun:
     def _record(
         self, idx: int, params: Mapping[str, Any], result: Mapping[str, Any] | None, error: str | None
     ) -> dict[str, Any]:
-        rec: dict[str, Any] = {"trial": idx, "iteration": idx // self.s.batch, "params": dict(params)}
+        rec: dict[str, Any] = {"trial": idx, "iteration": idx // self.s.search.batch, "params": dict(params)}
         if error is not None:
             rec.update(dict.fromkeys(METRICS, 0.0), status="error", islands="", note=error)
         else:
@@ -110,7 +110,7 @@ class SearchRun:
             rec.update({k: result.get(k) for k in (*METRICS, "status", "islands", "note", "node", "pid")})
             rec.update({k: result[k] for k in GOODPUT_METRICS if k in result})
         # a goodput trial's score is simulated; its gap is that of its analytic rate to the analytic optimum
-        rec["gap"] = self.gap(rec["rate_req_s"] if self.s.objective == "goodput" else rec["score"])
+        rec["gap"] = self.gap(rec["rate_req_s"] if self.s.search.objective == "goodput" else rec["score"])
         return rec
 
     def log_trials(self) -> bool:
@@ -180,15 +180,16 @@ class SearchRun:
         host up: no layout keeps more with hosts lost)."""
         if self.ref is None:
             return False
-        return self.s.spare_hosts > 0 or (self.ref.status == "feasible" and self.s.objective == "max_rate")
+        o = self.s.search
+        return o.spare_hosts > 0 or (self.ref.status == "feasible" and o.objective == "max_rate")
 
     def gap(self, score: float) -> float:
-        if self.ref is None or self.s.objective == "thesis":
+        if self.ref is None or self.s.search.objective == "thesis":
             return float("nan")
-        if self.ref.status == "feasible" and self.s.objective == "max_rate":
+        if self.ref.status == "feasible" and self.s.search.objective == "max_rate":
             ref = self.ref.bound
         else:
-            ref = self.ref.rate_per_dollar if self.s.objective == "rate_per_dollar" else self.ref.rate_req_s
+            ref = self.ref.rate_per_dollar if self.s.search.objective == "rate_per_dollar" else self.ref.rate_req_s
         return 1.0 - score / ref if ref > 0 else float("nan")
 
     def gap_text(self, gap: float) -> str:
@@ -198,18 +199,18 @@ class SearchRun:
     def progress(self, force: bool = False) -> None:
         """Trials done, the best score and its gap: a bar on a terminal, a line every 2 s in a log."""
         if self.bar is None:
-            self.bar = Progress("search", "trials", self.s.trials, "trials")
+            self.bar = Progress("search", "trials", self.s.search.trials, "trials")
         now = time.perf_counter()
         done_here = len(self.records) - self.resumed
         rate = done_here / max(now - self.t0, 1e-9)
         best = self.best["score"] + 0.0 if self.best else 0.0
-        unit = "req/s per $/h" if self.s.objective == "rate_per_dollar" else "req/s"
-        gap = self.gap(best) if self.s.objective != "goodput" else float("nan")  # simulated vs analytic: no gap
+        unit = "req/s per $/h" if self.s.search.objective == "rate_per_dollar" else "req/s"
+        gap = self.gap(best) if self.s.search.objective != "goodput" else float("nan")  # simulated vs analytic: no gap
         gap_txt = f"  {self.gap_text(gap)}" if gap == gap else ""
         failed = sum(r["status"] == "error" for r in self.records)
-        text = (f"{len(self.records)}/{self.s.trials} trials  best {best:.4g} {unit}{gap_txt}  "
+        text = (f"{len(self.records)}/{self.s.search.trials} trials  best {best:.4g} {unit}{gap_txt}  "
                 f"{rate:.2f} trials/s{f'  {failed} failed' if failed else ''}")  # fmt: skip
-        if force or len(self.records) >= self.s.trials:
+        if force or len(self.records) >= self.s.search.trials:
             # the last state once, with the rate it ended at (not again with the time of later work)
             if not self.closed:
                 self.bar.update(len(self.records))
@@ -218,8 +219,8 @@ class SearchRun:
             return
         self.bar.update(len(self.records), text)
         if self.polish_from is not None and len(self.records) == self.polish_from:
-            print(f"[search] polish: trials {self.polish_from + 1}-{self.s.trials} step from the best layout so far "
-                  f"to its neighbours", flush=True)  # fmt: skip
+            print(f"[search] polish: trials {self.polish_from + 1}-{self.s.search.trials} step from the best layout so "
+                  "far to its neighbours", flush=True)  # fmt: skip
 
     # the loop -----------------------------------------------------------------------------------
 

@@ -18,16 +18,16 @@ class RateBand(PlanStep):
 
     def wanted(self, plan: Plan, sc: StepContext) -> bool:
         cal = sc.settings.calibration
-        return cal is not None and cal.uncertain and bool(sc.settings.band_draws)
+        return cal is not None and cal.uncertain and bool(sc.settings.search.band_draws)
 
     def announce(self, plan: Plan, sc: StepContext) -> str | None:
-        return (f"rate band: the best layout under {sc.settings.band_draws} draws of calibration "
+        return (f"rate band: the best layout under {sc.settings.search.band_draws} draws of calibration "
                 f"{sc.settings.calibration.name} ...")  # fmt: skip
 
     def compute(self, plan: Plan, sc: StepContext) -> Band | None:
         s, ctx = sc.settings, sc.rates
         return rate_band(ctx.planner, sc.layout, plan.rate_req_s, plan.rates.searched_req_s, s.calibration,
-                         s.band_draws, ctx.inner_time_limit_s, ctx.backend, s.seed)  # fmt: skip
+                         s.search.band_draws, ctx.inner_time_limit_s, ctx.backend, s.search.seed)  # fmt: skip
 
     def lines(self, plan: Plan, sc: StepContext, seconds: float) -> list[str]:
         b = plan.band

@@ -21,7 +21,7 @@ class WorkloadBursts(PlanStep):
     interruptible = True
 
     def wanted(self, plan: Plan, sc: StepContext) -> bool:
-        return sc.settings.arrivals == "workload" and plan.serves
+        return sc.settings.search.arrivals == "workload" and plan.serves
 
     def announce(self, plan: Plan, sc: StepContext) -> str | None:
         profile = sc.mix.profile

@@ -21,7 +21,7 @@ class Check(PlanStep):
     interruptible = True
 
     def wanted(self, plan: Plan, sc: StepContext) -> bool:
-        return bool(sc.settings.verify)
+        return bool(sc.settings.search.verify)
 
     def announce(self, plan: Plan, sc: StepContext) -> str | None:
         if not plan.serves:

@@ -19,10 +19,10 @@ class Losses(PlanStep):
     on = ("search.host_losses=true",)
 
     def wanted(self, plan: Plan, sc: StepContext) -> bool:
-        return bool(sc.settings.host_losses)
+        return bool(sc.settings.search.host_losses)
 
     def compute(self, plan: Plan, sc: StepContext) -> HostLosses | None:
-        ctx, spare = sc.rates, sc.settings.spare_hosts
+        ctx, spare = sc.rates, sc.settings.search.spare_hosts
         losses = host_losses(ctx.planner, sc.layout, plan, ctx.inner_time_limit_s, ctx.backend)
         if losses is None or not spare:
             return losses

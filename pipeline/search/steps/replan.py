@@ -31,12 +31,12 @@ class Replanned(PlanStep):
     stage = 0  # the islands as they run: before anything judges them
 
     def wanted(self, plan: Plan, sc: StepContext) -> bool:
-        return sc.settings.from_plan is not None
+        return sc.settings.replan is not None
 
     def compute(self, plan: Plan, sc: StepContext) -> Running:
-        s, again = sc.settings, sc.run.replanned
-        assert again is not None
-        old = {(isl.gpu, isl.hosts.nodes, isl.role): isl for isl in s.from_plan.islands
+        s, again = sc.settings.replan, sc.run.replanned
+        assert s is not None and again is not None
+        old = {(isl.gpu, isl.hosts.nodes, isl.role): isl for isl in s.plan.islands
                if isl.serving and isl.hosts is not None}  # fmt: skip
         islands, kept, moves = list(plan.islands), [], list(again.moves)
         relaunched = again.hosts_relaunched
@@ -53,8 +53,7 @@ class Replanned(PlanStep):
                          "its configuration for this workload)")  # fmt: skip
             relaunched += len(now.hosts.nodes) if now.hosts else 0
         scratch = sc.run.ref.rate_req_s if sc.run.ref is not None else None
-        record = Replan(s.from_plan_path, tuple(moves), tuple(kept), relaunched, s.max_moves, again.searched_req_s,
-                        scratch)  # fmt: skip
+        record = Replan(s.path, tuple(moves), tuple(kept), relaunched, s.max_moves, again.searched_req_s, scratch)
         return Running(tuple(islands), record, len(moves) - len(again.moves))
 
     def attach(self, plan: Plan, record: Running) -> Plan:

@@ -29,7 +29,7 @@ from pipeline.search.trials import SearchRun
 
 def run_tune(run: SearchRun, trial_fn: TrialFn = run_trial) -> bool:
     """Run the remaining trials through Ray Tune; False when interrupted."""
-    remaining = run.s.trials - len(run.records)
+    remaining = run.s.search.trials - len(run.records)
     if remaining <= 0:
         return True
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter honours verbose=0
@@ -45,11 +45,11 @@ def run_tune(run: SearchRun, trial_fn: TrialFn = run_trial) -> bool:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # as many workers as the cluster has room for, and no more than a batch can keep busy
-    workers = max(1, min(run.s.batch, int(ray.cluster_resources().get("CPU", 1) / run.s.cpus_per_trial)))
+    workers = max(1, min(run.s.search.batch, int(ray.cluster_resources().get("CPU", 1) / run.s.ray.cpus_per_trial)))
     searcher = BatchSearcher(
-        make_sampler(run.s.sampler, run.s.seed, run.ctx.space, run.s.polish, run.s.trials),
+        make_sampler(run.s.search.sampler, run.s.search.seed, run.ctx.space, run.s.search.polish, run.s.search.trials),
         run.ctx.space.distributions(),
-        run.s.batch,
+        run.s.search.batch,
         remaining,
         halted=lambda: run.fatal is not None,
     )
@@ -76,7 +76,7 @@ def run_tune(run: SearchRun, trial_fn: TrialFn = run_trial) -> bool:
     # driver cannot know which nodes the trial's bundles will be on, so they start with its first batch)
     one_node = sum(1 for n in ray.nodes() if n.get("Alive")) == 1
     warming = prewarm(run.ctx.key, ctx_ref, workers - 1, trainable_env()) if one_node else []
-    cpus = run.s.cpus_per_trial
+    cpus = run.s.ray.cpus_per_trial
     trial = tune.with_parameters(
         batch_trial, key=run.ctx.key, ctx_ref=ctx_ref, trial_fn=trial_fn, workers=workers, cpus=cpus
     )
@@ -109,7 +109,7 @@ def run_tune(run: SearchRun, trial_fn: TrialFn = run_trial) -> bool:
         del warming  # its tasks' references, held while Tune ran
     if run.fatal is not None:  # the journal could not be written: what is in it is kept, the rest is not done
         raise run.fatal
-    return len(run.records) >= run.s.trials
+    return len(run.records) >= run.s.search.trials
 
 
 def _error_line(trial: Any) -> str:
