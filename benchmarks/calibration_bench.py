@@ -144,7 +144,7 @@ def plans(cells: list[str], calibration: str, draws: int) -> None:
         band = None
         if plan is not None:
             band = rate_band(planner, layout, plan.rate_req_s, plan.rates.searched_req_s,
-                             planner.profile.calibration, draws, 30.0)  # fmt: skip
+                             planner.profile.calibration, draws, time_limit_s=30.0)  # fmt: skip
         rng = "-" if band is None else f"{band.p10_req_s:.1f} - {band.p90_req_s:.1f}"
         width = "-" if band is None or plan is None else f"{(band.p90_req_s - band.p10_req_s) / plan.rate_req_s:.0%}"
         print(f"| {cell} | {base:.2f} | {cal_rate:.2f} | {cal_rate / base - 1:+.1%} | {rng} | {width} | "

@@ -313,10 +313,10 @@ def test_the_band_spans_the_draws_and_vanishes_without_uncertainty() -> None:
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
     layout = exact_layout(reference(settings, ctx, ctx.planner))
     _, sol = ctx.planner.solve(layout, "max_rate", 10.0)
-    band = rate_band(ctx.planner, layout, sol.rate_req_s, sol.rate_req_s, settings.calibration, 16, 10.0)
+    band = rate_band(ctx.planner, layout, sol.rate_req_s, sol.rate_req_s, settings.calibration, 16, time_limit_s=10.0)
     assert band is not None and band.p10_req_s < sol.rate_req_s < band.p90_req_s
-    assert rate_band(ctx.planner, layout, 1.0, 1.0, settings.calibration.shifted(0.0), 16, 10.0) is None
-    assert rate_band(ctx.planner, layout, 1.0, 1.0, None, 16, 10.0) is None
+    assert rate_band(ctx.planner, layout, 1.0, 1.0, settings.calibration.shifted(0.0), 16, time_limit_s=10.0) is None
+    assert rate_band(ctx.planner, layout, 1.0, 1.0, None, 16, time_limit_s=10.0) is None
 
 
 def _command(module: str, *args: str) -> Any:

@@ -99,11 +99,12 @@ def test_no_move_keeps_the_running_islands_and_a_host_budget_is_kept(tmp_path: P
     counts = settings.inventory.by_name
     hosts = hosts_now(old, counts, node, [("H20", 3)])
     mins = dict(ctx.space.min_island)
-    none = replan(ctx.planner, old, hosts, mins, 0, ctx.inner_time_limit_s, ctx.backend)
+    none = replan(ctx.planner, old, hosts, mins, 0, time_limit_s=ctx.inner_time_limit_s, backend=ctx.backend)
     assert none.moves == () and none.hosts_relaunched == 0
     assert all(p.origin is not None for p in none.pieces) and len(none.kept) == len(none.pieces)
-    bounded = replan(ctx.planner, old, hosts, mins, 3, ctx.inner_time_limit_s, ctx.backend, max_hosts=1)
-    free = replan(ctx.planner, old, hosts, mins, 3, ctx.inner_time_limit_s, ctx.backend)
+    bounded = replan(ctx.planner, old, hosts, mins, 3, time_limit_s=ctx.inner_time_limit_s, backend=ctx.backend,
+                     max_hosts=1)
+    free = replan(ctx.planner, old, hosts, mins, 3, time_limit_s=ctx.inner_time_limit_s, backend=ctx.backend)
     assert bounded.hosts_relaunched <= 1 and bounded.searched_req_s <= free.searched_req_s * (1 + 1e-9)
     assert free.searched_req_s >= none.searched_req_s
 

@@ -35,6 +35,7 @@ def rate_band(
     searched_req_s: float,
     cal: Calibration | None,
     draws: int,
+    *,
     time_limit_s: float,
     backend: str = "AUTO",
     seed: int = 0,

@@ -91,6 +91,7 @@ def replan(
     hosts: Mapping[str, Sequence[int]],
     min_island: Mapping[str, int],
     max_moves: int,
+    *,
     time_limit_s: float,
     backend: str = "AUTO",
     max_hosts: int | None = None,

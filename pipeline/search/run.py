@@ -303,15 +303,13 @@ def _plan(
 
 def _replanned(settings: Settings, ctx: Context) -> Replanned:
     """The best plan within search.max_moves changed islands of the running plan (`pipeline.planning.replan`)."""
-    inv = settings.inventory
-    counts = inv.by_name
-    node_gpus = {g.name: g.node_gpus for g in inv.gpus}
-    hosts = hosts_now(settings.replan.plan, counts, node_gpus, settings.replan.lost_hosts)
+    inv, again = settings.inventory, settings.replan
+    assert again is not None
+    hosts = hosts_now(again.plan, inv.by_name, {g.name: g.node_gpus for g in inv.gpus}, again.lost_hosts)
     t0 = time.perf_counter()
-    print(f"[search] re-plan: from {settings.replan.path}, at most {settings.replan.max_moves} islands changed ...",
-          flush=True)  # fmt: skip
-    found = replan(ctx.planner, settings.replan.plan, hosts, dict(ctx.space.min_island), settings.replan.max_moves,
-                   ctx.inner_time_limit_s, ctx.backend, settings.replan.max_hosts)  # fmt: skip
+    print(f"[search] re-plan: from {again.path}, at most {again.max_moves} islands changed ...", flush=True)
+    found = replan(ctx.planner, again.plan, hosts, dict(ctx.space.min_island), again.max_moves,
+                   time_limit_s=ctx.inner_time_limit_s, backend=ctx.backend, max_hosts=again.max_hosts)  # fmt: skip
     moves = "; ".join(found.moves) or "none (the running islands as they are)"
     print(f"[search] re-plan: {len(found.moves)} moves ({moves}), {found.hosts_relaunched} hosts re-launched: "
           f"{found.searched_req_s:.2f} req/s in the search's model ({time.perf_counter() - t0:.1f} s)", flush=True)

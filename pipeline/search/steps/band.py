@@ -27,7 +27,8 @@ class RateBand(PlanStep):
     def compute(self, plan: Plan, sc: StepContext) -> Band | None:
         s, ctx = sc.settings, sc.rates
         return rate_band(ctx.planner, sc.layout, plan.rate_req_s, plan.rates.searched_req_s, s.calibration,
-                         s.search.band_draws, ctx.inner_time_limit_s, ctx.backend, s.search.seed)  # fmt: skip
+                         s.search.band_draws, time_limit_s=ctx.inner_time_limit_s, backend=ctx.backend,
+                         seed=s.search.seed)  # fmt: skip
 
     def lines(self, plan: Plan, sc: StepContext, seconds: float) -> list[str]:
         b = plan.band
