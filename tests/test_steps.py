@@ -95,3 +95,14 @@ def test_a_forked_step_prints_and_records_what_it_would_in_turn(searches: dict[s
     """The check ran beside the band (forked): its lines come after the band's, as run in turn."""
     out = searches["console"]
     assert out.index("[search] rate band:") < out.index("[search] simulated:")
+
+
+@pytest.mark.parametrize("s", STEPS, ids=lambda s: s.name)
+def test_the_settings_a_step_names_are_the_configs_own(s: PlanStep) -> None:
+    """What turns a step on or off is a setting conf/search/ documents (a typo there would be refused)."""
+    from pipeline.search.settings import SEARCH_KEYS
+
+    for override in (s.off, *s.on):
+        key, _, _ = override.partition("=")
+        group, _, name = key.partition(".")
+        assert group != "search" or name in SEARCH_KEYS, override

@@ -30,6 +30,7 @@ from pipeline.planning.workload import Workload, ranges_from_cfg, workload_from_
 from pipeline.search.features import Choices, check_features
 from pipeline.search.samplers import SAMPLERS
 from pipeline.search.space import GENERATORS, Space
+from pipeline.search.steps import STEPS
 from solvers.inner import BACKENDS
 from solvers.layouts import node_shapes, smallest_shape
 
@@ -59,7 +60,7 @@ class SpaceSettings:
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """The `search` group: how layouts are proposed and scored, and what the post-search steps do."""
+    """The `search` group: how layouts are proposed and scored (the post-search steps read their own settings)."""
 
     sampler: str
     generator: str
@@ -77,9 +78,6 @@ class SearchOptions:
     spare_hosts: int  # score each layout by its lowest rate with any this many hosts lost (0: every host up)
     arrivals: str  # poisson, or workload: plan for the workload's own arrivals (its trace's bursts)
     goodput: GoodputCheck | None  # objective goodput: how each layout is simulated
-    verify: bool  # the post-search steps: simulate the plan at its stated rate ...
-    host_losses: bool  # ... state its rate with each of its hosts lost ...
-    band_draws: int  # ... and re-plan it under this many draws of the calibration for its rate band (0: none)
 
     @property
     def trials(self) -> int:
@@ -124,6 +122,7 @@ class Settings:
     calibration: Any  # the cost model's calibration (before robust's shift), or None
     search: SearchOptions
     replan: Replanning | None  # search.from_plan (None: a plan from scratch)
+    steps: Mapping[str, Any]  # each post-search step's own settings, by its name (PlanStep.read)
     space: SpaceSettings
     ray: RayOptions
     mlflow: MlflowOptions
@@ -226,6 +225,7 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         calibration=calibration,
         search=search,
         replan=replanning,
+        steps={step.name: step.read(s) for step in STEPS},
         space=space_from_cfg(s, inventory, bounds=search.objective == "rate_per_dollar" or budget is not None),
         ray=RayOptions(
             address=None if cfg.ray.address is None else str(cfg.ray.address),
@@ -275,9 +275,6 @@ def search_from_cfg(s: Any) -> SearchOptions:
         spare_hosts=whole_number(s.get("spare_hosts", 0), "search.spare_hosts"),
         arrivals=arrivals,
         goodput=goodput_from_cfg(s.get("goodput") or {}) if objective == "goodput" else None,
-        verify=boolean(s.verify, "search.verify"),
-        host_losses=boolean(s.get("host_losses", True), "search.host_losses"),
-        band_draws=whole_number(s.get("band_draws", 0), "search.band_draws"),
     )
 
 

@@ -4,6 +4,9 @@ an uncertain calibration."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from pipeline.checks import whole_number
 from pipeline.planning.band import rate_band
 from pipeline.search.steps.base import PlanStep, StepContext
 from plan import Band, Plan
@@ -16,18 +19,22 @@ class RateBand(PlanStep):
     off = "search.band_draws=0"
     on = ("costmodel=calibrated", "search.band_draws=4")
 
+    def read(self, search: Any) -> int:
+        """Draws of the calibration the plan's layout is re-planned under (0: no band)."""
+        return whole_number(search.get("band_draws", 0), "search.band_draws")
+
     def wanted(self, plan: Plan, sc: StepContext) -> bool:
         cal = sc.settings.calibration
-        return cal is not None and cal.uncertain and bool(sc.settings.search.band_draws)
+        return cal is not None and cal.uncertain and bool(self.options(sc))
 
     def announce(self, plan: Plan, sc: StepContext) -> str | None:
-        return (f"rate band: the best layout under {sc.settings.search.band_draws} draws of calibration "
-                f"{sc.settings.calibration.name} ...")  # fmt: skip
+        cal = sc.settings.calibration.name
+        return f"rate band: the best layout under {self.options(sc)} draws of calibration {cal} ..."
 
     def compute(self, plan: Plan, sc: StepContext) -> Band | None:
         s, ctx = sc.settings, sc.rates
         return rate_band(ctx.planner, sc.layout, plan.rate_req_s, plan.rates.searched_req_s, s.calibration,
-                         s.search.band_draws, time_limit_s=ctx.inner_time_limit_s, backend=ctx.backend,
+                         self.options(sc), time_limit_s=ctx.inner_time_limit_s, backend=ctx.backend,
                          seed=s.search.seed)  # fmt: skip
 
     def lines(self, plan: Plan, sc: StepContext, seconds: float) -> list[str]:

@@ -1,7 +1,8 @@
 """The base of a post-search step: what a search does with its plan after the trials.
 
-A step is one module of this folder and one line of `STEPS` (pipeline/search/steps/__init__.py). It computes one
-record of the plan (`field`: the rate band, the host losses, the simulated check, ...) and says what it found in
+A step is one module of this folder and one line of `STEPS` (pipeline/search/steps/__init__.py). It reads its own
+settings from the config's `search` group (`read`; conf/search/divider.yaml lists them), computes one record of
+the plan (`field`: the rate band, the host losses, the simulated check, ...) and says what it found in
 every place a reader looks: the console (`announce`, `lines`, `summary`, `scored`), MLflow (`metrics`) and
 report.md (`rows`, `sections`). Every hook but `compute` has a default that does nothing, so a step overrides only
 what it has to say; `run_steps` (pipeline/search/steps/runner.py) never changes when a step is added.
@@ -59,6 +60,15 @@ class PlanStep:
     stage: ClassVar[int] = 1
     forks: ClassVar[bool] = False  # may run in a forked process beside the other steps of its stage
     interruptible: ClassVar[bool] = False  # Ctrl-C while it runs keeps the plan without its record
+
+    def read(self, search: Any) -> Any:
+        """Its own settings from the config's `search` group, each checked (ConfigError names the key): read once,
+        at the edge, with every other setting (`Settings.steps[name]`). None: it has none."""
+        return None
+
+    def options(self, sc: StepContext) -> Any:
+        """What `read` gave for this search."""
+        return sc.settings.steps[self.name]
 
     def wanted(self, plan: Plan, sc: StepContext) -> bool:
         """Does this search run the step on this plan?"""

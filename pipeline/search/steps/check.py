@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+from pipeline.checks import boolean
 from pipeline.planning.check import LOW, check
 from pipeline.search.steps.base import PlanStep, StepContext
 from plan import Plan, Verification
@@ -20,8 +22,11 @@ class Check(PlanStep):
     forks = True  # beside the rate band: each on its own core
     interruptible = True
 
+    def read(self, search: Any) -> bool:
+        return boolean(search.verify, "search.verify")
+
     def wanted(self, plan: Plan, sc: StepContext) -> bool:
-        return bool(sc.settings.search.verify)
+        return bool(self.options(sc))
 
     def announce(self, plan: Plan, sc: StepContext) -> str | None:
         if not plan.serves:

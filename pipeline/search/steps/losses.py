@@ -5,7 +5,9 @@ plan's `host_losses`; off with search.host_losses=false."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+from pipeline.checks import boolean
 from pipeline.planning.failures import host_losses, worst_loss
 from pipeline.search.steps.base import PlanStep, StepContext
 from plan import HostLosses, Plan, node_spans
@@ -18,8 +20,11 @@ class Losses(PlanStep):
     off = "search.host_losses=false"
     on = ("search.host_losses=true",)
 
+    def read(self, search: Any) -> bool:
+        return boolean(search.get("host_losses", True), "search.host_losses")
+
     def wanted(self, plan: Plan, sc: StepContext) -> bool:
-        return bool(sc.settings.search.host_losses)
+        return bool(self.options(sc))
 
     def compute(self, plan: Plan, sc: StepContext) -> HostLosses | None:
         ctx, spare = sc.rates, sc.settings.search.spare_hosts
