@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 from ortools.linear_solver import pywraplp
@@ -269,194 +270,282 @@ def island_classes(prob: InnerProblem) -> list[list[int]]:
     return list(groups.values())
 
 
+@dataclass(frozen=True)
+class _Classes:
+    """The max_rate model's data per class c of identical islands, and where its columns sit: x^P (C*J),
+    x^D (C*J), y (C), a (C, only with a budget or fixed roles), Λ, and with aggregated islands x^A (C*J), g (C).
+    Without a budget a_c = m_c − y_c − g_c is substituted, as in the module docstring's (4)."""
+
+    members: list[list[int]]  # the islands of each class
+    first: list[int]  # each class's first island, whose rows the class has
+    m: np.ndarray  # (C,) islands per class
+    bp: np.ndarray  # (C, J) b^P_cj
+    bd: np.ndarray  # (C, J) b^D_cj
+    ba: np.ndarray  # (C, J) b^A_cj (zeros without aggregated islands)
+    explicit_a: bool  # a_c is a column (a budget, or fixed roles)
+    with_agg: bool  # the columns x^A, g exist
+
+    @staticmethod
+    def of(prob: InnerProblem, classes: list[list[int]]) -> _Classes:
+        first = [c[0] for c in classes]
+        bp, bd = prob.prefill_req_s[first], prob.decode_req_s[first]
+        with_agg = prob.aggregated_roles
+        ba = prob.aggregated_req_s[first] if with_agg else np.zeros_like(bp)  # type: ignore[index]
+        explicit_a = prob.budget_per_hour is not None or prob.roles is not None
+        m = np.array([len(c) for c in classes], dtype=float)
+        return _Classes(classes, first, m, bp, bd, ba, explicit_a, with_agg)
+
+    @property
+    def n_c(self) -> int:
+        return self.bp.shape[0]
+
+    @property
+    def n_j(self) -> int:
+        return self.bp.shape[1]
+
+    @property
+    def cj(self) -> int:
+        return self.n_c * self.n_j
+
+    @property
+    def col_y(self) -> int:
+        return 2 * self.cj
+
+    @property
+    def col_a(self) -> int:
+        return self.col_y + self.n_c if self.explicit_a else -1
+
+    @property
+    def col_lam(self) -> int:
+        return self.col_y + (2 if self.explicit_a else 1) * self.n_c
+
+    @property
+    def col_xa(self) -> int:
+        return self.col_lam + 1
+
+    @property
+    def col_g(self) -> int:
+        return self.col_xa + self.cj
+
+    @property
+    def n_col(self) -> int:
+        return self.col_g + self.n_c if self.with_agg else self.col_lam + 1
+
+    @property
+    def counts(self) -> list[int]:
+        """The island-count columns: y, a (if a column) and g (with aggregated islands)."""
+        return [*range(self.col_y, self.col_lam), *(range(self.col_g, self.n_col) if self.with_agg else ())]
+
+
+class Rows:
+    """The rows of a sparse constraint matrix, built one constraint family at a time: `add` pieces of (row,
+    column, value) entries, rows numbered within the family, then `close` the family with its rows' bounds."""
+
+    def __init__(self) -> None:
+        self.rows: list[np.ndarray] = []
+        self.cols: list[np.ndarray] = []
+        self.vals: list[np.ndarray] = []
+        self.lo: list[np.ndarray] = []
+        self.hi: list[np.ndarray] = []
+        self.n = 0  # rows of the closed families
+
+    def add(self, r: np.ndarray, c: np.ndarray, v: object) -> None:
+        self.rows.append(self.n + r.ravel())
+        self.cols.append(c.ravel())
+        self.vals.append(np.broadcast_to(v, r.shape).ravel().astype(float))
+
+    def close(self, n: int, lo: object, hi: object) -> None:
+        self.lo.append(np.broadcast_to(np.asarray(lo, dtype=float), (n,)))
+        self.hi.append(np.broadcast_to(np.asarray(hi, dtype=float), (n,)))
+        self.n += n
+
+
 def _max_rate(
     prob: InnerProblem, classes: list[list[int]], backend: str, time_limit_s: float, t0: float
 ) -> InnerSolution:
-    """max_rate built as sparse matrices in one go (NumPy), solved by OR-Tools' model builder.
-
-    Columns: x^P (C*J), x^D (C*J), y (C), a (C, only with a budget or fixed roles), Λ, and with aggregated
-    islands x^A (C*J), g (C). Without a budget a_c = m_c − y_c − g_c is substituted, as in the module
-    docstring's (4).
-    """
-    first = [c[0] for c in classes]
-    bp, bd = prob.prefill_req_s[first], prob.decode_req_s[first]
-    m = np.array([len(c) for c in classes], dtype=float)
-    n_c, n_j = bp.shape
-    cj = n_c * n_j
-    explicit_a = prob.budget_per_hour is not None or prob.roles is not None
-    col_y = 2 * cj
-    col_a = col_y + n_c if explicit_a else -1
-    col_lam = col_y + (2 if explicit_a else 1) * n_c
-    with_agg = prob.aggregated_roles
-    ba = prob.aggregated_req_s[first] if with_agg else np.zeros_like(bp)  # type: ignore[index]
-    col_xa = col_lam + 1
-    col_g = col_xa + cj
-    n_col = col_g + n_c if with_agg else col_lam + 1
-    lb, ub = np.zeros(n_col), np.zeros(n_col)
-    ub[:cj] = np.where(bp > 0, m[:, None], 0.0).ravel()
-    ub[cj:col_y] = np.where(bd > 0, m[:, None], 0.0).ravel()
-    ub[col_y : col_y + n_c] = m
-    if explicit_a:
-        ub[col_a : col_a + n_c] = m
-    ub[col_lam] = np.inf
-    if with_agg:
-        ub[col_xa:col_g] = np.where(ba > 0, m[:, None], 0.0).ravel()
-        ub[col_g:] = np.where(ba.any(axis=1), m, 0.0)
-    if prob.roles is not None:  # fixed roles: the counts are constants, the model an LP
-        role = [prob.roles[c[0]] for c in classes]
-        for col, name in ((col_y, "decode"), (col_a, "prefill"), (col_g, "aggregated")):
-            if name == "aggregated" and not with_agg:
-                continue
-            lb[col : col + n_c] = ub[col : col + n_c] = [m[c] if r == name else 0.0 for c, r in enumerate(role)]
-
-    rows: list[np.ndarray] = []
-    cols: list[np.ndarray] = []
-    vals: list[np.ndarray] = []
-    row_lb: list[np.ndarray] = []
-    row_ub: list[np.ndarray] = []
-    n_row = 0
-
-    def add(r: np.ndarray, c: np.ndarray, v: np.ndarray) -> None:
-        rows.append(n_row + r.ravel())
-        cols.append(c.ravel())
-        vals.append(np.broadcast_to(v, r.shape).ravel().astype(float))
-
-    def close(n: int, lo: object, hi: object) -> None:
-        nonlocal n_row
-        row_lb.append(np.broadcast_to(np.asarray(lo, dtype=float), (n,)))
-        row_ub.append(np.broadcast_to(np.asarray(hi, dtype=float), (n,)))
-        n_row += n
-
-    cc, jj = np.meshgrid(np.arange(n_c), np.arange(n_j), indexing="ij")
-    xp_col, xd_col, xa_col = cc * n_j + jj, cj + cc * n_j + jj, col_xa + cc * n_j + jj
-    all_c, all_j = np.arange(n_c), np.arange(n_j)
-    g_col = col_g + all_c
-    for b, x_col in ((bp, xp_col), (bd, xd_col)):  # (1), (2): capacity of range j >= Λ p_j
-        add(jj, x_col, b)
-        if with_agg:  # (7) an aggregated island serves both phases of what it takes
-            add(jj, xa_col, ba)
-        add(all_j, np.full(n_j, col_lam), -prob.p)
-        close(n_j, 0.0, np.inf)
-    # (3) prefill islands' capacity: Σ_j x^P_cj <= a_c (= m_c − y_c − g_c without a budget)
-    add(cc, xp_col, 1.0)
-    if explicit_a:
-        add(all_c, col_a + all_c, -1.0)
-        close(n_c, -np.inf, 0.0)
-    else:
-        add(all_c, col_y + all_c, 1.0)
-        if with_agg:
-            add(all_c, g_col, 1.0)
-        close(n_c, -np.inf, m)
-    add(cc, xd_col, 1.0)  # (3) decode: Σ_j x^D_cj <= y_c
-    add(all_c, col_y + all_c, -1.0)
-    close(n_c, -np.inf, 0.0)
-    if with_agg:  # (7) aggregated: Σ_j x^A_cj <= g_c
-        add(cc, xa_col, 1.0)
-        add(all_c, g_col, -1.0)
-        close(n_c, -np.inf, 0.0)
-        if explicit_a:  # (4) the islands of a class: a_c + y_c + g_c <= m_c
-            add(all_c, col_y + all_c, 1.0)
-            add(all_c, col_a + all_c, 1.0)
-            add(all_c, g_col, 1.0)
-            close(n_c, -np.inf, m)
-    if prob.budget_per_hour is not None and prob.cost_per_hour is not None:
-        if not with_agg:
-            add(all_c, col_y + all_c, 1.0)  # (4) with a budget: a_c + y_c <= m_c
-            add(all_c, col_a + all_c, 1.0)
-            close(n_c, -np.inf, m)
-        cost = prob.cost_per_hour[first]
-        add(np.zeros(n_c, dtype=int), col_y + all_c, cost)  # (6) Σ_c cost_c (a_c + y_c + g_c) <= B
-        add(np.zeros(n_c, dtype=int), col_a + all_c, cost)
-        if with_agg:
-            add(np.zeros(n_c, dtype=int), g_col, cost)
-        close(1, -np.inf, prob.budget_per_hour)
-    if prob.kv_gb is not None and prob.link_gb_s is not None:  # (5) KV GB/s through the islands' NICs
-        link = prob.link_gb_s[first]
-        add(cc, xp_col, bp * prob.kv_gb[None, :])
-        if explicit_a:
-            add(all_c, col_a + all_c, -link)
-            close(n_c, -np.inf, 0.0)
-        else:
-            add(all_c, col_y + all_c, link)
-            if with_agg:
-                add(all_c, g_col, link)
-            close(n_c, -np.inf, link * m)
-        add(cc, xd_col, bd * prob.kv_gb[None, :])
-        add(all_c, col_y + all_c, -link)
-        close(n_c, -np.inf, 0.0)
-
-    model = maximising(col_lam, lb, ub, rows, cols, vals, np.concatenate(row_lb), np.concatenate(row_ub))
-    counts = [*range(col_y, col_lam), *(range(col_g, n_col) if with_agg else ())]
+    """max_rate built as sparse matrices in one go (NumPy), solved by OR-Tools' model builder; the columns are
+    `_Classes`', the rows the module docstring's (1)-(7)."""
+    k = _Classes.of(prob, classes)
+    lb, ub = _bounds(prob, k)
+    rows = Rows()
+    _capacity_rows(rows, prob, k)
+    _island_rows(rows, k)
+    _budget_rows(rows, prob, k)
+    _kv_rows(rows, prob, k)
+    model = maximising(k.col_lam, lb, ub, rows)
     if prob.roles is None:
-        for col in counts:
+        for col in k.counts:
             model.helper.set_var_integrality(col, True)
 
     status, x = _solve_matrix(model, backend if prob.roles is None else "GLOP", time_limit_s)
     extra: dict[str, float] = {}
-    if status in ("time_limit", "feasible") and prob.roles is None and not explicit_a:
+    if status in ("time_limit", "feasible") and prob.roles is None and not k.explicit_a:
         # out of time (many distinct islands): role search from the incumbent, or from the LP relaxation
-        found = _searched_incumbent(model, col_y, col_lam, counts, prob, first, m, x)
+        found = _searched_incumbent(model, prob, k, x)
         if found is not None:
             status, x, extra = "feasible", found[0], {"bound_req_s": found[1]}
     if status in ("infeasible", "time_limit"):
         return _empty(prob, status, t0)
-    rate = float(x[col_lam])
-    n_dec = np.round(x[col_y : col_y + n_c]).astype(int)
-    n_agg = np.round(x[col_g:n_col]).astype(int) if with_agg else np.zeros(n_c, dtype=int)
-    n_pre = np.round(x[col_a : col_a + n_c]).astype(int) if explicit_a else m.astype(int) - n_dec - n_agg
+    return _read_out(prob, k, x, status=status, t0=t0, extra=extra)
+
+
+def _bounds(prob: InnerProblem, k: _Classes) -> tuple[np.ndarray, np.ndarray]:
+    """The columns' bounds: x within each class's islands (0 where the class serves no range), counts within
+    m_c, Λ free above; fixed roles make the counts constants and the model an LP."""
+    m, cj, n_c = k.m, k.cj, k.n_c
+    lb, ub = np.zeros(k.n_col), np.zeros(k.n_col)
+    ub[:cj] = np.where(k.bp > 0, m[:, None], 0.0).ravel()
+    ub[cj : k.col_y] = np.where(k.bd > 0, m[:, None], 0.0).ravel()
+    ub[k.col_y : k.col_y + n_c] = m
+    if k.explicit_a:
+        ub[k.col_a : k.col_a + n_c] = m
+    ub[k.col_lam] = np.inf
+    if k.with_agg:
+        ub[k.col_xa : k.col_g] = np.where(k.ba > 0, m[:, None], 0.0).ravel()
+        ub[k.col_g :] = np.where(k.ba.any(axis=1), m, 0.0)
+    if prob.roles is not None:  # fixed roles: the counts are constants, the model an LP
+        role = [prob.roles[c[0]] for c in k.members]
+        for col, name in ((k.col_y, "decode"), (k.col_a, "prefill"), (k.col_g, "aggregated")):
+            if name == "aggregated" and not k.with_agg:
+                continue
+            lb[col : col + n_c] = ub[col : col + n_c] = [m[c] if r == name else 0.0 for c, r in enumerate(role)]
+    return lb, ub
+
+
+def _grid(k: _Classes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(class, range) index grids and the columns of x^P, x^D and x^A on them."""
+    cc, jj = np.meshgrid(np.arange(k.n_c), np.arange(k.n_j), indexing="ij")
+    return cc, jj, cc * k.n_j + jj, k.cj + cc * k.n_j + jj, k.col_xa + cc * k.n_j + jj
+
+
+def _capacity_rows(rows: Rows, prob: InnerProblem, k: _Classes) -> None:
+    _, jj, xp_col, xd_col, xa_col = _grid(k)
+    all_j = np.arange(k.n_j)
+    for b, x_col in ((k.bp, xp_col), (k.bd, xd_col)):  # (1), (2): capacity of range j >= Λ p_j
+        rows.add(jj, x_col, b)
+        if k.with_agg:  # (7) an aggregated island serves both phases of what it takes
+            rows.add(jj, xa_col, k.ba)
+        rows.add(all_j, np.full(k.n_j, k.col_lam), -prob.p)
+        rows.close(k.n_j, 0.0, np.inf)
+
+
+def _island_rows(rows: Rows, k: _Classes) -> None:
+    cc, _, xp_col, xd_col, xa_col = _grid(k)
+    all_c, n_c, m = np.arange(k.n_c), k.n_c, k.m
+    y_col, g_col = k.col_y + all_c, k.col_g + all_c
+    # (3) prefill islands' capacity: Σ_j x^P_cj <= a_c (= m_c − y_c − g_c without a budget)
+    rows.add(cc, xp_col, 1.0)
+    if k.explicit_a:
+        rows.add(all_c, k.col_a + all_c, -1.0)
+        rows.close(n_c, -np.inf, 0.0)
+    else:
+        rows.add(all_c, y_col, 1.0)
+        if k.with_agg:
+            rows.add(all_c, g_col, 1.0)
+        rows.close(n_c, -np.inf, m)
+    rows.add(cc, xd_col, 1.0)  # (3) decode: Σ_j x^D_cj <= y_c
+    rows.add(all_c, y_col, -1.0)
+    rows.close(n_c, -np.inf, 0.0)
+    if k.with_agg:  # (7) aggregated: Σ_j x^A_cj <= g_c
+        rows.add(cc, xa_col, 1.0)
+        rows.add(all_c, g_col, -1.0)
+        rows.close(n_c, -np.inf, 0.0)
+        if k.explicit_a:  # (4) the islands of a class: a_c + y_c + g_c <= m_c
+            rows.add(all_c, y_col, 1.0)
+            rows.add(all_c, k.col_a + all_c, 1.0)
+            rows.add(all_c, g_col, 1.0)
+            rows.close(n_c, -np.inf, m)
+
+
+def _budget_rows(rows: Rows, prob: InnerProblem, k: _Classes) -> None:
+    if prob.budget_per_hour is None or prob.cost_per_hour is None:
+        return
+    all_c, n_c = np.arange(k.n_c), k.n_c
+    y_col, a_col = k.col_y + all_c, k.col_a + all_c
+    if not k.with_agg:
+        rows.add(all_c, y_col, 1.0)  # (4) with a budget: a_c + y_c <= m_c
+        rows.add(all_c, a_col, 1.0)
+        rows.close(n_c, -np.inf, k.m)
+    cost = prob.cost_per_hour[k.first]
+    row0 = np.zeros(n_c, dtype=int)  # one row
+    rows.add(row0, y_col, cost)  # (6) Σ_c cost_c (a_c + y_c + g_c) <= B
+    rows.add(row0, a_col, cost)
+    if k.with_agg:
+        rows.add(row0, k.col_g + all_c, cost)
+    rows.close(1, -np.inf, prob.budget_per_hour)
+
+
+def _kv_rows(rows: Rows, prob: InnerProblem, k: _Classes) -> None:
+    if prob.kv_gb is None or prob.link_gb_s is None:
+        return
+    cc, _, xp_col, xd_col, _ = _grid(k)
+    all_c, n_c = np.arange(k.n_c), k.n_c
+    y_col = k.col_y + all_c
+    # (5) KV GB/s through the islands' NICs: prefill islands' egress, decode islands' ingress
+    link = prob.link_gb_s[k.first]
+    rows.add(cc, xp_col, k.bp * prob.kv_gb[None, :])
+    if k.explicit_a:
+        rows.add(all_c, k.col_a + all_c, -link)
+        rows.close(n_c, -np.inf, 0.0)
+    else:
+        rows.add(all_c, y_col, link)
+        if k.with_agg:
+            rows.add(all_c, k.col_g + all_c, link)
+        rows.close(n_c, -np.inf, link * k.m)
+    rows.add(cc, xd_col, k.bd * prob.kv_gb[None, :])
+    rows.add(all_c, y_col, -link)
+    rows.close(n_c, -np.inf, 0.0)
+
+
+def _read_out(
+    prob: InnerProblem, k: _Classes, x: np.ndarray, *, status: str, t0: float, extra: dict[str, float]
+) -> InnerSolution:
+    """The solution from the solver's columns: class totals to islands, at the rate the routing delivers."""
+    n_c, n_j, cj = k.n_c, k.n_j, k.cj
+    rate = float(x[k.col_lam])
+    n_dec = np.round(x[k.col_y : k.col_y + n_c]).astype(int)
+    n_agg = np.round(x[k.col_g : k.n_col]).astype(int) if k.with_agg else np.zeros(n_c, dtype=int)
+    n_pre = np.round(x[k.col_a : k.col_a + n_c]).astype(int) if k.explicit_a else k.m.astype(int) - n_dec - n_agg
     # Solvers honour constraints to a tolerance (-1e-12 for zero, 4e-7 of prefill on a decode class):
     # clip, keep each class within its islands, and report the rate this routing actually delivers.
     xp = _within(np.maximum(x[:cj].reshape(n_c, n_j), 0.0), n_pre)
-    xd = _within(np.maximum(x[cj:col_y].reshape(n_c, n_j), 0.0), n_dec)
-    xa = _within(np.maximum(x[col_xa:col_g].reshape(n_c, n_j), 0.0), n_agg) if with_agg else np.zeros_like(xp)
+    xd = _within(np.maximum(x[cj : k.col_y].reshape(n_c, n_j), 0.0), n_dec)
+    xa = _within(np.maximum(x[k.col_xa : k.col_g].reshape(n_c, n_j), 0.0), n_agg) if k.with_agg else np.zeros_like(xp)
     need = prob.p > 0
-    both = (ba * xa).sum(axis=0)
+    both = (k.ba * xa).sum(axis=0)
     delivered = min(
-        (((bp * xp).sum(axis=0) + both)[need] / prob.p[need]).min(),
-        (((bd * xd).sum(axis=0) + both)[need] / prob.p[need]).min(),
+        (((k.bp * xp).sum(axis=0) + both)[need] / prob.p[need]).min(),
+        (((k.bd * xd).sum(axis=0) + both)[need] / prob.p[need]).min(),
     )
     rate = min(rate, float(delivered))
-    xa = _trim_to_demand(xa, ba, prob.p * rate)
-    rest = np.maximum(prob.p * rate - (ba * xa).sum(axis=0), 0.0)
-    xp, xd = _trim_to_demand(xp, bp, rest), _trim_to_demand(xd, bd, rest)
-    x_pi, x_di, roles = _expand(prob, classes, xp, xd, n_pre, n_dec, xa, n_agg)
-    priced = prob.resolved(roles)
-    return _solution(priced, classes, status, rate, roles, x_pi, x_di, thesis_deviation(priced, x_pi, x_di), t0, extra)
+    xa = _trim_to_demand(xa, k.ba, prob.p * rate)
+    rest = np.maximum(prob.p * rate - (k.ba * xa).sum(axis=0), 0.0)
+    xp, xd = _trim_to_demand(xp, k.bp, rest), _trim_to_demand(xd, k.bd, rest)
+    routing = _expand(prob, k.members, _ClassTotals(xp, xd, n_pre, n_dec, xa, n_agg))
+    priced = prob.resolved(routing.roles)
+    deviation = thesis_deviation(priced, routing.x_prefill, routing.x_decode)
+    return _solution(priced, k.members, routing, status=status, rate=rate, deviation=deviation, t0=t0, extra=extra)
 
 
-def maximising(
-    col: int,
-    lb: np.ndarray,
-    ub: np.ndarray,
-    rows: list[np.ndarray],
-    cols: list[np.ndarray],
-    vals: list[np.ndarray],
-    row_lb: np.ndarray,
-    row_ub: np.ndarray,
-) -> mb.Model:
-    """The model `max x[col]` over columns within [lb, ub] and rows within [row_lb, row_ub], the rows' entries given
-    as pieces of (row, column, value) triplets; integrality is the caller's to set."""
+def maximising(col: int, lb: np.ndarray, ub: np.ndarray, rows: Rows) -> mb.Model:
+    """The model `max x[col]` over columns within [lb, ub] and `rows` within their bounds; integrality is the
+    caller's to set."""
     from scipy.sparse import csr_matrix
 
-    shape = (len(row_lb), len(lb))
-    matrix = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=shape)
+    shape = (rows.n, len(lb))
+    entries = (np.concatenate(rows.vals), (np.concatenate(rows.rows), np.concatenate(rows.cols)))
+    matrix = csr_matrix(entries, shape=shape)
     objective = np.zeros(len(lb))
     objective[col] = 1.0
     model = mb.Model()
-    model.helper.fill_model_from_sparse_data(lb, ub, objective, row_lb, row_ub, matrix)
+    model.helper.fill_model_from_sparse_data(lb, ub, objective, np.concatenate(rows.lo), np.concatenate(rows.hi),
+                                             matrix)  # fmt: skip
     model.helper.set_maximize(True)
     return model
 
 
 def _searched_incumbent(
-    model: mb.Model,
-    col_y: int,
-    col_lam: int,
-    counts: list[int],
-    prob: InnerProblem,
-    first: list[int],
-    m: np.ndarray,
-    incumbent: np.ndarray,
+    model: mb.Model, prob: InnerProblem, k: _Classes, incumbent: np.ndarray
 ) -> tuple[np.ndarray, float] | None:
     """A max_rate solution and an upper bound when the MILP ran out of time, with or without an incumbent.
 
@@ -467,6 +556,7 @@ def _searched_incumbent(
     the gap is taken to. The search moves islands between prefill and decode only: it starts, and ends,
     with no island aggregated (a solution all the same; the relaxation's bound counts aggregated islands).
     """
+    col_y, col_lam, counts, first = k.col_y, k.col_lam, k.counts, k.first
     relaxed = model.clone()
     for col in counts:
         relaxed.helper.set_var_integrality(col, False)
@@ -480,7 +570,7 @@ def _searched_incumbent(
             prob.prefill_req_s[first],
             prob.decode_req_s[first],
             prob.p,
-            m,
+            k.m,
             start,
             kv_gb=prob.kv_gb,
             link_gb_s=None if prob.link_gb_s is None else prob.link_gb_s[first],
@@ -623,74 +713,82 @@ class _Model:
         status = self._run()
         if status in ("infeasible", "time_limit"):
             return self._empty(status, t0)
-        x_pi, x_di, roles = self._expand(*self._values())
-        r_p = float((prob.prefill_req_s * x_pi).sum())
-        r_d = float((prob.decode_req_s * x_di).sum())
+        routing = self._expand(*self._values())
+        r_p = float((prob.prefill_req_s * routing.x_prefill).sum())
+        r_d = float((prob.decode_req_s * routing.x_decode).sum())
         # (7) D_total, as the solver's deviation variables
         d_total = float(sum(v.solution_value() for v in (*d_p, *d_d, *d_m)))
-        return self._solution(
-            status, min(r_p, r_d), roles, x_pi, x_di, d_total, t0, {"objective": s.Objective().Value()}
-        )
+        return _solution(prob, self.classes, routing, status=status, rate=min(r_p, r_d), deviation=d_total, t0=t0,
+                         extra={"objective": s.Objective().Value()})  # fmt: skip
 
     def _values(self) -> tuple[np.ndarray, np.ndarray]:
         xp = np.array([[v.solution_value() for v in row] for row in self.xp])
         xd = np.array([[v.solution_value() for v in row] for row in self.xd])
         return xp, xd
 
-    def _expand(self, xp: np.ndarray, xd: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    def _expand(self, xp: np.ndarray, xd: np.ndarray) -> _Routing:
         n_dec = np.array([round(v.solution_value()) for v in self.y])
         n_pre = np.array([round(self.a[c].solution_value()) if self.a[c] is not None else self.m[c] - n_dec[c]
                           for c in range(len(self.classes))])  # fmt: skip
-        return _expand(self.prob, self.classes, xp, xd, n_pre, n_dec)
-
-    def _solution(self, *args: object, **kw: object) -> InnerSolution:
-        return _solution(self.prob, self.classes, *args, **kw)  # type: ignore[arg-type]
+        return _expand(self.prob, self.classes, _ClassTotals(xp, xd, n_pre, n_dec))
 
     def _empty(self, status: str, t0: float) -> InnerSolution:
         return _empty(self.prob, status, t0)
 
 
-def _expand(
-    prob: InnerProblem,
-    classes: list[list[int]],
-    xp: np.ndarray,
-    xd: np.ndarray,
-    n_pre: np.ndarray,
-    n_dec: np.ndarray,
-    xa: np.ndarray | None = None,
-    n_agg: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+@dataclass(frozen=True)
+class _ClassTotals:
+    """A solve's totals per class: capacity per range in island units (C, J) and islands (C,) per role."""
+
+    xp: np.ndarray
+    xd: np.ndarray
+    n_pre: np.ndarray
+    n_dec: np.ndarray
+    xa: np.ndarray | None = None  # with aggregated islands
+    n_agg: np.ndarray | None = None
+
+
+class _Routing(NamedTuple):
+    """Per island: its share of each range in each phase (I, J), and its role."""
+
+    x_prefill: np.ndarray
+    x_decode: np.ndarray
+    roles: tuple[str, ...]
+
+
+def _expand(prob: InnerProblem, classes: list[list[int]], t: _ClassTotals) -> _Routing:
     """Class totals to islands: the first a_c prefill, the next y_c decode, the next g_c aggregated (its share in
     both x_prefill and x_decode), the rest idle."""
     n_i, n_j = len(prob.islands), len(prob.p)
     roles = ["idle"] * n_i
     x_pi, x_di = np.zeros((n_i, n_j)), np.zeros((n_i, n_j))
+    n_pre, n_dec, xa, n_agg = t.n_pre, t.n_dec, t.xa, t.n_agg
     for c, members in enumerate(classes):
         for k, i in enumerate(members):
             if k < n_pre[c]:
                 roles[i] = "prefill"
-                x_pi[i] = xp[c] / n_pre[c]
+                x_pi[i] = t.xp[c] / n_pre[c]
             elif k < n_pre[c] + n_dec[c]:
                 roles[i] = "decode"
-                x_di[i] = xd[c] / n_dec[c]
+                x_di[i] = t.xd[c] / n_dec[c]
             elif xa is not None and n_agg is not None and k < n_pre[c] + n_dec[c] + n_agg[c]:
                 roles[i] = "aggregated"
                 x_pi[i] = x_di[i] = xa[c] / n_agg[c]
-    return x_pi, x_di, tuple(roles)
+    return _Routing(x_pi, x_di, tuple(roles))
 
 
 def _solution(
     prob: InnerProblem,
     classes: list[list[int]],
+    routing: _Routing,
+    *,
     status: str,
     rate: float,
-    roles: tuple[str, ...],
-    x_pi: np.ndarray,
-    x_di: np.ndarray,
     deviation: float,
     t0: float,
     extra: dict[str, float],
 ) -> InnerSolution:
+    x_pi, x_di, roles = routing
     return InnerSolution(
         status,
         rate,

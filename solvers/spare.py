@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.inner import _solve_matrix, maximising
+from solvers.inner import Rows, _solve_matrix, maximising
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,7 @@ def spare_roles(
             lb[i] = ub[i] = 1.0 if role == "decode" else 0.0
     ub[col_lam] = np.inf
     ii, jj = np.meshgrid(np.arange(n_i), np.arange(n_j), indexing="ij")
-    rows: list[np.ndarray] = []
-    cols: list[np.ndarray] = []
-    vals: list[np.ndarray] = []
-    row_lb: list[float] = []
-    row_ub: list[float] = []
-    n_row = 0
+    rows = Rows()
     for k, down in enumerate(scen):
         up = np.ones(n_i, dtype=bool)
         up[list(down)] = False
@@ -78,21 +73,15 @@ def spare_roles(
         ub[xp.ravel()] = np.where((bp > 0) & up[:, None], 1.0, 0.0).ravel()
         ub[xd.ravel()] = np.where((bd > 0) & up[:, None], 1.0, 0.0).ravel()
         for b, x in ((bp, xp), (bd, xd)):  # (1), (2): Σ_i b_ij x_ij − p_j Λ >= 0
-            rows += [n_row + jj.ravel(), n_row + np.arange(n_j)]
-            cols += [x.ravel(), np.full(n_j, col_lam)]
-            vals += [b.ravel(), -p]
-            row_lb += [0.0] * n_j
-            row_ub += [np.inf] * n_j
-            n_row += n_j
+            rows.add(jj, x, b)
+            rows.add(np.arange(n_j), np.full(n_j, col_lam), -p)
+            rows.close(n_j, 0.0, np.inf)
         # (3) prefill: Σ_j x^P_ij + d_i <= 1; decode: Σ_j x^D_ij − d_i <= 0
         for x, sign, hi in ((xp, 1.0, 1.0), (xd, -1.0, 0.0)):
-            rows += [n_row + ii.ravel(), n_row + np.arange(n_i)]
-            cols += [x.ravel(), np.arange(n_i)]
-            vals += [np.ones(ij), np.full(n_i, sign)]
-            row_lb += [-np.inf] * n_i
-            row_ub += [hi] * n_i
-            n_row += n_i
-    model = maximising(col_lam, lb, ub, rows, cols, vals, np.array(row_lb), np.array(row_ub))
+            rows.add(ii, x, 1.0)
+            rows.add(np.arange(n_i), np.arange(n_i), sign)
+            rows.close(n_i, -np.inf, hi)
+    model = maximising(col_lam, lb, ub, rows)
     for i in range(n_i):
         model.helper.set_var_integrality(i, True)
     status, x = _solve_matrix(model, backend, time_limit_s)
