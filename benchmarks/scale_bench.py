@@ -84,7 +84,7 @@ def bench_reference(types: int, scale: float, limit_s: float, prove: bool) -> No
     print(f"{sum(inv.values()):,} GPUs of {types} types: {len(classes)} (type, size) classes, "
           f"benchmarked in {time.perf_counter() - t0:.1f} s")  # fmt: skip
     t0 = time.perf_counter()
-    relaxed, frac = solve_counts(options, p, 0.0, budget, kv, 600.0, "HIGHS", relax=True)
+    relaxed, frac = solve_counts(options, p, budget=budget, kv_gb=kv, time_limit_s=600.0, relax=True)
     bound = relaxed.rate_req_s
     print(f"LP relaxation: bound {bound:,.1f} req/s ({time.perf_counter() - t0:.1f} s)")
     rows: list[tuple[str, float, float]] = []
@@ -92,7 +92,7 @@ def bench_reference(types: int, scale: float, limit_s: float, prove: bool) -> No
     for name, start in (("pooled", round_pooled(options, frac, budget)),
                         ("rounded down, largest parts up", round_counts(options, frac, budget, False)),
                         ("rounded down, parts filled", round_counts(options, frac, budget, True))):  # fmt: skip
-        before = solve_counts(options, p, 0.0, budget, kv, 600.0, "HIGHS", fix=start)[0].rate_req_s
+        before = solve_counts(options, p, budget=budget, kv_gb=kv, time_limit_s=600.0, fix=start)[0].rate_req_s
         t0 = time.perf_counter()
         after, end = count_search.improve(options, classes, p, start, kv_gb=kv, budget=budget, time_limit_s=120.0)
         ends.append(end)
@@ -100,7 +100,7 @@ def bench_reference(types: int, scale: float, limit_s: float, prove: bool) -> No
                                                                  time.perf_counter() - t0)]  # fmt: skip
     t0 = time.perf_counter()
     near = near_sizes(options, ends, NEAR_SIZES)
-    res = solve_counts(near, p, 0.0, budget, kv, 120.0, "HIGHS")[0]
+    res = solve_counts(near, p, budget=budget, kv_gb=kv, time_limit_s=120.0)[0]
     rows.append((f"the MILP over the sizes within {NEAR_SIZES} of those three ({len(island_classes(near))} classes): "
                  f"{res.status}", res.rate_req_s, time.perf_counter() - t0))  # fmt: skip
     t0 = time.perf_counter()

@@ -27,24 +27,24 @@ class Evaluation:
     served_req_s: np.ndarray  # (L,) requests/s of each length at rate_req_s (= rate · p(s))
 
 
+@dataclass(frozen=True)
+class PhaseRouting:
+    """One phase of a routing and its islands' throughput: at the ranges' lengths (the solver's) and at each."""
+
+    x: np.ndarray  # (I, J) routing
+    mid_req_s: np.ndarray  # (I, J) throughput the solver used
+    by_length_req_s: np.ndarray  # (I, L) exact throughput of each island at each length
+
+
 def evaluate(
-    x_prefill: np.ndarray,
-    x_decode: np.ndarray,
-    range_of_length: np.ndarray,
-    p_length: np.ndarray,
-    mid_prefill: np.ndarray,
-    mid_decode: np.ndarray,
-    prefill_by_length: np.ndarray,
-    decode_by_length: np.ndarray,
+    prefill: PhaseRouting, decode: PhaseRouting, range_of_length: np.ndarray, p_length: np.ndarray
 ) -> Evaluation:
     """Sustainable rate of a routing when every length is costed at its own throughput.
 
-    x_*: (I, J) routing; range_of_length: (L,) range index of each length; p_length: (L,)
-    mass of each length; mid_*: (I, J) throughput used by the solver; *_by_length: (I, L)
-    exact throughput of each island at each length.
+    range_of_length: (L,) range index of each length; p_length: (L,) mass of each length.
     """
     rates, loads = [], []
-    for x, mid, exact in ((x_prefill, mid_prefill, prefill_by_length), (x_decode, mid_decode, decode_by_length)):
+    for x, mid, exact in ((ph.x, ph.mid_req_s, ph.by_length_req_s) for ph in (prefill, decode)):
         cap = mid * x  # (I, J) planned capacity
         tot = cap.sum(axis=0)
         share = np.divide(cap, tot, out=np.zeros_like(cap), where=tot > 0)  # (I, J)

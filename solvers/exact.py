@@ -92,9 +92,11 @@ def exact_optimum(
     while True:
         iters += 1
         milp_s = max(deadline - search_s - time.perf_counter(), 1.0)
-        res, counts = solve_counts(types, p, theta, budget_per_hour, kv_gb, milp_s, backend)
+        res, counts = solve_counts(types, p, theta=theta, budget=budget_per_hour, kv_gb=kv_gb, time_limit_s=milp_s,
+                                   backend=backend)  # fmt: skip
         if fallback and res.status in ("feasible", "time_limit"):
-            res = unproven(types, p, budget_per_hour, kv_gb, res, counts, t0, search_s, backend)
+            res = unproven(types, p, res, counts, t0, budget=budget_per_hour, kv_gb=kv_gb, search_s=search_s,
+                           backend=backend)  # fmt: skip
         if res.status not in ("optimal", "feasible") or (best is not None and res.cost_per_hour <= 0):
             break  # at the optimal ratio the empty layout ties at 0: the previous layout is the answer
         if best is None or res.rate_per_dollar > best.rate_per_dollar:
@@ -124,18 +126,19 @@ def _agg(t: TypeOptions) -> np.ndarray:
 def solve_counts(
     types: list[TypeOptions],
     p: np.ndarray,
-    theta: float,
-    budget: float | None,
-    kv_gb: np.ndarray | None,
+    *,
+    theta: float = 0.0,
+    budget: float | None = None,
+    kv_gb: np.ndarray | None = None,
     time_limit_s: float,
-    backend: str,
+    backend: str = "HIGHS",
     relax: bool = False,
     fix: list[tuple[int, int]] | None = None,
 ) -> tuple[ExactResult, list[tuple[float, float]]]:
-    """One solve of the model (`relax`: integers continuous, an LP; `fix`: every class's (n^P, n^D)
-    given and no island aggregated, an LP over the routing). Returns the result and each class's (n^P, n^D)
-    as solved (aggregated islands, in the result's islands, are not among them: the count search moves
-    prefill and decode islands only)."""
+    """One solve of the model (`theta` > 0: of max Λ − θ C, a Dinkelbach step; `budget`: (4); `kv_gb`: (5);
+    `relax`: integers continuous, an LP; `fix`: every class's (n^P, n^D) given and no island aggregated, an LP
+    over the routing). Returns the result and each class's (n^P, n^D) as solved (aggregated islands, in the
+    result's islands, are not among them: the count search moves prefill and decode islands only)."""
     t0 = time.perf_counter()
     s = new_solver("HIGHS" if relax or fix is not None else backend, time_limit_s)  # GLOP: ABNORMAL at 10k GPUs
     n_j = len(p)
@@ -309,11 +312,12 @@ def near_sizes(types: list[TypeOptions], layouts: list[list[tuple[float, float]]
 def unproven(
     types: list[TypeOptions],
     p: np.ndarray,
-    budget: float | None,
-    kv_gb: np.ndarray | None,
     milp: ExactResult,
     milp_counts: list[tuple[float, float]],
     t0: float,
+    *,
+    budget: float | None = None,
+    kv_gb: np.ndarray | None = None,
     search_s: float = COUNT_SEARCH_S,
     backend: str = "HIGHS",
 ) -> ExactResult:
@@ -328,7 +332,7 @@ def unproven(
     The result is `feasible`, with the lower of the two bounds: the optimum lies between
     `rate_req_s` and `bound`.
     """
-    relaxed, counts = solve_counts(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", relax=True)
+    relaxed, counts = solve_counts(types, p, budget=budget, kv_gb=kv_gb, time_limit_s=600.0, relax=True)
     if relaxed.status != "optimal":
         return milp
     starts = [round_pooled(types, counts, budget)] + [
@@ -346,9 +350,10 @@ def unproven(
         found.append(count_search.improve(types, classes, p, start, kv_gb=kv_gb, budget=budget,
                                           time_limit_s=share, rates=rates))  # fmt: skip
     _, whole = max(found, key=lambda f: f[0])
-    layouts = [solve_counts(types, p, 0.0, budget, kv_gb, 600.0, "HIGHS", fix=whole)[0]]
+    layouts = [solve_counts(types, p, budget=budget, kv_gb=kv_gb, time_limit_s=600.0, fix=whole)[0]]
     near = near_sizes(types, [end_counts for _, end_counts in found], NEAR_SIZES)
-    layouts.append(solve_counts(near, p, 0.0, budget, kv_gb, max(end - time.perf_counter(), 1.0), backend)[0])
+    left_s = max(end - time.perf_counter(), 1.0)
+    layouts.append(solve_counts(near, p, budget=budget, kv_gb=kv_gb, time_limit_s=left_s, backend=backend)[0])
     if milp.status == "feasible":
         layouts.append(milp)
     solved = [r for r in layouts if r.status in ("optimal", "feasible")]

@@ -83,7 +83,7 @@ def test_phase_lps_give_the_reference_models_rate_with_the_counts_fixed(kv: bool
         rng = np.random.default_rng(seed)
         for _ in range(6):
             layout = random_layout(types, classes, rng)
-            fixed = solve_counts(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=as_counts(layout, len(classes)))[0]
+            fixed = solve_counts(types, p, kv_gb=kv_gb, time_limit_s=60.0, fix=as_counts(layout, len(classes)))[0]
             assert rates.rate(layout) == pytest.approx(fixed.rate_req_s, rel=1e-6, abs=1e-9)
 
 
@@ -119,17 +119,17 @@ def test_the_search_ends_where_no_move_improves_and_never_above_the_optimum(kv: 
     for seed in range(3):
         types, p, kv_gb = instance(seed, kv)
         classes = island_classes(types)
-        _relaxed, frac = solve_counts(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", relax=True)
+        _relaxed, frac = solve_counts(types, p, kv_gb=kv_gb, time_limit_s=60.0, relax=True)
         start = round_counts(types, frac, None)
-        start_rate = solve_counts(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=start)[0].rate_req_s
+        start_rate = solve_counts(types, p, kv_gb=kv_gb, time_limit_s=60.0, fix=start)[0].rate_req_s
         rate, end = count_search.improve(types, classes, p, start, kv_gb=kv_gb, time_limit_s=60.0)
         best = exact_optimum(types, p, kv_gb=kv_gb, time_limit_s=60.0)
         assert best.status == "optimal"
         assert start_rate * (1 - 1e-9) <= rate <= best.rate_req_s * (1 + 1e-9)
-        fixed = solve_counts(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=end)[0]
+        fixed = solve_counts(types, p, kv_gb=kv_gb, time_limit_s=60.0, fix=end)[0]
         assert rate == pytest.approx(fixed.rate_req_s, rel=1e-6)
         for new in count_search.neighbours(types, classes, as_layout(end), None):  # brute force, the other model
-            moved = solve_counts(types, p, 0.0, None, kv_gb, 60.0, "HIGHS", fix=as_counts(new, len(classes)))[0]
+            moved = solve_counts(types, p, kv_gb=kv_gb, time_limit_s=60.0, fix=as_counts(new, len(classes)))[0]
             assert moved.rate_req_s <= rate * (1 + 1e-6)
 
 
@@ -188,7 +188,7 @@ def test_cut_short_the_reference_finds_the_optimum_among_sizes_near_the_count_se
         best = exact_optimum(types, p, time_limit_s=120.0)
         assert best.status == "optimal"
         stopped = ExactResult("time_limit", 0.0, 0.0, (), 1.0, 1, float("nan"))
-        out = unproven(types, p, None, None, stopped, [], time.perf_counter(), 60.0)
+        out = unproven(types, p, stopped, [], time.perf_counter(), search_s=60.0)
         assert out.status == "feasible" and out.bound >= best.rate_req_s * (1 - 1e-9)
         assert out.rate_req_s == pytest.approx(best.rate_req_s, rel=1e-6)
         # its islands are a layout of the whole model, and it delivers what it states there
@@ -198,5 +198,5 @@ def test_cut_short_the_reference_finds_the_optimum_among_sizes_near_the_count_se
             ti = next(k for k, t in enumerate(types) if t.gpu == gpu)
             c = classes.index((ti, int(np.flatnonzero(types[ti].sizes == size)[0])))
             counts[c] = (counts[c][0] + (role == "prefill"), counts[c][1] + (role == "decode"))
-        fixed = solve_counts(types, p, 0.0, None, None, 60.0, "HIGHS", fix=counts)[0]
+        fixed = solve_counts(types, p, time_limit_s=60.0, fix=counts)[0]
         assert fixed.rate_req_s == pytest.approx(out.rate_req_s, rel=1e-6)

@@ -193,7 +193,7 @@ def test_cli_rejects_malformed_problems(tmp_path: Path, payload: str, message: s
 
 
 def test_evaluator_equals_solver_when_throughput_is_flat_within_ranges() -> None:
-    from solvers.evaluate import evaluate
+    from solvers.evaluate import PhaseRouting, evaluate
 
     pr = random_problem(3, 4, 3)
     s = solve(pr)
@@ -201,21 +201,20 @@ def test_evaluator_equals_solver_when_throughput_is_flat_within_ranges() -> None
     rol = np.repeat(np.arange(3), lengths_per_range)
     p_len = np.repeat(pr.p / lengths_per_range, lengths_per_range)
     ev = evaluate(
-        s.x_prefill,
-        s.x_decode,
+        PhaseRouting(s.x_prefill, pr.prefill_req_s, pr.prefill_req_s[:, rol]),
+        PhaseRouting(s.x_decode, pr.decode_req_s, pr.decode_req_s[:, rol]),
         rol,
         p_len,
-        pr.prefill_req_s,
-        pr.decode_req_s,
-        pr.prefill_req_s[:, rol],
-        pr.decode_req_s[:, rol],
     )
     assert ev.rate_req_s == pytest.approx(s.rate_req_s, rel=1e-6)
     assert ev.island_load.max() <= 1 + 1e-9
     # slower lengths inside a range lower the evaluated rate, never raise it
     slower = pr.prefill_req_s[:, rol] * np.tile([1.0, 0.9, 0.8, 0.9, 1.0], 3)
     ev2 = evaluate(
-        s.x_prefill, s.x_decode, rol, p_len, pr.prefill_req_s, pr.decode_req_s, slower, pr.decode_req_s[:, rol]
+        PhaseRouting(s.x_prefill, pr.prefill_req_s, slower),
+        PhaseRouting(s.x_decode, pr.decode_req_s, pr.decode_req_s[:, rol]),
+        rol,
+        p_len,
     )
     assert ev2.prefill_req_s < ev.prefill_req_s and ev2.rate_req_s <= ev.rate_req_s + 1e-9
 
@@ -449,7 +448,7 @@ def test_an_unproven_exact_reference_still_has_a_layout_below_the_optimum_and_a_
         best = exact_optimum(types, p, time_limit_s=60)
         assert best.status == "optimal"
         stopped = ExactResult("time_limit", 0.0, 0.0, (), 1.0, 1, float("nan"))
-        out = unproven(types, p, None, None, stopped, [], time.perf_counter())
+        out = unproven(types, p, stopped, [], time.perf_counter())
         assert out.status == "feasible"
         assert out.rate_req_s <= best.rate_req_s * (1 + 1e-9) <= out.bound * (1 + 1e-9)
         # the relaxation's counts made whole alone gave 0.83-0.98 here, the count search 0.976-1.000; with

@@ -24,7 +24,7 @@ from costmodel.specs import GPU, Model
 from pipeline.errors import ConfigError
 from pipeline.planning.workload import Ranges, Workload
 from simulator.arrivals import PROFILE_BIN_S
-from solvers.evaluate import Evaluation, evaluate
+from solvers.evaluate import Evaluation, PhaseRouting, evaluate
 from solvers.inner import InnerProblem, InnerSolution, solve
 
 
@@ -387,7 +387,10 @@ class Planner:
         range_of = np.searchsorted(self.ranges.end, lengths, side="right")
         exact_p, exact_d = self.exact_rates(layout, prob)
         ev = evaluate(
-            sol.x_prefill, sol.x_decode, range_of, p_len, prob.prefill_req_s, prob.decode_req_s, exact_p, exact_d
+            PhaseRouting(sol.x_prefill, prob.prefill_req_s, exact_p),
+            PhaseRouting(sol.x_decode, prob.decode_req_s, exact_d),
+            range_of,
+            p_len,
         )
         return ev, lengths
 
