@@ -543,8 +543,7 @@ def decode_parts(
     engine runs them only where that is faster than one micro-batch with its communication exposed (the two-
     batch-overlap setting, decided per batch size: `Overlap` is 1 where two micro-batches run, else 0).
     """
-    fp8_combine, expert_imbalance, draft_tokens, moe_tp = run.fp8_combine, run.expert_imbalance, run.draft_tokens, \
-        run.moe_tp  # fmt: skip
+    draft_tokens, moe_tp = run.draft_tokens, run.moe_tp
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
     r = Rates(g, "decode", p)
@@ -553,8 +552,7 @@ def decode_parts(
     bs = seqs * (1 + draft_tokens)  # tokens a step runs: each sequence's own and its drafts
     tp = np.asarray(tp, dtype=float)
     n = np.asarray(ep, dtype=float)
-    e_total, k, d = model.n_routed_experts, model.top_k, model.hidden
-    gx = np.ceil(e_total / n)  # routed experts (GEMM groups) per GPU
+    e_total = model.n_routed_experts
 
     # the attention rank the step waits for: the mean one, or under `dp_imbalance` the busiest of the group's
     # ep / tp ranks, each holding a random share of the sequences (Poisson counts: mean + sqrt(2 mean ln ranks))
@@ -578,66 +576,14 @@ def decode_parts(
     dense_mlp = _dense_mlp_ms(att, model, tp, g, r, p)
 
     tokens_gpu = bs / tp if p.batch_per_attention_rank else bs  # tokens each GPU feeds its experts
+    # routed experts (GEMM groups) per GPU; under moe_tp every expert's slice on every GPU
+    gx = np.full_like(n, float(e_total)) if moe_tp else np.ceil(e_total / n)
     t_w = _xfer_ms(_expert_bytes(model, r, "decode", p), r.bw, p)
-    use_h20 = _h20_table(g, p)
-    f = 1.0 if moe_tp else expert_imbalance  # sliced experts load every GPU alike
-
-    def experts(micro: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(shared, routed, dispatch, combine) per layer with `micro` micro-batches."""
-        b = tokens_gpu / micro
-        # tokens per routed expert: a whole expert's share of b x n x k copies, or under moe_tp every copy of the
-        # group through each expert's slice (the same FLOPs per GPU, on slices 1/n as wide)
-        m_routed = b * k / gx * (n if moe_tp else 1.0)
-        m_shared = (b * n if moe_tp else b) if p.shared_expert_own_efficiency else m_routed
-        routed_gemm = _grouped_gemm_ms(_expert_gflop(model, b * k * f), m_routed * f, r.expert, use_h20, p)
-        if moe_tp:  # a 1/n slice of each of the E experts the group's b x n tokens activate
-            active = e_total * (1.0 - (1.0 - k / e_total) ** (b * n)) if p.activated_experts else e_total
-            loaded = active / n
-        else:
-            loaded = activated_experts(gx, b * n, k, e_total, n) if p.activated_experts else gx
-        shared_gemm = _grouped_gemm_ms(_expert_gflop(model, b), m_shared, r.expert, use_h20, p)
-        shared = micro * model.n_shared_experts * (shared_gemm + t_w / (n if moe_tp else 1.0))
-        routed = micro * (routed_gemm + t_w * loaded)
-        if moe_tp:  # the sliced kernels at their own rate (knob `moe_tp`); the group's MoE output all-reduced
-            zero = np.zeros_like(routed)  # once per micro-batch, nothing dispatched
-            reduce = micro * _allreduce_ms(tokens_gpu * n / micro, model, n, g, r, p)
-            return shared / r.moe_tp, routed / r.moe_tp, zero, reduce
-        fp8_comb = bool(fp8_combine) & r.has_fp4
-        comb_elem = np.where(fp8_comb, 1.0, 2.0)
-        latency = DECODE_A2A_LATENCY_MS * micro
-        copies = tokens_gpu * d * k * f  # bytes at 1 byte/element, into the busiest GPU
-        if p.topology_comm:
-            dispatch = _a2a_split_ms(copies, n, g, r, p) + latency
-            combine = _a2a_split_ms(copies * comb_elem, n, g, r, p) + latency
-        else:
-            node8 = g.gpus_per_node == 8
-            single_node = e_total / gx == 8  # only N = 8 counts as one node [B13]
-            rack_nvl = np.isin(g.gpus_per_node, SS_RACK_DOMAINS) & (n <= g.gpus_per_node)
-            use_nvl = np.where(node8, single_node, rack_nvl)
-            link = np.where(use_nvl, r.nvl, r.net) * r.a2a
-            dispatch = _xfer_ms(copies, link, p) + latency
-            combine = _xfer_ms(copies * comb_elem, link, p) + latency
-        return shared, routed, dispatch, combine
-
-    if moe_tp:
-        gx = np.full_like(n, float(e_total))  # every expert's slice on every GPU
-    l_d = model.n_dense_layers
+    f = 1.0 if moe_tp else run.expert_imbalance  # sliced experts load every GPU alike
+    moe = _DecodeMoE(model, g, r, p, tokens_gpu, n, gx, t_w, _h20_table(g, p), f, moe_tp, run.fp8_combine)
     l_s = model.n_moe_layers + draft_tokens  # the draft module: one more MoE layer per draft token
-    shared, routed, dispatch, combine = experts(MICRO_BATCHES)
-    delta = dispatch + combine - sparse_mla - shared  # two micro-batches: communication behind the other's work
-    tpot_o = l_d * (dense_mla + dense_mlp) + l_s * (sparse_mla + shared + routed)
-    tpot = tpot_o + l_s * np.maximum(delta, 0.0)
-    overlap = np.ones_like(tpot)
-    if p.overlap_chosen:  # one micro-batch, its communication in the open, where that is faster
-        one = experts(1)
-        tpot_1 = l_d * (dense_mla + dense_mlp) + l_s * (sparse_mla + one[0] + one[1] + one[2] + one[3])
-        overlap = (tpot <= tpot_1).astype(float)
-        pick = overlap > 0
-        shared, routed, dispatch, combine = (np.where(pick, two, once) for two, once in
-                                             zip((shared, routed, dispatch, combine), one, strict=True))  # fmt: skip
-        delta = np.where(pick, delta, dispatch + combine)  # exposed whole under one micro-batch
-        tpot_o = np.where(pick, tpot_o, tpot_1 - l_s * (dispatch + combine))
-        tpot = np.minimum(tpot, tpot_1)
+    out = _micro_batched(moe, model.n_dense_layers * (dense_mla + dense_mlp), sparse_mla, l_s)
+    tpot_o, tpot = out["TPOT_O"], out["TPOT"]
     if p.step_overhead:  # the engine's own time per step, outside the layers
         tpot_o, tpot = tpot_o + r.step_overhead_ms, tpot + r.step_overhead_ms
     if p.sequence_overhead:  # and per sequence of the rank the step waits for
@@ -647,15 +593,104 @@ def decode_parts(
         "DenseMLA": dense_mla,
         "SparseMLA": sparse_mla,
         "DenseMLP": dense_mlp,
-        "SharedExpert": shared,
-        "RoutedExpert": routed,
-        "Dispatch": dispatch,
-        "Combine": combine,
-        "Delta": delta,
+        "SharedExpert": out["SharedExpert"],
+        "RoutedExpert": out["RoutedExpert"],
+        "Dispatch": out["Dispatch"],
+        "Combine": out["Combine"],
+        "Delta": out["Delta"],
         "TPOT_O": tpot_o,
         "TPOT": tpot,
-        "Overlap": overlap,
+        "Overlap": out["Overlap"],
     }
+
+
+@dataclass(frozen=True)
+class _DecodeMoE:
+    """What a decode step's MoE layer is priced from (`decode_parts`): the GPUs, the tokens each feeds its
+    experts, the EP group and how the engine runs the experts."""
+
+    model: Model
+    g: GPUArray
+    r: Rates
+    p: CostProfile
+    tokens_gpu: np.ndarray  # tokens each GPU feeds its experts in one step
+    n: np.ndarray  # GPUs of the EP group
+    gx: np.ndarray  # routed experts (GEMM groups) per GPU; under moe_tp every expert's slice
+    t_w: np.ndarray  # ms to stream one expert's weights (a slice 1/n of it under moe_tp)
+    use_h20: np.ndarray
+    f: float  # the busiest GPU's routed-expert load over the mean
+    moe_tp: bool
+    fp8_combine: bool
+
+
+def _micro_batched(moe: _DecodeMoE, dense_ms: np.ndarray, sparse_mla: np.ndarray, l_s: int) -> dict[str, np.ndarray]:
+    """SharedExpert, RoutedExpert, Dispatch, Combine, Delta, TPOT_O, TPOT (before the engine's overheads) and
+    Overlap of a step run as two overlapped micro-batches, or under `overlap_chosen` as one where that is
+    faster. `dense_ms`: the dense layers' time, L_d (DenseMLA + DenseMLP); `l_s`: the MoE layers."""
+    shared, routed, dispatch, combine = _moe_ms(moe, MICRO_BATCHES)
+    delta = dispatch + combine - sparse_mla - shared  # two micro-batches: communication behind the other's work
+    tpot_o = dense_ms + l_s * (sparse_mla + shared + routed)
+    tpot = tpot_o + l_s * np.maximum(delta, 0.0)
+    overlap = np.ones_like(tpot)
+    if moe.p.overlap_chosen:  # one micro-batch, its communication in the open, where that is faster
+        one = _moe_ms(moe, 1)
+        tpot_1 = dense_ms + l_s * (sparse_mla + one[0] + one[1] + one[2] + one[3])
+        overlap = (tpot <= tpot_1).astype(float)
+        pick = overlap > 0
+        shared, routed, dispatch, combine = (np.where(pick, two, once) for two, once in
+                                             zip((shared, routed, dispatch, combine), one, strict=True))  # fmt: skip
+        delta = np.where(pick, delta, dispatch + combine)  # exposed whole under one micro-batch
+        tpot_o = np.where(pick, tpot_o, tpot_1 - l_s * (dispatch + combine))
+        tpot = np.minimum(tpot, tpot_1)
+    return {"SharedExpert": shared, "RoutedExpert": routed, "Dispatch": dispatch, "Combine": combine,
+            "Delta": delta, "TPOT_O": tpot_o, "TPOT": tpot, "Overlap": overlap}  # fmt: skip
+
+
+def _moe_ms(moe: _DecodeMoE, micro: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(shared, routed, dispatch, combine) per layer with `micro` micro-batches."""
+    model, r, p, n, gx, f = moe.model, moe.r, moe.p, moe.n, moe.gx, moe.f
+    e_total, k = model.n_routed_experts, model.top_k
+    b = moe.tokens_gpu / micro
+    # tokens per routed expert: a whole expert's share of b x n x k copies, or under moe_tp every copy of the
+    # group through each expert's slice (the same FLOPs per GPU, on slices 1/n as wide)
+    m_routed = b * k / gx * (n if moe.moe_tp else 1.0)
+    m_shared = (b * n if moe.moe_tp else b) if p.shared_expert_own_efficiency else m_routed
+    routed_gemm = _grouped_gemm_ms(_expert_gflop(model, b * k * f), m_routed * f, r.expert, moe.use_h20, p)
+    if moe.moe_tp:  # a 1/n slice of each of the E experts the group's b x n tokens activate
+        active = e_total * (1.0 - (1.0 - k / e_total) ** (b * n)) if p.activated_experts else e_total
+        loaded = active / n
+    else:
+        loaded = activated_experts(gx, b * n, k, e_total, n) if p.activated_experts else gx
+    shared_gemm = _grouped_gemm_ms(_expert_gflop(model, b), m_shared, r.expert, moe.use_h20, p)
+    shared = micro * model.n_shared_experts * (shared_gemm + moe.t_w / (n if moe.moe_tp else 1.0))
+    routed = micro * (routed_gemm + moe.t_w * loaded)
+    if moe.moe_tp:  # the sliced kernels at their own rate (knob `moe_tp`); the group's MoE output all-reduced
+        zero = np.zeros_like(routed)  # once per micro-batch, nothing dispatched
+        reduce = micro * _allreduce_ms(moe.tokens_gpu * n / micro, model, n, moe.g, r, p)
+        return shared / r.moe_tp, routed / r.moe_tp, zero, reduce
+    dispatch, combine = _ep_a2a_ms(moe, micro)
+    return shared, routed, dispatch, combine
+
+
+def _ep_a2a_ms(moe: _DecodeMoE, micro: int) -> tuple[np.ndarray, np.ndarray]:
+    """(dispatch, combine) per layer: the busiest GPU's token copies over the EP group, `micro` latencies."""
+    model, g, r, p, n = moe.model, moe.g, moe.r, moe.p, moe.n
+    fp8_comb = bool(moe.fp8_combine) & r.has_fp4
+    comb_elem = np.where(fp8_comb, 1.0, 2.0)
+    latency = DECODE_A2A_LATENCY_MS * micro
+    copies = moe.tokens_gpu * model.hidden * model.top_k * moe.f  # bytes at 1 byte/element, into the busiest GPU
+    if p.topology_comm:
+        dispatch = _a2a_split_ms(copies, n, g, r, p) + latency
+        combine = _a2a_split_ms(copies * comb_elem, n, g, r, p) + latency
+    else:
+        node8 = g.gpus_per_node == 8
+        single_node = model.n_routed_experts / moe.gx == 8  # only N = 8 counts as one node [B13]
+        rack_nvl = np.isin(g.gpus_per_node, SS_RACK_DOMAINS) & (n <= g.gpus_per_node)
+        use_nvl = np.where(node8, single_node, rack_nvl)
+        link = np.where(use_nvl, r.nvl, r.net) * r.a2a
+        dispatch = _xfer_ms(copies, link, p) + latency
+        combine = _xfer_ms(copies * comb_elem, link, p) + latency
+    return dispatch, combine
 
 
 def decode_step_ms(
