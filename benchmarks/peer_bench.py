@@ -319,7 +319,7 @@ def output_per_gpu(row: Row) -> float | None:
     return out * row.decode.gpus / row.gpus if row.disagg else out
 
 
-def best_measured(rows: list[Row], gpu: str, isl: int, osl: int, ttft_s: float, tpot_s: float, at: str,
+def best_measured(rows: list[Row], gpu: str, isl: int, osl: int, ttft_s: float, tpot_s: float, *, at: str,
                   precision: str | None) -> tuple[float, Row] | None:  # fmt: skip
     """The highest output tokens/s/GPU of InferenceX on `gpu` at isl/osl within the limits at the percentile `at`
     (median | p99); of `precision` without MTP, or of any kind (None)."""
@@ -361,7 +361,7 @@ def part_b(args: argparse.Namespace) -> None:
             print("| planner | configuration | promised output tok/s/GPU | TTFT / TPOT, ms | wall s | "
                   "promised / measured best (median) | (p99) |")  # fmt: skip
             print("|---|---|---:|---:|---:|---:|---:|")
-            best = {at: best_measured(rows, gpu, isl, osl, ttft_ms / 1e3, tpot_ms / 1e3, at, precision)
+            best = {at: best_measured(rows, gpu, isl, osl, ttft_ms / 1e3, tpot_ms / 1e3, at=at, precision=precision)
                     for at in ("median", "p99")}  # fmt: skip
             if isinstance(p, str):
                 print(f"| Archipelago | {p} | - | - | {arch_wall:.1f} | - | - |")
@@ -385,7 +385,7 @@ def part_b(args: argparse.Namespace) -> None:
             print()
             for at in ("median", "p99"):
                 for what, prec in ((f"{precision}, no MTP", precision), ("any precision or MTP", None)):
-                    found = best_measured(rows, gpu, isl, osl, ttft_ms / 1e3, tpot_ms / 1e3, at, prec)
+                    found = best_measured(rows, gpu, isl, osl, ttft_ms / 1e3, tpot_ms / 1e3, at=at, precision=prec)
                     text = "no row within the limits"
                     if found:
                         out, r = found

@@ -256,8 +256,8 @@ def _params(rows: Sequence[Measurement], base: CostProfile) -> list[tuple[str, s
     return list(seen)
 
 
-def _calibration(name: str, pairs: list[tuple[str, str]], theta: np.ndarray, sigma: np.ndarray,
-                 counts: dict[tuple[str, str], int], prior_sigma: float, source: str,
+def _calibration(pairs: list[tuple[str, str]], theta: np.ndarray, sigma: np.ndarray,
+                 counts: dict[tuple[str, str], int], *, name: str, prior_sigma: float, source: str,
                  switches: tuple[tuple[str, bool], ...],
                  held: tuple[tuple[str, str, Factor], ...] = ()) -> Calibration:  # fmt: skip
     fs = [(g, k, Factor(float(math.exp(t)), float(s), "fit", counts.get((g, k), 0)))
@@ -347,7 +347,8 @@ def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: s
         sigma = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     except np.linalg.LinAlgError:
         sigma = priors.copy()
-    cal = _calibration(name, pairs, sol.x, np.minimum(sigma, priors), counts, prior_sigma, source, switches, held)
+    cal = _calibration(pairs, sol.x, np.minimum(sigma, priors), counts, name=name, prior_sigma=prior_sigma,
+                       source=source, switches=switches, held=held)  # fmt: skip
     return cal, scatter
 
 
