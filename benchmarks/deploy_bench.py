@@ -10,8 +10,9 @@ the table prints both optima, what node alignment costs, and the solve times, si
 
 Each node-aligned exact plan is also deployed (SGLang scripts and Kubernetes manifests, as
 `python -m pipeline.deploy` writes them) and checked: every SGLang command against SGLang's own argument
-definitions (`deployment.engine_args`, needs `pip install --no-deps sglang==0.5.23`), every vLLM
-command against vLLM 0.33.0's (its sdist's argument definitions, fetched from PyPI), every manifest
+definitions (`deployment.engines.sglang.args`, needs `pip install --no-deps sglang==0.5.23`), every vLLM
+command against vLLM 0.33.0's (its sdist's argument definitions, fetched from PyPI:
+`deployment.engines.vllm.args`), every manifest
 against the Kubernetes 1.30 schemas (`kubernetes-validate`; LeaderWorkerSet pod templates as core
 PodTemplates).
 """
@@ -43,22 +44,21 @@ def optimum(inv: str, wl: str, shapes: str, extra: list[str], limit: float) -> t
 
 def deployable(plan: Any) -> str:
     """Deploy the plan as `python -m pipeline.deploy` does and check every command and manifest; a short verdict."""
-    import shlex
-
     import kubernetes_validate
 
-    from deployment import k8s
-    from deployment.commands import DeployOptions, command, shell_line
-    from deployment.engine_args import check_sglang, check_vllm
-    from deployment.engines import engines
+    from deployment.commands import engine_argv
+    from deployment.deployable import engines
+    from deployment.engines.sglang.args import check_sglang
+    from deployment.engines.vllm.args import check_vllm
+    from deployment.options import DeployOptions
     from deployment.routing import routing
+    from deployment.targets import k8s
 
     es = engines(plan)
     for e in es:
         for rank in range(e.nnodes):
             for engine, check, skip in (("sglang", check_sglang, 3), ("vllm", check_vllm, 2)):
-                line = shell_line(command(e, rank, plan, DeployOptions(engine=engine)))
-                check(shlex.split(line.replace("$LEADER_ADDR", "10.0.0.1"))[skip:])
+                check(engine_argv(e, rank, plan, DeployOptions(engine=engine))[skip:])
     checked = 0
     for engine in ("sglang", "vllm"):
         opts = DeployOptions(engine=engine, target="k8s")

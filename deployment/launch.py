@@ -15,8 +15,17 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from plan import Engine
+
 LEADER, HOST, INDEX = "leader", "host", "index"
 EXAMPLE = {LEADER: "10.0.0.1", HOST: "10.0.0.2"}  # example_argv's addresses
+WORKER = -1  # a Kubernetes worker pod's rank: LeaderWorkerSet's LWS_WORKER_INDEX, read at start
+
+# the ports the launches listen on
+ENGINE_PORT = 30000  # an engine's HTTP server (its leader's)
+BOOTSTRAP_PORT = 8998  # SGLang's prefill bootstrap server (--disaggregation-bootstrap-port default)
+DIST_PORT = 5000  # the leader's port for the engine's distributed init
+ROUTER_PORT = 8000  # the plan's router (deployment.router)
 
 
 @dataclass(frozen=True)
@@ -137,3 +146,9 @@ def example_env(launch: Launch, index: int) -> dict[str, str]:
         k: (v if isinstance(v, str) else (str(index * v.times) if v.what == INDEX else EXAMPLE[v.what]) + v.suffix)
         for k, v in launch.env.items()
     }
+
+
+def visible_devices(e: Engine) -> dict[str, str]:
+    """`CUDA_VISIBLE_DEVICES` of an engine smaller than its host: its slice of its host's GPUs (none on whole hosts)."""
+    cut = e.placement.gpu_slice if e.placement else None
+    return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(cut[0], cut[1] + 1)))} if cut else {}

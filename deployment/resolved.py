@@ -1,5 +1,5 @@
-"""Settings an engine resolves, against the plan's numbers: the record the engines' checks
-(`deployment.sglang_check`, `deployment.vllm_check`) return and the table both print."""
+"""Settings an engine resolves, against the plan's numbers: the record the engines' checks return
+(`deployment.engines`, read back by `deployment.parameters`) and the table `deployment.check` prints."""
 
 from __future__ import annotations
 
@@ -38,13 +38,3 @@ def table(rows: list[tuple[str, list[Setting]]]) -> str:
             cells[s.name] = text if s.holds else f"**off** {text}"
         out.append(f"| {engine} | " + " | ".join(cells.get(n, "") for n in names) + " |")
     return "\n".join(out)
-
-
-def require_probes(plan: Any, path: str, probes: Any, engine: str, probe: str, module: str) -> None:
-    """Exit with one `error:` line when a serving island of `plan` (read from `path`) runs on a GPU type the check
-    has no device probe for (`probes`, the check's table of them): `engine`'s settings would be resolved as on
-    another GPU. `probe` says what a probe holds, `module` where to add one."""
-    unknown = sorted({i.gpu for i in plan.islands if i.serving} - set(probes))
-    if unknown:
-        raise SystemExit(f"error: {path}: no device probe for {', '.join(unknown)} ({engine}'s settings are resolved "
-                         f"as on {', '.join(sorted(probes))}): add its {probe} to {module} GPUS")  # fmt: skip

@@ -11,9 +11,8 @@ from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any
 
-from deployment.commands import BOOTSTRAP_PORT
-from deployment.engines import Engine
-from plan import Plan
+from deployment.launch import BOOTSTRAP_PORT
+from plan import Engine, Plan
 
 
 def routing(

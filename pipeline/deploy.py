@@ -8,32 +8,50 @@ what to fill in and how to start
 
 from __future__ import annotations
 
+from dataclasses import field, make_dataclass
 from pathlib import Path
 from typing import Any
 
 import plan as plans
-from deployment.commands import DeployOptions
+from costmodel.codec import from_data
+from deployment.engines import ENGINES, adapter
 from deployment.folder import write
+from deployment.options import DeployOptions
+from deployment.targets import TARGETS, target
 from pipeline import cli
 from pipeline.errors import ConfigError
 
+COMMAND = ("plan", "out", "hydra")  # the command's own settings and Hydra's, beside the deployment's
+WHERE = "conf/deploy.yaml (or its overrides)"
+
+
+def config_record() -> type:
+    """conf/deploy.yaml as one record: the deployment's settings (`DeployOptions`'s), then a section per engine and
+    per target of the registries, each its own options record; `costmodel.codec.from_data` reads it strictly."""
+    own = [
+        (name, cls, field(default_factory=cls))
+        for name, cls in [
+            *((a.name, a.Options) for a in ENGINES.values()),
+            *((t.name, t.Options) for t in TARGETS.values()),
+        ]
+    ]
+    base = DeployOptions()
+    common = [(k, tp, field(default=getattr(base, k))) for k, tp in
+              (("engine", str), ("target", str), ("model_path", str), ("ib_devices", str | None))]  # fmt: skip
+    return make_dataclass("DeployConfig", [*common, *own], frozen=True)
+
 
 def options_from_cfg(cfg: Any) -> DeployOptions:
+    """The deploy options of a composed conf/deploy.yaml: every key known and every value of its type, each section
+    read into its engine's or target's own record, the chosen engine and target known by name."""
+    data = {k: cli.plain(cfg[k]) for k in cfg if k not in COMMAND}
+    config = from_data(config_record(), data, WHERE)
+    engine, where = adapter(config.engine), target(config.target)
+    merged = {k: v for s in where.sections for k, v in (data.get(s) or {}).items()}  # llmd: the cluster's, then its own
     return DeployOptions(
-        engine=str(cfg.engine),
-        target=str(cfg.target),
-        model_path=str(cfg.model_path),
-        image=None if cfg.image is None else str(cfg.image),
-        router_image=str(cfg.router_image),
-        transfer_backend=str(cfg.sglang.transfer_backend),
-        gpu_label=str(cfg.k8s.gpu_label),
-        ib_devices=None if cfg.ib_devices is None else str(cfg.ib_devices),
-        expert_location=None if cfg.sglang.expert_location is None else str(cfg.sglang.expert_location),
-        weights_pvc=None if cfg.k8s.weights_pvc is None else str(cfg.k8s.weights_pvc),
-        rdma_resource=None if cfg.k8s.rdma_resource is None else str(cfg.k8s.rdma_resource),
-        host_network=bool(cfg.k8s.host_network),
-        router_replicas=int(cfg.k8s.router_replicas),
-    )
+        engine=engine.name, target=where.name, model_path=config.model_path, ib_devices=config.ib_devices,
+        engine_options=getattr(config, engine.name), target_options=from_data(where.Options, merged, WHERE),
+    )  # fmt: skip
 
 
 def execute(cfg: Any) -> None:

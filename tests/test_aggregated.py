@@ -76,7 +76,7 @@ def test_without_slos_an_aggregated_engine_runs_at_its_steady_state_by_hand() ->
     formulas for the chosen configuration."""
     lengths, w = np.array([512.0, 2048.0, 8192.0]), np.array([0.5, 0.3, 0.2])
     cost, d = CostSettings(engine=EngineSettings(aggregated=True)), 300
-    bench = benchmark_island(H200, 16, DSV3, lengths, w, d, 1000, cost)
+    bench = benchmark_island(H200, 16, DSV3, lengths, w, d, 1000, cost=cost)
     a = bench.aggregated
     assert a is not None and a.chosen >= 0 and a.chunk is not None
     k = a.chosen
@@ -88,9 +88,9 @@ def test_without_slos_an_aggregated_engine_runs_at_its_steady_state_by_hand() ->
         n = max(np.ceil(e * d / (s * ranks)), 1.0)  # sequences per attention rank
         # one decode step at the mean context of a request's d steps (the step is linear in context)
         step = decode_tokens_ms(H200, DSV3, np.array([[s + (d - 1) / 2]]), 1, np.array([[n]]), np.array([[tp]]),
-                                np.array([[ep]]), cost)[0, 0]  # fmt: skip
+                                np.array([[ep]]), cost=cost)[0, 0]  # fmt: skip
         by_sum = decode_tokens_ms(H200, DSV3, np.array([[s]]), d, np.array([[n]]), np.array([[tp]]),
-                                  np.array([[ep]]), cost)[0, 0] / d  # fmt: skip
+                                  np.array([[ep]]), cost=cost)[0, 0] / d  # fmt: skip
         assert step == pytest.approx(by_sum, rel=1e-3)
         per_token = (
             prefill_time_ms(H200, DSV3, s, tp, ranks, cache_hit=0.0, profile=cost.profile, draft_layers=0) / ranks / s
@@ -107,7 +107,7 @@ def test_with_a_tpot_target_no_mixed_step_passes_it() -> None:
     the cap, and the engine admits no more sequences than such a step allows."""
     lengths, w = np.array([512.0, 2048.0, 8192.0]), np.array([0.5, 0.3, 0.2])
     cost = CostSettings(slo=Slo(2000.0, 50.0), engine=EngineSettings(aggregated=True))
-    bench = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, cost)
+    bench = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, cost=cost)
     a = bench.aggregated
     assert a is not None and a.chosen >= 0 and a.chunk is not None
     served = bench.aggregated_req_s > 0
@@ -116,7 +116,8 @@ def test_with_a_tpot_target_no_mixed_step_passes_it() -> None:
     assert (a.chunk[a.chosen] >= 1).all() and (a.chunk[a.chosen] < cost.engine.prefill_batch_tokens).all()
     assert (a.batch[a.chosen] >= 1).all()
     # the price of the target: below the same GPUs time-shared without it
-    free = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000, CostSettings(engine=EngineSettings(aggregated=True)))
+    free = benchmark_island(H200, 16, DSV3, lengths, w, 300, 1000,
+                            cost=CostSettings(engine=EngineSettings(aggregated=True)))  # fmt: skip
     assert (bench.aggregated_req_s < free.aggregated_req_s).all()
 
 
@@ -204,7 +205,7 @@ def test_an_aggregated_island_launches_as_priced_by_the_engines_own_settings(
     DeepEP by batch, vLLM with the chunk as its tokens per DP rank a step and no KV connector; the running requests
     the plan's batch. Each engine's own settings resolution reads every value back as priced."""
     from deployment.commands import DeployOptions, engine_argv
-    from deployment.engines import engines
+    from deployment.deployable import engines
 
     plan = plans.load(aggregated_plan)
     (e,) = engines(plan)
@@ -212,12 +213,12 @@ def test_an_aggregated_island_launches_as_priced_by_the_engines_own_settings(
     assert e.role == "aggregated" and e.chunk == isl.chunk_tokens and e.max_running == isl.batch * e.attn_dp
     argv = engine_argv(e, 0, plan, DeployOptions(engine=engine))
     if engine == "sglang":
-        from deployment import sglang_check as check
+        from deployment.engines.sglang import check
 
         rows = check.settings(plan, e, argv[3:])
         assert "--disaggregation-mode" not in argv and "--enable-mixed-chunk" in argv
     else:
-        from deployment import vllm_check as check
+        from deployment.engines.vllm import check
 
         try:
             check._vllm()

@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 import plan as plans
-from deployment.commands import ENGINES, DeployOptions
 from deployment.crd import load_crd, validate
+from deployment.engines import ENGINES
 from deployment.folder import files
+from deployment.options import DeployOptions
 from helpers import REPO, plan_of
 
 CRDS = REPO / "tests" / "data" / "crds"
@@ -118,7 +119,7 @@ def tiny_plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_every_leader_worker_set_archipelago_writes_for_the_tiny_plan_passes(tiny_plan_path: Path, engine: str) -> None:
     docs = leader_worker_sets(tiny_plan_path, engine)
     assert docs  # the tiny plan has multi-host engines
@@ -127,7 +128,7 @@ def test_every_leader_worker_set_archipelago_writes_for_the_tiny_plan_passes(tin
 
 
 @pytest.mark.skipif(not TABLE_PLANS, reason="no plans in tests/data/plans")
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_every_leader_worker_set_archipelago_writes_for_the_table_plans_passes(engine: str) -> None:
     seen = 0
     for path in TABLE_PLANS:

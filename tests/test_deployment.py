@@ -65,7 +65,8 @@ def launched(out: Path, target: str, tmp: Path) -> list[list[str]]:
 def test_sglang_commands_parse_with_sglangs_own_argument_definitions(
     plan_path: Path, tmp_path: Path, target: str
 ) -> None:
-    from deployment.engine_args import EngineArgsMissing, check_sglang
+    from deployment.engines.base import EngineArgsMissing
+    from deployment.engines.sglang.args import check_sglang
 
     deploy(plan_path, tmp_path / "d", f"target={target}")
     lines = launched(tmp_path / "d", target, tmp_path)
@@ -89,7 +90,7 @@ def test_sglang_commands_parse_with_sglangs_own_argument_definitions(
 
 @pytest.mark.parametrize("target", ["shell", "k8s", "llmd"])
 def test_vllm_commands_parse_with_vllms_own_argument_definitions(plan_path: Path, tmp_path: Path, target: str) -> None:
-    from deployment.engine_args import check_vllm, vllm_source
+    from deployment.engines.vllm.args import check_vllm, vllm_source
 
     deploy(plan_path, tmp_path / "d", "engine=vllm", f"target={target}")
     lines = launched(tmp_path / "d", target, tmp_path)
@@ -315,8 +316,8 @@ def test_configurations_engines_cannot_run_are_never_proposed() -> None:
     r = make_ranges(wl, 1000)
     model = load_model("deepseek_v3")
     args = (load_gpu("H800"), 24, model, r.mid, r.p, 100, 1000)
-    free = benchmark_island(*args, CostSettings(engine=EngineSettings(runnable_only=False)))
-    engines = benchmark_island(*args, CostSettings())
+    free = benchmark_island(*args, cost=CostSettings(engine=EngineSettings(runnable_only=False)))
+    engines = benchmark_island(*args, cost=CostSettings())
     assert 3 in free.prefill.tp and 3 in free.decode.tp  # 24 GPUs: TP 3 (or 6, 12, 24) splits 128 heads unevenly
     for t in (engines.prefill, engines.decode):
         assert set(t.tp) and all(model.n_heads % tp == 0 for tp in t.tp)

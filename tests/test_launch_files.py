@@ -11,6 +11,8 @@ import pytest
 import yaml
 from launched import HOST, LEADER, engine_env, ran
 
+from deployment.engines import ENGINES
+from deployment.targets import TARGETS
 from helpers import REPO, in_process, one_line, plan_of
 
 
@@ -34,14 +36,14 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("target", ["shell", "k8s", "llmd"])
-@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("target", sorted(TARGETS))
+@pytest.mark.parametrize("engine", sorted(ENGINES))
 @pytest.mark.parametrize("hostile", HOSTILE)
 def test_a_value_reaches_the_engine_verbatim_and_nothing_else_runs(plan_path: Path, tmp_path: Path, target: str,
                                                                    engine: str, hostile: str) -> None:  # fmt: skip
     import plan as plans
-    from deployment.commands import DeployOptions
     from deployment.folder import write
+    from deployment.options import DeployOptions
 
     mark = tmp_path / "ran"
     model = hostile.format(mark=mark)
@@ -208,15 +210,16 @@ def test_rdma_devices_and_an_expert_distribution_reach_the_engines(tmp_path: Pat
     assert vllm and all(engine_env(r)["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1" for r in vllm)
 
 
-@pytest.mark.parametrize("target", ["shell", "k8s", "llmd"])
-@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("target", sorted(TARGETS))
+@pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_every_target_runs_the_command_the_engines_own_checks_judged(tmp_path: Path, target: str, engine: str) -> None:
     """tests/test_sglang_check.py and tests/test_vllm_check.py run `engine_argv` through the engines' own checks; what
     each target's files actually run (a host script, a leader or worker pod) is that command, argument for argument."""
     import plan as plans
-    from deployment.commands import WORKER, DeployOptions, command, engine_argv
-    from deployment.engines import engines
-    from deployment.launch import example_env
+    from deployment.commands import command, engine_argv
+    from deployment.deployable import engines
+    from deployment.launch import WORKER, example_env
+    from deployment.options import DeployOptions
 
     path = REPO / "tests" / "data" / "plans" / "table_5_1_hetero_a_azure_code.json"  # multi-host engines of both roles
     plan, opts = plans.load(path), DeployOptions(engine=engine, target=target)

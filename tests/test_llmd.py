@@ -35,6 +35,15 @@ def chart() -> tuple[Any, ...]:
     return schema, defaults, helpers, pod
 
 
+def llmd_options(engine: str) -> Any:
+    """target=llmd's options for `engine`, each record at its defaults, as the launch folder writes with them."""
+    from deployment.engines import adapter
+    from deployment.options import DeployOptions
+    from deployment.targets import target
+
+    return adapter(engine).own(target("llmd").own(DeployOptions(engine=engine, target="llmd")))
+
+
 def check(values: dict[str, Any]) -> list[str]:
     from deployment.helm_values import check as check_values
 
@@ -45,11 +54,12 @@ def check(values: dict[str, Any]) -> list[str]:
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_every_engine_s_values_pass_the_chart_s_checks(path: Path, engine: str) -> None:
     import plan as plans
-    from deployment.commands import ENGINE_PORT, DeployOptions, engine_argv
-    from deployment.engines import engines
-    from deployment.llmd import CONNECTORS, SIDECAR_PORT, values
+    from deployment.commands import engine_argv
+    from deployment.deployable import engines
+    from deployment.launch import ENGINE_PORT
+    from deployment.targets.llmd import CONNECTORS, SIDECAR_PORT, values
 
-    plan, opts = plans.load(path), DeployOptions(engine=engine, target="llmd")
+    plan, opts = plans.load(path), llmd_options(engine)
     for e in engines(plan):
         v = values(plan, e, opts)
         assert check(v) == [], e.name
@@ -59,7 +69,7 @@ def test_every_engine_s_values_pass_the_chart_s_checks(path: Path, engine: str) 
         # the chart asks the pod for tensor x dataLocal GPUs unless the container says: both say a host's share
         (c,) = pod["containers"]
         gpus = pod["parallelism"]["tensor"] * pod["parallelism"]["dataLocal"]
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == gpus == min(e.gpus, e.node_gpus)
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == gpus == min(e.gpus, e.placement.node_gpus)
         argv = engine_argv(e, 0, plan, opts)
         assert argv[argv.index("--port") + 1] == str(ENGINE_PORT) == str(v["routing"]["proxy"]["targetPort"])
         assert v["routing"]["proxy"]["enabled"] == (e.role == "decode")  # the sidecar in front of decode engines
@@ -79,13 +89,12 @@ def test_the_upstream_examples_pass_and_each_kind_of_mistake_is_caught() -> None
     for sample in sorted((DATA / "llmd" / "samples").glob("*.yaml")):
         assert check(yaml.safe_load(sample.read_text())) == [], sample.name
     import plan as plans
-    from deployment.commands import DeployOptions
-    from deployment.engines import engines
-    from deployment.llmd import values
+    from deployment.deployable import engines
+    from deployment.targets.llmd import values
 
     plan = plans.load(PLANS[0])
     e = next(e for e in engines(plan) if e.nnodes > 1)
-    good = values(plan, e, DeployOptions(engine="vllm", target="llmd"))
+    good = values(plan, e, llmd_options("vllm"))
 
     def broken(change: Any) -> list[str]:
         v = json.loads(json.dumps(good))
@@ -112,15 +121,15 @@ def test_a_multi_host_engine_s_every_pod_runs_its_own_checked_command(tmp_path: 
     """The chart gives a LeaderWorkerSet one pod template: each index runs the leader's or a worker's command as the
     other targets do, host-known values filled from the pod (the engines' own checks judged those commands)."""
     import plan as plans
-    from deployment.commands import WORKER, DeployOptions, command, engine_argv
-    from deployment.engines import engines
+    from deployment.commands import command, engine_argv
+    from deployment.deployable import engines
     from deployment.folder import write
-    from deployment.launch import example_argv, example_env
+    from deployment.launch import WORKER, example_argv, example_env
 
     path = DATA / "plans" / "table_5_1_hetero_a_azure_code.json"
     plan = plans.load(path)
     for engine in ("sglang", "vllm"):
-        opts = DeployOptions(engine=engine, target="llmd")
+        opts = llmd_options(engine)
         write(plan, opts, tmp_path / engine, str(path))
         deep = max(engines(plan), key=lambda e: e.nnodes)
         runs = {r.where: r for r in releases(tmp_path / engine, tmp_path, indices=tuple(range(1, deep.nnodes)))}
@@ -171,19 +180,19 @@ def test_the_folder_installs_every_engine_and_routes_through_the_decode_sidecars
 def test_a_value_helm_would_run_as_a_template_is_refused(tmp_path: Path) -> None:
     """The chart renders a container's env as a Helm template; RDMA device names (its only free text) are checked."""
     import plan as plans
-    from deployment.commands import DeployOptions
-    from deployment.engines import DeployError
+    from deployment.errors import DeployError
+    from deployment.options import DeployOptions
 
     with pytest.raises(DeployError, match="ib_devices="):
         DeployOptions(engine="vllm", target="llmd", ib_devices="mlx5_0,{{ .Values }}")
     assert DeployOptions(engine="vllm", target="llmd", ib_devices="mlx5_0, mlx5_1").ib_devices
     # and whatever else a later setting puts where the chart renders templates is refused before it is written
-    from deployment.engines import engines
-    from deployment.llmd import _untemplated, values
+    from deployment.deployable import engines
+    from deployment.targets.llmd import _untemplated, values
 
     plan = plans.load(PLANS[0])
     e = engines(plan)[0]
-    v = values(plan, e, DeployOptions(engine="sglang", target="llmd"))
+    v = values(plan, e, llmd_options("sglang"))
     v[e.role]["containers"][0]["env"].append({"name": "X", "value": '{{ lookup "v1" "Secret" "" "" }}'})
     with pytest.raises(DeployError, match="Helm template"):
         _untemplated(e, v)

@@ -2,20 +2,56 @@
 
 A Deployment per single-host engine, a LeaderWorkerSet per multi-host one (every pod gets the
 leader's address and its index), a Service each; the router's ConfigMap, Deployment and Service.
+Its options (`K8s`: images, node label, weights, RDMA, host network, router replicas) are the
+cluster's; target=llmd runs on the same cluster and reads them too.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from deployment.commands import BOOTSTRAP_PORT, ENGINE_PORT, ROUTER_PORT, WORKER, DeployOptions, command
-from deployment.engines import Engine
-from deployment.launch import HOST, Launch, Ref, k8s_command, k8s_escape, uses
-from plan import Plan
+from deployment.commands import command
+from deployment.engines import adapter
+from deployment.errors import DeployError
+from deployment.launch import ENGINE_PORT, HOST, ROUTER_PORT, WORKER, Launch, Ref, k8s_command, k8s_escape, uses
+from deployment.options import DeployOptions, TargetOptions
+from deployment.targets.base import Target
+from plan import Engine, Plan
+
+
+@dataclass(frozen=True)
+class K8s(TargetOptions):
+    """target=k8s's own options (conf/deploy.yaml `k8s:`): what the cluster provides."""
+
+    image: str | None = None  # the engine image (None: the release the commands are checked against)
+    router_image: str = "archipelago:latest"  # an image with Archipelago installed (runs the router)
+    gpu_label: str = "archipelago/gpu"  # the node label whose value is the GPU type
+    weights_pvc: str | None = None  # a PersistentVolumeClaim holding the weights (None: model_path on each node)
+    rdma_resource: str | None = "rdma/rdma_shared_device_a"  # the RDMA device plugin's resource (None: none)
+    host_network: bool = False  # pods on their nodes' network (RDMA without a secondary network)
+    router_replicas: int = 2  # router pods behind its Service (stateless; ~2,400 req/s a core)
+
+    def __post_init__(self) -> None:
+        if self.router_replicas < 1:
+            raise DeployError(f"router_replicas={self.router_replicas}: at least 1")
+
+
+def cluster(opts: DeployOptions) -> K8s:
+    """The cluster's options of a Kubernetes target (k8s, llmd; their defaults where `opts` has none)."""
+    own = K8s() if opts.target_options is None else opts.target_options
+    assert isinstance(own, K8s), own
+    return own
+
+
+def engine_image(opts: DeployOptions) -> str:
+    """The engine's image: the cluster's choice, else the release the commands are checked against."""
+    return cluster(opts).image or adapter(opts.engine).image
+
 
 # the router listens on the pod's address (loopback is its default); its API key, when the Secret
 # `archipelago-router` holds one (`kubectl create secret generic archipelago-router --from-literal=api-key=...`)
@@ -43,8 +79,8 @@ def probes() -> dict[str, Any]:
 
 def weights_volume(opts: DeployOptions) -> dict[str, Any]:
     """The weights: a PersistentVolumeClaim, or the same path on every node."""
-    if opts.weights_pvc:
-        return {"name": "weights", "persistentVolumeClaim": {"claimName": opts.weights_pvc, "readOnly": True}}
+    if pvc := cluster(opts).weights_pvc:
+        return {"name": "weights", "persistentVolumeClaim": {"claimName": pvc, "readOnly": True}}
     return {"name": "weights", "hostPath": {"path": opts.model_path, "type": "Directory"}}
 
 
@@ -58,11 +94,8 @@ def engine_labels(e: Engine) -> dict[str, str]:
 
 
 def engine_ports(e: Engine, opts: DeployOptions) -> list[dict[str, Any]]:
-    """The engine's HTTP port, and SGLang's bootstrap port on a prefill engine."""
-    ports = [{"containerPort": ENGINE_PORT, "name": "http"}]
-    if e.role == "prefill" and opts.engine == "sglang":
-        ports.append({"containerPort": BOOTSTRAP_PORT, "name": "bootstrap"})
-    return ports
+    """The ports the engine's leader serves (its HTTP port; SGLang's bootstrap port on a prefill engine)."""
+    return [{"containerPort": port, "name": name} for name, port in adapter(opts.engine).ports(e).items()]
 
 
 def engine_volumes(opts: DeployOptions) -> list[dict[str, Any]]:
@@ -80,7 +113,9 @@ def engine_mounts(opts: DeployOptions) -> list[dict[str, Any]]:
 
 def pod_devices(e: Engine, opts: DeployOptions) -> dict[str, int]:
     """What one pod of engine `e` asks for: its GPUs (the engine's share of a host) and one RDMA device."""
-    return {"nvidia.com/gpu": min(e.gpus, e.node_gpus), **({opts.rdma_resource: 1} if opts.rdma_resource else {})}
+    assert e.placement is not None
+    rdma = cluster(opts).rdma_resource
+    return {"nvidia.com/gpu": min(e.gpus, e.placement.node_gpus), **({rdma: 1} if rdma else {})}
 
 
 def env(launch: Launch) -> list[dict[str, Any]]:
@@ -123,7 +158,7 @@ def manifests(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str
             devices = pod_devices(e, opts)
             out: dict[str, Any] = {
                 "name": "engine",
-                "image": opts.engine_image,
+                "image": engine_image(opts),
                 "command": k8s_command(launch),  # LeaderWorkerSet gives the leader's address and the pod's index
                 "env": env(launch),
                 "ports": ports if rank == 0 else [],
@@ -137,11 +172,11 @@ def manifests(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str
 
         def pod(rank: int, e: Engine = e, labels: dict[str, str] = labels) -> dict[str, Any]:
             spec: dict[str, Any] = {
-                "nodeSelector": {opts.gpu_label: e.gpu},
+                "nodeSelector": {cluster(opts).gpu_label: e.gpu},
                 "containers": [container(rank)],
                 "volumes": engine_volumes(opts),
             }
-            if opts.host_network:
+            if cluster(opts).host_network:
                 spec.update(HOST_NETWORK)
             return {"metadata": {"labels": labels}, "spec": spec}
 
@@ -208,7 +243,7 @@ def router_manifests(opts: DeployOptions, route: dict[str, Any]) -> list[dict[st
             "kind": "Deployment",
             "metadata": {"name": "archipelago-router", "labels": router_labels},
             "spec": {
-                "replicas": opts.router_replicas,  # stateless: any replica serves any request
+                "replicas": cluster(opts).router_replicas,  # stateless: any replica serves any request
                 "selector": {"matchLabels": router_labels},
                 "template": {
                     "metadata": {"labels": router_labels},
@@ -216,7 +251,7 @@ def router_manifests(opts: DeployOptions, route: dict[str, Any]) -> list[dict[st
                         "containers": [
                             {
                                 "name": "router",
-                                "image": opts.router_image,
+                                "image": cluster(opts).router_image,
                                 "command": ROUTER_COMMAND,
                                 "env": [ROUTER_KEY],
                                 "ports": [{"containerPort": ROUTER_PORT, "name": "http"}],
@@ -253,3 +288,52 @@ def router_manifests(opts: DeployOptions, route: dict[str, Any]) -> list[dict[st
         }
     )
     return docs
+
+
+def fill_in(opts: DeployOptions, files: str) -> list[str]:
+    """A Kubernetes target's README lines on what to fill in: images, node labels, weights, RDMA, the router's key;
+    `files` names what selects the nodes (the manifests, the values)."""
+    k = cluster(opts)
+    weights = f"the PersistentVolumeClaim `{k.weights_pvc}`" if k.weights_pvc else "the same path on every node"
+    if k.rdma_resource:
+        rdma = (f"- RDMA: each engine pod asks for one `{k.rdma_resource}` (the RDMA device plugin's resource; "
+                "`k8s.rdma_resource=` to change, `null` for none)" + (
+                    " and runs on its node's network;" if k.host_network else
+                    "; `k8s.host_network=true` puts pods on their nodes' network when there is no secondary RDMA "
+                    "network;"))  # fmt: skip
+    else:
+        rdma = "- RDMA: no device requested (`k8s.rdma_resource=null`);"
+    return [
+        f"- the engine image (now `{engine_image(opts)}`) and the router image (now `{k.router_image}`: an "
+        "image with Archipelago installed);",
+        f"- label each GPU node with its type: `kubectl label node NODE {k.gpu_label}=H20` (the {files} select "
+        "nodes by it); multi-host engines need the LeaderWorkerSet controller (https://github.com/kubernetes-sigs/lws) "
+        "installed;",
+        f"- the weights: {weights}, mounted read-only at `{opts.model_path}`;",
+        rdma,
+        "- the router's API key: `kubectl create secret generic archipelago-router --from-literal=api-key=KEY` "
+        "(without it the router asks for none).",
+    ]
+
+
+class K8sTarget(Target):
+    """Kubernetes manifests: `kubectl apply -f manifests.yaml`."""
+
+    name = "k8s"
+    Options = K8s
+    sections = ("k8s",)
+
+    def files(self, plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str, Any]) -> dict[str, str]:
+        return {"manifests.yaml": dump(manifests(plan, es, opts, route))}
+
+    def readme(self, opts: DeployOptions) -> list[str]:
+        return [
+            *fill_in(opts, "manifests"),
+            "",
+            "## Start",
+            "",
+            "```bash",
+            "kubectl apply -f manifests.yaml",
+            f"kubectl port-forward svc/archipelago-router {ROUTER_PORT}   # then send OpenAI-compatible requests",
+            "```",
+        ]

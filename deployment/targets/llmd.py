@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
-from deployment import k8s
-from deployment.commands import BOOTSTRAP_PORT, ENGINE_PORT, WORKER, DeployOptions, command
-from deployment.engines import DeployError, Engine
-from deployment.launch import k8s_command, k8s_shared_command
-from plan import Plan
+from deployment.commands import command
+from deployment.engines import adapter
+from deployment.errors import DeployError
+from deployment.launch import ENGINE_PORT, ROUTER_PORT, WORKER, k8s_command, k8s_shared_command
+from deployment.options import DeployOptions
+from deployment.targets import k8s
+from deployment.targets.base import Target
+from plan import Engine, Plan, Role
 
 CHART = "llm-d-modelservice"
 CHART_REPO = "https://llm-d-incubation.github.io/llm-d-modelservice/"
@@ -34,6 +38,13 @@ SIDECAR_IMAGE = "ghcr.io/llm-d/llm-d-routing-sidecar:v0.8.0"  # llm-d/llm-d-infe
 SIDECAR_PORT = 8000  # the decode pods' routing sidecar; the engine behind it on ENGINE_PORT
 CONNECTORS = {"sglang": "sglang", "vllm": "nixlv2"}  # the sidecar's P/D protocol per engine
 LWS_LEADER = "leaderworkerset.sigs.k8s.io/worker-index"  # LeaderWorkerSet's label of a pod's index ("0": the leader)
+
+
+@dataclass(frozen=True)
+class Llmd(k8s.K8s):
+    """target=llmd's own options (conf/deploy.yaml `llmd:`) beside the cluster's it shares with target=k8s (`k8s:`)."""
+
+    sidecar_image: str = SIDECAR_IMAGE  # llm-d's routing sidecar in front of every decode engine
 
 
 def _leader_probe(period: int, failures: int) -> dict[str, Any]:
@@ -77,7 +88,7 @@ def values(plan: Plan, e: Engine, opts: DeployOptions) -> dict[str, Any]:
     devices = k8s.pod_devices(e, opts)
     container = {
         "name": "engine",
-        "image": opts.engine_image,
+        "image": k8s.engine_image(opts),
         "modelCommand": "custom",
         "command": argv,
         "env": k8s.env(leader),
@@ -87,7 +98,8 @@ def values(plan: Plan, e: Engine, opts: DeployOptions) -> dict[str, Any]:
         "volumeMounts": k8s.engine_mounts(opts),
         "extraConfig": {"securityContext": k8s.IPC_LOCK, **_probes(e)},
     }
-    local = min(e.gpus, e.node_gpus)
+    assert e.placement is not None
+    local = min(e.gpus, e.placement.node_gpus)
     # sizes the pods: tensor x dataLocal GPUs a pod, `workers` pods a LeaderWorkerSet (the chart also exports them as
     # DP_SIZE, TP_SIZE, DP_SIZE_LOCAL, which neither engine reads); the engine's parallelism is its command's
     if opts.engine == "vllm":
@@ -98,11 +110,11 @@ def values(plan: Plan, e: Engine, opts: DeployOptions) -> dict[str, Any]:
         "create": True,
         "replicas": 1,
         "parallelism": parallelism,
-        "nodeSelector": {opts.gpu_label: e.gpu},
+        "nodeSelector": {k8s.cluster(opts).gpu_label: e.gpu},
         "volumes": k8s.engine_volumes(opts),
         "containers": [container],
     }
-    if opts.host_network:
+    if k8s.cluster(opts).host_network:
         pod["extraConfig"] = dict(k8s.HOST_NETWORK)
     other = "decode" if e.role == "prefill" else "prefill"
     selector = {**labels, **({LWS_LEADER: "0"} if e.nnodes > 1 else {})}
@@ -110,8 +122,11 @@ def values(plan: Plan, e: Engine, opts: DeployOptions) -> dict[str, Any]:
     service_ports = [{"name": "http", "port": service_port, "targetPort": service_port}]
     if e.role == "decode":  # the engine itself, for the router's health checks
         service_ports.append({"name": "engine", "port": ENGINE_PORT, "targetPort": ENGINE_PORT})
-    if e.role == "prefill" and opts.engine == "sglang":
-        service_ports.append({"name": "bootstrap", "port": BOOTSTRAP_PORT, "targetPort": BOOTSTRAP_PORT})
+    service_ports += [
+        {"name": name, "port": port, "targetPort": port}
+        for name, port in adapter(opts.engine).ports(e).items()
+        if name != "http"
+    ]  # SGLang's prefill bootstrap port
     return _untemplated(
         e,
         {
@@ -123,10 +138,10 @@ def values(plan: Plan, e: Engine, opts: DeployOptions) -> dict[str, Any]:
                 "servicePort": SIDECAR_PORT,
                 "proxy": {
                     "enabled": e.role == "decode",
-                    "image": SIDECAR_IMAGE,
+                    "image": sidecar(opts),
                     "imagePullPolicy": "IfNotPresent",
                     "targetPort": ENGINE_PORT,
-                    "connector": CONNECTORS[opts.engine],
+                    "connector": connector(opts.engine),
                     "secure": False,  # --secure-proxy=false: plain HTTP (the sidecar's default is HTTPS, self-signed)
                 },
             },
@@ -144,20 +159,22 @@ def values(plan: Plan, e: Engine, opts: DeployOptions) -> dict[str, Any]:
     )
 
 
-def address(e: Engine) -> str:
-    """Engine `e`'s URL for the router: a prefill engine itself, a decode engine's routing sidecar."""
-    return f"http://{e.name}:{SIDECAR_PORT if e.role == 'decode' else ENGINE_PORT}"
+def connector(engine: str) -> str:
+    """The routing sidecar's P/D protocol for `engine`'s engines; DeployError for an engine it has none for."""
+    if engine not in CONNECTORS:
+        raise DeployError(f"engine={engine}: llm-d's routing sidecar has no connector for it; target=llmd takes "
+                          f"{sorted(CONNECTORS)}")  # fmt: skip
+    return CONNECTORS[engine]
 
 
-def health(e: Engine) -> str | None:
-    """Where the router asks a decode engine's health: the engine, not its sidecar (whose /health is always 200)."""
-    return f"http://{e.name}:{ENGINE_PORT}" if e.role == "decode" else None
+def sidecar(opts: DeployOptions) -> str:
+    """The routing sidecar's image (`llmd.sidecar_image`)."""
+    own = opts.target_options
+    return own.sidecar_image if isinstance(own, Llmd) else SIDECAR_IMAGE
 
 
-def files(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str, Any]) -> dict[str, str]:
-    """{path: text}: a values file per engine, the router's manifests, and install.sh that installs them."""
-    out = {f"llmd/{e.name}.values.yaml": k8s.dump([values(plan, e, opts)]) for e in es}
-    out["router.yaml"] = k8s.dump(k8s.router_manifests(opts, route))
+def install(es: list[Engine]) -> str:
+    """install.sh: one `helm upgrade --install` per engine, then the router."""
     lines = [
         "#!/usr/bin/env bash",
         "# One llm-d model-service release per engine, then the router (README.md: what to fill in first).",
@@ -168,6 +185,68 @@ def files(plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str, An
     for e in es:
         lines.append(f"helm upgrade --install {shlex.quote(e.name)} llm-d-modelservice/{CHART} --version "
                      f"{CHART_VERSION} -f {shlex.quote(f'llmd/{e.name}.values.yaml')}")  # fmt: skip
-    lines += ["kubectl apply -f router.yaml", ""]
-    out["install.sh"] = "\n".join(lines)
-    return out
+    return "\n".join([*lines, "kubectl apply -f router.yaml", ""])
+
+
+class LlmdTarget(Target):
+    """llm-d's model-service chart: a Helm release per engine, the decode engines behind llm-d's routing sidecar,
+    which runs the engines' prefill/decode exchange for the prefill engine the router names."""
+
+    name = "llmd"
+    Options = Llmd
+    sections = ("k8s", "llmd")
+
+    def refuse(self, plan: Plan, es: list[Engine], opts: DeployOptions) -> None:
+        connector(opts.engine)
+        mixed = [e.island for e in es if e.role is Role.AGGREGATED]
+        if mixed:
+            raise DeployError(
+                f"plan island {mixed[0]} runs aggregated engines; llm-d's model service deploys prefill and decode "
+                "pods only: use target=k8s or target=shell for this plan"
+            )
+
+    def launched(self, plan: Plan, es: list[Engine]) -> list[Engine]:
+        """Every engine: `helm upgrade --install` leaves a release whose values did not change as it runs."""
+        return es
+
+    def address(self, e: Engine) -> str:
+        """A prefill engine itself, a decode engine's routing sidecar."""
+        return f"http://{e.name}:{SIDECAR_PORT if e.role == 'decode' else ENGINE_PORT}"
+
+    def health(self, e: Engine) -> str | None:
+        """A decode engine's health from the engine, not its sidecar (whose /health is always 200)."""
+        return f"http://{e.name}:{ENGINE_PORT}" if e.role == "decode" else None
+
+    def protocol(self, opts: DeployOptions) -> str:
+        return "llmd"  # the sidecars run the engines' protocol, told the prefill engine by the router
+
+    def routes(self, opts: DeployOptions) -> str:
+        return ("sends the request to the decode engine's llm-d routing sidecar with the prefill engine's host:port in "
+                "the `x-prefiller-host-port` header (the sidecar runs the engines' PD protocol).")  # fmt: skip
+
+    def files(self, plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str, Any]) -> dict[str, str]:
+        """A values file per engine, the router's manifests, and install.sh that installs them."""
+        out = {f"llmd/{e.name}.values.yaml": k8s.dump([values(plan, e, opts)]) for e in es}
+        out["router.yaml"] = k8s.dump(k8s.router_manifests(opts, route))
+        out["install.sh"] = install(es)
+        return out
+
+    def readme(self, opts: DeployOptions) -> list[str]:
+        return [
+            *k8s.fill_in(opts, "values"),
+            f"- Helm 3 and llm-d's model-service chart {CHART_VERSION} ({CHART_REPO}); each decode pod runs llm-d's "
+            f"routing sidecar (`{sidecar(opts)}`, connector `{connector(opts.engine)}`) on port {SIDECAR_PORT} in "
+            "front of its engine.",
+            "",
+            "## Start",
+            "",
+            "```bash",
+            "./install.sh   # helm upgrade --install per engine (llmd/<engine>.values.yaml), then the router",
+            f"kubectl port-forward svc/archipelago-router {ROUTER_PORT}   # then send OpenAI-compatible requests",
+            "```",
+            "",
+            "The router sends each request to a decode engine's sidecar, naming the prefill engine the plan's "
+            "fractions drew in the `x-prefiller-host-port` header; the sidecar runs the prefill/decode exchange. "
+            "llm-d's gateway and endpoint picker are not used: they cannot express the plan's length ranges and "
+            "fractions.",
+        ]

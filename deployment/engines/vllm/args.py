@@ -1,13 +1,16 @@
-"""Check engine commands against the engine's own argument definitions, without importing the engine.
+"""Check `vllm serve` command lines against vLLM's own argument definitions, without importing vLLM.
 
-SGLang defines its server's command line as annotated fields (`sglang/srt/arg_groups/fields/*.py`:
-`tp_size: A[int, Arg(help=..., aliases=["--tensor-parallel-size"])] = 1`) and builds its argparse
-parser from them (`arg_utils.add_cli_args_from_dataclass`: `--` + the field name with dashes, the
-aliases, `Literal[...]` as choices, `bool` as a switch). Importing that module pulls in PyTorch
-and CUDA, which a CPU-only machine lacks, so `sglang_parser` reads the same files of the
-installed package (`pip install --no-deps sglang==<version>`) with `ast` and builds an argparse
-parser by the same rules. A flag the engine renames or drops, a choice it removes, or a number
-where it wants a word then fails to parse, as it would fail to launch.
+vLLM builds `vllm serve`'s parser in `EngineArgs.add_cli_args` (vllm/engine/arg_utils.py): one
+`group.add_argument("--flag", "-alias", **cls_kwargs["field"])` per flag, where
+`cls_kwargs = get_kwargs(SomeConfig)` turns the config dataclass field's annotation into argparse
+keywords (`_compute_kwargs`: a nested dataclass takes JSON validated by that dataclass, `bool` is
+`--flag/--no-flag`, `Literal` gives choices, `int`/`float` a number, `list` several values), plus
+`FrontendArgs` (every field a flag) and `make_arg_parser`'s own flags
+(vllm/entrypoints/common/cli_args.py). Its wheel is several hundred MB of CUDA code and its sdist
+builds only with PyTorch, so `vllm_source` unpacks the Python package of the published sdist of one
+pinned version and `vllm_parser` rebuilds the parser from those files by the same rules. (The faster
+check `benchmarks/deploy_bench.py` uses; `deployment.engines.vllm.check` runs vLLM's own resolution on
+the same source.)
 """
 
 from __future__ import annotations
@@ -15,137 +18,17 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
-SGLANG_VERSION = "0.5.23"  # the versions whose definitions the generated commands are checked against
-VLLM_VERSION = "0.33.0"
+from deployment.engines.base import EngineArgsMissing, parse_strictly
+from deployment.engines.vllm.launch import VERSION
 
 
-class EngineArgsMissing(RuntimeError):
-    """The engine package (its source) is not installed here."""
-
-
-def sglang_fields_dir() -> Path:
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise EngineArgsMissing(f"sglang is not installed: pip install --no-deps 'sglang=={SGLANG_VERSION}'")
-    path = Path(next(iter(spec.submodule_search_locations))) / "srt" / "arg_groups" / "fields"
-    if not path.is_dir():
-        raise EngineArgsMissing(f"{path}: this sglang keeps no argument fields there (a version before 0.5.2x?)")
-    return path
-
-
-def sglang_version() -> str:
-    from importlib.metadata import version
-
-    return version("sglang")
-
-
-def _arg_meta(node: ast.expr) -> dict[str, ast.expr]:
-    """Keyword arguments of an `Arg(...)` call inside `A[...]`."""
-    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Arg":
-        return {k.arg: k.value for k in node.keywords if k.arg}
-    return {}
-
-
-def _literal(node: ast.expr) -> list[object] | None:
-    """The values of `Literal[...]` (inside Optional[...] too), else None."""
-    if isinstance(node, ast.Subscript):
-        name = getattr(node.value, "id", None)
-        if name == "Literal":
-            elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-            return [e.value for e in elts if isinstance(e, ast.Constant)]
-        if name == "Optional":
-            return _literal(node.slice)
-    return None
-
-
-def _base(node: ast.expr) -> str:
-    """`int`, `float`, `str`, `bool`, `list` or `other` for an annotation."""
-    if isinstance(node, ast.Name):
-        return node.id if node.id in ("int", "float", "str", "bool") else "other"
-    if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) in ("Optional",):
-        return _base(node.slice)
-    if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) in ("list", "List"):
-        return "list"
-    return "other"
-
-
-@functools.lru_cache(maxsize=1)
-def sglang_parser() -> argparse.ArgumentParser:
-    """An argparse parser with every SGLang server flag as its field definitions declare it."""
-    parser = argparse.ArgumentParser(
-        prog="sglang.launch_server", exit_on_error=False, add_help=False, allow_abbrev=False
-    )
-    seen: set[str] = set()
-    for path in sorted(sglang_fields_dir().glob("*.py")):
-        for cls in (n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)):
-            for stmt in cls.body:
-                if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
-                    continue
-                ann = stmt.annotation
-                if not (isinstance(ann, ast.Subscript) and getattr(ann.value, "id", None) == "A"):
-                    continue
-                parts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
-                meta = _arg_meta(parts[1]) if len(parts) > 1 else {}
-                if isinstance(meta.get("no_cli"), ast.Constant) and meta["no_cli"].value:
-                    continue
-                name = stmt.target.id
-                cli = meta["cli_name"].value if isinstance(meta.get("cli_name"), ast.Constant) else None
-                names = [cli or "--" + name.replace("_", "-")]
-                if isinstance(meta.get("aliases"), ast.List):
-                    names += [e.value for e in meta["aliases"].elts if isinstance(e, ast.Constant)]
-                names = [n for n in names if n not in seen]
-                if not names:
-                    continue
-                seen.update(names)
-                kind, choices = _base(parts[0]), _literal(parts[0])
-                if "action" in meta or kind == "bool":
-                    parser.add_argument(*names, dest=name, action="store_true")
-                elif choices is not None:
-                    parser.add_argument(*names, dest=name, choices=[str(c) for c in choices])
-                elif kind in ("int", "float"):
-                    parser.add_argument(*names, dest=name, type=int if kind == "int" else float)
-                else:
-                    parser.add_argument(*names, dest=name, nargs="+" if kind == "list" else None)
-    return parser
-
-
-def parse_strictly(parser: argparse.ArgumentParser, argv: list[str], engine: str) -> argparse.Namespace:
-    """Parse `argv` as the engine would; ValueError names the flag or value `engine` rejects."""
-    try:
-        ns, unknown = parser.parse_known_args(argv)
-    except (argparse.ArgumentError, SystemExit) as err:
-        raise ValueError(f"{engine} rejects {argv}: {err}") from None
-    if unknown:
-        raise ValueError(f"{engine} has no flag(s) {unknown}")
-    return ns
-
-
-def check_sglang(argv: list[str]) -> argparse.Namespace:
-    """Parse a `python -m sglang.launch_server` argument list; ValueError names what SGLang would reject."""
-    return parse_strictly(sglang_parser(), argv, f"SGLang {sglang_version()}")
-
-
-# --- vLLM ----------------------------------------------------------------------------------------
-#
-# vLLM builds `vllm serve`'s parser in `EngineArgs.add_cli_args` (vllm/engine/arg_utils.py): one
-# `group.add_argument("--flag", "-alias", **cls_kwargs["field"])` per flag, where
-# `cls_kwargs = get_kwargs(SomeConfig)` turns the config dataclass field's annotation into argparse
-# keywords (`_compute_kwargs`: a nested dataclass takes JSON validated by that dataclass, `bool` is
-# `--flag/--no-flag`, `Literal` gives choices, `int`/`float` a number, `list` several values), plus
-# `FrontendArgs` (every field a flag) and `make_arg_parser`'s own flags
-# (vllm/entrypoints/common/cli_args.py). Its wheel is several hundred MB of CUDA code and its sdist
-# builds only with PyTorch, so `vllm_source` unpacks the Python package of the published sdist of one
-# pinned version and `vllm_parser` rebuilds the parser from those files by the same rules.
-
-
-def vllm_source(version: str = VLLM_VERSION) -> Path:
+def vllm_source(version: str = VERSION) -> Path:
     """vLLM `version`'s Python package (`vllm/`, every file) from its sdist on PyPI, sha256-checked, cached: the
-    argument definitions `vllm_parser` reads, and the code `deployment.vllm_check` runs.
+    argument definitions `vllm_parser` reads, and the code `deployment.engines.vllm.check` runs.
 
     The cache is `$ARCHIPELAGO_CACHE` (default `~/.cache/archipelago`)/vllm-<version>-py."""
     import hashlib
@@ -433,7 +316,7 @@ def vllm_parser(root: Path | None = None) -> argparse.ArgumentParser:
         if isinstance(n, ast.FunctionDef) and n.name in ("make_arg_parser",)
     }
     if "make_arg_parser" not in funcs:
-        raise EngineArgsMissing(f"{frontend}: no make_arg_parser (a vLLM other than {VLLM_VERSION}?)")
+        raise EngineArgsMissing(f"{frontend}: no make_arg_parser (a vLLM other than {VERSION}?)")
     _add_argument_calls(funcs["make_arg_parser"], mod, parser)
     for name, field in mod.fields("FrontendArgs").items():  # FrontendArgs.add_cli_args: every field
         _add(parser, mod, ["--" + name.replace("_", "-")], field, {})
@@ -447,4 +330,4 @@ def vllm_parser(root: Path | None = None) -> argparse.ArgumentParser:
 
 def check_vllm(argv: list[str], root: Path | None = None) -> argparse.Namespace:
     """Parse the arguments after `vllm serve`; ValueError names what vLLM would reject."""
-    return parse_strictly(vllm_parser(root), argv, f"vLLM {VLLM_VERSION}")
+    return parse_strictly(vllm_parser(root), argv, f"vLLM {VERSION}")

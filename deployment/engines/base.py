@@ -1,0 +1,87 @@
+"""What an engine adapter is: the base every engine Archipelago launches derives from, and what its checks raise.
+
+An adapter (one folder of deployment/engines/, one line in `ENGINES`) owns its release (`version`, `image`), its own
+options (`Options`: conf/deploy.yaml's section of its name), its command for one host of an engine (its fixed
+arguments around the parameter table's, `deployment.parameters`), the ports it serves, and its own check: the
+command through the engine's own settings resolution on a device probe of the engine's GPU (`settings`), read back
+against the plan by the same table. `tests/test_engine_contract.py` runs every adapter through one suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import ClassVar
+
+from deployment.errors import DeployError
+from deployment.launch import ENGINE_PORT, WORKER, Launch, example_argv, example_env, visible_devices
+from deployment.options import DeployOptions, EngineOptions
+from deployment.resolved import Setting
+from plan import Engine, Plan
+
+
+class EngineRefused(Exception):
+    """The engine refuses a command line; the message is the engine's own."""
+
+
+class EngineArgsMissing(RuntimeError):
+    """The engine package (its source) is not installed here."""
+
+
+def parse_strictly(parser: argparse.ArgumentParser, argv: list[str], engine: str) -> argparse.Namespace:
+    """Parse `argv` as the engine would; ValueError names the flag or value `engine` rejects."""
+    try:
+        ns, unknown = parser.parse_known_args(argv)
+    except (argparse.ArgumentError, SystemExit) as err:
+        raise ValueError(f"{engine} rejects {argv}: {err}") from None
+    if unknown:
+        raise ValueError(f"{engine} has no flag(s) {unknown}")
+    return ns
+
+
+class Adapter:
+    """An engine: its release, its options, its command for one host, its ports and its own check."""
+
+    name: ClassVar[str]  # its registry name, conf/deploy.yaml's `engine=` and routing.json's protocol
+    title: ClassVar[str]  # as a reader names it, with its release ("SGLang 0.5.23")
+    version: ClassVar[str]  # the release its commands are written for and checked by
+    image: ClassVar[str]  # the container image of that release
+    program: ClassVar[tuple[str, ...]]  # what precedes the engine's own arguments on its command line
+    Options: ClassVar[type[EngineOptions]] = EngineOptions
+    routes: ClassVar[str] = ""  # how the router hands a request to its engines, for a launch folder's README
+
+    def own(self, opts: DeployOptions) -> DeployOptions:
+        """`opts` with this engine's own options (its defaults where `opts` has none)."""
+        if opts.engine != self.name:
+            raise DeployError(f"options for engine={opts.engine} given to the {self.name} adapter")
+        if opts.engine_options is None:
+            return replace(opts, engine_options=self.Options())
+        if not isinstance(opts.engine_options, self.Options):
+            raise DeployError(f"engine={self.name} takes {self.Options.__name__} options, "
+                              f"not {type(opts.engine_options).__name__}")  # fmt: skip
+        return opts
+
+    def command(self, e: Engine, rank: int, opts: DeployOptions) -> Launch:
+        """The launch of host `rank` of engine `e` (0 the leader; WORKER a Kubernetes worker pod)."""
+        raise NotImplementedError
+
+    def ports(self, e: Engine) -> dict[str, int]:
+        """The ports engine `e`'s leader serves, by name (a Service's and a container's)."""
+        return {"http": ENGINE_PORT}
+
+    def settings(self, plan: Plan, e: Engine, argv: list[str], env: dict[str, str], opts: DeployOptions,
+                 ) -> list[Setting]:  # fmt: skip
+        """Engine `e` of `plan` (its arguments `argv` after `program`, its environment `env`) as the engine's own
+        settings resolution gives it, setting by setting, against the plan; EngineRefused where it refuses them."""
+        raise NotImplementedError
+
+    def check(self, plan: Plan, e: Engine, rank: int, opts: DeployOptions) -> list[Setting]:
+        """Host `rank` of engine `e` as its launch runs it (host-known values as examples, the engine's slice of its
+        host's GPUs), through the engine's own settings resolution, against the plan."""
+        opts = self.own(opts)
+        launch = self.command(e, rank, opts)
+        index = 1 if rank == WORKER else rank
+        argv = example_argv(launch, index)
+        assert tuple(argv[: len(self.program)]) == self.program, argv[:4]
+        env = {**example_env(launch, index), **visible_devices(e)}
+        return self.settings(plan, e, argv[len(self.program) :], env, opts)
