@@ -158,6 +158,32 @@ def aligned_batch(mb: np.ndarray) -> np.ndarray:
     return np.where(mb >= BATCH_ALIGN, aligned, mb)
 
 
+@dataclass(frozen=True)
+class _Island:
+    """What every phase of one island's benchmark is priced with: its GPU, how many, the model, the settings."""
+
+    gpu: GPU
+    size: int
+    model: Model
+    cost: CostSettings
+
+    def prefill_ms(self, s: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> np.ndarray:
+        """prefill_time_ms with the MTP module run over the prompt for the first draft (`cost.draft_layers`)."""
+        cost = self.cost
+        return prefill_time_ms(self.gpu, self.model, s, tp, dp, cache_hit=cost.cache_hit, profile=cost.profile,
+                               draft_layers=cost.draft_layers)  # fmt: skip
+
+    def decode_tokens_ms(
+        self, s: np.ndarray, d: int, batch: np.ndarray, tp: np.ndarray, ep: np.ndarray
+    ) -> np.ndarray:
+        return decode_tokens_ms(self.gpu, self.model, s, d, batch, tp, ep, cost=self.cost)
+
+    def max_batch(self, s: np.ndarray, decode: float, tp: np.ndarray, experts: np.ndarray | float) -> np.ndarray:
+        """max_batch with the MTP module held beside the weights."""
+        return max_batch(self.gpu, self.model, s, decode, tp, experts, profile=self.cost.profile,
+                         draft_layers=self.cost.draft_layers)  # fmt: skip
+
+
 def benchmark_island(
     gpu: GPU,
     size: int,
@@ -166,6 +192,7 @@ def benchmark_island(
     weights: np.ndarray,
     mean_decode: float,
     max_decode: int,
+    *,
     cost: CostSettings | None = None,
     output_pmf: np.ndarray | None = None,
     only: tuple[tuple[int, int], ...] | None = None,
@@ -181,8 +208,34 @@ def benchmark_island(
     answers carry (`costmodel.queueing.tpot_step_cap_ms`); without it, so the mean step meets TPOT.
     """
     cost = cost or CostSettings()
-    p, cache_hit = cost.profile, cost.cache_hit
-    ttft_ms, tpot_ms = cost.slo.ttft_ms, cost.slo.tpot_ms
+    _check(gpu, size, model, cost)
+    isl = _Island(gpu, size, model, cost)
+    s = np.asarray(lengths, dtype=float)[None, :]
+    w = np.asarray(weights, dtype=float)
+    w = w / w.sum() if w.sum() > 0 else np.full(len(s[0]), 1.0 / len(s[0]))
+    d = max(round(mean_decode), 1)
+
+    # Prefill: every (tp, dp) with tp·dp = size.
+    cfg = np.array([only[0]] if only else runnable(prefill_configs(size), model, cost), dtype=float)
+    prefill = _prefill_table(isl, s, w, cfg=cfg)
+    # Decode: dp replicas of an EP group of size/dp GPUs, tp | size/dp.
+    cfg = np.array([only[1]] if only else runnable(decode_configs(size), model, cost), dtype=float)
+    tpot_ms = cost.slo.tpot_ms
+    step_cap = tpot_ms
+    if tpot_ms and output_pmf is not None:
+        step_cap = tpot_step_cap_ms(tpot_ms, cost.slo.tpot_percentile / 100, output_pmf)
+    decode = _decode_table(isl, s, w, mean_decode, max_decode, step_cap=step_cap, cfg=cfg)
+    aggregated = None
+    if cost.engine.aggregated:
+        cfg_a = np.array([only[2]] if only and len(only) > 2 else runnable(decode_configs(size), model, cost))
+        aggregated = _aggregated(isl, s[0], w, d, max_decode, step_cap=step_cap, cfg=cfg_a)
+    return IslandBenchmark(gpu.name, size, model.name, cost.profile.name, np.asarray(lengths), prefill, decode,
+                           aggregated)  # fmt: skip
+
+
+def _check(gpu: GPU, size: int, model: Model, cost: CostSettings) -> None:
+    """Reject an island the cost model cannot price as asked, in one line that says what to change."""
+    p = cost.profile
     if size < 1:
         raise SpecError(f"`size >= 1` must hold for an island, got {size=}")
     if not p.precision_per_gpu and not gpu.has_fp8:
@@ -198,18 +251,16 @@ def benchmark_island(
             f"model {model.name} uses {model.attention.upper()} attention; profile {p.name!r} sizes weights with "
             "DeepSeek-V3's hard-coded constants: use the corrected profile (weights_from_config)"
         )
-    s = np.asarray(lengths, dtype=float)[None, :]
-    w = np.asarray(weights, dtype=float)
-    w = w / w.sum() if w.sum() > 0 else np.full(len(s[0]), 1.0 / len(s[0]))
-    d = max(round(mean_decode), 1)
 
-    # Prefill: every (tp, dp) with tp·dp = size.
-    cfg = np.array([only[0]] if only else runnable(prefill_configs(size), model, cost), dtype=float)
+
+def _prefill_table(isl: _Island, s: np.ndarray, w: np.ndarray, *, cfg: np.ndarray) -> PhaseTable:
+    """Every prefill configuration `cfg` (tp, dp) of the island at the lengths `s` (1, L), and the choice."""
+    gpu, size, model, cost = isl.gpu, isl.size, isl.model, isl.cost
+    p, ttft_ms = cost.profile, cost.slo.ttft_ms
     tp, dp = cfg[:, :1], cfg[:, 1:]
     e_pre = np.ceil(model.n_routed_experts / size) if p.whole_experts_per_gpu else model.n_routed_experts / size
-    mtp = cost.draft_layers  # the MTP module, run over the prompt for the first draft and held beside the weights
-    fits = max_batch(gpu, model, s, 0.0, tp, e_pre, profile=p, draft_layers=mtp) >= 1.0
-    t_pre = prefill_time_ms(gpu, model, s, tp, dp, cache_hit=cache_hit, profile=p, draft_layers=mtp)
+    fits = isl.max_batch(s, 0.0, tp, e_pre) >= 1.0
+    t_pre = isl.prefill_ms(s, tp, dp)
     ok = fits
     if ttft_ms:
         # A configuration serves the lengths it prefills within TTFT on an idle island; when the
@@ -231,51 +282,115 @@ def benchmark_island(
         -1,
         "",
     )
-    prefill = _chosen(prefill, _prefill_caps(prefill, np.asarray(lengths), w, cost), w)
+    prefill = _chosen(prefill, _prefill_caps(prefill, s[0], w, cost), w)
     if prefill.chosen < 0:
         prefill = replace(prefill, reason=_reason("prefill", fits.any(), ttft_ms, gpu, size, model))
+    return prefill
 
-    # Decode: dp replicas of an EP group of size/dp GPUs, tp | size/dp.
-    cfg = np.array([only[1]] if only else runnable(decode_configs(size), model, cost), dtype=float)
+
+def _decode_table(
+    isl: _Island,
+    s: np.ndarray,
+    w: np.ndarray,
+    mean_decode: float,
+    max_decode: int,
+    *,
+    step_cap: float | None,
+    cfg: np.ndarray,
+) -> PhaseTable:
+    """Every decode configuration `cfg` (tp, dp) of the island at the lengths `s` (1, L), its batch sized so the
+    mean step meets `step_cap` (the TPOT target, or the room it leaves: `benchmark_island`), and the choice."""
+    size, cost = isl.size, isl.cost
+    d = max(round(mean_decode), 1)
     tp, dp = cfg[:, :1], cfg[:, 1:]
     ep = size / dp
-    routed = np.ceil(model.n_routed_experts / ep)
-    batch = aligned_batch(max_batch(gpu, model, s, float(max_decode), tp, routed, profile=p, draft_layers=mtp))
-    unit = size / tp if p.batch_per_attention_rank else float(size)  # batch units on the island
+    routed = np.ceil(isl.model.n_routed_experts / ep)
+    batch = aligned_batch(isl.max_batch(s, float(max_decode), tp, routed))
+    unit = size / tp if cost.profile.batch_per_attention_rank else float(size)  # batch units on the island
     fits = batch >= 1
     run = np.maximum(batch, 1.0)
-    total_ms = decode_tokens_ms(gpu, model, s, d, run, tp, ep, cost)
-    step_cap = tpot_ms
-    if tpot_ms and output_pmf is not None:
-        step_cap = tpot_step_cap_ms(tpot_ms, cost.slo.tpot_percentile / 100, output_pmf)
+    total_ms = isl.decode_tokens_ms(s, d, run, tp, ep)
     if step_cap:
-        run, total_ms = _shrink_to_tpot(gpu, model, s, d, run, tp, ep, cost, step_cap, total_ms)
+        run, total_ms = _shrink_to_tpot(isl, s, d, run, tp, ep, tpot_ms=step_cap, total_ms=total_ms)
     ok = fits & (run >= 1) & ((total_ms / d <= step_cap) if step_cap else True)
     r_dec = np.where(ok, run * unit * 1000.0 / total_ms, 0.0)
     decode = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], r_dec, total_ms / d, np.where(ok, run, 0.0), np.zeros(len(cfg)),
                         -1, "")  # fmt: skip
     decode = _chosen(decode, _decode_caps(decode, w, mean_decode, cost), w)
     if decode.chosen < 0:
-        decode = replace(decode, reason=_reason("decode", fits.any(), tpot_ms, gpu, size, model))
-    aggregated = None
-    if cost.engine.aggregated:
-        cfg_a = np.array([only[2]] if only and len(only) > 2 else runnable(decode_configs(size), model, cost))
-        aggregated = _aggregated(gpu, size, model, s[0], w, d, max_decode, cost, step_cap, cfg_a)
-    return IslandBenchmark(gpu.name, size, model.name, p.name, np.asarray(lengths), prefill, decode, aggregated)
+        decode = replace(decode, reason=_reason("decode", fits.any(), cost.slo.tpot_ms, isl.gpu, size, isl.model))
+    return decode
 
 
 CHUNKS = 24  # prompt tokens an aggregated engine prefills a step: this many sizes tried, 16 to its largest
 
 
-def _aggregated(
-    gpu: GPU,
-    size: int,
-    model: Model,
+@dataclass(frozen=True)
+class _MixedSteps:
+    """What an aggregated engine's mixed step costs beside its chunk, per configuration (rows, (tp, dp) of
+    `_aggregated`) and prompt length (columns): the quantities every chunk size is priced from."""
+
+    lengths: np.ndarray  # (L,) prompt lengths
+    w: np.ndarray  # (L,) their weights
+    step_cap: float | None  # the TPOT target a step (with its chunk) meets, or None
+    tp: np.ndarray  # (configs, 1)
+    dp: np.ndarray
+    ep: np.ndarray
+    ranks_e: np.ndarray  # attention ranks of one engine
+    unit_e: np.ndarray  # batch units of one engine
+    slots: np.ndarray  # (configs, L) sequences per unit memory holds
+    fits: np.ndarray  # slots >= 1
+    tokens: np.ndarray  # (1, L) prompt tokens prefilled (beside the cache hits)
+    per_token: np.ndarray  # (configs, L) engine ms a prompt token of each length costs
+    deepest: float  # the longest prompt
+    t_deepest: np.ndarray  # (configs, 1) prefill ms of the longest prompt
+    t_none: np.ndarray  # (configs, 1) prefill ms of no tokens: a forward's fixed time
+    yield_: float  # tokens a decode step yields
+    steps: float  # decode steps a request takes
+    most: np.ndarray  # (configs, 1) tokens an engine prefills a step at most
+    mid: np.ndarray  # (1, L) a decode step's mean context (s + 1 ... s + d)
+
+
+def _mixed_steps(
+    isl: _Island,
     lengths: np.ndarray,
     w: np.ndarray,
     d: int,
     max_decode: int,
-    cost: CostSettings,
+    *,
+    step_cap: float | None,
+    cfg: np.ndarray,
+) -> _MixedSteps:
+    p, cost = isl.cost.profile, isl.cost
+    s = lengths[None, :]
+    tp, dp = cfg[:, :1].astype(float), cfg[:, 1:].astype(float)
+    ep = isl.size / dp
+    ranks_e = ep / tp  # attention ranks of one engine
+    unit_e = ranks_e if p.batch_per_attention_rank else ep  # batch units of one engine
+    routed = np.ceil(isl.model.n_routed_experts / ep)
+    slots = aligned_batch(isl.max_batch(s, float(max_decode), tp, routed))  # per unit, by memory
+    tokens = np.maximum(s * (1.0 - cost.cache_hit), 1.0)
+    per_token = isl.prefill_ms(s, tp, ranks_e) / ranks_e / tokens  # engine ms
+    deepest = float(lengths.max())
+    yield_ = 1.0 + cost.accepted  # tokens a decode step yields
+    return _MixedSteps(
+        lengths, w, step_cap, tp, dp, ep, ranks_e, unit_e, slots, slots >= 1, tokens, per_token, deepest,
+        t_deepest=isl.prefill_ms(np.array([[deepest]]), tp, ranks_e),
+        t_none=isl.prefill_ms(np.zeros((1, 1)), tp, ranks_e),
+        yield_=yield_,
+        steps=d / yield_,
+        most=cost.engine.prefill_batch_tokens * ranks_e,
+        mid=s + (d - 1) / 2.0,  # a decode step at its mean context: step time is linear in context
+    )  # fmt: skip
+
+
+def _aggregated(
+    isl: _Island,
+    lengths: np.ndarray,
+    w: np.ndarray,
+    d: int,
+    max_decode: int,
+    *,
     step_cap: float | None,
     cfg: np.ndarray,
 ) -> PhaseTable:
@@ -298,96 +413,76 @@ def _aggregated(
     the island's requests/s within the SLOs; `time_ms` is its TPOT there, `batch` the sequences per rank an
     engine admits (those whose step beside the costliest chunk still meets the target), `chunk` E per rank.
     """
-    p, mtp = cost.profile, cost.draft_layers
-    s = lengths[None, :]
-    tp, dp = cfg[:, :1].astype(float), cfg[:, 1:].astype(float)
-    ep = size / dp
-    ranks_e = ep / tp  # attention ranks of one engine
-    unit_e = ranks_e if p.batch_per_attention_rank else ep  # batch units of one engine
-    routed = np.ceil(model.n_routed_experts / ep)
-    slots = aligned_batch(
-        max_batch(gpu, model, s, float(max_decode), tp, routed, profile=p, draft_layers=mtp)
-    )  # per unit, by memory
-    fits = slots >= 1
-    tokens = np.maximum(s * (1.0 - cost.cache_hit), 1.0)
-    per_token = (
-        prefill_time_ms(gpu, model, s, tp, ranks_e, cache_hit=cost.cache_hit, profile=p, draft_layers=mtp)
-        / ranks_e
-        / tokens
-    )  # engine ms
-    deepest = float(lengths.max())
-    yield_ = 1.0 + cost.accepted  # tokens a decode step yields
-    steps = d / yield_
-    most = cost.engine.prefill_batch_tokens * ranks_e  # (configs, 1) tokens an engine prefills a step at most
-    mid = s + (d - 1) / 2.0  # a decode step at its mean context (s + 1 ... s + d): step time is linear in context
-    best = [np.full((len(cfg), len(lengths)), -1.0), *(np.zeros((len(cfg), len(lengths))) for _ in range(4))]
-    best_score = np.full(len(cfg), -1.0)
-    best_e = np.full((len(cfg), 1), 16.0)
-
-    t_deepest = prefill_time_ms(
-        gpu, model, np.array([[deepest]]), tp, ranks_e, cache_hit=cost.cache_hit, profile=p, draft_layers=mtp
-    )
-    t_none = prefill_time_ms(
-        gpu, model, np.zeros((1, 1)), tp, ranks_e, cache_hit=cost.cache_hit, profile=p, draft_layers=mtp
-    )
+    mx = _mixed_steps(isl, lengths, w, d, max_decode, step_cap=step_cap, cfg=cfg)
+    n_cfg = len(cfg)
+    best = [np.full((n_cfg, len(lengths)), -1.0), *(np.zeros((n_cfg, len(lengths))) for _ in range(4))]
+    best_score = np.full(n_cfg, -1.0)
+    best_e = np.full((n_cfg, 1), 16.0)
 
     def consider(size_e: np.ndarray) -> None:
         """Price every configuration at about `size_e` (configs, 1) prompt tokens a step; keep what serves best."""
-        e = np.maximum(np.floor(size_e / ranks_e), 1.0) * ranks_e  # whole tokens per attention rank
-        n = np.maximum(np.ceil(e * steps / (tokens * unit_e)), 1.0)  # running sequences per unit
-        t_dec = decode_tokens_ms(gpu, model, mid, 1, n, tp, ep, cost) * yield_  # one decode step
-        # a chunk longer than the longest prompt holds several: whole ones, and the end of one more; and a chunk
-        # may start a prompt, whose first piece pays a forward's fixed time (the prefill time of no tokens)
-        whole, rest = np.divmod(e, deepest)
-        deep = (
-            (whole + 1.0) * t_deepest
-            - prefill_time_ms(
-                gpu, model, deepest - rest, tp, ranks_e, cache_hit=cost.cache_hit, profile=p, draft_layers=mtp
-            )
-            + t_none * (rest > 0)
-        ) / ranks_e
-        period = t_dec + per_token * e
-        ok = fits & (n <= slots) & (e <= most)
-        if step_cap:
-            ok &= (t_dec + deep) / yield_ <= step_cap
-        rate = np.where(ok, dp * e * 1000.0 / (period * tokens), 0.0)
-        if cost.slo.any:  # the prompts' queue within TTFT: dp engines, a prompt ceil(s / e) steps
-            # (only where the rate before the cap could beat the best so far: the cap only lowers it)
-            k = np.flatnonzero(_score(rate, w) > best_score)
-            service = np.ceil(tokens / e) * period
-            pre = PhaseTable(tp[k, 0], dp[k, 0], ep[k, 0], rate[k], service[k], np.zeros_like(rate[k]),
-                             np.zeros(len(k)), -1, "")  # fmt: skip
-            capped = np.zeros_like(rate)
-            capped[k] = rate[k] * _prefill_caps(pre, lengths, w, cost, batching=False)[:, None]
-            rate = capped
-        score = _score(rate, w)
-        row = (rate, period / yield_, np.where(ok, n, 0.0), np.broadcast_to(e / ranks_e, rate.shape),
-               np.broadcast_to(deep, rate.shape))  # fmt: skip
+        score, row, e = _chunk_priced(isl, mx, size_e, best_score)
         for k in np.flatnonzero(score > best_score):
             best_score[k], best_e[k] = score[k], e[k]
             for target, value in zip(best, row, strict=True):
                 target[k] = value[k]
 
-    coarse = np.unique(np.geomspace(16.0, float(most.max()), CHUNKS).round())
+    coarse = np.unique(np.geomspace(16.0, float(mx.most.max()), CHUNKS).round())
     for x in coarse:
-        consider(np.full((len(cfg), 1), x))
+        consider(np.full((n_cfg, 1), x))
     step_up = float(coarse[1] / coarse[0]) if len(coarse) > 1 else 2.0
     around = best_e.copy()
     for f in np.geomspace(1.0 / step_up, step_up, 9):  # finer, around each configuration's best
         consider(around * f)
     req_s, tpot, running, chunk, deep = (np.maximum(x, 0.0) for x in best)
-    b = np.where(req_s > 0, slots, 0.0)
+    b = np.where(req_s > 0, mx.slots, 0.0)
     if step_cap:  # admit no more sequences than a step beside the costliest chunk allows
-        full = np.maximum(slots, 1.0)
-        cap = np.maximum(step_cap - deep / yield_, 1e-9)
-        b, _ = _shrink_to_tpot(gpu, model, mid, 1, full, tp, ep, cost, cap, decode_tokens_ms(gpu, model, mid, 1, full,
-                                                                                            tp, ep, cost))  # fmt: skip
+        full = np.maximum(mx.slots, 1.0)
+        cap = np.maximum(step_cap - deep / mx.yield_, 1e-9)
+        total_ms = isl.decode_tokens_ms(mx.mid, 1, full, mx.tp, mx.ep)
+        b, _ = _shrink_to_tpot(isl, mx.mid, 1, full, mx.tp, mx.ep, tpot_ms=cap, total_ms=total_ms)
         b = np.where(req_s > 0, np.maximum(b, running), 0.0)
-    table = PhaseTable(tp[:, 0], dp[:, 0], ep[:, 0], req_s, tpot, b, np.zeros(len(cfg)), -1, "", np.round(chunk))
-    table = _chosen(table, np.ones(len(cfg)), w, cover=cost.slo.any)
+    table = PhaseTable(mx.tp[:, 0], mx.dp[:, 0], mx.ep[:, 0], req_s, tpot, b, np.zeros(n_cfg), -1, "",
+                       np.round(chunk))  # fmt: skip
+    table = _chosen(table, np.ones(n_cfg), w, cover=isl.cost.slo.any)
     if table.chosen < 0:
-        table = replace(table, reason=_reason("aggregated", fits.any(), step_cap, gpu, size, model))
+        table = replace(table, reason=_reason("aggregated", mx.fits.any(), step_cap, isl.gpu, isl.size, isl.model))
     return table
+
+
+def _chunk_priced(
+    isl: _Island, mx: _MixedSteps, size_e: np.ndarray, best_score: np.ndarray
+) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray]:
+    """Every configuration's mixed steps with a chunk of about `size_e` (configs, 1) prompt tokens: its score
+    (`_score`), its row (rate, TPOT, running sequences per unit, chunk per attention rank, the costliest chunk's
+    time) and the chunk E. Only a configuration whose rate before the TTFT cap beats `best_score` is capped
+    (the cap only lowers it); the others score 0."""
+    cost, ranks_e, tokens, w = isl.cost, mx.ranks_e, mx.tokens, mx.w
+    e = np.maximum(np.floor(size_e / ranks_e), 1.0) * ranks_e  # whole tokens per attention rank
+    n = np.maximum(np.ceil(e * mx.steps / (tokens * mx.unit_e)), 1.0)  # running sequences per unit
+    t_dec = isl.decode_tokens_ms(mx.mid, 1, n, mx.tp, mx.ep) * mx.yield_  # one decode step
+    # a chunk longer than the longest prompt holds several: whole ones, and the end of one more; and a chunk
+    # may start a prompt, whose first piece pays a forward's fixed time (the prefill time of no tokens)
+    whole, rest = np.divmod(e, mx.deepest)
+    deep = ((whole + 1.0) * mx.t_deepest - isl.prefill_ms(mx.deepest - rest, mx.tp, ranks_e)
+            + mx.t_none * (rest > 0)) / ranks_e  # fmt: skip
+    period = t_dec + mx.per_token * e
+    ok = mx.fits & (n <= mx.slots) & (e <= mx.most)
+    if mx.step_cap:
+        ok &= (t_dec + deep) / mx.yield_ <= mx.step_cap
+    rate = np.where(ok, mx.dp * e * 1000.0 / (period * tokens), 0.0)
+    if cost.slo.any:  # the prompts' queue within TTFT: dp engines, a prompt ceil(s / e) steps
+        # (only where the rate before the cap could beat the best so far: the cap only lowers it)
+        k = np.flatnonzero(_score(rate, w) > best_score)
+        service = np.ceil(tokens / e) * period
+        pre = PhaseTable(mx.tp[k, 0], mx.dp[k, 0], mx.ep[k, 0], rate[k], service[k], np.zeros_like(rate[k]),
+                         np.zeros(len(k)), -1, "")  # fmt: skip
+        capped = np.zeros_like(rate)
+        capped[k] = rate[k] * _prefill_caps(pre, mx.lengths, w, cost, batching=False)[:, None]
+        rate = capped
+    row = (rate, period / mx.yield_, np.where(ok, n, 0.0), np.broadcast_to(e / ranks_e, rate.shape),
+           np.broadcast_to(deep, rate.shape))  # fmt: skip
+    return _score(rate, w), row, e
 
 
 def _score(rate: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -406,6 +501,7 @@ def decode_tokens_ms(
     batch: np.ndarray,
     tp: np.ndarray,
     ep: np.ndarray,
+    *,
     cost: CostSettings,
 ) -> np.ndarray:
     """Time (ms) for every sequence of the batch to get its d tokens after a prompt of s: d steps, or with MTP steps
@@ -426,14 +522,13 @@ def decode_tokens_ms(
 
 
 def _shrink_to_tpot(
-    gpu: GPU,
-    model: Model,
+    isl: _Island,
     s: np.ndarray,
     d: int,
     batch: np.ndarray,
     tp: np.ndarray,
     ep: np.ndarray,
-    cost: CostSettings,
+    *,
     tpot_ms: float | np.ndarray,
     total_ms: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -452,14 +547,14 @@ def _shrink_to_tpot(
     cap = cap[..., None] if cap.ndim else cap  # a cap per configuration and length, or one
     while np.any(hi > lo):
         cand = lo[..., None] + np.ceil((hi - lo)[..., None] * step)  # the last one is hi
-        t = decode_tokens_ms(gpu, model, s[..., None], d, np.maximum(cand, 1.0), tp[..., None], ep[..., None], cost)
+        t = isl.decode_tokens_ms(s[..., None], d, np.maximum(cand, 1.0), tp[..., None], ep[..., None])
         ok = t / d <= cap
         n = np.where(ok.all(axis=-1), ways, np.argmin(ok, axis=-1))  # candidates meeting the cap, from the first
         open_ = hi > lo
         below = np.take_along_axis(cand, np.maximum(n - 1, 0)[..., None], axis=-1)[..., 0]
         above = np.take_along_axis(cand, np.minimum(n, ways - 1)[..., None], axis=-1)[..., 0]
         lo, hi = (np.where(open_ & (n > 0), below, lo), np.where(open_ & (n < ways), above - 1.0, hi))
-    final = decode_tokens_ms(gpu, model, s, d, np.maximum(lo, 1.0), tp, ep, cost)
+    final = isl.decode_tokens_ms(s, d, np.maximum(lo, 1.0), tp, ep)
     return lo, final
 
 

@@ -98,8 +98,8 @@ def execute(cfg: Any) -> None:
         ranges.p,
         workload.mean_decode,
         workload.max_decode,
-        cost,
-        workload.output_pmf,
+        cost=cost,
+        output_pmf=workload.output_pmf,
     )
     if bench.prefill.chosen < 0 and bench.decode.chosen < 0:
         raise ConfigError(bench.decode.reason)

@@ -138,7 +138,7 @@ def test_bad_island_inputs() -> None:
             RANGES.p,
             100,
             1000,
-            CostSettings(CostProfile.shallowsim()),
+            cost=CostSettings(CostProfile.shallowsim()),
         )
 
 
@@ -156,13 +156,13 @@ def test_one_configuration_benchmarked_alone_is_its_row_of_the_whole_benchmark(g
     lengths = np.arange(1, 8001, 7)
     weights = WL.pmf[lengths] if len(WL.pmf) > lengths.max() else np.ones(len(lengths))
     cost = CostSettings(slo=Slo(**slo))
-    args = (load_gpu(gpu), n, DSV3, lengths, weights, WL.mean_decode, WL.max_decode, cost, WL.output_pmf)
-    whole = benchmark_island(*args)
+    args = (load_gpu(gpu), n, DSV3, lengths, weights, WL.mean_decode, WL.max_decode)
+    whole = benchmark_island(*args, cost=cost, output_pmf=WL.output_pmf)
     for k in range(len(whole.prefill.tp)):
         for m in range(0, len(whole.decode.tp), 3):
             pre = (int(whole.prefill.tp[k]), int(whole.prefill.dp[k]))
             dec = (int(whole.decode.tp[m]), int(whole.decode.dp[m]))
-            one = benchmark_island(*args, only=(pre, dec))
+            one = benchmark_island(*args, cost=cost, output_pmf=WL.output_pmf, only=(pre, dec))
             assert np.array_equal(one.prefill.req_s[0], whole.prefill.req_s[k])
             assert np.array_equal(one.decode.req_s[0], whole.decode.req_s[m])
             assert np.array_equal(one.decode.batch[0], whole.decode.batch[m])

@@ -55,8 +55,8 @@ def test_an_island_decodes_its_tokens_at_the_mtp_steps_time_over_the_tokens_a_st
     """One output token per request (no context growth): an MTP step verifying one draft, accepted with 0.85, serves
     the batch's 1.85 tokens a sequence; the island's decode rate is the batch over that step's time per token."""
     lengths, weights = np.array([2048.0]), np.array([1.0])
-    off = benchmark_island(H200, 8, DSV3, lengths, weights, 1.0, 64, CostSettings())
-    on = benchmark_island(H200, 8, DSV3, lengths, weights, 1.0, 64, CostSettings(mtp=Mtp(1)))
+    off = benchmark_island(H200, 8, DSV3, lengths, weights, 1.0, 64, cost=CostSettings())
+    on = benchmark_island(H200, 8, DSV3, lengths, weights, 1.0, 64, cost=CostSettings(mtp=Mtp(1)))
     assert on.decode.chosen >= 0 and off.decode.chosen >= 0
     i = on.decode.chosen
     tp, ep, batch = on.decode.tp[i], on.decode.ep[i], on.decode.batch[i, 0]
@@ -70,7 +70,7 @@ def test_an_island_decodes_its_tokens_at_the_mtp_steps_time_over_the_tokens_a_st
 def test_a_model_without_an_mtp_module_is_refused() -> None:
     qwen = load_model("qwen3_235b_a22b")
     with pytest.raises(SpecError, match=r"has no MTP module .*costmodel\.mtp\.drafts=0"):
-        benchmark_island(H200, 8, qwen, np.array([1024.0]), np.array([1.0]), 100.0, 200, CostSettings(mtp=Mtp(1)))
+        benchmark_island(H200, 8, qwen, np.array([1024.0]), np.array([1.0]), 100.0, 200, cost=CostSettings(mtp=Mtp(1)))
 
 
 def test_the_mtp_setting_travels_from_the_config_to_plan_json_and_back(tmp_path: Path) -> None:

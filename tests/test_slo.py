@@ -78,8 +78,8 @@ def test_short_answers_make_the_decode_batch_leave_room_for_the_step_boundary_wa
     cost = CostSettings(slo=Slo(tpot_ms=50.0))
     short = np.zeros(201)
     short[[4, 6, 200]] = [0.3, 0.3, 0.4]  # many short answers, as in the Azure code trace
-    args = (load_gpu("H200"), 16, load_model("deepseek_v3"), r.mid, r.p, 20, 200, cost)
-    mean_only, with_short = benchmark_island(*args), benchmark_island(*args, short)
+    args = (load_gpu("H200"), 16, load_model("deepseek_v3"), r.mid, r.p, 20, 200)
+    mean_only, with_short = benchmark_island(*args, cost=cost), benchmark_island(*args, cost=cost, output_pmf=short)
     cap = tpot_step_cap_ms(50.0, 0.99, short)
     assert cap < 40.0
     assert (with_short.decode.time_ms[with_short.decode.chosen] <= cap + 1e-9).all()

@@ -126,9 +126,9 @@ class Planner:
             self.ranges.p if weights is None else weights,
             self.workload.mean_decode,
             self.workload.max_decode,
-            self.cost,
-            self.workload.output_pmf,
-            only,
+            cost=self.cost,
+            output_pmf=self.workload.output_pmf,
+            only=only,
         )
         if lengths is None:
             self._cache[(gpu, size)] = bench
