@@ -71,6 +71,26 @@ def divider_layouts(space: Any, skew_points: int = 4001) -> dict[str, tuple[tupl
 
 
 def main() -> None:
+    args = arguments()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    tmp = Path(tempfile.mkdtemp(prefix="search_bench_"))
+    settings, ctx = context([f"out_root={tmp}/out", f"search.batch={args.batch}",
+                             f"search.min_island={args.min_island}"])  # fmt: skip
+    optimum = exact(settings, ctx, ceiling=args.ceiling)
+    if not args.speed_only:
+        samplers(settings, ctx, args, optimum)
+    orchestration(tmp, args)
+    if args.nodes:
+        print("\ncheap trials (the default objective):")
+        nodes_scaling(tmp, args.tune_trials, args.batch, [])
+        print("\ntrials of ~1 s (search.objective=goodput: a simulation per layout):")
+        nodes_scaling(tmp, 32, args.batch, ["search.objective=goodput"])
+        gpus = scale_inventory(8, 0.25)
+        print(f"\ntrials of a large inventory ({sum(gpus.values()):,} GPUs of 8 types, scale_bench.py's 8:0.25):")
+        nodes_scaling(tmp, 128, args.batch, [], gpus)
+
+
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--evals", type=int, default=240)
@@ -84,11 +104,11 @@ def main() -> None:
     ap.add_argument("--polish", default="default,0", help="search.polish values to compare (default: the config's)")
     ap.add_argument("--ceiling", action="store_true", help="also solve for the best divider layout")
     ap.add_argument("--nodes", action="store_true", help="also: Ray Tune trials/s on a local cluster of 1 vs 2 nodes")
-    args = ap.parse_args()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    tmp = Path(tempfile.mkdtemp(prefix="search_bench_"))
-    settings, ctx = context([f"out_root={tmp}/out", f"search.batch={args.batch}",
-                             f"search.min_island={args.min_island}"])  # fmt: skip
+    return ap.parse_args()
+
+
+def exact(settings: Any, ctx: Any, *, ceiling: bool) -> float:
+    """1. The exact reference's optimum (req/s) and wall time; with `ceiling`, the best divider layout's too."""
     t = time.perf_counter()
     ref = reference(settings, ctx, ctx.planner)
     print(
@@ -96,24 +116,27 @@ def main() -> None:
         f"({len(ctx.planner.ranges)} ranges): exact optimum {ref.rate_req_s:.2f} req/s ({ref.status}), "
         f"exact MILP {time.perf_counter() - t:.1f} s (incl. benchmarking every island size)"
     )
-    if args.ceiling:  # the exact MILP limited to the layouts the divider can propose
+    if ceiling:  # the exact MILP limited to the layouts the divider can propose
         t = time.perf_counter()
         layouts = divider_layouts(ctx.space)
-        ceiling = reference(settings, ctx, ctx.planner, layouts, backend="SCIP")
+        best = reference(settings, ctx, ctx.planner, layouts, backend="SCIP")
         print(
-            f"best divider layout {ceiling.rate_req_s:.2f} req/s ({ceiling.status}) = "
-            f"{ceiling.rate_req_s / ref.rate_req_s:.4f} of the exact optimum; island multisets per type "
+            f"best divider layout {best.rate_req_s:.2f} req/s ({best.status}) = "
+            f"{best.rate_req_s / ref.rate_req_s:.4f} of the exact optimum; island multisets per type "
             + ", ".join(f"{g} {len(m)}" for g, m in layouts.items())
             + f"; {time.perf_counter() - t:.0f} s"
         )
+    return ref.rate_req_s
 
-    if not args.speed_only:
-        print(
-            f"\nbest / exact after {args.evals} evaluations (batches of {args.batch}), median over {args.seeds} seeds"
-            f" from {args.first_seed}; minimum island " + ", ".join(f"{g} {n}" for g, n in ctx.space.min_island) + ":"
-        )
+
+def samplers(settings: Any, ctx: Any, args: argparse.Namespace, optimum: float) -> None:
+    """2. Per sampler and polish, best rate / the exact optimum after `args.evals` evaluations, over seeds."""
+    print(
+        f"\nbest / exact after {args.evals} evaluations (batches of {args.batch}), median over {args.seeds} seeds"
+        f" from {args.first_seed}; minimum island " + ", ".join(f"{g} {n}" for g, n in ctx.space.min_island) + ":"
+    )
     polishes = [settings.search.polish if p == "default" else float(p) for p in args.polish.split(",")]
-    for name in [] if args.speed_only else args.samplers.split(","):
+    for name in args.samplers.split(","):
         for polish in dict.fromkeys(polishes):
             ratios, walls = [], []
             label = f"{name} polish {polish:g}"
@@ -126,7 +149,7 @@ def main() -> None:
                 t = time.perf_counter()
                 best, _ = optuna_loop(ctx, sampler, args.evals, args.batch)
                 walls.append(time.perf_counter() - t)
-                ratios.append(best[-1] / ref.rate_req_s)
+                ratios.append(best[-1] / optimum)
             if ratios:
                 print(
                     f"  {label:17s} median {statistics.median(ratios):.4f}  min {min(ratios):.4f}  "
@@ -135,8 +158,10 @@ def main() -> None:
                     flush=True,
                 )
 
-    # orchestration: the same trials through Ray Tune vs in-process, alternated `repeats` times (this
-    # machine is shared: one pair drifts with whatever else runs, the median of alternated pairs less)
+
+def orchestration(tmp: Path, args: argparse.Namespace) -> None:
+    """3. The same trials through Ray Tune vs in-process, alternated `args.repeats` times (this machine is
+    shared: one pair drifts with whatever else runs, the median of alternated pairs less)."""
     n = args.tune_trials
     settings, ctx = context([f"out_root={tmp}/out", f"search.batch={args.batch}",
                              f"search.iterations={n // args.batch}", "search.sampler=random",
@@ -199,14 +224,6 @@ def main() -> None:
         f"Wall x 2 workers per trial {2 * med(tuned) / n * 1e3:.0f} ms, so orchestration (Ray start-up, the "
         f"batch's round trip, MLflow, shared cores) ~{2 * med(tuned) / n * 1e3 - np.mean(trial_ms):.0f} ms per trial"
     )
-    if args.nodes:
-        print("\ncheap trials (the default objective):")
-        nodes_scaling(tmp, n, args.batch, [])
-        print("\ntrials of ~1 s (search.objective=goodput: a simulation per layout):")
-        nodes_scaling(tmp, 32, args.batch, ["search.objective=goodput"])
-        gpus = scale_inventory(8, 0.25)
-        print(f"\ntrials of a large inventory ({sum(gpus.values()):,} GPUs of 8 types, scale_bench.py's 8:0.25):")
-        nodes_scaling(tmp, 128, args.batch, [], gpus)
 
 
 class Timed(SearchRun):
