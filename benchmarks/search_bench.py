@@ -91,6 +91,7 @@ def main() -> None:
 
 
 def arguments() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--evals", type=int, default=240)
