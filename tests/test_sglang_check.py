@@ -85,6 +85,21 @@ def test_a_setting_that_departs_from_the_plan_is_caught(sc):
     assert not chunk.holds and chunk.resolved == 8192 // e.attn_dp
 
 
+def test_a_prefill_engine_left_at_sglangs_own_memory_fraction_would_not_start(sc):
+    """SGLang reserves activation memory for its whole chunked-prefill size (every attention rank's share, 1.5 MB a
+    token): left to its own memory fraction, a prefill engine resolves a negative one and SGLang would size no KV
+    pool ("Loaded weights leave no GPU memory for the KV cache"). The plan's fraction, the cost model's, is set."""
+    plan = plans.load(PLANS[0])
+    e = next(e for e in engines(plan) if e.role == "prefill" and e.attn_dp > 1)
+    argv = engine_argv(e, 0, plan, DeployOptions())[3:]
+    at = argv.index("--mem-fraction-static")
+    assert argv[at + 1] == "0.9"
+    rows = {s.name: s for s in sc.settings(plan, e, argv[:at] + argv[at + 2 :])}
+    assert rows["mem_fraction_static"].resolved < 0 and not rows["mem_fraction_static"].holds
+    pool = next(s for n, s in rows.items() if n.startswith("KV pool"))
+    assert pool.resolved == 0 and not pool.holds
+
+
 def test_a_decode_island_priced_with_one_micro_batch_launches_without_the_overlap(sc, tmp_path: Path):
     """Under `overlap_chosen` (costmodel=serving) a decode island runs two overlapped micro-batches only where the
     cost model found that faster at its batch (plan.Island.overlap): its engines get --enable-two-batch-overlap

@@ -36,7 +36,8 @@ PyTorch on the CPU) is not misled.
 
 `kv_pool_tokens` reproduces how SGLang sizes the KV-cache pool of a rank from the resolved settings (see there).
 `settings` reads every planned quantity back as SGLang resolved it, by the parameter table
-(`deployment.parameters`), and checks the KV pool against the decode batch at its mean context.
+(`deployment.parameters`), and checks the KV pool against what the plan keeps there (a decoding engine's batch at
+its mean context, a prefill engine's forward).
 """
 
 from __future__ import annotations
@@ -358,8 +359,8 @@ class Resolved:
 
 def settings(plan: Plan, e: Engine, argv: list[str], opts: DeployOptions | None = None) -> list[Setting]:
     """Engine `e` of `plan` (its command line `argv`, after `python3 -m sglang.launch_server`, as written for
-    `opts`) as SGLang resolves it, setting by setting, against the plan: every row of the parameter table, and a
-    decoding engine's KV pool against its batch at its mean context."""
+    `opts`) as SGLang resolves it, setting by setting, against the plan: every row of the parameter table, and the
+    KV pool it sizes against what the plan keeps there."""
     args = resolve(argv, e.gpu)
     # the routed experts' format: SGLang's model config resolves the command's --quantization against the
     # checkpoint's own (model_config.py `_verify_quantization`)
@@ -368,15 +369,12 @@ def settings(plan: Plan, e: Engine, argv: list[str], opts: DeployOptions | None 
 
         quantization = str(model_config_of(args).quantization)
     opts = opts or DeployOptions(engine="sglang", engine_options=Sglang())
-    out = read_back("sglang", e, opts, Resolved(view(args), quantization))
-    if e.role.decodes:
-        out.append(_kv_pool(plan, e, args))
-    return out
+    return [*read_back("sglang", e, opts, Resolved(view(args), quantization)), _kv_pool(plan, e, args)]
 
 
 def _kv_pool(plan: Plan, e: Engine, args: Any) -> Setting:
-    """The KV pool SGLang sizes on one GPU of the decoding engine `e`, with the weights the cost model counts there,
-    against the plan's batch per rank at its mean context."""
+    """The KV pool SGLang sizes on one GPU of engine `e`, with the weights the cost model counts there, against what
+    the plan keeps there: a decoding engine's batch per rank at its mean context, a prefill engine's forward."""
     import numpy as np
 
     from costmodel.catalog import load_gpu
@@ -387,5 +385,6 @@ def _kv_pool(plan: Plan, e: Engine, args: Any) -> Setting:
     weights = float(weight_bytes_per_gpu(load_gpu(e.gpu), plan.model, tp, experts, plan.cost.profile,
                                          plan.cost.draft_layers))  # fmt: skip
     pool = kv_pool_tokens(args, e.gpu, weight_bytes=weights)
-    need = int(e.decode_batch * context_tokens(plan, isl))
-    return Setting("KV pool per rank, tokens (>= batch x mean context)", pool, need, pool >= need)
+    need = int(e.decode_batch * context_tokens(plan, isl)) if e.role.decodes else e.prefill_tokens
+    return Setting("KV pool per rank, tokens (>= the plan's: batch x mean context, or a forward)", pool, need,
+                   pool >= need)  # fmt: skip
