@@ -213,8 +213,9 @@ def test_rdma_devices_and_an_expert_distribution_reach_the_engines(tmp_path: Pat
 @pytest.mark.parametrize("target", sorted(TARGETS))
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_every_target_runs_the_command_the_engines_own_checks_judged(tmp_path: Path, target: str, engine: str) -> None:
-    """tests/test_sglang_check.py and tests/test_vllm_check.py run `engine_argv` through the engines' own checks; what
-    each target's files actually run (a host script, a leader or worker pod) is that command, argument for argument."""
+    """tests/test_engine_contract.py runs every engine's command through its own checks; what each target's files
+    actually run (a host script, a leader or worker pod) is that command, argument for argument, for every target and
+    every engine of the registries."""
     import plan as plans
     from deployment.commands import command, engine_argv
     from deployment.deployable import engines
