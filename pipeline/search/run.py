@@ -31,7 +31,7 @@ from pipeline.records.tracking import Served, Tracker, open_tracker
 from pipeline.search.reference import exact_layout, run_reference
 from pipeline.search.samplers import require_extras
 from pipeline.search.settings import Settings, context, idle_types, inventory_of, read_settings, recorded
-from pipeline.search.steps import STEPS, StepContext
+from pipeline.search.steps import STEPS, StepContext, read_steps
 from pipeline.search.steps.runner import run_steps, say, step_metrics
 from pipeline.search.trial import Context, TrialFn, run_trial, score_layout
 from pipeline.search.trials import SearchRun
@@ -58,6 +58,7 @@ FILES = ("plan.json", "report.md", "convergence.png", "routing.png", "trials.par
 def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
     """Run the search `cfg` describes; returns the exit code (0 done, 1 no plan, 130 interrupted)."""
     settings = read_settings(cfg, *inventory_of(cfg))  # every value checked; nothing benchmarked yet
+    settings = dataclasses.replace(settings, steps=read_steps(cfg.search))  # the post-search steps' own
     if settings.mode == "search":
         require_extras(settings.search.sampler)  # an optional extra missing: say so now
     check_ray_address(settings.ray.address)

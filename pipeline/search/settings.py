@@ -30,7 +30,6 @@ from pipeline.planning.workload import Workload, ranges_from_cfg, workload_from_
 from pipeline.search.features import Choices, check_features
 from pipeline.search.samplers import SAMPLERS
 from pipeline.search.space import GENERATORS, Space
-from pipeline.search.steps import STEPS
 from solvers.inner import BACKENDS
 from solvers.layouts import node_shapes, smallest_shape
 
@@ -122,13 +121,14 @@ class Settings:
     calibration: Any  # the cost model's calibration (before robust's shift), or None
     search: SearchOptions
     replan: Replanning | None  # search.from_plan (None: a plan from scratch)
-    steps: Mapping[str, Any]  # each post-search step's own settings, by its name (PlanStep.read)
     space: SpaceSettings
     ray: RayOptions
     mlflow: MlflowOptions
     run_root: Path  # outputs/search/<name>-<hash>
     key: str  # the run's identity (config hash)
     config: dict[str, Any] = field(default_factory=dict)  # the resolved config, for the record
+    # each post-search step's own settings by its name (PlanStep.read; pipeline.search.steps.read_steps)
+    steps: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def mode(self) -> str:
@@ -225,7 +225,6 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         calibration=calibration,
         search=search,
         replan=replanning,
-        steps={step.name: step.read(s) for step in STEPS},
         space=space_from_cfg(s, inventory, bounds=search.objective == "rate_per_dollar" or budget is not None),
         ray=RayOptions(
             address=None if cfg.ray.address is None else str(cfg.ray.address),

@@ -5,6 +5,8 @@ follow it; `run_steps` (runner.py) runs them by stage, then in this order. A new
 (base.py) and a line here; tests/test_steps.py runs it through the family's contract.
 """
 
+from typing import Any
+
 from pipeline.search.steps.band import RateBand
 from pipeline.search.steps.base import PlanStep, StepContext
 from pipeline.search.steps.bursts import WorkloadBursts
@@ -15,6 +17,11 @@ from pipeline.search.steps.replan import Replanned
 STEPS: tuple[PlanStep, ...] = (Check(), RateBand(), WorkloadBursts(), Losses(), Replanned())
 
 
+def read_steps(search: Any) -> dict[str, Any]:
+    """Every step's own settings from the config's `search` group (`Settings.steps`), each checked."""
+    return {s.name: s.read(search) for s in STEPS}
+
+
 def step(name: str) -> PlanStep:
     """The step called `name`."""
     for s in STEPS:
@@ -23,4 +30,4 @@ def step(name: str) -> PlanStep:
     raise ValueError(f"unknown post-search step {name!r}; choose from {sorted(s.name for s in STEPS)}")
 
 
-__all__ = ["STEPS", "PlanStep", "StepContext", "step"]
+__all__ = ["STEPS", "PlanStep", "StepContext", "read_steps", "step"]
