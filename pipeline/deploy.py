@@ -57,8 +57,8 @@ def options_from_cfg(cfg: Any) -> DeployOptions:
 def execute(cfg: Any) -> None:
     if cfg.plan is None:
         raise ConfigError("plan=PATH is required: the plan.json of a search (outputs/search/<run>/<time>/plan.json)")
+    plan = plans.load(cfg.plan)  # the command's input first: a plan it cannot read is the error to show
     opts = options_from_cfg(cfg)
-    plan = plans.load(cfg.plan)
     out = Path(str(cfg.out)) if cfg.out else Path(str(cfg.plan)).parent / f"deploy-{opts.engine}-{opts.target}"
     es = write(plan, opts, out, str(cfg.plan))
     print(f"[deploy] {len(es)} engines on {sum(e.nnodes for e in es)} host slots; wrote {out}/ (README.md first)")
