@@ -49,6 +49,48 @@ def finished_search(tmp_path_factory: pytest.TempPathFactory, worker_id: str) ->
     return tmp, SimpleNamespace(**json.loads((tmp / "command.json").read_text()))
 
 
+def _shared(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str) -> Path:
+    """A folder this run's test processes share (pytest-xdist's recipe: the first to take its lock makes what is in
+    it, the others read it)."""
+    root = tmp_path_factory.getbasetemp()
+    folder = (root.parent if worker_id != "master" else root) / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def step_searches(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Path]:
+    """Two small searches that turn every post-search step on between them (each step's `on` settings), in-process:
+    `first` plans from scratch (tiny_hetero, the exact MILP, every step on that needs no running plan, e.g. the
+    workload's bursts), `second` re-plans the first's plan with the steps that start from a running plan on and
+    every other step off (its `off` setting). Each is a folder: out/ (its run folder), console.txt, mlflow.db."""
+    import fcntl
+
+    from helpers import SMALL, in_process
+    from pipeline.search.run import execute
+    from pipeline.search.steps import STEPS
+
+    tmp = _shared(tmp_path_factory, worker_id, "step_searches")
+    replanning = [s for s in STEPS if any("{plan}" in o for o in s.on)]
+    with (tmp / "lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in ("first", "second"):
+            folder = tmp / name
+            if (folder / "console.txt").exists():
+                continue
+            if name == "first":
+                args = [o for s in STEPS if s not in replanning for o in s.on] + [s.off for s in replanning]
+            else:
+                (running,) = (tmp / "first" / "out").glob("*/*/plan.json")
+                args = [o.replace("{plan}", str(running)) for s in replanning for o in s.on]
+                args += [s.off for s in STEPS if s not in replanning]
+            r = in_process(execute, "search", *SMALL, "search.sampler=exact", *args,
+                           f"out_root={folder}/out", f"mlflow.tracking_uri=sqlite:///{folder}/mlflow.db")  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            (folder / "console.txt").write_text(r.stdout)
+    return {"first": tmp / "first", "second": tmp / "second"}
+
+
 @pytest.fixture
 def local_ray() -> Any:
     """A local Ray of two CPUs in this test process, started by the first test that asks for it and kept for the

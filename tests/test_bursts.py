@@ -50,29 +50,28 @@ def test_the_rate_under_the_workloads_bursts_holds_over_the_day_and_the_next_rat
         assert (runner.verdict(m) == "") is holds, (rate, runner.verdict(m))
 
 
-def test_a_search_under_the_workloads_arrivals_states_both_rates(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("step_searches")
+def test_a_search_under_the_workloads_arrivals_states_both_rates(step_searches: dict[str, Path]) -> None:
+    """The search of tiny_hetero by the exact MILP with search.arrivals=workload (conftest `step_searches`, which
+    the post-search steps' contract shares)."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.search.run import execute
-
-    r = in_process(execute, "search", *SMALL, "search.sampler=exact", "search.band_draws=0",
-                   "search.arrivals=workload", f"out_root={tmp_path}/out",
-                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    (folder,) = {p.parent for p in (tmp_path / "out").glob("*/*/plan.json")}
+    first = step_searches["first"]
+    stdout = (first / "console.txt").read_text()
+    (folder,) = {p.parent for p in (first / "out").glob("*/*/plan.json")}
     plan = plans.load(folder / "plan.json")
     b = plan.bursts
     assert b is not None and 0 < b.rate_req_s < plan.rate_req_s
     assert json.loads((folder / "plan.json").read_text())["bursts"]["rate_req_s"] == b.rate_req_s
-    assert f"the plan sustains {b.rate_req_s:.1f} req/s within its SLOs over the day" in r.stdout
+    assert f"the plan sustains {b.rate_req_s:.1f} req/s within its SLOs over the day" in stdout
     # the search planned for the bursts: its exact optimum is the plan's rate under them in the queueing model
     model = plan.rates.bursty_req_s
     assert model is not None and 0 < model < plan.rate_req_s
     assert plan.reference is not None and plan.reference.optimum_req_s == pytest.approx(model, rel=1e-6)
-    assert f"{model:.2f} req/s for this one, gap 0.00%" in r.stdout
+    assert f"{model:.2f} req/s for this one, gap 0.00%" in stdout
     text = (folder / "report.md").read_text()
     assert "| **under the workload's own arrivals**" in text and "queueing model (each island's SLO caps" in text
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient(f"sqlite:///{first}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("archipelago").experiment_id])
     assert run.data.metrics["bursty_rate_req_s"] == pytest.approx(b.rate_req_s, rel=1e-5)
     assert run.data.metrics["bursty_model_req_s"] == pytest.approx(model, rel=1e-5)

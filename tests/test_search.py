@@ -28,6 +28,7 @@ def child_runs(tmp: Path, parent_id: str) -> list[Any]:
     return client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=1000)
 
 
+@pytest.mark.xdist_group("finished_search")
 def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(finished_search: tuple[Path, Any]) -> None:
     # conftest's FINISHED_SEARCH: 3 x 4 trials; the polish expectation below was worked out throughput-only on
     # free island sizes

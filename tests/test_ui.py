@@ -32,6 +32,7 @@ NO_BROWSER = "needs Chromium and chromedriver (Debian: apt-get install chromium 
 
 
 @pytest.mark.skipif(BROWSER is None or DRIVER is None, reason=NO_BROWSER)
+@pytest.mark.xdist_group("finished_search")
 def test_the_mlflow_ui_opens_on_the_runs_with_the_plans_metrics_and_its_trials(
     finished_search: tuple[Path, Any],
 ) -> None:
