@@ -28,6 +28,8 @@ class Ran:
     where: str  # the script or the manifest's document and container
     argv: list[str]
     env: dict[str, str]
+    engine: str = ""  # the engine it launches a host of (plan.Engine.name) ...
+    template: bool = False  # ... as a worker pod template, which reads its host's index when it starts
 
 
 def programs(tmp: Path) -> Path:
@@ -41,18 +43,19 @@ def programs(tmp: Path) -> Path:
     return bin_
 
 
-def _run(cmd: list[str], env: dict[str, str], where: str, cwd: Path) -> Ran:
+def _run(cmd: list[str], env: dict[str, str], where: str, cwd: Path, engine: str, template: bool = False) -> Ran:
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=cwd)
     assert r.returncode == 0, (where, r.stderr)
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    return Ran(where, out["argv"], out["env"])
+    return Ran(where, out["argv"], out["env"], engine, template)
 
 
 def scripts(folder: Path, tmp: Path) -> list[Ran]:
     """Every host script of a target=shell folder, run by bash with the addresses it asks for."""
     path = f"{programs(tmp)}:/usr/bin:/bin"
     env = {"PATH": path, "LEADER_ADDR": LEADER, "HOST_ADDR": HOST}
-    return [_run(["bash", str(s)], env, str(s.relative_to(folder)), tmp) for s in sorted(folder.glob("hosts/*/*.sh"))]
+    return [_run(["bash", str(s)], env, str(s.relative_to(folder)), tmp, s.stem)
+            for s in sorted(folder.glob("hosts/*/*.sh"))]
 
 
 def unescape(text: str) -> str:
@@ -88,7 +91,7 @@ def containers(folder: Path, tmp: Path) -> list[Ran]:
                 continue
             for c in t["spec"]["containers"]:
                 cmd = [unescape(a) for a in c["command"]]
-                out.append(_run(cmd, {"PATH": path, **_env(c, index)}, f"{name} {kind}", tmp))
+                out.append(_run(cmd, {"PATH": path, **_env(c, index)}, f"{name} {kind}", tmp, name, kind == "worker"))
     return out
 
 
@@ -107,7 +110,7 @@ def releases(folder: Path, tmp: Path, indices: tuple[int, ...] = (1,)) -> list[R
             cmd = [unescape(a) for a in (*c["command"], *c.get("args", []))]
             for kind, index in runs:
                 where = f"{name} {kind}" + (f" {index}" if kind == "worker" and indices != (1,) else "")
-                out.append(_run(cmd, {"PATH": path, **_env(c, index)}, where, tmp))
+                out.append(_run(cmd, {"PATH": path, **_env(c, index)}, where, tmp, name, kind == "worker"))
     return out
 
 

@@ -226,17 +226,15 @@ def test_every_target_runs_the_command_the_engines_own_checks_judged(tmp_path: P
     plan, opts = plans.load(path), DeployOptions(engine=engine, target=target)
     r = deploy(f"plan={path}", f"out={tmp_path / 'd'}", f"engine={engine}", f"target={target}")
     assert r.returncode == 0, r.stderr
-    runs = {run.where: run for run in ran(tmp_path / "d", target, tmp_path)}
-    checked = 0
-    for e in engines(plan):
-        if target == "shell":
-            hosts = [(f"hosts/{e.gpu.lower()}-host{h:03d}/{e.name}.sh", rank) for rank, h in enumerate(e.hosts)]
-        else:
-            hosts = [(f"{e.name} pod", 0)] if e.nnodes == 1 else [(f"{e.name} leader", 0), (f"{e.name} worker", WORKER)]
-        for where, rank in hosts:
-            assert runs[where].argv == engine_argv(e, rank, plan, opts), where
-            index = 1 if rank == WORKER else rank
-            for name, value in example_env(command(e, rank, plan, opts), index).items():
-                assert runs[where].env[name] == value, (where, name)
-            checked += 1
-    assert checked == len(runs)
+    # each run launches a host of one engine: its leader, another of its hosts by rank (a host script knows its rank),
+    # or a LeaderWorkerSet's worker (a pod template that reads its index when it starts: index 1 here)
+    by_name, seen = {e.name: e for e in engines(plan)}, set()
+    for run in ran(tmp_path / "d", target, tmp_path):
+        e = by_name[run.engine]
+        ranks = [WORKER] if run.template else [k for k in range(e.nnodes) if run.argv == engine_argv(e, k, plan, opts)]
+        assert ranks and run.argv == engine_argv(e, ranks[0], plan, opts), (run.where, run.argv)  # as judged
+        env = example_env(command(e, ranks[0], plan, opts), 1 if ranks[0] == WORKER else ranks[0])
+        assert all(run.env[name] == value for name, value in env.items()), run.where
+        seen.add((e.name, ranks[0]))
+    for e in engines(plan):  # every host of every engine runs: each by its rank, or its workers from one template
+        assert {(e.name, k) for k in range(e.nnodes)} <= seen or {(e.name, 0), (e.name, WORKER)} <= seen, e.name
