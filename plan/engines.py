@@ -105,9 +105,10 @@ def island_engines(plan: Plan, k: int) -> tuple[Engine, ...]:
     for c in range(isl.engines):
         name = f"i{k:02d}-{isl.role}-{isl.gpu.lower()}" + (f"-{c}" if isl.engines > 1 else "")
         out.append(Engine(
-            name, k, isl.role, isl.gpu, isl.ep_group, isl.tp, isl.attention_ranks, isl.redundant_experts, tokens,
-            per_rank if isl.role.decodes else 0, MEM_UTIL, isl.precision.dense, isl.overlap, plan.cost.drafts,
-            isl.precision.experts, _placement(isl, c),
+            name=name, island=k, role=isl.role, gpu=isl.gpu, gpus=isl.ep_group, attn_tp=isl.tp,
+            attn_dp=isl.attention_ranks, redundant_experts=isl.redundant_experts, prefill_tokens=tokens,
+            decode_batch=per_rank if isl.role.decodes else 0, mem_fraction=MEM_UTIL, kv_dtype=isl.precision.dense,
+            overlap=isl.overlap, drafts=plan.cost.drafts, experts=isl.precision.experts, placement=_placement(isl, c),
         ))  # fmt: skip
     return tuple(out)
 
