@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from costmodel.calibration import Calibration
 from costmodel.catalog import CONF_DIR
 from pipeline.checks import boolean, fraction, number, optional_positive, positive_int, whole_number
 from pipeline.cli import choice, plain
@@ -30,6 +31,7 @@ from pipeline.planning.workload import Workload, ranges_from_cfg, workload_from_
 from pipeline.search.features import Choices, check_features
 from pipeline.search.samplers import SAMPLERS
 from pipeline.search.space import GENERATORS, Space
+from plan import Plan
 from solvers.inner import BACKENDS
 from solvers.layouts import node_shapes, smallest_shape
 
@@ -87,7 +89,7 @@ class SearchOptions:
 class Replanning:
     """search.from_plan: re-plan a running plan for this inventory and workload within few moves."""
 
-    plan: Any  # the running plan (a Plan)
+    plan: Plan  # the running plan
     path: str
     max_moves: int  # a re-plan changes at most this many islands
     max_hosts: int | None  # and re-launches at most this many hosts (None: no bound)
@@ -118,7 +120,7 @@ class Settings:
     inventory: Inventory
     workload_name: str
     planning: Planner  # model, workload, ranges and cost settings (costmodel, slo): no island benchmarked yet
-    calibration: Any  # the cost model's calibration (before robust's shift), or None
+    calibration: Calibration | None  # the cost model's calibration (before robust's shift)
     search: SearchOptions
     replan: Replanning | None  # search.from_plan (None: a plan from scratch)
     space: SpaceSettings
