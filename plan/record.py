@@ -575,6 +575,28 @@ class Plan:
             raise PlanError(f"workload must be a name, got {self.workload!r}")
         if self.workload_spec and not isinstance(self.spec_of_workload, dict):
             raise PlanError("workload_spec must be the workload's conf mapping (an object)")
+        self._check_hosts()
+
+    def _check_hosts(self) -> None:
+        """No GPU of a host is in two islands, and, where the plan records its inventory, its islands take no more
+        GPUs of a type than the inventory has."""
+        taken: dict[tuple[str, int, int], int] = {}
+        if self.inventory is not None:
+            has = dict(self.inventory.gpus)
+            for gpu in {isl.gpu for isl in self.islands}:
+                used = sum(isl.size for isl in self.islands if isl.gpu == gpu)
+                if used > has.get(gpu, 0):
+                    raise PlanError(f"its islands take {used} {gpu}, but its inventory has {has.get(gpu, 0)}")
+        for k, isl in enumerate(self.islands):
+            h = isl.hosts
+            if h is None:
+                continue
+            for slot in range(h.first_gpu, h.first_gpu + isl.size):
+                gpu = (isl.gpu, h.nodes[slot // h.node_gpus], slot % h.node_gpus)
+                if gpu in taken:
+                    raise PlanError(f"islands[{k}] and islands[{taken[gpu]}] both run on {gpu[0]} host {gpu[1]}, GPU "
+                                    f"{gpu[2]}: a GPU serves one island")  # fmt: skip
+                taken[gpu] = k
 
     @property
     def spec_of_workload(self) -> dict[str, Any] | None:

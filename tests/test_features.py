@@ -18,6 +18,7 @@ PLAIN = Choices(objective="max_rate", sampler="tpe", workload="azure_code", budg
 TURNS_ON = {
     "search.objective=thesis": {"objective": "thesis"},
     "search.objective=goodput": {"objective": "goodput"},
+    "search.objective=rate_per_dollar": {"objective": "rate_per_dollar"},
     "search.arrivals=workload": {"arrivals": "workload"},
     "search.spare_hosts={spare_hosts}": {"spare_hosts": 2},
     "search.robust=true": {"robust": True},

@@ -124,6 +124,11 @@ EDITS = [
     ("empty ranges", set_island("ranges", []), "islands[0]: a prefill island serves at least one input-length range"),
     ("batch of a billion", set_island("batch", 10**9, 2), "decode batch 1000000000 is over 1024 sequences per rank"),
     ("newer schema", lambda d: d.__setitem__("schema", 99), "plan schema 99 is not one this version"),
+    ("two islands on one host", lambda d: d["islands"][1]["hosts"].update(nodes=[0]),
+     "islands[1] and islands[0] both run on H200 host 0, GPU 0: a GPU serves one island"),
+    ("more GPUs than the inventory", lambda d: d.__setitem__("inventory", {"name": "x", "cost_per_hour": 1.0,
+                                                                           "gpus": [["H200", 8], ["H20", 16]]}),
+     "its islands take 16 H200, but its inventory has 8"),
     ("workload_spec a list", lambda d: d.__setitem__("workload_spec", [1024]),
      "workload_spec must be the workload's conf mapping (an object), got [1024]"),
 ]  # fmt: skip

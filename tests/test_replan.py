@@ -74,7 +74,7 @@ def test_hosts_now_numbers_the_hosts_left_and_added() -> None:
     from plan import InventoryInfo
 
     old = plans.from_json(json.loads(json.dumps(plans.to_json(_tiny()))))
-    old = __import__("dataclasses").replace(old, inventory=InventoryInfo("x", (("H20", 32),), 1.0))
+    old = __import__("dataclasses").replace(old, inventory=InventoryInfo("x", (("H200", 16), ("H20", 32)), 1.0))
     assert hosts_now(old, {"H20": 24}, {"H20": 8}, [("H20", 1)]) == {"H20": (0, 2, 3)}
     assert hosts_now(old, {"H20": 24}, {"H20": 8}, []) == {"H20": (0, 1, 2)}  # the highest-numbered one goes
     assert hosts_now(old, {"H20": 48}, {"H20": 8}, [("H20", 1)]) == {"H20": (0, 2, 3, 4, 5, 6)}  # added after
@@ -116,8 +116,19 @@ def test_no_move_keeps_the_running_islands_and_a_host_budget_is_kept(tmp_path: P
         (["search.lost_hosts=[H20-11]"], "error: search.lost_hosts: 'H20-11' is not GPU:host"),
         (["search.spare_hosts=1"], "error: search.spare_hosts=1 scores each trial's layout by its rate with its worst "
                                    "hosts lost, with prefill and decode roles for every island; search.from_plan "
-                                   "re-plans a running plan with few moves: drop one of the two"),
+                                   "re-plans a running plan with few moves, scored by its rate: drop one of the two"),
         (["aggregated"], "error: search.from_plan={path}: island 2 runs aggregated engines; a re-plan keeps"),
+        (["search.lost_hosts=[H20:99]"], "error: search.lost_hosts: 'H20:99' is not a host of the running plan (its "
+                                         "H20 hosts are 0-1)"),
+        (["no plan", "search.lost_hosts=[H20:1]"], "error: search.lost_hosts names hosts of a running plan that are "
+                                                   "gone: give that plan too (search.from_plan=PATH)"),
+        (["model=qwen3_235b_a22b"],
+         "error: search.from_plan={path} runs deepseek_v3; this search plans qwen3_235b_a22b"),
+        (["search.objective=rate_per_dollar"], "error: search.from_plan re-plans a running plan with few moves, scored "
+                                               "by its rate; search.objective=rate_per_dollar scores each layout by its "
+                                               "rate per $/h: drop one of the two"),
+        (["search.objective=goodput"], "error: search.from_plan re-plans a running plan with few moves, scored by its "
+                                       "rate; search.objective=goodput scores each layout"),
     ],
 )
 def test_a_re_plan_it_cannot_make_is_one_line(tmp_path: Path, extra: list[str], says: str) -> None:
@@ -131,7 +142,10 @@ def test_a_re_plan_it_cannot_make_is_one_line(tmp_path: Path, extra: list[str], 
         running, extra = dataclasses.replace(running, islands=(*running.islands[:2], mixed)), []
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plans.to_json(running)))
-    args = [f"search.from_plan={path}", *extra] if not extra or "from_plan" not in extra[0] else extra
+    if extra[:1] == ["no plan"]:
+        args = extra[1:]
+    else:
+        args = [f"search.from_plan={path}", *extra] if not extra or "from_plan" not in extra[0] else extra
     r = in_process(execute, "search", *SMALL, *args, f"out_root={tmp_path}/out",
                    f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
     one_line(r, says.format(path=path))

@@ -66,7 +66,10 @@ FEATURES: tuple[Feature, ...] = (
             "plans for the pessimistic end of the calibration's range",
             needs=((lambda c: c.calibrated, "add costmodel.calibration=published (or a file of yours from python -m "
                                             "costmodel.calibrate): this cost model has no range"),)),
-    Feature("search.from_plan", lambda c: c.from_plan, "re-plans a running plan with few moves"),
+    Feature("search.from_plan", lambda c: c.from_plan, "re-plans a running plan with few moves, scored by its rate",
+            excludes=("search.objective=rate_per_dollar", "search.objective=goodput", "search.objective=thesis")),
+    Feature("search.objective=rate_per_dollar", lambda c: c.objective == "rate_per_dollar",
+            "scores each layout by its rate per $/h"),
     Feature("search.sampler=exact", lambda c: c.sampler == "exact", "plans with the exact MILP, every host up"),
     Feature("search.budget_per_hour", lambda c: c.budget),
     Feature("search.kv_transfer=true", lambda c: c.kv_transfer),

@@ -192,6 +192,8 @@ def _finish(
     if best_layout is None:
         return _no_plan(run, settings, tracker, complete, wall_s)
     plan = _plan(run, settings, ctx, best_layout, complete, wall_s, notes)
+    if not plan.serves:  # the best layout serves nothing: no plan to write, deploy or link as the newest
+        return _no_plan(run, settings, tracker, complete, wall_s, serves_nothing=True)
     poisson = dataclasses.replace(ctx, planner=ctx.planner.poisson(), key=f"{ctx.key}:poisson")  # the plan's rates
     sc = StepContext(settings, ctx, poisson, best_layout, run)
     plan = run_steps(STEPS, plan, sc)
@@ -376,13 +378,19 @@ def _summary(run: SearchRun, plan: Plan, sc: StepContext) -> None:
             "search.sampler=exact plans it (its islands are in reference.json)")
 
 
-def _no_plan(run: SearchRun, settings: Settings, tracker: Tracker | Served, complete: bool, wall_s: float) -> int:
-    """No trial gave a usable layout: say why and what to change; no plan.json is written."""
+def _no_plan(
+    run: SearchRun, settings: Settings, tracker: Tracker | Served, complete: bool, wall_s: float,
+    serves_nothing: bool = False,
+) -> int:  # fmt: skip
+    """No trial gave a usable layout, or the best one serves no requests (`serves_nothing`): say why and what to
+    change; no plan.json is written and outputs/search/latest is left as it was."""
     counts: dict[str, int] = {}
     for r in run.records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     seen = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trials"
-    if not complete:
+    if serves_nothing:
+        why, fix = _serves_nothing(settings, run)
+    elif not complete:
         why, fix = "the search was interrupted before any trial finished", "run it again with search.resume=true"
     elif settings.mode == "exact":
         why = f"the exact MILP found no layout ({run.ref.status if run.ref else 'not solved'})"
@@ -400,6 +408,22 @@ def _no_plan(run: SearchRun, settings: Settings, tracker: Tracker | Served, comp
           flush=True)  # fmt: skip
     _unlogged_warning(run)
     return cli.INTERRUPTED if not complete else NO_PLAN
+
+
+def _serves_nothing(settings: Settings, run: SearchRun) -> tuple[str, str]:
+    """(why, what to change) where the best layout the search found serves no requests."""
+    o, budget = settings.search, run.ctx.planner.budget_per_hour
+    if o.spare_hosts:
+        return (f"every layout scored 0 req/s with its worst {o.spare_hosts} hosts lost, and the best of them serves "
+                "nothing", "lower search.spare_hosts")  # fmt: skip
+    if settings.replan is not None:
+        return ("the re-plan's best islands serve nothing", "raise search.max_moves, or re-plan from scratch (drop "
+                "search.from_plan)" + (" or raise search.budget_per_hour" if budget is not None else ""))
+    if budget is not None:
+        return (f"no layout within ${budget:,.0f}/h serves requests", "raise search.budget_per_hour")
+    return ("the best layout serves no requests (no island runs the model in a role within the SLOs)",
+            "relax the SLOs (slo.ttft_ms, slo.tpot_ms), add GPUs, or see what one island can do: python -m "
+            "pipeline.island gpu=<GPU> size=<N>")
 
 
 def _unlogged_warning(run: SearchRun) -> None:

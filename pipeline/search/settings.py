@@ -31,7 +31,7 @@ from pipeline.planning.workload import Workload, ranges_from_cfg, workload_from_
 from pipeline.search.features import Choices, check_features
 from pipeline.search.samplers import SAMPLERS
 from pipeline.search.space import GENERATORS, Space
-from plan import Plan
+from plan import Plan, node_spans
 from solvers.inner import BACKENDS
 from solvers.layouts import node_shapes, smallest_shape
 
@@ -196,7 +196,10 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
     kv_transfer = boolean(s.kv_transfer, "search.kv_transfer")
     planner = planner_from_cfg(cfg, {g.name: g for g in inventory.gpus}, kv_transfer, budget)
     search = search_from_cfg(s)
-    replanning = replanning_from_cfg(s, inventory) if s.get("from_plan") is not None else None
+    replanning = replanning_from_cfg(s, inventory, planner.model) if s.get("from_plan") is not None else None
+    if replanning is None and plain(s.get("lost_hosts")):
+        raise ConfigError("search.lost_hosts names hosts of a running plan that are gone: give that plan too "
+                          "(search.from_plan=PATH), or drop search.lost_hosts")  # fmt: skip
     calibration = planner.profile.calibration
     check_features(Choices(
         objective=search.objective, sampler=search.sampler, workload=choice("workload"), budget=budget is not None,
@@ -307,12 +310,16 @@ def space_from_cfg(s: Any, inventory: Inventory, bounds: bool) -> SpaceSettings:
     )
 
 
-def replanning_from_cfg(s: Any, inventory: Inventory) -> Replanning:
+def replanning_from_cfg(s: Any, inventory: Inventory, model: Any) -> Replanning:
     """search.from_plan (the running plan), search.lost_hosts (the hosts of it that are gone) and the re-plan's
-    bounds, checked."""
+    bounds, checked: the running plan is of this search's model and its islands run on GPUs of this inventory, and
+    every lost host is one of the running plan's."""
     import plan as plans
 
     running = plans.load(str(s.from_plan), "search.from_plan")
+    if running.model != model:
+        raise ConfigError(f"search.from_plan={s.from_plan} runs {running.model.name}; this search plans {model.name}: "
+                          f"re-plan with model={running.model.name}, or plan {model.name} from scratch")  # fmt: skip
     gpus = {g.name: g for g in inventory.gpus}
     lost = []
     for item in plain(s.get("lost_hosts")) or []:
@@ -320,6 +327,10 @@ def replanning_from_cfg(s: Any, inventory: Inventory) -> Replanning:
         if gpu not in gpus or not node.strip().isdigit():
             raise ConfigError(f"search.lost_hosts: {item!r} is not GPU:host with a GPU of the inventory "
                               f"({sorted(gpus)}) and a host number, e.g. H20:11")  # fmt: skip
+        had = running_hosts(running, gpu)
+        if int(node) not in had:
+            raise ConfigError(f"search.lost_hosts: {item!r} is not a host of the running plan (its {gpu} hosts are "
+                              f"{node_spans(had) or 'none'})")  # fmt: skip
         lost.append((gpu, int(node)))
     mixed = [k for k, isl in enumerate(running.islands) if isl.role == "aggregated"]
     if mixed:
@@ -335,6 +346,16 @@ def replanning_from_cfg(s: Any, inventory: Inventory) -> Replanning:
     max_hosts = None if s.get("max_hosts") is None else whole_number(s.max_hosts, "search.max_hosts")
     return Replanning(running, str(s.from_plan), positive_int(s.get("max_moves", 3), "search.max_moves"), max_hosts,
                       tuple(lost))  # fmt: skip
+
+
+def running_hosts(running: Any, gpu: str) -> tuple[int, ...]:
+    """The hosts of GPU type `gpu` a running plan has: those of its inventory where it records one (numbered from 0),
+    and every host an island of it runs on."""
+    node = next((isl.hosts.node_gpus for isl in running.islands if isl.gpu == gpu and isl.hosts), None)
+    counted = dict(running.inventory.gpus).get(gpu, 0) if running.inventory is not None else 0
+    recorded = range(-(-counted // node)) if node else range(0)
+    used = {h for isl in running.islands if isl.gpu == gpu and isl.hosts for h in isl.hosts.nodes}
+    return tuple(sorted({*recorded, *used}))
 
 
 def check_spare_hosts(spare: int, inventory: Inventory) -> None:

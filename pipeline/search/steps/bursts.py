@@ -50,7 +50,7 @@ class WorkloadBursts(PlanStep):
 
     def summary(self, plan: Plan, sc: StepContext) -> list[str]:
         model = plan.rates.bursty_req_s
-        if model is None or plan.bursts is not None:
+        if model is None or plan.bursts is not None or plan.rate_req_s <= 0:
             return []
         return [f"under the workload's own arrivals (its trace's bursts) the queueing model gives {model:.2f} req/s "
                 f"({model / plan.rate_req_s:.1%} of the rate) within the SLOs over a day; search.arrivals=workload "
