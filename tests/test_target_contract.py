@@ -48,14 +48,16 @@ def test_a_target_writes_its_launch_folder(tiny: Path, name: str, engine: str) -
         assert all(e.name in readme for e in es)
 
 
-def _other(kind: Any, default: Any, field: str) -> Any:
-    """A value of annotation `kind` other than `default`, for field `field`."""
+def _other(kind: Any, default: Any, field: dataclasses.Field[Any]) -> Any:
+    """A value of annotation `kind` other than `default`, for `field`: a string or a count that its rule takes."""
     kinds = typing.get_args(kind) or (kind,)
+    rule = field.metadata.get("rule")
     if bool in kinds:
         return not default
     if int in kinds:
-        return (default or 0) + 1
-    return f"/other/{field}"
+        return rule.high if default != rule.high else rule.low
+    assert rule.example != default, field.name
+    return rule.example
 
 
 def _overrides(t: Target) -> tuple[list[str], dict[str, Any]]:
@@ -63,7 +65,7 @@ def _overrides(t: Target) -> tuple[list[str], dict[str, Any]]:
     its sections that has it (target=llmd: the cluster's in `k8s`, its own in `llmd`), and those values."""
     hints = typing.get_type_hints(t.Options)
     values = {
-        f.name: _other(hints[f.name], getattr(t.Options(), f.name), f.name) for f in dataclasses.fields(t.Options)
+        f.name: _other(hints[f.name], getattr(t.Options(), f.name), f) for f in dataclasses.fields(t.Options)
     }
     section = {k: next(s for s in t.sections if k in {f.name for f in dataclasses.fields(TARGETS[s].Options)})
                for k in values}  # fmt: skip
@@ -90,8 +92,13 @@ def test_a_targets_options_round_trip_from_the_config(name: str) -> None:
     ("+namespace=prod", "error: conf/deploy.yaml (or its overrides): `namespace` is not a field of DeployConfig"),
     ("+k8s.namespace=prod", "error: conf/deploy.yaml (or its overrides): k8s: `namespace` is not a field of K8s"),
     ("sglang.transfer_backend=tcp", "error: conf/deploy.yaml (or its overrides): sglang: transfer_backend='tcp': "
-                                    "choose from ['mooncake', 'nixl']"),
-    ("k8s.router_replicas=0", "error: conf/deploy.yaml (or its overrides): k8s: router_replicas=0: at least 1"),
+                                    "must be one of ['mooncake', 'nixl']"),
+    ("k8s.router_replicas=0", "error: conf/deploy.yaml (or its overrides): k8s: router_replicas=0: must be a whole "
+                              "number from 1 to 1000"),
+    ("k8s.router_replicas=100000000000", "error: conf/deploy.yaml (or its overrides): k8s: "
+                                         "router_replicas=100000000000: must be a whole number from 1 to 1000"),
+    ("k8s.image='img:v1\n hostPID: true'", "error: conf/deploy.yaml (or its overrides): k8s: image='img:v1\\n "
+                                           "hostPID: true': must be an OCI image reference"),
 ])  # fmt: skip
 def test_an_unknown_or_mistyped_setting_is_one_line(tiny: Path, tmp_path: Path, setting: str, says: str) -> None:
     from pipeline.deploy import execute

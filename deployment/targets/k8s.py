@@ -17,28 +17,27 @@ import yaml
 
 from deployment.commands import command
 from deployment.engines import adapter
-from deployment.errors import DeployError
 from deployment.launch import ENGINE_PORT, HOST, ROUTER_PORT, WORKER, Launch, Ref, k8s_command, k8s_escape, uses
-from deployment.options import DeployOptions, TargetOptions
+from deployment.options import IMAGE, LABEL_KEY, OBJECT_NAME, RESOURCE, Count, DeployOptions, TargetOptions, setting
 from deployment.targets.base import Target
 from plan import Engine, Plan
+
+ROUTER_REPLICAS = Count(1, 1000)  # router pods: one passes ~2,400 req/s on a core, a thousand is far past any plan
 
 
 @dataclass(frozen=True)
 class K8s(TargetOptions):
     """target=k8s's own options (conf/deploy.yaml `k8s:`): what the cluster provides."""
 
-    image: str | None = None  # the engine image (None: the release the commands are checked against)
-    router_image: str = "archipelago:latest"  # an image with Archipelago installed (runs the router)
-    gpu_label: str = "archipelago/gpu"  # the node label whose value is the GPU type
-    weights_pvc: str | None = None  # a PersistentVolumeClaim holding the weights (None: model_path on each node)
-    rdma_resource: str | None = "rdma/rdma_shared_device_a"  # the RDMA device plugin's resource (None: none)
+    image: str | None = setting(None, IMAGE)  # the engine image (None: the release the commands are checked against)
+    router_image: str = setting("archipelago:latest", IMAGE)  # an image with Archipelago installed (runs the router)
+    gpu_label: str = setting("archipelago/gpu", LABEL_KEY)  # the node label whose value is the GPU type
+    # a PersistentVolumeClaim holding the weights (None: model_path on each node)
+    weights_pvc: str | None = setting(None, OBJECT_NAME)
+    # the RDMA device plugin's resource each engine pod asks for (None: none)
+    rdma_resource: str | None = setting("rdma/rdma_shared_device_a", RESOURCE)
     host_network: bool = False  # pods on their nodes' network (RDMA without a secondary network)
-    router_replicas: int = 2  # router pods behind its Service (stateless; ~2,400 req/s a core)
-
-    def __post_init__(self) -> None:
-        if self.router_replicas < 1:
-            raise DeployError(f"router_replicas={self.router_replicas}: at least 1")
+    router_replicas: int = setting(2, ROUTER_REPLICAS)  # router pods behind its Service (stateless; ~2,400 req/s each)
 
 
 def cluster(opts: DeployOptions) -> K8s:

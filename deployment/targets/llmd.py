@@ -22,11 +22,13 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from deployment.commands import command
 from deployment.engines import adapter
 from deployment.errors import DeployError
 from deployment.launch import ENGINE_PORT, ROUTER_PORT, WORKER, k8s_command, k8s_shared_command
-from deployment.options import DeployOptions
+from deployment.options import IMAGE, DeployOptions, setting, shown
 from deployment.targets import k8s
 from deployment.targets.base import Target
 from plan import Engine, Plan, Role
@@ -37,6 +39,7 @@ CHART_VERSION = "v0.4.12"
 SIDECAR_IMAGE = "ghcr.io/llm-d/llm-d-routing-sidecar:v0.8.0"  # llm-d/llm-d-inference-scheduler v0.8.0
 SIDECAR_PORT = 8000  # the decode pods' routing sidecar; the engine behind it on ENGINE_PORT
 CONNECTORS = {"sglang": "sglang", "vllm": "nixlv2"}  # the sidecar's P/D protocol per engine
+PROXY_UNQUOTED = ("image", "imagePullPolicy", "targetPort", "connector", "secure")  # the sidecar's, as the chart writes
 LWS_LEADER = "leaderworkerset.sigs.k8s.io/worker-index"  # LeaderWorkerSet's label of a pod's index ("0": the leader)
 
 
@@ -44,7 +47,7 @@ LWS_LEADER = "leaderworkerset.sigs.k8s.io/worker-index"  # LeaderWorkerSet's lab
 class Llmd(k8s.K8s):
     """target=llmd's own options (conf/deploy.yaml `llmd:`) beside the cluster's it shares with target=k8s (`k8s:`)."""
 
-    sidecar_image: str = SIDECAR_IMAGE  # llm-d's routing sidecar in front of every decode engine
+    sidecar_image: str = setting(SIDECAR_IMAGE, IMAGE)  # llm-d's routing sidecar in front of every decode engine
 
 
 def _leader_probe(period: int, failures: int) -> dict[str, Any]:
@@ -63,9 +66,32 @@ def _probes(e: Engine) -> dict[str, Any]:
     return {name: _leader_probe(p["periodSeconds"], p["failureThreshold"]) for name, p in http.items()}
 
 
+def unquoted(v: dict[str, Any]) -> dict[str, Any]:
+    """{path: value} of the values llm-d's chart writes into its YAML as they are, unquoted (`_helpers.tpl`:
+    `image: {{ .container.image }}`, the routing sidecar's `--connector={{ .proxy.connector }}`, the release's names
+    from `fullnameOverride`, ...; tests/test_deploy_settings.py renders those lines of the chart)."""
+    proxy = v["routing"]["proxy"]
+    out = {"fullnameOverride": v["fullnameOverride"], "routing.servicePort": v["routing"]["servicePort"]}
+    out.update({f"routing.proxy.{k}": proxy[k] for k in PROXY_UNQUOTED})
+    for role in ("prefill", "decode"):
+        for j, c in enumerate(v[role].get("containers") or []):
+            out.update({f"{role}.containers[{j}].{k}": c[k] for k in ("name", "image")})
+    return out
+
+
+def _reads_back(value: Any) -> bool:
+    """Whether `value`, written unquoted after a key as a Go template prints it, reads back as itself: one scalar."""
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    try:
+        return yaml.safe_load(f"key: {text}") == {"key": value}
+    except yaml.YAMLError:
+        return False
+
+
 def _untemplated(e: Engine, v: dict[str, Any]) -> dict[str, Any]:
     """The chart renders some values as Helm templates (a container's env, ports and extraConfig, a pod's
-    extraConfig, extraObjects): a `{{` there would be run by Helm, so none may hold one."""
+    extraConfig, extraObjects): a `{{` there would be run by Helm, so none may hold one. It writes others into its
+    YAML unquoted (`unquoted`): each must read back as itself, or it would add keys to the pod."""
     pods = [v[r] for r in ("prefill", "decode") if v[r].get("create")]
     rendered = [v["extraObjects"], *(p.get("extraConfig") for p in pods)]
     rendered += [c.get(k) for p in pods for c in p["containers"] for k in ("env", "ports", "extraConfig")]
@@ -73,6 +99,11 @@ def _untemplated(e: Engine, v: dict[str, Any]) -> dict[str, Any]:
         if "{{" in json.dumps(part):
             raise DeployError(f"{e.name}: a value holds '{{{{', which llm-d's chart would run as a Helm template: "
                               f"remove it ({json.dumps(part)[:200]})")  # fmt: skip
+    for path, value in unquoted(v).items():
+        if not _reads_back(value):
+            raise DeployError(f"{e.name}: {path}={shown(value)}: llm-d's chart writes it into the pod's YAML "
+                              "unquoted, where it would not read back as itself: give a plain name (an image: an OCI "
+                              "reference)")  # fmt: skip
     return v
 
 

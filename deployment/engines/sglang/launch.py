@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deployment.errors import DeployError
 from deployment.launch import DIST_PORT, ENGINE_PORT, INDEX, LEADER, Launch, Ref
-from deployment.options import DeployOptions, EngineOptions
+from deployment.options import EXPERT_LOCATION, DeployOptions, EngineOptions, one_of, setting
 from deployment.parameters import arguments
 from plan import Engine
 
@@ -28,12 +27,10 @@ ENV = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "3600", "SGLANG_DISAGGREGATION
 class Sglang(EngineOptions):
     """SGLang's own options (conf/deploy.yaml `sglang:`)."""
 
-    transfer_backend: str = "mooncake"  # KV transfer between prefill and decode engines (mooncake | nixl)
-    expert_location: str | None = None  # a recorded expert distribution to start EPLB from (None: trivial)
-
-    def __post_init__(self) -> None:
-        if self.transfer_backend not in TRANSFER_BACKENDS:
-            raise DeployError(f"transfer_backend={self.transfer_backend!r}: choose from {list(TRANSFER_BACKENDS)}")
+    # KV transfer between prefill and decode engines (mooncake | nixl)
+    transfer_backend: str = setting("mooncake", one_of(*TRANSFER_BACKENDS))
+    # a recorded expert distribution to start EPLB from, an absolute .pt or .json path (None: trivial)
+    expert_location: str | None = setting(None, EXPERT_LOCATION)
 
 
 def command(e: Engine, rank: int, opts: DeployOptions) -> Launch:

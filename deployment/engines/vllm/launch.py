@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deployment.errors import DeployError
 from deployment.launch import DIST_PORT, ENGINE_PORT, INDEX, LEADER, Launch, Ref
-from deployment.options import DeployOptions, EngineOptions
+from deployment.options import DeployOptions, EngineOptions, one_of, setting
 from deployment.parameters import arguments
 from plan import Engine
 
@@ -25,11 +24,8 @@ TRANSFER_BACKENDS = ("nixl",)  # the KV connectors whose protocol the router spe
 class Vllm(EngineOptions):
     """vLLM's own options (conf/deploy.yaml `vllm:`)."""
 
-    transfer_backend: str = "nixl"  # KV transfer between prefill and decode engines: NIXL (NixlConnector)
-
-    def __post_init__(self) -> None:
-        if self.transfer_backend not in TRANSFER_BACKENDS:
-            raise DeployError(f"transfer_backend={self.transfer_backend!r}: choose from {list(TRANSFER_BACKENDS)}")
+    # KV transfer between prefill and decode engines: NIXL (NixlConnector)
+    transfer_backend: str = setting("nixl", one_of(*TRANSFER_BACKENDS))
 
 
 def command(e: Engine, rank: int, opts: DeployOptions) -> Launch:
