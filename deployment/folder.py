@@ -1,9 +1,13 @@
 """The launch folder of a plan: engine scripts or manifests, routing.json, and a README that says what to
-fill in and how to start (`write`)."""
+fill in and how to start (`write`). A folder is written whole, or replaces an earlier deploy whole: never a mix of
+two deploys' files."""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import shutil
 from pathlib import Path
 
 from deployment.deployable import engines
@@ -29,17 +33,72 @@ def files(plan: Plan, opts: DeployOptions, source: str) -> tuple[list[Engine], d
     return es, out
 
 
-def write(plan: Plan, opts: DeployOptions, out: Path, source: str) -> list[Engine]:
-    """Write the launch files of `plan` into the folder `out` (made if missing); the engines."""
-    es, texts = files(plan, opts, source)
+# the first line of every README.md `readme` writes: what marks a folder as an earlier deploy, which `write` may replace
+MARK = "# Deployment of a plan: "
+
+
+def earlier_deploy(folder: Path) -> bool:
+    """Whether `folder` holds an earlier deploy: a README.md of ours (its first line starts with MARK)."""
     try:
-        for rel, text in texts.items():
-            path = out / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            if rel.endswith(".sh"):
-                path.chmod(0o755)
+        with (folder / "README.md").open(encoding="utf-8", errors="replace") as f:
+            return f.readline().startswith(MARK)
+    except OSError:
+        return False
+
+
+def _refuse_used(out: Path, folder: Path, replace: bool) -> None:
+    """DeployError where `folder` (the absolute `out`) may not become the launch folder: a file or link in its place,
+    files that are not an earlier deploy, or an earlier deploy without `replace`."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise DeployError(f"out={out}: is not a folder (a file or a link is there): choose a new or empty folder")
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    if not earlier_deploy(folder):
+        raise DeployError(f"out={out}: holds files that are not an earlier deploy (no README.md of pipeline.deploy's, "
+                          f"whose first line starts {MARK.strip()!r}); replace=true replaces only an earlier deploy: "
+                          "choose a new or empty folder")  # fmt: skip
+    if not replace:
+        raise DeployError(f"out={out}: holds an earlier deploy; give replace=true to replace it whole (what was "
+                          "edited there is lost), or choose another out=")  # fmt: skip
+
+
+def _fill(folder: Path, texts: dict[str, str]) -> None:
+    for rel, text in texts.items():
+        path = folder / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if rel.endswith(".sh"):
+            path.chmod(0o755)
+
+
+def _swap(new: Path, folder: Path) -> None:
+    """`new` in the place of `folder`: an earlier deploy there is renamed aside and removed only after `new` is in
+    place, so a crash leaves the old folder or the new one (the old one then at `.<name>.old-*` beside it)."""
+    if folder.is_dir() and any(folder.iterdir()):
+        old = folder.with_name(f".{folder.name}.old-{secrets.token_hex(4)}")
+        folder.rename(old)
+        new.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)  # the new folder is in place: what cannot be removed stays hidden
+    else:
+        if folder.is_dir():
+            folder.rmdir()
+        new.rename(folder)
+
+
+def write(plan: Plan, opts: DeployOptions, out: Path, source: str, *, replace: bool = False) -> list[Engine]:
+    """Write the launch files of `plan` into the folder `out`, whole: into a new sibling folder, then swapped into
+    place. `out` may be missing or empty, or an earlier deploy when `replace`; anything else is refused. The engines."""
+    es, texts = files(plan, opts, source)
+    folder = Path(os.path.abspath(out))
+    _refuse_used(out, folder, replace)
+    new = folder.with_name(f".{folder.name}.new-{secrets.token_hex(4)}")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        new.mkdir()
+        _fill(new, texts)
+        _swap(new, folder)
     except OSError as err:
+        shutil.rmtree(new, ignore_errors=True)
         raise DeployError(f"out={out}: cannot write the launch files there ({err.strerror or err}): choose a "
                           "folder you can write") from None  # fmt: skip
     return es
@@ -54,7 +113,7 @@ def readme(plan: Plan, es: list[Engine], opts: DeployOptions, source: str, liste
     sim = f", {v.sustained_req_s:.1f} in the simulator" if v is not None and not v.sustained and v.sustained_req_s \
         else ""  # fmt: skip
     lines = [
-        f"# Deployment of a plan: {plan.rate_req_s:.1f} req/s within the SLOs{sim} ({opts.engine}, {opts.target})",
+        f"{MARK}{plan.rate_req_s:.1f} req/s within the SLOs{sim} ({opts.engine}, {opts.target})",
         "",
         f"Made by `python -m pipeline.deploy` from {source}. Hosts are numbered per GPU type, as the plan's "
         "report.md node map numbers them: " + "; ".join(f"{g}: {len(h)} hosts" for g, h in sorted(hosts.items())) + ".",

@@ -1,9 +1,11 @@
-"""Launch files for a plan: `python -m pipeline.deploy plan=PATH/plan.json [engine=vllm] [target=k8s] [out=DIR]`.
+"""Launch files for a plan: `python -m pipeline.deploy plan=PATH/plan.json [engine=vllm] [target=k8s] [out=DIR]
+[replace=true]`.
 
 Per island and host the engine command (SGLang or vLLM), the router's routing.json, Kubernetes
 manifests for target=k8s (llm-d model-service Helm values for target=llmd), and a README that says
 what to fill in and how to start
-(`deployment`, docs/deploy.md). Settings: conf/deploy.yaml.
+(`deployment`, docs/deploy.md). Settings: conf/deploy.yaml. A folder that holds an earlier deploy is replaced whole
+with replace=true, and refused without it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from deployment.targets import TARGETS, target
 from pipeline import cli
 from pipeline.errors import ConfigError
 
-COMMAND = ("plan", "out", "hydra")  # the command's own settings and Hydra's, beside the deployment's
+COMMAND = ("plan", "out", "replace", "hydra")  # the command's own settings and Hydra's, beside the deployment's
 WHERE = "conf/deploy.yaml (or its overrides)"
 
 
@@ -59,8 +61,11 @@ def execute(cfg: Any) -> None:
         raise ConfigError("plan=PATH is required: the plan.json of a search (outputs/search/<run>/<time>/plan.json)")
     plan = plans.load(cfg.plan)  # the command's input first: a plan it cannot read is the error to show
     opts = options_from_cfg(cfg)
+    replace = cli.plain(cfg.get("replace", False))
+    if not isinstance(replace, bool):
+        raise ConfigError(f"{WHERE}: replace must be true or false, got {replace!r:.80}")
     out = Path(str(cfg.out)) if cfg.out else Path(str(cfg.plan)).parent / f"deploy-{opts.engine}-{opts.target}"
-    es = write(plan, opts, out, str(cfg.plan))
+    es = write(plan, opts, out, str(cfg.plan), replace=replace)
     print(f"[deploy] {len(es)} engines on {sum(e.nnodes for e in es)} host slots; wrote {out}/ (README.md first)")
 
 

@@ -238,3 +238,92 @@ def test_every_target_runs_the_command_the_engines_own_checks_judged(tmp_path: P
         seen.add((e.name, ranks[0]))
     for e in engines(plan):  # every host of every engine runs: each by its rank, or its workers from one template
         assert {(e.name, k) for k in range(e.nnodes)} <= seen or {(e.name, 0), (e.name, WORKER)} <= seen, e.name
+
+
+# --- a used folder: refused, or replaced whole ----------------------------------------------------------------------
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_folder_that_holds_an_earlier_deploy_is_refused_unless_replaced_and_then_replaced_whole(
+    plan_path: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "d"
+    assert deploy(f"plan={plan_path}", f"out={out}", "target=k8s").returncode == 0
+    before = _tree(out)
+    r = deploy(f"plan={plan_path}", f"out={out}", "engine=vllm")
+    one_line(r, f"error: out={out}: holds an earlier deploy; give replace=true to replace it whole")
+    assert _tree(out) == before  # untouched
+    r = deploy(f"plan={plan_path}", f"out={out}", "engine=vllm", "replace=true")
+    assert r.returncode == 0, r.stderr
+    after = _tree(out)
+    assert "manifests.yaml" not in after and any(p.startswith("hosts/") for p in after)  # no k8s file beside vLLM's
+    assert "(vllm, shell)" in after["README.md"].splitlines()[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "m.db", "mlflow.db"]  # nothing left beside it
+
+
+@pytest.mark.parametrize("replace", ["false", "true"])
+def test_a_folder_that_is_not_an_earlier_deploy_is_refused_even_with_replace(plan_path: Path, tmp_path: Path,
+                                                                             replace: str) -> None:  # fmt: skip
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "README.md").write_text("# my notes\n")
+    r = deploy(f"plan={plan_path}", f"out={out}", f"replace={replace}")
+    one_line(r, f"error: out={out}: holds files that are not an earlier deploy (no README.md of pipeline.deploy's, "
+                "whose first line starts '# Deployment of a plan:'); replace=true replaces only an earlier "
+                "deploy")  # fmt: skip
+    assert _tree(out) == {"README.md": "# my notes\n"}
+    (tmp_path / "file").write_text("x")
+    one_line(deploy(f"plan={plan_path}", f"out={tmp_path / 'file'}", "replace=true"),
+             f"error: out={tmp_path / 'file'}: is not a folder")  # fmt: skip
+
+
+def test_an_empty_folder_is_written(plan_path: Path, tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    assert deploy(f"plan={plan_path}", f"out={tmp_path / 'd'}").returncode == 0
+    assert (tmp_path / "d" / "README.md").read_text().startswith("# Deployment of a plan: ")
+
+
+@pytest.mark.parametrize("dies", ["writing", "renaming", "removing"])
+def test_a_replace_that_dies_midway_leaves_the_old_folder_or_the_new_one(plan_path: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         dies: str) -> None:  # fmt: skip
+    """A crash while the new files are written leaves the earlier deploy in place, untouched; one after the earlier
+    deploy is renamed aside leaves each whole, in its own folder; never a folder that mixes the two."""
+    import plan as plans
+    from deployment import folder
+    from deployment.options import DeployOptions
+
+    out = tmp_path / "d"
+    assert deploy(f"plan={plan_path}", f"out={out}", "target=k8s").returncode == 0
+    before = _tree(out)
+
+    class Crash(BaseException):
+        pass
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise Crash
+
+    if dies == "writing":  # after two of the new files
+        real = folder._fill
+        monkeypatch.setattr(folder, "_fill", lambda new, texts: (real(new, dict(list(texts.items())[:2])), crash()))
+    elif dies == "renaming":  # the earlier deploy renamed aside, the new one not yet in its place
+        rename, renames = Path.rename, []
+        monkeypatch.setattr(Path, "rename", lambda p, to: crash() if renames.append(p) or len(renames) > 1
+                            else rename(p, to))  # fmt: skip
+    else:  # the new one in place, the earlier one not yet removed
+        monkeypatch.setattr(folder.shutil, "rmtree", crash)
+    with pytest.raises(Crash):
+        folder.write(plans.load(plan_path), DeployOptions(engine="vllm"), out, str(plan_path), replace=True)
+    monkeypatch.undo()
+    beside = {p.name.split("-")[0]: _tree(p) for p in tmp_path.iterdir() if p.name.startswith(".d.")}
+    new = beside.get(".d.new") or _tree(out)
+    if dies == "writing":  # the earlier deploy is the folder; the half-written one a hidden sibling
+        assert _tree(out) == before and set(beside) == {".d.new"} and len(new) == 2
+        return
+    assert beside[".d.old"] == before  # the earlier deploy, whole, aside
+    assert new == folder.files(plans.load(plan_path), DeployOptions(engine="vllm"), str(plan_path))[1]  # the new, whole
+    assert set(beside) == ({".d.old", ".d.new"} if dies == "renaming" else {".d.old"})
+    assert out.exists() == (dies == "removing")

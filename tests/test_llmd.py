@@ -152,13 +152,14 @@ def test_the_folder_installs_every_engine_and_routes_through_the_decode_sidecars
     from pipeline.deploy import execute
 
     path = DATA / "plans" / "table_5_1_hetero_a_azure_code.json"
-    r = in_process(execute, "deploy", f"plan={path}", f"out={tmp_path}", "target=llmd")
+    out = tmp_path / "d"
+    r = in_process(execute, "deploy", f"plan={path}", f"out={out}", "target=llmd")
     assert r.returncode == 0, r.stderr
-    names = sorted(p.name.removesuffix(".values.yaml") for p in (tmp_path / "llmd").glob("*.values.yaml"))
-    install = (tmp_path / "install.sh").read_text()
+    names = sorted(p.name.removesuffix(".values.yaml") for p in (out / "llmd").glob("*.values.yaml"))
+    install = (out / "install.sh").read_text()
     assert len(names) == 14 and all(f"helm upgrade --install {n} llm-d-modelservice/" in install for n in names)
-    assert "kubectl apply -f router.yaml" in install and (tmp_path / "install.sh").stat().st_mode & 0o111
-    route = json.loads((tmp_path / "routing.json").read_text())
+    assert "kubectl apply -f router.yaml" in install and (out / "install.sh").stat().st_mode & 0o111
+    route = json.loads((out / "routing.json").read_text())
     assert route["protocol"] == "llmd"
     urls = {ph: [u for isl in route["islands"][ph].values() for u in isl["engines"]] for ph in ("prefill", "decode")}
     assert urls["decode"] == ["http://i01-decode-h20:8000"] and all(u.endswith(":30000") for u in urls["prefill"])
@@ -166,14 +167,14 @@ def test_the_folder_installs_every_engine_and_routes_through_the_decode_sidecars
     assert route["health"] == {"http://i01-decode-h20:8000": "http://i01-decode-h20:30000"}
     import kubernetes_validate
 
-    docs = list(yaml.safe_load_all((tmp_path / "router.yaml").read_text()))
+    docs = list(yaml.safe_load_all((out / "router.yaml").read_text()))
     assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service"]
-    services = [o for n in names for o in yaml.safe_load((tmp_path / "llmd" / f"{n}.values.yaml").read_text())
+    services = [o for n in names for o in yaml.safe_load((out / "llmd" / f"{n}.values.yaml").read_text())
                 ["extraObjects"]]  # fmt: skip
     for d in docs + services:  # Kubernetes' own schemas, strict (unknown fields refused)
         kubernetes_validate.validate(d, "1.30", strict=True)
     assert json.loads(docs[0]["data"]["routing.json"]) == route
-    readme = (tmp_path / "README.md").read_text()
+    readme = (out / "README.md").read_text()
     assert "./install.sh" in readme and "x-prefiller-host-port" in readme
 
 

@@ -64,9 +64,7 @@ def _overrides(t: Target) -> tuple[list[str], dict[str, Any]]:
     """Hydra overrides that set every field of `t`'s options to another value than its default, each in the first of
     its sections that has it (target=llmd: the cluster's in `k8s`, its own in `llmd`), and those values."""
     hints = typing.get_type_hints(t.Options)
-    values = {
-        f.name: _other(hints[f.name], getattr(t.Options(), f.name), f) for f in dataclasses.fields(t.Options)
-    }
+    values = {f.name: _other(hints[f.name], getattr(t.Options(), f.name), f) for f in dataclasses.fields(t.Options)}
     section = {k: next(s for s in t.sections if k in {f.name for f in dataclasses.fields(TARGETS[s].Options)})
                for k in values}  # fmt: skip
     return [f"++{section[k]}.{k}={json.dumps(v) if isinstance(v, str) else str(v).lower()}"
@@ -99,6 +97,7 @@ def test_a_targets_options_round_trip_from_the_config(name: str) -> None:
                                          "router_replicas=100000000000: must be a whole number from 1 to 1000"),
     ("k8s.image='img:v1\n hostPID: true'", "error: conf/deploy.yaml (or its overrides): k8s: image='img:v1\\n "
                                            "hostPID: true': must be an OCI image reference"),
+    ("replace=yes", "error: conf/deploy.yaml (or its overrides): replace must be true or false, got 'yes'"),
 ])  # fmt: skip
 def test_an_unknown_or_mistyped_setting_is_one_line(tiny: Path, tmp_path: Path, setting: str, says: str) -> None:
     from pipeline.deploy import execute
