@@ -85,8 +85,11 @@ _SCIP_HEURISTICS = (
     "trivialnegation trustregion twoopt undercover vbounds veclendiving zeroobj zirounding"
 ).split()
 SCIP_GAP = "limits/gap = 1e-7"  # SCIP's default 1e-4 is visible in Λ
+# SCIP leaves Ctrl-C to Python: by default it takes the signal itself and ends the solve early with an incumbent (or
+# none), so a caller would carry on with a cut solution, or fail on the status, instead of stopping
+SCIP_CTRL_C = "misc/catchctrlc = FALSE"
 SCIP_PARAMETERS = "\n".join(
-    [SCIP_GAP, "separating/maxrounds = 0", "separating/maxroundsroot = 0"]
+    [SCIP_GAP, SCIP_CTRL_C, "separating/maxrounds = 0", "separating/maxroundsroot = 0"]
     + [f"heuristics/{h}/freq = -1" for h in _SCIP_HEURISTICS]
 )
 

@@ -254,7 +254,8 @@ def test_a_search_whose_best_layout_serves_nothing_writes_no_plan_and_says_why(t
     from pipeline.search.run import execute
 
     r = in_process(execute, "search", *SMALL, "search.spare_hosts=7", "search.iterations=1", "search.batch=2",
-                   f"out_root={tmp_path}/out/search", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
+                   f"out_root={tmp_path}/out/search",
+                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
     one_line(r, "error: no plan: every layout scored 0 req/s with its worst 7 hosts lost, and the best of them serves "
                 "nothing (2 optimal); lower search.spare_hosts. Trials are kept in", code=1)  # fmt: skip
     assert not list((tmp_path / "out").rglob("plan.json")) and not (tmp_path / "out" / "latest").exists()

@@ -124,9 +124,9 @@ def test_no_move_keeps_the_running_islands_and_a_host_budget_is_kept(tmp_path: P
                                                    "gone: give that plan too (search.from_plan=PATH)"),
         (["model=qwen3_235b_a22b"],
          "error: search.from_plan={path} runs deepseek_v3; this search plans qwen3_235b_a22b"),
-        (["search.objective=rate_per_dollar"], "error: search.from_plan re-plans a running plan with few moves, scored "
-                                               "by its rate; search.objective=rate_per_dollar scores each layout by its "
-                                               "rate per $/h: drop one of the two"),
+        (["search.objective=rate_per_dollar"],
+         "error: search.from_plan re-plans a running plan with few moves, scored by its rate; "
+         "search.objective=rate_per_dollar scores each layout by its rate per $/h: drop one of the two"),
         (["search.objective=goodput"], "error: search.from_plan re-plans a running plan with few moves, scored by its "
                                        "rate; search.objective=goodput scores each layout"),
     ],

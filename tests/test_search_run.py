@@ -336,3 +336,33 @@ def test_an_inventory_too_big_to_benchmark_says_how_big_before_the_work(
     assert "[search] 100,000 GPUs: the exact reference benchmarks 12,500 island sizes first: about" in r.stdout
     one_line(r, "error: the exact reference benchmarks 12,500 island sizes first: about")
     assert "more than the 0.1 GB this machine has free: set search.reference=false" in r.stderr
+
+
+def test_ctrl_c_in_a_post_search_step_after_the_trials_stops_it_and_keeps_what_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray Tune answers Ctrl-C with its own handler while the trials run; once they are done, Ctrl-C stops the
+    post-search steps again: the rate band (here Ctrl-C arrives inside it) and the steps after it are not run,
+    plan.json and report.md are written without them, the console names them, and the search exits 130."""
+    import os
+
+    import plan as plans
+    from pipeline.search.run import execute
+    from pipeline.search.steps import band
+
+    def pressed(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)  # the band's re-plans, never reached: Ctrl-C stops them
+        raise AssertionError("Ctrl-C did not stop the rate band")
+
+    monkeypatch.setattr(band, "rate_band", pressed)
+    r = in_process(execute, "search", *SMALL, "search.iterations=1", "search.batch=2", "search.band_draws=4",
+                   f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
+    assert r.returncode == 130, r.stderr
+    assert "[search] Ctrl-C: the rate band stopped" in r.stderr
+    assert ("[search] stopped by Ctrl-C: plan.json is written without the simulated check, the rate band, the host "
+            "losses") in r.stderr  # fmt: skip
+    (path,) = (tmp_path / "out").glob("*/*/plan.json")
+    plan = plans.load(path)
+    assert plan.serves and plan.band is None and plan.verification is None and plan.host_losses is None
+    assert (path.parent / "report.md").exists()

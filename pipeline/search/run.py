@@ -32,7 +32,7 @@ from pipeline.search.reference import exact_layout, run_reference
 from pipeline.search.samplers import require_extras
 from pipeline.search.settings import Settings, context, idle_types, inventory_of, read_settings, recorded
 from pipeline.search.steps import STEPS, StepContext, read_steps
-from pipeline.search.steps.runner import run_steps, say, step_metrics
+from pipeline.search.steps.runner import Stopped, run_steps, say, step_metrics
 from pipeline.search.trial import Context, TrialFn, run_trial, score_layout
 from pipeline.search.trials import SearchRun
 from pipeline.search.tune.driver import check_ray_address, run_tune, with_ray
@@ -196,7 +196,10 @@ def _finish(
         return _no_plan(run, settings, tracker, complete, wall_s, serves_nothing=True)
     poisson = dataclasses.replace(ctx, planner=ctx.planner.poisson(), key=f"{ctx.key}:poisson")  # the plan's rates
     sc = StepContext(settings, ctx, poisson, best_layout, run)
-    plan = run_steps(STEPS, plan, sc)
+    try:
+        plan, stopped = run_steps(STEPS, plan, sc), False
+    except Stopped as stop:  # Ctrl-C in a post-search step: the plan with what finished, and exit 130
+        plan, stopped = stop.plan, True
     _records(run, settings, plan, df)
     _log_parent(run, settings, tracker, plan, complete, wall_s)
     link_latest(settings.run_root.parent, run.dir)  # outputs/search/latest: the newest finished plan
@@ -205,8 +208,7 @@ def _finish(
     if not complete:
         print(f"[search] interrupted after {len(run.records)}/{settings.search.trials} trials; finished trials are "
               "kept. Continue with the same command plus search.resume=true", file=sys.stderr, flush=True)  # fmt: skip
-        return cli.INTERRUPTED
-    return 0
+    return cli.INTERRUPTED if stopped or not complete else 0
 
 
 def _layout(

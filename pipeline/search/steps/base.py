@@ -59,7 +59,8 @@ class PlanStep:
     # steps run by stage (0: reshape the plan; 1: judge it; 2: after those), then in STEPS order
     stage: ClassVar[int] = 1
     forks: ClassVar[bool] = False  # may run in a forked process beside the other steps of its stage
-    interruptible: ClassVar[bool] = False  # Ctrl-C while it runs keeps the plan without its record
+    # Ctrl-C while it runs keeps the plan without its record and the steps after it (False: it ends the search)
+    interruptible: ClassVar[bool] = True
 
     def read(self, search: Any) -> Any:
         """Its own settings from the config's `search` group, each checked (ConfigError names the key): read once,

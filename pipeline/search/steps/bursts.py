@@ -18,7 +18,6 @@ class WorkloadBursts(PlanStep):
     off = "search.arrivals=poisson"
     on = ("search.arrivals=workload",)
     stage = 2  # after the check: its first probe is the rate the plan states
-    interruptible = True
 
     def wanted(self, plan: Plan, sc: StepContext) -> bool:
         return sc.settings.search.arrivals == "workload" and plan.serves

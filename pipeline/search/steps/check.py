@@ -20,7 +20,6 @@ class Check(PlanStep):
     off = "search.verify=false"
     on = ("search.verify=true",)
     forks = True  # beside the rate band: each on its own core
-    interruptible = True
 
     def read(self, search: Any) -> bool:
         return boolean(search.verify, "search.verify")

@@ -29,6 +29,7 @@ class Replanned(PlanStep):
     off = "search.from_plan=null"
     on = ("search.from_plan={plan}",)
     stage = 0  # the islands as they run: before anything judges them
+    interruptible = False  # a plan of islands not as they run would mislead everything after it
 
     def wanted(self, plan: Plan, sc: StepContext) -> bool:
         return sc.settings.replan is not None

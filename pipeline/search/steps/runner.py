@@ -3,8 +3,9 @@
 Steps run by stage, then in their order in `STEPS`, those that may fork (`forks`) after the others. Such a
 step runs in a child process beside the others of its stage where this process may fork (no thread beside the
 main one: not after Ray or JAX started theirs); its record, and what it prints, are those of running them in
-turn. Ctrl-C during an `interruptible` step keeps the plan without its record; during any other, it ends the
-search (kept trials, a KILLED run).
+turn. Ctrl-C during an `interruptible` step (every step but the re-plan's) stops it and the steps after it: the
+plan keeps the records that finished and the console names those it is written without. During any other step it
+ends the search (the trials kept, a KILLED run).
 """
 
 from __future__ import annotations
@@ -25,29 +26,51 @@ def say(line: str) -> None:
     print(f"[search] {line}", file=out, flush=True)
 
 
+class Stopped(Exception):
+    """Ctrl-C in an interruptible step: the plan so far, without the records of the steps not finished."""
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__("stopped by Ctrl-C")
+        self.plan = plan
+
+
 def run_steps(steps: Sequence[PlanStep], plan: Plan, sc: StepContext) -> Plan:
-    """`plan` with the record of every step it wants, each step's lines printed as it finishes."""
+    """`plan` with the record of every step it wants, each step's lines printed as it finishes. Ctrl-C in an
+    interruptible step stops it and every step after it: `Stopped` carries the plan with what finished, the console
+    has said what did not."""
     for stage in sorted({s.stage for s in steps}):
-        now = [s for s in steps if s.stage == stage and s.wanted(plan, sc)]
-        alone, forks = [s for s in now if not s.forks], [s for s in now if s.forks]
-        beside = forks if alone and forkable() else []
-        pending: dict[str, tuple[Forked, float]] = {}
         try:
-            for s in beside:
-                _announce(s, plan, sc)
-                pending[s.name] = (Forked(s.compute, plan, sc), time.perf_counter())
-            for s in alone:
-                plan = _run(s, plan, sc)
-            for s in forks:  # after the others, forked or not: the same lines in the same order
-                if s.name in pending:
-                    job, t0 = pending.pop(s.name)
-                    plan = _finish(s, plan, sc, job.result, t0)
-                else:
-                    plan = _run(s, plan, sc)
-        except BaseException:
-            for job, _ in pending.values():
-                job.kill()
+            plan = _stage(plan, sc, [s for s in steps if s.stage == stage and s.wanted(plan, sc)])
+        except Stopped as stop:
+            missing = [s.what for s in steps if s.stage >= stage and s.wanted(stop.plan, sc) and
+                       s.record(stop.plan) is None]  # fmt: skip
+            print(f"[search] stopped by Ctrl-C: plan.json is written without {', '.join(missing)}", file=sys.stderr,
+                  flush=True)  # fmt: skip
             raise
+    return plan
+
+
+def _stage(plan: Plan, sc: StepContext, now: list[PlanStep]) -> Plan:
+    """The steps of one stage: those that may fork beside the others (where this process may fork), then the
+    others in order, then the forked ones collected, in order, as if run in turn."""
+    alone, forks = [s for s in now if not s.forks], [s for s in now if s.forks]
+    beside = forks if alone and forkable() else []
+    pending: dict[str, tuple[Forked, float]] = {}
+    try:
+        for s in beside:
+            _announce(s, plan, sc)
+            pending[s.name] = (Forked(s.compute, plan, sc), time.perf_counter())
+        for s in alone:
+            plan = _run(s, plan, sc)
+        for s in forks:  # after the others, forked or not: the same lines in the same order
+            if s.name in pending:
+                job, t0 = pending.pop(s.name)
+                plan = _finish(s, plan, sc, job.result, t0)
+            else:
+                plan = _run(s, plan, sc)
+    finally:
+        for job, _ in pending.values():
+            job.kill()
     return plan
 
 
@@ -68,8 +91,8 @@ def _finish(s: PlanStep, plan: Plan, sc: StepContext, record_of: Callable[[], An
     except KeyboardInterrupt:
         if not s.interruptible:
             raise
-        print(f"[search] {s.what} was interrupted: plan.json is written without it", file=sys.stderr, flush=True)
-        return plan
+        print(f"[search] Ctrl-C: {s.what} stopped", file=sys.stderr, flush=True)
+        raise Stopped(plan) from None
     if record is not None:
         plan = s.attach(plan, record)
     for line in s.lines(plan, sc, time.perf_counter() - t0):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,7 @@ def run_tune(run: SearchRun, trial_fn: TrialFn = run_trial) -> bool:
     tune_log = logging.getLogger("ray.tune")
     level = tune_log.level
     tune_log.setLevel(logging.CRITICAL)  # failed trials are reported one line each, by `add`
+    on_ctrl_c = signal.getsignal(signal.SIGINT)
     try:
         with run.background_logging():
             tuner.fit()
@@ -107,6 +110,10 @@ def run_tune(run: SearchRun, trial_fn: TrialFn = run_trial) -> bool:
     finally:
         tune_log.setLevel(level)
         del warming  # its tasks' references, held while Tune ran
+        # Tune's handler (it ends a run on Ctrl-C) outlives the run: what follows (the plan, the post-search steps)
+        # must stop on Ctrl-C again
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, on_ctrl_c)
     if run.fatal is not None:  # the journal could not be written: what is in it is kept, the rest is not done
         raise run.fatal
     return len(run.records) >= run.s.search.trials
