@@ -115,14 +115,14 @@ OBJECT_NAME = Grammar("a Kubernetes object name (a DNS-1123 subdomain: lower-cas
                       "alphanumeric at both ends, 253 characters at most)", _subdomain, "weights-dsv3")  # fmt: skip
 RESOURCE = Grammar("a Kubernetes extended resource name, domain/name (a DNS subdomain outside kubernetes.io, then a "
                    "name of 63 characters at most)", _extended_resource, "example.com/rdma")  # fmt: skip
-REGISTRY_NAME = Grammar("a registry's name (lower-case letters, digits and '_')",
-                        lambda text: re.fullmatch(r"[a-z][a-z0-9_]*", text) is not None, "other")  # fmt: skip
+REGISTRY_NAME = Grammar("a name of its registry (lower-case letters, digits and '_', 63 characters at most)",
+                        lambda text: re.fullmatch(r"[a-z][a-z0-9_]{0,62}", text) is not None, "other")  # fmt: skip
 WEIGHTS_PATH = Grammar("the weights' absolute path on every host, with no line break or NUL",
                        lambda text: text.startswith("/") and "\n" not in text and "\0" not in text,
                        "/other/weights")  # fmt: skip
 RDMA_DEVICES = Grammar("RDMA device names separated by commas, e.g. mlx5_0,mlx5_1 (`ibv_devices` lists a host's)",
                        lambda text: re.fullmatch(r" *[\w.:-]+( *, *[\w.:-]+)* *", text, re.ASCII) is not None,
-                       "mlx5_2,mlx5_3")  # fmt: skip
+                       "mlx5_2")  # fmt: skip
 EXPERT_LOCATION = Grammar("an absolute path on every host to a recorded expert distribution (SGLang's .pt or .json), "
                           "with no control characters",
                           lambda text: text.startswith("/") and text.endswith((".pt", ".json")) and _no_control(text),

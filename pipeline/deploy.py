@@ -10,7 +10,7 @@ with replace=true, and refused without it.
 
 from __future__ import annotations
 
-from dataclasses import field, make_dataclass
+from dataclasses import field, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +48,12 @@ def options_from_cfg(cfg: Any) -> DeployOptions:
     read into its engine's or target's own record, the chosen engine and target known by name."""
     data = {k: cli.plain(cfg[k]) for k in cfg if k not in COMMAND}
     config = from_data(config_record(), data, WHERE)
-    engine, where = adapter(config.engine), target(config.target)
+    opts = DeployOptions(engine=config.engine, target=config.target, model_path=config.model_path,
+                         ib_devices=config.ib_devices)  # fmt: skip
+    engine, where = adapter(opts.engine), target(opts.target)
     merged = {k: v for s in where.sections for k, v in (data.get(s) or {}).items()}  # llmd: the cluster's, then its own
-    return DeployOptions(
-        engine=engine.name, target=where.name, model_path=config.model_path, ib_devices=config.ib_devices,
-        engine_options=getattr(config, engine.name), target_options=from_data(where.Options, merged, WHERE),
-    )  # fmt: skip
+    return replace(opts, engine_options=getattr(config, engine.name),
+                   target_options=from_data(where.Options, merged, WHERE))  # fmt: skip
 
 
 def execute(cfg: Any) -> None:
@@ -61,11 +61,11 @@ def execute(cfg: Any) -> None:
         raise ConfigError("plan=PATH is required: the plan.json of a search (outputs/search/<run>/<time>/plan.json)")
     plan = plans.load(cfg.plan)  # the command's input first: a plan it cannot read is the error to show
     opts = options_from_cfg(cfg)
-    replace = cli.plain(cfg.get("replace", False))
-    if not isinstance(replace, bool):
-        raise ConfigError(f"{WHERE}: replace must be true or false, got {replace!r:.80}")
+    replacing = cli.plain(cfg.get("replace", False))
+    if not isinstance(replacing, bool):
+        raise ConfigError(f"{WHERE}: replace must be true or false, got {replacing!r:.80}")
     out = Path(str(cfg.out)) if cfg.out else Path(str(cfg.plan)).parent / f"deploy-{opts.engine}-{opts.target}"
-    es = write(plan, opts, out, str(cfg.plan), replace=replace)
+    es = write(plan, opts, out, str(cfg.plan), replace=replacing)
     print(f"[deploy] {len(es)} engines on {sum(e.nnodes for e in es)} host slots; wrote {out}/ (README.md first)")
 
 

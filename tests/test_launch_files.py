@@ -33,6 +33,7 @@ HOSTILE = [
     "/m;touch {mark};echo $HOME",
     "/m/`touch {mark}`",
     "/m/$$ '\"\\ {{x}} ${{HOME}} $(PATH)",  # shell and Kubernetes expansions, quotes, backslash
+    "/m/x: y # z\u2028  hostPID: true\x85- {{{{ .Values }}}}",  # YAML's indicators, Unicode's line breaks, a template
 ]
 
 
