@@ -1,22 +1,39 @@
-"""routing.json, checked and indexed: which islands and engines serve a prompt of a given length, drawn with the
-plan's fractions among the engines that are up."""
+"""routing.json, read, checked and indexed: which islands and engines serve a prompt of a given length, drawn with
+the plan's fractions among the engines that are up.
+
+`read` takes the file as a hostile one would be written: at most `MAX_TABLE_BYTES`, UTF-8, JSON nested at most
+`MAX_DEPTH` deep (routing.json needs 6); `load` checks what it says, engine URLs included (http or https, a host, a
+port 1-65535, no whitespace or control characters), and every problem is one RoutingError naming the field.
+"""
 
 from __future__ import annotations
 
 import bisect
+import ipaddress
 import itertools
 import math
 import random
+import re
+import reprlib
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+
+import orjson
 
 PROTOCOLS = ("sglang", "vllm", "llmd")  # llmd: a decode engine's llm-d routing sidecar runs either
 PHASES = ("prefill", "decode")
 AGGREGATED = "aggregated"  # islands that prefill and decode a request themselves (optional in routing.json)
 ROLES = (*PHASES, AGGREGATED)
 FRACTION_TOLERANCE = 1e-6  # a range's fractions over its islands sum to 1 within this
+MAX_TABLE_BYTES = 64 << 20  # a routing.json of 100,000 islands is ~17 MB
+MAX_DEPTH = 32  # objects and lists nested in routing.json (it needs 6)
+# an engine's base URL: http(s), a host (a DNS name, IPv4, or [IPv6]), an optional port, nothing after but one "/"
+ENGINE_URL = re.compile(r"(https?)://([A-Za-z0-9_.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::([0-9]{1,5}))?/?")
+HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_shown = reprlib.Repr()
+_shown.maxstring = _shown.maxother = 80
 
 
 class RoutingError(ValueError):
@@ -64,22 +81,73 @@ class Table:
         return self.ranges[j]
 
 
-def _url(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise RoutingError(f"{where}: an engine must be a URL string like http://10.0.0.5:30000, got {value!r}")
-    u = urlparse(value)
+def shown(value: Any) -> str:
+    """`value` as a message shows it: its repr, cut short (a long or deeply nested value is not printed whole)."""
+    return _shown.repr(value)
+
+
+def read(path: str | Path) -> Table:
+    """routing.json from a file, checked: RoutingError says in one line what is off (unreadable, too large, not UTF-8,
+    not JSON, nested too deep, or a table `load` refuses)."""
     try:
-        port = u.port
-    except ValueError:
-        port = -1
-    if u.scheme not in ("http", "https") or not u.hostname or port == -1 or u.path not in ("", "/"):
-        raise RoutingError(f"{where}: {value!r} is not an engine URL like http://10.0.0.5:30000 (scheme, host, port)")
+        with open(path, "rb") as f:
+            data = f.read(MAX_TABLE_BYTES + 1)
+    except OSError as err:
+        raise RoutingError(f"cannot read it ({err.strerror or err})") from None
+    if len(data) > MAX_TABLE_BYTES:
+        raise RoutingError(f"larger than the router reads ({MAX_TABLE_BYTES:,} bytes): give the routing.json "
+                           "python -m pipeline.deploy wrote")  # fmt: skip
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RoutingError(f"not UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start:,}): write it as UTF-8") \
+            from None  # fmt: skip
+    try:
+        config = orjson.loads(data)
+    except orjson.JSONDecodeError as err:
+        if "depth" in err.msg:
+            raise RoutingError(f"nested deeper than {MAX_DEPTH} (at line {err.lineno}): not a routing.json") from None
+        raise RoutingError(f"not JSON ({err.msg}, line {err.lineno})") from None
+    _check_depth(config)
+    return load(config)
+
+
+def _check_depth(config: Any) -> None:
+    level, depth = [config], 0
+    while level := [x for x in level if isinstance(x, dict | list)]:
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise RoutingError(f"nested deeper than {MAX_DEPTH}: not a routing.json")
+        level = [v for x in level for v in (x.values() if isinstance(x, dict) else x)]
+
+
+def _url(value: Any, where: str) -> str:
+    """An engine's base URL, checked (http or https, a host, a port 1-65535, no whitespace or control characters)."""
+    like = "like http://10.0.0.5:30000 (http or https, a host, a port 1-65535, no path)"
+    if not isinstance(value, str):
+        raise RoutingError(f"{where}: an engine must be a URL string {like}, got {shown(value)}")
+    if not value.isascii() or not value.isprintable() or " " in value:
+        raise RoutingError(f"{where}: {shown(value)} has whitespace, control or non-ASCII characters: an engine URL is "
+                           f"{like}")  # fmt: skip
+    m = ENGINE_URL.fullmatch(value)
+    host = m.group(2) if m else ""
+    if m and host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            m = None
+    elif m and not all(HOST_LABEL.fullmatch(label) for label in host.removesuffix(".").split(".")):
+        m = None
+    if m is None:
+        raise RoutingError(f"{where}: {shown(value)} is not an engine URL {like}")
+    if m.group(3) is not None and not 1 <= int(m.group(3)) <= 65535:
+        raise RoutingError(f"{where}: {shown(value)}: port {int(m.group(3))} is not a port (1-65535)")
     return value.rstrip("/")
 
 
 def _number(value: Any, where: str, low: float, high: float = math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise RoutingError(f"{where}: must be a number in [{low}, {high}], got {value!r}")
+        raise RoutingError(f"{where}: must be a number in [{low}, {high}], got {shown(value)}")
     return float(value)
 
 
@@ -90,7 +158,7 @@ def load(config: Any) -> Table:
             f"the top level must be an object with `protocol` and `islands`, got a {type(config).__name__}"
         )
     if config.get("protocol") not in PROTOCOLS:
-        raise RoutingError(f"`protocol` must be one of {list(PROTOCOLS)}, got {config.get('protocol')!r}")
+        raise RoutingError(f"`protocol` must be one of {list(PROTOCOLS)}, got {shown(config.get('protocol'))}")
     phases = config.get("islands")
     if not isinstance(phases, dict) or not set(PHASES) <= set(phases) <= set(ROLES):
         raise RoutingError(
@@ -107,26 +175,30 @@ def load(config: Any) -> Table:
         if not isinstance(phases[phase], dict) or empty:
             raise RoutingError(f"`islands.{phase}` must name at least one island: {{island: {{engines, ranges}}}}")
         found, by_range = [], shares.setdefault(phase, {})
-        for name, isl in phases[phase].items():
+        for key, isl in phases[phase].items():
+            name = str(key)
             where = f"islands.{phase}.{name}"
+            if not (0 < len(name) <= 64 and name.isascii() and name.isprintable() and " " not in name):
+                raise RoutingError(f"islands.{phase}: island {shown(name)}: its name must be 1-64 printable ASCII "
+                                   "characters without spaces (the plan's island index)")  # fmt: skip
             if not isinstance(isl, dict) or not isinstance(isl.get("engines"), list) or not isl["engines"]:
                 raise RoutingError(f"{where}: must be an object with a non-empty list `engines` and `ranges`")
             engines = tuple(_url(e, f"{where}.engines[{j}]") for j, e in enumerate(isl["engines"]))
             if len(set(engines)) != len(engines):
                 raise RoutingError(f"{where}.engines: an engine is listed twice")
-            island = Island(str(name), engines)
+            island = Island(name, engines)
             found.append(island)
             ranges = isl.get("ranges")
             if not isinstance(ranges, list) or not ranges:
                 raise RoutingError(f"{where}.ranges: must be a non-empty list of [start, end, fraction]")
             for j, r in enumerate(ranges):
                 if not isinstance(r, list) or len(r) != 3:
-                    raise RoutingError(f"{where}.ranges[{j}]: must be [start, end, fraction], got {r!r}")
+                    raise RoutingError(f"{where}.ranges[{j}]: must be [start, end, fraction], got {shown(r)}")
                 start = _number(r[0], f"{where}.ranges[{j}][0] (start)", 0)
                 end = _number(r[1], f"{where}.ranges[{j}][1] (end)", start + 1)
                 frac = _number(r[2], f"{where}.ranges[{j}][2] (fraction)", 0, 1)
                 if start != int(start) or end != int(end):
-                    raise RoutingError(f"{where}.ranges[{j}]: start and end are whole token counts, got {r!r}")
+                    raise RoutingError(f"{where}.ranges[{j}]: start and end are whole token counts, got {shown(r)}")
                 if frac > 0:
                     by_range.setdefault((int(start), int(end)), []).append((island, frac))
         islands[phase] = tuple(found)
@@ -155,14 +227,14 @@ def load(config: Any) -> Table:
     in_flight = _number(config.get("in_flight", 0), "`in_flight`", 0, 10_000_000)
     tokenizer = config.get("tokenizer")
     if tokenizer is not None and not isinstance(tokenizer, str):
-        raise RoutingError(f"`tokenizer`: the path of the model's tokenizer.json, got {tokenizer!r}")
+        raise RoutingError(f"`tokenizer`: the path of the model's tokenizer.json, got {shown(tokenizer)}")
     health = config.get("health", {})
     if not isinstance(health, dict):
         raise RoutingError(f"`health`: an object {{engine URL: URL of its health check}}, got {type(health).__name__}")
     listed = {e for role in ROLES for isl in islands[role] for e in isl.engines}
     for engine in health:
         if engine.rstrip("/") not in listed:
-            raise RoutingError(f"`health`: {engine!r} is not an engine of `islands`")
+            raise RoutingError(f"`health`: {shown(engine)} is not an engine of `islands`")
     checked = {k.rstrip("/"): _url(v, f"health.{k}") for k, v in health.items()}
     return Table(config["protocol"], tuple(ranges), islands, int(port), cpt, int(in_flight), tokenizer, checked)
 
