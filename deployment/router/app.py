@@ -17,11 +17,16 @@ One request's path (`forward`):
    island the range allows), up to `retries` times, as long as nothing has been sent to the client.
 
 Answers the router makes itself are JSON `{"error": reason}`: 400 a malformed request, 401 a
-missing or wrong API key, 413 a body past `max_body_bytes`, 502 an engine that failed mid-answer,
-503 no engine up for the range or the router full, 504 an engine that did not answer within
-`timeout_s`. A reason names the engine as `<phase> engine <island>/<index>`; its URL is only in the
-router's log and in `GET /routing`, which needs the API key. `GET /health` (engines up, draining or
-not) and `GET /metrics` (Prometheus) are the operator's.
+missing or wrong API key, 408 a body that did not arrive within `body_timeout_s` (the connection is
+then closed), 413 a body past `max_body_bytes`, 502 an engine that failed or sent what is not HTTP
+before its answer's first byte, 503 no engine up for the range or the router full, 504 an engine that
+did not answer within `timeout_s`. An engine that fails once its answer is streaming to the client
+cannot be answered with a status: an event stream gets an SSE error event, then the connection is
+closed without the stream's end (no last chunk, or fewer bytes than its Content-Length), so the
+client can tell its answer was cut. A reason names the engine as `<phase> engine <island>/<index>`;
+its URL is only in the router's log and in `GET /routing`, which needs the API key. `GET /health`
+(engines up, draining or not) and `GET /metrics` (Prometheus) are the operator's. Client connections'
+limits (header and body timeouts, the connection cap) are `clients`'.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -39,6 +46,7 @@ from urllib.parse import urlparse
 import orjson
 from aiohttp import web
 
+from deployment.router.clients import Clients
 from deployment.router.metrics import Metrics
 from deployment.router.table import AGGREGATED, Island, Table, aggregated_first, pick
 from deployment.router.tokens import BadRequest, Counter
@@ -46,7 +54,27 @@ from deployment.router.upstream import Answer, EngineDown, Pool
 
 PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
 STATE = web.AppKey("state", "Router")
+HEALTH_CHECKS_AT_ONCE = 128  # engines' health asked at once, at most (a plan of thousands opens no thousands)
+IDLE_ROOM = 1024  # client connections past the requests admitted (by default): idle ones, at most, while all are busy
+DAY_S = 86_400.0
+# each setting's bounds: (low, high, whether low itself is allowed); every one a finite number, the counts whole
+LIMITS: dict[str, tuple[float, float, bool]] = {
+    "max_in_flight": (0, 10_000_000, True), "timeout_s": (0, DAY_S, False), "connect_timeout_s": (0, DAY_S, False),
+    "health_interval_s": (0, DAY_S, True), "retries": (0, 100, True), "max_body_bytes": (1, 1 << 31, True),
+    "header_timeout_s": (0, DAY_S, False), "body_timeout_s": (0, DAY_S, False),
+    "max_connections": (0, 10_000_000, True), "drain_seconds": (0, DAY_S, True),
+}  # fmt: skip
 log = logging.getLogger("archipelago.router")
+
+
+def out_of_bounds(name: str, value: object, integer: bool) -> str | None:
+    """What is wrong with `value` for the setting `name` (LIMITS), or None."""
+    low, high, closed = LIMITS[name]
+    kind = "a whole number" if integer else "a finite number"
+    number = isinstance(value, int) if integer else isinstance(value, int | float) and math.isfinite(value)
+    if isinstance(value, bool) or not number or not (low <= value if closed else low < value) or value > high:
+        return f"{value!r} is not {kind} in {'[' if closed else '('}{low:g}, {high:g}]"
+    return None
 
 
 @dataclass(frozen=True)
@@ -55,7 +83,7 @@ class Settings:
 
     api_key: str | None = None  # Bearer key every endpoint but /health requires (None: none, and no /routing)
     max_in_flight: int = 0  # requests admitted at once; past it 503 (0: 2 x the plan's in-flight, at least 1,024)
-    timeout_s: float = 600.0  # an engine silent this long (no byte) is abandoned: 504
+    timeout_s: float = 600.0  # an engine silent this long (no byte) is abandoned: 504, or a cut stream
     connect_timeout_s: float = 1.0  # an engine that does not accept a connection within this is down
     health_interval_s: float = 2.0  # every engine's /health is asked this often (timeout: the same, at most 1 s)
     retries: int = 2  # times a request is sent to another engine after a connection failure
@@ -63,6 +91,22 @@ class Settings:
     # the model's tokenizer.json, which must be readable (None: routing.json's `tokenizer` where that file exists on
     # this host, else prompts estimated as characters / chars_per_token)
     tokenizer: str | None = None
+    # a client connection that has not sent a whole request head within this of opening or of its last answer is
+    # closed (aiohttp's keepalive_timeout: an idle kept-alive connection is closed after it too)
+    header_timeout_s: float = 15.0
+    body_timeout_s: float = 30.0  # a request's body arrives within this of its head, else 408 and the connection closed
+    # client connections open at most; one more closes the one idle longest (no request in progress), never a busy
+    # one (0: the requests admitted + IDLE_ROOM)
+    max_connections: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.name in LIMITS and (why := out_of_bounds(f.name, getattr(self, f.name), f.type == "int")):
+                raise ValueError(f"`{f.name}`: {why}")
+        key = self.api_key
+        if key is not None and not (key and key.isascii() and key.isprintable() and " " not in key):
+            raise ValueError("the API key must be printable ASCII characters without spaces (it travels in the "
+                             "Authorization header)")  # fmt: skip
 
     def tokenizer_of(self, table: Table) -> str | None:
         """The tokenizer the router counts with: the one given, else routing.json's where this host has it."""
@@ -87,7 +131,8 @@ class Router:
         self.draining = False
         self.names = {e: (phase, isl.name, j) for phase in table.islands for isl in table.islands[phase]
                       for j, e in enumerate(isl.engines)}  # fmt: skip
-        self.metrics = Metrics(self.names)
+        self.metrics = Metrics(self.names, self.down)
+        self.clients = Clients(settings.max_connections or self.capacity + IDLE_ROOM)
         self.pools = {e: Pool(e, settings.connect_timeout_s, settings.timeout_s) for e in table.engines}
         # engines whose health is asked elsewhere (routing.json's `health`; llm-d: the engine behind its routing
         # sidecar, whose own /health answers 200 whatever the engine's state)
@@ -106,23 +151,33 @@ class Router:
         elif not up and url not in self.down:
             self.down.add(url)
             log.warning("%s (%s) is down: %s; its requests go to the others", self.name(url), url, why)
-        self.metrics.engine_up(url, up)
 
     async def check_health(self) -> None:
-        """Ask every engine's /health, forever; an answer other than 200 within the timeout marks it down."""
+        """Ask every engine's /health, forever, at most HEALTH_CHECKS_AT_ONCE at a time; an answer other than 200
+        within the timeout marks it down. A check opens a connection only where the engine has no idle one, and closes
+        it after: a plan of many engines keeps no connection per engine for its health."""
         timeout = min(self.settings.health_interval_s, 1.0)
+        whole = self.settings.connect_timeout_s + 2 * timeout  # a check that trickles its answer ends too
 
         async def one(url: str) -> None:
             try:
                 pool = self.health_pools.get(url) or self.pools[url]
-                r = await pool.request("GET", "/health", read_s=timeout)
-                await r.read()
+                async with asyncio.timeout(whole):
+                    r = await pool.request("GET", "/health", read_s=timeout, keep=False)
+                    await r.read()
                 self.mark(url, r.status == 200, f"/health answered {r.status}")
             except EngineDown as err:
                 self.mark(url, False, f"/health: {err.why}")
+            except TimeoutError:
+                self.mark(url, False, f"/health: no whole answer within {whole:g} s")
+
+        async def worker(urls: Iterator[str]) -> None:
+            for url in urls:  # (one iterator shared by the workers: each engine is asked once a round)
+                await one(url)
 
         while True:
-            await asyncio.gather(*(one(u) for u in self.table.engines))
+            urls = iter(self.table.engines)
+            await asyncio.gather(*(worker(urls) for _ in range(min(HEALTH_CHECKS_AT_ONCE, len(self.pools)))))
             await asyncio.sleep(self.settings.health_interval_s)
 
 
@@ -132,7 +187,10 @@ def app(config: dict[str, Any] | Table, settings: Settings | None = None, seed: 
 
     table = config if isinstance(config, Table) else load(config)
     router = Router(table, settings or Settings(), seed)
-    application = web.Application(client_max_size=router.settings.max_body_bytes, middlewares=[_guard])
+    # aiohttp's own limits: keepalive_timeout is the header timeout (clients.py); a head's line and field sizes and
+    # header count stay at its defaults (8,190 bytes, 8,190 bytes, 128)
+    application = web.Application(client_max_size=router.settings.max_body_bytes, middlewares=[_guard],
+                                  handler_args={"keepalive_timeout": router.settings.header_timeout_s})  # fmt: skip
     application[STATE] = router
 
     async def start(a: web.Application) -> None:
@@ -178,14 +236,18 @@ def _error(status: int, reason: str, **headers: str) -> web.Response:
 
 @web.middleware
 async def _guard(request: web.Request, handler: Any) -> web.StreamResponse:
-    """The API key (every path but /health) and the router's own answers to what aiohttp refuses."""
+    """The API key (every path but /health), the router's own answers to what aiohttp refuses, and the connection
+    marked busy while its request is in progress (the connection cap closes only idle ones)."""
     router = request.app[STATE]
-    key = router.settings.api_key
-    if key is not None and request.path != "/health":
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            return _error(401, "missing or wrong API key: send `Authorization: Bearer <key>`")
+    transport = request.transport
+    router.clients.busy(transport)
     try:
+        key = router.settings.api_key
+        if key is not None and request.path != "/health":
+            # (a header's bytes that are not UTF-8 come as surrogates: encoded back as they came, they just differ)
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+                return _error(401, "missing or wrong API key: send `Authorization: Bearer <key>`")
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"the request body is larger than the router's {router.settings.max_body_bytes:,} bytes")
@@ -193,6 +255,8 @@ async def _guard(request: web.Request, handler: Any) -> web.StreamResponse:
         if err.status >= 400:
             return _error(err.status, err.reason)
         raise
+    finally:
+        router.clients.done(transport)
 
 
 async def routing_view(request: web.Request) -> web.Response:
@@ -220,12 +284,25 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics_view(request: web.Request) -> web.Response:
     router = request.app[STATE]
-    return web.Response(body=router.metrics.render(router.in_flight), content_type="text/plain",
-                        charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})  # fmt: skip
+    return web.Response(body=router.metrics.render(router.in_flight, router.clients.counts()),
+                        content_type="text/plain", charset="utf-8",
+                        headers={"X-Content-Type-Options": "nosniff"})  # fmt: skip
 
 
-async def _body(request: web.Request) -> tuple[bytes, dict[str, Any]]:
-    raw = await request.read()
+class SlowClient(Exception):
+    """The request's body did not arrive within `body_timeout_s`."""
+
+
+async def _body(request: web.Request, settings: Settings) -> tuple[bytes, dict[str, Any]]:
+    """The request's body, read within `body_timeout_s`, and its JSON object. BadRequest, SlowClient, or aiohttp's
+    413 for a body past `max_body_bytes` (at once when its Content-Length says so)."""
+    if (request.content_length or 0) > settings.max_body_bytes:
+        raise web.HTTPRequestEntityTooLarge(max_size=settings.max_body_bytes, actual_size=request.content_length)
+    try:
+        async with asyncio.timeout(settings.body_timeout_s):
+            raw = await request.read()
+    except TimeoutError:
+        raise SlowClient from None
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as err:
@@ -250,11 +327,15 @@ async def forward(request: web.Request) -> web.StreamResponse:
     outcome = "error"
     try:
         try:
-            raw, body = await _body(request)
+            raw, body = await _body(request, router.settings)
             tokens = await router.count(body)
         except BadRequest as err:
             outcome = "bad_request"
             return _error(400, str(err))
+        except SlowClient:
+            outcome = "client_timeout"
+            return await _closing(request, _error(408, f"the request body did not arrive within "
+                                                       f"{router.settings.body_timeout_s:g} s"))  # fmt: skip
         if aggregated_first(router.table, tokens, router.rng, router.down):
             response, outcome = await _aggregated(router, request, raw, tokens)
             if outcome != "unavailable" or not router.table.range_of(tokens).islands["prefill"]:
@@ -286,25 +367,51 @@ async def _post(router: Router, url: str, path: str, body: bytes) -> Answer:
 
 
 def _failed(router: Router, err: EngineDown) -> tuple[web.Response, str]:
-    """The client's answer when an engine failed and no retry is left (or allowed): 504 or 502."""
+    """The client's answer when an engine failed before its answer's first byte and no retry is left (or allowed):
+    504 or 502."""
     if err.timed_out:
         return _error(504, f"{router.name(err.url)} did not answer within {router.settings.timeout_s:g} s"), "timeout"
     return _error(502, f"{router.name(err.url)} failed: {err.why}"), "engine_error"
 
 
 def _down(router: Router, err: EngineDown) -> None:
-    """A connection-level failure marks the engine down; a timeout does not (a busy engine is not a dead one)."""
-    router.metrics.upstream_error(err.url, err.timed_out)
-    if not err.timed_out:
-        router.mark(err.url, False, err.why)
+    """An engine's failure counted and logged; one that cannot be reached is marked down (a timeout is not: a busy
+    engine is not a dead one; nor is a malformed answer: its health check decides)."""
+    router.metrics.upstream_error(err.url, err.kind, err.mid_answer)
+    if err.kind == "connection":
+        router.mark(err.url, False, err.why)  # (logged once, when it goes down)
+    if err.kind != "connection" or err.mid_answer:
+        cut = "mid-answer, the client's answer cut" if err.mid_answer else "before its answer"
+        log.warning("%s (%s) failed %s: %s", router.name(err.url), err.url, cut, err.why)
+
+
+async def _closing(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """`response` sent, then the client's connection closed (what it has not sent of its request is not waited for)."""
+    response.force_close()
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except (ConnectionError, OSError):
+        pass
+    request.protocol.force_close()
+    return response
+
+
+def _stream_error(router: Router, err: EngineDown) -> bytes:
+    """The SSE event that tells a streaming client its answer was cut (OpenAI's clients raise it as an APIError)."""
+    status, kind = (504, "timeout") if err.timed_out else (502, "engine_error")
+    message = f"{router.name(err.url)} failed mid-answer: {err.why}; the answer is incomplete"
+    return b"data: " + orjson.dumps({"error": {"message": message, "type": kind, "code": status}}) + b"\n\n"
 
 
 async def _relay(
-    router: Router, request: web.Request, r: Answer, url: str, served: dict[str, str]
+    router: Router, request: web.Request, r: Answer, served: dict[str, str]
 ) -> tuple[web.StreamResponse, str]:
     """Engine answer `r` back to the client, headers naming the islands and engines that served it: read whole and
-    sent in one write when its length is known and small (most non-streamed answers), else streamed as it comes.
-    The response and its outcome for the metrics."""
+    sent in one write when its length is known and small (most non-streamed answers), else streamed as it comes,
+    its first piece read before the client's answer begins (a failure before it is still a 502 or 504). An engine
+    that fails once the client's answer has begun cuts it: an event stream gets an SSE error event, and the
+    connection is closed without the answer's end. The response and its outcome for the metrics."""
     outcome = "ok" if r.status < 400 else "engine_status"
     if r.length is not None and r.length <= WHOLE_ANSWER_BYTES:
         try:
@@ -313,22 +420,36 @@ async def _relay(
             _down(router, err)
             return _failed(router, err)
         return web.Response(status=r.status, body=body, headers={**served, "Content-Type": r.content_type}), outcome
+    pieces = r.chunks()
+    try:
+        first = await anext(pieces, None)
+    except EngineDown as err:
+        _down(router, err)
+        return _failed(router, err)
     out = web.StreamResponse(status=r.status, headers=served)
     out.content_type = r.content_type
     if r.length is not None:
         out.content_length = r.length
     try:
         await out.prepare(request)
-        async for chunk in r.chunks():
-            await out.write(chunk)
+        if first is not None:
+            await out.write(first)
+            async for piece in pieces:
+                await out.write(piece)
         await out.write_eof()
-    except EngineDown as err:  # mid-answer: the client sees a cut stream
-        log.warning("%s (%s) failed mid-answer: %s", router.name(url), url, err.why)
-        router.metrics.upstream_error(url, err.timed_out)
+    except EngineDown as err:  # the client's answer has begun: cut it so that the client can tell
+        _down(router, err)
         outcome = "timeout" if err.timed_out else "engine_error"
+        if r.content_type == "text/event-stream":
+            try:
+                await out.write(_stream_error(router, err))
+            except (ConnectionError, OSError):
+                pass
+        request.protocol.force_close()  # (no last chunk, or fewer bytes than its Content-Length)
     except (ConnectionError, OSError):  # the client went away: the engine's answer is dropped with its connection
         pass
     finally:
+        await pieces.aclose()
         r.release()
     return out, outcome
 
@@ -341,7 +462,7 @@ async def _aggregated(router: Router, request: web.Request, raw: bytes, tokens: 
     if url is None:
         return got
     served = {"X-Archipelago-Aggregated": "/".join(map(str, router.names[url][1:]))}
-    return await _relay(router, request, got, url, served)
+    return await _relay(router, request, got, served)
 
 
 def _served(router: Router, pre: str, dec: str) -> dict[str, str]:
@@ -386,12 +507,12 @@ async def _sglang(
         if failed is not None:
             _down(router, failed)
             tried.add(failed.url)
-            if failed.timed_out or attempt == router.settings.retries:
+            if failed.kind != "connection" or attempt == router.settings.retries:
                 return _failed(router, failed)
             router.metrics.retried()
             continue
         r = decode.result()
-        return await _relay(router, request, r, dec, _served(router, pre, dec))
+        return await _relay(router, request, r, _served(router, pre, dec))
     raise AssertionError("unreachable")
 
 
@@ -432,7 +553,7 @@ async def _one_of(router: Router, phase: str, tokens: int, tried: set[str], send
         except EngineDown as err:
             _down(router, err)
             tried.add(url)
-            if err.timed_out or attempt == router.settings.retries:
+            if err.kind != "connection" or attempt == router.settings.retries:
                 return None, _failed(router, err)
             router.metrics.retried()
     raise AssertionError("unreachable")
@@ -465,7 +586,7 @@ async def _vllm(
     dec, got = await _one_of(router, "decode", tokens, tried, lambda url: _post(router, url, request.path, second))
     if dec is None:
         return got
-    return await _relay(router, request, got, dec, _served(router, pre, dec))
+    return await _relay(router, request, got, _served(router, pre, dec))
 
 
 LLMD_PATHS = ("/v1/completions", "/v1/chat/completions")  # what the sidecar disaggregates (others go to decode alone)
@@ -493,7 +614,7 @@ async def _llmd(
     dec, got = await _one_of(router, "decode", tokens, tried, send)
     if dec is None:
         return got
-    return await _relay(router, request, got, dec, _served(router, pre[1], dec))
+    return await _relay(router, request, got, _served(router, pre[1], dec))
 
 
 SENDERS = {"sglang": _sglang, "vllm": _vllm, "llmd": _llmd}
