@@ -3,9 +3,12 @@
 Both speak minimal HTTP/1.1 with keep-alive on bare asyncio (no framework), so on a 2-core machine
 the router under test, not its neighbours, is what runs out of CPU. A stand-in engine answers every
 POST after a delay (its role's: prefill short, decode long) with a small JSON completion, and
-`GET /health` with 200; it carries the vLLM `kv_transfer_params` a decode request needs. The load
-generator keeps `concurrency` requests in flight over persistent connections for `seconds` and
-reports what it saw. Run as `python tests/standin.py engines PORT... --delay S` in its own process.
+`GET /health` with 200; it carries the vLLM `kv_transfer_params` a decode request needs. A broken
+stand-in (`Broken`) answers its health check and breaks every answer as `BROKEN` lists: a stream cut
+or gone silent, a status or framing that is not HTTP. The load generator keeps `concurrency`
+requests in flight over persistent connections for `seconds` and reports what it saw; `idle` holds
+connections open that send part of a request head, or nothing, and times how long each is kept.
+Run as `python tests/standin.py engines PORT... --delay S` in its own process.
 """
 
 from __future__ import annotations
@@ -58,6 +61,57 @@ class Engine(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"HTTP/1.1 %d OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                                  % (status, len(body), body))  # fmt: skip
+
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def sse_chunk(text: str) -> bytes:
+    """One SSE event `data: {"text": ...}` as one HTTP chunk."""
+    event = b'data: {"choices":[{"text":"%s"}]}\n\n' % text.encode()
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+# what a broken stand-in engine sends to every POST: (the bytes, then whether it closes the connection)
+BROKEN: dict[str, tuple[bytes, bool]] = {
+    "cut": (SSE_HEAD + sse_chunk("one") + sse_chunk("two"), True),  # its stream ends with no last chunk
+    "silent": (SSE_HEAD + sse_chunk("one"), False),  # one event, then nothing, the connection open
+    "silent_at_once": (SSE_HEAD, False),  # the head, then nothing
+    "status_1000": (b"HTTP/1.1 1000 OK\r\nContent-Length: 2\r\n\r\n{}", False),
+    "negative_length": (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n{}", False),
+    "two_lengths": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", False),
+    "bad_chunk": (SSE_HEAD + b"zz\r\nnot a chunk\r\n", False),
+    "not_http": (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", False),
+}
+
+
+class Broken(asyncio.Protocol):
+    """A broken engine: `GET /health` answers 200, every POST gets what BROKEN[mode] says."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.buf = mode, b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        head_end = self.buf.find(b"\r\n\r\n")
+        if head_end < 0 or self.transport is None:
+            return
+        length = next((int(line.split(b":")[1]) for line in self.buf[:head_end].split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
+        if len(self.buf) < head_end + 4 + length:
+            return
+        method, self.buf = self.buf[:4], self.buf[head_end + 4 + length :]
+        if method.startswith(b"GET"):
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            return
+        answer, close = BROKEN[self.mode]
+        self.transport.write(answer)
+        if close:
+            self.transport.close()
 
 
 async def serve_engines(ports: list[int], delays: list[float]) -> None:
@@ -130,6 +184,53 @@ async def load(
 
     await asyncio.gather(*(client(k) for k in range(concurrency)))
     out.seconds = seconds
+    return out
+
+
+PARTIAL_HEADS = (b"", b"POST /v1/completions HTTP/1.1\r\nHost: r\r\n")  # nothing; a head with no end
+
+
+@dataclass
+class Idle:
+    """What the idle connections saw: how long the router kept each (s), and how many it had not closed within
+    `patience_s`."""
+
+    kept_s: list[float] = field(default_factory=list)
+    still_open: int = 0
+    refused: int = 0
+
+
+async def idle(port: int, count: int, seconds: float, patience_s: float = 30.0, ramp_s: float = 1.0) -> Idle:
+    """`count` connections (opened over `ramp_s`) that send part of a request head, or nothing (alternately), and
+    wait up to `patience_s` for the router to close them; each opens again once closed, while `seconds` last."""
+    out = Idle()
+    end = time.perf_counter() + seconds
+
+    async def one(k: int) -> None:
+        await asyncio.sleep(ramp_s * k / count)
+        while time.perf_counter() < end:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                out.refused += 1
+                await asyncio.sleep(0.1)
+                continue
+            t0 = time.perf_counter()
+            writer.write(PARTIAL_HEADS[k % 2])
+            try:
+                async with asyncio.timeout(patience_s):
+                    while await reader.read(1 << 16):
+                        pass  # (the router may answer before it closes)
+                out.kept_s.append(time.perf_counter() - t0)
+            except TimeoutError:
+                out.still_open += 1
+                return
+            except OSError:
+                out.kept_s.append(time.perf_counter() - t0)
+            finally:
+                writer.close()
+
+    await asyncio.gather(*(one(k) for k in range(count)))
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 from aiohttp import ClientSession, ClientTimeout, web
-from standin import Engine, load
+from standin import Broken, Engine, idle, load
 
 from helpers import REPO, cli, one_line
 
@@ -80,15 +81,21 @@ class Engines:
 
 @asynccontextmanager
 async def running(config: dict[str, Any], **settings: Any) -> AsyncIterator[str]:
-    """The router for `config` with `settings` on an ephemeral loopback port; yields its base URL."""
+    """The router for `config` with `settings` on an ephemeral loopback port, served as the command serves it (its
+    client connections counted); yields its base URL."""
     from deployment.router import Settings, app
+    from deployment.router.app import STATE
+    from deployment.router.clients import listen
 
-    runner = web.AppRunner(app(config, Settings(**settings), seed=0), access_log=None)
+    application = app(config, Settings(**settings), seed=0)
+    runner = web.AppRunner(application, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    sock = socket.create_server(("127.0.0.1", 0), backlog=4096)
+    listener = await listen(runner, sock, application[STATE].clients)
     try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
+        listener.close()
         await runner.cleanup()
 
 
@@ -514,3 +521,351 @@ def test_an_engine_that_fails_mid_answer_is_a_502_naming_it_and_counted() -> Non
     (status, body, _, _), metrics = run(main())
     assert status == 502 and body["error"].startswith("decode engine 1/0 failed: IncompleteReadError mid-answer")
     assert 'archipelago_router_requests_total{outcome="engine_error"} 1.0' in metrics
+
+
+# --- hostile clients: slow, idle, lying ------------------------------------------------------------------------------
+
+
+async def _raw(url: str, data: bytes, seconds: float) -> tuple[bytes, float]:
+    """Send `data` on a new connection; what came back until the router closed it (or `seconds` passed), and when."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    t0 = time.perf_counter()
+    writer.write(data)
+    got = b""
+    try:
+        async with asyncio.timeout(seconds):
+            while chunk := await reader.read(1 << 16):
+                got += chunk
+    except TimeoutError:
+        got += b"<still open>"
+    except OSError:
+        pass
+    writer.close()
+    return got, time.perf_counter() - t0
+
+
+def test_idle_and_half_sent_connections_are_closed_within_the_header_timeout_while_clients_are_served() -> None:
+    """200 connections that send nothing or a request head without its end (opening again once closed), beside 50
+    clients in a closed loop: every idle one is closed once the header timeout (1 s) has passed since it opened, a
+    head trickled byte by byte too, and every normal client's request is answered 200. (The margin past 1 s is the
+    machine's: the test holds no timing as a target, only that the timeout closes them.)"""
+
+    async def main() -> tuple[Any, Any, tuple[bytes, float]]:
+        engines = Engines()
+        p, d = await engines.start(0.0), await engines.start(0.05)
+        async with running(table("sglang", {"0": [p]}, {"1": [d]}), health_interval_s=0,
+                           header_timeout_s=1.0) as url:  # fmt: skip
+            port = int(url.rsplit(":", 1)[1])
+
+            async def trickle() -> tuple[bytes, float]:
+                host, port_ = url.removeprefix("http://").split(":")
+                reader, writer = await asyncio.open_connection(host, int(port_))
+                t0 = time.perf_counter()
+                for byte in b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nX-Slow: " + b"a" * 100:
+                    if writer.is_closing() or reader.at_eof():
+                        break
+                    writer.write(bytes([byte]))
+                    await asyncio.sleep(0.05)  # a byte every 50 ms: 7 s to send it all
+                got = await reader.read()
+                writer.close()
+                return got, time.perf_counter() - t0
+
+            body = json.dumps({"prompt": "hi", "max_tokens": 4}).encode()
+            return await asyncio.gather(idle(port, 200, seconds=3.0, patience_s=10.0, ramp_s=0.5),
+                                        load(port, body, concurrency=50, seconds=3.0, ramp_s=0.5),
+                                        trickle())  # fmt: skip
+
+    idled, served, (_, trickled_s) = run(main())
+    assert idled.still_open == 0 and idled.refused == 0 and len(idled.kept_s) >= 200
+    assert 0.9 <= min(idled.kept_s) and max(idled.kept_s) < 1.0 + 3.0, (min(idled.kept_s), max(idled.kept_s))
+    assert 0.9 <= trickled_s < 1.0 + 3.0
+    assert served.errors == {} and set(served.statuses) == {200} and served.ok > 0, (served.errors, served.statuses)
+
+
+def test_a_connection_past_the_cap_closes_the_one_idle_longest_and_never_a_busy_one() -> None:
+    """--max-connections 10: three requests in progress, then twelve connections that send nothing: the five idle
+    longest are closed as the others open, the three requests are answered."""
+
+    async def main() -> tuple[list[bool], list[int], str]:
+        engines = Engines()
+        p, d = await engines.start(0.0), await engines.start(1.0)
+        async with running(table("sglang", {"0": [p]}, {"1": [d]}), health_interval_s=0, max_connections=10,
+                           header_timeout_s=60.0) as url, ClientSession() as s:  # fmt: skip
+            busy = [asyncio.ensure_future(post(s, url, {"prompt": "hi"})) for _ in range(3)]
+            await asyncio.sleep(0.3)
+            host, port = url.removeprefix("http://").split(":")
+            conns = []
+            for _ in range(12):
+                conns.append(await asyncio.open_connection(host, int(port)))
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            ended = [r.at_eof() or (await _eof_soon(r)) for r, _ in conns]
+            answered = [r[0] for r in await asyncio.gather(*busy)]
+            metrics = await (await s.get(url + "/metrics")).text()
+            for _, w in conns:
+                w.close()
+            return ended, answered, metrics
+
+    ended, answered, metrics = run(main())
+    assert ended == [True] * 5 + [False] * 7 and answered == [200] * 3
+    assert "archipelago_router_idle_connections_closed_total 5.0" in metrics
+    assert 'archipelago_router_client_connections{state="idle"} 9.0' in metrics  # (the 10th: /metrics' own, busy)
+
+
+async def _eof_soon(reader: asyncio.StreamReader) -> bool:
+    try:
+        async with asyncio.timeout(0.2):
+            return await reader.read(1) == b""
+    except TimeoutError:
+        return False
+
+
+def test_a_body_announced_and_never_sent_is_a_408_within_the_body_timeout_and_the_connection_closed() -> None:
+    async def main() -> tuple[tuple[bytes, float], str]:
+        engines = Engines()
+        p, d = await engines.start(0.0), await engines.start(0.0)
+        async with running(table("sglang", {"0": [p]}, {"1": [d]}), health_interval_s=0,
+                           body_timeout_s=0.5) as url, ClientSession() as s:  # fmt: skip
+            got = await _raw(url, b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+                                  b"Content-Length: 1000\r\n\r\n{\"prompt\": ", seconds=20)  # fmt: skip
+            return got, await (await s.get(url + "/metrics")).text()
+
+    (answer, took), metrics = run(main())
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"<still open>" not in answer, answer  # answered, then closed
+    assert b"the request body did not arrive within 0.5 s" in answer
+    assert 0.5 <= took < 0.5 + 3.0
+    assert 'archipelago_router_requests_total{outcome="client_timeout"} 1.0' in metrics
+
+
+def test_an_authorization_header_that_is_not_utf8_is_a_401() -> None:
+    async def main() -> tuple[bytes, float]:
+        engines = Engines()
+        p, d = await engines.start(0.0), await engines.start(0.0)
+        async with running(table("sglang", {"0": [p]}, {"1": [d]}), health_interval_s=0, api_key="s3cret") as url:
+            body = b'{"prompt": "hi"}'
+            head = b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nAuthorization: Bearer \xff\xfe\r\n"
+            return await _raw(url, head + b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body), 10)
+
+    answer, _ = run(main())
+    assert answer.startswith(b"HTTP/1.1 401 ") and b"missing or wrong API key" in answer, answer
+
+
+# --- broken engines --------------------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _broken(mode: str, protocol: str = "sglang", **settings: Any) -> AsyncIterator[str]:
+    """The router in front of a working prefill stand-in and a decode engine broken as standin.BROKEN[mode]."""
+    engines = Engines()
+    p = await engines.start(0.0)
+    server = await asyncio.get_running_loop().create_server(lambda: Broken(mode), "127.0.0.1", 0)
+    d = server.sockets[0].getsockname()[1]
+    try:
+        async with running(table(protocol, {"0": [p]}, {"1": [d]}), health_interval_s=0, **settings) as url:
+            yield url
+    finally:
+        server.close()
+
+
+async def _stream(url: str) -> tuple[int, bytes, str | None]:
+    """A streamed completion: its status, the bytes that came, and the error the client raised (None: it ended
+    cleanly)."""
+    async with ClientSession() as s, s.post(url + "/v1/completions", json={"prompt": "hi", "stream": True}) as r:
+        got = b""
+        try:
+            async for chunk in r.content.iter_any():
+                got += chunk
+        except Exception as err:  # aiohttp's ClientPayloadError: the stream did not end as HTTP says it must
+            return r.status, got, type(err).__name__
+        return r.status, got, None
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+@pytest.mark.parametrize(("mode", "code", "kind"), [("cut", 502, "connection"), ("silent", 504, "timeout")])
+def test_a_stream_the_engine_cuts_or_leaves_silent_reaches_the_client_cut_with_an_error_event(
+    protocol: str, mode: str, code: int, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine's answer had begun (the client has its 200 and an event): the client gets an SSE error event naming
+    the engine, and no clean end (its HTTP client raises); the router logs and counts it."""
+
+    async def main() -> tuple[tuple[int, bytes, str | None], str]:
+        async with _broken(mode, protocol, timeout_s=0.5) as url:
+            got = await _stream(url)
+            async with ClientSession() as s:
+                return got, await (await s.get(url + "/metrics")).text()
+
+    with caplog.at_level("WARNING", logger="archipelago.router"):
+        (status, got, raised), metrics = run(main())
+    assert status == 200 and raised == "ClientPayloadError", (status, got, raised)
+    events = [json.loads(line[6:]) for line in got.decode().split("\n\n") if line.startswith("data: ")]
+    assert events[0] == {"choices": [{"text": "one"}]}
+    error = events[-1]["error"]
+    assert error["code"] == code and error["message"].startswith("decode engine 1/0 failed mid-answer: ")
+    labels = f'engine="0",island="1",kind="{kind}",phase="decode",stage="mid_answer"'
+    assert f"archipelago_router_engine_errors_total{{{labels}}} 1.0" in metrics
+    assert f'archipelago_router_requests_total{{outcome="{"timeout" if code == 504 else "engine_error"}"}} 1.0' \
+        in metrics  # fmt: skip
+    assert any("decode engine 1/0" in r.message and "the client's answer cut" in r.message for r in caplog.records)
+
+
+BROKEN_ANSWERS = [
+    ("silent_at_once", 504, "decode engine 1/0 did not answer within 0.5 s"),
+    ("status_1000", 502, "decode engine 1/0 failed: a malformed answer: status '1000' is not an HTTP status (100-599)"),
+    ("negative_length", 502, "decode engine 1/0 failed: a malformed answer: Content-Length '-5' is not a byte count"),
+    ("two_lengths", 502, "decode engine 1/0 failed: a malformed answer: two content-length headers"),
+    ("bad_chunk", 502, "decode engine 1/0 failed: a malformed answer: a chunk size line that is not hexadecimal"),
+    ("not_http", 502, "decode engine 1/0 failed: a malformed answer: not an HTTP/1.x status line"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("mode", "code", "reason"), BROKEN_ANSWERS, ids=[m for m, _, _ in BROKEN_ANSWERS])
+def test_an_engine_that_breaks_http_before_its_first_byte_is_a_502_or_504_naming_it(mode: str, code: int,
+                                                                                    reason: str) -> None:  # fmt: skip
+    async def main() -> tuple[int, dict[str, Any], str]:
+        async with _broken(mode, timeout_s=0.5) as url, ClientSession() as s:
+            status, body, _, _ = await post(s, url, {"prompt": "hi", "stream": True})
+            return status, body, await (await s.get(url + "/metrics")).text()
+
+    status, body, metrics = run(main())
+    assert status == code and body["error"].startswith(reason), body
+    kind = "timeout" if code == 504 else "malformed"
+    labels = f'engine="0",island="1",kind="{kind}",phase="decode",stage="before_answer"'
+    assert f"archipelago_router_engine_errors_total{{{labels}}} 1.0" in metrics
+
+
+# --- options and routing tables it refuses ---------------------------------------------------------------------------
+
+
+BAD_OPTIONS = [
+    (["--timeout", "nan"], "error: argument --timeout: nan is not a finite number in (0, 86400]"),
+    (["--connect-timeout", "nan"], "error: argument --connect-timeout: nan is not a finite number"),
+    (["--timeout", "inf"], "error: argument --timeout: inf is not a finite number"),
+    (["--timeout", "0"], "error: argument --timeout: 0.0 is not a finite number in (0, 86400]"),
+    (["--health-interval", "-1"], "error: argument --health-interval: -1.0 is not a finite number in [0, 86400]"),
+    (["--retries", "1.5"], "error: argument --retries: '1.5' is not a whole number"),
+    (["--header-timeout", "nan"], "error: argument --header-timeout: nan is not a finite number"),
+    (["--body-timeout", "1e400"], "error: argument --body-timeout: inf is not a finite number"),
+    (["--max-connections", "-1"], "error: argument --max-connections: -1 is not a whole number in [0,"),
+    (["--drain-seconds", "nan"], "error: argument --drain-seconds: nan is not a finite number"),
+    (["--api-key", "two words"], "error: the API key must be printable ASCII characters without spaces"),
+]  # fmt: skip
+
+
+def test_every_option_is_checked_and_a_bad_one_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "routing.json"
+    path.write_text(json.dumps(GOOD))
+    for args, start in BAD_OPTIONS:
+        one_line(cli("deployment.router", str(path), *args, "--port", str(free_port()), timeout=60), start)
+
+
+def test_a_routing_json_too_deep_too_large_or_not_utf8_is_refused_in_one_line(tmp_path: Path) -> None:
+    from deployment.router.table import MAX_TABLE_BYTES
+
+    path = tmp_path / "routing.json"
+    for data, reason in [
+        (b"[" * 10_000 + b"]" * 10_000, "nested deeper than 32"),
+        (json.dumps({**GOOD, "x": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}).encode(),
+         "nested deeper than 32"),
+        (json.dumps(GOOD).encode().replace(b'"sglang"', b'"sgl\xff\xfeang"'), "not UTF-8 (byte 0xff at offset "),
+        (b" " * (MAX_TABLE_BYTES + 1), f"larger than the router reads ({MAX_TABLE_BYTES:,} bytes)"),
+    ]:  # fmt: skip
+        path.write_bytes(data)
+        one_line(cli("deployment.router", str(path), timeout=60), f"error: {path}: {reason}")
+
+
+BAD_URLS = [
+    ("http://127.0.0.1:30000\r\nX-Injected: 1", "has whitespace, control or non-ASCII characters"),
+    ("http://127.0.0.1:30000\n", "has whitespace, control or non-ASCII characters"),
+    ("http://127.0.0.1 :30000", "has whitespace"),
+    ("http://127.0.0.1:0", "port 0 is not a port (1-65535)"),
+    ("http://127.0.0.1:65536", "port 65536 is not a port (1-65535)"),
+    ("http://:30000", "is not an engine URL"),
+    ("ftp://127.0.0.1:30000", "is not an engine URL"),
+    ("http://127.0.0.1:30000/v1", "is not an engine URL"),
+    ("http://user:pw@127.0.0.1:30000", "is not an engine URL"),
+    ("http://[::1:30000", "is not an engine URL"),
+    ("http://a..b:30000", "is not an engine URL"),
+    ("http://h\u00e9te:30000", "non-ASCII"),
+]  # fmt: skip
+
+
+def test_an_engine_url_must_be_http_a_host_and_a_port_with_no_control_characters(tmp_path: Path) -> None:
+    from deployment.router.table import RoutingError, load
+
+    for bad, reason in BAD_URLS:
+        with pytest.raises(RoutingError, match=re.escape(reason)):
+            load(table("sglang", {"0": [1]}, {"1": [2]}) | {"health": {}} | _with_decode(bad))
+    for good in ("http://10.0.0.5:30000", "https://engine-0.svc.cluster.local:443/", "http://[fd00::5]:30000",
+                 "http://decode_1:8000", "http://10.0.0.5"):  # fmt: skip
+        assert load(_with_decode(good) | {"protocol": "sglang"}).islands["decode"][0].engines == (good.rstrip("/"),)
+    path = tmp_path / "routing.json"  # as the command says it: one line
+    path.write_text(json.dumps(_with_decode(BAD_URLS[0][0]) | {"protocol": "sglang"}))
+    r = cli("deployment.router", str(path), timeout=60)
+    one_line(r, f"error: {path}: islands.decode.1.engines[0]: 'http://127.0.0.1:30000\\r\\nX-Injected: 1' has")
+
+
+def _with_decode(url: str) -> dict[str, Any]:
+    good = table("sglang", {"0": [30001]}, {"1": [30002]})
+    good["islands"]["decode"]["1"]["engines"] = [url]
+    return good
+
+
+def test_health_checks_of_many_engines_open_a_bounded_number_of_connections_at_once() -> None:
+    """300 engines, each holding its health check 0.2 s: the router asks at most HEALTH_CHECKS_AT_ONCE at a time,
+    every engine is asked in a round, and no connection stays open for them after."""
+    from deployment.router.app import HEALTH_CHECKS_AT_ONCE
+
+    async def main() -> tuple[int, int, int]:
+        loop = asyncio.get_running_loop()
+        state = {"open": 0, "peak": 0, "asked": 0}
+
+        class Slow(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                self.transport = transport
+                state["open"] += 1
+                state["peak"] = max(state["peak"], state["open"])
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                state["open"] -= 1
+
+            def data_received(self, data: bytes) -> None:
+                state["asked"] += 1
+                loop.call_later(0.2, self.transport.write, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")  # type: ignore[attr-defined]
+
+        servers = [await loop.create_server(Slow, "127.0.0.1", 0) for _ in range(300)]
+        ports = [s.sockets[0].getsockname()[1] for s in servers]
+        config = table("sglang", {"0": ports[:150]}, {"1": ports[150:]})
+        async with running(config, health_interval_s=30):
+            deadline = time.perf_counter() + 30
+            while state["asked"] < 300 and time.perf_counter() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            left_open = state["open"]
+        for s in servers:
+            s.close()
+        return state["peak"], state["asked"], left_open
+
+    peak, asked, left_open = run(main())
+    assert asked == 300 and peak <= HEALTH_CHECKS_AT_ONCE and left_open == 0, (peak, asked, left_open)
+
+
+def test_the_routers_memory_per_engine_stays_small() -> None:
+    """A plan of 20,000 one-engine islands: the router keeps under 2 KB per engine past its table (a pool, a name,
+    no per-engine metric object: 100,000 islands start in ~200 MB, measured in docs/deploy.md)."""
+    import tracemalloc
+
+    from deployment.router.app import Router, Settings
+    from deployment.router.table import load as load_table
+
+    n = 10_000
+    url = [f"http://10.{i >> 8 & 255}.{i & 255}.{i >> 16 & 255 or 1}:30000" for i in range(2 * n)]
+    config = {"protocol": "sglang", "islands": {
+        "prefill": {str(i): {"engines": [url[i]], "ranges": [[0, BIG, 1 / n]]} for i in range(n)},
+        "decode": {str(n + i): {"engines": [url[n + i]], "ranges": [[0, BIG, 1 / n]]} for i in range(n)}}}  # fmt: skip
+    t = load_table(config)
+    tracemalloc.start()
+    router = Router(t, Settings())
+    used, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(router.pools) == 2 * n and used / (2 * n) < 2048, used / (2 * n)
