@@ -23,6 +23,9 @@ import numpy as np
 from simulator.requests import Requests
 
 ARRIVALS = ("poisson", "constant", "trace", "trace_compressed", "workload")
+MAX_COPIES = 10_000  # copies `replayed` makes of one request of a trace
+MAX_WALK = 50_000_000  # requests of a trace `replayed` walks through for one simulation (about 5 s)
+WALK_CHUNK = 1 << 20  # ... at most this many at a time, each stretch within one pass or over whole passes
 PROFILE_BIN_S = 10.0  # the rate profile's bin (docs/simulator.md: the Azure traces' 10-s and 60-s window peaks kept)
 
 
@@ -90,6 +93,20 @@ def from_trace(
     return Requests(t[order], np.maximum(input_len[:k][order], 1), np.maximum(output_len[:k][order], 1))
 
 
+def replay_refusal(rate_scale: float, n: int, size: int) -> str:
+    """Why `replayed` refuses `n` requests of a `size`-request trace at `rate_scale` x its rate ("" if it does not):
+    more than `MAX_COPIES` copies of one request, or more than `MAX_WALK` of the trace's requests walked through
+    (below 1 each is kept with probability `rate_scale`), both in proportion to the time and memory it takes."""
+    if rate_scale > MAX_COPIES:
+        return (f"{rate_scale:.3g} x the trace's rate copies each of its requests {rate_scale:.3g} times, over the "
+                f"{MAX_COPIES:,} a replay makes: its {size:,} requests are too few for this rate")  # fmt: skip
+    if n / rate_scale > MAX_WALK:
+        return (f"{rate_scale:.3g} x the trace's rate keeps 1 of its requests in {1 / rate_scale:,.0f}, so "
+                f"{n:,} requests walk {n / rate_scale:.3g} of them, {n / rate_scale / size:.3g} times over its "
+                f"{size:,} (at most {MAX_WALK:,}): the trace is too dense for this rate")  # fmt: skip
+    return ""
+
+
 def replayed(
     arrival_s: np.ndarray, input_len: np.ndarray, output_len: np.ndarray, rate_scale: float, n: int, seed: int = 0
 ) -> tuple[Requests, float]:
@@ -108,6 +125,8 @@ def replayed(
     size = len(t)
     if size < 2 or t[-1] <= 0:
         raise ValueError("a trace replayed on its own time scale needs requests at two different times at least")
+    if refusal := replay_refusal(rate_scale, n, size):
+        raise ValueError(refusal)
     ins, outs = np.maximum(input_len[order], 1), np.maximum(output_len[order], 1)
     gap = np.diff(t, append=t[-1] + t[-1] / (size - 1))
     period = t[-1] + gap[-1]
@@ -115,13 +134,14 @@ def replayed(
     times, which = [], []
     got, pos = 0, 0  # pos: the next request of the trace repeated end to end (pass pos // size)
     while got < n:  # in time order, a stretch of the trace at a time: as much as n still needs, and a little more
-        take = min(size - pos % size, int((n - got) / rate_scale * 1.1) + 16)
-        i = pos % size + np.arange(take)
+        take = min(max(size - pos % size, WALK_CHUNK), int((n - got) / rate_scale * 1.1) + 16)
+        walk = pos + np.arange(take)
+        i = walk % size
         copies = int(rate_scale) + (rng.random(take) < rate_scale - int(rate_scale))
         src = np.repeat(i, copies)
         j = np.arange(len(src)) - np.repeat(np.cumsum(copies) - copies, copies)
         spread = np.where(j > 0, rng.uniform(0.0, 1.0, len(src)) * gap[src], 0.0)
-        times.append(t[src] + spread + (pos // size) * period)
+        times.append(t[src] + spread + np.repeat(walk // size, copies) * period)
         which.append((src + j) % size)
         got, pos = got + len(src), pos + take
     at, idx = np.concatenate(times), np.concatenate(which)

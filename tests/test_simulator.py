@@ -331,6 +331,26 @@ def test_a_replayed_trace_keeps_its_time_scale_at_any_rate() -> None:
     assert passes == pytest.approx(20, rel=0.25)  # 40 requests at half of 4 a day: about 20 days
 
 
+def test_a_replay_walks_many_passes_of_a_short_trace_at_once_and_refuses_past_its_limits() -> None:
+    """A trace spanning 1.5 us replayed at 500 req/s keeps 1 request in 4,000 of 3: thousands of passes, walked
+    a million requests at a time (not one pass per step), each request at its own place in the pass. Past
+    `MAX_WALK` requests walked, or `MAX_COPIES` copies of one request, the replay is refused before it starts."""
+    from simulator.arrivals import MAX_COPIES, MAX_WALK, replay_refusal, replayed
+
+    t, ins, outs = np.array([0.0, 0.5e-6, 1e-6]), np.array([10, 20, 30]), np.array([1, 2, 3])
+    scale = 500.0 / (3 / 1.5e-6)
+    r, passes = replayed(t, ins, outs, scale, 500, seed=1)
+    assert len(r.arrival) == 500 and (np.diff(r.arrival) >= 0).all()
+    assert passes == pytest.approx(500 / scale / 3, rel=0.1)
+    place = np.round((r.arrival % 1.5e-3) / 0.5e-3) % 3  # the request of the pass each arrival is (ms: 0.5e-3 apart)
+    assert (r.input_len == ins[place.astype(int)]).all()
+    assert replay_refusal(scale, 500, 3) == ""
+    with pytest.raises(ValueError, match=rf"walk 1e\+08 of them, 3.33e\+07 times over its 3 \(at most {MAX_WALK:,}\)"):
+        replayed(t, ins, outs, 1e-5, 1000)
+    with pytest.raises(ValueError, match=rf"copies each of its requests 1e\+05 times, over the {MAX_COPIES:,}"):
+        replayed(t, ins, outs, 1e5, 1000)
+
+
 def test_the_code_trace_replayed_at_a_hundred_times_its_rate_keeps_its_bursts() -> None:
     """The Azure code trace (its 60-s rate reaches 3.8 x its mean for the p99 window) replayed at 100 x its rate:
     the rate in 10- and 60-s windows over the mean is the trace's own; compressing its timestamps by 100 instead

@@ -11,9 +11,17 @@ import pytest
 import yaml
 
 from costmodel.catalog import CONF_DIR
-from pipeline.errors import WorkloadError
+from pipeline.errors import ConfigError, WorkloadError
+from pipeline.planning.simulation import RequestMix
 from pipeline.planning.traces import Columns, load_trace
-from pipeline.planning.workload import empirical, make_ranges, synthetic_lognormal, synthetic_normal, workload_from_cfg
+from pipeline.planning.workload import (
+    empirical,
+    from_trace,
+    make_ranges,
+    synthetic_lognormal,
+    synthetic_normal,
+    workload_from_cfg,
+)
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
@@ -150,6 +158,56 @@ def test_bad_traces_fail_whole_with_file_and_row(tmp_path: Path, content: str, m
     with pytest.raises(WorkloadError, match=message) as err:
         load_trace(f)
     assert str(f) in str(err.value)
+
+
+def test_a_trace_in_another_order_is_read_in_time_order(tmp_path: Path) -> None:
+    """A file whose rows are not in time order: its requests in time order, each with its own lengths (a replay
+    or a compressed trace then never goes back in time)."""
+    f = tmp_path / "t.csv"
+    rows = "2023-11-16 18:17:05,1000,10\n2023-11-16 18:17:03,2000,20\n2023-11-16 18:17:04,3000,30\n"
+    f.write_text(AZURE_HEADER + rows)
+    t = load_trace(f)
+    assert t.arrival_s.tolist() == [0.0, 1.0, 2.0]
+    assert t.input_tokens.tolist() == [2000, 3000, 1000] and t.output_tokens.tolist() == [20, 30, 10]
+    squeezed = RequestMix.of(from_trace(t), t).requests(3, 2.0, "trace_compressed")  # twice its 1 req/s
+    assert squeezed.arrival.tolist() == [0.0, 500.0, 1000.0] and squeezed.input_len.tolist() == [2000, 3000, 1000]
+
+
+def test_a_replay_a_trace_is_too_short_or_too_sparse_for_is_refused_in_one_line() -> None:
+    """arrivals=trace of 3 requests within 1.5 ns at 500 req/s keeps 1 request in 4 million: refused before it
+    walks 12 billion; 3 requests a day at 500 req/s would copy each 14 million times: refused too."""
+    from pipeline.planning.traces import Trace
+
+    def mix(span_s: float) -> RequestMix:
+        t = Trace("t", "t.csv", np.array([10, 20, 30]), np.array([1, 2, 3]), np.array([0.0, span_s / 2, span_s]))
+        return RequestMix.of(from_trace(t), t)
+
+    with pytest.raises(ConfigError) as err:
+        mix(1e-9).requests(2000, 500.0, "trace")
+    assert str(err.value) == (
+        "arrivals=trace at 500 req/s on t (3 requests over 1.5e-09 s): 2.5e-07 x the trace's rate keeps 1 of its "
+        "requests in 4,000,000, so 2,000 requests walk 8e+09 of them, 2.67e+09 times over its 3 (at most "
+        "50,000,000): the trace is too dense for this rate; use arrivals=trace_compressed or workload"
+    )
+    with pytest.raises(ConfigError, match=r"copies each of its requests 1.44e\+07 times, over the 10,000 a replay"):
+        mix(57_600.0).requests(2000, 500.0, "trace")
+
+
+def test_a_trace_spanning_more_than_its_arrival_model_bins_is_refused(tmp_path: Path) -> None:
+    """Timestamps 1e17 s apart (milliseconds or nanoseconds read as seconds): one line, before a 10-s bin count of
+    that span is asked for."""
+    f = tmp_path / "far.csv"
+    f.write_text("timestamp,input,output\n0,1000,10\n1e17,2000,20\n")
+    with pytest.raises(WorkloadError) as err:
+        load_trace(f, columns=Columns("input", "output", "timestamp", "seconds"))
+    assert str(err.value) == (
+        f"{f}: column `timestamp` spans 1e+17 s (1,157,407,407,407 days), over the 400 days a trace's arrival "
+        "model is binned for (its rate per 10-s bin): check the times' unit (timestamp_kind: seconds reads numbers "
+        "as seconds) or cut the trace"
+    )
+    f.write_text(AZURE_HEADER + "2023-11-16 18:17:03,5,3\n3000-01-01 00:00:00,5,3\n")  # past nanoseconds' range
+    with pytest.raises(WorkloadError, match=r"column `TIMESTAMP` spans 3.08e\+10 s \(356,522 days\), over the 400"):
+        load_trace(f)
 
 
 def test_a_binary_file_is_named_not_printed(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from pipeline.planning.traces import Trace
 from pipeline.planning.workload import Workload, from_trace, trace_from_cfg, workload_from_cfg
 from plan import Plan
 from simulator import mixed
-from simulator.arrivals import ARRIVALS, PROFILE_BIN_S, replayed, sampled
+from simulator.arrivals import ARRIVALS, PROFILE_BIN_S, replay_refusal, replayed, sampled
 from simulator.arrivals import from_trace as trace_requests
 from simulator.build import build
 from simulator.core import Simulation
@@ -72,6 +72,10 @@ class RequestMix:
         t = self.timed(arrivals)
         scale = rate / (len(t) / t.span_s)
         if arrivals == "trace":
+            if refusal := replay_refusal(scale, n, len(t)):
+                raise ConfigError(f"arrivals=trace at {rate:.4g} req/s on {self.name} ({len(t):,} requests "
+                                  f"over {t.span_s:.3g} s): {refusal}; use arrivals=trace_compressed or "
+                                  "workload")  # fmt: skip
             return replayed(t.arrival_s, t.input_tokens, t.output_tokens, scale, n, seed)[0]
         return trace_requests(t.arrival_s, t.input_tokens, t.output_tokens, scale, n)
 
@@ -102,9 +106,10 @@ class RequestMix:
                     f"{span / day_s:.0%}): the percentiles are that stretch's, not the whole trace's; "
                     f"requests={math.ceil(rate * day_s):,} covers it.")  # fmt: skip
         if arrivals == "trace" and span > 1.01 * day_s:
-            return (f"{n:,} requests at {rate:.1f} req/s span {span:,.0f} s: the trace is {day_s:,.0f} s long, so "
-                    f"it is replayed {span / day_s:.1f} times over, its bursts again in the same places; "
-                    f"requests={math.floor(rate * day_s):,} covers it once.")  # fmt: skip
+            once = math.floor(rate * day_s)
+            return (f"{n:,} requests at {rate:.1f} req/s span {span:,.0f} s: the trace is {_seconds(day_s)} s long, so "
+                    f"it is replayed {span / day_s:,.1f} times over, its bursts again in the same places"
+                    + (f"; requests={once:,} covers it once." if once else "."))  # fmt: skip
         return ""
 
 
@@ -248,3 +253,8 @@ def _steady_window_s(r: Requests, m: dict[str, float], longest_s: float) -> floa
     while ramp_deficit(r, w) > RAMP_DEFICIT_MAX / 2 and w < longest_s * 1e3:
         w *= 1.05
     return w / 1e3
+
+
+def _seconds(s: float) -> str:
+    """A span in seconds as a reader takes it in: 3,436; 2.5; 1.5e-06."""
+    return f"{s:,.0f}" if s >= 100 else f"{s:.3g}"

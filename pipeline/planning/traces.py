@@ -20,13 +20,14 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipeline.errors import WorkloadError
-from simulator.arrivals import rate_profile
+from simulator.arrivals import PROFILE_BIN_S, rate_profile
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 # A request longer than this is no request any model of the catalogue serves (DeepSeek-V3's
 # context is 163,840 tokens): a trace that has one is broken, and a per-length histogram of it
 # would take memory in proportion. A model's own context is checked when a plan is made.
 MAX_TOKENS = 1 << 20
+MAX_SPAN_DAYS = 400  # public LLM traces span days to months; 400 days of 10-s arrival bins: 3.5 M, 28 MB
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Trace:
     source: str
     input_tokens: np.ndarray  # int64, >= 1
     output_tokens: np.ndarray  # int64, >= 1
-    arrival_s: np.ndarray | None  # seconds since the first request, sorted as in the file
+    arrival_s: np.ndarray | None  # seconds since the first request; the requests are in time order
 
     def __len__(self) -> int:
         return len(self.input_tokens)
@@ -157,10 +158,18 @@ def _arrivals(table: pa.Table, cols: Columns, path: Path) -> np.ndarray | None:
                     f"{path}: row {i + 1} (line {i + 2}): column `{cols.timestamp}` is not a "
                     f"timestamp (expected e.g. 2023-11-16 18:17:03.97), got {texts[i]!r}"
                 )
-            arr = pa.array(parsed, type=pa.timestamp("ns"))
-        secs = pc.cast(arr, pa.int64()).to_numpy(zero_copy_only=False) / 1e9
+            arr = pa.array(parsed, type=pa.timestamp("us"))
+        per_s = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}[arr.type.unit]  # the file's own unit
+        secs = pc.cast(arr, pa.int64()).to_numpy(zero_copy_only=False) / per_s
     if not np.isfinite(secs).all():
         raise WorkloadError(f"{path}: column `{cols.timestamp}` has missing or non-finite times")
+    span_s = float(secs.max() - secs.min())
+    if span_s > MAX_SPAN_DAYS * 86400:
+        raise WorkloadError(
+            f"{path}: column `{cols.timestamp}` spans {span_s:.3g} s ({span_s / 86400:,.0f} days), over the "
+            f"{MAX_SPAN_DAYS} days a trace's arrival model is binned for (its rate per {PROFILE_BIN_S:g}-s bin): "
+            "check the times' unit (timestamp_kind: seconds reads numbers as seconds) or cut the trace"
+        )
     return secs - secs.min()
 
 
@@ -178,7 +187,7 @@ def _is_whole(text: object) -> bool:
 
 def _parse_time(text: str | None) -> np.datetime64 | None:
     try:
-        return np.datetime64(str(text).strip().replace(" ", "T"), "ns")
+        return np.datetime64(str(text).strip().replace(" ", "T"), "us")
     except ValueError:
         return None
 
@@ -210,13 +219,12 @@ def load_trace(path: str | Path, fmt: str = "auto", columns: Columns | None = No
         raise WorkloadError(
             f"{path}: missing timestamp column {columns.timestamp!r}; the file has {table.column_names}"
         )
-    return Trace(
-        name=name or path.stem,
-        source=str(path),
-        input_tokens=_tokens(table, columns.input, path),
-        output_tokens=_tokens(table, columns.output, path),
-        arrival_s=_arrivals(table, columns, path),
-    )
+    inputs, outputs = _tokens(table, columns.input, path), _tokens(table, columns.output, path)
+    arrival_s = _arrivals(table, columns, path)
+    if arrival_s is not None and np.any(np.diff(arrival_s) < 0):  # a file in another order: its requests in time's
+        order = np.argsort(arrival_s, kind="stable")
+        inputs, outputs, arrival_s = inputs[order], outputs[order], arrival_s[order]
+    return Trace(name or path.stem, str(path), inputs, outputs, arrival_s)
 
 
 # --- shipped histograms ---------------------------------------------------------------------------
