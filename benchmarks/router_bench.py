@@ -86,8 +86,9 @@ def measure(protocol: str, concurrency: int, delay: float, seconds: float, direc
                                   "decode": {"1": {"engines": url[2:], "ranges": [[0, 100000, 1.0]]}}}}  # fmt: skip
             path = Path(tempfile.mkdtemp()) / "routing.json"
             path.write_text(json.dumps(config))
+            timeout = ["--header-timeout", str(header_timeout)] if idle_conns else []
             router = subprocess.Popen([sys.executable, "-m", "deployment.router", str(path), "--port", str(ports[4]),
-                                       "--health-interval", "1", "--header-timeout", str(header_timeout)], cwd=ROOT,
+                                       "--health-interval", "1", *timeout], cwd=ROOT,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
             wait_ready(router, ports[4], "the router")
             target = ports[4]
