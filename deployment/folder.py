@@ -77,7 +77,11 @@ def _swap(new: Path, folder: Path) -> None:
     if folder.is_dir() and any(folder.iterdir()):
         old = folder.with_name(f".{folder.name}.old-{secrets.token_hex(4)}")
         folder.rename(old)
-        new.rename(folder)
+        try:
+            new.rename(folder)
+        except OSError:
+            old.rename(folder)  # the earlier deploy back in its place
+            raise
         shutil.rmtree(old, ignore_errors=True)  # the new folder is in place: what cannot be removed stays hidden
     else:
         if folder.is_dir():

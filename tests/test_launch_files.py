@@ -328,3 +328,31 @@ def test_a_replace_that_dies_midway_leaves_the_old_folder_or_the_new_one(plan_pa
     assert new == folder.files(plans.load(plan_path), DeployOptions(engine="vllm"), str(plan_path))[1]  # the new, whole
     assert set(beside) == ({".d.old", ".d.new"} if dies == "renaming" else {".d.old"})
     assert out.exists() == (dies == "removing")
+
+
+def test_a_replace_the_system_refuses_midway_puts_the_earlier_deploy_back(
+    plan_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the new folder cannot be renamed into place, the earlier deploy is renamed back: one line, nothing
+    changed, nothing left beside it."""
+    import errno
+
+    import plan as plans
+    from deployment import folder
+    from deployment.errors import DeployError
+    from deployment.options import DeployOptions
+
+    out = tmp_path / "d"
+    assert deploy(f"plan={plan_path}", f"out={out}", "target=k8s").returncode == 0
+    before, rename, renames = _tree(out), Path.rename, []
+
+    def refused(p: Path, to: Path) -> Any:
+        renames.append(p)
+        if len(renames) == 2:  # the new folder into place
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return rename(p, to)
+
+    monkeypatch.setattr(Path, "rename", refused)
+    with pytest.raises(DeployError, match=f"^out={out}: cannot write the launch files there \\(Invalid cross-device"):
+        folder.write(plans.load(plan_path), DeployOptions(engine="vllm"), out, str(plan_path), replace=True)
+    assert _tree(out) == before and not [p for p in tmp_path.iterdir() if p.name.startswith(".d.")]
