@@ -853,7 +853,7 @@ def test_health_checks_of_many_engines_open_a_bounded_number_of_connections_at_o
 
 def test_the_routers_memory_per_engine_stays_small() -> None:
     """A plan of 20,000 one-engine islands: the router keeps under 2 KB per engine past its table (a pool, a name,
-    no per-engine metric object: 100,000 islands start in ~200 MB, measured in docs/deploy.md)."""
+    no per-engine metric object: 100,000 islands run in ~170 MB, measured in docs/deploy.md)."""
     import tracemalloc
 
     from deployment.router.app import Router, Settings
