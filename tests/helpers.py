@@ -97,6 +97,21 @@ def tiny_plan(rate: float = 4.0, hosts: bool = False) -> Plan:
 _PLANS: dict[tuple[str, ...], tuple[str, Any]] = {}  # per test process: plan_of's plans, made once each
 
 
+def on_one_gpu(plan: Plan, gpu: str) -> Plan:
+    """`plan` with every island on `gpu`: the islands of each earlier type moved onto hosts after the last one's, so
+    that no GPU serves two islands (the plan records no inventory)."""
+    import dataclasses
+
+    moved, offset = [], 0
+    for old in dict.fromkeys(i.gpu for i in plan.islands):
+        mine = [i for i in plan.islands if i.gpu == old]
+        for i in mine:
+            hosts = i.hosts and dataclasses.replace(i.hosts, nodes=tuple(n + offset for n in i.hosts.nodes))
+            moved.append((plan.islands.index(i), dataclasses.replace(i, gpu=gpu, hosts=hosts)))
+        offset += 1 + max((n for i in mine if i.hosts for n in i.hosts.nodes), default=-1)
+    return dataclasses.replace(plan, islands=tuple(i for _, i in sorted(moved, key=lambda m: m[0])), inventory=None)
+
+
 def plan_of(tmp: Path, *overrides: str) -> tuple[Path, Any]:
     """(tmp/plan.json, the planner) of the exact layout of tiny_hetero under `overrides`, built as the search builds
     it; made once per test process and overrides (the planner is shared: its caches only grow)."""

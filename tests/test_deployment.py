@@ -243,10 +243,11 @@ def test_a_plan_without_node_aligned_islands_is_refused_with_the_fix(plan_path: 
     first = plan.islands[k]
     assert first.hosts is not None
     ranges = [(r.start, r.end, r.fraction) for r in first.ranges]
-    # as search.shapes=any may plan it: 1.5 hosts
-    wide = island(first.gpu, 12, "prefill", 1, 12, 12, first.batch, ranges, first.hosts.nodes[0], first.hosts.first_gpu)
+    # as search.shapes=any may plan it: 1.5 hosts, after the last host the plan uses (the plan records no inventory)
+    free = 1 + max(n for i in plan.islands if i.gpu == first.gpu and i.hosts for n in i.hosts.nodes)
+    wide = island(first.gpu, 12, "prefill", 1, 12, 12, first.batch, ranges, free)
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plans.to_json(dataclasses.replace(plan, islands=(
+    path.write_text(json.dumps(plans.to_json(dataclasses.replace(plan, inventory=None, islands=(
         *plan.islands[:k], wide, *plan.islands[k + 1:])))))  # fmt: skip
     r = in_process(execute, "deploy", f"plan={path}", f"out={tmp_path}/d")
     one_line(r, "error: plan island ")

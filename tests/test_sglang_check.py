@@ -172,13 +172,10 @@ def test_a_b200_plan_launches_its_experts_in_the_format_it_priced(sc, tmp_path: 
 
 
 def test_the_check_of_a_plan_on_a_gpu_without_a_device_probe_is_one_line(sc, tmp_path: Path):
-    import dataclasses
-
-    from helpers import cli
+    from helpers import cli, on_one_gpu
 
     path, _ = plan_of(tmp_path)
-    plan = plans.load(path)
-    h100 = dataclasses.replace(plan, islands=tuple(dataclasses.replace(i, gpu="H100-SXM") for i in plan.islands))
+    h100 = on_one_gpu(plans.load(path), "H100-SXM")
     (tmp_path / "h100.json").write_text(__import__("json").dumps(plans.to_json(h100)))
     r = cli("deployment.sglang_check", str(tmp_path / "h100.json"))
     assert r.returncode != 0 and r.stderr.strip().startswith("error:") and "H100-SXM" in r.stderr
