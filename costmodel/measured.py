@@ -38,6 +38,13 @@ _INTS = ("prefill_tp", "prefill_ep", "prefill_num_workers", "decode_tp", "decode
 _METRICS = ("median_ttft", "median_tpot", "median_itl", "median_e2el", "median_intvty", "p99_ttft", "p99_tpot",
             "mean_ttft", "mean_tpot", "tput_per_gpu", "output_tput_per_gpu", "input_tput_per_gpu")  # fmt: skip
 _OPTIONAL = ("input_tput_per_gpu", "output_tput_per_gpu")  # missing in a few rows
+# The most each metric can be in its unit: no engine serves a token in more than 10 s on average or a request in
+# more than a day, nor a GPU 10 M tokens/s (InferenceX's extract: TPOT 2.6-198 ms, TTFT at most 292 s, ITL, a gap
+# between streamed chunks, at most 14 s, 27,500 tokens/s/GPU); a larger value is in another unit or broken
+_TOKENS_PER_S = ("median_intvty", "tput_per_gpu", "output_tput_per_gpu", "input_tput_per_gpu")
+_LIMITS = {"s per token": (10.0, ("median_tpot", "p99_tpot", "mean_tpot")),
+           "s": (86_400.0, ("median_ttft", "median_itl", "median_e2el", "p99_ttft", "mean_ttft")),
+           "tokens/s": (1e7, _TOKENS_PER_S)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -216,14 +223,44 @@ def load_inferencex(path: str | Path = INFERENCEX) -> list[Row]:
                 line=lineno,
             )
         )
+        if problem := _problem(rows[-1]):
+            raise MeasurementError(f"{where}: {problem}")
     if not rows:
         raise MeasurementError(f"{p}: no rows")
     return rows
 
 
+def _problem(row: Row) -> str:
+    """What makes `row` one the cost model cannot read ("" if nothing): a GPU the catalogue does not map, an engine
+    of no GPUs, an attention TP that does not split the heads evenly, a metric in another unit."""
+    if row.hardware not in GPUS:
+        return (f"hardware {row.hardware!r} is none of InferenceX's GPUs the catalogue maps ({sorted(GPUS)}): add it "
+                "to costmodel.measured.GPUS with its conf/gpu name")  # fmt: skip
+    for ph, phase in (("prefill", row.prefill), ("decode", row.decode)):
+        if min(phase.tp, phase.ep, phase.gpus) < 1:
+            return f"{ph}_tp {phase.tp}, {ph}_ep {phase.ep}, num_{ph}_gpu {phase.gpus}: each must be 1 or more"
+    read = (("prefill", row.prefill), ("decode", row.decode)) if row.disagg else (("decode", row.decode),)
+    for ph, phase in read:  # a phase the model reads: its attention TP splits the heads (DP attention: TP 1)
+        if not phase.dp_attention and (not row.disagg or phase.workers) and phase.tp & (phase.tp - 1):
+            return (f"{ph}_tp {phase.tp} without DP attention: an attention TP is a power of two (1, 2, 4, 8, ...: "
+                    "it splits the model's heads evenly)")  # fmt: skip
+    for unit, (most, names) in _LIMITS.items():
+        over = [k for k in names if row.metrics.get(k, 0.0) > most]
+        if over:
+            return (f"{over[0]} {row.metrics[over[0]]:g} {unit}, over the {most:g} any engine takes: the extract's "
+                    "times are seconds and its throughputs tokens/s")  # fmt: skip
+    return ""
+
+
 def serving_rows(path: Path) -> list[Measurement]:
     """The fitting GPUs' rows of an InferenceX extract as `serving_tpot` measurements, and those with few users
     as `serving_ttft` ones (the fit's end-to-end rows: `python -m costmodel.calibrate --serving`)."""
-    fitting = [r for r in load_inferencex(path) if r.fitting]
+    every = load_inferencex(path)
+    fitting = [r for r in every if r.fitting]
     rows = [serving_measurement(r, path) for r in fitting] + [ttft_measurement(r, path) for r in fitting]
-    return [m for m in rows if m is not None]
+    rows = [m for m in rows if m is not None]
+    if not rows:
+        raise MeasurementError(f"{path}: none of its {len(every)} rows is one the fit reads (a disaggregated row "
+                               f"with its workers recorded, or an aggregated one) on a fitting GPU "
+                               f"{list(FITTING_GPUS)}: --serving fits those GPUs' rows only")  # fmt: skip
+    return rows

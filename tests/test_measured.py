@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.measured import FITTING_GPUS, INFERENCEX, load_inferencex
+from costmodel.measured import FITTING_GPUS, INFERENCEX, load_inferencex, serving_rows
 from costmodel.measurements import MeasurementError
 
 
@@ -38,6 +38,16 @@ def test_every_row_loads_with_its_run_and_inferencex_s_identities_hold() -> None
         (lambda t: t.replace(",1024,1024,256,", ",1024,1024,-256,", 1), ":2: a metric or count out of range"),
         (lambda t: t.replace(",fp4,", ",int3,", 1), ":2: precision fp8|fp4 and spec_method none|mtp expected"),
         (lambda t: t.splitlines()[0] + "\n", "no rows"),
+        # rows the fit would read as something else: refused, each naming the line and the value
+        (lambda t: t.replace(",6,4,48,1024,", ",6,4,0,1024,", 1), ":2: decode_tp 8, decode_ep 8, num_decode_gpu 0: "
+                                                                  "each must be 1 or more"),
+        (lambda t: t.replace(",8,8,false,6,", ",0,8,false,6,", 1), ":2: decode_tp 0, decode_ep 8, num_decode_gpu 48"),
+        (lambda t: t.replace(",8,8,false,6,", ",3,8,false,6,", 1), ":2: decode_tp 3 without DP attention: an "
+                                                                   "attention TP is a power of two"),
+        (lambda t: t.replace(",0.008918067023589661,", ",1e308,", 1), ":2: median_tpot 1e+308 s per token, over the "
+                                                                      "10 any engine takes"),
+        (lambda t: t.replace("\nb200,", "\nx100,", 1), ":2: hardware 'x100' is none of InferenceX's GPUs the "
+                                                        "catalogue maps"),
     ],
 )
 def test_a_malformed_extract_is_one_error_naming_the_line(tmp_path: Path, edit: object, message: str) -> None:
@@ -146,3 +156,16 @@ def test_the_serving_fit_saw_only_the_fitting_gpus() -> None:
     assert ("*", "sequence_overhead") in fitted
     # a check GPU's factor is its stack's times every GPU's: MI355X takes ROCm's, measured on MI300X only
     assert cal.get("MI355X", "hbm", "rocm").factor == pytest.approx(cal.table[("rocm", "hbm")].factor)
+
+
+def test_an_extract_without_a_row_of_the_fitting_gpus_is_refused_by_the_serving_fit(tmp_path: Path) -> None:
+    """`costmodel.calibrate --serving` on rows of GPUs it never fits (gb200 only): one error, not a fit of 0 rows."""
+    lines = INFERENCEX.read_text().splitlines()
+    path = tmp_path / "gb200.csv"
+    path.write_text("\n".join([lines[0], *(x for x in lines[1:] if x.startswith("gb200,"))]) + "\n")
+    with pytest.raises(MeasurementError) as err:
+        serving_rows(path)
+    assert str(err.value) == (
+        f"{path}: none of its 50 rows is one the fit reads (a disaggregated row with its workers recorded, or an "
+        "aggregated one) on a fitting GPU ['h200', 'b200', 'mi300x']: --serving fits those GPUs' rows only"
+    )
