@@ -69,6 +69,10 @@ ENGINE_KNOBS = ("moe_tp", "step_overhead", "sequence_overhead", "request_overhea
 GUESSED_PRIOR_SIGMA = {"sequence_overhead": 1.0}
 
 TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3}
+FIT_MAX_S = 1800.0  # the longest fit, its leave-one-out refits included, the command starts (`fit_seconds`)
+# least_squares' passes over a stage's rows per free factor (+ 1): the kernel stage of published.csv took 7, the
+# serving stage of inferencex_dsr1.csv 14 (costmodel.calibrate prints its estimate beside the fit's time)
+PASSES_PER_FACTOR = 15
 
 
 # --- predictions: the cost model's own formula for each component ---------------------------------
@@ -258,7 +262,7 @@ def _params(rows: Sequence[Measurement], base: CostProfile) -> list[tuple[str, s
 
 def _calibration(pairs: list[tuple[str, str]], theta: np.ndarray, sigma: np.ndarray,
                  counts: dict[tuple[str, str], int], *, name: str, prior_sigma: float, source: str,
-                 switches: tuple[tuple[str, bool], ...],
+                 switches: tuple[tuple[str, bool], ...], profile: str = "",
                  held: tuple[tuple[str, str, Factor], ...] = ()) -> Calibration:  # fmt: skip
     fs = [(g, k, Factor(float(math.exp(t)), float(s), "fit", counts.get((g, k), 0)))
           for (g, k), t, s in zip(pairs, theta, sigma, strict=True)] + list(held)  # fmt: skip
@@ -267,7 +271,7 @@ def _calibration(pairs: list[tuple[str, str]], theta: np.ndarray, sigma: np.ndar
         for k in KNOBS:
             if (g, k) not in fitted:
                 fs.append((g, k, Factor(1.0, prior_sigma, "prior", 0)))
-    return Calibration(name, tuple(sorted(fs, key=lambda f: f[:2])), source, prior_sigma, switches)
+    return Calibration(name, tuple(sorted(fs, key=lambda f: f[:2])), source, prior_sigma, switches, profile)
 
 
 def log_errors(rows: Sequence[Measurement], profile: CostProfile) -> np.ndarray:
@@ -299,6 +303,25 @@ def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigm
         cal, scatter = _fit(serving, base, prior_sigma, name, source, serving_sigma, held)
     calibrated = base.calibrated(cal)
     return Fit(cal, rows, log_errors(rows, base), log_errors(rows, calibrated), scatter, time.perf_counter() - t0)
+
+
+def fit_seconds(rows: Sequence[Measurement], base: CostProfile) -> float:
+    """About how long `fit(rows, base)` takes, on the safe side: per stage (kernels, then serving rows),
+    `PASSES_PER_FACTOR` x (its free factors + 1) passes over its rows, a pass timed on up to 64 of them."""
+    serving = [r for r in rows if COMPONENTS[r.component].keyed == "stack"]
+    if serving:
+        base = serving_base(base)
+    total = 0.0
+    for stage in ([r for r in rows if r not in serving] if serving else list(rows)), serving:
+        if not stage:
+            continue
+        sample = stage[:: max(len(stage) // 64, 1)]
+        t0 = time.perf_counter()
+        for row in sample:
+            predict(row, base)
+        pass_s = (time.perf_counter() - t0) / len(sample) * len(stage)
+        total += PASSES_PER_FACTOR * (len(_params(stage, base)) + 1) * pass_s
+    return total
 
 
 def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: str, source: str,
@@ -348,7 +371,7 @@ def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: s
     except np.linalg.LinAlgError:
         sigma = priors.copy()
     cal = _calibration(pairs, sol.x, np.minimum(sigma, priors), counts, name=name, prior_sigma=prior_sigma,
-                       source=source, switches=switches, held=held)  # fmt: skip
+                       source=source, switches=switches, profile=base.fixes_of(), held=held)  # fmt: skip
     return cal, scatter
 
 
@@ -431,9 +454,10 @@ def main(argv: list[str] | None = None) -> int:
         rows += serving
         base = serving_base(base)  # the engine behaviour end-to-end rows are fitted with (the fit would set it)
         source += f", {args.serving.name} ({len(serving)} rows of {', '.join(FITTING_GPUS)})"
+    estimate = _announced(rows, base, loo=not args.no_loo)
     f = fit(rows, base, args.prior_sigma, name, source)
     print(f"{len(rows)} measurements of {len({r.gpu for r in rows})} GPU(s), {len({r.component for r in rows})} "
-          f"component(s); fit in {f.seconds:.2f} s, "
+          f"component(s); fit in {f.seconds:.2f} s (estimated {estimate:.2f} s), "
           f"measurement scatter {100 * f.scatter:.1f} % (log sigma)\n")  # fmt: skip
     cols = {f"{base.name} (before)": f.before, "fitted (in-sample)": f.after}
     if not args.no_loo:
@@ -447,10 +471,34 @@ def main(argv: list[str] | None = None) -> int:
           f"(factor 1, sigma {args.prior_sigma}), "
           "and so does every knob of a measured GPU no row informs.")  # fmt: skip
     if args.out:
-        command = " ".join([*args.data, *(["--serving", str(args.serving)] if args.serving else [])])
+        command = " ".join([*args.data, *(["--serving", str(args.serving)] if args.serving else []),
+                            *(["--base", args.base] if args.base != "corrected" else []),
+                            *(["--plain"] if args.plain else [])])  # fmt: skip
         write_calibration(f.calibration, args.out, f"# python -m costmodel.calibrate {command}")
         print(f"\nwrote {args.out}; use it with costmodel.calibration={args.out}")
     return 0
+
+
+def _announced(rows: Sequence[Measurement], base: CostProfile, loo: bool) -> float:
+    """The fit's estimated seconds (`fit_seconds`); said first where the fit and its leave-one-out refits (`loo`)
+    take over 10 s, refused past `FIT_MAX_S`."""
+    one = fit_seconds(rows, base)
+    refits = len(rows) * one if loo else 0.0
+    if one + refits > FIT_MAX_S:
+        how = ("add --no-loo (the leave-one-out refits, one per row, take the rest), or " if one <= FIT_MAX_S / 2
+               else "")  # fmt: skip
+        raise UserError(f"fitting {len(rows):,} rows takes about {_minutes(one)}"
+                        + (f" and its leave-one-out refits {_minutes(refits)}" if refits else "")
+                        + f", over the {_minutes(FIT_MAX_S)} this command starts: {how}fit fewer rows")  # fmt: skip
+    if one + refits > 10:
+        print(f"fitting {len(rows):,} rows: about {_minutes(one)}"
+              + (f", then {_minutes(refits)} of leave-one-out refits (--no-loo skips them)" if refits else ""),
+              flush=True)  # fmt: skip
+    return one
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:,.0f} min"
 
 
 if __name__ == "__main__":

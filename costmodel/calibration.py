@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.specs import SOFTWARE, SpecError
-from costmodel.switches import MODEL_DOCS
+from costmodel.switches import MODEL_DOCS, PROFILE_NAMES
 
 KNOBS: dict[str, str] = {
     "dense_gemm": "dense GEMM rate (attention projections, dense MLP)",
@@ -111,6 +111,9 @@ class Calibration:
     # the model structure it was fitted with: profile.MODEL_DOCS, and the engine behaviour (STRUCTURE_SYSTEM) an
     # end-to-end fit assumed
     switches: tuple[tuple[str, bool], ...] = ()
+    # the named profile whose fixes it was fitted under (costmodel.profile): its factors correct that profile's
+    # components, and mean other things under another one ("": not recorded, applied under any)
+    profile: str = ""
 
     def __post_init__(self) -> None:
         allowed = sorted({*MODEL_DOCS, *STRUCTURE_SYSTEM})
@@ -189,15 +192,15 @@ class Calibration:
         by_gpu: dict[str, dict[str, Any]] = {}
         for g, k, f in self.factors:
             by_gpu.setdefault(g, {})[k] = {"factor": f.factor, "sigma": f.sigma, "origin": f.origin, "rows": f.rows}
-        return {"name": self.name, "source": self.source, "default_sigma": self.default_sigma,
-                "switches": dict(self.switches), "factors": by_gpu}  # fmt: skip
+        return {"name": self.name, "source": self.source, **({"profile": self.profile} if self.profile else {}),
+                "default_sigma": self.default_sigma, "switches": dict(self.switches), "factors": by_gpu}  # fmt: skip
 
     @staticmethod
     def from_json(data: Any, where: str) -> Calibration:
         """The record `to_json` wrote (a calibration file's content); SpecError names `where`."""
         if not isinstance(data, Mapping) or not isinstance(data.get("factors"), Mapping):
             raise SpecError(f"{where}: a calibration is a mapping with `name` and `factors: {{GPU: {{knob: ...}}}}`")
-        unknown = sorted(set(data) - {"name", "source", "default_sigma", "switches", "factors"})
+        unknown = sorted(set(data) - {"name", "source", "profile", "default_sigma", "switches", "factors"})
         if unknown:
             raise SpecError(f"{where}: unknown calibration field(s) {unknown}")
         from costmodel.catalog import gpu_names
@@ -227,9 +230,14 @@ class Calibration:
         switches = data.get("switches") or {}
         if not isinstance(switches, Mapping):
             raise SpecError(f"{where}: `switches` must map model refinements to true or false")
+        profile = data.get("profile", "")
+        if profile not in ("", *PROFILE_NAMES):
+            raise SpecError(f"{where}: profile {profile!r}: the named profile it was fitted under, one of "
+                            f"{list(PROFILE_NAMES)}")  # fmt: skip
         try:
             return Calibration(str(data.get("name", Path(where).stem)), tuple(sorted(rows, key=lambda r: r[:2])),
-                               str(data.get("source", "")), sigma, tuple(sorted(switches.items())))  # fmt: skip
+                               str(data.get("source", "")), sigma, tuple(sorted(switches.items())),
+                               profile)  # fmt: skip
         except SpecError as err:
             raise SpecError(f"{where}: {err}") from None
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from costmodel.calibration import Calibration
-from costmodel.switches import FIX_DOCS, MODEL_DOCS, SYSTEM_DOCS
+from costmodel.specs import SpecError
+from costmodel.switches import FIX_DOCS, MODEL_DOCS, PROFILE_NAMES, SYSTEM_DOCS
 
 SWITCH_DOCS: dict[str, str] = {**FIX_DOCS, **MODEL_DOCS, **SYSTEM_DOCS}
 
@@ -81,12 +82,28 @@ class CostProfile:
 
     def calibrated(self, cal: Calibration | None) -> CostProfile:
         """This profile with `cal`'s factors applied to its components (None: none), and the model
-        structure `cal` was fitted with (its `switches`): the factors mean nothing under another."""
+        structure `cal` was fitted with (its `switches`): the factors mean nothing under another. A
+        calibration fitted under another named profile's fixes is refused (SpecError)."""
         suffix = f"+{self.calibration.name}" if self.calibration is not None else ""
         base = self.name.removesuffix(suffix) if suffix else self.name  # a switch's tag may hold a "+" too
         if cal is None:
             return replace(self, name=base, calibration=None)
+        if cal.profile and self.fixes_of() != cal.profile:
+            fitted = PROFILES[cal.profile]()
+            differ = [k for k in FIX_DOCS if getattr(self, k) != getattr(fitted, k)]
+            raise SpecError(
+                f"calibration {cal.name!r} was fitted under costmodel.profile={cal.profile}, and this profile "
+                f"({base}) differs from it in {len(differ)} fix(es) ({', '.join(differ[:3])}"
+                f"{', ...' if len(differ) > 3 else ''}): its factors correct other components; use "
+                f"costmodel.profile={cal.profile}, or a calibration fitted with --base {self.fixes_of() or '...'}"
+            )
         return replace(self, name=f"{base}+{cal.name}", calibration=cal, **dict(cal.switches))
+
+    def fixes_of(self) -> str:
+        """The named profile whose fixes this one has ("" where some were changed: `with_fixes`)."""
+        return next((n for n, make in PROFILES.items() if all(getattr(self, k) == getattr(make(), k)
+                                                              for k in FIX_DOCS)), "")  # fmt: skip
 
 
 PROFILES = {"shallowsim": CostProfile.shallowsim, "corrected": CostProfile.corrected}
+assert tuple(PROFILES) == PROFILE_NAMES

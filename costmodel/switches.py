@@ -5,6 +5,9 @@ the model (`SYSTEM_DOCS`). A profile (costmodel/profile.py) sets each on or off;
 
 from __future__ import annotations
 
+# The named profiles (costmodel/profile.py PROFILES): `shallowsim` with every fix off, `corrected` with every fix on.
+PROFILE_NAMES = ("shallowsim", "corrected")
+
 # What each fix does, keyed by switch name (the spec's bug numbers in brackets).
 FIX_DOCS: dict[str, str] = {
     "fp8_dispatch": ("[B1] prefill dispatch is FP8 (1 byte/element), not halved to 4 bits on every GPU"),

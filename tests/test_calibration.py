@@ -244,6 +244,17 @@ def test_the_command_fits_writes_and_fails_cleanly(tmp_path: Path) -> None:
         [sys.executable, "-m", "costmodel.calibrate", str(bad)], capture_output=True, text=True, cwd=ROOT
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown GPU 'H900'" in r.stderr
+    # 1,020 rows: one fit takes seconds, a refit per row hours; the command says so before it starts
+    lines = PUBLISHED.read_text().splitlines()
+    body = [ln for ln in lines if ln and not ln.startswith("#")][1:]
+    many = tmp_path / "many.csv"
+    many.write_text("\n".join([*lines[: lines.index(body[0])], *body * 20]) + "\n")
+    r = subprocess.run([sys.executable, "-m", "costmodel.calibrate", str(many)], capture_output=True, text=True,
+                       cwd=ROOT)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert re.fullmatch(r"error: fitting 1,020 rows takes about \d+ s and its leave-one-out refits [\d,]+ min, over "
+                        r"the 30 min this command starts: add --no-loo \(the leave-one-out refits, one per row, take "
+                        r"the rest\), or fit fewer rows\n", r.stderr), r.stderr  # fmt: skip
 
 
 def test_sglang_one_batch_results_become_measurements_the_fit_takes(tmp_path: Path) -> None:
@@ -441,3 +452,37 @@ def test_a_factor_added_to_a_calibration_leaves_the_others_draws_as_they_were() 
     logs = np.log([d.factors[0][2].factor for d in a])
     assert abs(logs.mean() - np.log(1.1)) < 0.05 and 0.15 < logs.std() < 0.25
     assert [d.factors[0][2].factor for d in base.draws(5, seed=8)] != [d.factors[0][2].factor for d in a[:5]]
+
+
+def test_a_calibration_applies_only_under_the_fixes_it_was_fitted_under(tmp_path: Path) -> None:
+    """A calibration records the named profile it was fitted under (`--base`); applied under another one's fixes
+    (or a profile with some fixes changed) it is refused in one line, because its factors correct other
+    components. A file that does not record one (older files) applies under any."""
+    from pipeline.errors import ConfigError
+    from pipeline.planning.config import profile_from_cfg
+
+    rows = [Measurement("dense_gemm", "H800", (("k", 7168), ("m", 4096), ("n", 2048)), 1.0, "ms",
+                        "test", "t:1")]  # fmt: skip
+    cal = fit(rows, CostProfile.shallowsim(), name="under_shallowsim").calibration
+    assert cal.profile == "shallowsim" and fit(rows, name="c").calibration.profile == "corrected"
+    path = tmp_path / "s.yaml"
+    write_calibration(cal, path)
+    assert load_calibration(path).profile == "shallowsim"
+    assert CostProfile.shallowsim().calibrated(cal).calibration is cal
+    message = ("calibration 'under_shallowsim' was fitted under costmodel.profile=shallowsim, and this profile "
+               "(corrected) differs from it in 16 fix(es) (fp8_dispatch, gemm_table_by_field, fp4_consistent, ...): "
+               "its factors correct other components; use costmodel.profile=shallowsim, or a calibration fitted with "
+               "--base corrected")  # fmt: skip
+    with pytest.raises(SpecError) as err:
+        CostProfile.corrected().calibrated(cal)
+    assert str(err.value) == message
+    with pytest.raises(ConfigError) as cfg_err:
+        profile_from_cfg({"profile": "corrected", "calibration": str(path)})
+    assert str(cfg_err.value) == f"costmodel.calibration: {message}"
+    with pytest.raises(SpecError, match=r"this profile \(shallowsim\[\+fp8_dispatch\]\) differs from it in 1 fix"):
+        CostProfile.shallowsim().with_fixes(fp8_dispatch=True).calibrated(cal)
+    unrecorded = Calibration("old", cal.factors, switches=cal.switches)
+    assert CostProfile.corrected().calibrated(unrecorded).calibration is unrecorded
+    path.write_text(path.read_text().replace("profile: shallowsim", "profile: tuned"))
+    with pytest.raises(SpecError, match=r"profile 'tuned': the named profile it was fitted under, one of"):
+        load_calibration(path)
