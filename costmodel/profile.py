@@ -83,26 +83,32 @@ class CostProfile:
     def calibrated(self, cal: Calibration | None) -> CostProfile:
         """This profile with `cal`'s factors applied to its components (None: none), and the model
         structure `cal` was fitted with (its `switches`): the factors mean nothing under another. A
-        calibration fitted under another named profile's fixes is refused (SpecError)."""
+        calibration fitted under one named profile's fixes is refused (SpecError) under a profile nearer
+        another named one's; a few fixes switched for a comparison keep it."""
         suffix = f"+{self.calibration.name}" if self.calibration is not None else ""
         base = self.name.removesuffix(suffix) if suffix else self.name  # a switch's tag may hold a "+" too
         if cal is None:
             return replace(self, name=base, calibration=None)
-        if cal.profile and self.fixes_of() != cal.profile:
-            fitted = PROFILES[cal.profile]()
-            differ = [k for k in FIX_DOCS if getattr(self, k) != getattr(fitted, k)]
-            raise SpecError(
-                f"calibration {cal.name!r} was fitted under costmodel.profile={cal.profile}, and this profile "
-                f"({base}) differs from it in {len(differ)} fix(es) ({', '.join(differ[:3])}"
-                f"{', ...' if len(differ) > 3 else ''}): its factors correct other components; use "
-                f"costmodel.profile={cal.profile}, or a calibration fitted with --base {self.fixes_of() or '...'}"
-            )
+        if cal.profile:
+            differ = {n: self.fixes_differing(make()) for n, make in PROFILES.items()}
+            if any(len(d) < len(differ[cal.profile]) for d in differ.values()):
+                near = min(differ, key=lambda n: len(differ[n]))
+                own = differ[cal.profile]
+                raise SpecError(
+                    f"calibration {cal.name!r} was fitted under costmodel.profile={cal.profile}, and this profile "
+                    f"({base}) differs from it in {len(own)} fix(es) ({', '.join(own[:3])}"
+                    f"{', ...' if len(own) > 3 else ''}): its factors correct other components; use "
+                    f"costmodel.profile={cal.profile}, or a calibration fitted with --base {near}"
+                )
         return replace(self, name=f"{base}+{cal.name}", calibration=cal, **dict(cal.switches))
+
+    def fixes_differing(self, other: CostProfile) -> list[str]:
+        """The fixes this profile and `other` set differently, in FIX_DOCS order."""
+        return [k for k in FIX_DOCS if getattr(self, k) != getattr(other, k)]
 
     def fixes_of(self) -> str:
         """The named profile whose fixes this one has ("" where some were changed: `with_fixes`)."""
-        return next((n for n, make in PROFILES.items() if all(getattr(self, k) == getattr(make(), k)
-                                                              for k in FIX_DOCS)), "")  # fmt: skip
+        return next((n for n, make in PROFILES.items() if not self.fixes_differing(make())), "")
 
 
 PROFILES = {"shallowsim": CostProfile.shallowsim, "corrected": CostProfile.corrected}

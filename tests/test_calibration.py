@@ -455,9 +455,9 @@ def test_a_factor_added_to_a_calibration_leaves_the_others_draws_as_they_were() 
 
 
 def test_a_calibration_applies_only_under_the_fixes_it_was_fitted_under(tmp_path: Path) -> None:
-    """A calibration records the named profile it was fitted under (`--base`); applied under another one's fixes
-    (or a profile with some fixes changed) it is refused in one line, because its factors correct other
-    components. A file that does not record one (older files) applies under any."""
+    """A calibration records the named profile it was fitted under (`--base`); applied under a profile nearer
+    another named one's fixes it is refused in one line, because its factors correct other components. A fix or
+    two switched for a comparison keep it; a file that does not record a profile (older files) applies under any."""
     from pipeline.errors import ConfigError
     from pipeline.planning.config import profile_from_cfg
 
@@ -479,8 +479,13 @@ def test_a_calibration_applies_only_under_the_fixes_it_was_fitted_under(tmp_path
     with pytest.raises(ConfigError) as cfg_err:
         profile_from_cfg({"profile": "corrected", "calibration": str(path)})
     assert str(cfg_err.value) == f"costmodel.calibration: {message}"
-    with pytest.raises(SpecError, match=r"this profile \(shallowsim\[\+fp8_dispatch\]\) differs from it in 1 fix"):
-        CostProfile.shallowsim().with_fixes(fp8_dispatch=True).calibrated(cal)
+    # a fix switched to see what it does keeps the calibration (the plan's cost record names both)
+    assert CostProfile.shallowsim().with_fixes(fp8_dispatch=True).calibrated(cal).calibration is cal
+    nearer = CostProfile.shallowsim().with_fixes(fp8_dispatch=True)  # 1 fix from shallowsim, 15 from corrected
+    with pytest.raises(SpecError, match=r"calibration 'c' was fitted under costmodel.profile=corrected, and this "
+                                        r"profile \(shallowsim\[\+fp8_dispatch\]\) differs from it in 15 fix\(es\) "
+                                        r".*--base shallowsim$"):  # fmt: skip
+        nearer.calibrated(fit(rows, name="c").calibration)
     unrecorded = Calibration("old", cal.factors, switches=cal.switches)
     assert CostProfile.corrected().calibrated(unrecorded).calibration is unrecorded
     path.write_text(path.read_text().replace("profile: shallowsim", "profile: tuned"))
