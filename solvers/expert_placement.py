@@ -228,9 +228,13 @@ def write_example(folder: str, layers: int = 4, experts: int = 32, seed: int = 0
 
     a, w = synthetic(layers, experts, seed)
     out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    np.savetxt(out / "A.csv", a.round(), delimiter=",", fmt="%.0f")
-    np.savetxt(out / "W.csv", w.round(1), delimiter=",", fmt="%.1f")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        np.savetxt(out / "A.csv", a.round(), delimiter=",", fmt="%.0f")
+        np.savetxt(out / "W.csv", w.round(1), delimiter=",", fmt="%.1f")
+    except OSError as err:
+        raise UserError(f"--example {folder}: cannot write the sample there ({err.filename}: {err.strerror}); give "
+                        "a folder this user can create and write") from None  # fmt: skip
     return str(out / "A.csv"), str(out / "W.csv")
 
 

@@ -36,6 +36,9 @@ COMMANDS = [  # (command, arguments, the line's start); {tmp} is the test's fold
     ("solvers.inner", ["{tmp}/none.json"], "error: "),
     ("solvers.expert_placement", ["{tmp}/a.npy", "{tmp}/w.npy"],
      "error: the following arguments are required: --gpus (usage: python -m solvers.expert_placement"),
+    ("solvers.expert_placement", ["--example", "{tmp}/t.csv/sample", "--gpus", "8"],
+     "error: --example {tmp}/t.csv/sample: cannot write the sample there ({tmp}/t.csv/sample: Not a directory); "
+     "give a folder"),
     ("costmodel.readers", ["vllm-bench", "{tmp}/r.jsonl"], "error: argument format: invalid choice: 'vllm-bench'"),
     ("costmodel.calibrate", ["{tmp}/none.csv"], "error: "),
     ("costmodel.reference", ["{tmp}/none.csv"], "error: {tmp}/none.csv: no such file"),

@@ -324,18 +324,27 @@ def open_store(uri: str, barrier: Any, results: Any) -> None:
         results.put(f"{type(err).__name__}: {err}")
 
 
+@pytest.mark.parametrize("short", ["memory", "time"])
 def test_an_inventory_too_big_to_benchmark_says_how_big_before_the_work(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short: str
 ) -> None:
+    """The exact reference's benchmarks are estimated first; past the machine's free memory, or past the time a
+    search waits for them (a million GPUs: hours), the search stops in one line with the fixes."""
     from pipeline.search import reference
     from pipeline.search.run import execute
 
-    monkeypatch.setattr(reference, "available_memory", lambda: 1e8)  # a machine with 100 MB free
+    if short == "memory":
+        monkeypatch.setattr(reference, "available_memory", lambda: 1e8)  # a machine with 100 MB free
+    else:  # 12,500 island sizes take minutes to benchmark, past a limit of 1 s
+        monkeypatch.setattr(reference, "PREPARE_MAX_S", 1.0)
     r = in_process(execute, "search", "+inventory=homo_c", "inventory.gpus.H200=100000", f"out_root={tmp_path}/out",
                    f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db")  # fmt: skip
     assert "[search] 100,000 GPUs: the exact reference benchmarks 12,500 island sizes first: about" in r.stdout
     one_line(r, "error: the exact reference benchmarks 12,500 island sizes first: about")
-    assert "more than the 0.1 GB this machine has free: set search.reference=false" in r.stderr
+    says = ("more than the 0.1 GB this machine has free: set search.reference=false" if short == "memory" else
+            "past the 1 s a search waits for its reference's data: set search.reference=false (the search alone, "
+            "without a gap), raise search.min_island (fewer island sizes), or plan fewer GPUs")  # fmt: skip
+    assert says in r.stderr
 
 
 def test_ctrl_c_in_a_post_search_step_after_the_trials_stops_it_and_keeps_what_finished(

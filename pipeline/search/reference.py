@@ -74,6 +74,7 @@ def reference(
 
 SAMPLED = 5  # island sizes per GPU type benchmarked to estimate what the reference's benchmarks cost
 ESTIMATE_ABOVE = 1000  # island sizes in all, above which the estimate is worked out and printed
+PREPARE_MAX_S = 1800.0  # the longest estimated benchmarking the search starts before its reference MILP
 
 
 @dataclass(frozen=True)
@@ -209,10 +210,14 @@ def run_reference(run: SearchRun, settings: Settings, ctx: Context) -> ExactResu
         free = available_memory()
         print(f"[search] {settings.inventory.total_gpus:,} GPUs: {cost.describe()} ({free / 1e9:,.1f} GB free)",
               flush=True)  # fmt: skip
+        fixes = ("set search.reference=false (the search alone, without a gap), raise search.min_island (fewer "
+                 "island sizes)")  # fmt: skip
         if cost.bytes > 0.8 * free:
-            raise ConfigError(f"{cost.describe()}, more than the {free / 1e9:,.1f} GB this machine has free: set "
-                              "search.reference=false (the search alone, without a gap), raise search.min_island, "
-                              "or plan on a machine with more memory")  # fmt: skip
+            raise ConfigError(f"{cost.describe()}, more than the {free / 1e9:,.1f} GB this machine has free: "
+                              f"{fixes}, or plan on a machine with more memory")  # fmt: skip
+        if cost.seconds > PREPARE_MAX_S:
+            raise ConfigError(f"{cost.describe()}, past the {PREPARE_MAX_S:,.0f} s a search waits for its "
+                              f"reference's data: {fixes}, or plan fewer GPUs")  # fmt: skip
     limit = settings.search.reference_time_limit_s
     print(f"[search] solving the exact reference MILP (at most {limit:g} s; Ctrl-C stops the search) ...", flush=True)
     bar = Progress("search", "exact reference MILP", limit, "s", every_s=15.0)
