@@ -247,16 +247,23 @@ def test_a_search_for_one_spare_host_keeps_serving_where_the_fastest_plan_stops(
     assert abs(v.simulated_over_stated - 1.0) <= 0.05 and (v.sustained or v.holds_at_0_95), v.why_not
 
 
-def test_a_search_whose_best_layout_serves_nothing_writes_no_plan_and_says_why(tmp_path: Path) -> None:
-    """With 7 of tiny_hetero's 8 hosts lost every layout scores 0: no plan.json, no outputs/search/latest, exit 1
-    and one line saying why and what to change; the trials are kept."""
+@pytest.mark.parametrize("args, why", [
+    (["search.spare_hosts=7"], "every layout scored 0 req/s with its worst 7 hosts lost, and the best of them serves "
+                               "nothing (2 optimal); lower search.spare_hosts."),
+    (["costmodel.aggregated=true", "search.budget_per_hour=10"],
+     "no layout within $10/h serves requests (2 optimal); raise search.budget_per_hour."),
+])  # fmt: skip
+def test_a_search_whose_best_layout_serves_nothing_writes_no_plan_and_says_why(
+    tmp_path: Path, args: list[str], why: str
+) -> None:
+    """With 7 of tiny_hetero's 8 hosts lost, or aggregated islands under a budget no island fits, every layout
+    scores 0: no plan.json, no outputs/search/latest, exit 1 and one line saying why and what to change; the trials
+    are kept."""
     from helpers import one_line
     from pipeline.search.run import execute
 
-    r = in_process(execute, "search", *SMALL, "search.spare_hosts=7", "search.iterations=1", "search.batch=2",
-                   f"out_root={tmp_path}/out/search",
-                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
-    one_line(r, "error: no plan: every layout scored 0 req/s with its worst 7 hosts lost, and the best of them serves "
-                "nothing (2 optimal); lower search.spare_hosts. Trials are kept in", code=1)  # fmt: skip
+    r = in_process(execute, "search", *SMALL, *args, "search.iterations=1", "search.batch=2",
+                   f"out_root={tmp_path}/out/search", f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db")  # fmt: skip
+    one_line(r, f"error: no plan: {why} Trials are kept in", code=1)
     assert not list((tmp_path / "out").rglob("plan.json")) and not (tmp_path / "out" / "latest").exists()
     assert len(list((tmp_path / "out").rglob("trials.jsonl"))) == 1
