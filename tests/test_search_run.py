@@ -347,31 +347,38 @@ def test_an_inventory_too_big_to_benchmark_says_how_big_before_the_work(
     assert says in r.stderr
 
 
+@pytest.mark.parametrize("step", ["band", "check"])
 def test_ctrl_c_in_a_post_search_step_after_the_trials_stops_it_and_keeps_what_finished(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
     """Ray Tune answers Ctrl-C with its own handler while the trials run; once they are done, Ctrl-C stops the
-    post-search steps again: the rate band (here Ctrl-C arrives inside it) and the steps after it are not run,
-    plan.json and report.md are written without them, the console names them, and the search exits 130."""
+    post-search steps again: the step it arrives in (the rate band, or the simulated check) and the steps
+    after it are not run, plan.json and report.md are written without them, the console names them, and the search
+    exits 130."""
     import os
 
     import plan as plans
     from pipeline.search.run import execute
-    from pipeline.search.steps import band
+    from pipeline.search.steps import band, check
+
+    search = os.getpid()  # Ctrl-C reaches the search's process (and a step forked beside the others, which leaves
+    # it to the search: the search ends it)
 
     def pressed(*args: Any, **kwargs: Any) -> Any:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(60)  # the band's re-plans, never reached: Ctrl-C stops them
-        raise AssertionError("Ctrl-C did not stop the rate band")
+        os.kill(search, signal.SIGINT)
+        time.sleep(60)  # the step's work, never reached: Ctrl-C stops it
+        raise AssertionError(f"Ctrl-C did not stop the step {step}")
 
-    monkeypatch.setattr(band, "rate_band", pressed)
-    r = in_process(execute, "search", *SMALL, "search.iterations=1", "search.batch=2", "search.band_draws=4",
+    monkeypatch.setattr(*((band, "rate_band") if step == "band" else (check, "check")), pressed)
+    # the check alone (beside the band or the host losses it runs forked, and Ctrl-C lands in those)
+    alone = ["search.band_draws=4"] if step == "band" else ["search.band_draws=0", "search.host_losses=false"]
+    r = in_process(execute, "search", *SMALL, "search.iterations=1", "search.batch=2", *alone,
                    f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
     assert r.returncode == 130, r.stderr
-    assert "[search] Ctrl-C: the rate band stopped" in r.stderr
-    assert ("[search] stopped by Ctrl-C: plan.json is written without the simulated check, the rate band, the host "
-            "losses") in r.stderr  # fmt: skip
+    missing = "the simulated check, the rate band, the host losses" if step == "band" else "the simulated check"
+    assert f"[search] Ctrl-C: {'the rate band' if step == 'band' else 'the simulated check'} stopped" in r.stderr
+    assert f"[search] stopped by Ctrl-C: plan.json is written without {missing}" in r.stderr
     (path,) = (tmp_path / "out").glob("*/*/plan.json")
     plan = plans.load(path)
-    assert plan.serves and plan.band is None and plan.verification is None and plan.host_losses is None
-    assert (path.parent / "report.md").exists()
+    assert plan.serves and plan.band is None and plan.verification is None
+    assert plan.host_losses is None and (path.parent / "report.md").exists()
