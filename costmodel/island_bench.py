@@ -596,9 +596,9 @@ def utilisation_caps(
     """
     n = len(bench.lengths)
     pre, dec = bench.prefill, bench.decode
-    u_pre = (np.full(n, _prefill_caps(pre, bench.lengths, weights, cost, arrivals=arrivals)[pre.chosen])
-             if pre.chosen >= 0 else np.ones(n))  # fmt: skip
-    u_dec = (np.full(n, _decode_caps(dec, weights, mean_decode, cost, arrivals)[dec.chosen])
+    u_pre = (np.full(n, _prefill_caps(pre, bench.lengths, weights, cost, arrivals=arrivals, only=pre.chosen)
+                     [pre.chosen]) if pre.chosen >= 0 else np.ones(n))  # fmt: skip
+    u_dec = (np.full(n, _decode_caps(dec, weights, mean_decode, cost, arrivals, only=dec.chosen)[dec.chosen])
              if dec.chosen >= 0 else np.ones(n))  # fmt: skip
     return u_pre, u_dec
 
@@ -610,17 +610,19 @@ def _prefill_caps(
     cost: CostSettings,
     batching: bool = True,
     arrivals: RateProfile | None = None,
+    only: int | None = None,
 ) -> np.ndarray:
     """`utilisation_caps`' prefill cap of every configuration of the table (1 without a TTFT target, 0 where a
     configuration serves no length). `batching=False`: prompts start as they come (an aggregated engine's chunks
-    take them), not after a batch of `cost.engine.prefill_batch_tokens` behind them. `arrivals`: bursty ones."""
+    take them), not after a batch of `cost.engine.prefill_batch_tokens` behind them. `arrivals`: bursty ones.
+    `only`: that configuration's cap alone is worked out (the others left at 1)."""
     caps = np.ones(len(t.tp))
     if cost.slo.ttft_ms is None:
         return caps
     w = np.asarray(weights, dtype=float)
     q = cost.slo.ttft_percentile / 100
     fixed_s = sum(request_overheads_ms(cost.profile)) / 1e3  # the front end and the hand-off, outside the GPUs
-    for k in range(len(caps)):
+    for k in range(len(caps)) if only is None else (only,):
         ok = t.req_s[k] > 0
         if not ok.any():
             caps[k] = 0.0
@@ -642,16 +644,17 @@ def _prefill_caps(
 
 
 def _decode_caps(
-    t: PhaseTable, weights: np.ndarray, mean_decode: float, cost: CostSettings, arrivals: RateProfile | None = None
+    t: PhaseTable, weights: np.ndarray, mean_decode: float, cost: CostSettings, arrivals: RateProfile | None = None,
+    only: int | None = None,
 ) -> np.ndarray:
     """`utilisation_caps`' decode cap of every configuration of the table (1 without a TPOT target, 0 where a
-    configuration serves no length). `arrivals`: bursty ones."""
+    configuration serves no length). `arrivals`: bursty ones; `only`: that configuration's cap alone."""
     caps = np.ones(len(t.tp))
     if cost.slo.tpot_ms is None:
         return caps
     w = np.asarray(weights, dtype=float)
     d = max(round(mean_decode), 1)
-    for k in range(len(caps)):
+    for k in range(len(caps)) if only is None else (only,):
         ok = t.req_s[k] > 0
         if not ok.any():
             caps[k] = 0.0

@@ -256,14 +256,17 @@ class Planner:
         island given only long prompts, or a few long among many short, queues differently.
         Islands that serve nothing keep the cached caps.
         """
-        out = []
+        out, seen = [], {}  # islands of one shape given one mix (many, in a large inventory) share their caps
         for i, (g, n) in enumerate(layout.islands):
             routed = sol.x_prefill[i] * prob.prefill_req_s[i] + sol.x_decode[i] * prob.decode_req_s[i]
             if routed.sum() <= 0:
                 out.append(self.caps(g, n))
-            else:
-                out.append(utilisation_caps(self.benchmark(g, n), routed, self.workload.mean_decode, self.cost,
-                                            self.arrivals))  # fmt: skip
+                continue
+            key = (g, n, routed.tobytes())
+            if key not in seen:
+                seen[key] = utilisation_caps(self.benchmark(g, n), routed, self.workload.mean_decode, self.cost,
+                                             self.arrivals)  # fmt: skip
+            out.append(seen[key])
         return out
 
     def solve_routed(
