@@ -81,14 +81,16 @@ def describe(
     if hosts is None:
         hosts = place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
     islands = []
+    # each phase's req/s per island and range, and per range in all (once: a layout may have thousands of islands)
+    caps = {"decode": prob.decode_req_s * sol.x_decode, "prefill": prob.prefill_req_s * sol.x_prefill}
+    tots = {k: v.sum(axis=0) for k, v in caps.items()}
     for i, (gpu, size) in enumerate(layout.islands):
         serves = sol.x_prefill[i].sum() + sol.x_decode[i].sum() > 1e-9
         bench = planner.benchmark(gpu, size)
         phase = Role(sol.roles[i]) if Role(sol.roles[i]).decodes else Role.PREFILL
         # (an aggregated island has the same share in both phases, at its aggregated rate: `InnerProblem.resolved`)
-        x, b = (sol.x_decode, prob.decode_req_s) if phase == "decode" else (sol.x_prefill, prob.prefill_req_s)
-        cap = b * x
-        tot = cap.sum(axis=0)
+        key = "decode" if phase == "decode" else "prefill"
+        x, cap, tot = (sol.x_decode if key == "decode" else sol.x_prefill), caps[key], tots[key]
         served = np.flatnonzero(cap[i] > 0)
         cfg = bench.config(phase) if serves else None
         table = bench.table(phase)
