@@ -279,8 +279,10 @@ def log_errors(rows: Sequence[Measurement], profile: CostProfile) -> np.ndarray:
 
 
 def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigma: float = 0.3,
-        name: str = "calibration", source: str = "", serving_sigma: float = SERVING_PRIOR_SIGMA) -> Fit:  # fmt: skip
-    """The maximum a-posteriori factors for `rows` over `base` (default: `default_base()`).
+        name: str = "calibration", source: str = "", serving_sigma: float = SERVING_PRIOR_SIGMA,
+        start: Calibration | None = None) -> Fit:  # fmt: skip
+    """The maximum a-posteriori factors for `rows` over `base` (default: `default_base()`), searched from `start`'s
+    factors where given (a refit of an earlier calibration converges in a few passes), else from the prior's.
 
     Kernel benchmarks and end-to-end serving rows are fitted in that order: first each GPU's own factors to its
     kernels (a kernel's prediction uses only those: `predict`), then the stacks' and every GPU's factors to the
@@ -292,15 +294,15 @@ def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigm
         raise UserError("no measurements to fit")
     serving = [r for r in rows if COMPONENTS[r.component].keyed == "stack"]
     if not serving:
-        cal, scatter = _fit(rows, base, prior_sigma, name, source, serving_sigma, ())
+        cal, scatter = _fit(rows, base, prior_sigma, name, source, serving_sigma, (), start)
     else:
         base = serving_base(base)  # end-to-end rows: the engines' behaviour
         kernels = [r for r in rows if COMPONENTS[r.component].keyed == "gpu"]
         held: tuple[tuple[str, str, Factor], ...] = ()
         if kernels:
-            first, _ = _fit(kernels, base, prior_sigma, name, source, serving_sigma, ())
+            first, _ = _fit(kernels, base, prior_sigma, name, source, serving_sigma, (), start)
             held = tuple(f for f in first.factors if f[2].origin == "fit")
-        cal, scatter = _fit(serving, base, prior_sigma, name, source, serving_sigma, held)
+        cal, scatter = _fit(serving, base, prior_sigma, name, source, serving_sigma, held, start)
     calibrated = base.calibrated(cal)
     return Fit(cal, rows, log_errors(rows, base), log_errors(rows, calibrated), scatter, time.perf_counter() - t0)
 
@@ -325,8 +327,10 @@ def fit_seconds(rows: Sequence[Measurement], base: CostProfile) -> float:
 
 
 def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: str, source: str,
-         serving_sigma: float, held: tuple[tuple[str, str, Factor], ...]) -> tuple[Calibration, float]:  # fmt: skip
-    """One stage of `fit`: the factors `rows` inform, with the `held` ones fixed; and the measurement scatter."""
+         serving_sigma: float, held: tuple[tuple[str, str, Factor], ...],
+         start: Calibration | None = None) -> tuple[Calibration, float]:  # fmt: skip
+    """One stage of `fit`: the factors `rows` inform, with the `held` ones fixed (searched from `start`'s); and the
+    measurement scatter."""
     from scipy.optimize import least_squares
 
     switches = structure(base)
@@ -358,7 +362,9 @@ def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: s
 
     # soft-L1 (Huber-like) loss: a row whose shape the model's structure cannot follow (an error
     # past ~10 %) weighs linearly, not quadratically, so it does not drag the factor off the rest
-    sol = least_squares(residuals, np.zeros(len(pairs)), method="trf", loss="soft_l1", f_scale=1.0)
+    began = {} if start is None else {(g, k): math.log(f.factor) for g, k, f in start.factors}
+    sol = least_squares(residuals, np.array([began.get(p, 0.0) for p in pairs]), method="trf", loss="soft_l1",
+                        f_scale=1.0)  # fmt: skip
     n = len(rows)
     data_res = sol.fun[:n] * meas_sigma
     dof = max(n - len(pairs), 1)

