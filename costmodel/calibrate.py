@@ -294,15 +294,15 @@ def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigm
         raise UserError("no measurements to fit")
     serving = [r for r in rows if COMPONENTS[r.component].keyed == "stack"]
     if not serving:
-        cal, scatter = _fit(rows, base, prior_sigma, name, source, serving_sigma, (), start)
+        cal, scatter = _fit(rows, base, prior_sigma, name, source, serving_sigma, start=start)
     else:
         base = serving_base(base)  # end-to-end rows: the engines' behaviour
         kernels = [r for r in rows if COMPONENTS[r.component].keyed == "gpu"]
         held: tuple[tuple[str, str, Factor], ...] = ()
         if kernels:
-            first, _ = _fit(kernels, base, prior_sigma, name, source, serving_sigma, (), start)
+            first, _ = _fit(kernels, base, prior_sigma, name, source, serving_sigma, start=start)
             held = tuple(f for f in first.factors if f[2].origin == "fit")
-        cal, scatter = _fit(serving, base, prior_sigma, name, source, serving_sigma, held, start)
+        cal, scatter = _fit(serving, base, prior_sigma, name, source, serving_sigma, held=held, start=start)
     calibrated = base.calibrated(cal)
     return Fit(cal, rows, log_errors(rows, base), log_errors(rows, calibrated), scatter, time.perf_counter() - t0)
 
@@ -327,7 +327,7 @@ def fit_seconds(rows: Sequence[Measurement], base: CostProfile) -> float:
 
 
 def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: str, source: str,
-         serving_sigma: float, held: tuple[tuple[str, str, Factor], ...],
+         serving_sigma: float, *, held: tuple[tuple[str, str, Factor], ...] = (),
          start: Calibration | None = None) -> tuple[Calibration, float]:  # fmt: skip
     """One stage of `fit`: the factors `rows` inform, with the `held` ones fixed (searched from `start`'s); and the
     measurement scatter."""
