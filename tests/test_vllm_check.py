@@ -74,6 +74,17 @@ def test_a_known_good_command_resolves_and_its_values_read_back(vllm_check) -> N
     assert current_platform.get_device_capability().to_int() == 90
 
 
+def test_each_resolve_probes_its_own_gpu_whatever_was_resolved_before(vllm_check) -> None:
+    """vLLM caches the device's compute capability for the life of a process: a B200 (10.0) resolved first must
+    not answer for an H200 (9.0) resolved after it (its attention backends and FP8 kernels are chosen by it)."""
+    from vllm.platforms import current_platform
+
+    argv = ["/models/DeepSeek-V3", "--trust-remote-code", "--tensor-parallel-size", "8", "--port", "30000"]
+    for gpu, capability in (("DGX-B200", 100), ("H200", 90), ("DGX-B200", 100)):
+        vllm_check.resolve(argv, gpu)
+        assert current_platform.get_device_capability().to_int() == capability, gpu
+
+
 def test_a_gpu_without_device_facts_is_one_error_naming_the_file_to_add_them_to(vllm_check) -> None:
     from deployment.engines.device import NoDevice
 

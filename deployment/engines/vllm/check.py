@@ -258,6 +258,8 @@ def _vllm() -> types.SimpleNamespace:
         usage=UsageContext.OPENAI_API_SERVER,
         Parser=FlexibleArgumentParser,
         envs=__import__("vllm.envs").envs,
+        # the device queries vLLM caches for the life of a process (functools.cache): asked anew for each GPU
+        device_caches=(cuda.NvmlCudaPlatform.get_device_capability, cuda.NvmlCudaPlatform.is_arch_support_pdl),
     )
     return _LOADED
 
@@ -285,6 +287,8 @@ def resolve(argv: list[str], gpu: str, env: dict[str, str] | None = None, model:
         extra = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm-runtime"), **(env or {})}
         with _environment(extra):
             _NVML.gpu = g
+            for cached in v.device_caches:  # a B200 resolved before must not answer for an H200 now
+                cached.cache_clear()
             return _resolve(v, [str(model), *argv[1:]], mock)
 
 
