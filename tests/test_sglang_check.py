@@ -55,6 +55,17 @@ def test_memory_dependent_defaults_follow_the_gpu(sc):
     assert fractions["H800"] < fractions["H20"] < fractions["H200"], fractions
 
 
+def test_each_resolve_probes_its_own_gpu_whatever_was_resolved_before(sc):
+    """SGLang caches its platform probes for the process (`is_blackwell`, `is_sm100`, ...; its defaults follow
+    them): a B200 resolved first must not answer for an H200 resolved after it, nor the H200 for the next B200."""
+    from sglang.srt.utils import common
+
+    for gpu, sm100 in (("DGX-B200", True), ("H200", False), ("DGX-B200", True)):
+        sc.resolve(SMALL, gpu)
+        assert common.is_sm100_supported.cache_info().currsize == 1, "the resolution asked the probe"
+        assert common.is_sm100_supported() is sm100, gpu  # what the resolution was answered
+
+
 def test_a_command_sglang_refuses_raises_its_message(sc):
     argv = ["--model-path", "/models/DeepSeek-V3", "--tp-size", "16", "--ep-size", "16", "--attn-dp-size", "4",
             "--moe-dense-tp-size", "4", "--enable-dp-lm-head"]  # fmt: skip

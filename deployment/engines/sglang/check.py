@@ -246,6 +246,7 @@ def resolve(argv: list[str], gpu: str) -> Any:
     from sglang.srt.server_args import prepare_server_args
 
     _state.gpu = g
+    _forget_probes()
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
     err = io.StringIO()  # SGLang's log lines and argparse's message (logging is pointed at stderr by SGLang)
@@ -267,6 +268,19 @@ def resolve(argv: list[str], gpu: str) -> Any:
         root.setLevel(level)
         _state.gpu = None
     return args
+
+
+def _forget_probes() -> None:
+    """SGLang caches its platform probes for the life of a process (`runtime_context`'s `is_blackwell`, `is_sm100`,
+    `device_capability`, ...: lru_cache'd functions of `sglang.srt.utils.common`): forgotten before each resolution,
+    so a B200 resolved before does not answer for an H200 now."""
+    from sglang.srt import runtime_context
+    from sglang.srt.utils import common
+
+    for name in {*runtime_context._PLATFORM_PROBES.values(), *runtime_context._PLATFORM_VALUES.values()}:
+        clear = getattr(getattr(common, name, None), "cache_clear", None)
+        if clear is not None:
+            clear()
 
 
 def view(args: Any) -> Any:
