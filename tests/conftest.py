@@ -92,18 +92,6 @@ def step_searches(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> d
 
 
 @pytest.fixture
-def short_nuts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """SAASBO's NUTS fit at 16 warm-up steps and 16 samples (of 128 and 64): what the tests check of the sampler
-    (where it proposes, when it refits, that a seed repeats it) is not the fit's quality, and a full fit costs
-    seconds per batch."""
-    from pipeline.search import saasbo
-
-    monkeypatch.setattr(saasbo, "WARMUP_STEPS", 16)
-    monkeypatch.setattr(saasbo, "NUM_SAMPLES", 16)
-    monkeypatch.setattr(saasbo, "THINNING", 4)
-
-
-@pytest.fixture
 def local_ray() -> Any:
     """A local Ray of two CPUs in this test process, started by the first test that asks for it and kept for the
     next (a search's `with_ray` uses a Ray that is already up, and leaves it up): a Ray start costs 4-6 s."""

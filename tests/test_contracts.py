@@ -33,7 +33,7 @@ def space(generator: str) -> Space:
 
 def proposals(name: str, seed: int, n: int = 11) -> list[dict[str, Any]]:
     """`n` proposals, each told before the next: the model-based samplers (tpe, gp, saasbo) start with
-    10 independent ones, so the 11th comes from the fitted model (for saasbo, a NUTS fit: `short_nuts`)."""
+    10 independent ones, so the 11th comes from the fitted model (for saasbo, a NUTS fit of ~7 s)."""
     sp = space("divider")
     try:
         sampler = make_sampler(name, seed, sp)
@@ -50,7 +50,7 @@ def proposals(name: str, seed: int, n: int = 11) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLERS))
-def test_sampler_proposes_inside_the_space_and_repeats_under_a_seed(name: str, short_nuts: None) -> None:
+def test_sampler_proposes_inside_the_space_and_repeats_under_a_seed(name: str) -> None:
     dists = space("divider").distributions()
     first = proposals(name, 3)
     for params in first:

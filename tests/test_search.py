@@ -252,7 +252,7 @@ def test_direct_proposals_over_the_inventory_are_rejected_or_repaired(tmp_path: 
     assert out["status"] == "optimal" and out["score"] > 0
 
 
-def test_saasbo_proposes_from_its_fitted_model_after_the_random_start(tmp_path: Path, short_nuts: None) -> None:
+def test_saasbo_proposes_from_its_fitted_model_after_the_random_start(tmp_path: Path) -> None:
     pytest.importorskip("botorch")
     pytest.importorskip("numpyro")
     pytest.importorskip("optuna_integration")
