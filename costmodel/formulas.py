@@ -29,7 +29,7 @@ import numpy as np
 
 from costmodel.calibration import knobs_for
 from costmodel.profile import CostProfile
-from costmodel.settings import CostSettings
+from costmodel.settings import MEM_FRACTION, CostSettings
 from costmodel.specs import GPU, GPUArray, Model
 
 # Constants of the original program (spec section 3, "Hard-coded constants").
@@ -58,7 +58,6 @@ SEQUENCE_OVERHEAD_MS = 0.01
 # set-up, admission); the end-to-end fit (knobs `request_overhead`, `handoff`) sets both from measured TTFT
 REQUEST_OVERHEAD_MS = 50.0
 HANDOFF_MS = 50.0
-MEM_UTIL = 0.9
 SS_OTHER_PARAMS_GB = 2.91  # shallowsim's embedding / head / misc constant
 SS_MLA_PARAMS_M = 187.17  # shallowsim's per-layer MLA constant (decimal M, used as MiB)
 SS_EXPERT_PARAMS_M = 44.05  # shallowsim's per-expert constant
@@ -841,16 +840,17 @@ def max_batch(
     *,
     profile: CostProfile | None = None,
     draft_layers: int = 0,
+    mem_fraction: float = MEM_FRACTION,
 ) -> np.ndarray:
-    """Sequences of context + decode_len tokens that fit beside the weights (per batch unit; `draft_layers`: the
-    MTP modules' weights and cache too).
+    """Sequences of context + decode_len tokens that fit beside the weights in `mem_fraction` of the GPU's memory
+    (per batch unit; `draft_layers`: the MTP modules' weights and cache too).
 
     shallowsim returns a float that may be negative [B11]; `integer_batch` floors it at 0.
     """
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
     # HBM capacities are binary: an "80 GB" H800 holds 80 GiB, so memory stays in GiB.
-    free = g.mem_gb * GIB * MEM_UTIL - weight_bytes_per_gpu(g, model, tp, routed_per_gpu, p, draft_layers)
+    free = g.mem_gb * GIB * mem_fraction - weight_bytes_per_gpu(g, model, tp, routed_per_gpu, p, draft_layers)
     tokens = np.maximum(np.asarray(context, dtype=float) + np.asarray(decode_len, dtype=float), 1.0)
     mb = free / kv_bytes_per_seq(g, model, tokens, tp, p, draft_layers)
     return np.maximum(np.floor(mb), 0.0) if p.integer_batch else mb

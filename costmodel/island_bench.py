@@ -181,7 +181,7 @@ class _Island:
     def max_batch(self, s: np.ndarray, decode: float, tp: np.ndarray, experts: np.ndarray | float) -> np.ndarray:
         """max_batch with the MTP module held beside the weights."""
         return max_batch(self.gpu, self.model, s, decode, tp, experts, profile=self.cost.profile,
-                         draft_layers=self.cost.draft_layers)  # fmt: skip
+                         draft_layers=self.cost.draft_layers, mem_fraction=self.cost.engine.mem_fraction)  # fmt: skip
 
 
 def benchmark_island(

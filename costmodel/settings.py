@@ -25,6 +25,12 @@ from costmodel.profile import CostProfile
 from costmodel.specs import SpecError
 from costmodel.switches import FIX_DOCS, MODEL_DOCS, SYSTEM_DOCS
 
+# The share of a GPU's memory an engine holds weights and KV cache in, by default (SGLang's --mem-fraction-static
+# for a 96-141 GB GPU is 0.85-0.9; InferenceX's B200 TP4 runs set 0.95), and the range a setting may take: below
+# 0.1 no engine holds DeepSeek-V3's weights; above 0.98 nothing is left for activations and the CUDA context.
+MEM_FRACTION = 0.9
+MIN_MEM_FRACTION, MAX_MEM_FRACTION = 0.1, 0.98
+
 # MTP: a draft token is accepted 85 % of the time ("the acceptance rate of the second token prediction ranges between
 # 85% and 90%", DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3)
 MTP_ACCEPTANCE = 0.85
@@ -97,11 +103,18 @@ class EngineSettings:
     # only parallel configurations engines run (attention TP divides the head count); search.shapes=any: the
     # thesis's free ones
     runnable_only: bool = True
+    # the share of each GPU's memory an engine holds weights and KV cache in (SGLang --mem-fraction-static, vLLM
+    # --gpu-memory-utilization): the rest is the engine's activations and the CUDA context
+    mem_fraction: float = MEM_FRACTION
 
     def __post_init__(self) -> None:
         batch = self.prefill_batch_tokens
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise SpecError(f"`prefill_batch_tokens >= 1` (a whole number) must hold, got {batch!r}")
+        f = self.mem_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not MIN_MEM_FRACTION <= f <= MAX_MEM_FRACTION:
+            raise SpecError(f"`{MIN_MEM_FRACTION} <= mem_fraction <= {MAX_MEM_FRACTION}` (the share of a GPU's memory "
+                            f"an engine holds weights and KV cache in) must hold, got {f!r}")  # fmt: skip
 
 
 @dataclass(frozen=True)

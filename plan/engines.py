@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.formulas import MEM_UTIL
 from costmodel.roles import Role
 from plan.record import Island, Plan
 
@@ -107,7 +106,8 @@ def island_engines(plan: Plan, k: int) -> tuple[Engine, ...]:
         out.append(Engine(
             name=name, island=k, role=isl.role, gpu=isl.gpu, gpus=isl.ep_group, attn_tp=isl.tp,
             attn_dp=isl.attention_ranks, redundant_experts=isl.redundant_experts, prefill_tokens=tokens,
-            decode_batch=per_rank if isl.role.decodes else 0, mem_fraction=MEM_UTIL, kv_dtype=isl.precision.dense,
+            decode_batch=per_rank if isl.role.decodes else 0, mem_fraction=plan.cost.engine.mem_fraction,
+            kv_dtype=isl.precision.dense,
             overlap=isl.overlap, drafts=plan.cost.drafts, experts=isl.precision.experts, placement=_placement(isl, c),
         ))  # fmt: skip
     return tuple(out)

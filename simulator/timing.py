@@ -129,6 +129,7 @@ def decode_timing(
             np.array([routed]),
             profile=profile,
             draft_layers=mtp,
+            mem_fraction=cost.engine.mem_fraction,
         )[0]
     )
     kv_tokens = int(max(per_rank, 0.0) * 1024 * ranks)

@@ -36,6 +36,10 @@ COMMANDS = [  # (command, arguments, the line's start); {tmp} is the test's fold
     ("solvers.inner", ["{tmp}/none.json"], "error: "),
     ("solvers.expert_placement", ["{tmp}/a.npy", "{tmp}/w.npy"],
      "error: the following arguments are required: --gpus (usage: python -m solvers.expert_placement"),
+    ("pipeline.island", ["gpu=H20", "size=8", "costmodel.mem_fraction=0"],
+     "error: costmodel.mem_fraction must be a number >= 0.1 and <= 0.98, got costmodel.mem_fraction=0"),
+    ("pipeline.island", ["gpu=H20", "size=8", "costmodel.mem_fraction=1.5"],
+     "error: costmodel.mem_fraction must be a number >= 0.1 and <= 0.98, got costmodel.mem_fraction=1.5"),
     ("solvers.expert_placement", ["--example", "{tmp}/t.csv/sample", "--gpus", "8"],
      "error: --example {tmp}/t.csv/sample: cannot write the sample there ({tmp}/t.csv/sample: Not a directory); "
      "give a folder"),

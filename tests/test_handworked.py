@@ -46,6 +46,18 @@ def test_row_c_max_batch_h800() -> None:
     )
 
 
+def test_the_memory_fraction_by_hand() -> None:
+    """costmodel.mem_fraction: the engine's share of the GPU's memory. Row C's point (H800, 4,383 + 1,210 tokens,
+    TP 1) at 0.95 instead of 0.9 holds 0.05 x 80 GiB more of KV: under shallowsim a sequence's cache is 5,593 tokens
+    x 576 elements (MLA's 512 + 64) x 61 layers x 1 byte, so 4,294,967,296 / 196,515,648 = 21.856 sequences more."""
+    h800 = load_gpu("H800")
+    assert (h800.mem_gb, DSV3.kv_elems_per_token_layer, DSV3.n_layers) == (80, 576, 61)
+    at = {f: float(max_batch(h800, DSV3, 4383, 1210, 1, 4, profile=SS, mem_fraction=f)) for f in (0.9, 0.95)}
+    assert at[0.9] == pytest.approx(248.41690135047165, rel=1e-12)  # the default: row C
+    assert at[0.95] - at[0.9] == pytest.approx(0.05 * 80 * 2**30 / (5593 * 576 * 61), rel=1e-9)
+    assert 0.05 * 80 * 2**30 / (5593 * 576 * 61) == pytest.approx(21.856, abs=1e-3)
+
+
 def test_row_d_fp4_decode_gb200() -> None:
     p = decode_parts(load_gpu("GB200-NVL72"), DSV3, 4383, 128, 4, 72, profile=SS, run=DecodeRun(fp8_combine=True))
     assert p["SparseMLA"] == pytest.approx(0.143652, abs=1e-6)

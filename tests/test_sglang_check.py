@@ -133,6 +133,23 @@ def test_a_decode_island_priced_with_one_micro_batch_launches_without_the_overla
         assert not other["two-batch overlap"].holds
 
 
+def test_the_memory_fraction_a_plan_was_priced_at_is_the_one_its_engines_run(sc):
+    """costmodel.mem_fraction=0.95 (InferenceX's B200 TP4 runs): the plan's batches are sized in 95 % of each GPU's
+    memory, and its engines launch with --mem-fraction-static 0.95, which SGLang's own resolution keeps."""
+    import dataclasses
+
+    from costmodel.settings import CostSettings, EngineSettings
+    from helpers import tiny_plan
+    from plan.engines import engines_of
+
+    plan = tiny_plan()
+    plan = dataclasses.replace(plan, cost=CostSettings(engine=EngineSettings(mem_fraction=0.95)))
+    e = engines_of(plan)[0]
+    assert e.mem_fraction == 0.95
+    args = sc.resolve(sglang_argv(e), e.gpu)
+    assert sc.value(args, "mem_fraction_static") == 0.95
+
+
 def test_a_plan_with_mtp_launches_its_drafts_on_every_engine(sc, tmp_path: Path):
     """`costmodel.mtp.drafts=1`: every engine runs the MTP module drafting one token a step (prefill engines too: they
     send decode its first draft, and the plan priced their prompts through it). SGLang accepts every engine and

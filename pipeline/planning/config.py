@@ -14,7 +14,16 @@ from typing import Any
 from costmodel.calibration import load_calibration
 from costmodel.catalog import CONF_DIR, build
 from costmodel.profile import CostProfile
-from costmodel.settings import MAX_DRAFTS, CostSettings, EngineSettings, Mtp, Slo
+from costmodel.settings import (
+    MAX_DRAFTS,
+    MAX_MEM_FRACTION,
+    MEM_FRACTION,
+    MIN_MEM_FRACTION,
+    CostSettings,
+    EngineSettings,
+    Mtp,
+    Slo,
+)
 from costmodel.specs import GPU, Model, SpecError
 from pipeline.checks import boolean, fraction, number, optional_positive, positive_int, whole_number
 from pipeline.cli import plain
@@ -104,12 +113,15 @@ def mtp_from_cfg(c: Mapping[str, Any]) -> Mtp | None:
 
 
 def engine_from_cfg(cfg: Any) -> EngineSettings:
-    """How the engines run (`costmodel`: prefill_batch_tokens, fp8_combine, aggregated; `search.shapes`)."""
+    """How the engines run (`costmodel`: prefill_batch_tokens, fp8_combine, aggregated, mem_fraction;
+    `search.shapes`)."""
     c = cfg.costmodel
     return EngineSettings(
         prefill_batch_tokens=positive_int(c.prefill_batch_tokens, "costmodel.prefill_batch_tokens"),
         fp8_combine=boolean(c.fp8_combine, "costmodel.fp8_combine"),
         aggregated=boolean(c.get("aggregated", False), "costmodel.aggregated"),
+        mem_fraction=number(c.get("mem_fraction", MEM_FRACTION), "costmodel.mem_fraction", MIN_MEM_FRACTION,
+                            MAX_MEM_FRACTION),
         # search.shapes=any plans the thesis's free sizes and configurations; everything else, what engines run
         runnable_only=cfg.get("search") is None or str(cfg.search.get("shapes", "nodes")) != "any",
     )
