@@ -29,7 +29,7 @@ import numpy as np
 
 from costmodel.calibration import knobs_for
 from costmodel.profile import CostProfile
-from costmodel.settings import MEM_FRACTION, CostSettings
+from costmodel.settings import KV_BYTES, MEM_FRACTION, CostSettings
 from costmodel.specs import GPU, GPUArray, Model
 
 # Constants of the original program (spec section 3, "Hard-coded constants").
@@ -491,6 +491,7 @@ class DecodeRun:
     expert_imbalance: float = 1.0  # the busiest GPU's routed-expert load over the mean (an expert placement's)
     draft_tokens: int = 0  # MTP: draft tokens every step verifies
     moe_tp: bool = False  # routed experts split by tensor parallelism over the EP group, not placed whole
+    kv_dtype: str = "auto"  # the KV cache's format (costmodel.settings.KV_DTYPES): the bytes attention reads
 
     def __post_init__(self) -> None:
         if self.draft_tokens < 0:
@@ -501,7 +502,7 @@ class DecodeRun:
     @staticmethod
     def of(cost: CostSettings, expert_imbalance: float = 1.0) -> DecodeRun:
         """How the engines of a plan made with `cost` run their decode steps."""
-        return DecodeRun(cost.engine.fp8_combine, expert_imbalance, cost.drafts)
+        return DecodeRun(cost.engine.fp8_combine, expert_imbalance, cost.drafts, kv_dtype=cost.engine.kv_dtype)
 
 
 def decode_parts(
@@ -563,7 +564,7 @@ def decode_parts(
     new_kv = att if p.new_tokens_only or model.attention != "mla" else np.zeros_like(att)
     gemms = _attn_gemms(model, att, c, new_kv, decode=True)
     mla = _attn_ms(gemm1 * att, attn1 * att, _attn_weight_bytes(model, r, p), r, p, gemms)
-    kv_elem_bytes = r.wbytes if p.precision_per_gpu else 1.0
+    kv_elem_bytes = kv_bytes_per_element(r, p, run.kv_dtype)
     kv_shard = 1 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
     kv_bytes = c * model.kv_elems_per_token_layer * att_seqs * kv_elem_bytes  # read once per sequence
     if p.si_units:
@@ -808,6 +809,13 @@ def kv_link_gb_s(gpu: GPU | GPUArray, profile: CostProfile | None = None) -> np.
     return Rates(GPUArray.of(gpu), "decode", profile or CostProfile.corrected()).kv_link
 
 
+def kv_bytes_per_element(r: Rates, p: CostProfile, kv_dtype: str = "auto") -> np.ndarray | float:
+    """Bytes of one KV-cache element: `kv_dtype`'s, or with "auto" the GPU's dense format (shallowsim: 1 byte)."""
+    if kv_dtype in KV_BYTES:
+        return KV_BYTES[kv_dtype]
+    return r.wbytes if p.precision_per_gpu else 1.0
+
+
 def kv_bytes_per_seq(
     gpu: GPU | GPUArray,
     model: Model,
@@ -815,14 +823,15 @@ def kv_bytes_per_seq(
     tp: np.ndarray,
     profile: CostProfile | None = None,
     draft_layers: int = 0,
+    kv_dtype: str = "auto",
 ) -> np.ndarray:
     """KV-cache bytes one sequence of `tokens` tokens costs each GPU of its TP group (`draft_layers`: the MTP
-    modules' attention keeps its own cache)."""
+    modules' attention keeps its own cache; `kv_dtype`: the cache's format)."""
     p = profile or CostProfile.corrected()
     g = GPUArray.of(gpu)
     r = Rates(g, "decode", p)
     tp = np.asarray(tp, dtype=float)
-    elem = r.wbytes if p.precision_per_gpu else 1.0
+    elem = kv_bytes_per_element(r, p, kv_dtype)
     per_seq = np.asarray(tokens, dtype=float) * model.kv_elems_per_token_layer * (model.n_layers + draft_layers) * elem
     if not p.batch_per_attention_rank:
         return per_seq * tp  # shallowsim: KV counted once per TP rank, batch per GPU
@@ -841,6 +850,7 @@ def max_batch(
     profile: CostProfile | None = None,
     draft_layers: int = 0,
     mem_fraction: float = MEM_FRACTION,
+    kv_dtype: str = "auto",
 ) -> np.ndarray:
     """Sequences of context + decode_len tokens that fit beside the weights in `mem_fraction` of the GPU's memory
     (per batch unit; `draft_layers`: the MTP modules' weights and cache too).
@@ -852,5 +862,5 @@ def max_batch(
     # HBM capacities are binary: an "80 GB" H800 holds 80 GiB, so memory stays in GiB.
     free = g.mem_gb * GIB * mem_fraction - weight_bytes_per_gpu(g, model, tp, routed_per_gpu, p, draft_layers)
     tokens = np.maximum(np.asarray(context, dtype=float) + np.asarray(decode_len, dtype=float), 1.0)
-    mb = free / kv_bytes_per_seq(g, model, tokens, tp, p, draft_layers)
+    mb = free / kv_bytes_per_seq(g, model, tokens, tp, p, draft_layers, kv_dtype)
     return np.maximum(np.floor(mb), 0.0) if p.integer_batch else mb

@@ -181,7 +181,8 @@ class _Island:
     def max_batch(self, s: np.ndarray, decode: float, tp: np.ndarray, experts: np.ndarray | float) -> np.ndarray:
         """max_batch with the MTP module held beside the weights."""
         return max_batch(self.gpu, self.model, s, decode, tp, experts, profile=self.cost.profile,
-                         draft_layers=self.cost.draft_layers, mem_fraction=self.cost.engine.mem_fraction)  # fmt: skip
+                         draft_layers=self.cost.draft_layers, mem_fraction=self.cost.engine.mem_fraction,
+                         kv_dtype=self.cost.engine.kv_dtype)  # fmt: skip
 
 
 def benchmark_island(
@@ -516,7 +517,7 @@ def decode_tokens_ms(
         tp,
         ep,
         profile=cost.profile,
-        run=DecodeRun(fp8_combine=cost.engine.fp8_combine, draft_tokens=cost.drafts),
+        run=DecodeRun(fp8_combine=cost.engine.fp8_combine, draft_tokens=cost.drafts, kv_dtype=cost.engine.kv_dtype),
     )
     return total / (1.0 + cost.accepted)
 

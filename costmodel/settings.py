@@ -30,6 +30,10 @@ from costmodel.switches import FIX_DOCS, MODEL_DOCS, SYSTEM_DOCS
 # 0.1 no engine holds DeepSeek-V3's weights; above 0.98 nothing is left for activations and the CUDA context.
 MEM_FRACTION = 0.9
 MIN_MEM_FRACTION, MAX_MEM_FRACTION = 0.1, 0.98
+# The KV cache's format: "auto" keeps it in the GPU's dense format (FP8 where the GPU computes FP8, else BF16, as
+# the launch files set it); "fp8" or "bf16" set it (InferenceX's FP8 runs keep an FP8 cache; BF16 halves the batch)
+KV_DTYPES = ("auto", "fp8", "bf16")
+KV_BYTES = {"fp8": 1.0, "bf16": 2.0}
 
 # MTP: a draft token is accepted 85 % of the time ("the acceptance rate of the second token prediction ranges between
 # 85% and 90%", DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3)
@@ -106,6 +110,7 @@ class EngineSettings:
     # the share of each GPU's memory an engine holds weights and KV cache in (SGLang --mem-fraction-static, vLLM
     # --gpu-memory-utilization): the rest is the engine's activations and the CUDA context
     mem_fraction: float = MEM_FRACTION
+    kv_dtype: str = "auto"  # the KV cache's format (KV_DTYPES)
 
     def __post_init__(self) -> None:
         batch = self.prefill_batch_tokens
@@ -115,6 +120,8 @@ class EngineSettings:
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not MIN_MEM_FRACTION <= f <= MAX_MEM_FRACTION:
             raise SpecError(f"`{MIN_MEM_FRACTION} <= mem_fraction <= {MAX_MEM_FRACTION}` (the share of a GPU's memory "
                             f"an engine holds weights and KV cache in) must hold, got {f!r}")  # fmt: skip
+        if self.kv_dtype not in KV_DTYPES:
+            raise SpecError(f"kv_dtype must be one of {list(KV_DTYPES)}, got {self.kv_dtype!r}")
 
 
 @dataclass(frozen=True)

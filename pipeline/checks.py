@@ -44,6 +44,13 @@ def boolean(value: Any, key: str) -> bool:
     return value
 
 
+def choice(value: Any, key: str, choices: tuple[str, ...]) -> str:
+    """One of `choices`."""
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(f"{key} must be one of {list(choices)}, got {key}={value!r}")
+    return value
+
+
 def number(value: Any, key: str, low: float | None = None, high: float | None = None) -> float:
     """A finite number within [low, high] (either bound optional)."""
     ok = (

@@ -107,7 +107,7 @@ def island_engines(plan: Plan, k: int) -> tuple[Engine, ...]:
             name=name, island=k, role=isl.role, gpu=isl.gpu, gpus=isl.ep_group, attn_tp=isl.tp,
             attn_dp=isl.attention_ranks, redundant_experts=isl.redundant_experts, prefill_tokens=tokens,
             decode_batch=per_rank if isl.role.decodes else 0, mem_fraction=plan.cost.engine.mem_fraction,
-            kv_dtype=isl.precision.dense,
+            kv_dtype=isl.precision.dense if plan.cost.engine.kv_dtype == "auto" else plan.cost.engine.kv_dtype,
             overlap=isl.overlap, drafts=plan.cost.drafts, experts=isl.precision.experts, placement=_placement(isl, c),
         ))  # fmt: skip
     return tuple(out)

@@ -75,7 +75,8 @@ def prefill_timing(gpu: GPU, model: Model, tp: int, dp: int, max_len: int, cost:
     ms = prefill_time_ms(
         gpu, model, lengths, n_tp, n_dp, cache_hit=cost.cache_hit, profile=cost.profile, draft_layers=cost.draft_layers
     )
-    kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile, cost.draft_layers)[0])
+    kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile, cost.draft_layers,
+                                cost.engine.kv_dtype)[0])  # fmt: skip
     link = float(kv_link_gb_s(gpu, cost.profile)) * tp
     return PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, link, *request_overheads_ms(cost.profile))
 
@@ -113,7 +114,7 @@ def decode_timing(
     contexts = np.unique(np.geomspace(16, max(max_context, 32), 24).round())
     bb, cc = np.meshgrid(batches, contexts, indexing="ij")
     tp_ep = np.full_like(bb, tp), np.full_like(bb, ep)
-    run = DecodeRun(cost.engine.fp8_combine, expert_imbalance, draft_tokens, moe_tp)
+    run = DecodeRun(cost.engine.fp8_combine, expert_imbalance, draft_tokens, moe_tp, cost.engine.kv_dtype)
     step = decode_step_ms(gpu, model, cc, bb, *tp_ep, profile=profile, run=run)
     ms = step / (1.0 + accepted)  # an MTP step's time per token it yields
     # KV capacity: sequences of 1,024 tokens that fit beside the weights (and the MTP module's), per rank, in tokens
@@ -130,6 +131,7 @@ def decode_timing(
             profile=profile,
             draft_layers=mtp,
             mem_fraction=cost.engine.mem_fraction,
+            kv_dtype=cost.engine.kv_dtype,
         )[0]
     )
     kv_tokens = int(max(per_rank, 0.0) * 1024 * ranks)

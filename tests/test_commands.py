@@ -40,6 +40,8 @@ COMMANDS = [  # (command, arguments, the line's start); {tmp} is the test's fold
      "error: costmodel.mem_fraction must be a number >= 0.1 and <= 0.98, got costmodel.mem_fraction=0"),
     ("pipeline.island", ["gpu=H20", "size=8", "costmodel.mem_fraction=1.5"],
      "error: costmodel.mem_fraction must be a number >= 0.1 and <= 0.98, got costmodel.mem_fraction=1.5"),
+    ("pipeline.island", ["gpu=H20", "size=8", "costmodel.kv_dtype=int3"],
+     "error: costmodel.kv_dtype must be one of ['auto', 'fp8', 'bf16'], got costmodel.kv_dtype='int3'"),
     ("solvers.expert_placement", ["--example", "{tmp}/t.csv/sample", "--gpus", "8"],
      "error: --example {tmp}/t.csv/sample: cannot write the sample there ({tmp}/t.csv/sample: Not a directory); "
      "give a folder"),

@@ -58,6 +58,24 @@ def test_the_memory_fraction_by_hand() -> None:
     assert 0.05 * 80 * 2**30 / (5593 * 576 * 61) == pytest.approx(21.856, abs=1e-3)
 
 
+def test_the_kv_cache_format_by_hand() -> None:
+    """costmodel.kv_dtype: on an H20 (FP8 compute) "auto" keeps the KV cache in FP8, 1 byte an element, "bf16" in 2.
+    A 1,000-token sequence of DeepSeek-V3's MLA cache is 1,000 x 576 x 61 elements on each attention rank, so BF16
+    doubles it, halves (about) the sequences that fit, and doubles the bytes a decode step's attention reads."""
+    from costmodel.formulas import kv_bytes_per_seq
+
+    h20, corrected = load_gpu("H20"), CostProfile.corrected()
+    one = {d: float(kv_bytes_per_seq(h20, DSV3, 1000, 1, corrected, kv_dtype=d)) for d in ("auto", "fp8", "bf16")}
+    assert one == {"auto": 1000 * 576 * 61.0, "fp8": 1000 * 576 * 61.0, "bf16": 2 * 1000 * 576 * 61.0}
+    fits = {d: float(max_batch(h20, DSV3, 4383, 1210, 8, 32, profile=corrected, kv_dtype=d)) for d in ("fp8", "bf16")}
+    assert fits["bf16"] == float(int(fits["fp8"] / 2))  # the same free memory over twice the bytes (floored)
+    parts = {d: decode_parts(h20, DSV3, 4383, 64, 1, 16, profile=corrected, run=DecodeRun(kv_dtype=d))
+             for d in ("fp8", "bf16")}  # fmt: skip
+    grew = {k for k in parts["fp8"] if float(parts["bf16"][k]) != float(parts["fp8"][k])}
+    assert grew == {"DenseMLA", "SparseMLA", "Delta", "TPOT_O", "TPOT"}  # attention's KV reads, and the sums
+    assert float(parts["bf16"]["DenseMLA"]) > float(parts["fp8"]["DenseMLA"])
+
+
 def test_row_d_fp4_decode_gb200() -> None:
     p = decode_parts(load_gpu("GB200-NVL72"), DSV3, 4383, 128, 4, 72, profile=SS, run=DecodeRun(fp8_combine=True))
     assert p["SparseMLA"] == pytest.approx(0.143652, abs=1e-6)

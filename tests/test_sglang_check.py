@@ -133,9 +133,10 @@ def test_a_decode_island_priced_with_one_micro_batch_launches_without_the_overla
         assert not other["two-batch overlap"].holds
 
 
-def test_the_memory_fraction_a_plan_was_priced_at_is_the_one_its_engines_run(sc):
-    """costmodel.mem_fraction=0.95 (InferenceX's B200 TP4 runs): the plan's batches are sized in 95 % of each GPU's
-    memory, and its engines launch with --mem-fraction-static 0.95, which SGLang's own resolution keeps."""
+def test_the_memory_fraction_and_kv_format_a_plan_was_priced_at_are_the_ones_its_engines_run(sc):
+    """costmodel.mem_fraction=0.95 (InferenceX's B200 TP4 runs) and costmodel.kv_dtype=bf16: the plan's batches are
+    sized in 95 % of each GPU's memory with a BF16 cache, and its engines launch with --mem-fraction-static 0.95
+    and --kv-cache-dtype bfloat16, which SGLang's own resolution keeps."""
     import dataclasses
 
     from costmodel.settings import CostSettings, EngineSettings
@@ -143,11 +144,11 @@ def test_the_memory_fraction_a_plan_was_priced_at_is_the_one_its_engines_run(sc)
     from plan.engines import engines_of
 
     plan = tiny_plan()
-    plan = dataclasses.replace(plan, cost=CostSettings(engine=EngineSettings(mem_fraction=0.95)))
+    plan = dataclasses.replace(plan, cost=CostSettings(engine=EngineSettings(mem_fraction=0.95, kv_dtype="bf16")))
     e = engines_of(plan)[0]
-    assert e.mem_fraction == 0.95
+    assert (e.mem_fraction, e.kv_dtype) == (0.95, "bf16")
     args = sc.resolve(sglang_argv(e), e.gpu)
-    assert sc.value(args, "mem_fraction_static") == 0.95
+    assert sc.value(args, "mem_fraction_static") == 0.95 and str(sc.value(args, "kv_cache_dtype")) == "bfloat16"
 
 
 def test_a_plan_with_mtp_launches_its_drafts_on_every_engine(sc, tmp_path: Path):

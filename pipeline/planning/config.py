@@ -15,6 +15,7 @@ from costmodel.calibration import load_calibration
 from costmodel.catalog import CONF_DIR, build
 from costmodel.profile import CostProfile
 from costmodel.settings import (
+    KV_DTYPES,
     MAX_DRAFTS,
     MAX_MEM_FRACTION,
     MEM_FRACTION,
@@ -25,7 +26,7 @@ from costmodel.settings import (
     Slo,
 )
 from costmodel.specs import GPU, Model, SpecError
-from pipeline.checks import boolean, fraction, number, optional_positive, positive_int, whole_number
+from pipeline.checks import boolean, choice, fraction, number, optional_positive, positive_int, whole_number
 from pipeline.cli import plain
 from pipeline.errors import ConfigError
 
@@ -113,7 +114,7 @@ def mtp_from_cfg(c: Mapping[str, Any]) -> Mtp | None:
 
 
 def engine_from_cfg(cfg: Any) -> EngineSettings:
-    """How the engines run (`costmodel`: prefill_batch_tokens, fp8_combine, aggregated, mem_fraction;
+    """How the engines run (`costmodel`: prefill_batch_tokens, fp8_combine, aggregated, mem_fraction, kv_dtype;
     `search.shapes`)."""
     c = cfg.costmodel
     return EngineSettings(
@@ -122,6 +123,7 @@ def engine_from_cfg(cfg: Any) -> EngineSettings:
         aggregated=boolean(c.get("aggregated", False), "costmodel.aggregated"),
         mem_fraction=number(c.get("mem_fraction", MEM_FRACTION), "costmodel.mem_fraction", MIN_MEM_FRACTION,
                             MAX_MEM_FRACTION),
+        kv_dtype=choice(c.get("kv_dtype", "auto"), "costmodel.kv_dtype", KV_DTYPES),
         # search.shapes=any plans the thesis's free sizes and configurations; everything else, what engines run
         runnable_only=cfg.get("search") is None or str(cfg.search.get("shapes", "nodes")) != "any",
     )

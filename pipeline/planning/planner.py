@@ -229,7 +229,8 @@ class Planner:
         """
         tokens = self.ranges.mid.astype(float)
         per_gpu = [
-            kv_bytes_per_seq(self.gpus[g], self.model, tokens, np.ones_like(tokens), self.profile)
+            kv_bytes_per_seq(self.gpus[g], self.model, tokens, np.ones_like(tokens), self.profile,
+                             kv_dtype=self.cost.engine.kv_dtype)
             for g in {g for g, _ in layout.islands}
         ]
         return np.max(per_gpu, axis=0) / 1e9
