@@ -262,7 +262,7 @@ def _params(rows: Sequence[Measurement], base: CostProfile) -> list[tuple[str, s
 
 def _calibration(pairs: list[tuple[str, str]], theta: np.ndarray, sigma: np.ndarray,
                  counts: dict[tuple[str, str], int], *, name: str, prior_sigma: float, source: str,
-                 switches: tuple[tuple[str, bool], ...], profile: str = "",
+                 switches: tuple[tuple[str, bool], ...], profile: str = "", models: tuple[str, ...] = (),
                  held: tuple[tuple[str, str, Factor], ...] = ()) -> Calibration:  # fmt: skip
     fs = [(g, k, Factor(float(math.exp(t)), float(s), "fit", counts.get((g, k), 0)))
           for (g, k), t, s in zip(pairs, theta, sigma, strict=True)] + list(held)  # fmt: skip
@@ -271,7 +271,7 @@ def _calibration(pairs: list[tuple[str, str]], theta: np.ndarray, sigma: np.ndar
         for k in KNOBS:
             if (g, k) not in fitted:
                 fs.append((g, k, Factor(1.0, prior_sigma, "prior", 0)))
-    return Calibration(name, tuple(sorted(fs, key=lambda f: f[:2])), source, prior_sigma, switches, profile)
+    return Calibration(name, tuple(sorted(fs, key=lambda f: f[:2])), source, prior_sigma, switches, profile, models)
 
 
 def log_errors(rows: Sequence[Measurement], profile: CostProfile) -> np.ndarray:
@@ -377,8 +377,15 @@ def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: s
     except np.linalg.LinAlgError:
         sigma = priors.copy()
     cal = _calibration(pairs, sol.x, np.minimum(sigma, priors), counts, name=name, prior_sigma=prior_sigma,
-                       source=source, switches=switches, profile=base.fixes_of(), held=held)  # fmt: skip
+                       source=source, switches=switches, profile=base.fixes_of(), models=_served(rows),
+                       held=held)  # fmt: skip
     return cal, scatter
+
+
+def _served(rows: Sequence[Measurement]) -> tuple[str, ...]:
+    """The models whose measured serving `rows` hold (their end-to-end rows'; kernel rows are any model's)."""
+    return tuple(sorted({str(dict(r.shape).get("model", "deepseek_v3")) for r in rows
+                         if COMPONENTS[r.component].keyed == "stack"}))  # fmt: skip
 
 
 def leave_one_out(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigma: float = 0.3) -> np.ndarray:

@@ -114,6 +114,8 @@ class Calibration:
     # the named profile whose fixes it was fitted under (costmodel.profile): its factors correct that profile's
     # components, and mean other things under another one ("": not recorded, applied under any)
     profile: str = ""
+    # the models whose measured serving its end-to-end factors were fitted to (): kernel tables only, any model)
+    models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         allowed = sorted({*MODEL_DOCS, *STRUCTURE_SYSTEM})
@@ -193,14 +195,15 @@ class Calibration:
         for g, k, f in self.factors:
             by_gpu.setdefault(g, {})[k] = {"factor": f.factor, "sigma": f.sigma, "origin": f.origin, "rows": f.rows}
         return {"name": self.name, "source": self.source, **({"profile": self.profile} if self.profile else {}),
-                "default_sigma": self.default_sigma, "switches": dict(self.switches), "factors": by_gpu}  # fmt: skip
+                **({"models": list(self.models)} if self.models else {}), "default_sigma": self.default_sigma,
+                "switches": dict(self.switches), "factors": by_gpu}  # fmt: skip
 
     @staticmethod
     def from_json(data: Any, where: str) -> Calibration:
         """The record `to_json` wrote (a calibration file's content); SpecError names `where`."""
         if not isinstance(data, Mapping) or not isinstance(data.get("factors"), Mapping):
             raise SpecError(f"{where}: a calibration is a mapping with `name` and `factors: {{GPU: {{knob: ...}}}}`")
-        unknown = sorted(set(data) - {"name", "source", "profile", "default_sigma", "switches", "factors"})
+        unknown = sorted(set(data) - {"name", "source", "profile", "models", "default_sigma", "switches", "factors"})
         if unknown:
             raise SpecError(f"{where}: unknown calibration field(s) {unknown}")
         from costmodel.catalog import gpu_names
@@ -234,10 +237,13 @@ class Calibration:
         if profile not in ("", *PROFILE_NAMES):
             raise SpecError(f"{where}: profile {profile!r}: the named profile it was fitted under, one of "
                             f"{list(PROFILE_NAMES)}")  # fmt: skip
+        models = data.get("models") or []
+        if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+            raise SpecError(f"{where}: `models` must list the models whose serving it was fitted to, got {models!r}")
         try:
             return Calibration(str(data.get("name", Path(where).stem)), tuple(sorted(rows, key=lambda r: r[:2])),
                                str(data.get("source", "")), sigma, tuple(sorted(switches.items())),
-                               profile)  # fmt: skip
+                               profile, tuple(models))  # fmt: skip
         except SpecError as err:
             raise SpecError(f"{where}: {err}") from None
 

@@ -15,7 +15,7 @@ from pipeline import cli
 from pipeline.checks import positive_int
 from pipeline.cli import choice, plain
 from pipeline.errors import ConfigError
-from pipeline.planning.config import cost_settings_from_cfg, gpu_from_cfg, model_from_cfg
+from pipeline.planning.config import calibrated_for, cost_settings_from_cfg, gpu_from_cfg, model_from_cfg
 from pipeline.planning.workload import Ranges, Workload, ranges_from_cfg, workload_from_cfg
 
 
@@ -84,6 +84,7 @@ def execute(cfg: Any) -> None:
     gpu = gpu_from_cfg(choice("gpu"), cfg.gpu)
     model = model_from_cfg(choice("model"), cfg.model)
     cost = cost_settings_from_cfg(cfg)
+    calibrated_for(cost, model)
     workload = workload_from_cfg(choice("workload"), plain(cfg.workload))
     ranges = ranges_from_cfg(workload, cfg.ranges.width)
     size = positive_int(cfg.size, "size")

@@ -436,7 +436,7 @@ def test_the_shipped_serving_calibration_is_the_fit_of_the_shipped_measurements(
     shipped = load_calibration(ROOT / "conf" / "calibration" / "serving.yaml")
     rows = load_measurements([PUBLISHED]) + serving_rows(INFERENCEX)
     refit = fit(rows, name=shipped.name, source=shipped.source, start=shipped).calibration
-    assert refit.switches == shipped.switches
+    assert refit.switches == shipped.switches and refit.models == shipped.models == ("deepseek_v3",)
     for (g, k, a), (g2, k2, b) in zip(shipped.factors, refit.factors, strict=True):
         assert (g, k, a.origin, a.rows) == (g2, k2, b.origin, b.rows)
         # (least_squares stops where a step gains under 1e-8 of the cost: the optimum is that flat, ~2e-4 in a factor)
@@ -490,6 +490,10 @@ def test_a_calibration_applies_only_under_the_fixes_it_was_fitted_under(tmp_path
         nearer.calibrated(fit(rows, name="c").calibration)
     unrecorded = Calibration("old", cal.factors, switches=cal.switches)
     assert CostProfile.corrected().calibrated(unrecorded).calibration is unrecorded
-    path.write_text(path.read_text().replace("profile: shallowsim", "profile: tuned"))
+    assert fit(rows, name="kernels").calibration.models == ()  # kernel rows: any model's
+    path.write_text(path.read_text().replace("profile: shallowsim", "models: 5\nprofile: shallowsim"))
+    with pytest.raises(SpecError, match=r"`models` must list the models whose serving it was fitted to, got 5"):
+        load_calibration(path)
+    path.write_text(path.read_text().replace("models: 5\n", "").replace("profile: shallowsim", "profile: tuned"))
     with pytest.raises(SpecError, match=r"profile 'tuned': the named profile it was fitted under, one of"):
         load_calibration(path)

@@ -42,6 +42,10 @@ COMMANDS = [  # (command, arguments, the line's start); {tmp} is the test's fold
      "error: costmodel.mem_fraction must be a number >= 0.1 and <= 0.98, got costmodel.mem_fraction=1.5"),
     ("pipeline.island", ["gpu=H20", "size=8", "costmodel.kv_dtype=int3"],
      "error: costmodel.kv_dtype must be one of ['auto', 'fp8', 'bf16'], got costmodel.kv_dtype='int3'"),
+    ("pipeline.island", ["gpu=H200", "size=8", "model=qwen3_30b_a3b", "costmodel=serving"],
+     "error: costmodel.calibration: calibration 'serving' was fitted to the measured serving of deepseek_v3, and "
+     "this plan is for qwen3_30b_a3b: its end-to-end factors correct that model's serving, not this one's; use "
+     "costmodel=calibrated"),
     ("solvers.expert_placement", ["--example", "{tmp}/t.csv/sample", "--gpus", "8"],
      "error: --example {tmp}/t.csv/sample: cannot write the sample there ({tmp}/t.csv/sample: Not a directory); "
      "give a folder"),

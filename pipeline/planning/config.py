@@ -129,6 +129,19 @@ def engine_from_cfg(cfg: Any) -> EngineSettings:
     )
 
 
+def calibrated_for(cost: CostSettings, model: Model) -> None:
+    """ConfigError unless `cost`'s calibration holds for `model`: one fitted to measured serving corrects the
+    serving of the models it was fitted to (`Calibration.models`); kernel tables hold for any."""
+    cal = cost.profile.calibration
+    if cal is not None and cal.models and model.name not in cal.models:
+        raise ConfigError(
+            f"costmodel.calibration: calibration {cal.name!r} was fitted to the measured serving of "
+            f"{', '.join(cal.models)}, and this plan is for {model.name}: its end-to-end factors correct that "
+            f"model's serving, not this one's; use costmodel=calibrated (the kernel tables, any model), or fit one "
+            f"to {model.name}'s serving (python -m costmodel.calibrate --serving)"
+        )
+
+
 def cost_settings_from_cfg(cfg: Any) -> CostSettings:
     """The one cost-settings record of a command: `costmodel` (profile, fixes, cache_hit, fp8_combine,
     prefill_batch_tokens, mtp, aggregated) and `slo`."""

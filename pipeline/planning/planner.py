@@ -22,6 +22,7 @@ from costmodel.queueing import RateProfile
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 from pipeline.errors import ConfigError
+from pipeline.planning.config import calibrated_for
 from pipeline.planning.workload import Ranges, Workload
 from simulator.arrivals import PROFILE_BIN_S
 from solvers.evaluate import Evaluation, PhaseRouting, evaluate
@@ -90,6 +91,9 @@ class Planner:
     _other: Planner | None = field(default=None, repr=False)  # `poisson` / `bursty`: the same planner, other caps
     hits: int = 0
     misses: int = 0
+
+    def __post_init__(self) -> None:
+        calibrated_for(self.cost, self.model)
 
     @property
     def profile(self) -> CostProfile:
