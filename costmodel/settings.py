@@ -25,9 +25,10 @@ from costmodel.profile import CostProfile
 from costmodel.specs import SpecError
 from costmodel.switches import FIX_DOCS, MODEL_DOCS, SYSTEM_DOCS
 
-# The share of a GPU's memory an engine holds weights and KV cache in, by default (SGLang's --mem-fraction-static
-# for a 96-141 GB GPU is 0.85-0.9; InferenceX's B200 TP4 runs set 0.95), and the range a setting may take: below
-# 0.1 no engine holds DeepSeek-V3's weights; above 0.98 nothing is left for activations and the CUDA context.
+# The share of a GPU's memory an engine holds weights and KV cache in, by default (the launch files set it; left
+# to itself SGLang 0.5.23 picks 0.80-0.89 on H800, H20, H200 and B200 at TP 8, as its own resolution reads; the
+# InferenceX B200 TP4 runs set 0.95), and the range a setting may take: below 0.1 no engine holds DeepSeek-V3's
+# weights; above 0.98 nothing is left for activations and the CUDA context.
 MEM_FRACTION = 0.9
 MIN_MEM_FRACTION, MAX_MEM_FRACTION = 0.1, 0.98
 # The KV cache's format: "auto" keeps it in the GPU's dense format (FP8 where the GPU computes FP8, else BF16, as
