@@ -44,7 +44,7 @@ def boolean(value: Any, key: str) -> bool:
     return value
 
 
-def choice(value: Any, key: str, choices: tuple[str, ...]) -> str:
+def one_of(value: Any, key: str, choices: tuple[str, ...]) -> str:
     """One of `choices`."""
     if not isinstance(value, str) or value not in choices:
         raise ConfigError(f"{key} must be one of {list(choices)}, got {key}={value!r}")

@@ -26,7 +26,7 @@ from costmodel.settings import (
     Slo,
 )
 from costmodel.specs import GPU, Model, SpecError
-from pipeline.checks import boolean, choice, fraction, number, optional_positive, positive_int, whole_number
+from pipeline.checks import boolean, fraction, number, one_of, optional_positive, positive_int, whole_number
 from pipeline.cli import plain
 from pipeline.errors import ConfigError
 
@@ -123,7 +123,7 @@ def engine_from_cfg(cfg: Any) -> EngineSettings:
         aggregated=boolean(c.get("aggregated", False), "costmodel.aggregated"),
         mem_fraction=number(c.get("mem_fraction", MEM_FRACTION), "costmodel.mem_fraction", MIN_MEM_FRACTION,
                             MAX_MEM_FRACTION),
-        kv_dtype=choice(c.get("kv_dtype", "auto"), "costmodel.kv_dtype", KV_DTYPES),
+        kv_dtype=one_of(c.get("kv_dtype", "auto"), "costmodel.kv_dtype", KV_DTYPES),
         # search.shapes=any plans the thesis's free sizes and configurations; everything else, what engines run
         runnable_only=cfg.get("search") is None or str(cfg.search.get("shapes", "nodes")) != "any",
     )

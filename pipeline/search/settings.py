@@ -20,6 +20,7 @@ import yaml
 
 from costmodel.calibration import Calibration
 from costmodel.catalog import CONF_DIR
+from costmodel.specs import Model
 from pipeline.checks import boolean, fraction, number, optional_positive, positive_int, whole_number
 from pipeline.cli import choice, plain
 from pipeline.errors import ConfigError
@@ -310,7 +311,7 @@ def space_from_cfg(s: Any, inventory: Inventory, bounds: bool) -> SpaceSettings:
     )
 
 
-def replanning_from_cfg(s: Any, inventory: Inventory, model: Any) -> Replanning:
+def replanning_from_cfg(s: Any, inventory: Inventory, model: Model) -> Replanning:
     """search.from_plan (the running plan), search.lost_hosts (the hosts of it that are gone) and the re-plan's
     bounds, checked: the running plan is of this search's model and its islands run on GPUs of this inventory, and
     every lost host is one of the running plan's."""
@@ -348,7 +349,7 @@ def replanning_from_cfg(s: Any, inventory: Inventory, model: Any) -> Replanning:
                       tuple(lost))  # fmt: skip
 
 
-def running_hosts(running: Any, gpu: str) -> tuple[int, ...]:
+def running_hosts(running: Plan, gpu: str) -> tuple[int, ...]:
     """The hosts of GPU type `gpu` a running plan has: those of its inventory where it records one (numbered from 0),
     and every host an island of it runs on."""
     node = next((isl.hosts.node_gpus for isl in running.islands if isl.gpu == gpu and isl.hosts), None)
