@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from costmodel.catalog import CONF_DIR
@@ -19,6 +19,8 @@ from costmodel.measurements import Measurement, MeasurementError
 from costmodel.settings import MTP_ACCEPTANCE
 
 INFERENCEX = CONF_DIR / "measured" / "inferencex_dsr1.csv"
+# what each row's decode engines were launched to admit (conf/measured/README.md): `Row.max_running`
+ADMISSION = CONF_DIR / "measured" / "inferencex_admission.csv"
 FITTING_GPUS = ("h200", "b200", "mi300x")  # InferenceX's names (H200, B200, MI300X); the rest are never fitted
 # InferenceX's GPU names -> conf/gpu
 GPUS = {"h100": "H100-SXM", "h200": "H200", "b200": "DGX-B200", "b300": "DGX-B300", "gb200": "GB200-NVL72",
@@ -78,6 +80,7 @@ class Row:
     date: str
     run_url: str
     line: int  # in the CSV, for messages
+    max_running: int | None = None  # requests one decode engine admits at once, as launched (None: not recorded)
 
     @property
     def speculation(self) -> tuple[int, float]:
@@ -127,10 +130,17 @@ def decode_engine(row: Row) -> tuple[int, int, int]:
     return row.decode.tp, 1 if row.decode.dp_attention else row.decode.tp, 1
 
 
+def running(row: Row) -> int:
+    """Requests the row's decode engines run at once: its users, or the engines' admission limit where the launch
+    set one below them (the others wait for a slot: `Row.max_running`)."""
+    _, _, engines = decode_engine(row)
+    return row.conc if row.max_running is None else min(row.conc, row.max_running * engines)
+
+
 def users_per_rank(row: Row) -> int:
-    """The row's users over every attention rank of its decode engines (rounded up: the busiest rank)."""
+    """The row's running requests over every attention rank of its decode engines (rounded up: the busiest rank)."""
     size, tp, engines = decode_engine(row)
-    return max(-(-row.conc // (engines * (size // tp))), 1)
+    return max(-(-running(row) // (engines * (size // tp))), 1)
 
 
 def serving_measurement(row: Row, path: str | Path = INFERENCEX) -> Measurement | None:
@@ -172,9 +182,40 @@ def ttft_measurement(row: Row, path: str | Path = INFERENCEX) -> Measurement | N
                        row.run_url, tpot.where)  # fmt: skip
 
 
-def load_inferencex(path: str | Path = INFERENCEX) -> list[Row]:
-    """Every row of an InferenceX extract (conf/measured/README.md's columns), checked."""
+def load_admission(path: str | Path, rows: list[Row]) -> list[Row]:
+    """`rows` with the decode engines' admission limits of `path` (inferencex_admission.csv's columns: `line`, the
+    row's `hardware`, `framework` and `conc` again, to check it describes that row, and `engine_max_running`,
+    empty where the launch set none)."""
+    p, by_line = Path(path), {r.line: r for r in rows}
+    limits: dict[int, int] = {}
+    try:
+        with p.open(newline="", encoding="utf-8") as f:
+            for k, d in enumerate(csv.DictReader(f), 2):
+                row = by_line.get(int(d["line"]))
+                if row is None or (row.hardware, row.framework, row.conc) != (d["hardware"], d["framework"],
+                                                                              int(d["conc"])):  # fmt: skip
+                    raise MeasurementError(f"{p}:{k}: line {d['line']} is not that row of the measurements it goes "
+                                           f"with ({d['hardware']} {d['framework']} conc {d['conc']})")  # fmt: skip
+                if d["engine_max_running"]:
+                    limits[row.line] = int(d["engine_max_running"])
+                    if limits[row.line] < 1:
+                        raise MeasurementError(f"{p}:{k}: engine_max_running must be 1 or more")
+    except (OSError, KeyError, ValueError) as err:
+        raise MeasurementError(f"{p}: cannot read it as an admission table ({err})") from None
+    return [replace(r, max_running=limits.get(r.line)) for r in rows]
+
+
+def load_inferencex(path: str | Path = INFERENCEX, admission: str | Path | None = None) -> list[Row]:
+    """Every row of an InferenceX extract (conf/measured/README.md's columns), checked, with its decode engines'
+    admission limits from `admission` (default: ADMISSION for the shipped extract, none for another)."""
     p = Path(path)
+    if admission is None and p.resolve() == INFERENCEX.resolve():
+        admission = ADMISSION
+    rows = _read_rows(p)
+    return rows if admission is None else load_admission(admission, rows)
+
+
+def _read_rows(p: Path) -> list[Row]:
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:

@@ -5,9 +5,11 @@ prefill engine, the engine's scheduler orders its queue; a prefill batch (up to 
 budget) finishes together and emits every request's first token; the KV cache then moves to a
 decode engine the router picks (size from the model, bandwidth from the prefill GPUs' NICs);
 decode engines run continuous batching with paged KV memory: a request is admitted when a
-sequence slot and its KV tokens are free, and when the growing contexts no longer fit, the
-most recently admitted request is preempted and later recomputed (its prompt and the tokens
-generated so far are prefilled again on the decode engine before it resumes).
+sequence slot (the engine's max running requests) and its KV tokens are free (the client's first
+token comes from the decode engine when the KV has arrived, or, with every slot taken, when it is
+admitted), and when the growing contexts no longer fit, the most recently admitted request is
+preempted and later recomputed (its prompt and the tokens generated so far are prefilled again on
+the decode engine before it resumes).
 
 Arrivals are open (the requests' own times) or a closed loop of `concurrency` users (a benchmark
 client's `--max-concurrency`): the first `concurrency` requests arrive at 0 and each finish releases
@@ -29,6 +31,7 @@ from simulator.schedulers import Scheduler
 from simulator.timing import DecodeTiming, PrefillTiming
 
 ARRIVE, PREFILL_DONE, KV_READY, STEP = 0, 1, 2, 3
+PENDING = -2.0  # a first token not yet streamed: the request waits for a decode engine's running slot
 
 
 class PrefillEngine:
@@ -211,9 +214,12 @@ class Simulation(Arrivals):
     # --- decode ------------------------------------------------------------------------------
 
     def _kv_ready(self, req: int) -> None:
-        if self._generated(req) == 1:  # the client gets the first token from the decode engine, which streams
-            self.r.first_token[req] = self.now  # every token: once the KV has arrived there
         d = self.decode[int(self.r.decode_engine[req])]
+        if self._generated(req) == 1:  # the client gets the first token from the decode engine, which streams
+            # every token: once the KV has arrived there, if a running slot is free for it (the engine's
+            # max running requests); else once the engine admits it
+            free = len(d.running) + len(d.waiting) < d.timing.max_seqs
+            self.r.first_token[req] = self.now if free else PENDING
         d.waiting.append(req)
         if d.stepping:
             return  # joins the batch at the next step boundary
@@ -239,6 +245,8 @@ class Simulation(Arrivals):
                     f"request {req} needs {need} KV tokens, more than decode engine {d.index} holds ({cap.kv_tokens})"
                 )
             d.waiting.pop(0)
+            if self.r.first_token[req] == PENDING:  # it waited for a running slot: its first token now
+                self.r.first_token[req] = self.now
             d.reserved[req] = need
             d.reserved_sum += need
             if done > 1:  # a preempted request: its KV was dropped, recompute it before it resumes

@@ -148,7 +148,7 @@ def test_the_serving_fit_saw_only_the_fitting_gpus() -> None:
     cal = load_calibration(INFERENCEX.parents[1] / "calibration/serving.yaml")
     assert dict(cal.switches) == {"gemm_roofline": True, "activated_experts": True, "overlap_chosen": True,
                                   "step_overhead": True, "sequence_overhead": True, "dp_imbalance": True,
-                                  "request_overhead": True}  # fmt: skip
+                                  "request_overhead": True, "node_dispatch": True}  # fmt: skip
     fitted = {(g, k) for g, k, f in cal.factors if f.origin == "fit"}
     for g in ("H100-SXM", "DGX-B300", "GB200-NVL72", "GB300-NVL72", "MI325X", "MI355X"):
         assert not any(gpu == g for gpu, _ in fitted), g
@@ -169,3 +169,36 @@ def test_an_extract_without_a_row_of_the_fitting_gpus_is_refused_by_the_serving_
         f"{path}: none of its 50 rows is one the fit reads (a disaggregated row with its workers recorded, or an "
         "aggregated one) on a fitting GPU ['h200', 'b200', 'mi300x']: --serving fits those GPUs' rows only"
     )
+
+
+def test_each_rows_decode_engines_admit_what_their_launch_let_them(tmp_path: Path) -> None:
+    """conf/measured/inferencex_admission.csv: every row has its line; where the launch set a limit below the
+    users, only that many run (line 268: H200 Dynamo-SGLang, 2,048 users on 6 decode engines of 8 DP-attention
+    ranks launched with --max-running-requests 128, which SGLang splits into 16 a rank: 768 run, 16 a rank); a
+    table that does not describe the extract's rows is one error naming its line."""
+    import csv
+
+    from costmodel.measured import ADMISSION, load_admission, running, users_per_rank
+
+    rows = load_inferencex()
+    with ADMISSION.open(newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    assert sorted(int(d["line"]) for d in table) == sorted(r.line for r in rows)
+    for d in table:  # a limit always names where it was read; an unresolved row says why
+        assert d["status"].split(";")[0].split(" ")[0].split("(")[0] in ("ok", "partial", "unresolved")
+        assert d["source"] or (d["status"].startswith("unresolved (") and not d["engine_max_running"])
+    row = next(r for r in rows if r.line == 268)
+    assert (row.hardware, row.framework, row.conc, row.decode.workers, row.max_running) == (
+        "h200", "dynamo-sglang", 2048, 6, 128)  # fmt: skip
+    assert running(row) == 768 and users_per_rank(row) == 16
+    expressible = [r for r in rows if not (r.disagg and not (r.prefill.workers and r.decode.workers))]
+    capped = [r for r in expressible if running(r) < r.conc]
+    assert len(capped) == 68 and all(r.max_running is not None for r in capped)
+    bad = tmp_path / "admission.csv"
+    table[0] = {**table[0], "hardware": "h100" if table[0]["hardware"] != "h100" else "h200"}
+    with bad.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+    with pytest.raises(MeasurementError, match=rf"admission.csv:2: line {table[0]['line']} is not that row"):
+        load_admission(bad, rows)

@@ -52,6 +52,20 @@ def test_one_request_by_hand() -> None:
     check_conservation(sim)
 
 
+def test_a_request_waiting_for_a_running_slot_gets_its_first_token_when_admitted() -> None:
+    """A decode engine admitting one request at a time (max running requests 1): two prompts prefilled together
+    by 10 ms; the first streams its first token then and 4 more at 5 ms a step (done at 30 ms); the second's KV
+    waits for the slot, so its first token comes when it is admitted, at 30 ms, and it finishes at 50 ms: its
+    wait is TTFT, not TPOT, as a client of an engine at its limit measures."""
+    r = Requests(np.array([0.0, 0.0]), np.array([100, 100]), np.array([5, 5]))
+    pre, dec = engines(max_seqs=1)
+    sim = Simulation(r, pre, dec, RoundRobin())
+    sim.run()
+    assert r.first_token[0] == pytest.approx(10.0, abs=1e-3) and r.finish[0] == pytest.approx(30.0, abs=1e-3)
+    assert r.first_token[1] == pytest.approx(30.0, abs=1e-3) and r.finish[1] == pytest.approx(50.0, abs=1e-3)
+    check_conservation(sim)
+
+
 def test_time_never_goes_backwards() -> None:
     rng = np.random.default_rng(2)
     n = 300
