@@ -94,6 +94,7 @@ class Rates:
         self.sequence_overhead_ms = SEQUENCE_OVERHEAD_MS / k["sequence_overhead"]
         self.gemm_fixed_ms = GEMM_FIXED_MS / k["gemm_fixed"]
         self.kv_link = g.scaleout_bw_gb_s * DERATE * k["kv_transfer"]  # prefill -> decode KV, per GPU
+        self.model = k[f"model_{phase}"]  # the whole pass's time over this: the model's own error (1 but in a draw)
         self.has_fp4 = g.tflops_fp4 > 0
         self.experts_fp4 = self.has_fp4 & (not profile.experts_fp8)  # routed experts in FP4 (the checkpoint's)
         has_fp8 = g.tflops_fp8 > 0
@@ -365,6 +366,23 @@ def _a2a_split_ms(nbytes: np.ndarray, group: np.ndarray, g: GPUArray, r: Rates, 
     return np.maximum(_xfer_ms(intra, r.nvl * r.a2a, p), _xfer_ms(inter, r.net * r.a2a, p))
 
 
+def _node_a2a_ms(
+    token_bytes: np.ndarray, k: int, group: np.ndarray, g: GPUArray, r: Rates, p: CostProfile
+) -> np.ndarray:
+    """Per-GPU all-to-all of tokens of `token_bytes` each, every token to `k` experts spread evenly over a `group` of
+    GPUs, as DeepEP's normal kernels send them (`node_dispatch`): over the NIC once to each other host one of its
+    experts is on (a host of `local` GPUs is hit with probability 1 - (1 - local/group)^k), which forwards it over
+    NVLink to its GPUs there; over NVLink the copies for the other GPUs of its own host, and those forwarded.
+    On one host this is `_a2a_split_ms` of the k copies."""
+    local = np.minimum(group, g.gpus_per_node)
+    hosts = group / local
+    hit = 1.0 - (1.0 - 1.0 / hosts) ** k  # another host holds at least one of the token's experts
+    inter = token_bytes * (hosts - 1.0) * hit
+    own = token_bytes * k * (local - 1) / group  # copies to the other GPUs of its host
+    forwarded = token_bytes * k * (group - local) / group * (local - 1) / local  # remote copies, inside their host
+    return np.maximum(_xfer_ms(own + forwarded, r.nvl * r.a2a, p), _xfer_ms(inter, r.net * r.a2a, p))
+
+
 # --- prefill -------------------------------------------------------------------------------------
 
 
@@ -412,7 +430,11 @@ def prefill_parts(
     routed = _expert_gflop(model, k * q / tp) / r.expert + t_w * experts_per_gpu
 
     dispatch_elem = 1.0 if p.fp8_dispatch else 0.5  # shallowsim halves it on every GPU [B1]
-    if p.topology_comm:
+    if p.topology_comm and p.node_dispatch:
+        tokens = (q / tp) * d  # bytes at 1 byte/element, one copy of each token
+        dispatch = _node_a2a_ms(tokens * dispatch_elem, k, n_dev, g, r, p) + PREFILL_A2A_LATENCY_MS
+        combine = _node_a2a_ms(tokens * 2.0, k, n_dev, g, r, p) + PREFILL_A2A_LATENCY_MS
+    elif p.topology_comm:
         copies = (q / tp) * k * d  # bytes at 1 byte/element
         dispatch = _a2a_split_ms(copies * dispatch_elem, n_dev, g, r, p) + PREFILL_A2A_LATENCY_MS
         combine = _a2a_split_ms(copies * 2.0, n_dev, g, r, p) + PREFILL_A2A_LATENCY_MS
@@ -432,7 +454,7 @@ def prefill_parts(
     l_d, l_s = model.n_dense_layers, model.n_moe_layers + draft_layers
     compute = l_d * (dense_attn + dense_mlp) + l_s * (tp_mla + shared + routed)
     comm = l_s * (combine + dispatch)
-    total = compute + l_s * np.maximum(o1, 0.0) + l_s * np.maximum(o2, 0.0)
+    total = (compute + l_s * np.maximum(o1, 0.0) + l_s * np.maximum(o2, 0.0)) / r.model
     return {
         "MLA": mla,
         "TP_MLA": tp_mla,
@@ -589,6 +611,7 @@ def decode_parts(
     if p.sequence_overhead:  # and per sequence of the rank the step waits for
         per_seq = att_seqs * r.sequence_overhead_ms
         tpot_o, tpot = tpot_o + per_seq, tpot + per_seq
+    tpot_o, tpot = tpot_o / r.model, tpot / r.model
     return {
         "DenseMLA": dense_mla,
         "SparseMLA": sparse_mla,

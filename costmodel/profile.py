@@ -50,6 +50,7 @@ class CostProfile:
     sequence_overhead: bool = False
     dp_imbalance: bool = False
     request_overhead: bool = False
+    node_dispatch: bool = False
     calibration: Calibration | None = None  # component efficiency factors per GPU (costmodel/calibration.py)
 
     @staticmethod

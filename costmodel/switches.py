@@ -91,6 +91,11 @@ SYSTEM_DOCS: dict[str, str] = {
         "every decode step pays the engine's fixed time beside its kernels (scheduling, launches, sampling, "
         "the CPU's share), STEP_OVERHEAD_MS before calibration; not zero"
     ),
+    "node_dispatch": (
+        "prefill's expert-parallel dispatch and combine across hosts send each token once to every other host its "
+        "routed experts are on, which forwards it to those GPUs over NVLink (DeepEP's normal kernels); not one "
+        "copy over the NIC per routed expert"
+    ),
     "sequence_overhead": (
         "every decode step also pays the engine's time per running sequence outside the kernels (its scheduling, "
         "sampling and output bookkeeping on the CPU) for the sequences of the busiest attention rank, "
