@@ -11,9 +11,10 @@ from the cost model of the main job's config (`--extra` overrides it) at the row
 in FP8 or FP4: `experts_fp8`), a closed loop of `conc` users (simulator.core), and the benchmark's own metrics
 (simulator.metrics.benchmark_metrics); an aggregated row's engines run prefill and decode in mixed steps with
 chunked prefill (simulator.aggregated); an MTP row's decode steps verify a draft token each
-(costmodel.measured.MTP_DRAFTS, MTP_ACCEPTED). A row it cannot express is counted under the reason (a GPU not in
-the catalogue, FP4 on a GPU without an FP4 rate, a disaggregated row without its workers); none is dropped
-silently.
+(costmodel.measured.MTP_DRAFTS, MTP_ACCEPTED); a decode engine admits at most the requests its launch let it
+(conf/measured/inferencex_admission.csv: `Row.max_running`), the other users waiting for a slot. A row it cannot
+express is counted under the reason (a GPU not in the catalogue, FP4 on a GPU without an FP4 rate, a disaggregated
+row without its workers); none is dropped silently.
 
 Printed per GPU type, framework and metric: rows, median |error| (exp(median |ln(predicted / measured)|) - 1),
 the share within +-15 %, the median of predicted / measured (the direction), and the worst rows; the fitting
@@ -56,7 +57,7 @@ from simulator.core import DecodeEngine, PrefillEngine, Simulation
 from simulator.metrics import benchmark_metrics
 from simulator.requests import Requests
 from simulator.routers import PowerOfTwo
-from simulator.timing import decode_timing, prefill_timing
+from simulator.timing import DecodeTiming, decode_timing, prefill_timing
 
 CHUNK = 16384  # an aggregated engine's prefill tokens per step (SGLang's and TensorRT-LLM's common setting)
 METRICS = ("median_tpot", "median_ttft", "tput_per_gpu", "output_tput_per_gpu")
@@ -80,6 +81,7 @@ class Predicted:
     metrics: dict[str, float]  # empty when the model says the configuration cannot run (`refused`)
     seconds: float
     refused: str = ""
+    held_out: bool = False  # predicted by a fit without its GPU's rows (--leave-gpu-out)
 
 
 def priced(cost: CostSettings, row: Row) -> CostSettings:
@@ -112,6 +114,7 @@ def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Pred
     drafts, accepted = row.speculation
     dec_t = decode_timing(gpu, model, d_tp, d_size, users_per_rank(row), row.isl + row.osl, cost,  # type: ignore[arg-type]
                           draft_tokens=drafts, accepted=accepted, moe_tp=d.ep == 1)  # fmt: skip
+    dec_t = admitting(dec_t, row)
     rebuild = prefill_timing(gpu, model, d_tp, ranks, row.isl + row.osl, cost)  # type: ignore[arg-type]
     decode = [DecodeEngine(i, 1, dec_t, rebuild) for i in range(d.workers)]
     if dec_t.kv_tokens < row.isl + row.osl:  # the model's memory: weights leave no KV room on these GPUs
@@ -122,6 +125,12 @@ def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Pred
     sim.run()
     m = benchmark_metrics(sim.r, row.gpus, p.gpus, d.gpus)
     return Predicted(row, m, time.perf_counter() - t0)
+
+
+def admitting(timing: DecodeTiming, row: Row) -> DecodeTiming:
+    """A decode engine admitting what the row's launch let it (conf/measured/inferencex_admission.csv), or every
+    user it is given where the launch set no limit: the users beyond it wait for a slot, their TTFT with them."""
+    return timing if row.max_running is None else dataclasses.replace(timing, max_seqs=row.max_running)
 
 
 def _aggregated(
@@ -136,6 +145,7 @@ def _aggregated(
     drafts, accepted = row.speculation
     dec_t = decode_timing(gpu, model, attn_tp, size, users_per_rank(row), row.isl + row.osl, cost,  # type: ignore[arg-type]
                           draft_tokens=drafts, accepted=accepted, moe_tp=d.ep == 1)  # fmt: skip
+    dec_t = admitting(dec_t, row)
     pre_t = prefill_timing(gpu, model, attn_tp, ranks, row.isl, cost)  # type: ignore[arg-type]
     if ranks > 1:
         pre_t = dataclasses.replace(pre_t, ms=pre_t.ms / ranks)
@@ -187,14 +197,52 @@ def refit_without(gpu: str) -> object:
     return cal
 
 
+def coverage(preds: list[Predicted], model: object, cost: CostSettings, draws: int, rows: int = 0,
+             seed: int = 0) -> None:  # fmt: skip
+    """The rate band's 10th-90th percentile per row against its measured total tokens/s/GPU: each row simulated
+    under `draws` draws of the calibration, as a plan's band draws it (pipeline/planning/band.py), with the model's
+    error spread once more on a GPU the fit never measured (`Calibration.widened`, as a plan flags such islands
+    extrapolated). Printed: the share of rows whose measurement lies inside, per GPU and in all. `rows`: that many
+    rows, evenly spaced over the GPUs' rows in order (0: every row)."""
+    cal = cost.profile.calibration
+    if cal is None or not cal.uncertain:
+        print("\n(no band: the cost model has no calibration with an uncertainty)")
+        return
+    inside: dict[str, list[bool]] = defaultdict(list)
+    t0 = time.perf_counter()
+    if rows and rows < len(preds):
+        preds = [preds[round(i * len(preds) / rows)] for i in range(rows)]
+    for p in preds:
+        measured = p.row.metrics.get("tput_per_gpu")
+        if not measured:
+            continue
+        wide = cal if p.row.fitting else cal.widened([GPUS[p.row.hardware]])
+        got = [simulate(p.row, model, dataclasses.replace(cost, profile=cost.profile.calibrated(c)), seed).metrics
+               for c in wide.draws(draws, seed)]  # fmt: skip
+        rates = [m["tput_per_gpu"] for m in got if m.get("tput_per_gpu")]
+        if len(rates) < draws:  # a draw the model refuses (no KV room) counts as a rate of 0
+            rates += [0.0] * (draws - len(rates))
+        lo, hi = np.quantile(rates, [0.1, 0.9])
+        inside[p.row.hardware].append(bool(lo <= measured <= hi))
+    print(f"\n### The band's 10th-90th percentile against measured tokens/s/GPU ({draws} draws a row, "
+          f"{len(preds)} rows, "
+          f"{time.perf_counter() - t0:.0f} s)\n")  # fmt: skip
+    print("| GPU | rows | inside the band |\n|---|---:|---:|")
+    for gpu in sorted(inside):
+        print(f"| {gpu} | {len(inside[gpu])} | {100 * np.mean(inside[gpu]):.0f} % |")
+    every = [x for v in inside.values() for x in v]
+    print(f"| all | {len(every)} | {100 * np.mean(every):.0f} % |")
+
+
 def dump(preds: list[Predicted], path: str) -> None:
     """One line per simulated row: its key, line, run URL, and each metric predicted and measured."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["line", "key", "fitting", *(f"{m}_{s}" for m in METRICS for s in ("pred", "meas")), "run_url"])
+        w.writerow(["line", "key", "fitting", "held_out", *(f"{m}_{s}" for m in METRICS for s in ("pred", "meas")),
+                    "run_url"])  # fmt: skip
         for p in preds:
             cells = [f"{x:.6g}" if x else "" for m in METRICS for x in (p.metrics.get(m), p.row.metrics.get(m))]
-            w.writerow([p.row.line, p.row.key, p.row.fitting, *cells, p.row.run_url])
+            w.writerow([p.row.line, p.row.key, p.row.fitting, int(p.held_out), *cells, p.row.run_url])
 
 
 def main() -> None:
@@ -204,6 +252,11 @@ def main() -> None:
     ap.add_argument("--worst", type=int, default=8, help="worst rows listed per set")
     ap.add_argument("--extra", nargs="*", default=[], help="cost-model overrides, e.g. costmodel=corrected")
     ap.add_argument("--dump", default="", help="write every simulated row's predicted and measured metrics (CSV)")
+    ap.add_argument("--band", type=int, default=0, metavar="N",
+                    help="also simulate every check GPU row under N draws of the calibration and print how many "
+                         "rows' measured tokens/s/GPU the band's 10th-90th percentile holds")  # fmt: skip
+    ap.add_argument("--band-rows", type=int, default=0, metavar="N",
+                    help="--band over N check rows evenly spaced over the GPUs (0: every row)")  # fmt: skip
     ap.add_argument(
         "--leave-gpu-out",
         action="store_true",
@@ -233,7 +286,7 @@ def main() -> None:
             held = [r for r in usable if r.hardware == gpu]
             if held:
                 held_cost = dataclasses.replace(cost, profile=cost.profile.calibrated(refit_without(gpu)))
-                preds += [simulate(r, model, held_cost) for r in held]
+                preds += [dataclasses.replace(simulate(r, model, held_cost), held_out=True) for r in held]
         preds += [simulate(r, model, cost) for r in usable if not r.fitting]
         print("fitting GPUs: each predicted under a fit without its own rows (leave one GPU out)")
     else:
@@ -266,6 +319,8 @@ def main() -> None:
     for _, p in sorted(scored, key=lambda x: -x[0])[: args.worst]:
         ratios = ", ".join(f"{m} {math.exp(e):.2f}" for m in METRICS if (e := err(p, m)) is not None)
         print(f"- {p.row.key}: {ratios} ({p.row.run_url})")
+    if args.band:
+        coverage(check, model, cost, args.band, args.band_rows)
     print(f"\n{len(preds)} rows simulated and {len(refused)} refused by the model in "
           f"{sum(p.seconds for p in preds):.1f} s; {time.perf_counter() - t0:.1f} s in all")  # fmt: skip
 

@@ -19,6 +19,11 @@ squares in log space, `scipy.optimize.least_squares`). The sigma of each factor 
 approximation (the inverse Hessian of the log posterior at the optimum, the measurement scatter
 estimated from the residuals). A knob no row of a GPU informs keeps its prior and is reported so.
 The leave-one-out error refits without each row and predicts it.
+
+`--residuals DUMP` adds the model's own error to the calibration, for its range: `benchmarks/inferencex_bench.py
+--leave-gpu-out --dump DUMP` predicts every fitting GPU's rows under a fit without that GPU, and the spread of
+those held-out errors becomes the sigma of the knobs `model_prefill` (TTFT of the rows too few users to queue)
+and `model_decode` (TPOT), factor 1 (`model_error`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.calibration import ALL_GPUS, KNOBS, STRUCTURE_SYSTEM, Calibration, Factor
+from costmodel.calibration import ALL_GPUS, KNOBS, RESIDUAL_KNOBS, STRUCTURE_SYSTEM, Calibration, Factor
 from costmodel.catalog import CatalogError, gpu_names, load_gpu, load_model
 from costmodel.cli import ArgumentParser, UserError, run
 from costmodel.formulas import (
@@ -52,7 +57,7 @@ from costmodel.formulas import (
     prefill_time_ms,
     request_overheads_ms,
 )
-from costmodel.measured import FITTING_GPUS, serving_rows
+from costmodel.measured import FITTING_GPUS, INFERENCEX, QUEUE_FREE_USERS, load_inferencex, serving_rows
 from costmodel.measurements import COMPONENTS, Measurement, load_measurements
 from costmodel.profile import CostProfile
 from costmodel.specs import GPUArray
@@ -269,7 +274,7 @@ def _calibration(pairs: list[tuple[str, str]], theta: np.ndarray, sigma: np.ndar
     fitted = {(g, k) for g, k, _ in fs}
     for g in gpu_names():  # a GPU's prior stands below its stack's and every GPU's fits (Calibration.get)
         for k in KNOBS:
-            if (g, k) not in fitted:
+            if (g, k) not in fitted and k not in RESIDUAL_KNOBS:
                 fs.append((g, k, Factor(1.0, prior_sigma, "prior", 0)))
     return Calibration(name, tuple(sorted(fs, key=lambda f: f[:2])), source, prior_sigma, switches, profile, models)
 
@@ -436,6 +441,47 @@ def write_calibration(cal: Calibration, path: Path, header: str = "") -> None:
                         "in a folder you can write") from None  # fmt: skip
 
 
+Z10 = 1.2815515655446004  # the standard normal's 90th percentile
+HELD_OUT_SHARE = 0.8  # a model_* sigma puts this share of the held-out errors within its 10th-90th percentile
+
+
+def model_error(dump: str | Path, measured: str | Path = INFERENCEX) -> tuple[tuple[str, str, Factor], ...]:
+    """The `model_prefill` and `model_decode` spreads (keyed `*`, factor 1, origin `residual`) from a
+    `inferencex_bench.py --leave-gpu-out --dump` file: of the fitting GPUs' rows, each predicted by a fit without
+    its GPU, the TTFT errors of rows with at most QUEUE_FREE_USERS users (prefill and the request's fixed times,
+    as the fit takes TTFT) and the TPOT errors (decode). Each sigma is set so that the lognormal's 10th-90th
+    percentile holds HELD_OUT_SHARE of those errors: |log(predicted / measured)| at that quantile over Z10."""
+    import csv
+
+    rows = {r.line: r for r in load_inferencex(measured)}
+    errors: dict[str, list[float]] = {"model_prefill": [], "model_decode": []}
+    path = Path(dump)
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            for k, d in enumerate(csv.DictReader(f), start=2):
+                if d.get("held_out") != "1":
+                    continue
+                row = rows.get(int(d["line"]))
+                if row is None or not row.fitting:
+                    raise UserError(f"{path}:{k}: line {d['line']} is not a fitting GPU's row of {measured}")
+                pairs = [("model_decode", "median_tpot")]
+                if row.conc <= QUEUE_FREE_USERS:
+                    pairs.append(("model_prefill", "median_ttft"))
+                for knob, metric in pairs:
+                    pred, meas = d.get(f"{metric}_pred"), d.get(f"{metric}_meas")
+                    if pred and meas:
+                        errors[knob].append(math.log(float(pred) / float(meas)))
+    except (OSError, KeyError, ValueError) as err:
+        raise UserError(f"{path}: not a `inferencex_bench.py --leave-gpu-out --dump` file ({err})") from None
+    out = []
+    for knob in RESIDUAL_KNOBS:
+        e = np.abs(np.asarray(errors[knob]))
+        if len(e) < 10:
+            raise UserError(f"{path}: {len(e)} held-out errors for {knob}; run the bench with --leave-gpu-out")
+        out.append((ALL_GPUS, knob, Factor(1.0, float(np.quantile(e, HELD_OUT_SHARE)) / Z10, "residual", len(e))))
+    return tuple(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(prog="python -m costmodel.calibrate", description=__doc__.split("\n")[0])
     ap.add_argument("data", nargs="+", help="measurement CSV file(s)")
@@ -450,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also fit end-to-end serving: the median TPOT of an InferenceX extract's rows on the fitting "
                          "GPUs (costmodel.measured.FITTING_GPUS; every other GPU's rows are never fitted), e.g. "
                          "conf/measured/inferencex_dsr1.csv")  # fmt: skip
+    ap.add_argument("--residuals", type=Path, metavar="DUMP",
+                    help="add the model's held-out error as the range's model_prefill and model_decode spreads: "
+                         "the dump of benchmarks/inferencex_bench.py --leave-gpu-out --dump DUMP")  # fmt: skip
     args = ap.parse_args(argv)
     if not args.prior_sigma > 0:
         raise UserError(f"--prior-sigma must be > 0, got {args.prior_sigma}")
@@ -469,6 +518,11 @@ def main(argv: list[str] | None = None) -> int:
         source += f", {args.serving.name} ({len(serving)} rows of {', '.join(FITTING_GPUS)})"
     estimate = _announced(rows, base, loo=not args.no_loo)
     f = fit(rows, base, args.prior_sigma, name, source)
+    if args.residuals:
+        spreads = model_error(args.residuals)
+        cal = f.calibration
+        f = replace(f, calibration=replace(cal, factors=tuple(sorted((*cal.factors, *spreads), key=lambda x: x[:2])),
+                                           source=f"{cal.source}; residuals {args.residuals.name}"))  # fmt: skip
     print(f"{len(rows)} measurements of {len({r.gpu for r in rows})} GPU(s), {len({r.component for r in rows})} "
           f"component(s); fit in {f.seconds:.2f} s (estimated {estimate:.2f} s), "
           f"measurement scatter {100 * f.scatter:.1f} % (log sigma)\n")  # fmt: skip
@@ -485,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
           "and so does every knob of a measured GPU no row informs.")  # fmt: skip
     if args.out:
         command = " ".join([*args.data, *(["--serving", str(args.serving)] if args.serving else []),
+                            *(["--residuals", str(args.residuals)] if args.residuals else []),
                             *(["--base", args.base] if args.base != "corrected" else []),
                             *(["--plain"] if args.plain else [])])  # fmt: skip
         write_calibration(f.calibration, args.out, f"# python -m costmodel.calibrate {command}")

@@ -24,6 +24,12 @@ to measurements (`python -m costmodel.calibrate`), per GPU type:
 | `sequence_overhead` | 1 / the engine's time per running sequence a decode step (`sequence_overhead`) | serving |
 | `request_overhead` | 1 / a request's fixed time in the front end before its prefill (`request_overhead`) | serving |
 | `handoff` | 1 / a disaggregated request's fixed time from prefill to decode beside its KV bytes | serving |
+| `model_prefill` | 1 / the whole prefill time: the model's own error, for the range only (factor 1) | residuals |
+| `model_decode` | 1 / the whole decode step: the model's own error, for the range only (factor 1) | residuals |
+
+The two `model_*` knobs are not fitted: their factor is 1 and their sigma is what the fitted model still misses on
+measurements it never saw (`costmodel.calibrate --residuals`: the leave-one-GPU-out residuals of the end-to-end
+fit, origin `residual`), so a rate band drawn from the calibration holds the model's error beside its factors'.
 
 A factor is keyed by a GPU name, by a kernel stack (`cuda`, `rocm`: `GPU.software`) or by `*` (every
 GPU), and a GPU's factor is the product of the three: its own, its stack's and every GPU's (each 1
@@ -75,13 +81,17 @@ KNOBS: dict[str, str] = {
     "(sequence_overhead only)",
     "request_overhead": "1 / a request's fixed time in the serving front end before its prefill (request_overhead)",
     "handoff": "1 / a disaggregated request's fixed time from prefill to decode beside its KV bytes (request_overhead)",
+    "model_prefill": "1 / the whole prefill time: the model's own error on measurements it never saw (factor 1)",
+    "model_decode": "1 / the whole decode step: the model's own error on measurements it never saw (factor 1)",
 }
+# knobs no measurement fits: their sigma is the fitted model's held-out error (costmodel.calibrate --residuals)
+RESIDUAL_KNOBS = ("model_prefill", "model_decode")
 # the engine behaviour (switches.SYSTEM_DOCS) a calibration fitted to end-to-end serving carries; `experts_fp8` is
 # each measurement's own precision, not structure
 STRUCTURE_SYSTEM = ("activated_experts", "overlap_chosen", "step_overhead", "sequence_overhead", "dp_imbalance",
-                    "request_overhead")
+                    "request_overhead", "node_dispatch")
 ALL_GPUS = "*"  # a factor under this key holds for every GPU without its own fitted one (nor its stack's)
-ORIGINS = ("fit", "prior")
+ORIGINS = ("fit", "prior", "residual")  # residual: a RESIDUAL_KNOBS spread, factor 1
 
 
 @dataclass(frozen=True)
@@ -140,7 +150,7 @@ class Calibration:
             return Factor(1.0, self.default_sigma, "prior")
         if len(parts) == 1:
             return parts[0]
-        origin = "fit" if any(f.origin == "fit" for f in parts) else "prior"
+        origin = next((o for o in ORIGINS if any(f.origin == o for f in parts)), "prior")
         sigma = math.sqrt(sum(f.sigma**2 for f in parts))
         return Factor(math.prod(f.factor for f in parts), sigma, origin, sum(f.rows for f in parts))
 
@@ -184,6 +194,17 @@ class Calibration:
             )
             out.append(replace(self, name=f"{self.name}#draw{i}", factors=fs, default_sigma=0.0))
         return out
+
+    def widened(self, gpus: Iterable[str]) -> Calibration:
+        """Every `model_*` spread (RESIDUAL_KNOBS, keyed `*`) once more on each of `gpus`, independently: where a
+        plan runs outside the configurations the model was fitted on, its error there is taken as twice as
+        uncertain (twice the variance) as where it was measured. Unchanged without such spreads."""
+        table, spreads = self.table, [(k, f) for g, k, f in self.factors if g == ALL_GPUS and k in RESIDUAL_KNOBS]
+        more = tuple((g, k, Factor(1.0, f.sigma, "residual", 0)) for g in sorted(set(gpus)) for k, f in spreads
+                     if (g, k) not in table)  # fmt: skip
+        if not more:
+            return self
+        return replace(self, factors=tuple(sorted((*self.factors, *more), key=lambda f: f[:2])))
 
     def shifted(self, z: float) -> Calibration:
         """Every factor moved `z` standard deviations (z < 0: the pessimistic side), sigma 0."""

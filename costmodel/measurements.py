@@ -15,9 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from costmodel.calibration import KNOBS
+from costmodel.calibration import KNOBS, RESIDUAL_KNOBS
 from costmodel.catalog import CatalogError, gpu_names, load_model
 from costmodel.cli import UserError
+
+FITTED = tuple(k for k in KNOBS if k not in RESIDUAL_KNOBS)  # knobs a measurement informs (not the model's error)
+# kernel knobs end-to-end rows never move: a TTFT holds prefill's kernels and the front end's fixed time
+# (request_overhead) together, and only the kernel tables tell them apart
+KERNEL_HELD = ("attention_prefill", "grouped_gemm_prefill")
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ COMPONENTS: dict[str, Component] = {
     "prefill_step": Component(
         ("batch", "input_len", "tp"),
         ("s", "ms"),
-        tuple(k for k in KNOBS
+        tuple(k for k in FITTED
               if k not in ("attention_decode", "kv_read", "a2a_low_latency", "grouped_gemm_decode", "kv_transfer")),
         "one prefill forward of `batch` prompts on one TP group (an engine benchmark's prefill latency)",
         optional=("model",),
@@ -69,7 +74,7 @@ COMPONENTS: dict[str, Component] = {
     "serving_tpot": Component(
         ("batch", "context", "tp", "ep"),
         ("s", "ms"),
-        tuple(k for k in KNOBS if k not in ("a2a_normal", "kv_transfer")),
+        tuple(k for k in FITTED if k not in ("a2a_normal", "kv_transfer", *KERNEL_HELD)),
         "median time per output token of a closed-loop serving benchmark (InferenceX): decode steps of `batch` "
         "sequences per attention rank at `context` tokens on `ep` GPUs with attention TP `tp`; experts placed "
         "whole (`moe=ep`) or split by TP (`moe=tp`), in `precision` fp8|fp4; MTP verifying `drafts` tokens a step "
@@ -82,9 +87,9 @@ COMPONENTS: dict[str, Component] = {
     "serving_ttft": Component(
         ("input", "tp", "dp"),
         ("s", "ms"),
-        ("request_overhead", "handoff", "kv_transfer", "dense_gemm", "grouped_gemm_prefill", "attention_prefill",
-         "a2a_normal", "hbm", "gemm_fixed", "grouped_gemm_decode", "attention_decode", "kv_read", "a2a_low_latency",
-         "allreduce", "moe_tp", "step_overhead", "sequence_overhead"),
+        ("request_overhead", "handoff", "kv_transfer", "dense_gemm", "a2a_normal", "hbm", "gemm_fixed",
+         "grouped_gemm_decode", "attention_decode", "kv_read", "a2a_low_latency", "allreduce", "moe_tp",
+         "step_overhead", "sequence_overhead"),
         "median time to first token of a closed-loop serving benchmark with few users (no queue): the front end, the "
         "prefill of an `input`-token prompt on `dp` attention ranks of TP `tp`, and disaggregated (`engine=disagg`) "
         "its KV transfer and hand-off; aggregated, the decode step of the others (`batch`, `context`, `ep`, `moe`) "
@@ -96,7 +101,7 @@ COMPONENTS: dict[str, Component] = {
     "decode_step": Component(
         ("batch", "context", "tp"),
         ("s", "ms"),
-        tuple(k for k in KNOBS if k not in ("attention_prefill", "a2a_normal", "grouped_gemm_prefill", "kv_transfer")),
+        tuple(k for k in FITTED if k not in ("attention_prefill", "a2a_normal", "grouped_gemm_prefill", "kv_transfer")),
         "one decode step of `batch` sequences at `context` tokens on one TP group (an engine benchmark's median "
         "decode latency)",
         optional=("model",),

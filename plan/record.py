@@ -200,6 +200,9 @@ class Island:
     # always for prefill; for decode, where that is faster at its batch (switch `overlap_chosen`), else one
     overlap: bool = True
     chunk_tokens: int = 0  # aggregated: prompt tokens per attention rank a mixed step prefills (0: not aggregated)
+    # the ways its configuration lies outside the measured serving the cost model was fitted on (): inside; None:
+    # not judged, the model was not fitted to measured serving (pipeline/planning/envelope.py)
+    outside: tuple[str, ...] | None = None
 
     JSON_DERIVED: ClassVar = ("ep_group",)  # plan.json's `ep_group` beside them, checked against `ep_group`
 

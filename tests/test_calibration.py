@@ -303,7 +303,7 @@ def test_robust_plans_at_the_pessimistic_factors_and_needs_a_calibration() -> No
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
     central = settings.calibration  # the band draws from this; the search plans with the shifted one
     shifted = ctx.planner.profile.calibration
-    assert settings.search.robust and central.name == "published" and not shifted.uncertain
+    assert settings.search.robust and central.name == "serving" and not shifted.uncertain
     for (_, _, f), (_, _, s) in zip(central.factors, shifted.factors, strict=True):
         assert s.factor == pytest.approx(f.factor * math.exp(-Z10 * f.sigma))
     plain = compose(base)
@@ -405,8 +405,8 @@ def test_serving_rows_fit_their_stack_and_every_gpu_and_a_gpu_never_measured_tak
     factors = (("*", "moe_tp", Factor(0.85, 0.0, "fit")), ("*", "step_overhead", Factor(0.7, 0.0, "fit")),
                ("*", "sequence_overhead", Factor(0.4, 0.0, "fit")),
                ("cuda", "hbm", Factor(0.8, 0.0, "fit")))  # fmt: skip
-    engine = ("activated_experts", "dp_imbalance", "gemm_roofline", "overlap_chosen", "request_overhead",
-              "sequence_overhead", "step_overhead")  # fmt: skip
+    engine = ("activated_experts", "dp_imbalance", "gemm_roofline", "node_dispatch", "overlap_chosen",
+              "request_overhead", "sequence_overhead", "step_overhead")  # fmt: skip
     truth = Calibration("truth", factors, switches=tuple((k, True) for k in engine))
     true_profile = CostProfile.corrected().calibrated(truth)
 
@@ -431,13 +431,20 @@ def test_the_shipped_serving_calibration_is_the_fit_of_the_shipped_measurements(
     """conf/calibration/serving.yaml is what its header's command fits: the kernel tables and InferenceX's rows of
     the fitting GPUs. The fit is searched from the shipped factors (from the prior's it takes about a minute): at
     the optimum it stays there, anywhere else it moves to the optimum and the factors differ."""
+    from costmodel.calibrate import model_error
+    from costmodel.calibration import RESIDUAL_KNOBS
     from costmodel.measured import INFERENCEX, serving_rows
 
     shipped = load_calibration(ROOT / "conf" / "calibration" / "serving.yaml")
     rows = load_measurements([PUBLISHED]) + serving_rows(INFERENCEX)
     refit = fit(rows, name=shipped.name, source=shipped.source, start=shipped).calibration
     assert refit.switches == shipped.switches and refit.models == shipped.models == ("deepseek_v3",)
-    for (g, k, a), (g2, k2, b) in zip(shipped.factors, refit.factors, strict=True):
+    # the model's error (--residuals): the held-out errors of its leave-one-GPU-out predictions, not fitted
+    spreads = tuple(f for f in shipped.factors if f[1] in RESIDUAL_KNOBS)
+    assert spreads == tuple(sorted(model_error(ROOT / "conf" / "calibration" / "serving_residuals.csv")))
+    assert sorted(k for _, k, f in spreads) == sorted(RESIDUAL_KNOBS) and all(0.05 < f.sigma < 1 for *_, f in spreads)
+    fitted = tuple(f for f in shipped.factors if f[1] not in RESIDUAL_KNOBS)
+    for (g, k, a), (g2, k2, b) in zip(fitted, refit.factors, strict=True):
         assert (g, k, a.origin, a.rows) == (g2, k2, b.origin, b.rows)
         # (least_squares stops where a step gains under 1e-8 of the cost: the optimum is that flat, ~2e-4 in a factor)
         assert a.factor == pytest.approx(b.factor, rel=1e-3) and a.sigma == pytest.approx(b.sigma, rel=1e-2)
@@ -497,3 +504,27 @@ def test_a_calibration_applies_only_under_the_fixes_it_was_fitted_under(tmp_path
     path.write_text(path.read_text().replace("models: 5\n", "").replace("profile: shallowsim", "profile: tuned"))
     with pytest.raises(SpecError, match=r"profile 'tuned': the named profile it was fitted under, one of"):
         load_calibration(path)
+
+
+def test_a_refitted_calibration_under_the_same_name_is_a_new_run_not_a_resume(tmp_path: Path) -> None:
+    """A search's identity (its folder's hash, what search.resume=true continues) holds the calibration's content:
+    the same file with one factor refitted is another run; written back as it was, the first run again."""
+    import dataclasses
+
+    from helpers import compose
+    from pipeline.search.settings import inventory_of, settings_from_cfg
+
+    shipped = ROOT / "conf" / "calibration" / "serving.yaml"
+    path = tmp_path / "serving.yaml"
+    cal = load_calibration(shipped)
+    (g, k, f), *rest = cal.factors
+    moved = dataclasses.replace(cal, factors=((g, k, dataclasses.replace(f, factor=f.factor * 1.01)), *rest))
+    keys = []
+    for text in (shipped.read_text(), None, shipped.read_text()):
+        if text is None:
+            write_calibration(moved, path, "# one factor moved")
+        else:
+            path.write_text(text)
+        cfg = compose(["+inventory=tiny_hetero", f"costmodel.calibration={path}"])
+        keys.append(settings_from_cfg(cfg, *inventory_of(cfg))[0].key)
+    assert keys[0] == keys[2] != keys[1]

@@ -319,3 +319,86 @@ def test_an_mtp_step_by_hand() -> None:
     with pytest.raises(ValueError, match="accepted <= draft_tokens"):
         decode_timing(gpu, DSV3, 1, 8, 16, 4096, cost, draft_tokens=1, accepted=1.5)
     assert np.isfinite(step)
+
+
+def test_the_models_own_error_by_hand() -> None:
+    """`model_prefill` and `model_decode` (the range's model error, costmodel.calibration.RESIDUAL_KNOBS): a draw of
+    factor f divides the whole prefill pass and the whole decode step by f, and nothing else; `widened` spreads
+    them once more on the GPUs named, independently (twice the variance there), and leaves a calibration without
+    them as it was."""
+    import math
+
+    import numpy as np
+
+    from costmodel.calibration import Calibration, Factor
+
+    gpu, base = load_gpu("H200"), CostProfile.corrected().with_fixes(step_overhead=True)
+    half = Calibration("t", (("*", "model_prefill", Factor(0.5, 0.0, "residual")),
+                             ("*", "model_decode", Factor(0.8, 0.0, "residual"))))  # fmt: skip
+    for key, parts, f in (("Sum", lambda p: prefill_parts(gpu, DSV3, 4096, 8, 1, profile=p), 0.5),
+                          ("TPOT", lambda p: decode_parts(gpu, DSV3, 2048, 32, 1, 8, profile=p), 0.8)):  # fmt: skip
+        plain, drawn = parts(base), parts(base.calibrated(half))
+        assert float(drawn[key]) == pytest.approx(float(plain[key]) / f, rel=1e-12)
+        moved = [k for k in plain if not np.allclose(plain[k], drawn[k])]
+        assert moved == ([key] if key == "Sum" else ["TPOT_O", "TPOT"])
+    spread = Calibration("s", (("*", "model_decode", Factor(1.0, 0.2, "residual", 100)),))
+    wide = spread.widened(["H20", "H20"])
+    assert wide.factors == (("*", "model_decode", Factor(1.0, 0.2, "residual", 100)),
+                            ("H20", "model_decode", Factor(1.0, 0.2, "residual", 0)))  # fmt: skip
+    assert wide.get("H20", "model_decode").sigma == pytest.approx(0.2 * math.sqrt(2))
+    assert wide.get("H200", "model_decode").sigma == 0.2 and wide.widened(["H20"]) == wide
+    plain = Calibration("p", (("H200", "hbm", Factor(1.1, 0.1, "fit")),))
+    assert plain.widened(["H20"]) is plain
+
+
+def test_the_model_error_spread_from_held_out_errors_by_hand(tmp_path: object) -> None:
+    """`costmodel.calibrate.model_error`: the sigma that puts 80 % of the held-out errors inside the lognormal's
+    10th-90th percentile, |log error| at the 80th percentile over 1.2816; decode from every held-out fitting row's
+    TPOT, prefill from the TTFT of rows with at most 16 users; rows not held out are not read."""
+    import csv
+    import math
+    from pathlib import Path
+
+    import numpy as np
+
+    from costmodel.calibrate import model_error
+    from costmodel.measured import load_inferencex
+
+    rows = [r for r in load_inferencex() if r.fitting][:40]
+    few = [r for r in rows if r.conc <= 16]
+    assert len(few) >= 10
+    path = Path(str(tmp_path)) / "dump.csv"
+    ratios = np.linspace(0.7, 1.3, len(rows))  # predicted / measured, row by row
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["line", "held_out", "median_tpot_pred", "median_tpot_meas", "median_ttft_pred", "median_ttft_meas"])
+        for r, x in zip(rows, ratios, strict=True):
+            w.writerow([r.line, 1, 0.02 * x, 0.02, 0.5 * x, 0.5])
+        w.writerow([rows[0].line, 0, 99.0, 0.02, 99.0, 0.5])  # not held out: not read
+    prefill, decode = model_error(path)
+    z10 = 1.2815515655446004
+    want_decode = np.quantile(np.abs(np.log(ratios)), 0.8) / z10
+    want_prefill = np.quantile(np.abs(np.log([x for r, x in zip(rows, ratios, strict=True) if r.conc <= 16])), 0.8)
+    assert decode[1] == "model_decode" and decode[2].sigma == pytest.approx(want_decode, rel=1e-9)
+    assert prefill[1] == "model_prefill" and prefill[2].sigma == pytest.approx(want_prefill / z10, rel=1e-9)
+    assert (decode[2].factor, decode[2].origin, decode[2].rows) == (1.0, "residual", len(rows))
+    assert prefill[2].rows == len(few) and math.isfinite(prefill[2].sigma)
+
+
+def test_node_dispatch_by_hand() -> None:
+    """`node_dispatch` (DeepEP's normal kernels): prefill's dispatch on 16 H800 (two hosts of 8) sends each of a
+    GPU's 4,096 tokens (TP 1, FP8: 7,168 bytes) over the NIC once to the other host if any of its 8 experts is there
+    (1 - 0.5^8), and over NVLink 8 x 7/16 copies to its own host's GPUs plus 8 x 8/16 x 7/8 forwarded: 7 copies.
+    NIC 50 GB/s and NVLink 200 GB/s a direction, both at 0.85; the slower of the two links decides, plus 0.05 ms.
+    On one host it is the per-copy all-to-all, exactly."""
+    gpu, on = load_gpu("H800"), CostProfile.corrected().with_fixes(node_dispatch=True)
+    tokens = 4096 * 7168.0
+    nic = tokens * (1 - 0.5**8) / 1e6 / (50 * 0.85)
+    nvlink = tokens * 7 / 1e6 / (200 * 0.85)
+    got = prefill_parts(gpu, DSV3, 4096, 1, 16, profile=on)["Dispatch"]
+    assert float(got) == pytest.approx(max(nic, nvlink) + 0.05, rel=1e-12)
+    per_copy = prefill_parts(gpu, DSV3, 4096, 1, 16, profile=CostProfile.corrected())["Dispatch"]
+    assert float(per_copy) == pytest.approx(tokens * 8 * 8 / 16 / 1e6 / (50 * 0.85) + 0.05, rel=1e-12)  # 4 copies
+    for profile in (on, CostProfile.corrected()):  # one host: nothing crosses the NIC either way
+        assert float(prefill_parts(gpu, DSV3, 4096, 1, 8, profile=profile)["Dispatch"]) == pytest.approx(
+            float(prefill_parts(gpu, DSV3, 4096, 1, 8, profile=CostProfile.corrected())["Dispatch"]), rel=1e-12)

@@ -20,6 +20,7 @@ import numpy as np
 from costmodel.formulas import DecodeRun, decode_parts, priced_precision
 from costmodel.island_bench import IslandBenchmark, PhaseTable
 from costmodel.queueing import mix_moments, mix_quantile, wait_quantile
+from pipeline.planning.envelope import judged
 from pipeline.planning.planner import Layout, Planner
 from plan import Hosts, InventoryInfo, Island, Plan, Precision, RangeShare, Rates, Role
 from solvers.inner import InnerProblem, InnerSolution
@@ -122,7 +123,7 @@ def describe(
                 **facts,
             )
         )
-    return tuple(islands)
+    return judged(islands, planner.model.name, planner.cost)
 
 
 def roles_compared(planner: Planner, layout: Layout, time_limit_s: float, backend: str = "AUTO") -> float:

@@ -118,6 +118,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         )
         + " |",
         *_roles_rows(plan),
+        *_measured_rows(plan),
         f"| decoding | {_decoding_text(plan)} |",
         "",
         "Islands (batch: for prefill, prompts one forward pass takes, one per DP replica; for decode, running "
@@ -142,6 +143,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
 
     for group in _alike(plan.islands, lambda isl: f"{isl.size} x {isl.gpu} | {cells(isl)}"):
         lines.append(f"| {_label(group)} | {cells(group[0])}")
+    lines += _extrapolation_lines(plan)
     if routing_png:
         lines += ["", f"![which island serves which input lengths]({routing_png})"]
     lines += _node_map(plan.islands)
@@ -174,6 +176,35 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
     for note in plan.notes:
         lines += ["", f"Note: {note}"]
     return "\n".join(lines) + "\n"
+
+
+def _judged(plan: Plan) -> list[Island]:
+    return [isl for isl in plan.serving if isl.outside is not None]
+
+
+def _measured_rows(plan: Plan) -> list[str]:
+    """How many serving islands lie outside the measured serving the cost model was fitted on (none: not judged)."""
+    judged = _judged(plan)
+    if not judged:
+        return []
+    out = sum(1 for isl in judged if isl.outside)
+    return [f"| measured | {out} of {len(judged)} serving islands extrapolate beyond the configurations the cost "
+            f"model was fitted on{' (below: where)' if out else ''} |"]  # fmt: skip
+
+
+def _extrapolation_lines(plan: Plan) -> list[str]:
+    """Each extrapolated island and how it lies outside the measured configurations."""
+    judged = [isl for isl in _judged(plan) if isl.outside]
+    if not judged:
+        return []
+    lines = ["", "Where the plan extrapolates: islands whose configuration no measurement the cost model was fitted on "
+             "ran (a GPU type, role, engine size, attention parallelism, sequences per rank, prompt lengths, "
+             "experts' format or MTP outside them; docs/costmodel.md). The range spreads the model's own error once "
+             "more on their GPU types.", "", "| island | role | outside the measured configurations |",
+             "|---|---|---|"]  # fmt: skip
+    for group in _alike(judged, lambda isl: (isl.size, isl.gpu, isl.role, isl.outside)):
+        lines.append(f"| {_label(group)} | {group[0].role} | {'; '.join(group[0].outside or ())} |")
+    return lines
 
 
 def _decoding_text(plan: Plan) -> str:

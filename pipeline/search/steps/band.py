@@ -17,7 +17,7 @@ class RateBand(PlanStep):
     field = "band"
     what = "the rate band"
     off = "search.band_draws=0"
-    on = ("costmodel=calibrated", "search.band_draws=4")
+    on = ("costmodel=serving", "search.band_draws=4")
 
     def read(self, search: Any) -> int:
         """Draws of the calibration the plan's layout is re-planned under (0: no band)."""
@@ -33,7 +33,9 @@ class RateBand(PlanStep):
 
     def compute(self, plan: Plan, sc: StepContext) -> Band | None:
         s, ctx = sc.settings, sc.rates
-        return rate_band(ctx.planner, sc.layout, plan.rate_req_s, plan.rates.searched_req_s, s.calibration,
+        # the model's own error spread once more where the plan extrapolates (pipeline/planning/envelope.py)
+        cal = s.calibration.widened(isl.gpu for isl in plan.serving if isl.outside)
+        return rate_band(ctx.planner, sc.layout, plan.rate_req_s, plan.rates.searched_req_s, cal,
                          self.options(sc), time_limit_s=ctx.inner_time_limit_s, backend=ctx.backend,
                          seed=s.search.seed)  # fmt: skip
 
