@@ -17,14 +17,16 @@ from helpers import SMALL, compose, in_process
 
 @pytest.fixture(scope="module")
 def tiny() -> tuple[Any, Any, Any, Any]:
-    """(planner context, layout, plan, its host losses) of tiny_hetero's exact plan: one H20 decode island over
-    four hosts, an H200 prefill island on each of two hosts, and an H800 prefill island over two hosts."""
+    """(planner context, layout, plan, its host losses) of tiny_hetero's exact plan under the kernel-calibrated
+    model: one H20 decode island over four hosts, an H200 prefill island on each of two hosts, and an H800 prefill
+    island over two hosts. That shape (alike islands, one island over many hosts) is what these tests need; the
+    default model's plan of tiny_hetero splits its islands otherwise."""
     from pipeline.planning.build import build_plan
     from pipeline.planning.failures import host_losses
     from pipeline.search.reference import exact_layout, reference
     from pipeline.search.settings import inventory_of, settings_from_cfg
 
-    cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000"])
+    cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", "costmodel=calibrated"])
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
     layout = exact_layout(reference(settings, ctx, ctx.planner))
     assert layout is not None
@@ -208,16 +210,17 @@ def test_spare_hosts_it_cannot_plan_for_is_one_line(tmp_path: Path, extra: list[
 
 
 def test_a_search_for_one_spare_host_keeps_serving_where_the_fastest_plan_stops(tmp_path: Path) -> None:
-    """tiny_hetero: the plan of most req/s decodes on one island over four H20 hosts, so losing any of them stops
-    it. Planned with search.spare_hosts=1 (a real search: Ray Tune, Optuna's TPE, the robust roles), the plan
-    keeps serving with its worst host lost, and says what that costs with every host up."""
+    """tiny_hetero under the kernel-calibrated model: the plan of most req/s decodes on one island over four H20
+    hosts, so losing any of them stops it (the default model's plan splits its decoding over three islands and
+    loses a part). Planned with search.spare_hosts=1 (a real search: Ray Tune, Optuna's TPE, the robust roles),
+    the plan keeps serving with its worst host lost, and says what that costs with every host up."""
     from pipeline.search.run import execute
 
     rates = {}
     for k in (0, 1):
         out = tmp_path / f"spare{k}"
-        r = in_process(execute, "search", *SMALL, f"search.spare_hosts={k}", "search.iterations=4",
-                       "search.band_draws=0", "search.verify=false", f"out_root={out}",
+        r = in_process(execute, "search", *SMALL, "costmodel=calibrated", f"search.spare_hosts={k}",
+                       "search.iterations=4", "search.band_draws=0", "search.verify=false", f"out_root={out}",
                        f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
         assert r.returncode == 0, r.stderr
         (folder,) = {p.parent for p in out.glob("*/*/plan.json")}
@@ -237,7 +240,7 @@ def test_a_search_for_one_spare_host_keeps_serving_where_the_fastest_plan_stops(
     from pipeline.planning.simulation import RequestMix
     from pipeline.search.settings import context, inventory_of, read_settings
 
-    cfg = compose(list(SMALL))
+    cfg = compose([*SMALL, "costmodel=calibrated"])
     ctx = context(read_settings(cfg, *inventory_of(cfg)))
     layout = Layout(tuple((isl.gpu, isl.size) for isl in spare.islands))
     worst = spare.host_losses.worst

@@ -176,7 +176,7 @@ def test_the_island_command_reports_both_phases_and_every_range_it_is_asked_for(
 
     r = in_process(execute, "island", "gpu=H200", "size=16", "model=deepseek_v3")
     assert r.returncode == 0, r.stderr
-    assert "Island: 16 x H200 serving deepseek_v3 (cost profile corrected+published)" in r.stdout  # calibrated
+    assert "Island: 16 x H200 serving deepseek_v3 (cost profile corrected+serving)" in r.stdout  # the default
     assert re.search(r"Prefill  tp=\d+ dp=\d+ ep=16 ", r.stdout) and "Decode   tp=" in r.stdout
     assert len([ln for ln in r.stdout.splitlines() if ln.strip() and ln.strip()[0].isdigit()]) == 16
     r = in_process(execute, "island", "gpu=H20", "size=32", "costmodel=shallowsim", "slo.tpot_ms=50", "rows=0")

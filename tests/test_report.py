@@ -41,11 +41,12 @@ def test_identical_islands_side_by_side_share_a_row_of_the_report(tmp_path: Path
     plan = dataclasses.replace(plan, islands=(*copies, *(isl for isl in plan.islands if isl is not first)))
     text = report(plan, pd.DataFrame(), "# plan")
     name = f"{first.size} x {first.gpu}"
-    islands_table = text.split("Node map")[0]
+    islands_table = text.split("Node map")[0].split("Where the plan extrapolates")[0]
     assert islands_table.count(f"| {name} (x3) | {first.role} |") == 1
     last = 10 + 3 * len(first.hosts.nodes) - 1
     assert f"| {first.gpu} nodes 10-{last} | {name} (x3) | {first.role} |" in text
-    assert text.count(f"{name} (x3)") == 2  # one row in each table
+    # one row in each table: the islands, the node map, and where the plan extrapolates if these do
+    assert text.count(f"{name} (x3)") == 2 + bool(first.outside)
 
 
 def test_the_simulated_check_rows_say_what_held_and_what_to_plan_with() -> None:

@@ -70,9 +70,9 @@ def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(finished_search: t
         assert (d / f).stat().st_size > 0
     parent = json.loads((d / "state.json").read_text())["parent_run_id"]
     assert len(child_runs(tmp_path, parent)) == 12
-    # the default cost model is calibrated: the plan carries the calibration and a range over its draws
+    # the default cost model is fitted to measured serving: the plan carries that calibration and a range over its draws
     cal = plan.cost.profile.calibration
-    assert cal is not None and cal.name == "published" and plan.profile_name == "corrected+published"
+    assert cal is not None and cal.name == "serving" and plan.profile_name == "corrected+serving"
     band = plan.band
     assert band is not None and band.draws == 32 and 0 < band.p10_req_s <= band.p50_req_s <= band.p90_req_s
     assert "range over the calibration" in (d / "report.md").read_text()
@@ -80,7 +80,8 @@ def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(finished_search: t
 
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     run = client.get_run(parent)
-    assert run.data.params["calibration"] == "published (published.csv)"
+    assert run.data.params["calibration"] == ("serving (published.csv, inferencex_dsr1.csv (239 rows of h200, b200, "
+                                              "mi300x); residuals serving_residuals.csv)")
     assert run.data.metrics["band_p10_req_s"] == pytest.approx(band.p10_req_s, rel=1e-5)  # 6 significant digits
     assert run.data.metrics["gap"] == (0.0 if abs(gap) < 1e-9 else pytest.approx(gap, rel=1e-5))
     # what the MLflow UI shows: the experiment opens on its runs, described; the parent has the plan's

@@ -234,7 +234,7 @@ def test_a_window_shorter_than_the_slowest_requests_is_lengthened(
     from pipeline.search.steps.check import verification_rows
     from simulator.metrics import RAMP_DEFICIT_MAX
 
-    path, _ = plan_of(tmp_path)
+    path, _ = plan_of(tmp_path, "costmodel=calibrated")  # its decode islands fill up over more than 800 requests
     plan = plans.load(path)
     mix = azure("azure_code")
     own = checking.check(plan, mix)  # on 90 s of arrivals

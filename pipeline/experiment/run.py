@@ -40,7 +40,7 @@ from pipeline.planning.planner import layout_id
 from pipeline.records.journal import Journal, write_json
 from pipeline.search.reference import exact_layout, reference
 from pipeline.search.samplers import make_sampler
-from pipeline.search.settings import Settings, run_identity
+from pipeline.search.settings import Settings, calibration_identity, run_identity
 from pipeline.search.trial import OK, Context, ask_tell, score_layout
 
 # --- the work of one Ray task --------------------------------------------------------------------
@@ -104,6 +104,7 @@ def run_experiment(cfg: Any, passthrough: Sequence[str], command: Sequence[str] 
         {
             "experiment": plain(cfg.experiment),
             "cells": [run_identity(c.settings.config) for c in cells],
+            "calibrations": [calibration_identity(c.settings.calibration) for c in cells],
         }
     )
     run_dir = out_root / f"{spec.name}{'-smoke' if spec.smoke else ''}-{ident}"

@@ -221,7 +221,8 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
     record = {k: plain(cfg[k]) for k in cfg if k != "hydra"}
     record["inventory"] = {"name": inventory_name, **plain(inv_cfg)}
     record["search"]["min_island_per_type"] = record["search"].get("min_island_per_type") or {}
-    digest = hashlib.sha1(json.dumps(run_identity(record), sort_keys=True, default=str).encode()).hexdigest()[:8]
+    ident = {**run_identity(record), "calibration": calibration_identity(calibration)}
+    digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
     workload_name = choice("workload")
     name = f"{inventory_name}-{workload_name}-{search.generator}-{search.sampler}-{search.objective}-{digest}"
     return Settings(
@@ -424,6 +425,12 @@ def goodput_from_cfg(g: Any) -> GoodputCheck:
         longest_s=number(g.get("longest_s", max(default.longest_s, seconds)), "search.goodput.longest_s", low=seconds),
         steps=positive_int(g.get("steps", default.steps), "search.goodput.steps"),
     )
+
+
+def calibration_identity(cal: Any) -> dict[str, Any] | None:
+    """A calibration's content, for a run's identity: a calibration file refitted under the same name (a new
+    release's `serving`) makes a new run, not the resume of one priced with the old factors."""
+    return None if cal is None else cal.to_json()
 
 
 def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
