@@ -86,8 +86,15 @@ class Predicted:
 
 def priced(cost: CostSettings, row: Row) -> CostSettings:
     """The cost settings with the row's precision: routed experts in FP8 for an FP8 checkpoint, FP4 for an FP4 one
-    (attention and dense layers in FP8 either way, as NVIDIA's FP4 DeepSeek-R1 checkpoint holds them)."""
-    return dataclasses.replace(cost, profile=cost.profile.with_fixes(experts_fp8=row.precision == "fp8"))
+    (attention and dense layers in FP8 either way, as NVIDIA's FP4 DeepSeek-R1 checkpoint holds them); and the
+    memory share its SGLang engines were launched with (`Row.mem_fraction`) and the KV cache's format
+    (`Row.kv_dtype`), which set the KV cache they hold and the bytes decode attention reads."""
+    engine = cost.engine
+    if row.mem_fraction is not None:
+        engine = dataclasses.replace(engine, mem_fraction=row.mem_fraction)
+    if row.kv_dtype is not None:
+        engine = dataclasses.replace(engine, kv_dtype=row.kv_dtype)
+    return dataclasses.replace(cost, profile=cost.profile.with_fixes(experts_fp8=row.precision == "fp8"), engine=engine)
 
 
 def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Predicted:

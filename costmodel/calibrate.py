@@ -152,7 +152,7 @@ def serving_tpot_ms(gpu: Any, p: dict[str, Any], profile: CostProfile) -> float:
     request by request; this is what a fit can afford to evaluate thousands of times."""
     model = load_model(p.get("model", "deepseek_v3"))
     prof = profile.with_fixes(experts_fp8=p.get("precision", "fp8") == "fp8")
-    run = DecodeRun(draft_tokens=p.get("drafts", 0), moe_tp=p.get("moe", "ep") == "tp")
+    run = DecodeRun(draft_tokens=p.get("drafts", 0), moe_tp=p.get("moe", "ep") == "tp", kv_dtype=p.get("kv", "auto"))
     step = decode_step_ms(gpu, model, p["context"], p["batch"], p["tp"], p["ep"], profile=prof, run=run)
     ms = float(step) / (1.0 + p.get("accepted_pct", 0) / 100.0)
     if "users" in p:
@@ -175,10 +175,10 @@ def serving_ttft_ms(gpu: Any, p: dict[str, Any], profile: CostProfile) -> float:
         prefill_time_ms(gpu, model, tokens, np.array([p["tp"]]), np.array([p["dp"]]), cache_hit=0.0, profile=prof)[0]
     )
     if p.get("engine", "disagg") == "disagg":
-        kv = float(kv_bytes_per_seq(gpu, model, tokens, np.array([1.0]), prof)[0])
+        kv = float(kv_bytes_per_seq(gpu, model, tokens, np.array([1.0]), prof, kv_dtype=p.get("kv", "auto"))[0])
         link = float(kv_link_gb_s(gpu, prof)) * p["tp"]
         return front + pre + kv / (link * 1e9) * 1e3 + handoff
-    run = DecodeRun(moe_tp=p.get("moe", "ep") == "tp")
+    run = DecodeRun(moe_tp=p.get("moe", "ep") == "tp", kv_dtype=p.get("kv", "auto"))
     step = decode_step_ms(gpu, model, p.get("context", p["input"]), p.get("batch", 1), p["tp"], p.get("ep", p["dp"]),
                           profile=prof, run=run)  # fmt: skip
     return front + pre / p["dp"] + float(step)

@@ -21,6 +21,7 @@ from costmodel.settings import MTP_ACCEPTANCE
 INFERENCEX = CONF_DIR / "measured" / "inferencex_dsr1.csv"
 # what each row's decode engines were launched to admit (conf/measured/README.md): `Row.max_running`
 ADMISSION = CONF_DIR / "measured" / "inferencex_admission.csv"
+SGLANG_FRAMEWORKS = ("sglang", "dynamo-sglang", "mori-sglang")  # whose memory fraction is SGLang's (weights + KV)
 FITTING_GPUS = ("h200", "b200", "mi300x")  # InferenceX's names (H200, B200, MI300X); the rest are never fitted
 # InferenceX's GPU names -> conf/gpu
 GPUS = {"h100": "H100-SXM", "h200": "H200", "b200": "DGX-B200", "b300": "DGX-B300", "gb200": "GB200-NVL72",
@@ -81,6 +82,11 @@ class Row:
     run_url: str
     line: int  # in the CSV, for messages
     max_running: int | None = None  # requests one decode engine admits at once, as launched (None: not recorded)
+    # the share of GPU memory its SGLang engines hold weights and KV cache in (--mem-fraction-static), as launched;
+    # None where not recorded or not SGLang's (TensorRT-LLM's free_gpu_memory_fraction is a share of what the
+    # weights leave, another quantity)
+    mem_fraction: float | None = None
+    kv_dtype: str | None = None  # the KV cache's format its decode engines ran (fp8 | bf16), as launched
 
     @property
     def speculation(self) -> tuple[int, float]:
@@ -159,6 +165,8 @@ def serving_measurement(row: Row, path: str | Path = INFERENCEX) -> Measurement 
         shape |= {"drafts": drafts, "accepted_pct": round(100 * accepted)}
     if not row.disagg:
         shape |= {"users": row.conc, "output_len": mean_out, "prefill_len": mean_in}
+    if row.kv_dtype:
+        shape["kv"] = row.kv_dtype
     return Measurement("serving_tpot", GPUS[row.hardware], tuple(sorted(shape.items())), row.metrics["median_tpot"],
                        "s", row.run_url, f"{path}:{row.line}")  # fmt: skip
 
@@ -178,6 +186,8 @@ def ttft_measurement(row: Row, path: str | Path = INFERENCEX) -> Measurement | N
         shape = {"input": mean_in, "tp": p["tp"], "dp": p["ep"] // p["tp"], "engine": "agg", "batch": p["batch"],
                  "context": p["context"], "ep": p["ep"], "moe": p["moe"]}  # fmt: skip
     shape["precision"] = row.precision
+    if row.kv_dtype:
+        shape["kv"] = row.kv_dtype
     return Measurement("serving_ttft", tpot.gpu, tuple(sorted(shape.items())), row.metrics["median_ttft"], "s",
                        row.run_url, tpot.where)  # fmt: skip
 
@@ -188,6 +198,8 @@ def load_admission(path: str | Path, rows: list[Row]) -> list[Row]:
     empty where the launch set none)."""
     p, by_line = Path(path), {r.line: r for r in rows}
     limits: dict[int, int] = {}
+    fractions: dict[int, float] = {}
+    kv: dict[int, str] = {}
     try:
         with p.open(newline="", encoding="utf-8") as f:
             for k, d in enumerate(csv.DictReader(f), 2):
@@ -200,9 +212,18 @@ def load_admission(path: str | Path, rows: list[Row]) -> list[Row]:
                     limits[row.line] = int(d["engine_max_running"])
                     if limits[row.line] < 1:
                         raise MeasurementError(f"{p}:{k}: engine_max_running must be 1 or more")
+                if d.get("kv_dtype"):
+                    if d["kv_dtype"] not in ("fp8", "bf16"):
+                        raise MeasurementError(f"{p}:{k}: kv_dtype must be fp8 or bf16, got {d['kv_dtype']!r}")
+                    kv[row.line] = d["kv_dtype"]
+                if d.get("mem_fraction") and row.framework in SGLANG_FRAMEWORKS:
+                    fractions[row.line] = float(d["mem_fraction"])
+                    if not 0.1 <= fractions[row.line] <= 0.98:
+                        raise MeasurementError(f"{p}:{k}: mem_fraction must be within 0.1-0.98")
     except (OSError, KeyError, ValueError) as err:
         raise MeasurementError(f"{p}: cannot read it as an admission table ({err})") from None
-    return [replace(r, max_running=limits.get(r.line)) for r in rows]
+    return [replace(r, max_running=limits.get(r.line), mem_fraction=fractions.get(r.line), kv_dtype=kv.get(r.line))
+            for r in rows]  # fmt: skip
 
 
 def load_inferencex(path: str | Path = INFERENCEX, admission: str | Path | None = None) -> list[Row]:

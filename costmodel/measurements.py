@@ -80,8 +80,8 @@ COMPONENTS: dict[str, Component] = {
         "whole (`moe=ep`) or split by TP (`moe=tp`), in `precision` fp8|fp4; MTP verifying `drafts` tokens a step "
         "of which `accepted_pct` % are kept; an aggregated engine also prefills `users` / `output_len` prompts of "
         "`prefill_len` tokens a step. Fitted per kernel stack (GPU.software) and for every GPU (`moe_tp`)",
-        optional=("moe", "precision", "drafts", "accepted_pct", "users", "output_len", "prefill_len", "model"),
-        words={"moe": ("ep", "tp"), "precision": ("fp8", "fp4")},
+        optional=("moe", "precision", "drafts", "accepted_pct", "users", "output_len", "prefill_len", "model", "kv"),
+        words={"moe": ("ep", "tp"), "precision": ("fp8", "fp4"), "kv": ("fp8", "bf16")},
         keyed="stack",
     ),
     "serving_ttft": Component(
@@ -94,8 +94,8 @@ COMPONENTS: dict[str, Component] = {
         "prefill of an `input`-token prompt on `dp` attention ranks of TP `tp`, and disaggregated (`engine=disagg`) "
         "its KV transfer and hand-off; aggregated, the decode step of the others (`batch`, `context`, `ep`, `moe`) "
         "the prompt's chunk shares. Fitted per kernel stack, and for every GPU for the fixed times",
-        optional=("engine", "precision", "batch", "context", "ep", "moe", "model"),
-        words={"engine": ("agg", "disagg"), "precision": ("fp8", "fp4"), "moe": ("ep", "tp")},
+        optional=("engine", "precision", "batch", "context", "ep", "moe", "model", "kv"),
+        words={"engine": ("agg", "disagg"), "precision": ("fp8", "fp4"), "moe": ("ep", "tp"), "kv": ("fp8", "bf16")},
         keyed="stack",
     ),
     "decode_step": Component(

@@ -95,7 +95,7 @@ def test_a_row_becomes_the_serving_measurement_its_engines_run() -> None:
     m = serving_measurement(disagg)
     assert m is not None and m.gpu == "DGX-B200" and m.unit == "s" and m.value == disagg.metrics["median_tpot"]
     assert m.params == {"batch": 43, "context": 922 + 461, "tp": 8, "ep": 8, "moe": "ep", "precision": "fp4",
-                        "drafts": 1, "accepted_pct": 85}  # fmt: skip
+                        "drafts": 1, "accepted_pct": 85, "kv": "fp8"}  # fmt: skip (its launch: an FP8 KV cache)
     agg = next(r for r in rows if not r.disagg and r.hardware == "h200" and r.decode.ep == 1 and r.conc == 32)
     p = serving_measurement(agg).params  # type: ignore[union-attr]
     assert p["moe"] == "tp" and p["ep"] == agg.decode.tp and p["users"] == 32
@@ -191,6 +191,14 @@ def test_each_rows_decode_engines_admit_what_their_launch_let_them(tmp_path: Pat
     assert (row.hardware, row.framework, row.conc, row.decode.workers, row.max_running) == (
         "h200", "dynamo-sglang", 2048, 6, 128)  # fmt: skip
     assert running(row) == 768 and users_per_rank(row) == 16
+    # line 287: H200 SGLang on one node, --mem-fraction-static 0.82 and no --kv-cache-dtype (SGLang's auto: BF16);
+    # line 72: B200 TensorRT-LLM, an FP8 KV cache and a share of the free memory (not SGLang's quantity: not read)
+    by = {r.line: r for r in rows}
+    assert (by[287].framework, by[287].mem_fraction, by[287].kv_dtype) == ("sglang", 0.82, "bf16")
+    assert (by[72].framework, by[72].mem_fraction, by[72].kv_dtype) == ("trt", None, "fp8")
+    from costmodel.measured import serving_measurement
+
+    assert dict(serving_measurement(by[287]).params)["kv"] == "bf16"  # the fit prices its KV cache as it ran
     expressible = [r for r in rows if not (r.disagg and not (r.prefill.workers and r.decode.workers))]
     capped = [r for r in expressible if running(r) < r.conc]
     assert len(capped) == 68 and all(r.max_running is not None for r in capped)
