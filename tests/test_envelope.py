@@ -37,7 +37,8 @@ def test_the_measured_configurations_are_the_fitting_gpus_rows() -> None:
         (island("H200", "decode", 8, 8, 8, 171, (819, 8192)), 1, ()),
         (island("H200", "decode", 16, 1, 16, 200, (1000, 4000)), 0,
          ("an engine of 16 GPUs (measured 8-8)", "200 sequences per rank (measured 1-171)")),
-        (island("H200", "prefill", 8, 8, 8, 1, (0, 12000)), 2, ("prompts of 0-12,000 tokens (measured 819-8,192)",)),
+        (island("H200", "prefill", 8, 8, 8, 1, (0, 1000)), 2, ("prompts of 0-1,000 tokens (measured 819-8,192)",)),
+        (island("H200", "prefill", 8, 8, 8, 1, (750, 1000)), 2, ()),  # its middle, 875 tokens, was measured
         (island("DGX-B200", "decode", 8, 1, 8, 32, (1000, 2000), experts="fp4"), 0, ()),
         (island("H200", "decode", 8, 1, 8, 32, (1000, 2000), experts="fp4"), 0, ("experts in FP4",)),
         (island("MI300X", "decode", 8, 1, 8, 32, (1000, 2000)), 0, ("no decode engine was measured on MI300X",)),

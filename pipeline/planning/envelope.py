@@ -9,7 +9,8 @@ engine) and the island's engine lies within what those rows ran:
 - its engine's GPUs (a decode engine's EP group, a prefill engine's GPUs) between the smallest and the largest
   measured; attention data parallel (DP attention) or attention TP as measured;
 - a decode engine's running sequences per attention rank between the fewest and the most measured;
-- its prompts (the ranges it serves) within the measured input lengths;
+- its prompts within the measured input lengths (each range it serves by its middle length: a range's edges
+  are the planner's grid, not lengths it serves);
 - its routed experts' format, and MTP drafting on or off, as measured.
 
 Each way it lies outside is one reason (`Island.outside`, report.md "Where the plan extrapolates"); the rate band
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from costmodel.measured import GPUS, INFERENCEX, RANGE_RATIO, decode_engine, load_inferencex, users_per_rank, worker
+from costmodel.settings import CostSettings
 from plan import Island, Role
 
 
@@ -81,11 +83,11 @@ def outside(island: Island, drafts: int, spans: dict[tuple[str, str], Span]) -> 
     lo, hi = span.per_rank
     if role != "prefill" and not lo <= island.batch <= hi:
         why.append(f"{island.batch} sequences per rank (measured {lo}-{hi})")
-    if island.ranges:
-        first, last = min(r.start for r in island.ranges), max(r.end for r in island.ranges)
-        lo, hi = span.prompt
-        if first < lo or last > hi:
-            why.append(f"prompts of {first:,}-{last:,} tokens (measured {lo:,}-{hi:,})")
+    lo, hi = span.prompt
+    beyond = [r for r in island.ranges if not lo <= (r.start + r.end) / 2 <= hi]  # a range by its middle length
+    if beyond:
+        first, last = min(r.start for r in beyond), max(r.end for r in beyond)
+        why.append(f"prompts of {first:,}-{last:,} tokens (measured {lo:,}-{hi:,})")
     experts = island.precision.experts
     if experts not in span.experts:
         why.append(f"experts in {experts.upper()}")
@@ -94,12 +96,12 @@ def outside(island: Island, drafts: int, spans: dict[tuple[str, str], Span]) -> 
     return tuple(why)
 
 
-def judged(islands: Sequence[Island], model: str, cost: object) -> tuple[Island, ...]:
+def judged(islands: Sequence[Island], model: str, cost: CostSettings) -> tuple[Island, ...]:
     """`islands` with `outside` set on every serving one where the cost model was fitted to measured serving of
     `model` (a calibration recording that model); as given otherwise."""
-    cal = cost.profile.calibration  # type: ignore[attr-defined]
+    cal = cost.profile.calibration
     if cal is None or model not in cal.models:
         return tuple(islands)
-    spans, drafts = measured_spans(), cost.drafts  # type: ignore[attr-defined]
+    spans, drafts = measured_spans(), cost.drafts
     return tuple(dataclasses.replace(isl, outside=outside(isl, drafts, spans)) if isl.serving else isl
                  for isl in islands)  # fmt: skip
