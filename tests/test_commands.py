@@ -26,6 +26,8 @@ COMMANDS = [  # (command, arguments, the line's start); {tmp} is the test's fold
     ("pipeline.simulate", [], "error: plan=PATH is required"),
     ("pipeline.deploy", [], "error: plan=PATH is required"),
     ("pipeline.island", ["gpu=H9000"], "error: gpu=H9000: there is no config 'H9000' in group 'gpu'"),
+    ("pipeline.island", ["gpu=H20", "size=8", "costmodel=nope"],
+     "error: costmodel=nope: there is no config 'nope' in group 'costmodel'"),
     ("pipeline.solve_layout", [], "error: no layout given: add +layout=NAME, one of ['table_5_2_a'"),
     ("pipeline.experiment", ["+experiment=nope"], "error: experiment=nope: there is no config 'nope'"),
     ("pipeline.baseline", ["workload=synthetic_fig4_2"], "error: the baseline samples request lengths from a shipped"),
