@@ -28,6 +28,7 @@ and `model_decode` (TPOT), factor 1 (`model_error`).
 
 from __future__ import annotations
 
+import csv
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.calibration import ALL_GPUS, KNOBS, RESIDUAL_KNOBS, STRUCTURE_SYSTEM, Calibration, Factor
+from costmodel.calibration import ALL_GPUS, KNOBS, RESIDUAL_KNOBS, STRUCTURE_SYSTEM, Z10, Calibration, Factor
 from costmodel.catalog import CatalogError, gpu_names, load_gpu, load_model
 from costmodel.cli import ArgumentParser, UserError, run
 from costmodel.formulas import (
@@ -441,7 +442,6 @@ def write_calibration(cal: Calibration, path: Path, header: str = "") -> None:
                         "in a folder you can write") from None  # fmt: skip
 
 
-Z10 = 1.2815515655446004  # the standard normal's 90th percentile
 HELD_OUT_SHARE = 0.8  # a model_* sigma puts this share of the held-out errors within its 10th-90th percentile
 
 
@@ -451,8 +451,6 @@ def model_error(dump: str | Path, measured: str | Path = INFERENCEX) -> tuple[tu
     its GPU, the TTFT errors of rows with at most QUEUE_FREE_USERS users (prefill and the request's fixed times,
     as the fit takes TTFT) and the TPOT errors (decode). Each sigma is set so that the lognormal's 10th-90th
     percentile holds HELD_OUT_SHARE of those errors: |log(predicted / measured)| at that quantile over Z10."""
-    import csv
-
     rows = {r.line: r for r in load_inferencex(measured)}
     errors: dict[str, list[float]] = {"model_prefill": [], "model_decode": []}
     path = Path(dump)

@@ -293,9 +293,9 @@ def test_every_component_names_knobs_the_model_has() -> None:
 
 
 def test_robust_plans_at_the_pessimistic_factors_and_needs_a_calibration() -> None:
+    from costmodel.calibration import Z10
     from helpers import compose
     from pipeline.errors import ConfigError
-    from pipeline.planning.band import Z10
     from pipeline.search.settings import inventory_of, settings_from_cfg
 
     base = ["+inventory=tiny_hetero", "ranges.width=1000"]

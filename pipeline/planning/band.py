@@ -19,8 +19,6 @@ from costmodel.calibration import Calibration
 from pipeline.planning.planner import Layout, Planner
 from plan import Band
 
-Z10 = 1.2815515655446004  # the standard normal's 90th percentile: search.robust plans at -Z10 sigma
-
 
 def redrawn(planner: Planner, cal: Calibration) -> Planner:
     """`planner` with its cost model under calibration `cal` (fresh caches)."""

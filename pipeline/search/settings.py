@@ -213,7 +213,8 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
     if search.spare_hosts:
         check_spare_hosts(search.spare_hosts, inventory)
     if search.robust:  # every factor at its 10th percentile
-        from pipeline.planning.band import Z10, redrawn
+        from costmodel.calibration import Z10
+        from pipeline.planning.band import redrawn
 
         planner = redrawn(planner, calibration.shifted(-Z10))
     if search.arrivals == "workload":  # every island's SLO caps under the workload's bursts
