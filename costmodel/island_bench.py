@@ -517,7 +517,7 @@ def decode_tokens_ms(
         tp,
         ep,
         profile=cost.profile,
-        run=DecodeRun(fp8_combine=cost.engine.fp8_combine, draft_tokens=cost.drafts, kv_dtype=cost.engine.kv_dtype),
+        run=DecodeRun.of(cost),
     )
     return total / (1.0 + cost.accepted)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from costmodel.catalog import CONF_DIR
 from costmodel.measurements import Measurement, MeasurementError
-from costmodel.settings import MTP_ACCEPTANCE
+from costmodel.settings import KV_BYTES, MAX_MEM_FRACTION, MIN_MEM_FRACTION, MTP_ACCEPTANCE
 
 INFERENCEX = CONF_DIR / "measured" / "inferencex_dsr1.csv"
 # what each row's decode engines were launched to admit (conf/measured/README.md): `Row.max_running`
@@ -213,13 +213,15 @@ def load_admission(path: str | Path, rows: list[Row]) -> list[Row]:
                     if limits[row.line] < 1:
                         raise MeasurementError(f"{p}:{k}: engine_max_running must be 1 or more")
                 if d.get("kv_dtype"):
-                    if d["kv_dtype"] not in ("fp8", "bf16"):
-                        raise MeasurementError(f"{p}:{k}: kv_dtype must be fp8 or bf16, got {d['kv_dtype']!r}")
+                    if d["kv_dtype"] not in KV_BYTES:
+                        raise MeasurementError(f"{p}:{k}: kv_dtype must be one of {list(KV_BYTES)}, got "
+                                               f"{d['kv_dtype']!r}")  # fmt: skip
                     kv[row.line] = d["kv_dtype"]
                 if d.get("mem_fraction") and row.framework in SGLANG_FRAMEWORKS:
                     fractions[row.line] = float(d["mem_fraction"])
-                    if not 0.1 <= fractions[row.line] <= 0.98:
-                        raise MeasurementError(f"{p}:{k}: mem_fraction must be within 0.1-0.98")
+                    if not MIN_MEM_FRACTION <= fractions[row.line] <= MAX_MEM_FRACTION:
+                        raise MeasurementError(f"{p}:{k}: mem_fraction must be within {MIN_MEM_FRACTION}-"
+                                               f"{MAX_MEM_FRACTION}")  # fmt: skip
     except (OSError, KeyError, ValueError) as err:
         raise MeasurementError(f"{p}: cannot read it as an admission table ({err})") from None
     return [replace(r, max_running=limits.get(r.line), mem_fraction=fractions.get(r.line), kv_dtype=kv.get(r.line))

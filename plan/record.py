@@ -615,6 +615,14 @@ class Plan:
         return tuple(isl for isl in self.islands if isl.serving)
 
     @property
+    def extrapolated(self) -> tuple[Island, ...] | None:
+        """The serving islands outside the measured serving the cost model was fitted on (`Island.outside`); None
+        where the plan was not judged (a model not fitted to measured serving)."""
+        if all(isl.outside is None for isl in self.serving):
+            return None
+        return tuple(isl for isl in self.serving if isl.outside)
+
+    @property
     def serves(self) -> bool:
         """Can the plan serve a request at all (a rate, a prefill and a decode island)?"""
         return self.rates.rate_req_s > 0

@@ -178,23 +178,18 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
     return "\n".join(lines) + "\n"
 
 
-def _judged(plan: Plan) -> list[Island]:
-    return [isl for isl in plan.serving if isl.outside is not None]
-
-
 def _measured_rows(plan: Plan) -> list[str]:
     """How many serving islands lie outside the measured serving the cost model was fitted on (none: not judged)."""
-    judged = _judged(plan)
-    if not judged:
+    if plan.extrapolated is None:
         return []
-    out = sum(1 for isl in judged if isl.outside)
-    return [f"| measured | {out} of {len(judged)} serving islands extrapolate beyond the configurations the cost "
-            f"model was fitted on{' (below: where)' if out else ''} |"]  # fmt: skip
+    out = len(plan.extrapolated)
+    return [f"| measured | {out} of {len(plan.serving)} serving islands extrapolate beyond the configurations the "
+            f"cost model was fitted on{' (below: where)' if out else ''} |"]  # fmt: skip
 
 
 def _extrapolation_lines(plan: Plan) -> list[str]:
     """Each extrapolated island and how it lies outside the measured configurations."""
-    judged = [isl for isl in _judged(plan) if isl.outside]
+    judged = plan.extrapolated
     if not judged:
         return []
     lines = ["", "Where the plan extrapolates: islands whose configuration no measurement the cost model was fitted on "

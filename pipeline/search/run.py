@@ -340,9 +340,8 @@ def _log_parent(
     }
     if plan.rates.simulated_req_s is not None:
         metrics["goodput_req_s"] = plan.rates.simulated_req_s
-    judged = [isl for isl in plan.serving if isl.outside is not None]
-    if judged:  # islands outside the measured serving the cost model was fitted on
-        metrics["extrapolated_islands"] = float(sum(1 for isl in judged if isl.outside))
+    if plan.extrapolated is not None:  # islands outside the measured serving the cost model was fitted on
+        metrics["extrapolated_islands"] = float(len(plan.extrapolated))
     metrics.update(step_metrics(STEPS, plan))  # the post-search steps': the check's, the band's, ...
     tracker.finish_parent(metrics, [run.dir / f for f in FILES], status="FINISHED" if complete else "KILLED",
                           series={"best_so_far": best_so_far(run.records)})  # fmt: skip
@@ -368,7 +367,7 @@ def _summary(run: SearchRun, plan: Plan, sc: StepContext) -> None:
           "convergence.png, trials.parquet)", flush=True)  # fmt: skip
     for line in (line for s in STEPS for line in s.summary(plan, sc)):
         say(line)
-    out = [isl for isl in plan.serving if isl.outside]
+    out = plan.extrapolated
     if out:
         gpus = ", ".join(sorted({isl.gpu for isl in out}))
         say(f"{len(out)} of {len(plan.serving)} serving islands ({gpus}) extrapolate beyond the measured serving the "

@@ -428,7 +428,7 @@ def goodput_from_cfg(g: Any) -> GoodputCheck:
     )
 
 
-def calibration_identity(cal: Any) -> dict[str, Any] | None:
+def calibration_identity(cal: Calibration | None) -> dict[str, Any] | None:
     """A calibration's content, for a run's identity: a calibration file refitted under the same name (a new
     release's `serving`) makes a new run, not the resume of one priced with the old factors."""
     return None if cal is None else cal.to_json()
