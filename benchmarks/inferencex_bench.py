@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from common import context
 
-from costmodel.catalog import CONF_DIR, load_gpu
+from costmodel.catalog import load_gpu
 from costmodel.measured import (
     FITTING_GPUS,
     GPUS,
@@ -191,11 +191,11 @@ def table(preds: list[Predicted], title: str) -> None:
 
 def refit_without(gpu: str) -> object:
     """The end-to-end calibration refitted without `gpu`'s rows: the kernel tables and the other fitting GPUs'."""
-    from costmodel.calibrate import fit
+    from costmodel.calibrate import KERNEL_TABLES, fit
     from costmodel.measured import serving_rows
     from costmodel.measurements import load_measurements
 
-    kernels = load_measurements([CONF_DIR / "calibration" / "published.csv"])
+    kernels = load_measurements(KERNEL_TABLES)
     rows = [m for m in serving_rows(INFERENCEX) if m.gpu != GPUS[gpu]]
     t0 = time.perf_counter()
     cal = fit(kernels + rows, name=f"serving-without-{gpu}").calibration

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -528,3 +529,31 @@ def test_a_refitted_calibration_under_the_same_name_is_a_new_run_not_a_resume(tm
         cfg = compose(["+inventory=tiny_hetero", f"costmodel.calibration={path}"])
         keys.append(settings_from_cfg(cfg, *inventory_of(cfg))[0].key)
     assert keys[0] == keys[2] != keys[1]
+
+
+def test_the_kernels_measured_here_load_name_their_run_and_stay_out_of_the_shipped_fit() -> None:
+    """conf/calibration/measured.csv (benchmarks/device_kernels.py on an H200) is valid measurement data, every row
+    naming the card, the software and the script; the shipped calibrations are fitted to the published tables alone
+    (costmodel.calibrate.KERNEL_TABLES; docs/costmodel.md says why)."""
+    from costmodel.calibrate import KERNEL_TABLES
+
+    measured = ROOT / "conf" / "calibration" / "measured.csv"
+    rows = load_measurements([measured])
+    assert len(rows) == 35 and {r.gpu for r in rows} == {"H200"}
+    assert {r.component for r in rows} == {"dense_gemm", "grouped_gemm", "attention_prefill"}
+    assert all("NVIDIA H200" in r.source and "torch 2.11" in r.source and "device_kernels.py" in r.source
+               for r in rows)
+    assert KERNEL_TABLES == (PUBLISHED,)
+    for name in ("published.yaml", "serving.yaml"):
+        assert "measured.csv" not in load_calibration(ROOT / "conf" / "calibration" / name).source
+
+
+def test_the_kernel_measurement_script_refuses_a_machine_without_a_gpu_in_one_line(tmp_path: Path) -> None:
+    """benchmarks/device_kernels.py measures the GPU it runs on; without one (CUDA hidden) it says so and writes
+    nothing."""
+    out = tmp_path / "rows.csv"
+    script = ROOT / "benchmarks" / "device_kernels.py"
+    r = subprocess.run([sys.executable, str(script), "--gpu", "H200", "--out", str(out)], capture_output=True,
+                       text=True, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
+    _refused(r, "no CUDA GPU")
+    assert not out.exists()
