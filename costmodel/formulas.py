@@ -23,7 +23,7 @@ Decode step (two micro-batches, EP group of N GPUs holding ceil(E/N) routed expe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -546,13 +546,15 @@ def decode_parts(
     placement's max/mean, `solvers/expert_placement.py`): that GPU's routed GEMMs and all-to-all
     traffic grow by it, and the step waits for it. Keys: DenseMLA, SparseMLA, DenseMLP,
     SharedExpert, RoutedExpert, Dispatch, Combine, Delta (per layer), TPOT_O and TPOT (whole
-    model, ms).
+    model, ms), Overlap, and DraftDelta (a draft forward's Delta under `draft_passes`, else 0).
 
     `draft_tokens` > 0: a speculative (MTP) step. Every sequence verifies 1 + `draft_tokens` tokens, so the
     projections, the attention FLOPs, the dense MLP, the experts and the all-to-all carry that many tokens per
     sequence while the KV cache is read once per sequence; the draft module (one MoE layer, DeepSeek's MTP head)
-    runs once per draft token, priced as one more MoE layer of the step. How many tokens a step yields is the
-    caller's (`simulator.timing.decode_timing`'s acceptance).
+    runs once per draft token, priced as one more MoE layer of the step, or under `draft_passes` as a forward of
+    its own over the sequences (its layer at the plain batch and the LM head under `lm_head`; the engines replay the
+    drafts in the verify step's CUDA graph, so no fixed time of their own).
+    How many tokens a step yields is the caller's (`simulator.timing.decode_timing`'s acceptance).
 
     `moe_tp`: the routed experts are split by tensor parallelism over the `ep` GPUs (every GPU holds 1/ep of
     every expert: SGLang's and TensorRT-LLM's MoE without expert parallelism, InferenceX's `ep 1`), not placed
@@ -583,18 +585,23 @@ def decode_parts(
     att_seqs = seqs + spread
     att = att_seqs * (1 + draft_tokens)  # the busiest rank's tokens
     gemm1, attn1 = _attn_decode_gflop(model, c, p)
-    new_kv = att if p.new_tokens_only or model.attention != "mla" else np.zeros_like(att)
-    gemms = _attn_gemms(model, att, c, new_kv, decode=True)
-    mla = _attn_ms(gemm1 * att, attn1 * att, _attn_weight_bytes(model, r, p), r, p, gemms)
     kv_elem_bytes = kv_bytes_per_element(r, p, run.kv_dtype)
     kv_shard = 1 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
-    kv_bytes = c * model.kv_elems_per_token_layer * att_seqs * kv_elem_bytes  # read once per sequence
-    if p.si_units:
-        t_kv = _xfer_ms(kv_bytes / kv_shard, r.kv_bw, p)
-    else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
-        t_kv = kv_bytes / kv_shard / GIB / r.kv_bw * 1000.0
-    sparse_mla = _tp_split_ms(mla, att, model, tp, g, r, p, kernels=len(gemms)) + t_kv
-    dense_mla = sparse_mla if p.tp_dense_layers else mla + t_kv
+
+    def attention(tokens: np.ndarray, seqs_read: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sparse, dense) layers' attention for `tokens` query tokens of `seqs_read` sequences' KV caches."""
+        new_kv = tokens if p.new_tokens_only or model.attention != "mla" else np.zeros_like(tokens)
+        gemms = _attn_gemms(model, tokens, c, new_kv, decode=True)
+        mla = _attn_ms(gemm1 * tokens, attn1 * tokens, _attn_weight_bytes(model, r, p), r, p, gemms)
+        kv_bytes = c * model.kv_elems_per_token_layer * seqs_read * kv_elem_bytes  # read once per sequence
+        if p.si_units:
+            t_kv = _xfer_ms(kv_bytes / kv_shard, r.kv_bw, p)
+        else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
+            t_kv = kv_bytes / kv_shard / GIB / r.kv_bw * 1000.0
+        sparse = _tp_split_ms(mla, tokens, model, tp, g, r, p, kernels=len(gemms)) + t_kv
+        return sparse, (sparse if p.tp_dense_layers else mla + t_kv)
+
+    sparse_mla, dense_mla = attention(att, att_seqs)
     dense_mlp = _dense_mlp_ms(att, model, tp, g, r, p)
 
     tokens_gpu = bs / tp if p.batch_per_attention_rank else bs  # tokens each GPU feeds its experts
@@ -603,13 +610,23 @@ def decode_parts(
     t_w = _xfer_ms(_expert_bytes(model, r, "decode", p), r.bw, p)
     f = 1.0 if moe_tp else run.expert_imbalance  # sliced experts load every GPU alike
     moe = _DecodeMoE(model, g, r, p, tokens_gpu, n, gx, t_w, _h20_table(g, p), f, moe_tp, run.fp8_combine)
-    l_s = model.n_moe_layers + draft_tokens  # the draft module: one more MoE layer per draft token
+    l_s = model.n_moe_layers + _draft_layers_in_step(run, p)  # without `draft_passes`: one more MoE layer a draft
     out = _micro_batched(moe, model.n_dense_layers * (dense_mla + dense_mlp), sparse_mla, l_s)
     tpot_o, tpot = out["TPOT_O"], out["TPOT"]
-    if p.step_overhead:  # the engine's own time per step, outside the layers
-        tpot_o, tpot = tpot_o + r.step_overhead_ms, tpot + r.step_overhead_ms
-    if p.sequence_overhead:  # and per sequence of the rank the step waits for
-        per_seq = att_seqs * r.sequence_overhead_ms
+    step = r.step_overhead_ms if p.step_overhead else 0.0  # the engine's own time per forward, outside the layers
+    head = _lm_head_ms(att, model, tp, r, p) if p.lm_head else 0.0
+    tpot_o, tpot = tpot_o + step + head, tpot + step + head
+    draft_delta = np.zeros_like(tpot)
+    if p.draft_passes and draft_tokens:  # each draft a forward of its own over the sequences
+        draft_sparse, _ = attention(att_seqs, att_seqs)
+        draft_moe = replace(moe, tokens_gpu=seqs / tp if p.batch_per_attention_rank else seqs)
+        layer = _micro_batched(draft_moe, np.zeros_like(draft_sparse), draft_sparse, 1)
+        fixed = _lm_head_ms(att_seqs, model, tp, r, p) if p.lm_head else 0.0  # one graph: no engine time of its own
+        tpot_o = tpot_o + draft_tokens * (layer["TPOT_O"] + fixed)
+        tpot = tpot + draft_tokens * (layer["TPOT"] + fixed)
+        draft_delta = layer["Delta"] + draft_delta
+    if p.sequence_overhead:  # and per sequence of the rank the step waits for (per token it verifies: draft_passes)
+        per_seq = (att if p.draft_passes else att_seqs) * r.sequence_overhead_ms
         tpot_o, tpot = tpot_o + per_seq, tpot + per_seq
     tpot_o, tpot = tpot_o / r.model, tpot / r.model
     return {
@@ -624,6 +641,7 @@ def decode_parts(
         "TPOT_O": tpot_o,
         "TPOT": tpot,
         "Overlap": out["Overlap"],
+        "DraftDelta": draft_delta,  # a draft forward's exposed all-to-all (`draft_passes`), as Delta is a layer's
     }
 
 
@@ -753,14 +771,31 @@ def decode_steps_sum_ms(
     """
     if n_steps < 1:
         raise ValueError(f"`n_steps >= 1` must hold, got {n_steps=}")
+    p = profile or CostProfile.corrected()
     c0 = np.asarray(context0, dtype=float)
     lo = decode_parts(gpu, model, c0 + 1.0, batch, tp, ep, profile=profile, run=run)
     if n_steps == 1:
         return lo["TPOT"]
     hi = decode_parts(gpu, model, c0 + n_steps, batch, tp, ep, profile=profile, run=run)
     total_o = n_steps * (lo["TPOT_O"] + hi["TPOT_O"]) / 2.0
-    l_s = model.n_moe_layers + run.draft_tokens
-    return total_o + l_s * _sum_positive_arith(lo["Delta"], hi["Delta"], n_steps)
+    l_s = model.n_moe_layers + _draft_layers_in_step(run, p)
+    drafts = run.draft_tokens * _sum_positive_arith(lo["DraftDelta"], hi["DraftDelta"], n_steps)
+    return total_o + l_s * _sum_positive_arith(lo["Delta"], hi["Delta"], n_steps) + drafts
+
+
+def _draft_layers_in_step(run: DecodeRun, p: CostProfile) -> int:
+    """MoE layers an MTP step adds to the verify pass: one a draft token, unless each draft is priced as a forward
+    of its own (`draft_passes`)."""
+    return 0 if p.draft_passes else run.draft_tokens
+
+
+def _lm_head_ms(tokens: np.ndarray, model: Model, tp: np.ndarray, r: Rates, p: CostProfile) -> np.ndarray:
+    """The LM head over `tokens` tokens of an attention rank (`lm_head`): the vocab x hidden projection in BF16,
+    split by vocabulary over the TP group, its weights streamed once; compute- or memory-bound, whichever is
+    longer."""
+    n = model.vocab_size / tp
+    gflop = 2.0 * tokens * model.hidden * n / 1e9
+    return np.maximum(gflop / r.f16, _xfer_ms(n * model.hidden * 2.0, r.bw, p))
 
 
 def _sum_positive_arith(first: np.ndarray, last: np.ndarray, n: int) -> np.ndarray:

@@ -51,6 +51,8 @@ class CostProfile:
     dp_imbalance: bool = False
     request_overhead: bool = False
     node_dispatch: bool = False
+    lm_head: bool = False
+    draft_passes: bool = False
     calibration: Calibration | None = None  # component efficiency factors per GPU (costmodel/calibration.py)
 
     @staticmethod

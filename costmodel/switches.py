@@ -96,6 +96,15 @@ SYSTEM_DOCS: dict[str, str] = {
         "routed experts are on, which forwards it to those GPUs over NVLink (DeepEP's normal kernels); not one "
         "copy over the NIC per routed expert"
     ),
+    "lm_head": (
+        "every decode forward runs the LM head over its tokens: the vocabulary x hidden projection in BF16, split "
+        "over the attention TP group, its weights streamed once; not free"
+    ),
+    "draft_passes": (
+        "an MTP step's drafts are each a forward of their own over the running sequences: the draft module's layer "
+        "(attention and MoE at the sequences' batch) and the LM head (under `lm_head`), inside the step's CUDA graph "
+        "(no fixed engine time of their own); not one more MoE layer of the verify pass at its tokens"
+    ),
     "sequence_overhead": (
         "every decode step also pays the engine's time per running sequence outside the kernels (its scheduling, "
         "sampling and output bookkeeping on the CPU) for the sequences of the busiest attention rank, "

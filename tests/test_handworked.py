@@ -402,3 +402,42 @@ def test_node_dispatch_by_hand() -> None:
     for profile in (on, CostProfile.corrected()):  # one host: nothing crosses the NIC either way
         assert float(prefill_parts(gpu, DSV3, 4096, 1, 8, profile=profile)["Dispatch"]) == pytest.approx(
             float(prefill_parts(gpu, DSV3, 4096, 1, 8, profile=CostProfile.corrected())["Dispatch"]), rel=1e-12)
+
+
+def test_lm_head_by_hand() -> None:
+    """`lm_head`: a decode forward runs the vocabulary projection (129,280 x 7,168, BF16) over its tokens, split
+    by vocabulary over the TP group. H200 (989 BF16 TFLOPS, 4,800 GB/s, both at 0.85): 64 tokens a rank at TP 8
+    stream 16,160 x 7,168 x 2 bytes in 0.0568 ms, longer than their 14.8 GFLOP take (memory-bound); 1,024 tokens at
+    TP 1 take 1,898 GFLOP in 2.26 ms, longer than the 1.85 GB stream (compute-bound). Off, the step is the same
+    without it."""
+    gpu, off = load_gpu("H200"), CostProfile.corrected()
+    on = off.with_fixes(lm_head=True)
+    cases = ((64, 8, 16160 * 7168 * 2 / 1e6 / (4800 * 0.85)), (1024, 1, 2 * 1024 * 7168 * 129280 / 1e9 / (989 * 0.85)))
+    for batch, tp, want in cases:
+        got = decode_parts(gpu, DSV3, 2048, batch, tp, 32, profile=on)["TPOT"]
+        base = decode_parts(gpu, DSV3, 2048, batch, tp, 32, profile=off)["TPOT"]
+        assert float(got - base) == pytest.approx(want, rel=1e-9)
+    assert cases[0][2] == pytest.approx(0.05679, rel=1e-3) and cases[1][2] == pytest.approx(2.2576, rel=1e-3)
+
+
+def test_draft_passes_by_hand() -> None:
+    """`draft_passes`: an MTP step of 3 drafts is the verify pass (4 tokens a sequence through the model's layers)
+    plus 3 forwards of the draft module over the sequences alone, each one MoE layer at the batch of plain decode
+    (its attention, shared and routed experts and exposed all-to-all: the per-layer terms of a step without drafts)
+    and, with `lm_head`, the LM head again; the engine's fixed time (`step_overhead`) once a step, the drafts
+    replaying inside its CUDA graph. Without the switch the draft module is 3 more MoE layers of the verify pass, at
+    its 4 tokens a sequence."""
+    gpu, base = load_gpu("H200"), CostProfile.corrected().with_fixes(step_overhead=True, lm_head=True)
+    on = base.with_fixes(draft_passes=True)
+    batch, tp, ep, drafts = 16, 1, 16, 3
+
+    def layer(parts: dict) -> float:
+        return float(parts["SparseMLA"] + parts["SharedExpert"] + parts["RoutedExpert"] + max(parts["Delta"], 0.0))
+
+    verify = decode_parts(gpu, DSV3, 2048, batch, tp, ep, profile=base, run=DecodeRun(draft_tokens=drafts))
+    plain = decode_parts(gpu, DSV3, 2048, batch, tp, ep, profile=base)
+    got = decode_parts(gpu, DSV3, 2048, batch, tp, ep, profile=on, run=DecodeRun(draft_tokens=drafts))["TPOT"]
+    head = DSV3.vocab_size * DSV3.hidden * 2 / 1e6 / (4800 * 0.85)  # 16 tokens at TP 1: memory-bound, 0.454 ms
+    want = float(verify["TPOT"]) - drafts * layer(verify) + drafts * (layer(plain) + head)
+    assert float(got) == pytest.approx(want, rel=1e-9)
+    assert float(got) > float(verify["TPOT"])  # three forwards' weights and heads outweigh three layers' tokens

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.catalog import gpu_names, load_gpu, load_model, model_names
-from costmodel.formulas import decode_step_ms, decode_steps_sum_ms, max_batch, prefill_time_ms
+from costmodel.formulas import DecodeRun, decode_step_ms, decode_steps_sum_ms, max_batch, prefill_time_ms
 from costmodel.profile import CostProfile
 
 CORRECTED = CostProfile.corrected()
@@ -89,11 +89,13 @@ def test_max_batch_falls_with_context(g: str, m: str, tp: int, experts: int, c1:
 )
 def test_decode_steps_sum_is_the_sum_of_steps(g: str, m: str, tp: int, ep: int, bs: int, s: int, d: int) -> None:
     gpu, model = load_gpu(g), load_model(m)
-    for profile in (CORRECTED, CostProfile.shallowsim()):
+    mtp = CORRECTED.with_fixes(step_overhead=True, lm_head=True, draft_passes=True)  # drafts as forwards of their own
+    for profile, run in ((CORRECTED, DecodeRun()), (CostProfile.shallowsim(), DecodeRun()),
+                         (mtp, DecodeRun(draft_tokens=2))):  # fmt: skip
         if profile.name == "shallowsim" and g not in FP8_GPUS:
             continue  # shallowsim divides by the FP8 rate: infinite on GPUs without FP8
-        steps = decode_step_ms(gpu, model, s + np.arange(1, d + 1), bs, tp, ep, profile=profile)
-        fast = decode_steps_sum_ms(gpu, model, s, d, bs, tp, ep, profile=profile)
+        steps = decode_step_ms(gpu, model, s + np.arange(1, d + 1), bs, tp, ep, profile=profile, run=run)
+        fast = decode_steps_sum_ms(gpu, model, s, d, bs, tp, ep, profile=profile, run=run)
         assert np.isfinite(fast) and abs(fast - steps.sum()) <= 1e-9 * steps.sum()
 
 
