@@ -24,27 +24,32 @@ def test_the_peak_to_mean_is_the_burst_height_that_many_requests_arrive_at_or_be
     assert peak_to_mean(prof, 5.0) == pytest.approx(1 / 3)
 
 
-def test_the_rate_under_the_workloads_bursts_holds_over_the_day_and_the_next_rate_up_does_not(tmp_path: Path) -> None:
-    """A small plan (azure_code) under its workload's own arrivals: the rate `bursts` finds holds over the whole day
-    (the draws its probes made), 15 % more does not, and it is far below the Poisson rate (the code trace's 10-s
-    rate reaches 12.8 x its mean)."""
+@pytest.mark.xdist_group("step_searches")
+def test_the_rate_under_the_workloads_bursts_holds_over_the_day_and_the_next_rate_up_does_not(
+    step_searches: dict[str, Path],
+) -> None:
+    """The plan of a small inventory (conftest `STEP_INVENTORY`) under its workload's own arrivals (azure_code;
+    conftest `step_searches`, whose search ran `bursts` on it): the rate `bursts` found holds over the whole day (the
+    draws its probes made), 15 % more does not, and it is far below the Poisson rate (the code trace's 10-s rate
+    reaches 12.8 x its mean)."""
     import yaml
 
     from costmodel.catalog import CONF_DIR
-    from pipeline.planning.check import bursts
+    from pipeline.planning.check import BURST_PROBES, peak_to_mean
     from pipeline.planning.simulation import Runner, SimSettings, request_mix
     from simulator.arrivals import PROFILE_BIN_S
 
-    path, _ = plan_of(tmp_path)  # tiny_hetero's exact plan, as a search builds it (azure_code)
+    (path,) = (step_searches["first"] / "out").glob("*/*/plan.json")
     plan = plans.load(path)
     mix = request_mix(plan.workload, yaml.safe_load((CONF_DIR / "workload" / f"{plan.workload}.yaml").read_text()))
-    b = bursts(plan, mix)
-    assert 0 < b.rate_req_s < plan.rate_req_s and b.probes == 7
+    b = plan.bursts
+    assert b is not None and 0 < b.rate_req_s < plan.rate_req_s and b.probes == BURST_PROBES == 7
+    assert b.peak_to_mean == pytest.approx(peak_to_mean(mix.profile, b.percentile)) and b.peak_to_mean > 10
     assert b.estimate_req_s == pytest.approx(plan.rate_req_s / b.peak_to_mean)
     assert b.day_s == len(mix.profile) * PROFILE_BIN_S
-    runner = Runner(plan, plan.slo, SimSettings())
+    runner = Runner(plan, plan.slo, SimSettings(seed=b.seed))
     for rate, holds in ((b.rate_req_s, True), (b.rate_req_s * 1.15, False)):  # the same draws as the probes'
-        day = mix.requests(int(np.ceil(rate * b.day_s)), rate, "workload", 0)
+        day = mix.requests(int(np.ceil(rate * b.day_s)), rate, "workload", b.seed)
         assert day.arrival[-1] / 1e3 == pytest.approx(b.day_s, rel=0.1)  # a whole day of the profile
         _, m, _ = runner.simulate(day)
         assert (runner.verdict(m) == "") is holds, (rate, runner.verdict(m))
@@ -52,8 +57,8 @@ def test_the_rate_under_the_workloads_bursts_holds_over_the_day_and_the_next_rat
 
 @pytest.mark.xdist_group("step_searches")
 def test_a_search_under_the_workloads_arrivals_states_both_rates(step_searches: dict[str, Path]) -> None:
-    """The search of tiny_hetero by the exact MILP with search.arrivals=workload (conftest `step_searches`, which
-    the post-search steps' contract shares)."""
+    """The search of a small inventory (conftest `STEP_INVENTORY`) by the exact MILP with search.arrivals=workload
+    (conftest `step_searches`, which the post-search steps' contract shares)."""
     from mlflow.tracking import MlflowClient
 
     first = step_searches["first"]
