@@ -584,24 +584,8 @@ def decode_parts(
     spread = np.sqrt(2.0 * seqs * np.log(ranks)) if p.dp_imbalance else 0.0
     att_seqs = seqs + spread
     att = att_seqs * (1 + draft_tokens)  # the busiest rank's tokens
-    gemm1, attn1 = _attn_decode_gflop(model, c, p)
-    kv_elem_bytes = kv_bytes_per_element(r, p, run.kv_dtype)
-    kv_shard = 1 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
-
-    def attention(tokens: np.ndarray, seqs_read: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(sparse, dense) layers' attention for `tokens` query tokens of `seqs_read` sequences' KV caches."""
-        new_kv = tokens if p.new_tokens_only or model.attention != "mla" else np.zeros_like(tokens)
-        gemms = _attn_gemms(model, tokens, c, new_kv, decode=True)
-        mla = _attn_ms(gemm1 * tokens, attn1 * tokens, _attn_weight_bytes(model, r, p), r, p, gemms)
-        kv_bytes = c * model.kv_elems_per_token_layer * seqs_read * kv_elem_bytes  # read once per sequence
-        if p.si_units:
-            t_kv = _xfer_ms(kv_bytes / kv_shard, r.kv_bw, p)
-        else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
-            t_kv = kv_bytes / kv_shard / GIB / r.kv_bw * 1000.0
-        sparse = _tp_split_ms(mla, tokens, model, tp, g, r, p, kernels=len(gemms)) + t_kv
-        return sparse, (sparse if p.tp_dense_layers else mla + t_kv)
-
-    sparse_mla, dense_mla = attention(att, att_seqs)
+    layer = _DecodeLayer(model, g, r, p, c, tp, kv_bytes_per_element(r, p, run.kv_dtype))
+    sparse_mla, dense_mla = layer.attention(att, att_seqs)
     dense_mlp = _dense_mlp_ms(att, model, tp, g, r, p)
 
     tokens_gpu = bs / tp if p.batch_per_attention_rank else bs  # tokens each GPU feeds its experts
@@ -618,13 +602,10 @@ def decode_parts(
     tpot_o, tpot = tpot_o + step + head, tpot + step + head
     draft_delta = np.zeros_like(tpot)
     if p.draft_passes and draft_tokens:  # each draft a forward of its own over the sequences
-        draft_sparse, _ = attention(att_seqs, att_seqs)
-        draft_moe = replace(moe, tokens_gpu=seqs / tp if p.batch_per_attention_rank else seqs)
-        layer = _micro_batched(draft_moe, np.zeros_like(draft_sparse), draft_sparse, 1)
-        fixed = _lm_head_ms(att_seqs, model, tp, r, p) if p.lm_head else 0.0  # one graph: no engine time of its own
-        tpot_o = tpot_o + draft_tokens * (layer["TPOT_O"] + fixed)
-        tpot = tpot + draft_tokens * (layer["TPOT"] + fixed)
-        draft_delta = layer["Delta"] + draft_delta
+        one = _draft_forward(layer, replace(moe, tokens_gpu=seqs / tp if p.batch_per_attention_rank else seqs),
+                             att_seqs)  # fmt: skip
+        tpot_o, tpot = tpot_o + draft_tokens * one["TPOT_O"], tpot + draft_tokens * one["TPOT"]
+        draft_delta = one["Delta"] + draft_delta
     if p.sequence_overhead:  # and per sequence of the rank the step waits for (per token it verifies: draft_passes)
         per_seq = (att if p.draft_passes else att_seqs) * r.sequence_overhead_ms
         tpot_o, tpot = tpot_o + per_seq, tpot + per_seq
@@ -643,6 +624,45 @@ def decode_parts(
         "Overlap": out["Overlap"],
         "DraftDelta": draft_delta,  # a draft forward's exposed all-to-all (`draft_passes`), as Delta is a layer's
     }
+
+
+@dataclass(frozen=True)
+class _DecodeLayer:
+    """What a decode step's attention is priced from (`decode_parts`): the GPUs, the context and the TP group."""
+
+    model: Model
+    g: GPUArray
+    r: Rates
+    p: CostProfile
+    c: np.ndarray  # context tokens of every sequence
+    tp: np.ndarray
+    kv_elem_bytes: np.ndarray
+
+    def attention(self, tokens: np.ndarray, seqs_read: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sparse, dense) layers' attention for `tokens` query tokens of `seqs_read` sequences' KV caches."""
+        model, r, p, c, tp = self.model, self.r, self.p, self.c, self.tp
+        gemm1, attn1 = _attn_decode_gflop(model, c, p)
+        new_kv = tokens if p.new_tokens_only or model.attention != "mla" else np.zeros_like(tokens)
+        gemms = _attn_gemms(model, tokens, c, new_kv, decode=True)
+        mla = _attn_ms(gemm1 * tokens, attn1 * tokens, _attn_weight_bytes(model, r, p), r, p, gemms)
+        kv_shard = 1 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
+        kv_bytes = c * model.kv_elems_per_token_layer * seqs_read * self.kv_elem_bytes  # read once per sequence
+        if p.si_units:
+            t_kv = _xfer_ms(kv_bytes / kv_shard, r.kv_bw, p)
+        else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
+            t_kv = kv_bytes / kv_shard / GIB / r.kv_bw * 1000.0
+        sparse = _tp_split_ms(mla, tokens, model, tp, self.g, r, p, kernels=len(gemms)) + t_kv
+        return sparse, (sparse if p.tp_dense_layers else mla + t_kv)
+
+
+def _draft_forward(layer: _DecodeLayer, moe: _DecodeMoE, seqs: np.ndarray) -> dict[str, np.ndarray]:
+    """TPOT_O, TPOT and Delta of one MTP draft forward over `seqs` sequences (`draft_passes`): the draft module's
+    layer (attention, experts at the sequences' batch `moe`) and the LM head under `lm_head`, replayed inside the
+    step's CUDA graph: no fixed engine time of its own."""
+    sparse, _ = layer.attention(seqs, seqs)
+    out = _micro_batched(moe, np.zeros_like(sparse), sparse, 1)
+    head = _lm_head_ms(seqs, layer.model, layer.tp, layer.r, layer.p) if layer.p.lm_head else 0.0
+    return {"TPOT_O": out["TPOT_O"] + head, "TPOT": out["TPOT"] + head, "Delta": out["Delta"]}
 
 
 @dataclass(frozen=True)
