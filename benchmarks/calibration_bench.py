@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.calibrate import fit, leave_one_out, log_errors
-from costmodel.catalog import CONF_DIR
+from costmodel.calibrate import KERNEL_TABLES, fit, leave_one_out, log_errors
 from costmodel.measurements import COMPONENTS, load_measurements
 from costmodel.profile import CostProfile
 
@@ -155,7 +154,7 @@ def plans(cells: list[str], calibration: str, draws: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", nargs="+", default=[str(CONF_DIR / "calibration" / "published.csv")])
+    ap.add_argument("--data", nargs="+", default=[str(path) for path in KERNEL_TABLES])
     ap.add_argument("--calibration", default="published", help="for the plans: a shipped name or a file")
     ap.add_argument("--cells", default=",".join(CELLS), help="comma-separated inventory:workload (empty: none)")
     ap.add_argument("--draws", type=int, default=32)

@@ -117,14 +117,15 @@ def dense_rows(gpu: str, log: dict, source: str) -> list[list]:
     rows = []
     for m in DENSE_M:
         for n, k in DENSE_NK:
-            found = first_working(dense_recipes(m, n, k), log, f"dense m={m} n={n} k={k}")
+            candidates = dense_recipes(m, n, k)
+            found = first_working(candidates, log, f"dense m={m} n={n} k={k}")
             if found is None:
                 continue
             name, fn, err = found
             ms = bench_ms(fn)
             tflops = 2 * m * n * k / ms / 1e9
             # per-row scaling beside it, logged only: how far the block-scaled kernel is from the plainest FP8 one
-            rowwise = next(f for label, f, _ in dense_recipes(m, n, k) if label == "rowwise")
+            rowwise = next(f for label, f, _ in candidates if label == "rowwise")
             row_ms = bench_ms(rowwise)
             log.setdefault("dense", []).append({"m": m, "n": n, "k": k, "recipe": name, "ms": ms, "err": err,
                                                 "TFLOPS": tflops, "rowwise_ms": row_ms})

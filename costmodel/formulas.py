@@ -584,7 +584,8 @@ def decode_parts(
     spread = np.sqrt(2.0 * seqs * np.log(ranks)) if p.dp_imbalance else 0.0
     att_seqs = seqs + spread
     att = att_seqs * (1 + draft_tokens)  # the busiest rank's tokens
-    layer = _DecodeLayer(model, g, r, p, c, tp, kv_bytes_per_element(r, p, run.kv_dtype))
+    layer = _DecodeLayer(model, g, r, p, c, tp, kv_bytes_per_element(r, p, run.kv_dtype),
+                         *_attn_decode_gflop(model, c, p))  # fmt: skip
     sparse_mla, dense_mla = layer.attention(att, att_seqs)
     dense_mlp = _dense_mlp_ms(att, model, tp, g, r, p)
 
@@ -637,11 +638,12 @@ class _DecodeLayer:
     c: np.ndarray  # context tokens of every sequence
     tp: np.ndarray
     kv_elem_bytes: np.ndarray
+    gemm1: np.ndarray  # GEMM and attention GFLOP of one query token over the context (`_attn_decode_gflop`)
+    attn1: np.ndarray
 
     def attention(self, tokens: np.ndarray, seqs_read: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(sparse, dense) layers' attention for `tokens` query tokens of `seqs_read` sequences' KV caches."""
-        model, r, p, c, tp = self.model, self.r, self.p, self.c, self.tp
-        gemm1, attn1 = _attn_decode_gflop(model, c, p)
+        model, r, p, c, tp, gemm1, attn1 = self.model, self.r, self.p, self.c, self.tp, self.gemm1, self.attn1
         new_kv = tokens if p.new_tokens_only or model.attention != "mla" else np.zeros_like(tokens)
         gemms = _attn_gemms(model, tokens, c, new_kv, decode=True)
         mla = _attn_ms(gemm1 * tokens, attn1 * tokens, _attn_weight_bytes(model, r, p), r, p, gemms)
