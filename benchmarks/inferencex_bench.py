@@ -145,7 +145,8 @@ def _aggregated(
 ) -> Predicted:
     """An aggregated row: one engine of `tp` GPUs (experts over the engine), prefill chunked at
     CHUNK tokens a step beside the decoding sequences; with DP attention each rank prefills its own prompts, so an
-    engine takes CHUNK per rank and a piece's time is shared by the ranks."""
+    engine takes CHUNK per rank and a piece's time is shared by the ranks. The engine polls for new requests as its
+    launch set (`Row.recv_interval`)."""
     d = row.decode
     size, attn_tp, engines = decode_engine(row)  # Row.gpus: an aggregated row measures one engine
     ranks = size // attn_tp
@@ -159,7 +160,7 @@ def _aggregated(
     if dec_t.kv_tokens < row.isl + row.osl:
         why = f"the model leaves {dec_t.kv_tokens} KV tokens per engine, under one request"
         return Predicted(row, {}, time.perf_counter() - t0, why)
-    pool = [AggregatedEngine(i, dec_t, pre_t, CHUNK * ranks) for i in range(engines)]
+    pool = [AggregatedEngine(i, dec_t, pre_t, CHUNK * ranks, row.recv_interval) for i in range(engines)]
     r = Requests(np.zeros(len(inputs)), inputs, outputs)
     AggregatedSimulation(r, pool, concurrency=row.conc).run()
     return Predicted(row, benchmark_metrics(r, row.gpus), time.perf_counter() - t0)

@@ -187,7 +187,10 @@ def serving_ttft_ms(gpu: Any, p: dict[str, Any], profile: CostProfile) -> float:
     run = DecodeRun(moe_tp=p.get("moe", "ep") == "tp", kv_dtype=p.get("kv", "auto"))
     step = decode_step_ms(gpu, model, p.get("context", p["input"]), p.get("batch", 1), p["tp"], p.get("ep", p["dp"]),
                           profile=prof, run=run)  # fmt: skip
-    return front + pre / p["dp"] + float(step)
+    # an engine polling for requests every `recv` decode steps (simulator.aggregated) while others decode: the prompt
+    # waits half of them on average beyond the half step any engine makes it wait
+    unseen = (p.get("recv", 1) - 1) / 2 if p.get("batch", 1) > 1 else 0.0
+    return front + pre / p["dp"] + float(step) * (1.0 + unseen)
 
 
 # --- the fit -----------------------------------------------------------------------------------------

@@ -87,6 +87,9 @@ class Row:
     # weights leave, another quantity)
     mem_fraction: float | None = None
     kv_dtype: str | None = None  # the KV cache's format its decode engines ran (fp8 | bf16), as launched
+    # decode steps between an SGLang engine's polls for new requests while it decodes (--scheduler-recv-interval), as
+    # launched: 1 (SGLang's default, every step) where the launch set none or the engine is not SGLang's
+    recv_interval: int = 1
 
     @property
     def speculation(self) -> tuple[int, float]:
@@ -185,6 +188,8 @@ def ttft_measurement(row: Row, path: str | Path = INFERENCEX) -> Measurement | N
     else:
         shape = {"input": mean_in, "tp": p["tp"], "dp": p["ep"] // p["tp"], "engine": "agg", "batch": p["batch"],
                  "context": p["context"], "ep": p["ep"], "moe": p["moe"]}  # fmt: skip
+        if row.recv_interval > 1:
+            shape["recv"] = row.recv_interval
     shape["precision"] = row.precision
     if row.kv_dtype:
         shape["kv"] = row.kv_dtype
@@ -200,6 +205,7 @@ def load_admission(path: str | Path, rows: list[Row]) -> list[Row]:
     limits: dict[int, int] = {}
     fractions: dict[int, float] = {}
     kv: dict[int, str] = {}
+    recv: dict[int, int] = {}
     try:
         with p.open(newline="", encoding="utf-8") as f:
             for k, d in enumerate(csv.DictReader(f), 2):
@@ -217,6 +223,10 @@ def load_admission(path: str | Path, rows: list[Row]) -> list[Row]:
                         raise MeasurementError(f"{p}:{k}: kv_dtype must be one of {list(KV_BYTES)}, got "
                                                f"{d['kv_dtype']!r}")  # fmt: skip
                     kv[row.line] = d["kv_dtype"]
+                if d.get("scheduler_recv_interval"):
+                    recv[row.line] = int(d["scheduler_recv_interval"])
+                    if recv[row.line] < 1:
+                        raise MeasurementError(f"{p}:{k}: scheduler_recv_interval must be 1 or more")
                 if d.get("mem_fraction") and row.framework in SGLANG_FRAMEWORKS:
                     fractions[row.line] = float(d["mem_fraction"])
                     if not MIN_MEM_FRACTION <= fractions[row.line] <= MAX_MEM_FRACTION:
@@ -224,8 +234,8 @@ def load_admission(path: str | Path, rows: list[Row]) -> list[Row]:
                                                f"{MAX_MEM_FRACTION}")  # fmt: skip
     except (OSError, KeyError, ValueError) as err:
         raise MeasurementError(f"{p}: cannot read it as an admission table ({err})") from None
-    return [replace(r, max_running=limits.get(r.line), mem_fraction=fractions.get(r.line), kv_dtype=kv.get(r.line))
-            for r in rows]  # fmt: skip
+    return [replace(r, max_running=limits.get(r.line), mem_fraction=fractions.get(r.line), kv_dtype=kv.get(r.line),
+                    recv_interval=recv.get(r.line, 1)) for r in rows]  # fmt: skip
 
 
 def load_inferencex(path: str | Path = INFERENCEX, admission: str | Path | None = None) -> list[Row]:

@@ -93,8 +93,10 @@ COMPONENTS: dict[str, Component] = {
         "median time to first token of a closed-loop serving benchmark with few users (no queue): the front end, the "
         "prefill of an `input`-token prompt on `dp` attention ranks of TP `tp`, and disaggregated (`engine=disagg`) "
         "its KV transfer and hand-off; aggregated, the decode step of the others (`batch`, `context`, `ep`, `moe`) "
-        "the prompt's chunk shares. Fitted per kernel stack, and for every GPU for the fixed times",
-        optional=("engine", "precision", "batch", "context", "ep", "moe", "model", "kv"),
+        "the prompt's chunk shares, and half of the `recv` decode steps an SGLang engine launched with "
+        "--scheduler-recv-interval lets pass between its polls for new requests. Fitted per kernel stack, and for "
+        "every GPU for the fixed times",
+        optional=("engine", "precision", "batch", "context", "ep", "moe", "model", "kv", "recv"),
         words={"engine": ("agg", "disagg"), "precision": ("fp8", "fp4"), "moe": ("ep", "tp"), "kv": ("fp8", "bf16")},
         keyed="stack",
     ),

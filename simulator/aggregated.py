@@ -9,6 +9,11 @@ pieces, each the prompt's prefill up to the chunk's end less its prefill up to t
 (attention grows with the context). A request whose prompt completes in a step has its first token
 when the step ends; each later step gives it one more, and it leaves with its last.
 
+An engine polls for new requests after every step (`recv_interval` 1, SGLang's default) or, launched with
+`--scheduler-recv-interval N`, only once N decode-only steps have passed since its last poll, and after any step that
+prefilled (sglang's `SchedulerRecvSkipper`: a decode step weighs 1, a prefill step the whole interval). An idle engine
+takes a request at once. A request that arrives in between waits in the engine's inbox, unseen: its wait is TTFT.
+
 Arrivals are open (the requests' own times) or a closed loop of `concurrency` users, as in
 `simulator.core`; a request goes to the engine with the fewest requests waiting or running.
 `AggregatedSimulation.r` has the same record as `Simulation.r`, so `simulator.metrics.benchmark_metrics`
@@ -33,6 +38,9 @@ class AggregatedEngine:
     decode: DecodeTiming  # step time at (running sequences, mean context); sequence slots and KV tokens
     prefill: PrefillTiming  # one prompt's prefill time up to a length
     chunk: int  # prompt tokens per step (chunked prefill size)
+    recv_interval: int = 1  # decode-only steps between polls for new requests (SGLang's --scheduler-recv-interval)
+    inbox: list[int] = field(default_factory=list)  # arrived, not yet seen by the engine's scheduler
+    unpolled: int = 0  # decode-only steps since the last poll
     waiting: deque[int] = field(default_factory=deque)  # not yet admitted
     filling: dict[int, int] = field(default_factory=dict)  # admitted, prompt tokens prefilled so far (in order)
     running: dict[int, int] = field(default_factory=dict)  # decoding: tokens generated so far
@@ -42,7 +50,13 @@ class AggregatedEngine:
 
     @property
     def load(self) -> int:
-        return len(self.waiting) + len(self.filling) + len(self.running)
+        return len(self.inbox) + len(self.waiting) + len(self.filling) + len(self.running)
+
+    def poll(self) -> None:
+        """The scheduler takes every request that has arrived."""
+        self.waiting.extend(self.inbox)
+        self.inbox.clear()
+        self.unpolled = 0
 
 
 class AggregatedSimulation(Arrivals):
@@ -53,6 +67,8 @@ class AggregatedSimulation(Arrivals):
         for e in engines:
             if e.chunk < 1:
                 raise ValueError(f"engine {e.index}: the prefill chunk must be at least 1 token, got {e.chunk}")
+            if e.recv_interval < 1:
+                raise ValueError(f"engine {e.index}: the steps between polls must be at least 1, got {e.recv_interval}")
         self.r, self.engines, self.concurrency = requests, engines, concurrency
         self.front_ms = max(e.prefill.front_ms for e in engines)
         self.events: list[tuple[float, int, int, int]] = []
@@ -77,8 +93,9 @@ class AggregatedSimulation(Arrivals):
     def _arrive(self, req: int) -> None:
         e = min(self.engines, key=lambda x: (x.load, x.index))
         self.r.prefill_engine[req] = self.r.decode_engine[req] = e.index
-        e.waiting.append(req)
-        if not e.stepping:
+        e.inbox.append(req)
+        if not e.stepping:  # an idle engine polls at once
+            e.poll()
             self._start(e)
 
     def _admit(self, e: AggregatedEngine) -> None:
@@ -96,6 +113,9 @@ class AggregatedSimulation(Arrivals):
 
     def _start(self, e: AggregatedEngine) -> None:
         self._admit(e)
+        if not e.filling and not e.running and e.inbox:  # nothing to run: the idle engine polls at once
+            e.poll()
+            self._admit(e)
         if not e.filling and not e.running:
             e.stepping = False
             return
@@ -113,6 +133,10 @@ class AggregatedSimulation(Arrivals):
         self.push(self.now + ms, STEP, e.index)
 
     def _step_done(self, e: AggregatedEngine) -> None:
+        prefilled = bool(self.step_of.get(e.index))
+        e.unpolled = e.recv_interval if prefilled else e.unpolled + 1
+        if e.unpolled >= e.recv_interval:
+            e.poll()
         for req in list(e.running):
             e.running[req] += 1
             e.context += 1

@@ -211,3 +211,49 @@ def test_each_rows_decode_engines_admit_what_their_launch_let_them(tmp_path: Pat
         w.writerows(table)
     with pytest.raises(MeasurementError, match=rf"admission.csv:2: line {table[0]['line']} is not that row"):
         load_admission(bad, rows)
+
+
+def test_each_sglang_engine_polls_for_requests_as_its_launch_set(tmp_path: Path) -> None:
+    """`scheduler_recv_interval` (inferencex_admission.csv): InferenceX's B200 and B300 SGLang scripts launch TP 8 with
+    --scheduler-recv-interval 10 below 16 users and 30 from 16 (benchmarks/single_node/dsr1_fp8_b300.sh); the other
+    rows poll every step (1). A few-user TTFT of such an engine waits (N - 1) / 2 decode steps more than one polling
+    every step (costmodel.calibrate.serving_ttft_ms); an interval of 0 is one error naming its line."""
+    import csv
+    import dataclasses
+
+    from costmodel.calibrate import predict
+    from costmodel.calibration import load_calibration
+    from costmodel.catalog import load_gpu, load_model
+    from costmodel.formulas import DecodeRun, decode_step_ms
+    from costmodel.measured import ADMISSION, load_admission, ttft_measurement
+    from costmodel.profile import CostProfile
+
+    rows = load_inferencex()
+    by = {r.line: r for r in rows}
+    b300 = [r for r in rows if r.hardware == "b300" and r.framework == "sglang" and r.decode.tp == 8
+            and r.spec_method == "none" and r.precision == "fp8"]  # fmt: skip
+    assert {(r.conc, r.recv_interval) for r in b300} == {(1, 10), (4, 10), (16, 30), (64, 30)}
+    assert sum(r.recv_interval > 1 for r in rows) == 50
+    assert all(r.recv_interval == 1 for r in rows if r.hardware in ("h200", "mi300x", "mi355x") or r.disagg)
+    row = next(r for r in b300 if r.conc == 4)
+    m = ttft_measurement(row)
+    assert m is not None and m.params["recv"] == 10
+    profile = CostProfile.corrected().calibrated(load_calibration(INFERENCEX.parents[1] / "calibration/serving.yaml"))
+    every = ttft_measurement(dataclasses.replace(row, recv_interval=1))
+    assert every is not None and "recv" not in every.params
+    p = m.params
+    run = DecodeRun(moe_tp=p["moe"] == "tp", kv_dtype=p.get("kv", "auto"))
+    step = decode_step_ms(load_gpu("DGX-B300"), load_model("deepseek_v3"), p["context"], p["batch"], p["tp"], p["ep"],
+                          profile=profile.with_fixes(experts_fp8=True), run=run)  # fmt: skip
+    assert predict(m, profile) - predict(every, profile) == pytest.approx(4.5 * float(step) / 1e3, rel=1e-9)
+    with ADMISSION.open(newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    k = next(i for i, d in enumerate(table) if d["scheduler_recv_interval"])
+    table[k] = {**table[k], "scheduler_recv_interval": "0"}
+    bad = tmp_path / "admission.csv"
+    with bad.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+    with pytest.raises(MeasurementError, match=rf"admission.csv:{k + 2}: scheduler_recv_interval must be 1 or more"):
+        load_admission(bad, list(by.values()))

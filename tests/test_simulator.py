@@ -436,6 +436,30 @@ def test_a_closed_loop_never_has_more_requests_in_flight_than_users() -> None:
         Simulation(r, pre, dec, RoundRobin(), concurrency=0)
 
 
+def test_an_aggregated_engine_polls_for_requests_as_launched_by_hand() -> None:
+    """SGLang's --scheduler-recv-interval N: while it decodes, an engine takes new requests only once N decode-only
+    steps have passed since its last poll, and right after a step that prefilled; idle, it takes one at once. Decode
+    5 ms a step, prefill 1 ms a token: A (10 tokens) arrives at 0 on an idle engine and prefills in [0, 10); B (10
+    tokens) arrives at 12 ms. Polling every step, B is taken at 15 and prefilled beside A's decode in [15, 30): TTFT
+    18 ms. Every 4 steps, the steps ending at 15, 20, 25, 30 pass before the poll at 30: B's step is [30, 45), TTFT
+    33 ms, and after that prefill the engine polls again at once."""
+    from simulator.aggregated import AggregatedEngine, AggregatedSimulation
+
+    linear = PrefillTiming(np.array([1.0, 1e6]), np.array([1.0, 1e6]), 1.0, 1.0)  # n tokens: n ms
+    ttft = {}
+    for every in (1, 4):
+        r = Requests(np.array([0.0, 12.0]), np.array([10, 10]), np.array([100, 2]))
+        engine = AggregatedEngine(0, flat_decode(5.0), linear, chunk=100, recv_interval=every)
+        AggregatedSimulation(r, [engine]).run()
+        assert r.first_token[0] == pytest.approx(10.0)
+        ttft[every] = r.first_token[1] - r.arrival[1]
+        assert not engine.inbox
+    assert ttft == pytest.approx({1: 18.0, 4: 33.0})
+    with pytest.raises(ValueError, match="steps between polls must be at least 1"):
+        AggregatedSimulation(Requests(np.zeros(1), np.array([10]), np.array([2])),
+                             [AggregatedEngine(0, flat_decode(), linear, chunk=100, recv_interval=0)])  # fmt: skip
+
+
 def test_an_aggregated_engine_by_hand() -> None:
     """One aggregated engine, chunk 100 tokens, prefill 1 ms a token (linear), decode 5 ms a step: a request of 250
     prompt tokens and 3 output tokens takes 3 chunked steps (100, 100, 50 tokens: 100, 100, 50 ms), its first token
