@@ -49,10 +49,7 @@ def proposals(name: str, seed: int, n: int = 11) -> list[dict[str, Any]]:
     return out
 
 
-# saasbo's NUTS fits are mostly JAX tracing and compiling, a part of which is made once per process: its case runs in
-# the process of test_search's saasbo test (one xdist_group), which then compiles only what its own shapes need
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xdist_group("saasbo")) if n == "saasbo" else n
-                                  for n in sorted(SAMPLERS)])  # fmt: skip
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
 def test_sampler_proposes_inside_the_space_and_repeats_under_a_seed(name: str) -> None:
     dists = space("divider").distributions()
     first = proposals(name, 3)

@@ -253,7 +253,6 @@ def test_direct_proposals_over_the_inventory_are_rejected_or_repaired(tmp_path: 
     assert out["status"] == "optimal" and out["score"] > 0
 
 
-@pytest.mark.xdist_group("saasbo")  # in one process with test_contracts' saasbo case: JAX's one-time compiles once
 def test_saasbo_proposes_from_its_fitted_model_after_the_random_start(tmp_path: Path) -> None:
     pytest.importorskip("botorch")
     pytest.importorskip("numpyro")
