@@ -94,8 +94,7 @@ class AggregatedSimulation(Arrivals):
         e = min(self.engines, key=lambda x: (x.load, x.index))
         self.r.prefill_engine[req] = self.r.decode_engine[req] = e.index
         e.inbox.append(req)
-        if not e.stepping:  # an idle engine polls at once
-            e.poll()
+        if not e.stepping:
             self._start(e)
 
     def _admit(self, e: AggregatedEngine) -> None:

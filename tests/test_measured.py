@@ -203,12 +203,8 @@ def test_each_rows_decode_engines_admit_what_their_launch_let_them(tmp_path: Pat
     expressible = [r for r in rows if not (r.disagg and not (r.prefill.workers and r.decode.workers))]
     capped = [r for r in expressible if running(r) < r.conc]
     assert len(capped) == 68 and all(r.max_running is not None for r in capped)
-    bad = tmp_path / "admission.csv"
     table[0] = {**table[0], "hardware": "h100" if table[0]["hardware"] != "h100" else "h200"}
-    with bad.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0]))
-        w.writeheader()
-        w.writerows(table)
+    bad = _written(tmp_path / "admission.csv", table)
     with pytest.raises(MeasurementError, match=rf"admission.csv:2: line {table[0]['line']} is not that row"):
         load_admission(bad, rows)
 
@@ -250,10 +246,17 @@ def test_each_sglang_engine_polls_for_requests_as_its_launch_set(tmp_path: Path)
         table = list(csv.DictReader(f))
     k = next(i for i, d in enumerate(table) if d["scheduler_recv_interval"])
     table[k] = {**table[k], "scheduler_recv_interval": "0"}
-    bad = tmp_path / "admission.csv"
-    with bad.open("w", newline="", encoding="utf-8") as f:
+    bad = _written(tmp_path / "admission.csv", table)
+    with pytest.raises(MeasurementError, match=rf"admission.csv:{k + 2}: scheduler_recv_interval must be 1 or more"):
+        load_admission(bad, list(by.values()))
+
+
+def _written(path: Path, table: list[dict[str, str]]) -> Path:
+    """`table` (an admission table's rows) written to `path` as CSV."""
+    import csv
+
+    with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(table[0]))
         w.writeheader()
         w.writerows(table)
-    with pytest.raises(MeasurementError, match=rf"admission.csv:{k + 2}: scheduler_recv_interval must be 1 or more"):
-        load_admission(bad, list(by.values()))
+    return path
