@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from ortools.linear_solver import pywraplp
@@ -52,6 +54,7 @@ GAP = 1e-6  # relative MIP gap: the reference is exact to this
 # and a MILP over the classes near its layouts (the rest); at most a quarter of the limit
 COUNT_SEARCH_S = 20.0
 NEAR_SIZES = 10  # that MILP's classes: each one the count search's layouts hold and this many sizes either side
+LOSSES_PER_ROUND = 3  # spare_optimum: the losses that join the MILP per round, lowest first
 EXACT_OBJECTIVES = ("max_rate", "rate_per_dollar")
 
 
@@ -64,6 +67,7 @@ class ExactResult:
     solve_ms: float
     iterations: int  # MILPs solved (Dinkelbach steps for rate_per_dollar)
     bound: float = float("nan")  # max_rate: the solver's proven upper bound on Λ (= Λ when optimal)
+    lost_hosts: int = 0  # the optimum with this many hosts lost (spare_optimum; 0: every host up)
 
     @property
     def rate_per_dollar(self) -> float:
@@ -134,11 +138,13 @@ def solve_counts(
     backend: str = "HIGHS",
     relax: bool = False,
     fix: list[tuple[int, int]] | None = None,
+    halves: Sequence[tuple[int, str]] = (),
 ) -> tuple[ExactResult, list[tuple[float, float]]]:
     """One solve of the model (`theta` > 0: of max Λ − θ C, a Dinkelbach step; `budget`: (4); `kv_gb`: (5);
     `relax`: integers continuous, an LP; `fix`: every class's (n^P, n^D) given and no island aggregated, an LP
-    over the routing). Returns the result and each class's (n^P, n^D) as solved (aggregated islands, in the
-    result's islands, are not among them: the count search moves prefill and decode islands only)."""
+    over the routing; `halves`: (8) for each (class, role), `spare_optimum`'s). Returns the result and each
+    class's (n^P, n^D) as solved (aggregated islands, in the result's islands, are not among them: the count
+    search moves prefill and decode islands only)."""
     t0 = time.perf_counter()
     s = new_solver("HIGHS" if relax or fix is not None else backend, time_limit_s)  # GLOP: ABNORMAL at 10k GPUs
     n_j = len(p)
@@ -192,6 +198,8 @@ def solve_counts(
         used = [int(t.sizes[si]) * (n_p[c] + n_d[c] + n_a[c]) for c, (tj, si) in enumerate(classes) if tj == ti]
         if used:
             s.Add(s.Sum(used) <= t.count)  # (3)
+    for c, role in halves:  # (8) one island of class c in `role` lost (spare_optimum)
+        _loss_half(s, types, classes, p, lam, n_p if role == "prefill" else n_d, lost=c, role=role)
     total_cost = s.Sum([cost[c] * (n_p[c] + n_d[c] + n_a[c]) for c in range(len(classes))])
     if budget is not None:
         s.Add(total_cost <= budget)
@@ -219,6 +227,83 @@ def solve_counts(
     )
     ms = (time.perf_counter() - t0) * 1e3
     return ExactResult(status, lam.solution_value(), spent, tuple(islands), ms, 1, bound), counts
+
+
+def _loss_half(s: Any, types: list[TypeOptions], classes: list[tuple[int, int]], p: np.ndarray, lam: Any,
+               n: list[Any], *, lost: int, role: str) -> None:  # fmt: skip
+    """(8) for one island of class `lost` in `role` lost: a routing of that role of its own over the islands left,
+    which must serve Λ p_j of every range (the other role's routing is the one with every island up). With
+    w = [n_lost >= 1] (w <= n_lost <= most w), the class gives n_lost − w islands: a class without an island in
+    the role loses none."""
+    rows = [types[ti].prefill_req_s[si] if role == "prefill" else types[ti].decode_req_s[si] for ti, si in classes]
+    most = [types[ti].count // int(types[ti].sizes[si]) for ti, si in classes]
+    w = s.BoolVar("")
+    s.Add(w <= n[lost])
+    s.Add(n[lost] <= most[lost] * w)
+    x = [[s.NumVar(0.0, most[c], "") if rows[c][j] > 0 else None for j in range(len(p))] for c in range(len(classes))]
+    for j in range(len(p)):
+        s.Add(s.Sum([rows[c][j] * x[c][j] for c in range(len(classes)) if x[c][j] is not None]) >= p[j] * lam)
+    for c in range(len(classes)):
+        s.Add(s.Sum([v for v in x[c] if v is not None]) <= n[c] - (w if c == lost else 0))
+
+
+def spare_optimum(
+    types: list[TypeOptions], p: np.ndarray, *, time_limit_s: float = 120.0, backend: str = "HIGHS"
+) -> ExactResult:
+    """The best layout and roles with one host lost: max Λ over layouts, Λ the lowest rate over losing any one
+    island (its roles fixed, the routing re-solved: `solvers/spare.py`'s objective), for islands of whole hosts
+    (every island size a multiple of its type's host, so that a host lost stops one island), no aggregated
+    island, no budget or KV cap.
+
+    The model is (1)-(3) with (8) for every class and role: a MILP with a routing per loss. Most losses do not
+    bind, so they join as they do: the MILP over the losses found so far bounds Λ from above (fewer losses, a
+    relaxation), the layout it returns is scored exactly (every loss of one of its islands, an LP each with its
+    counts fixed, `solve_counts(fix=...)`), and the losses that score below the bound join, until the layout's
+    own lowest rate meets the bound: the optimum. Stopped by the time limit it is `feasible`, with the best layout
+    scored and the last bound."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    halves: list[tuple[int, str]] = []
+    best, bound, status = None, float("inf"), "infeasible"
+    while True:
+        res, counts = solve_counts(types, p, time_limit_s=max(deadline - time.perf_counter(), 1.0), backend=backend,
+                                   halves=halves)  # fmt: skip
+        if res.status not in ("optimal", "feasible"):
+            status = res.status if best is None else "feasible"
+            break
+        bound = min(bound, res.bound if res.bound == res.bound else res.rate_req_s)
+        whole = [(float(round(a)), float(round(b))) for a, b in counts]
+        losses = _loss_rates(types, p, whole)
+        low = min(losses.values(), default=res.rate_req_s)
+        if best is None or low > best.rate_req_s:
+            best = dataclasses.replace(res, rate_req_s=low)
+        if res.status == "optimal" and best.rate_req_s >= bound * (1 - 1e-6) - 1e-9:
+            status = "optimal"
+            break
+        new = [h for h, rate in sorted(losses.items(), key=lambda kv: kv[1]) if rate < bound * (1 - 1e-6)
+               and h not in halves][:LOSSES_PER_ROUND]  # fmt: skip
+        if not new or time.perf_counter() > deadline:
+            status = "feasible"
+            break
+        halves += new
+    ms = (time.perf_counter() - t0) * 1e3
+    if best is None:
+        return ExactResult(status, 0.0, 0.0, (), ms, 1, float("nan"))
+    return dataclasses.replace(best, status=status, solve_ms=ms, iterations=len(halves) + 1,
+                               bound=best.rate_req_s if status == "optimal" else bound, lost_hosts=1)  # fmt: skip
+
+
+def _loss_rates(
+    types: list[TypeOptions], p: np.ndarray, counts: list[tuple[float, float]]
+) -> dict[tuple[int, str], float]:
+    """Per (class, role) of the layout `counts` with an island there, its rate with one of those islands lost."""
+    out = {}
+    for c, pair in enumerate(counts):
+        for r, role in enumerate(("prefill", "decode")):
+            if pair[r] >= 1:
+                less = [((a - 1, b) if r == 0 else (a, b - 1)) if k == c else (a, b) for k, (a, b) in enumerate(counts)]
+                out[(c, role)] = solve_counts(types, p, time_limit_s=600.0, fix=less)[0].rate_req_s
+    return out
 
 
 def round_counts(

@@ -598,11 +598,14 @@ def _searched_incumbent(
 _MB_STATUS = {"OPTIMAL": "optimal", "FEASIBLE": "feasible", "INFEASIBLE": "infeasible"}
 
 
-def _solve_matrix(model: mb.Model, backend: str, time_limit_s: float) -> tuple[str, np.ndarray]:
-    """Solve with one backend, or AUTO: SCIP for AUTO_SCIP_S, then HiGHS for the rest of the time."""
+def _solve_matrix(
+    model: mb.Model, backend: str, time_limit_s: float, scip: str = SCIP_PARAMETERS
+) -> tuple[str, np.ndarray]:
+    """Solve with one backend, or AUTO: SCIP for AUTO_SCIP_S, then HiGHS for the rest of the time; `scip`: SCIP's
+    parameters."""
     if backend == "AUTO":
         t0 = time.perf_counter()
-        status, x = _solve_matrix(model, "SCIP", min(AUTO_SCIP_S, time_limit_s))
+        status, x = _solve_matrix(model, "SCIP", min(AUTO_SCIP_S, time_limit_s), scip)
         if status in ("optimal", "infeasible"):
             return status, x
         left = time_limit_s - (time.perf_counter() - t0)
@@ -627,7 +630,7 @@ def _solve_matrix(model: mb.Model, backend: str, time_limit_s: float) -> tuple[s
     if backend == "HIGHS":
         solver.set_solver_specific_parameters("mip_rel_gap=1e-7\noutput_flag=false")
     elif backend == "SCIP":
-        solver.set_solver_specific_parameters(SCIP_PARAMETERS)
+        solver.set_solver_specific_parameters(scip)
     code = solver.solve(model)
     status = _MB_STATUS.get(code.name)
     if status is None:

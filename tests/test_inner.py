@@ -337,9 +337,9 @@ def test_auto_hands_over_to_highs_when_scip_runs_out_of_its_stint(monkeypatch: p
     calls: list[str] = []
     real = inner._solve_matrix
 
-    def spy(model: Any, backend: str, limit: float) -> Any:
+    def spy(model: Any, backend: str, limit: float, *scip: str) -> Any:
         calls.append(backend)
-        out = real(model, backend, limit)
+        out = real(model, backend, limit, *scip)
         calls.append(out[0])
         return out
 
