@@ -350,14 +350,19 @@ class Reference:
     gap: float | None
     gap_is_bound: bool = False
     layout_ahead: float | None = None
+    lost_hosts: int = 0  # the optimum with this many hosts lost (search.reference=spare; 0: every host up)
 
     def __post_init__(self) -> None:
+        _whole(self.lost_hosts, "lost_hosts")
         for name in ("optimum_req_s", "rate_per_dollar", "bound_req_s", "gap", "layout_ahead"):
             _optional_real(getattr(self, name), name)
 
     def gap_text(self) -> str:
         """'gap 0.84%', 'gap <= 0.84%' where the reference only bounds the optimum, '' without a gap."""
-        return "" if self.gap is None else f"gap {'<= ' if self.gap_is_bound else ''}{self.gap:.2%}"
+        if self.gap is None:
+            return ""
+        gap = 0.0 if abs(self.gap) < 5e-7 else self.gap  # (the optimum itself, to rounding: no "-0.00%")
+        return f"gap {'<= ' if self.gap_is_bound else ''}{gap:.2%}"
 
     @property
     def points_ahead(self) -> bool:

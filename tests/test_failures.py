@@ -120,6 +120,22 @@ def test_a_search_reports_its_worst_host_on_the_console_in_plan_json_and_mlflow(
     assert run.data.metrics["one_host_lost_req_s"] == pytest.approx(w.rate_req_s, rel=1e-5)
 
 
+def lowest_over(bp: Any, bd: Any, p: Any, scenarios: list[set[int]], roles: tuple[str, ...]) -> float:
+    """The lowest rate over `scenarios` (each: the islands that stop) with `roles` fixed, each scenario's routing
+    solved as an LP (`solvers.inner`): what a role assignment keeps, by brute force."""
+    import numpy as np
+
+    from solvers.inner import InnerProblem, solve
+
+    n_i = len(bp)
+    rates = []
+    for down in scenarios:
+        keep = np.array([i not in down for i in range(n_i)])[:, None]
+        prob = InnerProblem(tuple(("X", 1 + i) for i in range(n_i)), p, bp * keep, bd * keep, roles=roles)
+        rates.append(solve(prob).rate_req_s)
+    return min(rates)
+
+
 def test_spare_roles_keep_the_most_with_an_island_lost_as_every_role_assignment_tried_in_turn_says() -> None:
     """`solvers/spare.py` against brute force: every assignment of prefill / decode roles, each scenario's
     routing solved as an LP with those roles fixed (`solvers.inner`), the lowest over the scenarios; the best
@@ -138,12 +154,7 @@ def test_spare_roles_keep_the_most_with_an_island_lost_as_every_role_assignment_
     scenarios = [{0}, {1, 2}, {3}, {4}]
 
     def lowest(roles: tuple[str, ...]) -> float:
-        rates = []
-        for down in scenarios:
-            keep = np.array([i not in down for i in range(n_i)])[:, None]
-            prob = InnerProblem(tuple(("X", 1 + i) for i in range(n_i)), p, bp * keep, bd * keep, roles=roles)
-            rates.append(solve(prob).rate_req_s)
-        return min(rates)
+        return lowest_over(bp, bd, p, scenarios, roles)
 
     brute = {roles: lowest(roles) for roles in itertools.product(("prefill", "decode"), repeat=n_i)}
     found = spare_roles(bp, bd, p, scenarios)
@@ -153,6 +164,41 @@ def test_spare_roles_keep_the_most_with_an_island_lost_as_every_role_assignment_
     # the roles that serve the most with every island up are not the ones that keep the most with one lost here
     all_up = solve(InnerProblem(tuple(("X", 1 + i) for i in range(n_i)), p, bp, bd))
     assert brute[all_up.roles] < found.rate_req_s
+
+
+def test_identical_islands_solved_as_classes_keep_what_every_role_assignment_tried_in_turn_keeps() -> None:
+    """One island lost at a time: `solvers/spare.py` solves over classes of identical islands (`by_class`); against
+    brute force over every role assignment of the islands, and against the model over the islands one by one
+    (`by_island`), with an island on no host (never lost) and an island whose role is kept."""
+    import itertools
+    import time
+
+    import numpy as np
+
+    from solvers.spare import by_island, spare_roles
+
+    rng = np.random.default_rng(11)
+    n_j = 3
+    kinds_p, kinds_d = rng.uniform(5, 40, (3, n_j)), rng.uniform(5, 40, (3, n_j))
+    which = [0, 0, 0, 1, 1, 2]  # three alike islands, two alike, one of its own
+    bp, bd, n_i = kinds_p[which], kinds_d[which], len(which)
+    p = np.array([0.5, 0.3, 0.2])
+    scenarios = [{i} for i in range(n_i - 1)]  # the last island is on no host
+    fixed = [None, None, None, "decode", "decode", None]  # ... and the alike pair keep their decode role
+
+    def lowest(roles: tuple[str, ...]) -> float:
+        return lowest_over(bp, bd, p, scenarios, roles)
+
+    brute = max(lowest(roles) for roles in itertools.product(("prefill", "decode"), repeat=n_i)
+                if all(f is None or f == r for f, r in zip(fixed, roles, strict=True)))  # fmt: skip
+    found = spare_roles(bp, bd, p, scenarios, fixed=fixed)
+    assert found.status == "optimal" and found.rate_req_s > 0
+    assert found.rate_req_s == pytest.approx(brute, rel=1e-6)
+    assert lowest(found.roles) == pytest.approx(found.rate_req_s, rel=1e-6)
+    assert found.roles[3:5] == ("decode", "decode")
+    one_by_one = by_island(bp, bd, p, [frozenset(s) for s in scenarios], time_limit_s=10.0, backend="AUTO",
+                           fixed=fixed, t0=time.perf_counter())  # fmt: skip
+    assert one_by_one.rate_req_s == pytest.approx(found.rate_req_s, rel=1e-6)
 
 
 def test_four_alike_islands_keep_half_with_one_lost_and_two_keep_nothing() -> None:
@@ -197,6 +243,10 @@ def test_loss_scenarios_keep_the_sets_no_other_includes() -> None:
         (["costmodel.aggregated=true"], "search.spare_hosts=1 scores each trial's layout by its rate with its worst "
                                         "hosts lost, with prefill and decode roles for every island; "
                                         "costmodel.aggregated=true lets islands run aggregated engines"),
+        (["search.spare_hosts=2", "search.reference=spare"], "search.reference=spare solves the optimum with one "
+                                                             "host lost; this search plans for 2"),
+        (["search.reference=spare", "search.shapes=any", "search.min_island=2"],
+         "search.reference=spare: H200 islands of 2 GPUs share a host of 8, so a host lost stops several islands"),
     ],
 )
 def test_spare_hosts_it_cannot_plan_for_is_one_line(tmp_path: Path, extra: list[str], says: str) -> None:
@@ -207,6 +257,25 @@ def test_spare_hosts_it_cannot_plan_for_is_one_line(tmp_path: Path, extra: list[
                    f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")  # fmt: skip
     one_line(r, f"error: {says}")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["search.sampler=exact"], "search.sampler=exact cannot plan for it"),
+    (["costmodel.aggregated=true"], "costmodel.aggregated=true cannot plan for it"),
+    (["search.objective=goodput"], "search.objective=goodput cannot plan for it"),
+])  # fmt: skip
+def test_by_default_a_search_that_cannot_plan_for_a_host_lost_plans_every_host_up_and_says_why(
+    tmp_path: Path, extra: list[str], says: str
+) -> None:
+    """search.spare_hosts=auto (the default): 1 where the search can plan for it, else 0, and the reason said."""
+    from pipeline.search.settings import inventory_of, read_settings
+
+    cfg = compose([*SMALL, f"out_root={tmp_path}/out", *extra])
+    settings = read_settings(cfg, *inventory_of(cfg))
+    assert settings.search.spare_hosts == 0 and says in settings.spare_off
+    cfg = compose([*SMALL, f"out_root={tmp_path}/out"])
+    settings = read_settings(cfg, *inventory_of(cfg))
+    assert settings.search.spare_hosts == 1 and settings.spare_off == ""
 
 
 def test_a_search_for_one_spare_host_keeps_serving_where_the_fastest_plan_stops(tmp_path: Path) -> None:
@@ -270,3 +339,61 @@ def test_a_search_whose_best_layout_serves_nothing_writes_no_plan_and_says_why(
     one_line(r, f"error: no plan: {why} Trials are kept in", code=1)
     assert not list((tmp_path / "out").rglob("plan.json")) and not (tmp_path / "out" / "latest").exists()
     assert len(list((tmp_path / "out").rglob("trials.jsonl"))) == 1
+
+
+def test_the_node_map_flags_an_island_whose_loss_costs_more_than_its_share_of_the_gpus(tiny: Any) -> None:
+    """tiny's plan decodes on one island of 32 H20 over four hosts: losing any of them stops the plan (keeps 0 %,
+    with half of the serving GPUs), flagged; each H200 prefill island is 8 of 64 serving GPUs (12.5 %) and its
+    loss costs less than that share or more, as the losses say."""
+    from pipeline.records.report import _node_map
+
+    _, _, plan, losses = tiny
+    rows = {line.split(" | ")[1]: line for line in _node_map(plan.islands, losses) if line.startswith("| H")}
+    assert "**keeps 0%** (has 50% of the GPUs)" in rows["32 x H20"]
+    gpus = sum(isl.size for isl in plan.islands if isl.serving)
+    for i, isl in enumerate(plan.islands):
+        if isl.gpu != "H200" or not isl.serving:
+            continue
+        keep = min(h.rate_req_s for h in losses.losses if i in h.islands) / losses.rate_req_s
+        row = next(r for label, r in rows.items() if label.endswith("x H200") or "H200 (x" in label)
+        assert f"keeps {keep:.0%}" in row
+        assert ("**" in row) == (1 - keep > isl.size / gpus)
+    assert not any("a host lost" in line for line in _node_map(plan.islands, None))
+
+
+def test_the_optimum_with_the_worst_host_lost_is_what_every_layout_and_role_tried_in_turn_keeps() -> None:
+    """`solvers.exact.spare_optimum` against brute force: two GPU types, islands of one or two hosts, every count
+    of prefill and decode islands of each size that fits the inventory, each scored by its lowest rate over losing
+    any one of its islands (an LP with the counts fixed); the best of them is the optimum, and its layout keeps
+    it. It is below the optimum with every host up, which loses nothing."""
+    import itertools
+
+    import numpy as np
+
+    from solvers.exact import _loss_rates, exact_optimum, island_classes, solve_counts, spare_optimum
+    from solvers.type_options import TypeOptions
+
+    rng = np.random.default_rng(5)
+    p = np.array([0.6, 0.4])
+    types = [TypeOptions(g, count, 1.0, np.array([8, 16]), rng.uniform(2, 20, (2, 2)) * [[1], [2.1]],
+                         rng.uniform(2, 20, (2, 2)) * [[1], [1.9]]) for g, count in (("A", 32), ("B", 24))]  # fmt: skip
+    classes = island_classes(types)
+    most = [types[ti].count // int(types[ti].sizes[si]) for ti, si in classes]
+    best = 0.0
+    for counts in itertools.product(*[[(a, b) for a in range(m + 1) for b in range(m + 1 - a)] for m in most]):
+        used = {ti: 0 for ti in range(len(types))}
+        for (ti, si), (a, b) in zip(classes, counts, strict=True):
+            used[ti] += int(types[ti].sizes[si]) * (a + b)
+        if any(used[ti] > types[ti].count for ti in used):
+            continue
+        whole = [(float(a), float(b)) for a, b in counts]
+        losses = _loss_rates(types, p, whole)
+        up = solve_counts(types, p, time_limit_s=60.0, fix=whole)[0].rate_req_s
+        best = max(best, min(losses.values(), default=up))
+    found = spare_optimum(types, p, time_limit_s=60.0)
+    assert found.status == "optimal" and found.lost_hosts == 1 and best > 0
+    assert found.rate_req_s == pytest.approx(best, rel=1e-6) and found.bound == pytest.approx(best, rel=1e-6)
+    assert found.rate_req_s < exact_optimum(types, p).rate_req_s
+    mine = [tuple(float(found.islands.count((types[ti].gpu, int(types[ti].sizes[si]), role)))
+                  for role in ("prefill", "decode")) for ti, si in classes]  # fmt: skip
+    assert min(_loss_rates(types, p, mine).values()) == pytest.approx(best, rel=1e-6)  # type: ignore[arg-type]

@@ -77,4 +77,7 @@ def test_the_previous_releases_main_job_plan_reports_the_rows_it_reported() -> N
     before = (data / "report_v2_hetero_a.md").read_text().splitlines()
     trials = before.index("Top layouts (each once: the first trial that scored it, and how many trials did):")
     now = report(plan, pd.DataFrame(), "\n".join(before[:3]), "routing.png", STEPS).splitlines()
-    assert now == before[: trials - 1]
+    assert len(now) == trials - 1
+    for old, new in zip(before[: trials - 1], now, strict=True):
+        # the node map has gained a column since: the share of the rate kept with a host of the island lost
+        assert new == old or (old.startswith(("Node map", "|")) and new.startswith(old.removesuffix("):"))), old

@@ -174,7 +174,7 @@ def test_exact_reference_limited_to_given_layouts_is_their_best(tmp_path: Path) 
     from pipeline.search.reference import reference
     from pipeline.search.trial import run_trial
 
-    settings, ctx = small_context(tmp_path, "search.reference_time_limit_s=120")
+    settings, ctx = small_context(tmp_path, "search.reference_time_limit_s=120", "search.spare_hosts=0")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=4))
     points = [study.ask(ctx.space.distributions()).params for _ in range(3)]
     scores, per_type = [], []
@@ -248,7 +248,8 @@ def test_direct_proposals_over_the_inventory_are_rejected_or_repaired(tmp_path: 
     _, ctx = small_context(tmp_path, "search=direct", "search.k_slots=4")
     out = run_trial(ctx, over)
     assert out["status"] == "rejected" and out["score"] == 0 and "sum to 24 > 16" in out["note"]
-    _, ctx = small_context(tmp_path, "search=direct", "search.k_slots=4", "search.on_violation=repair")
+    _, ctx = small_context(tmp_path, "search=direct", "search.k_slots=4", "search.on_violation=repair",
+                           "search.spare_hosts=0")  # (the repaired layout serves, but not with a host lost)
     out = run_trial(ctx, over)
     assert out["status"] == "optimal" and out["score"] > 0
 

@@ -83,7 +83,7 @@ def test_a_reference_stopped_by_its_time_limit_bounds_the_gap(tmp_path: Path) ->
     from pipeline.search.trials import SearchRun
     from solvers.exact import ExactResult
 
-    cfg = compose([*SMALL, f"out_root={tmp_path}/out", "search.iterations=1"])
+    cfg = compose([*SMALL, f"out_root={tmp_path}/out", "search.iterations=1", "search.spare_hosts=0"])
     settings, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
     run = SearchRun(settings, ctx, None)
     run.ref = ExactResult("optimal", 100.0, 1.0, (), 1.0, 1, 100.0)

@@ -16,6 +16,7 @@ import dataclasses
 import numpy as np
 
 from costmodel.calibration import Calibration
+from pipeline.forking import Forked, forkable
 from pipeline.planning.planner import Layout, Planner
 from plan import Band
 
@@ -41,10 +42,19 @@ def rate_band(
     """The 10th, 50th and 90th percentile rate; None without an uncertain calibration or draws."""
     if cal is None or not cal.uncertain or draws < 1 or searched_req_s <= 0:
         return None
-    rates = []
-    for c in cal.draws(draws, seed):
-        _, sol = redrawn(planner, c).solve(layout, "max_rate", time_limit_s, backend=backend)
-        rates.append(sol.rate_req_s)
+    cals = cal.draws(draws, seed)
+    half = len(cals) // 2
+    # the second half of the draws in a child process beside this one where this process may fork (each draw
+    # benchmarks the layout's islands afresh: seconds); the rates in the draws' order either way
+    other = Forked(_rates, planner, layout, cals[half:], time_limit_s, backend) if forkable() and half else None
+    rates = _rates(planner, layout, cals if other is None else cals[:half], time_limit_s, backend)
+    if other is not None:
+        rates += other.result(what="the rate band's second half")
     scale = headline_req_s / searched_req_s
     q = np.quantile(np.asarray(rates), [0.1, 0.5, 0.9]) * scale
     return Band(float(q[0]), float(q[1]), float(q[2]), draws, cal.name)
+
+
+def _rates(planner: Planner, layout: Layout, cals: list[Calibration], time_limit_s: float, backend: str) -> list[float]:
+    """The layout's max_rate under each calibration in `cals`."""
+    return [redrawn(planner, c).solve(layout, "max_rate", time_limit_s, backend=backend)[1].rate_req_s for c in cals]

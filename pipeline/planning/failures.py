@@ -120,8 +120,14 @@ def worst_loss(
 
 def spare_solve(planner: Planner, layout: Layout, spare: int, time_limit_s: float, backend: str = "AUTO") -> SpareRoles:
     """The roles of `layout` that keep the most with its worst `spare` hosts lost, and that rate, in the search's
-    model (each island's whole-mix load cap): `solvers/spare.py` over `loss_scenarios`."""
+    model (each island's whole-mix load cap): `solvers/spare.py` over `loss_scenarios`; cached by the planner."""
+    key = (layout, spare, backend)
+    if key in planner.spare_cache:
+        return planner.spare_cache[key]
     prob = planner.problem(layout, "max_rate")
     hosts_of = place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
     scenarios = [down for _, down in loss_scenarios(layout.islands, hosts_of, spare)]
-    return spare_roles(prob.prefill_req_s, prob.decode_req_s, prob.p, scenarios, time_limit_s, backend)
+    found = spare_roles(prob.prefill_req_s, prob.decode_req_s, prob.p, scenarios, time_limit_s, backend)
+    if found.status == "optimal":  # (a solve cut short by its time limit may do better with another try)
+        planner.spare_cache[key] = found
+    return found

@@ -89,6 +89,9 @@ class Planner:
     _full: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _caps: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _other: Planner | None = field(default=None, repr=False)  # `poisson` / `bursty`: the same planner, other caps
+    # pipeline.planning.failures.spare_solve's results by (layout, hosts lost, backend): a search proposes a layout
+    # more than once
+    spare_cache: dict[tuple[Layout, int, str], Any] = field(default_factory=dict, repr=False)
     hits: int = 0
     misses: int = 0
 
@@ -149,7 +152,8 @@ class Planner:
 
     def with_cost(self, cost: CostSettings) -> Planner:
         """This planner under other cost settings, its caches fresh."""
-        return dataclasses.replace(self, cost=cost, _cache={}, _full={}, _caps={}, _other=None, hits=0, misses=0)
+        return dataclasses.replace(self, cost=cost, _cache={}, _full={}, _caps={}, _other=None, spare_cache={}, hits=0,
+                                   misses=0)
 
     def poisson(self) -> Planner:
         """This planner with the SLO caps of Poisson arrivals (itself where it has them); benchmarks shared."""

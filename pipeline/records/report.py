@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from plan import RATES, Island, Plan, RangeShare, node_spans
+from plan import RATES, HostLosses, Island, Plan, RangeShare, node_spans
 
 # The two rates of one layout, in the words the console and report.md use for them (docs/inner.md).
 TWO_MODELS = (
@@ -146,7 +146,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
     lines += _extrapolation_lines(plan)
     if routing_png:
         lines += ["", f"![which island serves which input lengths]({routing_png})"]
-    lines += _node_map(plan.islands)
+    lines += _node_map(plan.islands, plan.host_losses)
     lines += [line for s in steps for line in s.sections(plan)]
     lines += ["", "Diagnostics:", "", "| | |", "|---|---|", *_search_rows(plan)]
     lines += [
@@ -310,27 +310,34 @@ def routing_plot(path: Path, plan: Plan, title: str) -> None:
     plt.close(fig)
 
 
-def _node_map(islands: Sequence[Island]) -> list[str]:
-    """Which island runs on which hosts, and what each serving island is expected to do there."""
+def _node_map(islands: Sequence[Island], losses: HostLosses | None = None) -> list[str]:
+    """Which island runs on which hosts, what each serving island is expected to do there, and, with the plan's
+    host losses, the share of its rate the plan keeps when a host of the island fails (its worst host): flagged
+    where that costs more than the island's share of the serving GPUs."""
     if not any(isl.hosts is not None for isl in islands):
         return []
+    kept = _kept_by_island(islands, losses)
     out = [
         "",
         "Node map (hosts numbered per GPU type; expected latency: the queueing model's TTFT at the SLO "
         "percentile for prefill, the mean decode step for decode (aggregated: with its prompts' chunks); redundant "
         "experts: replicas added so the "
-        "routed experts divide evenly over the EP group):",
+        "routed experts divide evenly over the EP group"
+        + ("; a host lost: the share of the plan's rate kept with one of the island's hosts down, **flagged** "
+           "where the loss costs more than the island's share of the serving GPUs" if kept else "") + "):",
         "",
-        "| hosts | island | role | expected latency | EP group: experts/GPU (+redundant) |",
-        "|---|---|---|---:|---|",
+        "| hosts | island | role | expected latency | EP group: experts/GPU (+redundant) |"
+        + (" a host lost |" if kept else ""),
+        "|---|---|---|---:|---|" + ("---|" if kept else ""),
     ]
 
     def cells(isl: Island) -> str:
+        loss = f" {kept.get(id(isl), '-')} |" if kept else ""
         if not isl.serving:
-            return "idle | - | - |"
+            return "idle | - | - |" + loss
         lat = (f"TTFT {isl.ttft_ms_expected:.0f} ms" if isl.ttft_ms_expected is not None
                else f"TPOT {isl.tpot_ms_expected:.1f} ms" if isl.tpot_ms_expected is not None else "-")  # fmt: skip
-        return f"{isl.role} | {lat} | {isl.ep_group}: {isl.experts_per_gpu} (+{isl.redundant_experts}) |"
+        return f"{isl.role} | {lat} | {isl.ep_group}: {isl.experts_per_gpu} (+{isl.redundant_experts}) |" + loss
 
     def aligned(isl: Island) -> bool:
         return isl.hosts is None or isl.hosts.aligned(isl.size)
@@ -343,6 +350,23 @@ def _node_map(islands: Sequence[Island]) -> list[str]:
             hosts = f"{isl.gpu} node{'s' if len(set(nodes)) > 1 else ''} {node_spans(nodes)}"
             hosts += "" if aligned(isl) else " (islands not host-aligned)"
         out.append(f"| {hosts} | {_label(group)} | {cells(isl)}")
+    return out
+
+
+def _kept_by_island(islands: Sequence[Island], losses: HostLosses | None) -> dict[int, str]:
+    """Per serving island (by id), the share of the rate kept with its worst host lost, flagged where the loss costs
+    more than the island's share of the serving GPUs ({} without host losses)."""
+    if losses is None or losses.rate_req_s <= 0:
+        return {}
+    gpus = sum(isl.size for isl in islands if isl.serving)
+    out = {}
+    for i, isl in enumerate(islands):
+        rates = [h.rate_req_s for h in losses.losses if i in h.islands]
+        if not isl.serving or not rates:
+            continue
+        keep = min(rates) / losses.rate_req_s
+        text, share = f"keeps {keep:.0%}", isl.size / gpus
+        out[id(isl)] = f"**{text}** (has {share:.0%} of the GPUs)" if 1 - keep > share + 1e-9 else text
     return out
 
 

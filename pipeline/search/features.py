@@ -79,6 +79,12 @@ FEATURES: tuple[Feature, ...] = (
 BY_SETTING = {f.setting: f for f in FEATURES}
 
 
+def excluded_by(f: Feature, c: Choices) -> str:
+    """The first setting that is on among those `f` cannot go with ("" if none)."""
+    values = dataclasses.asdict(c)
+    return next((other.format(**values) for other in f.excludes if BY_SETTING[other].on(c)), "")
+
+
 def check_features(c: Choices, features: tuple[Feature, ...] = FEATURES) -> None:
     """ConfigError for the first feature that is on without what it needs, or with one it excludes."""
     by_setting = {f.setting: f for f in features}

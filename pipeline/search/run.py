@@ -89,6 +89,9 @@ def _search(settings: Settings, trial_fn: TrialFn, tracker: Tracker | Served) ->
     ]
     for note in notes:
         print(f"[search] warning: {note}", flush=True)
+    if settings.spare_off:
+        print(f"[search] not planned for a host lost (search.spare_hosts=auto): {settings.spare_off}",
+              flush=True)  # fmt: skip
     try:
         write_json(run.dir / "config.json", recorded(settings, ctx))
         run.ref = run_reference(run, settings, ctx)
@@ -289,6 +292,7 @@ def _plan(
             gap=None if gap is None or gap != gap else gap,
             gap_is_bound=run.gap_is_bound,
             layout_ahead=_reference_ahead(run, settings, score),
+            lost_hosts=ref.lost_hosts,
         )
     search = SearchInfo(
         objective=settings.search.objective,

@@ -8,6 +8,7 @@ that names the key and how to fix it, so nothing expensive starts on a config th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -29,7 +30,7 @@ from pipeline.planning.goodput import GoodputCheck
 from pipeline.planning.inventory import Inventory, inventory_from_cfg
 from pipeline.planning.planner import Planner
 from pipeline.planning.workload import Workload, ranges_from_cfg, workload_from_cfg
-from pipeline.search.features import Choices, check_features
+from pipeline.search.features import BY_SETTING, Choices, check_features, excluded_by
 from pipeline.search.samplers import SAMPLERS
 from pipeline.search.space import GENERATORS, Space
 from plan import Plan, node_spans
@@ -73,6 +74,7 @@ class SearchOptions:
     seed: int
     resume: bool
     reference: bool  # solve the exact reference and give every trial's gap to it
+    reference_spare: bool  # search.reference=spare: the reference is the optimum with the worst host lost
     reference_time_limit_s: float
     inner_time_limit_s: float
     backend: str  # the inner MILP's solver
@@ -132,6 +134,7 @@ class Settings:
     config: dict[str, Any] = field(default_factory=dict)  # the resolved config, for the record
     # each post-search step's own settings by its name (PlanStep.read; pipeline.search.steps.read_steps)
     steps: Mapping[str, Any] = field(default_factory=dict)
+    spare_off: str = ""  # why search.spare_hosts=auto planned with every host up ("": it did not, or was not auto)
 
     @property
     def mode(self) -> str:
@@ -202,14 +205,23 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         raise ConfigError("search.lost_hosts names hosts of a running plan that are gone: give that plan too "
                           "(search.from_plan=PATH), or drop search.lost_hosts")  # fmt: skip
     calibration = planner.profile.calibration
-    check_features(Choices(
+    choices = Choices(
         objective=search.objective, sampler=search.sampler, workload=choice("workload"), budget=budget is not None,
         kv_transfer=kv_transfer,
         aggregated=planner.cost.engine.aggregated, arrivals=search.arrivals,
         trace=planner.workload.arrival_profile is not None, slo=planner.cost.slo.any, spare_hosts=search.spare_hosts,
         from_plan=replanning is not None, robust=search.robust,
         calibrated=calibration is not None and calibration.uncertain,
-    ))  # fmt: skip
+    )  # fmt: skip
+    spare_off = ""
+    if search.spare_hosts == SPARE_AUTO:  # one host lost where the search can plan for it, else every host up
+        spare_off = spare_excluded(dataclasses.replace(choices, spare_hosts=1), inventory.hosts)
+        search = dataclasses.replace(search, spare_hosts=0 if spare_off else 1)
+        choices = dataclasses.replace(choices, spare_hosts=search.spare_hosts)
+    check_features(choices)
+    if search.reference_spare and search.spare_hosts != 1:
+        raise ConfigError(f"search.reference=spare solves the optimum with one host lost; this search plans for "
+                          f"{search.spare_hosts}: set search.spare_hosts=1, or search.reference=true")  # fmt: skip
     if search.spare_hosts:
         check_spare_hosts(search.spare_hosts, inventory)
     if search.robust:  # every factor at its 10th percentile
@@ -246,6 +258,7 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         run_root=Path(str(cfg.out_root)) / name,
         key=digest,
         config=record,
+        spare_off=spare_off,
     )
 
 
@@ -274,12 +287,14 @@ def search_from_cfg(s: Any) -> SearchOptions:
         objective=objective,
         seed=whole_number(s.seed, "search.seed"),
         resume=boolean(s.resume, "search.resume"),
-        reference=boolean(s.reference, "search.reference"),
+        reference=str(s.reference) == "spare" or boolean(s.reference, "search.reference"),
+        reference_spare=str(s.reference) == "spare",
         reference_time_limit_s=number(s.reference_time_limit_s, "search.reference_time_limit_s", low=0.001),
         inner_time_limit_s=number(s.inner_time_limit_s, "search.inner_time_limit_s", low=0.001),
         backend=backend,
         robust=boolean(s.get("robust", False), "search.robust"),
-        spare_hosts=whole_number(s.get("spare_hosts", 0), "search.spare_hosts"),
+        spare_hosts=SPARE_AUTO if str(s.get("spare_hosts", 0)) == "auto"
+        else whole_number(s.get("spare_hosts", 0), "search.spare_hosts"),
         arrivals=arrivals,
         goodput=goodput_from_cfg(s.get("goodput") or {}) if objective == "goodput" else None,
     )
@@ -361,6 +376,34 @@ def running_hosts(running: Plan, gpu: str) -> tuple[int, ...]:
     return tuple(sorted({*recorded, *used}))
 
 
+SPARE_AUTO = -1  # search.spare_hosts=auto before it is resolved (read_settings): 1 where the search can plan for it
+
+
+def spare_excluded(choices: Choices, hosts: int) -> str:
+    """Why search.spare_hosts=auto plans with every host up ("" where it plans for one host lost): a setting
+    search.spare_hosts=1 cannot go with, or an inventory of one host."""
+    from pipeline.planning.failures import COMBINATIONS
+
+    if hosts <= 1:
+        return f"the inventory has {hosts} host"
+    if hosts > COMBINATIONS:
+        return f"{hosts:,} hosts, more losses than a trial scores (at most {COMBINATIONS:,})"
+    other = excluded_by(BY_SETTING["search.spare_hosts={spare_hosts}"], choices)
+    return f"{other} cannot plan for it" if other else ""
+
+
+def check_whole_hosts(space: Space, planner: Planner) -> None:
+    """search.reference=spare scores a host lost as one island lost: every island size must be whole hosts."""
+    for g, _ in space.inventory:
+        node = planner.gpus[g].node_gpus
+        part = [n for n in space.sizes(g) if n % node]
+        if part:
+            raise ConfigError(f"search.reference=spare: {g} islands of {part[0]} GPUs share a host of {node}, so a "
+                              "host lost stops several islands, which the optimum with one host lost does not "
+                              "model: use search.shapes=nodes with search.min_island at least a host, or "
+                              "search.reference=true")  # fmt: skip
+
+
 def check_spare_hosts(spare: int, inventory: Inventory) -> None:
     """search.spare_hosts=K is a score of the search's trials over every set of K hosts: refused where it would
     take too long (too many sets of hosts) or leave nothing to serve with."""
@@ -398,6 +441,8 @@ def context(settings: Settings) -> Any:
     )
     check_a_plan_exists(planner, inventory, space)
     o = settings.search
+    if o.reference_spare:
+        check_whole_hosts(space, planner)
     return Context(planner, space, o.objective, o.inner_time_limit_s, settings.key, o.backend, o.goodput,
                    o.spare_hosts)  # fmt: skip
 

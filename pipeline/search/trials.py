@@ -176,12 +176,13 @@ class SearchRun:
     @property
     def gap_is_bound(self) -> bool:
         """Is `gap` measured against a bound on the optimum, an upper bound on the true gap? Where the reference
-        stopped at its time limit (its proven bound), and with search.spare_hosts (the reference plans with every
-        host up: no layout keeps more with hosts lost)."""
+        stopped at its time limit (its proven bound), and with search.spare_hosts where the reference plans with every
+        host up (no layout keeps more with hosts lost; search.reference=spare solves the optimum with one lost)."""
         if self.ref is None:
             return False
         o = self.s.search
-        return o.spare_hosts > 0 or (self.ref.status == "feasible" and o.objective == "max_rate")
+        return (o.spare_hosts > 0 and not self.ref.lost_hosts) or (self.ref.status == "feasible"
+                                                                    and o.objective == "max_rate")
 
     def gap(self, score: float) -> float:
         if self.ref is None or self.s.search.objective == "thesis":

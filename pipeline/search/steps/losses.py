@@ -55,9 +55,12 @@ class Losses(PlanStep):
         if losses is None or losses.spare_req_s is None:
             return None
         k = losses.spare_hosts
-        gap = f", {ref.gap_text()} to the exact optimum there" if ref is not None and ref.gap is not None else ""
+        gap = ""
+        if ref is not None and ref.gap is not None:  # against the optimum with the host lost, or every host up
+            there = "with the worst host lost" if ref.lost_hosts else "there with every host up"
+            gap = f", {ref.gap_text()} to the exact optimum {there}"
         return (f"planned for {k} host{'s' if k > 1 else ''} lost: the trials scored each layout by its rate with its "
-                f"worst {k} lost{gap} with every host up")  # fmt: skip
+                f"worst {k} lost{gap}")  # fmt: skip
 
     def metrics(self, plan: Plan) -> dict[str, float]:
         losses = plan.host_losses
