@@ -2,8 +2,11 @@
 
     python benchmarks/failure_bench.py                          # the main job's inventory (hetero_a)
     python benchmarks/failure_bench.py +inventory=tiny_hetero ranges.width=1000
+    python benchmarks/failure_bench.py --plan outputs/search/latest/plan.json   # a plan the search wrote
 
-The plan is the exact planner's (`search.sampler=exact`, the main job's layout). For every host that runs a
+The plan is the exact planner's (`search.sampler=exact`, the main job's layout with every host up), or with
+`--plan` a plan.json of the config the other arguments give (the main job's default plan, which plans for one
+host lost). For every host that runs a
 serving island, `pipeline.planning.failures.host_losses` gives the rate with that host gone (its islands stop,
 the router re-solves its shares over the rest, every engine as launched); here each of those plans is simulated
 request by request at that rate (`pipeline.planning.check`, the search's own check), and the table gives the
@@ -16,8 +19,9 @@ from __future__ import annotations
 import sys
 import time
 
-from common import exact_plan
+from common import context, exact_plan
 
+import plan as plans
 from pipeline.planning.check import check
 from pipeline.planning.failures import host_losses, without_host
 from pipeline.planning.planner import Layout
@@ -25,9 +29,15 @@ from pipeline.planning.simulation import RequestMix
 
 
 def main() -> None:
-    overrides = sys.argv[1:] or ["+inventory=hetero_a"]
+    args = sys.argv[1:]
+    given = args[args.index("--plan") + 1] if "--plan" in args else None
+    overrides = [a for a in args if a not in ("--plan", given)] or ["+inventory=hetero_a"]
     t0 = time.perf_counter()
-    _, ctx, plan = exact_plan(overrides)
+    if given is None:
+        _, ctx, plan = exact_plan(overrides)
+    else:
+        _, ctx = context(overrides)
+        plan = plans.load(given)
     layout = Layout.of([(isl.gpu, isl.size) for isl in plan.islands])
     t1 = time.perf_counter()
     losses = host_losses(ctx.planner, layout, plan, ctx.inner_time_limit_s, ctx.backend)

@@ -264,8 +264,9 @@ def spare_optimum(
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
     halves: list[tuple[int, str]] = []
-    best, bound, status = None, float("inf"), "infeasible"
+    best, bound, status, milps = None, float("inf"), "infeasible", 0
     while True:
+        milps += 1
         res, counts = solve_counts(types, p, time_limit_s=max(deadline - time.perf_counter(), 1.0), backend=backend,
                                    halves=halves)  # fmt: skip
         if res.status not in ("optimal", "feasible"):
@@ -289,7 +290,7 @@ def spare_optimum(
     ms = (time.perf_counter() - t0) * 1e3
     if best is None:
         return ExactResult(status, 0.0, 0.0, (), ms, 1, float("nan"))
-    return dataclasses.replace(best, status=status, solve_ms=ms, iterations=len(halves) + 1,
+    return dataclasses.replace(best, status=status, solve_ms=ms, iterations=milps,
                                bound=best.rate_req_s if status == "optimal" else bound, lost_hosts=1)  # fmt: skip
 
 
