@@ -77,7 +77,36 @@ def test_the_previous_releases_main_job_plan_reports_the_rows_it_reported() -> N
     before = (data / "report_v2_hetero_a.md").read_text().splitlines()
     trials = before.index("Top layouts (each once: the first trial that scored it, and how many trials did):")
     now = report(plan, pd.DataFrame(), "\n".join(before[:3]), "routing.png", STEPS).splitlines()
+    # since, the first block is the headline: four numbered sentences and a blank line after the header
+    assert [line[:3] for line in now[4:8]] == ["1. ", "2. ", "3. ", "4. "] and now[8] == ""
+    now = now[:4] + now[9:]
     assert len(now) == trials - 1
     for old, new in zip(before[: trials - 1], now, strict=True):
         # the node map has gained a column since: the share of the rate kept with a host of the island lost
         assert new == old or (old.startswith(("Node map", "|")) and new.startswith(old.removesuffix("):"))), old
+
+
+def test_the_headline_plans_with_what_the_simulator_sustains_and_scales_the_rest_by_it() -> None:
+    """The previous release's main job plan stated 586.57 req/s, and the simulator sustained 582.91 within the SLOs
+    (its TTFT p99 over the target at the stated rate): the headline plans with 582.91 and moves its band, worst host
+    and rate under bursts by the same ratio. Had the simulator sustained the stated rate, they are plan.json's."""
+    import dataclasses
+
+    import pytest
+
+    from pipeline.records.report import Headline
+
+    plan = plans.load(REPO / "tests" / "data" / "plan_v2_hetero_a.json")
+    v, band, losses, bursty = plan.verification, plan.band, plan.host_losses, plan.rates.bursty_req_s
+    assert v is not None and not v.sustained and band is not None and losses is not None and bursty is not None
+    held = Headline.of(dataclasses.replace(plan, verification=dataclasses.replace(v, sustained=True)))
+    assert held.metrics == {"plan_req_s": plan.rate_req_s, "plan_range_p10_req_s": band.p10_req_s,
+                            "plan_range_p90_req_s": band.p90_req_s, "plan_host_lost_req_s": losses.worst.rate_req_s,
+                            "plan_bursty_req_s": bursty}  # fmt: skip
+    assert held.sentences[0].startswith(f"Plan with {plan.rate_req_s:.2f} req/s: the simulator sustains it")
+    cut = Headline.of(plan)
+    ratio = v.sustained_req_s / plan.rate_req_s
+    assert cut.rate_req_s == pytest.approx(582.91, abs=0.01) and 0.99 < ratio < 1
+    assert cut.metrics == pytest.approx({k: ratio * x for k, x in held.metrics.items()})
+    assert cut.sentences[0].startswith("Plan with 582.91 req/s: what the simulator sustains within the SLOs, below "
+                                       "the 586.57 the model states")  # fmt: skip

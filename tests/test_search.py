@@ -83,6 +83,23 @@ def test_search_end_to_end_writes_plan_trials_and_mlflow_runs(finished_search: t
     assert run.data.params["calibration"] == ("serving (published.csv, inferencex_dsr1.csv (239 rows of h200, b200, "
                                               "mi300x); residuals serving_residuals.csv)")
     assert run.data.metrics["band_p10_req_s"] == pytest.approx(band.p10_req_s, rel=1e-5)  # 6 significant digits
+    # one headline: the rate to plan with, its range, the worst host lost, the workload's own arrivals, in that order,
+    # on the console's last line, report.md's first block and the parent run's first metrics
+    from pipeline.records.report import Headline
+
+    head = Headline.of(plan)
+    v, losses = plan.verification, plan.host_losses
+    assert v is not None and losses is not None and plan.rates.bursty_req_s is None  # (slo=null: no SLO caps to burst)
+    assert head.rate_req_s == pytest.approx(plan.rate_req_s if v.sustained else v.sustained_req_s)
+    last = [ln for ln in r.stdout.splitlines() if ln.startswith("[search]")][-1]
+    assert last == "[search] " + " ".join(head.sentences)
+    assert [s.split(" ")[0] for s in head.sentences] == ["Plan", "Its", "With", "No"]
+    assert f"{losses.worst.gpu} node {losses.worst.node}" in head.sentences[2]
+    assert (d / "report.md").read_text().splitlines()[4:8] == [f"{k}. {t}" for k, t in enumerate(head.sentences, 1)]
+    assert list(head.metrics) == ["plan_req_s", "plan_range_p10_req_s", "plan_range_p90_req_s", "plan_host_lost_req_s"]
+    assert head.sentences[3].startswith("No rate under the workload's own arrivals: that needs")
+    for key, value in head.metrics.items():
+        assert run.data.metrics[key] == pytest.approx(value, rel=1e-5)
     assert run.data.metrics["gap"] == (0.0 if abs(gap) < 1e-9 else pytest.approx(gap, rel=1e-5))
     # what the MLflow UI shows: the experiment opens on its runs, described; the parent has the plan's
     # numbers, a best-so-far curve and each setting once; a child has a short layout key, not the islands

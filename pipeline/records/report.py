@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -90,6 +91,56 @@ class Reported(Protocol):
     def sections(self, plan: Plan) -> list[str]: ...
 
 
+@dataclass(frozen=True)
+class Headline:
+    """The four numbers to plan with, in the order a reader needs them (console's last line, report.md's first block,
+    MLflow's first metrics): the rate (what the simulator sustains within the SLOs at the stated rate, or below it),
+    its range, the rate with the worst host lost, and the rate under the workload's own arrivals."""
+
+    rate_req_s: float
+    sentences: tuple[str, str, str, str]
+    metrics: dict[str, float]
+
+    @staticmethod
+    def of(plan: Plan) -> Headline:
+        v, stated = plan.verification, plan.rate_req_s
+        if v is None:
+            rate = stated
+            first = f"Plan with {stated:.2f} req/s, the model's rate (not simulated: search.verify=false)."
+        elif v.sustained:
+            rate = stated
+            first = (f"Plan with {stated:.2f} req/s: the simulator sustains it"
+                     + (f" within {plan.slo.text()}" if plan.slo.any else "") + f" ({v.simulated_over_stated:.3f} x).")
+        else:
+            rate = v.sustained_req_s
+            first = (f"Plan with {rate:.2f} req/s: what the simulator sustains within the SLOs, below the "
+                     f"{stated:.2f} the model states ({v.why_not}; the rates below are scaled by the same ratio).")
+        scale = rate / stated if stated > 0 else 0.0
+        band, losses, bursty = plan.band, plan.host_losses, plan.rates.bursty_req_s
+        metrics = {"plan_req_s": rate}
+        if band is not None:
+            second = (f"Its range: {band.p10_req_s * scale:.1f}-{band.p90_req_s * scale:.1f} req/s (10th-90th "
+                      f"percentile over the cost model's uncertainty, {band.draws} draws).")
+            metrics |= {"plan_range_p10_req_s": band.p10_req_s * scale, "plan_range_p90_req_s": band.p90_req_s * scale}
+        else:
+            second = "No range: the cost model has no uncertainty to draw (search.band_draws=0 or no calibration)."
+        if losses is not None:
+            w = losses.worst
+            third = (f"With its worst host lost ({w.gpu} node {w.node}): {w.rate_req_s * scale:.2f} req/s "
+                     f"({w.rate_req_s / losses.rate_req_s:.0%}).")
+            metrics["plan_host_lost_req_s"] = w.rate_req_s * scale
+        else:
+            third = "No host lost was scored (search.host_losses=false)."
+        if bursty is not None:
+            fourth = (f"Under the workload's own arrivals (its trace's bursts, queueing model): {bursty * scale:.2f} "
+                      "req/s.")
+            metrics["plan_bursty_req_s"] = bursty * scale
+        else:
+            fourth = ("No rate under the workload's own arrivals: that needs its trace's arrival model, SLOs, and "
+                      "prefill and decode islands only.")
+        return Headline(rate, (first, second, third, fourth), metrics)
+
+
 def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = None,
            steps: Sequence[Reported] = ()) -> str:  # fmt: skip
     """report.md: the rate to plan with and what the post-search `steps` found of it (their rows), the cost, the
@@ -97,6 +148,8 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
     rate, rates = plan.rate_req_s, plan.rates
     lines = [
         header,
+        "",
+        *(f"{k}. {sentence}" for k, sentence in enumerate(Headline.of(plan).sentences, 1)),
         "",
         "**The rate to plan with is the first row**: what the layout sustains within the SLOs, checked request "
         "by request by the simulator in the row below it (where the simulator sustains less, that row gives the "

@@ -26,7 +26,7 @@ from pipeline.planning.failures import spare_solve
 from pipeline.planning.planner import Layout
 from pipeline.planning.replan import Replanned, hosts_now, replan
 from pipeline.records.journal import link_latest, read_json, write_json, write_text
-from pipeline.records.report import best_so_far, convergence_plot, report, routing_plot, write_trials
+from pipeline.records.report import Headline, best_so_far, convergence_plot, report, routing_plot, write_trials
 from pipeline.records.tracking import Served, Tracker, open_tracker
 from pipeline.search.reference import exact_layout, run_reference
 from pipeline.search.samplers import require_extras
@@ -347,6 +347,7 @@ def _log_parent(
     if plan.extrapolated is not None:  # islands outside the measured serving the cost model was fitted on
         metrics["extrapolated_islands"] = float(len(plan.extrapolated))
     metrics.update(step_metrics(STEPS, plan))  # the post-search steps': the check's, the band's, ...
+    metrics = {**Headline.of(plan).metrics, **metrics}  # the four numbers to plan with first
     tracker.finish_parent(metrics, [run.dir / f for f in FILES], status="FINISHED" if complete else "KILLED",
                           series={"best_so_far": best_so_far(run.records)})  # fmt: skip
     gap = ref.gap_text() if ref is not None else ""
@@ -390,6 +391,7 @@ def _summary(run: SearchRun, plan: Plan, sc: StepContext) -> None:
     if ref is not None and ref.points_ahead:
         say(f"the exact reference's own layout scores {ref.layout_ahead:.2%} more than the plan's in the same model: "
             "search.sampler=exact plans it (its islands are in reference.json)")
+    say(" ".join(Headline.of(plan).sentences))  # the last line: the four numbers to plan with
 
 
 def _no_plan(
