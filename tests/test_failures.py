@@ -300,6 +300,18 @@ def test_a_search_for_one_spare_host_keeps_serving_where_the_fastest_plan_stops(
             assert plan.host_losses.spare_req_s == pytest.approx(plan.host_losses.worst.rate_req_s)
             assert "planned for 1 host lost" in r.stdout
             spare = plan
+            # a layout an earlier batch scored is handed its result, not scored again; any other is scored
+            from pipeline.search.trial import REUSED
+
+            trials = pd.read_parquet(folder / "trials.parquet").sort_values("trial")
+            first: dict[str, Any] = {}
+            for t in trials.itertuples():
+                earlier = t.islands in first and first[t.islands].trial // 4 < t.trial // 4
+                assert (t.note == REUSED) == earlier, t
+                if earlier:
+                    was = first[t.islands]
+                    assert (t.score, t.spare_req_s, t.trial_ms) == (was.score, was.spare_req_s, 0)
+                first.setdefault(t.islands, t)
     assert rates[0][1] == 0.0 < rates[1][1]  # the fastest plan stops with one host; the spare plan does not
     assert rates[1][0] <= rates[0][0] * (1 + 1e-9)  # what that costs with every host up
     # the spare plan's worst loss, as its engines then run, holds in the simulator at the rate it states

@@ -269,12 +269,17 @@ def _search_rows(plan: Plan) -> list[str]:
     ref = plan.reference
     if ref is None:
         return rows
-    label = ("the exact reference, stopped at its time limit: its layout" if ref.gap_is_bound
+    spare = plan.host_losses.spare_hosts if plan.host_losses is not None else 0
+    label = ("exact optimum of that model with the worst host lost (search.reference=spare)" if ref.lost_hosts
+             else "exact optimum of that model with every host up" if spare
+             else "the exact reference, stopped at its time limit: its layout" if ref.gap_is_bound
              else "exact optimum of that model")  # fmt: skip
     rows.append(f"| {label} | {_fmt(ref.optimum_req_s)} req/s |")
-    spare = plan.host_losses.spare_hosts if plan.host_losses is not None else 0
     if ref.gap is None:
         rows.append("| gap to it | n/a |")
+    elif ref.lost_hosts:
+        rows.append(f"| gap to it | {ref.gap_text().removeprefix('gap ')} (the trials' rate with the worst host lost "
+                    "against the optimum of that) |")  # fmt: skip
     elif spare:
         rows.append(f"| gap to it | at most {ref.gap:.2%} (search.spare_hosts={spare}: the trials scored each layout "
                     f"by its rate with its worst {spare} host{'s' if spare > 1 else ''} lost; the optimum with every "

@@ -74,6 +74,18 @@ def run_trial(ctx: Context, params: Mapping[str, Any]) -> dict[str, Any]:
     return score_layout(ctx, Layout.of(islands), t0)
 
 
+def layout_key(ctx: Context, params: Mapping[str, Any]) -> str | None:
+    """The key of the layout `params` propose (None: rejected or empty, which cost nothing to score)."""
+    try:
+        islands = ctx.space.layout(params)
+    except LayoutRejected:
+        return None
+    return Layout.of(islands).key if islands else None
+
+
+REUSED = "the layout of an earlier trial: its result, not scored again"
+
+
 def unscored(status: str, note: str, t0: float) -> dict[str, Any]:
     """The record of a trial without a usable layout (rejected, empty, failed)."""
     return {**dict.fromkeys(METRICS, 0.0), "status": status, "islands": "", "note": note, "trial_ms": _ms(t0)}

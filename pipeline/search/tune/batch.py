@@ -18,6 +18,10 @@ they start with the trainable's first batch. Until one is ready (~1-1.5 s on a b
 machine) the trainable scores layouts alone, one after another, and so it does throughout with
 room for one worker only.
 
+A layout an earlier batch scored is not scored again: the trainable keeps each layout's result and hands it to
+a later trial of the same layout (note: `pipeline.search.trial.REUSED`, no time of its own). The search proposes
+a layout more than once (TPE's late proposals cluster; on the main job 83 of 240 trials repeat a layout).
+
 Failures: a layout that raises is a failed trial (recorded, the search goes on). A task whose
 worker dies runs again (`pipeline.search.tune.worker.RETRIES` times), then is recorded as failed; a trainable
 whose actor dies is retried by Tune, batch and all.
@@ -107,8 +111,37 @@ def batch_trial(
 
     While none of the other workers' processes is up yet, it scores one layout after another
     itself; once some are, it deals what is left of the batch out over itself and them."""
-    layouts = config["layouts"]
+    from pipeline.search.trial import REUSED, layout_key, run_trial
+
     ctx = tune_worker.context(key, ctx_ref)
+    # a layout an earlier batch scored is not scored again: the trial is a function of the layout alone (a test's
+    # stand-in for it need not be, and is always called)
+    keys = [layout_key(ctx, params) if trial_fn is run_trial else None for params in config["layouts"]]
+    scored = _SCORED.setdefault(key, {})
+    new = [i for i, k in enumerate(keys) if k not in scored]
+    outs = _score_batch([config["layouts"][i] for i in new], key, ctx_ref, trial_fn, workers, cpus, ctx)
+    by_index = dict(zip(new, outs, strict=True))
+    outs = [by_index[i] if i in by_index else _reused(scored[keys[i]], REUSED) for i in range(len(keys))]
+    for i, out in by_index.items():
+        if keys[i] is not None and out["status"] != "error":
+            scored.setdefault(keys[i], out)
+    tune.report({"score": max(o["score"] for o in outs), "results": outs})
+
+
+_SCORED: dict[str, dict[str, dict[str, Any]]] = {}  # per search (its key): each layout's result, by layout key
+
+
+def _reused(out: dict[str, Any], note: str) -> dict[str, Any]:
+    """An earlier trial's result for a trial of the same layout: its numbers, no time of its own, and a note."""
+    return {**out, "trial_ms": 0.0, "note": note}
+
+
+def _score_batch(
+    layouts: list[Any], key: str, ctx_ref: list[Any], trial_fn: TrialFn, workers: int, cpus: float, ctx: Any
+) -> list[dict[str, Any]]:
+    """`layouts` scored, a share here and the others' on the other workers, in proposal order."""
+    if not layouts:
+        return []
     first: list[dict[str, Any]] = []  # scored here before any other worker was up
     ready = tune_worker.ready_helpers(key, ctx_ref, workers - 1, cpus)
     while ready == 0 and len(first) < len(layouts):
@@ -120,5 +153,4 @@ def batch_trial(
     others = [(tune_worker.score_share(key, ctx_ref, trial_fn, part, cpus), part) for part in parts[1:] if part]
     by_part = [tune_worker.score_here(ctx, trial_fn, parts[0])]  # this worker's own share
     by_part += [tune_worker.collect(ref, part) for ref, part in others]
-    outs = first + [by_part[i % n][i // n] for i in range(len(rest))]  # back in proposal order
-    tune.report({"score": max(o["score"] for o in outs), "results": outs})
+    return first + [by_part[i % n][i // n] for i in range(len(rest))]  # back in proposal order
