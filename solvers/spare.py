@@ -17,16 +17,19 @@ its worst K hosts gone. Prefill and decode roles only (no aggregated or idle isl
 
 Where every scenario stops one island (one host lost, no host shared by two islands: the default island shapes),
 identical islands are interchangeable, and the model is solved over their classes c (m_c islands with the same
-rates, the same kept role and a scenario each) instead: y_c of them decode (an integer), and by symmetry the
-only scenarios are "one decode island of c lost" and "one prefill island of c lost". With w_c = [y_c >= 1] and
-v_c = [m_c − y_c >= 1] (binaries: w_c <= y_c <= m_c w_c, v_c <= m_c − y_c <= m_c v_c), (3) becomes
+rates, the same kept role and a scenario each) instead. z_ck = [c runs k decode islands], k = 0..m_c, one per
+class (Σ_k z_ck = 1: each class's choices as their own hull). By symmetry the only scenarios are "one prefill
+island of c lost" and "one decode island of c lost"; a prefill island lost changes prefill's routing only, so
+each scenario routes the role it loses from (the other role's routing is the one with every island up, which
+the scenarios losing from it bound already), and (3) becomes, per scenario s and class c,
 
-    Σ_j x^{P,s}_cj <= m_c − y_c − v_c [s loses a prefill island of c],
-    Σ_j x^{D,s}_cj <= y_c − w_c [s loses a decode island of c]
+    prefill: Σ_j x^s_cj <= Σ_k (m_c − k − [s loses a prefill island of c and m_c − k >= 1]) z_ck
+    decode:  Σ_j x^s_cj <= Σ_k (k − [s loses a decode island of c and k >= 1]) z_ck
 
 (a scenario whose role the class does not run loses nothing). Identical islands' routing adds up to the class's
-(and splits back evenly), so the optimum is the per-island model's, with 2 C scenarios of C classes' columns in
-place of I scenarios of I islands' (`by_class`; tests/test_failures.py checks the two agree).
+(and splits back evenly), so the optimum is the per-island model's, with 2 C routings of one role over C classes
+in place of I scenarios of both roles over I islands (`by_class`; tests/test_failures.py checks the two agree,
+and both against brute force).
 """
 
 from __future__ import annotations

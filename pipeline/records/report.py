@@ -170,7 +170,6 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
             else ""
         )
         + " |",
-        *_roles_rows(plan),
         *_measured_rows(plan),
         f"| decoding | {_decoding_text(plan)} |",
         "",
@@ -201,7 +200,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         lines += ["", f"![which island serves which input lengths]({routing_png})"]
     lines += _node_map(plan.islands, plan.host_losses)
     lines += [line for s in steps for line in s.sections(plan)]
-    lines += ["", "Diagnostics:", "", "| | |", "|---|---|", *_search_rows(plan)]
+    lines += ["", "Diagnostics:", "", "| | |", "|---|---|", *_search_rows(plan), *_roles_rows(plan)]
     lines += [
         f"| fluid bound (islands busy 100 %, no SLO) | {rates.fluid_req_s:.2f} req/s |",
         f"| re-scored at every input length (the routing of whole ranges, each length its own cost) | "

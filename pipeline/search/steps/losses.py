@@ -78,11 +78,13 @@ class Losses(PlanStep):
             return []
         w = losses.worst
         share = w.rate_req_s / losses.rate_req_s if losses.rate_req_s > 0 else 0.0
+        planned = " (planned for: search.spare_hosts=1)" if losses.spare_hosts == 1 else ""
         rows = [
-            f"| one host lost (worst of {len(losses.losses)}) | {w.rate_req_s:.2f} req/s ({share:.0%}): {w.gpu} node "
-            f"{w.node} stops {stopped_text(plan, w.islands)}; the router re-spreads the rest (hosts lost, below) |"
+            f"| one host lost (worst of {len(losses.losses)}){planned} | {w.rate_req_s:.2f} req/s ({share:.0%}): "
+            f"{w.gpu} node {w.node} stops {stopped_text(plan, w.islands)}; the router re-spreads the rest (hosts lost, "
+            "below) |"
         ]
-        if losses.spare_req_s is not None:
+        if losses.spare_req_s is not None and losses.spare_hosts > 1:  # (one host: the row above)
             k, rate = losses.spare_hosts, losses.spare_req_s
             share = rate / losses.rate_req_s if losses.rate_req_s > 0 else 0.0
             at_worst = nodes_text(list(losses.spare_nodes))
