@@ -90,6 +90,10 @@ SEARCH_BAD = [
     (["search.min_island=20"], "error: search.min_island for H200 is 20 but the inventory"),
     (["search.min_island=big"], "error: search.min_island must be a whole number >= 1 or auto"),
     (["search.objective=speed"], "error: search.objective='speed' is unknown"),
+    (["search.spare_hosts=-1"], "error: search.spare_hosts must be a whole number >= 0, got search.spare_hosts=-1 (or "
+                                "auto: one host where the search can plan for it)"),
+    (["search.reference=maybe"], "error: search.reference must be true or false, got search.reference='maybe' (or "
+                                 "spare: the optimum with the worst host lost)"),
     (["search.polish=1.5"], "error: `0 <= search.polish < 1` must hold, got"),
     (["search.resume=true"], "error: search.resume=true: no earlier run of this exact config"),
     (["slo.tpot_ms=1"], "error: inventory tiny_hetero: 16 H200 + 16 H800 + 32 H20 ($128.00/h): no layout of it "

@@ -287,14 +287,16 @@ def search_from_cfg(s: Any) -> SearchOptions:
         objective=objective,
         seed=whole_number(s.seed, "search.seed"),
         resume=boolean(s.resume, "search.resume"),
-        reference=str(s.reference) == "spare" or boolean(s.reference, "search.reference"),
+        reference=str(s.reference) == "spare" or _or_word(boolean, s.reference, "search.reference", "spare",
+                                                         "the optimum with the worst host lost"),
         reference_spare=str(s.reference) == "spare",
         reference_time_limit_s=number(s.reference_time_limit_s, "search.reference_time_limit_s", low=0.001),
         inner_time_limit_s=number(s.inner_time_limit_s, "search.inner_time_limit_s", low=0.001),
         backend=backend,
         robust=boolean(s.get("robust", False), "search.robust"),
         spare_hosts=SPARE_AUTO if str(s.get("spare_hosts", 0)) == "auto"
-        else whole_number(s.get("spare_hosts", 0), "search.spare_hosts"),
+        else _or_word(whole_number, s.get("spare_hosts", 0), "search.spare_hosts", "auto",
+                      "one host where the search can plan for it"),
         arrivals=arrivals,
         goodput=goodput_from_cfg(s.get("goodput") or {}) if objective == "goodput" else None,
     )
@@ -374,6 +376,14 @@ def running_hosts(running: Plan, gpu: str) -> tuple[int, ...]:
     recorded = range(-(-counted // node)) if node else range(0)
     used = {h for isl in running.islands if isl.gpu == gpu and isl.hosts for h in isl.hosts.nodes}
     return tuple(sorted({*recorded, *used}))
+
+
+def _or_word(read: Any, value: Any, key: str, word: str, meaning: str) -> Any:
+    """`read(value, key)`, its error naming `word` too: a setting that takes a value or that word."""
+    try:
+        return read(value, key)
+    except ConfigError as err:
+        raise ConfigError(f"{err} (or {word}: {meaning})") from None
 
 
 SPARE_AUTO = -1  # search.spare_hosts=auto before it is resolved (read_settings): 1 where the search can plan for it
