@@ -31,7 +31,7 @@ from pipeline.planning.simulation import RequestMix
 def main() -> None:
     args = sys.argv[1:]
     if args and args[-1] == "--plan":
-        raise SystemExit("--plan takes a plan.json: python benchmarks/failure_bench.py --plan outputs/search/latest/plan.json")
+        raise SystemExit("--plan takes a plan.json, e.g. --plan outputs/search/latest/plan.json")
     given = args[args.index("--plan") + 1] if "--plan" in args else None
     overrides = [a for a in args if a not in ("--plan", given)] or ["+inventory=hetero_a"]
     t0 = time.perf_counter()
