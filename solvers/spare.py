@@ -35,7 +35,7 @@ and both against brute force).
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,11 +76,9 @@ def spare_roles(
     t0 = time.perf_counter()
     bp, bd = np.asarray(prefill_req_s, dtype=float), np.asarray(decode_req_s, dtype=float)
     scen = [frozenset(s) for s in scenarios] or [frozenset()]
-    if all(len(s) == 1 for s in scen):
-        return by_class(bp, bd, np.asarray(p, dtype=float), scen, time_limit_s=time_limit_s, backend=backend,
-                        fixed=fixed, t0=t0)  # fmt: skip
-    return by_island(bp, bd, np.asarray(p, dtype=float), scen, time_limit_s=time_limit_s, backend=backend,
-                     fixed=fixed, t0=t0)  # fmt: skip
+    solve = by_class if all(len(s) == 1 for s in scen) else by_island
+    return solve(bp, bd, np.asarray(p, dtype=float), scen, time_limit_s=time_limit_s, backend=backend, fixed=fixed,
+                 t0=t0)  # fmt: skip
 
 
 def by_island(
@@ -127,11 +125,17 @@ def by_island(
     for i in range(n_i):
         model.helper.set_var_integrality(i, True)
     status, x = _solve_matrix(model, backend, time_limit_s)
+    return _answer(status, x, col_lam, n_i, t0, lambda: ["decode" if v > 0.5 else "prefill" for v in x[:n_i]])
+
+
+def _answer(
+    status: str, x: np.ndarray, col_lam: int, n_i: int, t0: float, roles: Callable[[], list[str]]
+) -> SpareRoles:
+    """The solve's result: its Λ and `roles()` of the solution, or none (every island prefill, 0 req/s)."""
     ms = (time.perf_counter() - t0) * 1e3
     if status in ("infeasible", "time_limit"):
         return SpareRoles(status, 0.0, ("prefill",) * n_i, ms)
-    roles = tuple("decode" if v > 0.5 else "prefill" for v in x[:n_i])
-    return SpareRoles(status, max(float(x[col_lam]), 0.0) + 0.0, roles, ms)  # (+ 0.0: no -0.0)
+    return SpareRoles(status, max(float(x[col_lam]), 0.0) + 0.0, tuple(roles()), ms)  # (+ 0.0: no -0.0)
 
 
 @dataclass(frozen=True)
@@ -229,11 +233,12 @@ def by_class(
     n_i, first = bp.shape[0], k.first
     model, col_lam = _class_model(k)
     status, x = _solve_matrix(model, backend, time_limit_s, CLASS_SCIP)
-    ms = (time.perf_counter() - t0) * 1e3
-    if status in ("infeasible", "time_limit"):
-        return SpareRoles(status, 0.0, ("prefill",) * n_i, ms)
-    roles = ["prefill"] * n_i
-    for c, islands in enumerate(k.islands):
-        for i in islands[: int(np.argmax(x[first[c]:first[c + 1]]))]:
-            roles[i] = "decode"
-    return SpareRoles(status, max(float(x[col_lam]), 0.0) + 0.0, tuple(roles), ms)  # (+ 0.0: no -0.0)
+
+    def roles() -> list[str]:  # each class's first k islands decode, k its z_ck at 1
+        out = ["prefill"] * n_i
+        for c, islands in enumerate(k.islands):
+            for i in islands[: int(np.argmax(x[first[c]:first[c + 1]]))]:
+                out[i] = "decode"
+        return out
+
+    return _answer(status, x, col_lam, n_i, t0, roles)
