@@ -33,6 +33,16 @@ def choice(group: str) -> str:
     return str(HydraConfig.get().runtime.choices[group])
 
 
+def sweep_dir() -> str | None:
+    """The folder of the Hydra multirun (`-m`) this job belongs to; None outside one."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return str(HydraConfig.get().sweep.dir)
+
+
 def hydra_error_line(err: BaseException) -> str:
     """A Hydra / OmegaConf / YAML composition error as one line that says how to fix it."""
     from hydra.errors import MissingConfigException

@@ -370,6 +370,31 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class Sizing:
+    """search.objective=min_cost: the plan is the cheapest fleet found, of the inventory's GPUs (its counts upper
+    bounds, each type at its $/h), that serves `demand_req_s` within the SLOs in the search's model; what the
+    exact MILPs say of the same question (None: not solved)."""
+
+    demand_req_s: float
+    inventory_cost_per_hour: float  # every GPU of the inventory
+    most_req_s: float | None = None  # the most the whole inventory serves (exact max_rate optimum, or its bound)
+    cheapest_per_hour: float | None = None  # the exact cheapest fleet's $/h
+    cheapest_is_bound: bool = False  # that MILP stopped at its time limit: cheapest_per_hour is a lower bound
+    mixes: tuple[tuple[str, float], ...] = ()  # each GPU mix that serves the demand alone, and its exact cheapest $/h
+    short_mixes: tuple[str, ...] = ()  # the mixes that cannot serve it alone
+    hosts_lost: int = 0  # the fleet serves the demand with any this many hosts lost (search.spare_hosts)
+    reference_hosts_lost: int = 0  # ... and the exact answers with this many (1: search.reference=spare)
+
+    def __post_init__(self) -> None:
+        _real(self.demand_req_s, "demand_req_s", 0.0)
+        _real(self.inventory_cost_per_hour, "inventory_cost_per_hour", 0.0)
+        _optional_real(self.most_req_s, "most_req_s", 0.0)
+        _optional_real(self.cheapest_per_hour, "cheapest_per_hour", 0.0)
+        for mix, cost in self.mixes:
+            _real(cost, f"mixes.{mix}", 0.0)
+
+
+@dataclass(frozen=True)
 class Band:
     """The plan's rate under draws of the calibration's factors: 10th, 50th and 90th percentile."""
 
@@ -553,6 +578,7 @@ class Plan:
     host_losses: HostLosses | None = None
     replan: Replan | None = None
     bursts: Bursts | None = None
+    sizing: Sizing | None = None  # search.objective=min_cost: the demand it is the cheapest fleet for
     notes: tuple[str, ...] = ()
     workload_spec: str = ""  # the workload's definition as planned (canonical JSON of its conf mapping; "": unknown)
 

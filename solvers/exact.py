@@ -30,6 +30,9 @@ MILP over only the classes near the layouts that search ends at (`unproven`; the
 optimum between `rate_req_s` and `bound`, and a search's gap against `bound` is an upper bound on
 its true gap.
 
+`min_cost` (a demand R): min C subject to Λ >= R and (1)-(7): the cheapest islands within the inventory (its
+counts upper bounds) that serve R; one MILP. Its `bound` is the proven lower bound on C (C itself when optimal).
+
 `rate_per_dollar` maximises Λ / C (C = Σ_c cost_c (n^P_c + n^D_c)) by Dinkelbach's method:
 solve max Λ − θ C, set θ = Λ / C, repeat until the optimum is 0 (a few MILPs).
 """
@@ -54,8 +57,9 @@ GAP = 1e-6  # relative MIP gap: the reference is exact to this
 # and a MILP over the classes near its layouts (the rest); at most a quarter of the limit
 COUNT_SEARCH_S = 20.0
 NEAR_SIZES = 10  # that MILP's classes: each one the count search's layouts hold and this many sizes either side
-LOSSES_PER_ROUND = 3  # spare_optimum: the losses that join the MILP per round, lowest first
-EXACT_OBJECTIVES = ("max_rate", "rate_per_dollar")
+LOSSES_PER_ROUND = 3  # spare_optimum, spare_cheapest: the losses that join the MILP per round, lowest first
+EXACT_OBJECTIVES = ("max_rate", "rate_per_dollar", "min_cost")
+MIX_PAIRS_UPTO = 4  # sizing_optima: the cheapest fleet of every pair of GPU types too, for inventories this small
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,8 @@ class ExactResult:
     islands: tuple[tuple[str, int, str], ...]  # (gpu, size, role) per island
     solve_ms: float
     iterations: int  # MILPs solved (Dinkelbach steps for rate_per_dollar)
-    bound: float = float("nan")  # max_rate: the solver's proven upper bound on Λ (= Λ when optimal)
+    bound: float = float("nan")  # max_rate: the solver's proven upper bound on Λ (= Λ when optimal); min_cost: its
+    # proven lower bound on C (= C when optimal)
     lost_hosts: int = 0  # the optimum with this many hosts lost (spare_optimum; 0: every host up)
 
     @property
@@ -83,11 +88,19 @@ def exact_optimum(
     kv_gb: np.ndarray | None = None,
     time_limit_s: float = 120.0,
     backend: str = "HIGHS",
+    demand_req_s: float | None = None,
 ) -> ExactResult:
+    """The optimum of `objective` over every layout of `types` (min_cost: of the islands serving `demand_req_s`)."""
     if objective not in EXACT_OBJECTIVES:
         raise ValueError(f"exact reference: unknown objective {objective!r}; choose from {list(EXACT_OBJECTIVES)}")
     if backend not in MILP_BACKENDS:
         raise ValueError(f"unknown MILP backend {backend!r}; choose from {list(MILP_BACKENDS)}")
+    if (objective == "min_cost") != (demand_req_s is not None):
+        raise ValueError("exact reference: a demand goes with objective min_cost, and min_cost needs one")
+    if demand_req_s is not None:
+        res, _ = solve_counts(types, p, demand=demand_req_s, budget=budget_per_hour, kv_gb=kv_gb,
+                              time_limit_s=time_limit_s, backend=backend)  # fmt: skip
+        return res
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
     fallback = objective == "max_rate" and all(t.layouts is None for t in types)  # `unproven` if cut short
@@ -139,8 +152,10 @@ def solve_counts(
     relax: bool = False,
     fix: list[tuple[int, int]] | None = None,
     halves: Sequence[tuple[int, str]] = (),
+    demand: float | None = None,
 ) -> tuple[ExactResult, list[tuple[float, float]]]:
-    """One solve of the model (`theta` > 0: of max Λ − θ C, a Dinkelbach step; `budget`: (4); `kv_gb`: (5);
+    """One solve of the model (`theta` > 0: of max Λ − θ C, a Dinkelbach step; `demand`: of min C with Λ >= it;
+    `budget`: (4); `kv_gb`: (5);
     `relax`: integers continuous, an LP; `fix`: every class's (n^P, n^D) given and no island aggregated, an LP
     over the routing; `halves`: (8) for each (class, role), `spare_optimum`'s). Returns the result and each
     class's (n^P, n^D) as solved (aggregated islands, in the result's islands, are not among them: the count
@@ -148,7 +163,7 @@ def solve_counts(
     t0 = time.perf_counter()
     s = new_solver("HIGHS" if relax or fix is not None else backend, time_limit_s)  # GLOP: ABNORMAL at 10k GPUs
     n_j = len(p)
-    lam = s.NumVar(0.0, s.infinity(), "Lambda")
+    lam = s.NumVar(0.0 if demand is None else demand, s.infinity(), "Lambda")
     classes = island_classes(types)
     n_p, n_d, x_p, x_d, cost = [], [], [], [], []
     n_a: list[object] = []
@@ -203,7 +218,10 @@ def solve_counts(
     total_cost = s.Sum([cost[c] * (n_p[c] + n_d[c] + n_a[c]) for c in range(len(classes))])
     if budget is not None:
         s.Add(total_cost <= budget)
-    s.Maximize(lam - theta * total_cost if theta > 0 else lam)
+    if demand is not None:
+        s.Minimize(total_cost)
+    else:
+        s.Maximize(lam - theta * total_cost if theta > 0 else lam)
     params = pywraplp.MPSolverParameters()
     if not (relax or fix is not None):
         params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
@@ -221,10 +239,9 @@ def solve_counts(
     spent = sum(size * next(t.price_per_gpu_hour for t in types if t.gpu == g) for g, size, _ in islands)
     # the proven bound: Λ itself when optimal (or an LP's), above the incumbent when the time limit stopped it
     bound = (
-        (lam.solution_value() if relax or fix is not None else s.Objective().BestBound())
-        if theta == 0
-        else float("nan")
-    )
+        (s.Objective().Value() if demand is not None else lam.solution_value()) if relax or fix is not None
+        else s.Objective().BestBound() if theta == 0 else float("nan")
+    )  # fmt: skip
     ms = (time.perf_counter() - t0) * 1e3
     return ExactResult(status, lam.solution_value(), spent, tuple(islands), ms, 1, bound), counts
 
@@ -292,6 +309,39 @@ def spare_optimum(
         return ExactResult(status, 0.0, 0.0, (), ms, 1, float("nan"))
     return dataclasses.replace(best, status=status, solve_ms=ms, iterations=milps,
                                bound=best.rate_req_s if status == "optimal" else bound, lost_hosts=1)  # fmt: skip
+
+
+def spare_cheapest(
+    types: list[TypeOptions], p: np.ndarray, demand_req_s: float, *, time_limit_s: float = 120.0,
+    backend: str = "HIGHS",
+) -> ExactResult:  # fmt: skip
+    """The cheapest layout and roles that serve `demand_req_s` with any one island lost (its roles fixed, the routing
+    re-solved), for islands of whole hosts, as `spare_optimum` but min C with Λ >= R: the MILP over the losses found
+    so far bounds C from below (fewer losses, a relaxation); the layout it returns is scored with each of its
+    islands lost in turn, and the losses that leave less than R join, until none does: the optimum. Stopped by the
+    time limit first it is `time_limit` (no layout yet known to hold), with the last bound."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    halves: list[tuple[int, str]] = []
+    bound, milps = 0.0, 0
+    while True:
+        milps += 1
+        res, counts = solve_counts(types, p, demand=demand_req_s, time_limit_s=max(deadline - time.perf_counter(), 1.0),
+                                   backend=backend, halves=halves)  # fmt: skip
+        ms = (time.perf_counter() - t0) * 1e3
+        if res.status not in ("optimal", "feasible"):
+            return dataclasses.replace(res, solve_ms=ms, iterations=milps, bound=bound, lost_hosts=1)
+        bound = max(bound, res.bound if res.bound == res.bound else res.cost_per_hour)
+        whole = [(float(round(a)), float(round(b))) for a, b in counts]
+        short = sorted((rate, h) for h, rate in _loss_rates(types, p, whole).items()
+                       if rate < demand_req_s * (1 - 1e-6) and h not in halves)  # fmt: skip
+        if not short:  # every loss keeps the demand: a layout of the spare problem at the MILP's cost
+            status = "optimal" if res.status == "optimal" else "feasible"
+            return dataclasses.replace(res, status=status, solve_ms=ms, iterations=milps, lost_hosts=1,
+                                       bound=res.cost_per_hour if status == "optimal" else bound)  # fmt: skip
+        if time.perf_counter() > deadline:
+            return ExactResult("time_limit", 0.0, 0.0, (), ms, milps, bound, lost_hosts=1)
+        halves += [h for _, h in short[:LOSSES_PER_ROUND]]
 
 
 def _loss_rates(
@@ -447,3 +497,62 @@ def unproven(
     bound = min(relaxed.rate_req_s, milp.bound if milp.bound == milp.bound else float("inf"))
     return ExactResult("feasible", best.rate_req_s, best.cost_per_hour, best.islands,
                        (time.perf_counter() - t0) * 1e3, 1, bound)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SizingOptima:
+    """The exact answers of the sizing question for a demand R: the most the inventory serves (`most`, max_rate),
+    the cheapest fleet of it serving R (`cheapest`, min_cost; None where R is above `most`), and the cheapest
+    fleet of each GPU mix alone (`mixes`: the mix's name -> its result, `infeasible` where the mix cannot serve R)."""
+
+    demand_req_s: float
+    most: ExactResult
+    cheapest: ExactResult | None
+    mixes: dict[str, ExactResult]
+    spare: bool = False  # `cheapest` and `mixes` serve the demand with any one host lost (`spare_cheapest`)
+
+    @property
+    def most_req_s(self) -> float:
+        """The most the inventory serves: the optimum, or its proven upper bound where the MILP stopped short."""
+        m = self.most
+        return m.bound if m.status == "feasible" and m.bound == m.bound else m.rate_req_s
+
+
+def sizing_optima(
+    types: list[TypeOptions],
+    p: np.ndarray,
+    demand_req_s: float,
+    *,
+    kv_gb: np.ndarray | None = None,
+    time_limit_s: float = 120.0,
+    backend: str = "HIGHS",
+    spare: bool = False,
+) -> SizingOptima:
+    """`SizingOptima` of the inventory `types` for `demand_req_s`: one max_rate MILP, one min_cost MILP, and one per
+    GPU type alone (where the inventory has several), within `time_limit_s` shared between them. `spare`: the
+    cheapest fleets serve the demand with any one host lost (`spare_cheapest`; islands of whole hosts, no KV cap);
+    the most the inventory serves is still with every host up."""
+    t_end = time.perf_counter() + time_limit_s
+    most = exact_optimum(types, p, kv_gb=kv_gb, time_limit_s=time_limit_s / 3, backend=backend)
+    if most.status not in ("optimal", "feasible"):
+        return SizingOptima(demand_req_s, most, None, {})
+    done = SizingOptima(demand_req_s, most, None, {})
+    if demand_req_s > done.most_req_s * (1 + 1e-9):
+        return done
+    def solve(some: list[TypeOptions], limit_s: float) -> ExactResult:
+        if spare:
+            return spare_cheapest(some, p, demand_req_s, time_limit_s=limit_s, backend=backend)
+        return exact_optimum(some, p, objective="min_cost", demand_req_s=demand_req_s, kv_gb=kv_gb,
+                             time_limit_s=limit_s, backend=backend)  # fmt: skip
+
+    cheapest = solve(types, max(t_end - time.perf_counter(), 1.0) / 2)
+    mixes: dict[str, ExactResult] = {}
+    if len(types) > 1:
+        mixes[" + ".join(sorted(t.gpu for t in types))] = cheapest
+        subsets = [[t] for t in types]  # each type alone and, of up to MIX_PAIRS_UPTO types, each pair
+        if len(types) <= MIX_PAIRS_UPTO:
+            subsets += [[a, b] for i, a in enumerate(types) for b in types[i + 1:] if len(types) > 2]
+        for n, some in enumerate(subsets):
+            limit_s = max((t_end - time.perf_counter()) / (len(subsets) - n + 1), 1.0)
+            mixes[" + ".join(sorted(t.gpu for t in some))] = solve(some, limit_s)
+    return SizingOptima(demand_req_s, most, cheapest, mixes, spare)

@@ -27,6 +27,12 @@ handful of small integers. `aggregate=False` solves with one binary z_i per isla
         Σ_j x^A_cj <= g_c, and (4) becomes a_c + y_c + g_c = m_c (<= with a budget; g_c in its cost).
         Aggregated islands hand no KV over: (5) leaves them out.
 
+**min_cost** (a demand R, `demand_req_s`: the sizing question). The islands are what may be bought or rented:
+
+    min Σ_c cost_c (a_c + y_c + g_c)
+    (1)-(3), (5), (7) as above, Λ >= R, and (4) a_c + y_c + g_c <= m_c (an island left idle costs nothing)
+The solution's Λ is R (nothing pays for more); a layout that cannot serve R is `infeasible`.
+
 After the solve every range's capacity is scaled down to exactly Λ p_j; what is left of an
 island is headroom.
 
@@ -112,6 +118,7 @@ class InnerProblem:
     budget_per_hour: float | None = None  # max $/h of the islands in use
     roles: tuple[str, ...] | None = None  # fix every island's role: the model becomes an LP
     aggregated_req_s: np.ndarray | None = None  # (I, J) req/s as aggregated engines (None: no aggregated role)
+    demand_req_s: float | None = None  # min_cost: the cheapest islands serving this rate (needs `cost_per_hour`)
 
     def __post_init__(self) -> None:
         n_i, n_j = len(self.islands), len(self.p)
@@ -141,6 +148,11 @@ class InnerProblem:
             raise ValueError("the KV-transfer constraint needs both `kv_gb` (per range) and `link_gb_s` (per island)")
         if self.budget_per_hour is not None and (self.cost_per_hour is None or self.budget_per_hour < 0):
             raise ValueError("a budget needs `cost_per_hour` per island and `budget_per_hour >= 0`")
+        if self.demand_req_s is not None and (self.cost_per_hour is None or not self.demand_req_s > 0
+                                              or not np.isfinite(self.demand_req_s)):  # fmt: skip
+            raise ValueError("a demand needs `cost_per_hour` per island and a finite `demand_req_s > 0`")
+        if self.objective == "thesis" and self.demand_req_s is not None:
+            raise ValueError("a demand (min_cost) belongs to `max_rate`; the thesis model has none")
         if self.objective == "thesis" and (self.kv_gb is not None or self.budget_per_hour is not None):
             raise ValueError("KV-transfer and budget constraints belong to `max_rate`; the thesis model has neither")
         if self.roles is not None and (len(self.roles) != n_i or not set(self.roles) <= set(ROLES)):
@@ -285,7 +297,7 @@ class _Classes:
     bp: np.ndarray  # (C, J) b^P_cj
     bd: np.ndarray  # (C, J) b^D_cj
     ba: np.ndarray  # (C, J) b^A_cj (zeros without aggregated islands)
-    explicit_a: bool  # a_c is a column (a budget, or fixed roles)
+    explicit_a: bool  # a_c is a column (a budget, a demand, or fixed roles)
     with_agg: bool  # the columns x^A, g exist
 
     @staticmethod
@@ -294,7 +306,7 @@ class _Classes:
         bp, bd = prob.prefill_req_s[first], prob.decode_req_s[first]
         with_agg = prob.aggregated_roles
         ba = prob.aggregated_req_s[first] if with_agg else np.zeros_like(bp)  # type: ignore[index]
-        explicit_a = prob.budget_per_hour is not None or prob.roles is not None
+        explicit_a = prob.budget_per_hour is not None or prob.demand_req_s is not None or prob.roles is not None
         m = np.array([len(c) for c in classes], dtype=float)
         return _Classes(classes, first, m, bp, bd, ba, explicit_a, with_agg)
 
@@ -375,7 +387,7 @@ def _max_rate(
     _island_rows(rows, k)
     _budget_rows(rows, prob, k)
     _kv_rows(rows, prob, k)
-    model = maximising(k.col_lam, lb, ub, rows)
+    model = maximising(k.col_lam if prob.demand_req_s is None else _cheapest(prob, k), lb, ub, rows)
     if prob.roles is None:
         for col in k.counts:
             model.helper.set_var_integrality(col, True)
@@ -403,6 +415,8 @@ def _bounds(prob: InnerProblem, k: _Classes) -> tuple[np.ndarray, np.ndarray]:
     if k.explicit_a:
         ub[k.col_a : k.col_a + n_c] = m
     ub[k.col_lam] = np.inf
+    if prob.demand_req_s is not None:  # min_cost: Λ >= R
+        lb[k.col_lam] = prob.demand_req_s
     if k.with_agg:
         ub[k.col_xa : k.col_g] = np.where(k.ba > 0, m[:, None], 0.0).ravel()
         ub[k.col_g :] = np.where(k.ba.any(axis=1), m, 0.0)
@@ -460,15 +474,28 @@ def _island_rows(rows: Rows, k: _Classes) -> None:
             rows.close(n_c, -np.inf, m)
 
 
+def _cheapest(prob: InnerProblem, k: _Classes) -> np.ndarray:
+    """min_cost's objective as a maximisation: −Σ_c cost_c (a_c + y_c + g_c)."""
+    assert prob.cost_per_hour is not None
+    cost, all_c = prob.cost_per_hour[k.first], np.arange(k.n_c)
+    objective = np.zeros(k.n_col)
+    objective[k.col_y + all_c] = objective[k.col_a + all_c] = -cost
+    if k.with_agg:
+        objective[k.col_g + all_c] = -cost
+    return objective
+
+
 def _budget_rows(rows: Rows, prob: InnerProblem, k: _Classes) -> None:
-    if prob.budget_per_hour is None or prob.cost_per_hour is None:
+    if (prob.budget_per_hour is None and prob.demand_req_s is None) or prob.cost_per_hour is None:
         return
     all_c, n_c = np.arange(k.n_c), k.n_c
     y_col, a_col = k.col_y + all_c, k.col_a + all_c
     if not k.with_agg:
-        rows.add(all_c, y_col, 1.0)  # (4) with a budget: a_c + y_c <= m_c
+        rows.add(all_c, y_col, 1.0)  # (4) with a budget or a demand: a_c + y_c <= m_c
         rows.add(all_c, a_col, 1.0)
         rows.close(n_c, -np.inf, k.m)
+    if prob.budget_per_hour is None:
+        return
     cost = prob.cost_per_hour[k.first]
     row0 = np.zeros(n_c, dtype=int)  # one row
     rows.add(row0, y_col, cost)  # (6) Σ_c cost_c (a_c + y_c + g_c) <= B
@@ -530,16 +557,19 @@ def _read_out(
     return _solution(priced, k.members, routing, status=status, rate=rate, deviation=deviation, t0=t0, extra=extra)
 
 
-def maximising(col: int, lb: np.ndarray, ub: np.ndarray, rows: Rows) -> mb.Model:
-    """The model `max x[col]` over columns within [lb, ub] and `rows` within their bounds; integrality is the
-    caller's to set."""
+def maximising(col: int | np.ndarray, lb: np.ndarray, ub: np.ndarray, rows: Rows) -> mb.Model:
+    """The model `max x[col]` (or, `col` a vector, `max col · x`) over columns within [lb, ub] and `rows` within
+    their bounds; integrality is the caller's to set."""
     from scipy.sparse import csr_matrix
 
     shape = (rows.n, len(lb))
     entries = (np.concatenate(rows.vals), (np.concatenate(rows.rows), np.concatenate(rows.cols)))
     matrix = csr_matrix(entries, shape=shape)
-    objective = np.zeros(len(lb))
-    objective[col] = 1.0
+    if isinstance(col, np.ndarray):
+        objective = col
+    else:
+        objective = np.zeros(len(lb))
+        objective[col] = 1.0
     model = mb.Model()
     model.helper.fill_model_from_sparse_data(lb, ub, objective, np.concatenate(rows.lo), np.concatenate(rows.hi),
                                              matrix)  # fmt: skip

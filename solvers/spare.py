@@ -35,6 +35,7 @@ and both against brute force).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -242,3 +243,121 @@ def by_class(
         return out
 
     return _answer(status, x, col_lam, n_i, t0, roles)
+
+
+def cheapest_roles(
+    prefill_req_s: np.ndarray,
+    decode_req_s: np.ndarray,
+    p: np.ndarray,
+    scenarios: Sequence[Collection[int]],
+    cost_per_hour: np.ndarray,
+    demand_req_s: float,
+    time_limit_s: float = 10.0,
+    backend: str = "AUTO",
+) -> SpareRoles:
+    """The cheapest islands, and their roles, that serve `demand_req_s` in every one of `scenarios` (the sizing
+    question with hosts lost: search.objective=min_cost with search.spare_hosts). Per class c of identical islands
+    (the same rates and $/h) it runs n^P_c prefill and n^D_c decode islands (n^P_c + n^D_c <= m_c, the rest idle),
+    each count one-hot (z^r_ck = [c runs k islands in role r]); a scenario stops q_c islands of each class, and per
+    scenario and role a routing serves the demand over what is left:
+
+        min Σ_c cost_c (n^P_c + n^D_c)
+        Σ_c b_cj x^{s,r}_cj >= R p_j                                  ∀ s, r, j
+        Σ_j x^{s,r}_cj <= Σ_k max(k − q^s_c, 0) z^r_ck                 ∀ s, r, c
+
+    Each role's routing takes the scenario's q islands from its own count (whichever role they run, the worse
+    for each): exact where a scenario stops one island (one host lost, islands of whole hosts: tests check it
+    against brute force), on the safe side where a host holds several islands of one class. `rate_req_s` is the
+    demand where it is met; `roles` "prefill", "decode" or "idle" per island."""
+    t0 = time.perf_counter()
+    bp, bd = np.asarray(prefill_req_s, dtype=float), np.asarray(decode_req_s, dtype=float)
+    cost = np.asarray(cost_per_hour, dtype=float)
+    n_i = bp.shape[0]
+    groups: dict[tuple[bytes, bytes, float], list[int]] = {}
+    for i in range(n_i):
+        groups.setdefault((bp[i].tobytes(), bd[i].tobytes(), float(cost[i])), []).append(i)
+    members = list(groups.values())
+    of = {i: c for c, ms in enumerate(members) for i in ms}
+    losses = sorted({frozenset(Counter(of[i] for i in s).items()) for s in scenarios}, key=sorted) or [frozenset()]
+    # Lazily: the MILP over the losses of the classes its last answer runs (at first none: every island up), until
+    # its answer runs no class whose losses are left out. A loss of classes an answer does not run stops nothing of
+    # it, so that answer holds in every scenario; the MILP over fewer losses bounds the cost from below: optimal.
+    used: set[int] = set()
+    while True:
+        now = [lost for lost in losses if any(c in used for c, _ in lost)] or [frozenset()]
+        status, x = _cheapest_solve(bp, bd, p, cost, members, now, demand_req_s,
+                                    max(time_limit_s - (time.perf_counter() - t0), 0.01), backend)  # fmt: skip
+        if status in ("infeasible", "time_limit"):
+            return _answer(status, x, 0, n_i, t0, list)
+        runs = {c for c in range(len(members)) if round(x[c]) + round(x[len(members) + c]) > 0}
+        if runs <= used:
+            break
+        used |= runs
+    n_c = len(members)
+
+    def roles() -> list[str]:  # each class's first a_c islands prefill, the next y_c decode, the rest idle
+        out = ["idle"] * n_i
+        for c, ms in enumerate(members):
+            n_p, n_d = round(x[c]), round(x[n_c + c])
+            for k, i in enumerate(ms):
+                out[i] = "prefill" if k < n_p else "decode" if k < n_p + n_d else "idle"
+        return out
+
+    return _answer(status, x, len(x) - 1, n_i, t0, roles)
+
+
+def _cheapest_solve(
+    bp: np.ndarray, bd: np.ndarray, p: np.ndarray, cost: np.ndarray, members: list[list[int]],
+    losses: Sequence[frozenset[tuple[int, int]]], demand_req_s: float, time_limit_s: float, backend: str,
+) -> tuple[str, np.ndarray]:  # fmt: skip
+    """`cheapest_roles`' MILP over `losses` (each: the (class, islands stopped) pairs of a scenario): its status and
+    columns (zP, zD, the routings, Λ last). Each class's count in each role is one-hot, z^r_ck = [c runs k islands
+    in role r], k = 0..m_c (its choices as their own hull, as `by_class`): with q of its islands stopped, a role's
+    routing has Σ_k max(k − q, 0) z^r_ck islands of c."""
+    n_j = bp.shape[1]
+    first = [ms[0] for ms in members]
+    cb, c_cost = (bp[first], bd[first]), cost[first]
+    m = np.array([len(ms) for ms in members], dtype=int)
+    n_c, cj = len(members), len(members) * n_j
+    start = np.concatenate([[0], np.cumsum(m + 1)]).astype(int)  # each class's first z column, per role
+    n_z = int(start[-1])
+    zc = np.concatenate([np.full(m[c] + 1, c) for c in range(n_c)])  # each z column's class ...
+    zk = np.concatenate([np.arange(m[c] + 1) for c in range(n_c)]).astype(float)  # ... and its k
+    col_x = 2 * n_z
+    col_lam = col_x + 2 * len(losses) * cj
+    lb, ub = np.zeros(col_lam + 1), np.zeros(col_lam + 1)
+    ub[:col_x] = 1.0
+    lb[col_lam] = ub[col_lam] = demand_req_s
+    rows = Rows()
+    for role in (0, 1):  # Σ_k z^r_ck = 1
+        rows.add(zc, role * n_z + np.arange(n_z), 1.0)
+        rows.close(n_c, 1.0, 1.0)
+    rows.add(np.tile(zc, 2), np.arange(col_x), np.tile(zk, 2))  # prefill and decode islands of c: at most m_c
+    rows.close(n_c, -np.inf, m.astype(float))
+    cc, jj = np.meshgrid(np.arange(n_c), np.arange(n_j), indexing="ij")
+    for n, lost in enumerate(losses):
+        q = np.zeros(n_c)
+        for c, k in lost:
+            q[c] = k
+        for role in (0, 1):
+            x = col_x + (2 * n + role) * cj + cc * n_j + jj
+            ub[x.ravel()] = np.where(cb[role] > 0, m[:, None], 0.0).ravel()
+            rows.add(jj, x, cb[role])  # Σ_c b_cj x_cj − p_j Λ >= 0
+            rows.add(np.arange(n_j), np.full(n_j, col_lam), -np.asarray(p, dtype=float))
+            rows.close(n_j, 0.0, np.inf)
+            rows.add(cc, x, 1.0)  # Σ_j x_cj − Σ_k max(k − q_c, 0) z^r_ck <= 0
+            rows.add(zc, role * n_z + np.arange(n_z), -np.maximum(zk - q[zc], 0.0))
+            rows.close(n_c, -np.inf, 0.0)
+    objective = np.zeros(col_lam + 1)
+    objective[:col_x] = -np.tile(c_cost[zc] * zk, 2)
+    model = maximising(objective, lb, ub, rows)
+    for col in range(col_x):
+        model.helper.set_var_integrality(col, True)
+    status, x = _solve_matrix(model, backend, time_limit_s, CLASS_SCIP)
+    if status in ("infeasible", "time_limit"):
+        return status, x
+    counts = np.zeros((2, n_c))  # the one-hot columns read as counts: prefill, decode per class
+    for role in (0, 1):
+        for c in range(n_c):
+            counts[role, c] = np.argmax(x[role * n_z + start[c] : role * n_z + start[c + 1]])
+    return status, np.concatenate([counts.ravel(), [demand_req_s]])

@@ -141,6 +141,56 @@ class Headline:
         return Headline(rate, (first, second, third, fourth), metrics)
 
 
+def fleet_text(plan: Plan) -> str:
+    """The GPUs a plan runs on: '8 H200 + 64 H800 + 24 H20'."""
+    gpus: dict[str, int] = {}
+    for isl in plan.serving:
+        gpus[isl.gpu] = gpus.get(isl.gpu, 0) + isl.size
+    return " + ".join(f"{n} {g}" for g, n in gpus.items())
+
+
+def sizing_sentence(plan: Plan) -> str:
+    """objective min_cost, in one sentence: the fleet, its $/h, and the exact cheapest beside it."""
+    z, ref = plan.sizing, plan.reference
+    assert z is not None
+    exact = ""
+    if z.cheapest_per_hour is not None:
+        gap = f", {ref.gap_text()}" if ref is not None and ref.gap is not None else ""
+        exact = (f" (the exact cheapest: {'at least ' if z.cheapest_is_bound else ''}${z.cheapest_per_hour:,.2f}/h"
+                 f"{gap})")  # fmt: skip
+    return (f"Cheapest fleet found for {z.demand_req_s:g} req/s: {fleet_text(plan)} at ${plan.cost_per_hour:,.2f}/h"
+            f"{exact}, of an inventory of ${z.inventory_cost_per_hour:,.2f}/h; on it the plan states up to "
+            f"{plan.rate_req_s:.2f} req/s.")
+
+
+def _sizing_section(plan: Plan) -> list[str]:
+    """report.md's sizing block: the demand, the fleet, the exact answers, and each GPU mix alone."""
+    z = plan.sizing
+    if z is None:
+        return []
+    rows = ["## Sizing (search.objective=min_cost)", "", sizing_sentence(plan), "",
+            "| | |", "|---|---|",
+            f"| demand | {z.demand_req_s:g} req/s within the SLOs |",
+            f"| the fleet found | {fleet_text(plan)}: ${plan.cost_per_hour:,.2f}/h |"]  # fmt: skip
+    lost = z.hosts_lost and not z.reference_hosts_lost  # the exact answers with every host up: bounds
+    up = " with every host up (a lower bound: search.reference=spare solves it with a host lost)" if lost else ""
+    if z.hosts_lost:
+        rows.insert(-1, f"| hosts lost | the fleet serves the demand with any {z.hosts_lost} of its hosts lost "
+                        "(search.spare_hosts) |")  # fmt: skip
+    if z.cheapest_per_hour is not None:
+        rows.append(f"| the exact cheapest fleet (every layout of the inventory, the search's model){up} | "
+                    f"{'at least ' if z.cheapest_is_bound else ''}${z.cheapest_per_hour:,.2f}/h |")  # fmt: skip
+    if z.most_req_s is not None:
+        rows.append(f"| the whole inventory | ${z.inventory_cost_per_hour:,.2f}/h, serving at most "
+                    f"{z.most_req_s:.2f} req/s |")  # fmt: skip
+    for mix, cost in z.mixes:
+        rows.append(f"| {mix} {'together' if ' + ' in mix else 'alone'} (exact cheapest{up and ', every host up'}) | "
+                    f"${cost:,.2f}/h |")  # fmt: skip
+    for mix in z.short_mixes:
+        rows.append(f"| {mix} alone | cannot serve {z.demand_req_s:g} req/s |")
+    return [*rows, ""]
+
+
 def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = None,
            steps: Sequence[Reported] = ()) -> str:  # fmt: skip
     """report.md: the rate to plan with and what the post-search `steps` found of it (their rows), the cost, the
@@ -151,6 +201,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         "",
         *(f"{k}. {sentence}" for k, sentence in enumerate(Headline.of(plan).sentences, 1)),
         "",
+        *_sizing_section(plan),
         "**The rate to plan with is the first row**: what the layout sustains within the SLOs, checked request "
         "by request by the simulator in the row below it (where the simulator sustains less, that row gives the "
         "rate it sustains). The rows under *Diagnostics* explain how the search got there; none of them is a rate "

@@ -28,7 +28,7 @@ from pipeline.records.journal import read_json, write_json
 from pipeline.records.progress import Progress
 from pipeline.search.settings import Settings
 from pipeline.search.trial import Context
-from solvers.exact import ExactResult, TypeOptions, exact_optimum, spare_optimum
+from solvers.exact import ExactResult, SizingOptima, TypeOptions, exact_optimum, sizing_optima, spare_optimum
 
 if TYPE_CHECKING:
     from pipeline.search.trials import SearchRun
@@ -195,9 +195,42 @@ def available_memory() -> float:
 BURSTY = " under the workload's own arrivals (search.arrivals=workload; its Poisson rate is stated beside it)"
 
 
+def sizing_reference(settings: Settings, ctx: Context, backend: str = "HIGHS",
+                     tick: Callable[[], None] | None = None) -> SizingOptima:  # fmt: skip
+    """objective min_cost: the exact answers for the demand (`solvers.exact.sizing_optima`: the most the inventory
+    serves, its cheapest fleet serving the demand, and each GPU type's alone), in the search's model; ConfigError
+    where the demand is above what the whole inventory serves."""
+    demand = settings.search.demand_req_s
+    assert demand is not None
+    with ctrl_c_noted() if not in_ray_worker() else contextlib.nullcontext([]) as pressed:
+        types, kv = type_options(settings, ctx, ctx.planner, stop=lambda: bool(pressed))
+        found = None if pressed else interruptible(
+            sizing_optima, types, ctx.planner.ranges.p, demand, kv_gb=kv, spare=spare_sizing(settings),
+            time_limit_s=settings.search.reference_time_limit_s, backend=backend, tick=tick)  # fmt: skip
+    if pressed or found is None:
+        raise KeyboardInterrupt
+    if found.cheapest is None and found.most.status in ("optimal", "feasible"):
+        most = "at most" if found.most.status == "optimal" else "no more than"
+        raise ConfigError(f"search.demand_req_s={demand:g} is more than inventory {settings.inventory.name} serves "
+                          f"within the SLOs: {most} {found.most_req_s:.2f} req/s (the exact optimum of every layout, "
+                          f"in the search's model): lower the demand, or add GPUs to the inventory "
+                          "(+inventory=market: every GPU type the project knows)")  # fmt: skip
+    return found
+
+
+def spare_sizing(settings: Settings) -> bool:
+    """Whether the sizing reference serves the demand with one host lost (search.reference=spare: a MILP per loss
+    that binds, minutes on the Table 5.1 inventories); else its cheapest fleet with every host up, a lower bound on
+    the cheapest that keeps the demand with a host lost."""
+    return settings.search.reference_spare
+
+
 def run_reference(run: SearchRun, settings: Settings, ctx: Context) -> ExactResult | None:
     """A search's exact reference: reference.json of a resumed run, else solved now (when the search has one),
-    and the console's line on what it proves."""
+    and the console's line on what it proves. objective min_cost: the sizing reference, always (it checks the
+    demand), solved again on resume (a few MILPs)."""
+    if settings.search.demand_req_s is not None:
+        return _run_sizing(run, settings, ctx)
     path = run.dir / "reference.json"
     saved = read_json(path, "the exact reference (it is solved again)")
     if saved is not None:
@@ -253,3 +286,49 @@ def _proves(ref: ExactResult, settings: Settings, ctx: Context) -> str:
     return (f"exact optimum {ref.rate_req_s:.2f} req/s at ${ref.cost_per_hour:,.0f}/h ({ref.status}, {took}) in the "
             f"search's model: each island kept at the load whose queue meets the SLOs for the whole workload's "
             f"mix{BURSTY if ctx.planner.arrivals is not None else ''}")
+
+
+def _run_sizing(run: SearchRun, settings: Settings, ctx: Context) -> ExactResult | None:
+    """objective min_cost's reference: the sizing optima (sizing.json), the cheapest fleet as the reference
+    (reference.json), and the console's lines."""
+    limit = settings.search.reference_time_limit_s
+    print(f"[search] sizing: the most the inventory serves and its cheapest fleet for "
+          f"{settings.search.demand_req_s:g} req/s, exact MILPs (at most {limit:g} s) ...", flush=True)  # fmt: skip
+    bar = Progress("search", "sizing MILPs", limit, "s", every_s=15.0)
+    found = sizing_reference(settings, ctx, tick=lambda: bar.update(bar.elapsed, f"sizing: {bar.elapsed:.0f} s"))
+    bar.close()
+    run.sizing, ref = found, found.cheapest
+    write_json(run.dir / "sizing.json", sizing_json(found))
+    if ref is not None and ref.status == "infeasible" and found.spare:
+        raise ConfigError(f"search.demand_req_s={found.demand_req_s:g}: inventory {settings.inventory.name} serves at "
+                          f"most {found.most_req_s:.2f} req/s with every host up, but no fleet of it serves "
+                          f"{found.demand_req_s:g} with any one host lost: lower the demand, add GPUs, or plan with "
+                          "every host up (search.spare_hosts=0)")  # fmt: skip
+    if ref is None or ref.status not in ("optimal", "feasible"):
+        print(f"[search] sizing: no exact reference ({(ref or found.most).status} at the time limit): raise "
+              "search.reference_time_limit_s for a gap", flush=True)  # fmt: skip
+        return None
+    run.ref = ref
+    write_json(run.dir / "reference.json", {**ref.__dict__, "islands": [list(t) for t in ref.islands]})
+    took = f"{(found.most.solve_ms + ref.solve_ms) / 1e3:.1f} s"
+    lost = " with any one host lost" if found.spare else ""
+    if settings.search.spare_hosts and not found.spare:
+        lost = " with every host up (a bound: the search plans for a host lost)"
+    cheapest = (f"${ref.cost_per_hour:,.2f}/h" if ref.status == "optimal" else
+                f"between ${ref.bound:,.2f}/h and ${ref.cost_per_hour:,.2f}/h (time limit)")  # fmt: skip
+    print(f"[search] sizing: the inventory serves at most {found.most_req_s:.2f} req/s; its cheapest fleet for "
+          f"{found.demand_req_s:g} req/s{lost} costs {cheapest} of its ${settings.inventory.cost_per_hour:,.2f}/h "
+          f"(exact, {took}, in the search's model)", flush=True)  # fmt: skip
+    return ref
+
+
+def sizing_json(found: SizingOptima) -> dict[str, Any]:
+    """sizing.json: the demand, the most the inventory serves, and the cheapest fleet per GPU mix ($/h, null where
+    the mix cannot serve the demand)."""
+    return {
+        "demand_req_s": found.demand_req_s,
+        "most_req_s": found.most_req_s,
+        "cheapest_per_hour": found.cheapest.cost_per_hour if found.cheapest else None,
+        "mixes": {k: r.cost_per_hour if r.status in ("optimal", "feasible") else None
+                  for k, r in found.mixes.items()},
+    }

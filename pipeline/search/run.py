@@ -25,8 +25,18 @@ from pipeline.planning.check import LOW
 from pipeline.planning.failures import spare_solve
 from pipeline.planning.planner import Layout
 from pipeline.planning.replan import Replanned, hosts_now, replan
+from pipeline.planning.sizing import cheapest, demand_score
+from pipeline.records import cost_curve
 from pipeline.records.journal import link_latest, read_json, write_json, write_text
-from pipeline.records.report import Headline, best_so_far, convergence_plot, report, routing_plot, write_trials
+from pipeline.records.report import (
+    Headline,
+    best_so_far,
+    convergence_plot,
+    report,
+    routing_plot,
+    sizing_sentence,
+    write_trials,
+)
 from pipeline.records.tracking import Served, Tracker, open_tracker
 from pipeline.search.reference import exact_layout, run_reference
 from pipeline.search.samplers import require_extras
@@ -36,7 +46,7 @@ from pipeline.search.steps.runner import Stopped, run_steps, say, step_metrics
 from pipeline.search.trial import Context, TrialFn, run_trial, score_layout
 from pipeline.search.trials import SearchRun
 from pipeline.search.tune.driver import check_ray_address, run_tune, with_ray
-from plan import InventoryInfo, Plan, Reference, SearchInfo, to_json
+from plan import InventoryInfo, Plan, Reference, SearchInfo, Sizing, to_json
 
 NO_PLAN = 1  # exit code of a search that finished without a usable layout
 
@@ -52,7 +62,8 @@ EXPERIMENT_NOTE = (
 COLUMNS = ("metrics.best_rate_req_s", "metrics.gap", "metrics.output_tok_s", "metrics.usd_per_m_output_tokens",
            "metrics.score", "metrics.rate_req_s", "params.inventory", "params.workload", "params.sampler",
            "params.layout_id", "params.status")  # fmt: skip
-FILES = ("plan.json", "report.md", "convergence.png", "routing.png", "trials.parquet", "reference.json")
+FILES = ("plan.json", "report.md", "convergence.png", "routing.png", "trials.parquet", "reference.json", "sizing.json",
+         "cost_curve.png")
 
 
 def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
@@ -227,7 +238,11 @@ def _layout(
     tracker.ready()  # a store MLflow cannot open: said before the trials, not after them
     complete = with_ray(settings.ray.address, settings.ray.num_cpus, lambda: run_tune(run, trial_fn))
     run.progress(force=True)
-    return (Layout.of(ctx.space.layout(run.best["params"])) if run.best else None), complete
+    best = Layout.of(ctx.space.layout(run.best["params"])) if run.best else None
+    if best is not None and ctx.demand_req_s is not None:  # objective min_cost: the islands of it in use, the fleet
+        best = cheapest(ctx.planner, best, ctx.demand_req_s, ctx.inner_time_limit_s, ctx.backend,
+                        ctx.spare_hosts).layout  # fmt: skip
+    return best, complete
 
 
 def _records(run: SearchRun, settings: Settings, plan: Plan, df: Any) -> None:
@@ -240,6 +255,9 @@ def _records(run: SearchRun, settings: Settings, plan: Plan, df: Any) -> None:
               f"objective {o.objective}")  # fmt: skip
     png = "routing.png" if (run.dir / "routing.png").exists() else None
     write_text(run.dir / "report.md", report(plan, df, header, png, STEPS))
+    if plan.sizing is not None:  # the cost curve: this run's point, and the multirun's curve so far
+        sweep = cli.sweep_dir()
+        cost_curve.record(plan, settings.inventory.name, [run.dir, *([Path(sweep)] if sweep else [])])
 
 
 def _convergence(run: SearchRun, settings: Settings) -> None:
@@ -247,9 +265,10 @@ def _convergence(run: SearchRun, settings: Settings) -> None:
     per_dollar = o.objective == "rate_per_dollar"
     line = None
     if run.ref is not None and o.objective != "thesis":
-        line = run.ref.bound if run.gap_is_bound else run.ref.rate_per_dollar if per_dollar else run.ref.rate_req_s
+        line = run.reference_score()
     convergence_plot(run.dir / "convergence.png", run.records, batch=o.batch, reference=line,
-                     unit="req/s per $/h" if per_dollar else "req/s",
+                     unit="req/s per $/h" if per_dollar else "req/s demanded per $/h of the fleet"
+                     if o.objective == "min_cost" else "req/s",
                      title=f"{settings.inventory.name}, {settings.workload_name}: {o.sampler} ({o.generator})",
                      polish_from=run.polish_from, reference_is_bound=run.gap_is_bound)  # fmt: skip
 
@@ -277,6 +296,8 @@ def _plan(
         score = plan.rates.bursty_req_s
     if settings.search.objective == "rate_per_dollar":
         score = score / plan.cost_per_hour if plan.cost_per_hour > 0 else 0.0
+    if settings.search.demand_req_s is not None:  # what the trials scored: the demand per $/h of the fleet
+        score = demand_score(settings.search.demand_req_s, plan.cost_per_hour)
     if settings.search.spare_hosts:  # what the trials scored: the rate with the worst hosts lost, in the search's model
         score = float(score_layout(ctx, layout)["score"])
     if again is not None:
@@ -307,7 +328,29 @@ def _plan(
     )
     simulated = run.best.get("simulated_req_s") if settings.search.objective == "goodput" and run.best else None
     rates = dataclasses.replace(plan.rates, simulated_req_s=simulated)  # the goodput the search scored it with
-    return dataclasses.replace(plan, rates=rates, search=search, reference=reference_info, notes=tuple(notes))
+    return dataclasses.replace(plan, rates=rates, search=search, reference=reference_info, notes=tuple(notes),
+                               sizing=_sizing(run, settings))  # fmt: skip
+
+
+def _sizing(run: SearchRun, settings: Settings) -> Sizing | None:
+    """objective min_cost: the demand, and what the exact MILPs say of it (`run.sizing`)."""
+    demand, found = settings.search.demand_req_s, run.sizing
+    if demand is None:
+        return None
+    ok = ("optimal", "feasible")
+    ref = found.cheapest if found is not None else None
+    return Sizing(
+        demand_req_s=demand,
+        inventory_cost_per_hour=settings.inventory.cost_per_hour,
+        most_req_s=found.most_req_s if found is not None and found.most.status in ok else None,
+        cheapest_per_hour=None if ref is None or ref.status not in ok else
+        ref.bound if ref.status == "feasible" else ref.cost_per_hour,
+        cheapest_is_bound=ref is not None and ref.status == "feasible",
+        mixes=tuple((k, r.cost_per_hour) for k, r in (found.mixes if found else {}).items() if r.status in ok),
+        short_mixes=tuple(k for k, r in (found.mixes if found else {}).items() if r.status not in ok),
+        hosts_lost=settings.search.spare_hosts,
+        reference_hosts_lost=int(found is not None and found.spare),
+    )  # fmt: skip
 
 
 def _replanned(settings: Settings, ctx: Context) -> Replanned:
@@ -344,6 +387,10 @@ def _log_parent(
     }
     if plan.rates.simulated_req_s is not None:
         metrics["goodput_req_s"] = plan.rates.simulated_req_s
+    if plan.sizing is not None:  # objective min_cost: the demand and the exact cheapest fleet for it
+        metrics["demand_req_s"] = plan.sizing.demand_req_s
+        if plan.sizing.cheapest_per_hour is not None:
+            metrics["cheapest_per_hour"] = plan.sizing.cheapest_per_hour
     if plan.extrapolated is not None:  # islands outside the measured serving the cost model was fitted on
         metrics["extrapolated_islands"] = float(len(plan.extrapolated))
     metrics.update(step_metrics(STEPS, plan))  # the post-search steps': the check's, the band's, ...
@@ -367,6 +414,8 @@ def _summary(run: SearchRun, plan: Plan, sc: StepContext) -> None:
     if v is not None and not v.sustained:  # the SLOs broke at the plan's rate
         sim = f" (the simulator sustains {v.sustained_req_s:.2f})" if v.sustained_req_s else \
             f" (none of the rates the simulator tried, down to {LOW:g} x stated, held)"  # fmt: skip
+    if plan.sizing is not None:
+        say(sizing_sentence(plan))
     print(f"[search] plan: {plan.rate_req_s:.2f} req/s" + (f" within {plan.slo.text()}" if plan.slo.any else "")
           + sim + f" (${plan.cost_per_hour:,.0f}/h); wrote {run.dir}/ (plan.json, report.md, routing.png, "
           "convergence.png, trials.parquet)", flush=True)  # fmt: skip
@@ -411,6 +460,13 @@ def _no_plan(
     elif settings.mode == "exact":
         why = f"the exact MILP found no layout ({run.ref.status if run.ref else 'not solved'})"
         fix = "raise search.reference_time_limit_s"
+    elif counts.get("short") and not any(counts.get(k) for k in ("optimal", "feasible")):
+        most = max(r["rate_req_s"] for r in run.records if r["status"] == "short")
+        lost = " with its worst host lost" if settings.search.spare_hosts else ""
+        why = (f"no layout the search tried serves the demand of {settings.search.demand_req_s:g} req/s{lost} (the "
+               f"most one served: {most:.2f})")  # fmt: skip
+        fix = "raise search.iterations, or lower search.demand_req_s" + (
+            " (or search.spare_hosts=0: with every host up)" if settings.search.spare_hosts else "")
     elif counts.get("time_limit"):
         why = "inner solves ran out of time"
         fix = f"raise search.inner_time_limit_s (now {run.ctx.inner_time_limit_s:g})"

@@ -37,7 +37,8 @@ from plan import Plan, node_spans
 from solvers.inner import BACKENDS
 from solvers.layouts import node_shapes, smallest_shape
 
-OBJECTIVES = ("max_rate", "rate_per_dollar", "thesis", "goodput")
+OBJECTIVES = ("max_rate", "rate_per_dollar", "min_cost", "thesis", "goodput")
+PRICED = ("rate_per_dollar", "min_cost")  # objectives that need every GPU type's price
 SHAPES = ("nodes", "any")  # search.shapes: node-aligned islands (solvers/layouts.py) or any size
 DEFAULT_INVENTORY = "hetero_a"
 # every key a `conf/search/*.yaml` sets: anything else under `search.` is a typo, not a setting
@@ -82,6 +83,7 @@ class SearchOptions:
     spare_hosts: int  # score each layout by its lowest rate with any this many hosts lost (0: every host up)
     arrivals: str  # poisson, or workload: plan for the workload's own arrivals (its trace's bursts)
     goodput: GoodputCheck | None  # objective goodput: how each layout is simulated
+    demand_req_s: float | None = None  # objective min_cost: the rate the cheapest fleet must serve
 
     @property
     def trials(self) -> int:
@@ -205,6 +207,8 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         raise ConfigError("search.lost_hosts names hosts of a running plan that are gone: give that plan too "
                           "(search.from_plan=PATH), or drop search.lost_hosts")  # fmt: skip
     calibration = planner.profile.calibration
+    if search.objective in PRICED:
+        check_prices(inventory_name, inventory, search.objective)
     choices = Choices(
         objective=search.objective, sampler=search.sampler, workload=choice("workload"), budget=budget is not None,
         kv_transfer=kv_transfer,
@@ -245,6 +249,7 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
         calibration=calibration,
         search=search,
         replan=replanning,
+        # (min_cost: every layout splits the whole inventory; the inner MILP leaves the islands it need not buy idle)
         space=space_from_cfg(s, inventory, bounds=search.objective == "rate_per_dollar" or budget is not None),
         ray=RayOptions(
             address=None if cfg.ray.address is None else str(cfg.ray.address),
@@ -299,7 +304,33 @@ def search_from_cfg(s: Any) -> SearchOptions:
                       "one host where the search can plan for it"),
         arrivals=arrivals,
         goodput=goodput_from_cfg(s.get("goodput") or {}) if objective == "goodput" else None,
+        demand_req_s=demand_from_cfg(s.get("demand_req_s"), objective),
     )
+
+
+def demand_from_cfg(value: Any, objective: str) -> float | None:
+    """search.demand_req_s: the sizing objective's demand, a finite rate > 0; with objective min_cost only."""
+    if objective != "min_cost":
+        if value is not None:
+            raise ConfigError(f"search.demand_req_s={value!r} is the demand of the sizing objective: add "
+                              "search.objective=min_cost (the cheapest fleet for it), or drop search.demand_req_s")
+        return None
+    if value is None:
+        raise ConfigError("search.objective=min_cost finds the cheapest fleet for a demand: set search.demand_req_s "
+                          "(requests/s, e.g. search.demand_req_s=300)")  # fmt: skip
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+    if not ok:
+        raise ConfigError(f"search.demand_req_s={value!r}: the demand must be a finite number of requests/s > 0")
+    return float(value)
+
+
+def check_prices(inventory_name: str, inventory: Inventory, objective: str) -> None:
+    """A $ objective prices every GPU type of the inventory: one without a price (0) is refused."""
+    free = [g.name for g in inventory.gpus if g.price_per_hour <= 0]
+    if free:
+        raise ConfigError(f"search.objective={objective} prices every GPU, and {free[0]} has none in inventory "
+                          f"{inventory_name} (price_per_hour 0 in conf/gpu/{free[0]}.yaml): set "
+                          f"prices: {{{free[0]}: <USD per GPU-hour>}} in the inventory, or drop {free[0]}")
 
 
 def space_from_cfg(s: Any, inventory: Inventory, bounds: bool) -> SpaceSettings:
@@ -454,7 +485,7 @@ def context(settings: Settings) -> Any:
     if o.reference_spare:
         check_whole_hosts(space, planner)
     return Context(planner, space, o.objective, o.inner_time_limit_s, settings.key, o.backend, o.goodput,
-                   o.spare_hosts)  # fmt: skip
+                   o.spare_hosts, o.demand_req_s)  # fmt: skip
 
 
 def recorded(settings: Settings, ctx: Any) -> dict[str, Any]:

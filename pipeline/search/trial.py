@@ -17,6 +17,7 @@ import optuna
 from pipeline.planning.failures import spare_solve
 from pipeline.planning.goodput import GoodputCheck, layout_goodput
 from pipeline.planning.planner import Layout, Planner
+from pipeline.planning.sizing import cheapest, demand_score, inventory_cost, short_score
 from pipeline.search.space import Space
 from solvers.layouts import LayoutRejected
 
@@ -35,6 +36,7 @@ class Context:
     backend: str = "AUTO"  # inner MILP solver
     goodput: GoodputCheck | None = None  # objective goodput: how each layout is simulated
     spare_hosts: int = 0  # score a layout by its lowest rate with any this many hosts lost (0: all up)
+    demand_req_s: float | None = None  # objective min_cost: score a layout by the cheapest of its islands serving it
 
 
 _PLANNERS: dict[str, Planner] = {}  # per process: survives Ray Tune's actor reuse
@@ -95,6 +97,8 @@ def score_layout(ctx: Context, layout: Layout, t0: float | None = None) -> dict[
     """Inner solve and full-resolution evaluation of one layout; `t0` is when the trial started."""
     t0 = time.perf_counter() if t0 is None else t0
     planner = planner_for(ctx)
+    if ctx.demand_req_s is not None:
+        return _sized(ctx, planner, layout, t0)
     inner = "thesis" if ctx.objective == "thesis" else "max_rate"
     prob, sol = planner.solve(layout, inner, ctx.inner_time_limit_s, backend=ctx.backend)
     if sol.status not in OK:  # e.g. the inner solve ran out of time with no solution
@@ -130,6 +134,44 @@ def score_layout(ctx: Context, layout: Layout, t0: float | None = None) -> dict[
         "islands": layout.key,
         "note": "",
         **extra,
+    }
+
+
+def _sized(ctx: Context, planner: Planner, layout: Layout, t0: float) -> dict[str, Any]:
+    """objective min_cost: the cheapest of the layout's islands serving the demand (`pipeline.planning.sizing`),
+    scored by the demand per $/h they cost; a layout that cannot serve it is `short`, scored by how close it
+    comes (below every layout that serves it) and never the plan."""
+    assert ctx.demand_req_s is not None
+    fleet = cheapest(planner, layout, ctx.demand_req_s, ctx.inner_time_limit_s, ctx.backend, ctx.spare_hosts)
+    status, note, rate, cost = fleet.status, "", ctx.demand_req_s, fleet.cost_per_hour
+    if status == "infeasible":  # how much it serves (with its worst hosts lost, where it plans for them): the score
+        if ctx.spare_hosts:
+            rate = spare_solve(planner, layout, ctx.spare_hosts, ctx.inner_time_limit_s, ctx.backend).rate_req_s
+        else:
+            rate = planner.solve(layout, "max_rate", ctx.inner_time_limit_s, backend=ctx.backend)[1].rate_req_s
+        lost = f" with its worst {ctx.spare_hosts} host{'s' if ctx.spare_hosts > 1 else ''} lost" \
+            if ctx.spare_hosts else ""  # fmt: skip
+        status, note = "short", f"serves {rate:.2f} req/s{lost} of the {ctx.demand_req_s:g} demanded"
+    if status not in OK and status != "short":
+        out = unscored(status, f"inner min_cost solve: {status} after {fleet.solve_ms:.0f} ms", t0)
+        return {**out, "islands": layout.key, "solve_ms": fleet.solve_ms, "n_islands": float(len(layout.islands))}
+    score = (short_score(rate, inventory_cost(planner, ctx.space.inventory)) if status == "short"
+             else demand_score(ctx.demand_req_s, cost))  # fmt: skip
+    return {
+        "status": status,
+        "score": score,
+        "rate_req_s": rate,
+        "evaluated_req_s": rate,
+        "prefill_req_s": rate,
+        "decode_req_s": rate,
+        "deviation": 0.0,
+        "cost_per_hour": cost,
+        "rate_per_dollar": rate / cost if cost > 0 else 0.0,
+        "solve_ms": fleet.solve_ms,
+        "trial_ms": _ms(t0),
+        "n_islands": float(len(layout.islands)),
+        "islands": layout.key,
+        "note": note,
     }
 
 

@@ -27,7 +27,7 @@ from pipeline.records.progress import Progress
 from pipeline.records.tracking import Child
 from pipeline.search.settings import Settings
 from pipeline.search.trial import GOODPUT_METRICS, METRICS, OK, Context
-from solvers.exact import ExactResult
+from solvers.exact import ExactResult, SizingOptima
 
 
 class SearchRun:
@@ -43,6 +43,7 @@ class SearchRun:
             (r for r in self.records if r["status"] in OK), key=lambda r: r["score"], default=None
         )
         self.ref: ExactResult | None = None
+        self.sizing: SizingOptima | None = None  # objective min_cost: the exact answers for the demand
         self.replanned: Any = None  # search.from_plan: the re-plan found (pipeline.planning.replan.Replanned)
         self.unlogged: list[dict[str, Any]] = []  # finished trials MLflow has not taken yet
         self.fatal: OSError | None = None  # why the journal could not be written: the search stops asking for trials
@@ -182,15 +183,21 @@ class SearchRun:
             return False
         o = self.s.search
         return (o.spare_hosts > 0 and not self.ref.lost_hosts) or (self.ref.status == "feasible"
-                                                                    and o.objective == "max_rate")
+                                                                    and o.objective in ("max_rate", "min_cost"))
 
-    def gap(self, score: float) -> float:
+    def reference_score(self) -> float:
+        """The exact reference's score, in the trials' units (or its bound's, `gap_is_bound`); nan without one."""
         if self.ref is None or self.s.search.objective == "thesis":
             return float("nan")
+        if self.s.search.objective == "min_cost":  # the score is demand / $/h: the gap is 1 - cheapest / cost
+            cheapest = self.ref.bound if self.ref.status == "feasible" else self.ref.cost_per_hour
+            return (self.s.search.demand_req_s or 0.0) / cheapest if cheapest > 0 else 0.0
         if self.ref.status == "feasible" and self.s.search.objective == "max_rate":
-            ref = self.ref.bound
-        else:
-            ref = self.ref.rate_per_dollar if self.s.search.objective == "rate_per_dollar" else self.ref.rate_req_s
+            return self.ref.bound
+        return self.ref.rate_per_dollar if self.s.search.objective == "rate_per_dollar" else self.ref.rate_req_s
+
+    def gap(self, score: float) -> float:
+        ref = self.reference_score()
         return 1.0 - score / ref if ref > 0 else float("nan")
 
     def gap_text(self, gap: float) -> str:
@@ -209,7 +216,10 @@ class SearchRun:
         gap = self.gap(best) if self.s.search.objective != "goodput" else float("nan")  # simulated vs analytic: no gap
         gap_txt = f"  {self.gap_text(gap)}" if gap == gap else ""
         failed = sum(r["status"] == "error" for r in self.records)
-        text = (f"{len(self.records)}/{self.s.search.trials} trials  best {best:.4g} {unit}{gap_txt}  "
+        shown = f"{best:.4g} {unit}"
+        if self.s.search.objective == "min_cost":  # the fleet's $/h, not the score
+            shown = f"${self.best['cost_per_hour']:,.2f}/h" if self.best else "none serves the demand yet"
+        text = (f"{len(self.records)}/{self.s.search.trials} trials  best {shown}{gap_txt}  "
                 f"{rate:.2f} trials/s{f'  {failed} failed' if failed else ''}")  # fmt: skip
         if force or len(self.records) >= self.s.search.trials:
             # the last state once, with the rate it ended at (not again with the time of later work)

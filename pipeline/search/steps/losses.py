@@ -59,6 +59,10 @@ class Losses(PlanStep):
         if ref is not None and ref.gap is not None:  # against the optimum with the host lost, or every host up
             there = "with the worst host lost" if ref.lost_hosts else "there with every host up"
             gap = f", {ref.gap_text()} to the exact optimum {there}"
+        if plan.sizing is not None:
+            return (f"planned for {k} host{'s' if k > 1 else ''} lost: the trials scored each layout by the cheapest "
+                    f"of its islands that serve {plan.sizing.demand_req_s:g} req/s with any {k} of their hosts "
+                    f"lost{gap}")
         return (f"planned for {k} host{'s' if k > 1 else ''} lost: the trials scored each layout by its rate with its "
                 f"worst {k} lost{gap}")  # fmt: skip
 
