@@ -19,6 +19,18 @@ from costmodel.cli import INTERRUPTED, USAGE_ERROR, fail, interrupted  # noqa: F
 from pipeline.errors import USER_ERRORS
 
 
+def _register_resolvers() -> None:
+    """`${cwd:}`: the working folder. Hydra's `${hydra:runtime.cwd}` is the same folder, but a multirun's sweeper
+    resolves the sweep's folder before Hydra's runtime is set, so a path it depends on (out_root) cannot use it."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("cwd"):
+        OmegaConf.register_new_resolver("cwd", os.getcwd)
+
+
+_register_resolvers()
+
+
 def plain(cfg: Any) -> Any:
     """A DictConfig/ListConfig as plain Python containers (resolved); anything else unchanged."""
     from omegaconf import OmegaConf

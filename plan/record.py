@@ -382,6 +382,8 @@ class Sizing:
     cheapest_is_bound: bool = False  # that MILP stopped at its time limit: cheapest_per_hour is a lower bound
     mixes: tuple[tuple[str, float], ...] = ()  # each GPU mix that serves the demand alone, and its exact cheapest $/h
     short_mixes: tuple[str, ...] = ()  # the mixes that cannot serve it alone
+    searched_per_hour: float | None = None  # the fleet the trials found, sized in their model ($/h; the gap is its):
+    # where it holds less than the demand as the plan states rates, the plan's fleet is sized again and costs more
     hosts_lost: int = 0  # the fleet serves the demand with any this many hosts lost (search.spare_hosts)
     reference_hosts_lost: int = 0  # ... and the exact answers with this many (1: search.reference=spare)
 
@@ -390,6 +392,7 @@ class Sizing:
         _real(self.inventory_cost_per_hour, "inventory_cost_per_hour", 0.0)
         _optional_real(self.most_req_s, "most_req_s", 0.0)
         _optional_real(self.cheapest_per_hour, "cheapest_per_hour", 0.0)
+        _optional_real(self.searched_per_hour, "searched_per_hour", 0.0)
         for mix, cost in self.mixes:
             _real(cost, f"mixes.{mix}", 0.0)
 

@@ -229,21 +229,29 @@ def solve_counts(
     if status in ("infeasible", "time_limit"):
         return ExactResult(status, 0.0, 0.0, (), (time.perf_counter() - t0) * 1e3, 1, float("nan")), []
     counts = [(n_p[c].solution_value(), n_d[c].solution_value()) for c in range(len(classes))]
-    islands: list[tuple[str, int, str]] = []
-    for c, (ti, si) in enumerate(classes):
-        size = int(types[ti].sizes[si])
-        islands += [(types[ti].gpu, size, "prefill")] * round(counts[c][0])
-        islands += [(types[ti].gpu, size, "decode")] * round(counts[c][1])
-        if x_a[c]:
-            islands += [(types[ti].gpu, size, "aggregated")] * round(n_a[c].solution_value())  # type: ignore[attr-defined]
+    aggregated = [round(n_a[c].solution_value()) if x_a[c] else 0 for c in range(len(classes))]  # type: ignore[attr-defined]
+    islands = _islands_of(types, classes, counts, aggregated)
     spent = sum(size * next(t.price_per_gpu_hour for t in types if t.gpu == g) for g, size, _ in islands)
-    # the proven bound: Λ itself when optimal (or an LP's), above the incumbent when the time limit stopped it
+    # the proven bound (Λ's; min_cost: C's): the value itself when optimal (or an LP's), beyond the incumbent when
+    # the time limit stopped it
     bound = (
         (s.Objective().Value() if demand is not None else lam.solution_value()) if relax or fix is not None
         else s.Objective().BestBound() if theta == 0 else float("nan")
     )  # fmt: skip
     ms = (time.perf_counter() - t0) * 1e3
-    return ExactResult(status, lam.solution_value(), spent, tuple(islands), ms, 1, bound), counts
+    return ExactResult(status, lam.solution_value(), spent, islands, ms, 1, bound), counts
+
+
+def _islands_of(types: list[TypeOptions], classes: list[tuple[int, int]], counts: list[tuple[float, float]],
+                aggregated: list[int]) -> tuple[tuple[str, int, str], ...]:  # fmt: skip
+    """(gpu, size, role) of every island of a solution: each class's (n^P, n^D) and aggregated islands."""
+    islands: list[tuple[str, int, str]] = []
+    for c, (ti, si) in enumerate(classes):
+        size = int(types[ti].sizes[si])
+        islands += [(types[ti].gpu, size, "prefill")] * round(counts[c][0])
+        islands += [(types[ti].gpu, size, "decode")] * round(counts[c][1])
+        islands += [(types[ti].gpu, size, "aggregated")] * aggregated[c]
+    return tuple(islands)
 
 
 def _loss_half(s: Any, types: list[TypeOptions], classes: list[tuple[int, int]], p: np.ndarray, lam: Any,

@@ -252,6 +252,7 @@ def cheapest_roles(
     scenarios: Sequence[Collection[int]],
     cost_per_hour: np.ndarray,
     demand_req_s: float,
+    *,
     time_limit_s: float = 10.0,
     backend: str = "AUTO",
 ) -> SpareRoles:
@@ -285,8 +286,8 @@ def cheapest_roles(
     used: set[int] = set()
     while True:
         now = [lost for lost in losses if any(c in used for c, _ in lost)] or [frozenset()]
-        status, x = _cheapest_solve(bp, bd, p, cost, members, now, demand_req_s,
-                                    max(time_limit_s - (time.perf_counter() - t0), 0.01), backend)  # fmt: skip
+        status, x = _cheapest_solve(bp, bd, p, cost, members, now, demand_req_s=demand_req_s, backend=backend,
+                                    time_limit_s=max(time_limit_s - (time.perf_counter() - t0), 0.01))  # fmt: skip
         if status in ("infeasible", "time_limit"):
             return _answer(status, x, 0, n_i, t0, list)
         runs = {c for c in range(len(members)) if round(x[c]) + round(x[len(members) + c]) > 0}
@@ -308,7 +309,7 @@ def cheapest_roles(
 
 def _cheapest_solve(
     bp: np.ndarray, bd: np.ndarray, p: np.ndarray, cost: np.ndarray, members: list[list[int]],
-    losses: Sequence[frozenset[tuple[int, int]]], demand_req_s: float, time_limit_s: float, backend: str,
+    losses: Sequence[frozenset[tuple[int, int]]], *, demand_req_s: float, time_limit_s: float, backend: str,
 ) -> tuple[str, np.ndarray]:  # fmt: skip
     """`cheapest_roles`' MILP over `losses` (each: the (class, islands stopped) pairs of a scenario): its status and
     columns (zP, zD, the routings, Λ last). Each class's count in each role is one-hot, z^r_ck = [c runs k islands

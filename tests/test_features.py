@@ -19,6 +19,7 @@ TURNS_ON = {
     "search.objective=thesis": {"objective": "thesis"},
     "search.objective=goodput": {"objective": "goodput"},
     "search.objective=rate_per_dollar": {"objective": "rate_per_dollar"},
+    "search.objective=min_cost": {"objective": "min_cost"},
     "search.arrivals=workload": {"arrivals": "workload"},
     "search.spare_hosts={spare_hosts}": {"spare_hosts": 2},
     "search.robust=true": {"robust": True},

@@ -207,20 +207,6 @@ def test_an_interrupted_search_resumes_without_rerunning_finished_trials(tmp_pat
     assert len(children) == total  # one MLflow parent across both sessions
 
 
-def test_hydra_multirun_runs_every_job_in_its_own_folder(tmp_path: Path) -> None:
-    r = cli("pipeline.search", "-m", *SMALL, "search.sampler=exact", "search.verify=false", "search.band_draws=0",
-            "search.min_island=8,16", f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db",
-            timeout=600)  # the exact planner: the sweep is what this is about, not Ray  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    # each job says what it sweeps; Hydra's record goes beside out_root, not into the checkout
-    assert "[multirun] job 0: " in r.stdout and "search.min_island=16" in r.stdout
-    assert list((tmp_path / "multirun").glob("*/multirun.yaml"))
-    dirs = sorted(p.parent for p in (tmp_path / "out").glob("*/*/plan.json"))
-    assert len(dirs) == 2 and len({d.parent for d in dirs}) == 2
-    assert sorted(json.loads((d / "config.json").read_text())["search"]["min_island"] for d in dirs) == [8, 16]
-    assert len({json.loads((d / "state.json").read_text())["parent_run_id"] for d in dirs}) == 2
-
-
 # --- faults of the run's records ------------------------------------------------------------------
 
 

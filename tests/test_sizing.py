@@ -127,18 +127,18 @@ def test_the_exact_cheapest_fleet_against_brute_force_every_host_up_and_with_one
         for share in (0.3, 0.7):
             demand = share * most
 
-            def cheapest(rate: list[float], demand: float = demand) -> float:
-                return min((sum(n * (a + b) for n, (a, b) in zip(price, c, strict=True))
-                            for c, r in zip(layouts, rate, strict=True) if r >= demand * (1 - 1e-7)),
-                           default=np.inf)  # fmt: skip
-
+            paid = [sum(n * (a + b) for n, (a, b) in zip(price, c, strict=True)) for c in layouts]
+            cheapest_up = min((x for x, r in zip(paid, rates, strict=True) if r >= demand * (1 - 1e-7)),
+                              default=np.inf)  # fmt: skip
+            cheapest_lost = min((x for x, r in zip(paid, kept, strict=True) if r >= demand * (1 - 1e-7)),
+                                default=np.inf)  # fmt: skip
             up = exact_optimum(types, p, objective="min_cost", demand_req_s=demand)
-            assert up.status == "optimal" and up.cost_per_hour == pytest.approx(cheapest(rates))
+            assert up.status == "optimal" and up.cost_per_hour == pytest.approx(cheapest_up)
             lost = spare_cheapest(types, p, demand)
-            if cheapest(kept) == np.inf:
+            if cheapest_lost == np.inf:
                 assert lost.status == "infeasible"
             else:
-                assert lost.status == "optimal" and lost.cost_per_hour == pytest.approx(cheapest(kept))
+                assert lost.status == "optimal" and lost.cost_per_hour == pytest.approx(cheapest_lost)
                 assert lost.cost_per_hour >= up.cost_per_hour
 
 
@@ -187,14 +187,22 @@ def test_a_sizing_search_refuses_bad_input_in_one_line(tmp_path: Path, args: lis
 
 
 def test_a_multirun_over_demands_plans_the_cheapest_fleets_and_draws_the_cost_curve(tmp_path: Path) -> None:
-    """`python -m pipeline.search -m search.demand_req_s=A,B` as a user runs it: each job's fleet keeps its demand
-    with a host lost (its own node map says so), costs what the exact cheapest does (search.reference=spare) and
-    no more than the inventory, and the sweep's folder holds both points and the picture."""
+    """`python -m pipeline.search -m search.demand_req_s=A,B` as a user runs it (a Hydra multirun, each job in its
+    own folder and MLflow run): each job's fleet keeps its demand with any host lost, costs what the exact cheapest
+    does (search.reference=spare) and no more than the inventory, and the sweep's folder holds both points and the
+    picture."""
     r = cli("pipeline.search", *SMALL, "search.iterations=2", "search.band_draws=0", "search.objective=min_cost",
             "search.reference=spare",
             f"out_root={tmp_path}/out", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
-            f"hydra.sweep.dir={tmp_path}/sweep", "-m", "search.demand_req_s=12,30", timeout=400)  # fmt: skip
+            "-m", "search.demand_req_s=12,30", timeout=400)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
+    # each job says what it sweeps, runs in its own folder and MLflow parent run; Hydra's record goes beside out_root
+    assert "[multirun] job 0: " in r.stdout and "search.demand_req_s=30" in r.stdout
+    (sweep,) = (tmp_path / "multirun").glob("*")
+    assert (sweep / "multirun.yaml").exists()
+    dirs = sorted(p.parent for p in (tmp_path / "out").glob("*/*/plan.json"))
+    assert len(dirs) == 2 and len({d.parent for d in dirs}) == 2
+    assert len({json.loads((d / "state.json").read_text())["parent_run_id"] for d in dirs}) == 2
     plans = sorted((json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/*/plan.json")),
                    key=lambda d: d["sizing"]["demand_req_s"])  # fmt: skip
     assert [d["sizing"]["demand_req_s"] for d in plans] == [12.0, 30.0]
@@ -205,8 +213,8 @@ def test_a_multirun_over_demands_plans_the_cheapest_fleets_and_draws_the_cost_cu
         assert d["cost_per_hour"] <= z["inventory_cost_per_hour"]
         assert min(loss["rate_req_s"] for loss in d["host_losses"]["losses"]) >= z["demand_req_s"] * 0.999
     assert plans[0]["cost_per_hour"] <= plans[1]["cost_per_hour"]
-    points = [json.loads(line) for line in (tmp_path / "sweep" / "cost_curve.jsonl").read_text().splitlines()]
+    points = [json.loads(line) for line in (sweep / "cost_curve.jsonl").read_text().splitlines()]
     assert sorted(p["demand_req_s"] for p in points) == [12.0, 30.0]
-    assert (tmp_path / "sweep" / "cost_curve.png").stat().st_size > 10_000
+    assert (sweep / "cost_curve.png").stat().st_size > 10_000
     report = next((tmp_path / "out").glob("*/*/report.md")).read_text()
     assert "## Sizing (search.objective=min_cost)" in report and "Cheapest fleet found for" in report

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.planning.build import place
-from pipeline.planning.failures import loss_scenarios
+from pipeline.planning.failures import loss_scenarios, spare_solve
 from pipeline.planning.planner import Layout, Planner
 from solvers.spare import cheapest_roles
 
@@ -45,7 +45,7 @@ def cheapest(
         hosts_of = place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
         scenarios = [down for _, down in loss_scenarios(layout.islands, hosts_of, spare_hosts)]
         found = cheapest_roles(prob.prefill_req_s, prob.decode_req_s, prob.p, scenarios, cost, demand_req_s,
-                               time_limit_s, backend)  # fmt: skip
+                               time_limit_s=time_limit_s, backend=backend)  # fmt: skip
         status, roles, ms = found.status, found.roles, found.solve_ms
     else:
         _, sol = planner.solve(layout, "max_rate", time_limit_s, backend=backend, demand_req_s=demand_req_s,
@@ -56,6 +56,45 @@ def cheapest(
     used = [i for i, role in enumerate(roles) if role != "idle"]
     return Fleet(Layout.of([layout.islands[i] for i in used]), float(cost[used].sum()), status,
                  tuple(roles[i] for i in used), ms)  # fmt: skip
+
+
+TOP_UPS = 3  # `held_fleet`: sizing rounds at most, each for a demand raised by what the last fleet fell short
+
+
+def held_fleet(
+    planner: Planner,
+    layout: Layout,
+    demand_req_s: float,
+    time_limit_s: float = 10.0,
+    backend: str = "AUTO",
+    spare_hosts: int = 0,
+) -> tuple[Fleet, float]:
+    """The cheapest fleet of `layout` that holds `demand_req_s` as its plan states rates (each island's load cap
+    for the mix its routing gives it, `Planner.solve_routed`; with `spare_hosts`, with its worst hosts lost, each
+    island kept in its role: `Planner.solve_without`), and that rate. `cheapest` sizes in the search's model
+    (each island's cap for the whole workload's mix); where its fleet falls short in the plan's, the demand is
+    raised by the shortfall and the fleet sized again, at most `TOP_UPS` times."""
+    want, fleet, held = demand_req_s, None, 0.0
+    for _ in range(TOP_UPS + 1):
+        found = cheapest(planner, layout, want, time_limit_s, backend, spare_hosts)
+        if found.layout is None:  # (the raised demand is more than the layout serves: the last fleet stands)
+            break
+        fleet, held = found, plan_rate(planner, found.layout, time_limit_s, backend, spare_hosts)
+        if held >= demand_req_s * (1 - 1e-6):
+            break
+        want *= demand_req_s / max(held, 1e-9) * (1 + 1e-3)
+    return fleet or cheapest(planner, layout, demand_req_s, time_limit_s, backend, spare_hosts), held
+
+
+def plan_rate(planner: Planner, layout: Layout, time_limit_s: float, backend: str, spare_hosts: int) -> float:
+    """The rate `layout` holds as its plan states rates: every host up, or with its worst `spare_hosts` lost (the
+    roles that keep the most with them lost, `spare_solve`, as the plan's)."""
+    if not spare_hosts:
+        return planner.solve_routed(layout, time_limit_s, backend=backend)[1].rate_req_s
+    roles = spare_solve(planner, layout, spare_hosts, time_limit_s, backend).roles
+    hosts_of = place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
+    return min(planner.solve_without(layout, roles, down, time_limit_s, backend)[1].rate_req_s
+               for _, down in loss_scenarios(layout.islands, hosts_of, spare_hosts))  # fmt: skip
 
 
 def demand_score(demand_req_s: float, cost_per_hour: float) -> float:

@@ -153,14 +153,19 @@ def sizing_sentence(plan: Plan) -> str:
     """objective min_cost, in one sentence: the fleet, its $/h, and the exact cheapest beside it."""
     z, ref = plan.sizing, plan.reference
     assert z is not None
-    exact = ""
+    notes = []
+    if z.searched_per_hour is not None and plan.cost_per_hour > z.searched_per_hour * (1 + 1e-9):
+        notes.append(f"sized again from the search's ${z.searched_per_hour:,.2f}/h fleet to hold the demand as the "
+                     "plan states rates")  # fmt: skip
     if z.cheapest_per_hour is not None:
-        gap = f", {ref.gap_text()}" if ref is not None and ref.gap is not None else ""
-        exact = (f" (the exact cheapest: {'at least ' if z.cheapest_is_bound else ''}${z.cheapest_per_hour:,.2f}/h"
-                 f"{gap})")  # fmt: skip
-    return (f"Cheapest fleet found for {z.demand_req_s:g} req/s: {fleet_text(plan)} at ${plan.cost_per_hour:,.2f}/h"
-            f"{exact}, of an inventory of ${z.inventory_cost_per_hour:,.2f}/h; on it the plan states up to "
-            f"{plan.rate_req_s:.2f} req/s.")
+        gap = f", the search's {ref.gap_text()}" if ref is not None and ref.gap is not None else ""
+        notes.append(f"the exact cheapest: {'at least ' if z.cheapest_is_bound else ''}${z.cheapest_per_hour:,.2f}/h"
+                     f"{gap}")  # fmt: skip
+    said = f" ({'; '.join(notes)})" if notes else ""
+    lost = f" with any {z.hosts_lost} host{'s' if z.hosts_lost > 1 else ''} lost" if z.hosts_lost else ""
+    return (f"Cheapest fleet found for {z.demand_req_s:g} req/s{lost}: {fleet_text(plan)} at "
+            f"${plan.cost_per_hour:,.2f}/h{said}, of an inventory of ${z.inventory_cost_per_hour:,.2f}/h; on it the "
+            f"plan states up to {plan.rate_req_s:.2f} req/s.")
 
 
 def _sizing_section(plan: Plan) -> list[str]:

@@ -25,7 +25,7 @@ from pipeline.planning.check import LOW
 from pipeline.planning.failures import spare_solve
 from pipeline.planning.planner import Layout
 from pipeline.planning.replan import Replanned, hosts_now, replan
-from pipeline.planning.sizing import cheapest, demand_score
+from pipeline.planning.sizing import cheapest, demand_score, held_fleet
 from pipeline.records import cost_curve
 from pipeline.records.journal import link_latest, read_json, write_json, write_text
 from pipeline.records.report import (
@@ -240,9 +240,24 @@ def _layout(
     run.progress(force=True)
     best = Layout.of(ctx.space.layout(run.best["params"])) if run.best else None
     if best is not None and ctx.demand_req_s is not None:  # objective min_cost: the islands of it in use, the fleet
-        best = cheapest(ctx.planner, best, ctx.demand_req_s, ctx.inner_time_limit_s, ctx.backend,
-                        ctx.spare_hosts).layout  # fmt: skip
+        best = _fleet(run, ctx, best)
     return best, complete
+
+
+def _fleet(run: SearchRun, ctx: Context, layout: Layout) -> Layout | None:
+    """objective min_cost: the best layout's cheapest fleet that holds the demand as the plan states rates (sized
+    again, and said so, where the search's model's fleet falls short there)."""
+    assert ctx.demand_req_s is not None
+    first = cheapest(ctx.planner, layout, ctx.demand_req_s, ctx.inner_time_limit_s, ctx.backend, ctx.spare_hosts)
+    run.searched_fleet = first.cost_per_hour if first.layout is not None else None
+    fleet, held = held_fleet(ctx.planner, layout, ctx.demand_req_s, ctx.inner_time_limit_s, ctx.backend,
+                             ctx.spare_hosts)  # fmt: skip
+    if fleet.layout is not None and fleet.cost_per_hour > first.cost_per_hour:
+        lost = " with its worst host lost" if ctx.spare_hosts else ""
+        print(f"[search] sizing: the fleet the trials found (${first.cost_per_hour:,.2f}/h) holds less than "
+              f"{ctx.demand_req_s:g} req/s{lost} once each island's load cap is set for its own routed mix (the "
+              f"plan's rates): sized again, ${fleet.cost_per_hour:,.2f}/h holds {held:.2f}", flush=True)  # fmt: skip
+    return fleet.layout
 
 
 def _records(run: SearchRun, settings: Settings, plan: Plan, df: Any) -> None:
@@ -296,8 +311,8 @@ def _plan(
         score = plan.rates.bursty_req_s
     if settings.search.objective == "rate_per_dollar":
         score = score / plan.cost_per_hour if plan.cost_per_hour > 0 else 0.0
-    if settings.search.demand_req_s is not None:  # what the trials scored: the demand per $/h of the fleet
-        score = demand_score(settings.search.demand_req_s, plan.cost_per_hour)
+    if settings.search.demand_req_s is not None:  # what the trials scored: the demand per $/h of their fleet
+        score = demand_score(settings.search.demand_req_s, run.searched_fleet or plan.cost_per_hour)
     if settings.search.spare_hosts:  # what the trials scored: the rate with the worst hosts lost, in the search's model
         score = float(score_layout(ctx, layout)["score"])
     if again is not None:
@@ -348,6 +363,7 @@ def _sizing(run: SearchRun, settings: Settings) -> Sizing | None:
         cheapest_is_bound=ref is not None and ref.status == "feasible",
         mixes=tuple((k, r.cost_per_hour) for k, r in (found.mixes if found else {}).items() if r.status in ok),
         short_mixes=tuple(k for k, r in (found.mixes if found else {}).items() if r.status not in ok),
+        searched_per_hour=run.searched_fleet,
         hosts_lost=settings.search.spare_hosts,
         reference_hosts_lost=int(found is not None and found.spare),
     )  # fmt: skip

@@ -44,6 +44,7 @@ class SearchRun:
         )
         self.ref: ExactResult | None = None
         self.sizing: SizingOptima | None = None  # objective min_cost: the exact answers for the demand
+        self.searched_fleet: float | None = None  # ... and the $/h of the fleet the trials found, in their model
         self.replanned: Any = None  # search.from_plan: the re-plan found (pipeline.planning.replan.Replanned)
         self.unlogged: list[dict[str, Any]] = []  # finished trials MLflow has not taken yet
         self.fatal: OSError | None = None  # why the journal could not be written: the search stops asking for trials
