@@ -209,8 +209,9 @@ def test_a_multirun_over_demands_plans_the_cheapest_fleets_and_draws_the_cost_cu
     for d in plans:
         z = d["sizing"]
         assert z["hosts_lost"] == 1 and z["reference_hosts_lost"] == 1
-        assert d["cost_per_hour"] == pytest.approx(z["cheapest_per_hour"], rel=0.01)  # gap <= 1 %
-        assert d["cost_per_hour"] <= z["inventory_cost_per_hour"]
+        assert z["searched_per_hour"] == pytest.approx(z["cheapest_per_hour"], rel=0.01)  # gap <= 1 %
+        assert d["reference"]["gap"] == pytest.approx(1 - z["cheapest_per_hour"] / z["searched_per_hour"], abs=1e-9)
+        assert z["searched_per_hour"] <= d["cost_per_hour"] <= z["inventory_cost_per_hour"]
         assert min(loss["rate_req_s"] for loss in d["host_losses"]["losses"]) >= z["demand_req_s"] * 0.999
     assert plans[0]["cost_per_hour"] <= plans[1]["cost_per_hour"]
     points = [json.loads(line) for line in (sweep / "cost_curve.jsonl").read_text().splitlines()]

@@ -313,7 +313,7 @@ def _plan(
         score = score / plan.cost_per_hour if plan.cost_per_hour > 0 else 0.0
     if settings.search.demand_req_s is not None:  # what the trials scored: the demand per $/h of their fleet
         score = demand_score(settings.search.demand_req_s, run.searched_fleet or plan.cost_per_hour)
-    if settings.search.spare_hosts:  # what the trials scored: the rate with the worst hosts lost, in the search's model
+    elif settings.search.spare_hosts:  # what the trials scored: the rate with the worst hosts lost, the search's model
         score = float(score_layout(ctx, layout)["score"])
     if again is not None:
         score = again.searched_req_s
