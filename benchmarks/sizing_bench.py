@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +48,12 @@ def plans(out: Path) -> list[tuple[Path, dict]]:
     return [(p.parent, json.loads(p.read_text())) for p in sorted((out / "search").glob("*/*/plan.json"))]
 
 
+def wall_s(run: Path) -> float:
+    """A run's wall time: from its folder's name (the time it started) to its report.md's last write."""
+    started = datetime.strptime(run.name, "%Y%m%d-%H%M%S-%f").timestamp()
+    return (run / "report.md").stat().st_mtime - started
+
+
 def fleet(plan: dict) -> str:
     gpus: dict[str, int] = {}
     for isl in plan["islands"]:
@@ -60,23 +67,21 @@ def main() -> None:
     docs = Path(args[args.index("--docs") + 1]) if "--docs" in args else None
     root = Path(args[args.index("--out") + 1]) if "--out" in args else Path(tempfile.mkdtemp(prefix="sizing-"))
     names = [a for a in args if not a.startswith("--") and Path(a) not in (docs, root)] or list(INVENTORIES)
-    walls: dict[str, tuple[float, float]] = {}
     for inv in names:
         if "--tables" in args:  # the tables of the records an earlier run left under --out
             continue
         base = root / inv
-        wall_max = search(base / "max_rate", f"+inventory={inv}")
+        search(base / "max_rate", f"+inventory={inv}")
         most, kept, _ = max_rate_plan(base)
         demands = [round(0.25 * most), round(0.5 * most), math.floor(kept * 100) / 100]
-        t0 = time.perf_counter()
         search(base / "sizing", "-m", f"+inventory={inv}", "search.objective=min_cost", "search.reference=spare",
                "search.reference_time_limit_s=900", "search.demand_req_s=" + ",".join(f"{d:g}" for d in demands))
-        walls[inv] = (wall_max, (time.perf_counter() - t0) / len(demands))
-        if docs is not None:
-            (sweep,) = sorted((base / "sizing" / "multirun").glob("*"))[-1:]
+    if docs is not None:
+        for inv in names:
+            (sweep,) = sorted((root / inv / "sizing" / "multirun").glob("*"))[-1:]
             docs.mkdir(parents=True, exist_ok=True)
             shutil.copy(sweep / "cost_curve.png", docs / f"cost_curve_{inv}.png")
-    tables(root, names, walls)
+    tables(root, names)
 
 
 def max_rate_plan(base: Path) -> tuple[float, float, dict]:
@@ -89,26 +94,28 @@ def max_rate_plan(base: Path) -> tuple[float, float, dict]:
     return most, kept, mx
 
 
-def tables(root: Path, names: list[str], walls: dict[str, tuple[float, float]]) -> None:
+def tables(root: Path, names: list[str]) -> None:
     """The two tables of the records under `root`; the gap is the search's fleet against the exact cheapest."""
     rows, compare = [], []
     for inv in names:
         base = root / inv
         _, kept, mx = max_rate_plan(base)
-        wall_max, wall = walls.get(inv, (float("nan"), float("nan")))
-        found = sorted((p for _, p in plans(base / "sizing")), key=lambda p: p["sizing"]["demand_req_s"])
-        for p in found:
+        wall_max = wall_s(plans(base / "max_rate")[0][0])
+        runs = sorted(plans(base / "sizing"), key=lambda rp: rp[1]["sizing"]["demand_req_s"])
+        found = [p for _, p in runs]
+        for run, p in runs:
+            wall = wall_s(run)
             z = p["sizing"]
             gap = None if not z["cheapest_per_hour"] or not z["searched_per_hour"] else \
                 1 - z["cheapest_per_hour"] / z["searched_per_hour"]  # fmt: skip
             rows.append((inv, z["demand_req_s"], fleet(p), z["searched_per_hour"], p["cost_per_hour"],
                          z["cheapest_per_hour"], gap, z["inventory_cost_per_hour"], wall))  # fmt: skip
         p = min(found, key=lambda p: abs(p["sizing"]["demand_req_s"] - math.floor(kept * 100) / 100))
-        compare.append((inv, kept, mx["cost_per_hour"], mx["rate_req_s"], p["cost_per_hour"], fleet(p),
+        compare.append((inv, kept, mx["cost_per_hour"], mx["rates"]["rate_req_s"], p["cost_per_hour"], fleet(p),
                         p["sizing"]["inventory_cost_per_hour"], wall_max))  # fmt: skip
     print(f"records under {root}\n")
     print("| inventory | demand (req/s, a host lost) | the plan's fleet | search's fleet $/h | plan's $/h | exact "
-          "cheapest $/h | gap | inventory $/h | wall per demand (s) |")
+          "cheapest $/h | gap | inventory $/h | wall (s) |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for inv, d, f, searched, cost, best, gap, whole, w in rows:
         gap_text = "n/a" if gap is None else f"{gap:.2%}"

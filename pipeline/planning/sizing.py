@@ -9,6 +9,7 @@ layout that cannot serve the demand is scored below every one that can, by how c
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.planning.build import place
@@ -56,6 +57,37 @@ def cheapest(
     used = [i for i, role in enumerate(roles) if role != "idle"]
     return Fleet(Layout.of([layout.islands[i] for i in used]), float(cost[used].sum()), status,
                  tuple(roles[i] for i in used), ms)  # fmt: skip
+
+
+def trimmed(
+    planner: Planner,
+    layout: Layout,
+    sizes: Mapping[str, Sequence[int]],
+    demand_req_s: float,
+    time_limit_s: float = 10.0,
+    backend: str = "AUTO",
+    spare_hosts: int = 0,
+) -> Fleet:
+    """The cheapest fleet of `layout` (`cheapest`), then trimmed an island at a time: each island of the fleet made
+    the next smaller size its type allows (`sizes`, ascending; below the smallest, dropped), the cheapest fleet of
+    that layout kept where it costs less, until no such step costs less. A local search over island sizes, as the
+    search's polish steps to neighbouring layouts: the layouts a search proposes split the inventory whole, and the
+    fleet a demand needs may leave part of an island's GPUs idle."""
+    best = cheapest(planner, layout, demand_req_s, time_limit_s, backend, spare_hosts)
+    while best.layout is not None:
+        isl = list(best.layout.islands)
+        steps = []
+        for g, n in dict.fromkeys(isl):  # each distinct island once
+            smaller = [m for m in sizes.get(g, ()) if m < n]
+            at = isl.index((g, n))
+            steps.append(Layout.of(isl[:at] + ([(g, max(smaller))] if smaller else []) + isl[at + 1 :]))
+        found = [f for f in (cheapest(planner, s, demand_req_s, time_limit_s, backend, spare_hosts) for s in steps
+                             if s.islands) if f.layout is not None]  # fmt: skip
+        cheaper = min(found, key=lambda f: f.cost_per_hour, default=None)
+        if cheaper is None or cheaper.cost_per_hour >= best.cost_per_hour - 1e-9:
+            break
+        best = cheaper
+    return best
 
 
 TOP_UPS = 3  # `held_fleet`: sizing rounds at most, each for a demand raised by what the last fleet fell short

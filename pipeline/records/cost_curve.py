@@ -4,7 +4,8 @@ Every sizing run adds its point to `cost_curve.jsonl` in a folder: the Hydra mul
 search.demand_req_s=100,200,400`: one point per job, the picture of the sweep so far redrawn after each) and
 its own run folder. A point is the demand, the fleet the search found ($/h), the exact cheapest fleet of the
 whole inventory, and the exact cheapest of each GPU type alone (sizing.json); `cost_curve.png` draws one line
-per mix (exact) and the search's fleets as markers, a panel per inventory.
+per mix (exact), the search's fleets as crosses (and, where the plan's fleet was sized again to hold the demand
+at the plan's rates, that one as a square), a panel per inventory.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def point(plan: Plan, inventory: str) -> dict[str, Any]:
         "inventory": inventory,
         "demand_req_s": z.demand_req_s,
         "plan_per_hour": plan.cost_per_hour,
+        "search_per_hour": z.searched_per_hour,
         "cheapest_per_hour": z.cheapest_per_hour,
         "mixes": dict(z.mixes),
         "hosts_lost": z.hosts_lost,
@@ -78,8 +80,13 @@ def draw(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
             xy = [(r["demand_req_s"], r["cheapest_per_hour"]) for r in pts if r["cheapest_per_hour"] is not None]
             if xy:
                 ax.plot(*zip(*xy, strict=True), marker="o", ms=4, lw=2, ls=":" if up else "-", label=exact)
-        ax.scatter([r["demand_req_s"] for r in pts], [r["plan_per_hour"] for r in pts], marker="x", s=60,
-                   color="k", zorder=5, label="the search's fleet")  # fmt: skip
+        found = [(r["demand_req_s"], r.get("search_per_hour") or r["plan_per_hour"]) for r in pts]
+        ax.scatter(*zip(*found, strict=True), marker="x", s=60, color="k", zorder=5, label="the search's fleet")
+        again = [(r["demand_req_s"], r["plan_per_hour"]) for r in pts
+                 if r["plan_per_hour"] > (r.get("search_per_hour") or r["plan_per_hour"]) * (1 + 1e-9)]  # fmt: skip
+        if again:
+            ax.scatter(*zip(*again, strict=True), marker="s", s=50, facecolors="none", edgecolors="tab:red", zorder=5,
+                       label="the plan's fleet, sized again to hold the demand at the plan's rates")  # fmt: skip
         lost_text = f": fleets that keep the demand with {lost} host{'s' if lost > 1 else ''} lost" if lost else ""
         ax.set(xlabel="demand (req/s within the SLOs)", ylabel="$/h", title=f"{inventory}{lost_text}")
         ax.set_ylim(bottom=0)
