@@ -219,3 +219,26 @@ def test_a_multirun_over_demands_plans_the_cheapest_fleets_and_draws_the_cost_cu
     assert (sweep / "cost_curve.png").stat().st_size > 10_000
     report = next((tmp_path / "out").glob("*/*/report.md")).read_text()
     assert "## Sizing (search.objective=min_cost)" in report and "Cheapest fleet found for" in report
+
+
+def test_the_best_layouts_fleet_is_trimmed_an_island_at_a_time() -> None:
+    """A layout of whole islands holds more than a small demand needs: trimming its fleet island by island (one
+    size smaller, or dropped) costs less than its cheapest subset of islands, each island a size the search allows,
+    and the trimmed fleet still serves the demand (its own cheapest subset is itself)."""
+    from helpers import compose
+    from pipeline.planning.planner import Layout
+    from pipeline.planning.sizing import cheapest, trimmed
+    from pipeline.search.settings import inventory_of, settings_from_cfg
+
+    cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", "search.objective=min_cost",
+                   "search.demand_req_s=10"])  # fmt: skip
+    _, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    layout = Layout.of([("H20", 32), ("H200", 16), ("H800", 16)])
+    sizes = {g: ctx.space.sizes(g) for g, _ in ctx.space.inventory}
+    whole = cheapest(ctx.planner, layout, 10.0)
+    trim = trimmed(ctx.planner, layout, sizes, 10.0)
+    assert whole.layout is not None and trim.layout is not None
+    assert trim.cost_per_hour < whole.cost_per_hour
+    assert all(n in sizes[g] for g, n in trim.layout.islands)
+    again = cheapest(ctx.planner, trim.layout, 10.0)
+    assert again.cost_per_hour == pytest.approx(trim.cost_per_hour)
