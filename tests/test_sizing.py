@@ -214,6 +214,9 @@ def test_a_multirun_over_demands_plans_the_cheapest_fleets_and_draws_the_cost_cu
         assert z["searched_per_hour"] <= d["cost_per_hour"] <= z["inventory_cost_per_hour"]
         assert min(loss["rate_req_s"] for loss in d["host_losses"]["losses"]) >= z["demand_req_s"] * 0.999
     assert plans[0]["cost_per_hour"] <= plans[1]["cost_per_hour"]
+    from plan import load  # plan.json reads back whole, its sizing record with it (deploy and simulate read it so)
+
+    assert all(load(d / "plan.json").sizing is not None for d in dirs)
     points = [json.loads(line) for line in (sweep / "cost_curve.jsonl").read_text().splitlines()]
     assert sorted(p["demand_req_s"] for p in points) == [12.0, 30.0]
     assert (sweep / "cost_curve.png").stat().st_size > 10_000
