@@ -187,12 +187,13 @@ def _sizing_section(plan: Plan) -> list[str]:
                     f"{'at least ' if z.cheapest_is_bound else ''}${z.cheapest_per_hour:,.2f}/h |")  # fmt: skip
     if z.most_req_s is not None:
         rows.append(f"| the whole inventory | ${z.inventory_cost_per_hour:,.2f}/h, serving at most "
-                    f"{z.most_req_s:.2f} req/s |")  # fmt: skip
+                    f"{z.most_req_s:.2f} req/s with every host up |")  # fmt: skip
     for mix, cost in z.mixes:
         rows.append(f"| {mix} {'together' if ' + ' in mix else 'alone'} (exact cheapest{up and ', every host up'}) | "
                     f"${cost:,.2f}/h |")  # fmt: skip
     for mix in z.short_mixes:
-        rows.append(f"| {mix} alone | cannot serve {z.demand_req_s:g} req/s |")
+        rows.append(f"| {mix} {'together' if ' + ' in mix else 'alone'} | cannot serve {z.demand_req_s:g} req/s"
+                    f"{' with a host lost' if z.reference_hosts_lost else ''} |")  # fmt: skip
     return [*rows, ""]
 
 
