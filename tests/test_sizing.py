@@ -230,7 +230,7 @@ def test_the_best_layouts_fleet_is_trimmed_an_island_at_a_time() -> None:
     and the trimmed fleet still serves the demand (its own cheapest subset is itself)."""
     from helpers import compose
     from pipeline.planning.planner import Layout
-    from pipeline.planning.sizing import cheapest, trimmed
+    from pipeline.planning.sizing import Sizer
     from pipeline.search.settings import inventory_of, settings_from_cfg
 
     cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", "search.objective=min_cost",
@@ -238,10 +238,11 @@ def test_the_best_layouts_fleet_is_trimmed_an_island_at_a_time() -> None:
     _, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
     layout = Layout.of([("H20", 32), ("H200", 16), ("H800", 16)])
     sizes = {g: ctx.space.sizes(g) for g, _ in ctx.space.inventory}
-    whole = cheapest(ctx.planner, layout, 10.0)
-    trim = trimmed(ctx.planner, layout, sizes, 10.0)
+    sizer = Sizer(ctx.planner, 10.0)
+    whole = sizer.cheapest(layout)
+    trim = sizer.trimmed(layout, sizes)
     assert whole.layout is not None and trim.layout is not None
     assert trim.cost_per_hour < whole.cost_per_hour
     assert all(n in sizes[g] for g, n in trim.layout.islands)
-    again = cheapest(ctx.planner, trim.layout, 10.0)
+    again = sizer.cheapest(trim.layout)
     assert again.cost_per_hour == pytest.approx(trim.cost_per_hour)

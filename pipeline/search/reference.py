@@ -199,13 +199,15 @@ def sizing_reference(settings: Settings, ctx: Context, backend: str = "HIGHS",
                      tick: Callable[[], None] | None = None) -> SizingOptima:  # fmt: skip
     """objective min_cost: the exact answers for the demand (`solvers.exact.sizing_optima`: the most the inventory
     serves, its cheapest fleet serving the demand, and each GPU type's alone), in the search's model; ConfigError
-    where the demand is above what the whole inventory serves."""
+    where the demand is above what the whole inventory serves. The cheapest fleets keep the demand with one host
+    lost under search.reference=spare (a MILP per loss that binds: minutes on the Table 5.1 inventories); else
+    they are those with every host up, a lower bound on the cheapest that keeps it with a host lost."""
     demand = settings.search.demand_req_s
     assert demand is not None
     with ctrl_c_noted() if not in_ray_worker() else contextlib.nullcontext([]) as pressed:
         types, kv = type_options(settings, ctx, ctx.planner, stop=lambda: bool(pressed))
         found = None if pressed else interruptible(
-            sizing_optima, types, ctx.planner.ranges.p, demand, kv_gb=kv, spare=spare_sizing(settings),
+            sizing_optima, types, ctx.planner.ranges.p, demand, kv_gb=kv, spare=settings.search.reference_spare,
             time_limit_s=settings.search.reference_time_limit_s, backend=backend, tick=tick)  # fmt: skip
     if pressed or found is None:
         raise KeyboardInterrupt
@@ -216,13 +218,6 @@ def sizing_reference(settings: Settings, ctx: Context, backend: str = "HIGHS",
                           f"in the search's model): lower the demand, or add GPUs to the inventory "
                           "(+inventory=market: every GPU type the project knows)")  # fmt: skip
     return found
-
-
-def spare_sizing(settings: Settings) -> bool:
-    """Whether the sizing reference serves the demand with one host lost (search.reference=spare: a MILP per loss
-    that binds, minutes on the Table 5.1 inventories); else its cheapest fleet with every host up, a lower bound on
-    the cheapest that keeps the demand with a host lost."""
-    return settings.search.reference_spare
 
 
 def run_reference(run: SearchRun, settings: Settings, ctx: Context) -> ExactResult | None:

@@ -25,7 +25,7 @@ from pipeline.planning.check import LOW
 from pipeline.planning.failures import spare_solve
 from pipeline.planning.planner import Layout
 from pipeline.planning.replan import Replanned, hosts_now, replan
-from pipeline.planning.sizing import demand_score, held_fleet, plan_rate, trimmed
+from pipeline.planning.sizing import Sizer, demand_score
 from pipeline.records import cost_curve
 from pipeline.records.journal import link_latest, read_json, write_json, write_text
 from pipeline.records.report import (
@@ -245,22 +245,21 @@ def _layout(
 
 
 def _fleet(run: SearchRun, ctx: Context, layout: Layout) -> Layout | None:
-    """objective min_cost: the best layout's cheapest fleet, trimmed island by island (`trimmed`), that holds the
-    demand as the plan states rates (sized again from the whole layout, and said so, where it falls short there)."""
-    demand, spare = ctx.demand_req_s, ctx.spare_hosts
-    assert demand is not None
-    sizes = {g: ctx.space.sizes(g) for g, _ in ctx.space.inventory}
-    first = trimmed(ctx.planner, layout, sizes, demand, ctx.inner_time_limit_s, ctx.backend, spare)
+    """objective min_cost: the best layout's cheapest fleet, trimmed island by island (`Sizer.trimmed`), that holds
+    the demand as the plan states rates (sized again from the whole layout, and said so, where it falls short)."""
+    assert ctx.demand_req_s is not None
+    sizer = Sizer(ctx.planner, ctx.demand_req_s, ctx.inner_time_limit_s, ctx.backend, ctx.spare_hosts)
+    first = sizer.trimmed(layout, {g: ctx.space.sizes(g) for g, _ in ctx.space.inventory})
     if first.layout is None:
         return None
     run.searched_fleet = first.cost_per_hour
-    if plan_rate(ctx.planner, first.layout, ctx.inner_time_limit_s, ctx.backend, spare) >= demand * (1 - 1e-6):
+    if sizer.holds(sizer.plan_rate(first.layout)):
         return first.layout
-    fleet, held = held_fleet(ctx.planner, layout, demand, ctx.inner_time_limit_s, ctx.backend, spare)
-    lost = " with its worst host lost" if spare else ""
-    print(f"[search] sizing: the fleet the trials found (${first.cost_per_hour:,.2f}/h) holds less than {demand:g} "
-          f"req/s{lost} once each island's load cap is set for its own routed mix (the plan's rates): sized again, "
-          f"${fleet.cost_per_hour:,.2f}/h holds {held:.2f}", flush=True)  # fmt: skip
+    fleet, held = sizer.held(layout)
+    lost = " with its worst host lost" if ctx.spare_hosts else ""
+    print(f"[search] sizing: the fleet the trials found (${first.cost_per_hour:,.2f}/h) holds less than "
+          f"{ctx.demand_req_s:g} req/s{lost} once each island's load cap is set for its own routed mix (the plan's "
+          f"rates): sized again, ${fleet.cost_per_hour:,.2f}/h holds {held:.2f}", flush=True)  # fmt: skip
     return fleet.layout
 
 

@@ -17,7 +17,7 @@ import optuna
 from pipeline.planning.failures import spare_solve
 from pipeline.planning.goodput import GoodputCheck, layout_goodput
 from pipeline.planning.planner import Layout, Planner
-from pipeline.planning.sizing import cheapest, demand_score, inventory_cost, short_score
+from pipeline.planning.sizing import Sizer, demand_score, inventory_cost, short_score
 from pipeline.search.space import Space
 from solvers.layouts import LayoutRejected
 
@@ -142,7 +142,7 @@ def _sized(ctx: Context, planner: Planner, layout: Layout, t0: float) -> dict[st
     scored by the demand per $/h they cost; a layout that cannot serve it is `short`, scored by how close it
     comes (below every layout that serves it) and never the plan."""
     assert ctx.demand_req_s is not None
-    fleet = cheapest(planner, layout, ctx.demand_req_s, ctx.inner_time_limit_s, ctx.backend, ctx.spare_hosts)
+    fleet = Sizer(planner, ctx.demand_req_s, ctx.inner_time_limit_s, ctx.backend, ctx.spare_hosts).cheapest(layout)
     status, note, rate, cost = fleet.status, "", ctx.demand_req_s, fleet.cost_per_hour
     if status == "infeasible":  # how much it serves (with its worst hosts lost, where it plans for them): the score
         if ctx.spare_hosts:
