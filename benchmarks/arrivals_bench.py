@@ -20,6 +20,11 @@ C. `--cells`: each Table 5.1 cell's exact plan for Poisson arrivals and its exac
    seed 0); then the second plan's simulated rate simulated again on other draws of the arrivals (seeds 1 and
    2: another start in the profile, other Poisson draws, other lengths), and where it breaks there, 5 % below
    it: the share of requests within the SLOs, the verdict, and the throughput over the offered rate.
+D. `--replay`: the rate the queueing model states under the workload's bursts (`rates.bursty_req_s`, from the
+   trace's rate per `PROFILE_BIN_S`-second bin), for hetero_a's exact plan of each Azure workload, checked on the
+   trace itself replayed on its own clock at that rate (`arrivals=trace`, its whole hour, `--seeds` draws of the
+   copies): the share of requests within the SLOs, TTFT and TPOT p99, and whether the SLOs held. Beside it the
+   rate the same model states from 10-s bins, the arrival model before sub-10-s clumps were kept, replayed alike.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import numpy as np
 from pipeline.planning.simulation import RequestMix, Runner, SimSettings
 from pipeline.planning.traces import load_trace
 from simulator.arrivals import PROFILE_BIN_S, modulated_ms, rate_profile, replayed
+from simulator.requests import Requests
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "data" / "traces"
@@ -156,6 +162,51 @@ def cells(which: list[str]) -> None:
         print("| " + " | ".join(row) + f" | {time.perf_counter() - t0:.0f} |", flush=True)
 
 
+def replay(seeds: int) -> None:
+    import dataclasses
+
+    from common import context
+
+    from costmodel.queueing import RateProfile
+    from pipeline.planning.build import build_plan
+    from pipeline.search.reference import exact_layout, reference
+
+    print("\n## D. The rate stated under the bursts, on the trace replayed on its own clock\n")
+    print("hetero_a's exact plan of each workload; the queueing model's rate under the workload's arrivals from its "
+          f"trace's rate per {PROFILE_BIN_S:g}-s bin (as shipped) and per 10-s bin; each replayed over the trace's "
+          f"whole hour at that rate (arrivals=trace), seeds 0-{seeds - 1}.\n")  # fmt: skip
+    print("| workload | Poisson rate (req/s) | profile bins | stated under the bursts (req/s) | seed | within the SLOs "
+          "| TTFT p99 (ms) | TPOT p99 (ms) | verdict | s |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---:|---:|---:|---|---:|")
+    for name in ("code", "conv"):
+        settings, ctx = context(["+inventory=hetero_a", f"workload=azure_{name}"])
+        layout = exact_layout(reference(settings, ctx, ctx.planner))
+        plan = build_plan(ctx.planner, layout, ctx.inner_time_limit_s, ctx.backend)
+        roles = tuple(str(isl.role) for isl in plan.islands)
+        trace = load_trace(TRACES / f"AzureLLMInferenceTrace_{name}.csv")
+        t = trace.arrival_s
+        span_s, own = float(t.max() - t.min()), len(t) / float(t.max() - t.min())
+        for bin_s in (PROFILE_BIN_S, 10.0):
+            if bin_s == PROFILE_BIN_S:
+                rate = plan.rates.bursty_req_s
+            else:
+                poisson = ctx.planner.poisson()
+                coarse = dataclasses.replace(poisson, arrivals=RateProfile(rate_profile(t, bin_s), bin_s), _caps={},
+                                             _other=poisson)  # fmt: skip
+                sol = coarse.solve(layout, "max_rate", ctx.inner_time_limit_s, backend=ctx.backend, roles=roles)[1]
+                rate = sol.rate_req_s
+            for seed in range(seeds):
+                t0 = time.perf_counter()
+                reqs: Requests = replayed(t, trace.input_tokens, trace.output_tokens, rate / own,
+                                          int(rate * span_s), seed)[0]  # fmt: skip
+                runner = Runner(plan, plan.slo, SimSettings(seed=seed))
+                _, m, _ = runner.simulate(reqs)
+                why = runner.verdict(m)
+                print(f"| {name} | {plan.rate_req_s:.1f} | {bin_s:g} s | {rate:.2f} | {seed} | "
+                      f"{m['slo_attainment']:.1%} | {m['ttft_ms_p99']:,.0f} | {m['tpot_ms_p99']:.1f} | "
+                      f"{why or 'held'} | {time.perf_counter() - t0:.0f} |", flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", default=None, help="a plan.json (default: the main job's exact plan)")
@@ -163,7 +214,12 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--cells", nargs="?", const=",".join(CELLS), default="",
                     help="part C only, on these inventory:workload cells (default: the Table 5.1 cells)")  # fmt: skip
+    ap.add_argument("--replay", action="store_true", help="part D only (its seeds: --seeds, default 3 here)")
     args = ap.parse_args()
+    if args.replay:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        replay(3 if "--seeds" not in sys.argv else args.seeds)
+        return
     if args.cells:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         cells(args.cells.split(","))

@@ -492,7 +492,7 @@ class Bursts:
     """The mean rate the plan sustains within its SLOs under its workload's own arrivals (search.arrivals=workload;
     pipeline/planning/check.py `bursts`), each simulation one whole cycle of the workload's arrival profile so the
     SLO percentiles are the day's: `rate_req_s` (0: none of the rates tried held). `peak_to_mean` (q): the
-    workload's 10-s rate over its mean that `percentile` % of its requests arrive at or below;
+    workload's rate per profile bin (1 s) over its mean that `percentile` % of its requests arrive at or below;
     `estimate_req_s` = the stated rate / q; the first probe is the plan's `rates.bursty_req_s` (the queueing
     model's rate under these arrivals) where it has one, else `estimate_req_s`. At
     `rate_req_s`: the share of requests within the SLOs and their percentiles over the day; `why_above`: why the

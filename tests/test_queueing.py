@@ -149,3 +149,22 @@ def test_a_burst_is_absorbed_while_its_backlog_stays_within_the_wait_budget() ->
     assert modulated_cap(1000, 1e-5, 1.0, 2.0, 0.99, hot_cold) == pytest.approx((1 + 2 / 9.5) / 1.5, rel=1e-4)
     assert modulated_cap(1000, 1e-5, 1.0, 0.0, 0.99, hot_cold) == pytest.approx(1 / 1.5, rel=1e-4)
     assert modulated_cap(1000, 1e-5, 1.0, -0.1, 0.99, hot_cold) == 0.0  # a budget spent before any wait
+
+
+def test_a_clump_within_a_second_is_kept_by_the_profile_and_caps_the_load() -> None:
+    """A trace with 20 requests inside the first second of every 10 s: a 10-s profile sees a flat rate, the
+    workload's 1-s profile (`PROFILE_BIN_S`) 20 requests in one bin of ten, 20 x 291 / 600 = 9.7 x the mean (the
+    trace ends 0.9 s into its 291st second). On servers so many and so
+    fast that only the fluid backlog waits, with no wait allowed: the 10-s profile lets the load reach the
+    Poisson cap (0.93: one arrival in a hundred may wait), the 1-s one only 1 / 9.7, since the clump's bin must not build a backlog."""
+    from costmodel.queueing import RateProfile, modulated_cap, utilisation_caps
+    from simulator.arrivals import PROFILE_BIN_S, rate_profile
+
+    trace = np.concatenate([10.0 * k + np.linspace(0.0, 0.9, 20) for k in range(30)])
+    coarse, fine = rate_profile(trace, 10.0), rate_profile(trace, PROFILE_BIN_S)
+    assert np.allclose(coarse, 1.0) and len(fine) == 291 and fine.max() == pytest.approx(9.7)
+    flat = modulated_cap(1000, 1e-5, 1.0, 0.0, 0.99, RateProfile(coarse, 10.0))
+    clumped = modulated_cap(1000, 1e-5, 1.0, 0.0, 0.99, RateProfile(fine, PROFILE_BIN_S))
+    poisson = utilisation_caps(1000, 1e-5, 1.0, np.array([0.0]), 0.99)[0]
+    assert flat == pytest.approx(poisson) and poisson == pytest.approx(0.93, abs=0.01)
+    assert clumped == pytest.approx(1 / 9.7, rel=1e-4)

@@ -303,12 +303,13 @@ def test_arrivals_keep_their_rate_and_a_trace_its_order() -> None:
 
 
 def test_the_workload_arrival_model_keeps_its_traces_rate_bin_by_bin() -> None:
-    """A trace with 5, 40, 0 and 15 requests in its four 10-s bins has the profile 1/3, 8/3, 0, 1. The model's
+    """A trace with 5, 40, 0 and 15 requests in its four profile bins has the profile 1/3, 8/3, 0, 1. The model's
     arrivals at 100 req/s (from a random bin, round and round the profile) hold the mean rate, come in each bin
     at that bin's share, and never in the empty one."""
     from simulator.arrivals import PROFILE_BIN_S, modulated_ms, rate_profile
 
-    trace = np.concatenate([np.linspace(0, 9.9, 5), 10 + np.linspace(0, 9.9, 40), 30 + np.linspace(0, 9.9, 15)])
+    within = np.linspace(0, 0.99, 5), np.linspace(0, 0.99, 40), np.linspace(0, 0.99, 15)
+    trace = PROFILE_BIN_S * np.concatenate([within[0], 1 + within[1], 3 + within[2]])
     prof = rate_profile(trace)
     assert np.allclose(prof, [1 / 3, 8 / 3, 0.0, 1.0])
     t = modulated_ms(200_000, 100.0, prof, np.random.default_rng(1)) / 1e3

@@ -48,17 +48,18 @@ def test_shipped_histograms_match_the_published_statistics(
 
 
 @pytest.mark.parametrize("name", ["code", "conv"])
-def test_a_shipped_arrival_model_is_its_traces_rate_per_10_s(name: str) -> None:
+def test_a_shipped_arrival_model_is_its_traces_rate_per_bin(name: str) -> None:
     """The arrival model a shipped workload carries is derived from its trace, bin for bin: the trace beside the
     project (../shared/data/traces) gives the same profile; and its 60-s windows peak as the trace's do."""
     from pipeline.planning.traces import load_trace
-    from simulator.arrivals import rate_profile
+    from simulator.arrivals import PROFILE_BIN_S, rate_profile
 
     trace = load_trace(CONF_DIR.parents[1] / "shared" / "data" / "traces" / f"AzureLLMInferenceTrace_{name}.csv")
     w = workload_from_cfg(f"azure_{name}", conf(f"azure_{name}"))
     assert w.arrival_profile is not None
     assert np.allclose(w.arrival_profile, rate_profile(trace.arrival_s))
-    six = w.arrival_profile[: 6 * (len(w.arrival_profile) // 6)].reshape(-1, 6).mean(axis=1)  # 60-s windows
+    k = round(60 / PROFILE_BIN_S)  # bins a minute
+    six = w.arrival_profile[: k * (len(w.arrival_profile) // k)].reshape(-1, k).mean(axis=1)  # 60-s windows
     t = np.sort(trace.arrival_s - trace.arrival_s.min())
     windows = np.bincount((t // 60).astype(int))[: len(six)]
     assert np.percentile(six, 99) == pytest.approx(np.percentile(windows / windows.mean(), 99), rel=0.05)
@@ -194,19 +195,19 @@ def test_a_replay_a_trace_is_too_short_or_too_sparse_for_is_refused_in_one_line(
 
 
 def test_a_trace_spanning_more_than_its_arrival_model_bins_is_refused(tmp_path: Path) -> None:
-    """Timestamps 1e17 s apart (milliseconds or nanoseconds read as seconds): one line, before a 10-s bin count of
+    """Timestamps 1e17 s apart (milliseconds or nanoseconds read as seconds): one line, before a 1-s bin count of
     that span is asked for."""
     f = tmp_path / "far.csv"
     f.write_text("timestamp,input,output\n0,1000,10\n1e17,2000,20\n")
     with pytest.raises(WorkloadError) as err:
         load_trace(f, columns=Columns("input", "output", "timestamp", "seconds"))
     assert str(err.value) == (
-        f"{f}: column `timestamp` spans 1e+17 s (1,157,407,407,407 days), over the 400 days a trace's arrival "
-        "model is binned for (its rate per 10-s bin): check the times' unit (timestamp_kind: seconds reads numbers "
+        f"{f}: column `timestamp` spans 1e+17 s (1,157,407,407,407 days), over the 40 days a trace's arrival "
+        "model is binned for (its rate per 1-s bin): check the times' unit (timestamp_kind: seconds reads numbers "
         "as seconds) or cut the trace"
     )
     f.write_text(AZURE_HEADER + "2023-11-16 18:17:03,5,3\n3000-01-01 00:00:00,5,3\n")  # past nanoseconds' range
-    with pytest.raises(WorkloadError, match=r"column `TIMESTAMP` spans 3.08e\+10 s \(356,522 days\), over the 400"):
+    with pytest.raises(WorkloadError, match=r"column `TIMESTAMP` spans 3.08e\+10 s \(356,522 days\), over the 40 "):
         load_trace(f)
 
 

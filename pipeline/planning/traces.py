@@ -27,7 +27,7 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 # context is 163,840 tokens): a trace that has one is broken, and a per-length histogram of it
 # would take memory in proportion. A model's own context is checked when a plan is made.
 MAX_TOKENS = 1 << 20
-MAX_SPAN_DAYS = 400  # public LLM traces span days to months; 400 days of 10-s arrival bins: 3.5 M, 28 MB
+MAX_SPAN_DAYS = 40  # public LLM traces span hours to weeks; 40 days of 1-s arrival bins: 3.5 M, 28 MB
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def load_trace(path: str | Path, fmt: str = "auto", columns: Columns | None = No
 
 def derive_histogram(trace: Trace, out: Path, attribution: str) -> None:
     """Save the per-length request counts of a trace and, where it has timestamps, its arrival model (its rate per
-    10-s bin over its mean: `simulator.arrivals.rate_profile`); no timestamps, no per-request rows."""
+    `PROFILE_BIN_S`-second bin over its mean: `simulator.arrivals.rate_profile`); no timestamps, no per-request rows."""
     iv, ic = np.unique(trace.input_tokens, return_counts=True)
     ov, oc = np.unique(trace.output_tokens, return_counts=True)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ class Workload:
     max_decode: int
     arrival_s: np.ndarray | None = None  # request arrival times (s), kept for the simulator
     output_pmf: np.ndarray | None = None  # p(n) over output length n (None: only its mean and maximum are known)
-    # its arrival model: the trace's requests per 10-s bin over their mean (simulator.arrivals; None: no trace)
+    # its arrival model: the trace's requests per 1-s bin over their mean (simulator.arrivals; None: no trace)
     arrival_profile: np.ndarray | None = None
     spec: str = ""  # its conf/workload mapping as composed (canonical JSON): what plan.json records to rebuild it
 

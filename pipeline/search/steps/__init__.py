@@ -14,7 +14,7 @@ from pipeline.search.steps.check import Check
 from pipeline.search.steps.losses import Losses
 from pipeline.search.steps.replan import Replanned
 
-STEPS: tuple[PlanStep, ...] = (Check(), RateBand(), WorkloadBursts(), Losses(), Replanned())
+STEPS: tuple[PlanStep, ...] = (Check(), RateBand(), Losses(), WorkloadBursts(), Replanned())  # the headline's order
 
 
 def read_steps(search: Any) -> dict[str, Any]:

@@ -35,9 +35,9 @@ class WorkloadBursts(PlanStep):
         if b is None:
             return []
         share = b.rate_req_s / plan.rate_req_s
-        return [f"under the workload's own arrivals (its 10-s rate at most {b.peak_to_mean:.2f} x the mean for "
-                f"{b.percentile:g} % of requests): the plan sustains {b.rate_req_s:.1f} req/s within its SLOs over the "
-                f"day, {share:.1%} of its rate under Poisson arrivals ({b.sim_wall_s:.0f} s)"]  # fmt: skip
+        return [f"under the workload's own arrivals (its {PROFILE_BIN_S:g}-s rate at most {b.peak_to_mean:.2f} x the "
+                f"mean for {b.percentile:g} % of requests): the plan sustains {b.rate_req_s:.1f} req/s within its SLOs "
+                f"over the day, {share:.1%} of its rate under Poisson arrivals ({b.sim_wall_s:.0f} s)"]  # fmt: skip
 
     def scored(self, plan: Plan, sc: StepContext) -> str | None:
         if sc.ctx.planner.arrivals is None or plan.rates.bursty_req_s is None:
@@ -82,7 +82,7 @@ class WorkloadBursts(PlanStep):
                     f"{b.tpot_ms_p99:.1f} ms")  # fmt: skip
         rows.append(f"| **under the workload's own arrivals** (a {b.day_s:,.0f}-s day of its trace's bursts, "
                     f"simulated) | **{b.rate_req_s:.2f} req/s** mean ({share:.1%} of the rate above; it tolerates "
-                    f"peaks of {1 / share if share > 0 else float('inf'):.1f} x that mean): {held}; its 10-s rate is "
-                    f"at most {b.peak_to_mean:.2f} x the mean for {b.percentile:g} % of requests (the rate / that: "
-                    f"{b.estimate_req_s:.2f}) |")  # fmt: skip
+                    f"peaks of {1 / share if share > 0 else float('inf'):.1f} x that mean): {held}; its "
+                    f"{PROFILE_BIN_S:g}-s rate is at most {b.peak_to_mean:.2f} x the mean for {b.percentile:g} % of "
+                    f"requests (the rate / that: {b.estimate_req_s:.2f}) |")  # fmt: skip
         return rows
