@@ -154,9 +154,9 @@ def test_a_burst_is_absorbed_while_its_backlog_stays_within_the_wait_budget() ->
 def test_a_clump_within_a_second_is_kept_by_the_profile_and_caps_the_load() -> None:
     """A trace with 20 requests inside the first second of every 10 s: a 10-s profile sees a flat rate, the
     workload's 1-s profile (`PROFILE_BIN_S`) 20 requests in one bin of ten, 20 x 291 / 600 = 9.7 x the mean (the
-    trace ends 0.9 s into its 291st second). On servers so many and so
-    fast that only the fluid backlog waits, with no wait allowed: the 10-s profile lets the load reach the
-    Poisson cap (0.93: one arrival in a hundred may wait), the 1-s one only 1 / 9.7, since the clump's bin must not build a backlog."""
+    trace ends 0.9 s into its 291st second). On servers so many and so fast that only the fluid backlog waits,
+    with no wait allowed: the 10-s profile lets the load reach the Poisson cap (0.93: one arrival in a hundred may
+    wait), the 1-s one only 1 / 9.7, since the clump's bin must not build a backlog."""
     from costmodel.queueing import RateProfile, modulated_cap, utilisation_caps
     from simulator.arrivals import PROFILE_BIN_S, rate_profile
 
