@@ -39,7 +39,6 @@ import numpy as np
 from pipeline.planning.simulation import RequestMix, Runner, SimSettings
 from pipeline.planning.traces import load_trace
 from simulator.arrivals import PROFILE_BIN_S, modulated_ms, rate_profile, replayed
-from simulator.requests import Requests
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "data" / "traces"
@@ -197,8 +196,7 @@ def replay(seeds: int) -> None:
                 rate = sol.rate_req_s
             for seed in range(seeds):
                 t0 = time.perf_counter()
-                reqs: Requests = replayed(t, trace.input_tokens, trace.output_tokens, rate / own,
-                                          int(rate * span_s), seed)[0]  # fmt: skip
+                reqs = replayed(t, trace.input_tokens, trace.output_tokens, rate / own, int(rate * span_s), seed)[0]
                 runner = Runner(plan, plan.slo, SimSettings(seed=seed))
                 _, m, _ = runner.simulate(reqs)
                 why = runner.verdict(m)
@@ -211,20 +209,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", default=None, help="a plan.json (default: the main job's exact plan)")
     ap.add_argument("--scales", default="1,0.5,0.25", help="mean rates to simulate, as multiples of the stated")
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=None, help="draws: 5 for part A, 3 for part D")
     ap.add_argument("--cells", nargs="?", const=",".join(CELLS), default="",
                     help="part C only, on these inventory:workload cells (default: the Table 5.1 cells)")  # fmt: skip
-    ap.add_argument("--replay", action="store_true", help="part D only (its seeds: --seeds, default 3 here)")
+    ap.add_argument("--replay", action="store_true", help="part D only")
     args = ap.parse_args()
     if args.replay:
         sys.path.insert(0, str(ROOT / "benchmarks"))
-        replay(3 if "--seeds" not in sys.argv else args.seeds)
+        replay(args.seeds or 3)
         return
     if args.cells:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         cells(args.cells.split(","))
         return
-    fidelity(args.seeds)
+    fidelity(args.seeds or 5)
     day(args.plan, [float(s) for s in args.scales.split(",")])
 
 

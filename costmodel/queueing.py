@@ -206,20 +206,30 @@ def modulated_cap(
         return 0.0
     rel = np.asarray(arrivals.relative, dtype=float)
     rel = rel / rel.mean()
-    dt = arrivals.bin_s / STEPS_PER_BIN
-    weight = np.repeat(rel, STEPS_PER_BIN) / (rel.sum() * STEPS_PER_BIN)  # share of the arrivals in each step
+    n, dt = len(rel), arrivals.bin_s / STEPS_PER_BIN
+    share = rel / rel.sum()  # of the arrivals in each bin
     rate = c / mean_s
+    steps = np.arange(STEPS_PER_BIN + 1)
 
     def missed(rho: float) -> float:
-        load = np.repeat(np.tile(rho * rel, 2), STEPS_PER_BIN)
-        s = np.concatenate([[0.0], np.cumsum((load - 1.0) * dt)])
-        backlog = s - np.minimum.accumulate(np.minimum(s, 0.0))  # Lindley: B_k = S_k - min(0, min_{j<=k} S_j)
-        mid = 0.5 * (backlog[:-1] + backlog[1:])[len(weight) :]  # the second cycle, at each step's middle
-        capped = np.minimum(rho * rel, hat)
-        pw = np.repeat(erlang_c_grid(c, capped), STEPS_PER_BIN)
-        theta = np.repeat(2.0 * rate * (1.0 - capped) / (1.0 + cs2), STEPS_PER_BIN)
-        t = np.maximum(wait_s / (1.0 + np.repeat(capped, STEPS_PER_BIN)), wait_s - batch_s)
-        tail = np.where((mid > 0) & (mid >= t), 1.0, np.minimum(pw * np.exp(-theta * np.maximum(t - mid, 0.0)), 1.0))
-        return float(weight @ tail)
+        load = rho * rel
+        # Lindley at the bins' edges, over two cycles: within a bin the load is constant, so the running minimum
+        # of the cumulated work is reached at an edge and the steps inside need not be walked
+        s = np.concatenate([[0.0], np.cumsum(np.tile(load - 1.0, 2) * arrivals.bin_s)])
+        start = (s - np.minimum.accumulate(np.minimum(s, 0.0)))[n : 2 * n]  # the second cycle's bins, at their start
+        rise = (load - 1.0) * dt  # backlog added a step
+        capped = np.minimum(load, hat)
+        pw = erlang_c_grid(c, capped)
+        theta = 2.0 * rate * (1.0 - capped) / (1.0 + cs2)
+        t = np.maximum(wait_s / (1.0 + capped), wait_s - batch_s)
+        tail = np.minimum(pw * np.exp(-theta * np.maximum(t, 0.0)), 1.0)  # a bin that never holds a backlog
+        busy = (start > 0) | (rise > 0)
+        if busy.any():  # each step's middle: B = max(start + j rise, 0) at its edges
+            edge = np.maximum(start[busy, None] + steps * rise[busy, None], 0.0)
+            mid = 0.5 * (edge[:, :-1] + edge[:, 1:])
+            tb, pb, hb = t[busy, None], pw[busy, None], theta[busy, None]
+            step = np.where((mid > 0) & (mid >= tb), 1.0, np.minimum(pb * np.exp(-hb * np.maximum(tb - mid, 0.0)), 1.0))
+            tail[busy] = step.mean(axis=1)
+        return float(share @ tail)
 
     return _largest_within(missed, 1.0 - q, hat, 30)

@@ -168,3 +168,47 @@ def test_a_clump_within_a_second_is_kept_by_the_profile_and_caps_the_load() -> N
     poisson = utilisation_caps(1000, 1e-5, 1.0, np.array([0.0]), 0.99)[0]
     assert flat == pytest.approx(poisson) and poisson == pytest.approx(0.93, abs=0.01)
     assert clumped == pytest.approx(1 / 9.7, rel=1e-4)
+
+
+def test_the_modulated_cap_walks_bins_as_a_step_by_step_fluid_queue_would() -> None:
+    """`modulated_cap` follows the backlog at the bins' edges and steps inside only the bins that hold one; the
+    same cap comes from walking every step of both cycles (Lindley's recursion step by step), on random profiles
+    with empty bins, bins of 0.5, 1 and 10 s, one server to a thousand."""
+    from costmodel.queueing import (
+        STEPS_PER_BIN,
+        RateProfile,
+        _largest_within,
+        erlang_c_grid,
+        modulated_cap,
+        utilisation_caps,
+    )
+
+    def walked(c: int, mean_s: float, cs2: float, wait_s: float, q: float, rel: np.ndarray, bin_s: float,
+               batch_s: float) -> float:  # fmt: skip
+        hat = float(utilisation_caps(c, mean_s, cs2, np.array([wait_s]), q, batch_s)[0])
+        rel = rel / rel.mean()
+        dt, k = bin_s / STEPS_PER_BIN, STEPS_PER_BIN
+
+        def missed(rho: float) -> float:
+            backlog, mids = 0.0, []
+            for cycle in range(2):
+                for r in rho * rel:
+                    for _ in range(k):
+                        after = max(backlog + (r - 1.0) * dt, 0.0)
+                        if cycle:
+                            mids.append(0.5 * (backlog + after))
+                        backlog = after
+            mid = np.array(mids)
+            capped = np.repeat(np.minimum(rho * rel, hat), k)
+            pw, theta = erlang_c_grid(c, capped), 2.0 * c / mean_s * (1.0 - capped) / (1.0 + cs2)
+            t = np.maximum(wait_s / (1.0 + capped), wait_s - batch_s)
+            tail = np.where((mid > 0) & (mid >= t), 1.0, np.minimum(pw * np.exp(-theta * np.maximum(t - mid, 0)), 1))
+            return float(np.repeat(rel / rel.sum() / k, k) @ tail)
+
+        return _largest_within(missed, 1.0 - q, hat, 30)
+
+    rng = np.random.default_rng(3)
+    for c, bin_s in ((1, 0.5), (8, 1.0), (64, 10.0), (1000, 1.0)):
+        rel = rng.gamma(0.6, 1.0, 40) * (rng.random(40) > 0.3)
+        args = (c, 0.05 * c**0.5, 0.7, 1.5, 0.99)
+        assert modulated_cap(*args, RateProfile(rel, bin_s), 0.2) == pytest.approx(walked(*args, rel, bin_s, 0.2))
