@@ -197,7 +197,7 @@ def modulated_cap(
     and an arrival first waits it out: B_j seconds of work per server. On top of it, the M/G/c wait of the
     Poisson model at the bin's load, that load capped at ρ̂, the Poisson cap for the same budget: the stationary
     queue at a load between ρ̂ and 1 builds over minutes (its relaxation time grows as (1 - √ρ)^-2), longer than a
-    burst of 10 s lasts, so within a burst it stays near what it is at ρ̂. An arrival in step j then misses
+    trace's bursts last, so within a burst it stays near what it is at ρ̂. An arrival in step j then misses
     the budget with probability 1 where B_j >= t, else C(c, c ρ'_j) exp(-θ_j (t - B_j)), t the budget less
     the batching delay (`utilisation_caps`); the cap is the largest ρ at which the arrivals' mean miss is at
     most 1 - q (bisection). With a flat profile it is ρ̂ itself."""
