@@ -153,7 +153,7 @@ class _Classes:
 
     @property
     def first(self) -> np.ndarray:  # z_ck's first column per class, and the end
-        return np.concatenate([[0], np.cumsum(self.m + 1)]).astype(int)
+        return _hull(self.m)[0]
 
     @staticmethod
     def of(bp: np.ndarray, bd: np.ndarray, p: np.ndarray, scen: Sequence[frozenset[int]],
@@ -175,6 +175,16 @@ class _Classes:
                         [key[2] for key in members], halves, p)  # fmt: skip
 
 
+def _hull(m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The one-hot columns z_ck, k = 0..m_c, of classes of m_c islands each: every class's first column (and the
+    end), and each column's class c and count k."""
+    counts = np.asarray(m, dtype=int)
+    first = np.concatenate([[0], np.cumsum(counts + 1)]).astype(int)
+    zc = np.repeat(np.arange(len(counts)), counts + 1)
+    zk = (np.arange(first[-1]) - first[zc]).astype(float)
+    return first, zc, zk
+
+
 def _class_model(k: _Classes) -> tuple[mb.Model, int]:
     """The class model over every loss half, and its Λ column."""
     n_c, n_j = k.cp.shape
@@ -190,8 +200,7 @@ def _class_model(k: _Classes) -> tuple[mb.Model, int]:
             ub[first[c] + (int(k.m[c]) if role == "decode" else 0)] = 1.0
     ub[col_lam] = np.inf
     cc, jj = np.meshgrid(np.arange(n_c), np.arange(n_j), indexing="ij")
-    zc = np.concatenate([np.full(int(k.m[c]) + 1, c) for c in range(n_c)])  # each z column's class
-    zk = np.concatenate([np.arange(int(k.m[c]) + 1) for c in range(n_c)]).astype(float)  # ... and its k
+    _, zc, zk = _hull(k.m)
     mz = k.m[zc]
     rows = Rows()
     rows.add(zc, np.arange(col_x), 1.0)  # Σ_k z_ck = 1
@@ -320,10 +329,8 @@ def _cheapest_solve(
     cb, c_cost = (bp[first], bd[first]), cost[first]
     m = np.array([len(ms) for ms in members], dtype=int)
     n_c, cj = len(members), len(members) * n_j
-    start = np.concatenate([[0], np.cumsum(m + 1)]).astype(int)  # each class's first z column, per role
+    start, zc, zk = _hull(m)  # per role
     n_z = int(start[-1])
-    zc = np.concatenate([np.full(m[c] + 1, c) for c in range(n_c)])  # each z column's class ...
-    zk = np.concatenate([np.arange(m[c] + 1) for c in range(n_c)]).astype(float)  # ... and its k
     col_x = 2 * n_z
     col_lam = col_x + 2 * len(losses) * cj
     lb, ub = np.zeros(col_lam + 1), np.zeros(col_lam + 1)

@@ -131,8 +131,3 @@ def short_score(most_req_s: float, inventory_cost_per_hour: float) -> float:
     demand / inventory $/h > this; among short layouts the one closer to the demand scores more."""
     return most_req_s / inventory_cost_per_hour if inventory_cost_per_hour > 0 else 0.0
 
-
-def inventory_cost(planner: Planner, inventory: tuple[tuple[str, int], ...]) -> float:
-    """$/h of every GPU of an inventory ((GPU, count) pairs) at the planner's prices."""
-    return float(sum(n * planner.gpus[g].price_per_hour for g, n in inventory))
-

@@ -485,7 +485,7 @@ def context(settings: Settings) -> Any:
     if o.reference_spare:
         check_whole_hosts(space, planner)
     return Context(planner, space, o.objective, o.inner_time_limit_s, settings.key, o.backend, o.goodput,
-                   o.spare_hosts, o.demand_req_s)  # fmt: skip
+                   o.spare_hosts, o.demand_req_s, settings.inventory.cost_per_hour)  # fmt: skip
 
 
 def recorded(settings: Settings, ctx: Any) -> dict[str, Any]:

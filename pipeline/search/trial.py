@@ -17,7 +17,7 @@ import optuna
 from pipeline.planning.failures import spare_solve
 from pipeline.planning.goodput import GoodputCheck, layout_goodput
 from pipeline.planning.planner import Layout, Planner
-from pipeline.planning.sizing import Sizer, demand_score, inventory_cost, short_score
+from pipeline.planning.sizing import Sizer, demand_score, short_score
 from pipeline.search.space import Space
 from solvers.layouts import LayoutRejected
 
@@ -37,6 +37,7 @@ class Context:
     goodput: GoodputCheck | None = None  # objective goodput: how each layout is simulated
     spare_hosts: int = 0  # score a layout by its lowest rate with any this many hosts lost (0: all up)
     demand_req_s: float | None = None  # objective min_cost: score a layout by the cheapest of its islands serving it
+    inventory_cost_per_hour: float = 0.0  # ... and one that cannot serve it by its rate per $/h of the whole inventory
 
 
 _PLANNERS: dict[str, Planner] = {}  # per process: survives Ray Tune's actor reuse
@@ -155,7 +156,7 @@ def _sized(ctx: Context, planner: Planner, layout: Layout, t0: float) -> dict[st
     if status not in OK and status != "short":
         out = unscored(status, f"inner min_cost solve: {status} after {fleet.solve_ms:.0f} ms", t0)
         return {**out, "islands": layout.key, "solve_ms": fleet.solve_ms, "n_islands": float(len(layout.islands))}
-    score = (short_score(rate, inventory_cost(planner, ctx.space.inventory)) if status == "short"
+    score = (short_score(rate, ctx.inventory_cost_per_hour) if status == "short"
              else demand_score(ctx.demand_req_s, cost))  # fmt: skip
     return {
         "status": status,
