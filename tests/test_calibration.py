@@ -532,17 +532,23 @@ def test_a_refitted_calibration_under_the_same_name_is_a_new_run_not_a_resume(tm
 
 
 def test_the_kernels_measured_here_load_name_their_run_and_stay_out_of_the_shipped_fit() -> None:
-    """conf/calibration/measured.csv (benchmarks/device_kernels.py on an H200) is valid measurement data, every row
-    naming the card, the software and the script; the shipped calibrations are fitted to the published tables alone
+    """conf/calibration/measured.csv (benchmarks/device_kernels.py on an H200 and an H100) is valid measurement data,
+    every row naming the card, the software and the script, the two cards measured at the same shapes; the shipped
+    calibrations are fitted to the published tables alone
     (costmodel.calibrate.KERNEL_TABLES; docs/costmodel.md says why)."""
     from costmodel.calibrate import KERNEL_TABLES
 
     measured = ROOT / "conf" / "calibration" / "measured.csv"
     rows = load_measurements([measured])
-    assert len(rows) == 35 and {r.gpu for r in rows} == {"H200"}
+    assert len(rows) == 70 and {r.gpu for r in rows} == {"H200", "H100-SXM"}
     assert {r.component for r in rows} == {"dense_gemm", "grouped_gemm", "attention_prefill"}
-    assert all("NVIDIA H200" in r.source and "torch 2.11" in r.source and "device_kernels.py" in r.source
+    card = {"H200": "NVIDIA H200 (", "H100-SXM": "NVIDIA H100 80GB HBM3 ("}
+    assert all(card[r.gpu] in r.source and "torch 2.11" in r.source and "device_kernels.py" in r.source
                for r in rows)
+    shapes = {gpu: sorted((r.component, r.shape, re.findall(r"\d+ prompts? x \d+ tokens", r.source))
+                          for r in rows if r.gpu == gpu)
+              for gpu in card}  # attention's prompts and lengths are in its source
+    assert shapes["H200"] == shapes["H100-SXM"]
     assert KERNEL_TABLES == (PUBLISHED,)
     for name in ("published.yaml", "serving.yaml"):
         assert "measured.csv" not in load_calibration(ROOT / "conf" / "calibration" / name).source
