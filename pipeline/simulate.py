@@ -25,7 +25,7 @@ import plan as plans
 from costmodel.catalog import CONF_DIR
 from costmodel.settings import Slo
 from pipeline import cli
-from pipeline.checks import make_dir, number, optional_positive, positive_int, whole_number
+from pipeline.checks import boolean, make_dir, number, optional_positive, positive_int, whole_number
 from pipeline.cli import choice, plain
 from pipeline.errors import ConfigError
 from pipeline.planning.config import slo_from_cfg
@@ -40,7 +40,7 @@ from simulator.schedulers import SCHEDULERS
 
 SHOWN = (
     "offered_req_s", "throughput_req_s", "goodput_req_s", "slo_attainment", "ttft_ms_p50", "ttft_ms_p99",
-    "tpot_ms_p50", "tpot_ms_p99", "e2e_ms_p50", "e2e_ms_p99", "preemptions", "kv_peak_fraction",
+    "tpot_ms_p50", "tpot_ms_p99", "e2e_ms_p50", "e2e_ms_p99", "preemptions", "kv_peak_fraction", "cache_hit_rate",
 )  # fmt: skip
 LONG_RUN = 200_000  # requests above which the command says how long it expects to take
 
@@ -63,6 +63,7 @@ def settings_from_cfg(cfg: Any) -> SimSettings:
         tolerance=number(cfg.saturate.tolerance, "saturate.tolerance", low=0.0, high=1.0),
         larry_alpha=number(cfg.policy.larry_alpha, "policy.larry_alpha", low=0.0),
         sjf_theta_age_ms=number(cfg.policy.sjf_theta_age_ms, "policy.sjf_theta_age_ms", low=0.0),
+        prefix_cache=boolean(cfg.get("prefix_cache", True), "prefix_cache"),
     )
 
 

@@ -1,6 +1,8 @@
-"""Derive the compact per-length histogram of a request trace, as the shipped workloads are.
+"""Derive the compact per-length histogram of a request trace, as the shipped workloads are; a trace that records
+prefix reuse (Mooncake's JSONL) is kept whole, its block ids with it, for the simulator's prefix caches.
 
     python -m pipeline.traces derive TRACE.csv OUT.npz
+    python -m pipeline.traces derive conversation_trace.jsonl OUT.npz
 """
 
 from __future__ import annotations
@@ -10,7 +12,13 @@ from pathlib import Path
 
 from costmodel.cli import run
 from pipeline.errors import WorkloadError
-from pipeline.planning.traces import AZURE_ATTRIBUTION, derive_histogram, load_trace
+from pipeline.planning.traces import (
+    AZURE_ATTRIBUTION,
+    MOONCAKE_ATTRIBUTION,
+    derive_histogram,
+    derive_prefix_trace,
+    load_trace,
+)
 
 
 def main(argv: list[str]) -> int:
@@ -18,7 +26,10 @@ def main(argv: list[str]) -> int:
         raise WorkloadError("usage: python -m pipeline.traces derive TRACE OUT.npz")
     trace = load_trace(argv[1])
     try:
-        derive_histogram(trace, Path(argv[2]), AZURE_ATTRIBUTION)
+        if trace.blocks is not None:
+            derive_prefix_trace(trace, Path(argv[2]), MOONCAKE_ATTRIBUTION)
+        else:
+            derive_histogram(trace, Path(argv[2]), AZURE_ATTRIBUTION)
     except OSError as err:
         raise WorkloadError(f"{argv[2]}: cannot write it ({err.strerror}): choose a writable path") from None
     print(

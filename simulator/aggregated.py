@@ -14,6 +14,10 @@ An engine polls for new requests after every step (`recv_interval` 1, SGLang's d
 prefilled (sglang's `SchedulerRecvSkipper`: a decode step weighs 1, a prefill step the whole interval). An idle engine
 takes a request at once. A request that arrives in between waits in the engine's inbox, unseen: its wait is TTFT.
 
+With a prefix cache (`simulator.cache`), an engine keeps the blocks of the prompts it prefilled in the KV memory its
+admitted requests leave (each reserving its whole context, its cached prefix too: the cache is not counted as shared
+with them, so it is sized on the safe side), and an admitted prompt starts its chunks after its cached prefix.
+
 Arrivals are open (the requests' own times) or a closed loop of `concurrency` users, as in
 `simulator.core`; a request goes to the engine with the fewest requests waiting or running.
 `AggregatedSimulation.r` has the same record as `Simulation.r`, so `simulator.metrics.benchmark_metrics`
@@ -27,6 +31,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
+from simulator.cache import CacheStats, PrefixCache, cached_tokens
 from simulator.core import ARRIVE, STEP, Arrivals, check_concurrency
 from simulator.requests import Requests
 from simulator.timing import DecodeTiming, PrefillTiming
@@ -39,6 +44,8 @@ class AggregatedEngine:
     prefill: PrefillTiming  # one prompt's prefill time up to a length
     chunk: int  # prompt tokens per step (chunked prefill size)
     recv_interval: int = 1  # decode-only steps between polls for new requests (SGLang's --scheduler-recv-interval)
+    cache: PrefixCache | None = None  # prefix cache in the KV memory the admitted requests leave (None: none)
+    stats: CacheStats = field(default_factory=CacheStats)
     inbox: list[int] = field(default_factory=list)  # arrived, not yet seen by the engine's scheduler
     unpolled: int = 0  # decode-only steps since the last poll
     waiting: deque[int] = field(default_factory=deque)  # not yet admitted
@@ -60,7 +67,12 @@ class AggregatedEngine:
 
 
 class AggregatedSimulation(Arrivals):
-    def __init__(self, requests: Requests, engines: list[AggregatedEngine], concurrency: int | None = None) -> None:
+    def __init__(
+        self, requests: Requests, engines: list[AggregatedEngine], concurrency: int | None = None,
+        affinity: float | None = None,
+    ) -> None:
+        """`affinity`: a request goes to the engine whose prefix cache holds most of its prompt among those with at
+        most this multiple of the mean load (+1), as `simulator.routers`' `plan_cache` (None: the least loaded)."""
         if not engines:
             raise ValueError("an aggregated simulation needs at least one engine")
         check_concurrency(concurrency)
@@ -69,7 +81,7 @@ class AggregatedSimulation(Arrivals):
                 raise ValueError(f"engine {e.index}: the prefill chunk must be at least 1 token, got {e.chunk}")
             if e.recv_interval < 1:
                 raise ValueError(f"engine {e.index}: the steps between polls must be at least 1, got {e.recv_interval}")
-        self.r, self.engines, self.concurrency = requests, engines, concurrency
+        self.r, self.engines, self.concurrency, self.affinity = requests, engines, concurrency, affinity
         self.front_ms = max(e.prefill.front_ms for e in engines)
         self.events: list[tuple[float, int, int, int]] = []
         self.seq = itertools.count()
@@ -92,6 +104,13 @@ class AggregatedSimulation(Arrivals):
 
     def _arrive(self, req: int) -> None:
         e = min(self.engines, key=lambda x: (x.load, x.index))
+        if self.affinity is not None and self.r.blocks is not None and len(self.engines) > 1:
+            cap = self.affinity * (sum(x.load for x in self.engines) / len(self.engines) + 1)
+            ids = self.r.blocks.of(req)
+            held = {x.index: x.cache.match(ids) for x in self.engines if x.cache is not None and x.load <= cap}
+            best = max(held, key=lambda i: (held[i], -self.engines[i].load, -i), default=None)
+            if best is not None and held[best]:
+                e = self.engines[best]
         self.r.prefill_engine[req] = self.r.decode_engine[req] = e.index
         e.inbox.append(req)
         if not e.stepping:
@@ -108,7 +127,13 @@ class AggregatedSimulation(Arrivals):
                 return  # head of line waits for a finishing request to free room
             e.waiting.popleft()
             e.reserved += need
-            e.filling[req] = 0
+            cached = 0
+            if e.cache is not None and self.r.blocks is not None:
+                n, bt = int(self.r.input_len[req]), self.r.blocks.block_tokens
+                cached = cached_tokens(e.cache.match(self.r.blocks.of(req)), bt, n)
+                e.cache.resize((e.decode.kv_tokens - e.reserved) // bt)  # the admitted requests' memory first
+            self.r.cached[req] = cached
+            e.filling[req] = cached  # the cached prefix is not prefilled again
 
     def _start(self, e: AggregatedEngine) -> None:
         self._admit(e)
@@ -147,6 +172,10 @@ class AggregatedSimulation(Arrivals):
                 continue
             del e.filling[req]
             self.r.first_token[req] = self.now  # the prompt's last chunk emits the first token
+            e.stats.prompt_tokens += int(self.r.input_len[req])
+            e.stats.cached_tokens += int(self.r.cached[req])
+            if e.cache is not None and self.r.blocks is not None:
+                e.cache.insert(self.r.blocks.of(req))
             if self.r.output_len[req] == 1:
                 self._finish(e, req, 0)
             else:
@@ -158,4 +187,6 @@ class AggregatedSimulation(Arrivals):
         self.r.finish[req] = self.now
         e.context -= context
         e.reserved -= int(self.r.input_len[req] + self.r.output_len[req])
+        if e.cache is not None and self.r.blocks is not None:
+            e.cache.resize((e.decode.kv_tokens - e.reserved) // self.r.blocks.block_tokens)
         self._next_user()

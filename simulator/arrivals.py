@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from simulator.cache import PrefixBlocks
 from simulator.requests import Requests
 
 ARRIVALS = ("poisson", "constant", "trace", "trace_compressed", "workload")
@@ -84,15 +85,18 @@ def sampled(
 
 
 def from_trace(
-    arrival_s: np.ndarray, input_len: np.ndarray, output_len: np.ndarray, rate_scale: float, n: int | None = None
+    arrival_s: np.ndarray, input_len: np.ndarray, output_len: np.ndarray, rate_scale: float, n: int | None = None,
+    blocks: PrefixBlocks | None = None,
 ) -> Requests:
-    """The trace's requests in order, its timestamps divided by `rate_scale`."""
+    """The trace's requests in order, its timestamps divided by `rate_scale` (`blocks`: their prompts' prefix blocks,
+    kept with them)."""
     if not rate_scale > 0:
         raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
     k = len(arrival_s) if n is None else min(n, len(arrival_s))
     t = (arrival_s[:k] - arrival_s[0]) * 1000.0 / rate_scale
     order = np.argsort(t, kind="stable")
-    return Requests(t[order], np.maximum(input_len[:k][order], 1), np.maximum(output_len[:k][order], 1))
+    return Requests(t[order], np.maximum(input_len[:k][order], 1), np.maximum(output_len[:k][order], 1),
+                    blocks=None if blocks is None else blocks.take(order))  # fmt: skip
 
 
 def replay_refusal(rate_scale: float, n: int, size: int) -> str:
@@ -110,7 +114,8 @@ def replay_refusal(rate_scale: float, n: int, size: int) -> str:
 
 
 def replayed(
-    arrival_s: np.ndarray, input_len: np.ndarray, output_len: np.ndarray, rate_scale: float, n: int, seed: int = 0
+    arrival_s: np.ndarray, input_len: np.ndarray, output_len: np.ndarray, rate_scale: float, n: int, seed: int = 0,
+    blocks: PrefixBlocks | None = None,
 ) -> tuple[Requests, float]:
     """`n` requests of the trace at `rate_scale` x its rate on its own time scale, and how many times over the
     trace they run (below 1: the share of its span they cover).
@@ -119,7 +124,11 @@ def replayed(
     kept or dropped): the first at its own time, the others uniform over the gap to request i + 1, copy j with
     the lengths of request i + j, so lengths keep their place in the day. The rate in any window longer than
     the trace's gaps is k times the trace's; within a gap the copies are spread evenly. Past the trace's end
-    the replay starts again from its first request, one mean gap later."""
+    the replay starts again from its first request, one mean gap later.
+
+    `blocks` (the prompts' prefix blocks): copy j of pass p takes its request's blocks renamed into a namespace of
+    its own (j, p), so a copy reuses what the copies of its kind reuse and never another copy's prompt: copying a
+    trace makes no prefix reuse it does not have."""
     if not rate_scale > 0:
         raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
     order = np.argsort(arrival_s, kind="stable")
@@ -133,7 +142,7 @@ def replayed(
     gap = np.diff(t, append=t[-1] + t[-1] / (size - 1))
     period = t[-1] + gap[-1]
     rng = np.random.default_rng(seed)
-    times, which = [], []
+    times, which, worlds = [], [], []
     got, pos = 0, 0  # pos: the next request of the trace repeated end to end (pass pos // size)
     while got < n:  # in time order, a stretch of the trace at a time: as much as n still needs, and a little more
         take = min(max(size - pos % size, WALK_CHUNK), int((n - got) / rate_scale * 1.1) + 16)
@@ -145,8 +154,15 @@ def replayed(
         spread = np.where(j > 0, rng.uniform(0.0, 1.0, len(src)) * gap[src], 0.0)
         times.append(t[src] + spread + np.repeat(walk // size, copies) * period)
         which.append((src + j) % size)
+        worlds.append(np.repeat(walk // size, copies) * (int(rate_scale) + 1) + j)
         got, pos = got + len(src), pos + take
-    at, idx = np.concatenate(times), np.concatenate(which)
+    at, idx, world = np.concatenate(times), np.concatenate(which), np.concatenate(worlds)
     first = np.argsort(at, kind="stable")[:n]
-    at, idx = at[first], idx[first]
-    return Requests(at, ins[idx], outs[idx]), float((at[-1] + gap.mean()) / period)
+    at, idx, world = at[first], idx[first], world[first]
+    renamed = None
+    if blocks is not None:
+        mine = blocks.take(order).take(idx)
+        span = int(blocks.ids.max(initial=-1)) + 1  # ids of world w: id + w x span
+        ids = mine.ids + np.repeat(world, np.diff(mine.start)) * span
+        renamed = PrefixBlocks(ids, mine.start, blocks.block_tokens)
+    return Requests(at, ins[idx], outs[idx], blocks=renamed), float((at[-1] + gap.mean()) / period)

@@ -10,6 +10,7 @@ import numpy as np
 
 from costmodel.specs import GPU
 from plan import Island, Plan, island_engines
+from simulator.cache import PrefixCache
 from simulator.core import DecodeEngine, PrefillEngine, Router
 from simulator.routers import RouterInputs, make_router
 from simulator.timing import decode_timing, prefill_timing
@@ -40,6 +41,7 @@ def build(
     seed: int = 0,
     stats: Mapping[str, float] | None = None,
     expert_imbalance: float = 1.0,
+    cache_block_tokens: int | None = None,
 ) -> tuple[list[PrefillEngine], list[DecodeEngine], Router]:
     """Engines for every prefill and decode island of `plan` (dp each) and the router named `router`. Aggregated
     islands run apart (`simulator.mixed`): the router routes what the plan leaves to the others. Each island's
@@ -49,7 +51,9 @@ def build(
 
     `token_budget`: prompt tokens a prefill engine batches (None: its engine record's, the plan's
     `prefill_batch_tokens`); `stats` (mean_input, mean_output, std_output of the workload) parameterise `sal` and
-    `mapper`; `expert_imbalance` (an expert placement's busiest-over-mean GPU load) slows every decode step.
+    `mapper`; `expert_imbalance` (an expert placement's busiest-over-mean GPU load) slows every decode step;
+    `cache_block_tokens`: each prefill engine keeps a prefix cache of blocks of that many tokens in the KV memory its
+    batch leaves (`simulator.cache`; None: no cache, every prompt prefilled whole).
     """
     model, cost = plan.model, plan.cost
     islands = [(j, isl) for j, isl in enumerate(plan.islands) if isl.serving and isl.role != "aggregated"]
@@ -67,9 +71,11 @@ def build(
             (e,) = mine  # one engine over the island: its attention ranks prefill apart
             budget = e.prefill_tokens if token_budget is None else token_budget
             budgets.append(budget)
-            t = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost)
+            cached = cache_block_tokens is not None
+            t = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost, cached=cached)
             ids = list(range(len(prefill), len(prefill) + e.attn_dp))
-            prefill += [PrefillEngine(i, k, t, budget) for i in ids]
+            blocks = (t.kv_tokens - budget) // cache_block_tokens if cached else 0  # type: ignore[operator]
+            prefill += [PrefillEngine(i, k, t, budget, PrefixCache(blocks) if cached else None) for i in ids]
         else:
             e = mine[0]  # the island's engines are alike
             t = decode_timing(gpu, model, e.attn_tp, e.gpus, isl.batch, max_context, cost,

@@ -15,11 +15,12 @@ from costmodel.specs import GPU
 from plan import Plan, island_engines
 from simulator.aggregated import AggregatedEngine, AggregatedSimulation
 from simulator.build import range_ends, range_shares
+from simulator.cache import PrefixCache
 from simulator.core import DecodeEngine, PrefillEngine, Simulation
 from simulator.requests import Requests
 from simulator.timing import decode_timing, prefill_timing
 
-OUTCOMES = ("prefill_engine", "decode_engine", "first_token", "finish", "preemptions")
+OUTCOMES = ("prefill_engine", "decode_engine", "first_token", "finish", "preemptions", "cached")
 
 
 @dataclass
@@ -30,6 +31,7 @@ class MixedRun:
     prefill: list[PrefillEngine] = field(default_factory=list)
     decode: list[DecodeEngine] = field(default_factory=list)
     kv_trace: list[tuple[float, float]] = field(default_factory=list)
+    aggregated: dict[int, list[AggregatedEngine]] = field(default_factory=dict)  # plan.serving index -> its engines
 
 
 def split(plan: Plan, input_len: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -46,10 +48,12 @@ def split(plan: Plan, input_len: np.ndarray, seed: int = 0) -> np.ndarray:
 
 
 def aggregated_engines(plan: Plan, k: int, gpu: GPU, max_len: int, max_context: int,
-                       expert_imbalance: float = 1.0) -> list[AggregatedEngine]:  # fmt: skip
+                       expert_imbalance: float = 1.0, cache_block_tokens: int | None = None,
+                       ) -> list[AggregatedEngine]:  # fmt: skip
     """The `dp` engines of aggregated island `plan.serving[k]`, as its engine records say (`plan.island_engines`):
     decode steps as a decode island's, each attention rank prefilling its own prompts (`island_bench._aggregated`: a
-    piece's time is shared by the ranks), chunks of the record's `chunk` per rank a step."""
+    piece's time is shared by the ranks), chunks of the record's `chunk` per rank a step; `cache_block_tokens`: each
+    with a prefix cache of such blocks (None: none)."""
     j = [i for i, isl in enumerate(plan.islands) if isl.serving][k]
     isl, model, cost, mine = plan.islands[j], plan.model, plan.cost, island_engines(plan, j)
     e = mine[0]  # the island's engines are alike
@@ -58,9 +62,12 @@ def aggregated_engines(plan: Plan, k: int, gpu: GPU, max_len: int, max_context: 
     if dec.kv_tokens < 1:
         raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
     dec = replace(dec, max_seqs=e.max_running)
-    pre = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost)
+    cached = cache_block_tokens is not None
+    pre = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost, cached=cached)
     pre = replace(pre, ms=pre.ms / e.attn_dp, handoff_ms=0.0)
-    return [AggregatedEngine(i, dec, pre, e.chunk * e.attn_dp) for i in range(len(mine))]
+    return [AggregatedEngine(i, dec, pre, e.chunk * e.attn_dp,
+                             cache=PrefixCache(dec.kv_tokens // cache_block_tokens) if cached else None)  # type: ignore[operator]
+            for i in range(len(mine))]  # fmt: skip
 
 
 def run(
@@ -70,9 +77,12 @@ def run(
     disaggregated: Callable[[Requests], Simulation],
     seed: int = 0,
     expert_imbalance: float = 1.0,
+    cache_block_tokens: int | None = None,
+    affinity: float | None = None,
 ) -> MixedRun:
     """Run `r` through `plan`: `disaggregated(requests)` builds and runs the disaggregated part (returning the
-    finished simulation); every aggregated island runs its share itself."""
+    finished simulation); every aggregated island runs its share itself (`cache_block_tokens`, `affinity`: its
+    engines' prefix caches and cache-aware routing, `aggregated_engines` and `AggregatedSimulation`)."""
     where = split(plan, r.input_len, seed)
     out = MixedRun(r)
     max_len, max_context = int(r.input_len.max()), int((r.input_len + r.output_len).max())
@@ -88,8 +98,9 @@ def run(
         idx = np.flatnonzero(where == k)
         sub = _subset(r, idx)
         isl = plan.serving[k]
-        pool = aggregated_engines(plan, k, gpus[isl.gpu], max_len, max_context, expert_imbalance)
-        AggregatedSimulation(sub, pool).run()
+        pool = aggregated_engines(plan, k, gpus[isl.gpu], max_len, max_context, expert_imbalance, cache_block_tokens)
+        AggregatedSimulation(sub, pool, affinity=affinity).run()
+        out.aggregated[k] = pool
         sub.prefill_engine = np.where(sub.prefill_engine >= 0, sub.prefill_engine + engines, -1)
         sub.decode_engine = sub.prefill_engine.copy()
         engines += len(pool)
@@ -101,4 +112,4 @@ def run(
 
 
 def _subset(r: Requests, idx: np.ndarray) -> Requests:
-    return Requests(r.arrival[idx], r.input_len[idx], r.output_len[idx], None if r.user is None else r.user[idx])
+    return r.take(idx)

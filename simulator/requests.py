@@ -1,11 +1,14 @@
-"""The requests of a simulation: what each asks for (arrival, prompt and answer lengths, user) and, as the
-simulation runs, what happened to it (engines, first token, finish, preemptions)."""
+"""The requests of a simulation: what each asks for (arrival, prompt and answer lengths, user, the prompt's prefix
+blocks) and, as the simulation runs, what happened to it (engines, first token, finish, preemptions, tokens its
+prefill found cached)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from simulator.cache import PrefixBlocks
 
 
 @dataclass
@@ -16,11 +19,13 @@ class Requests:
     input_len: np.ndarray
     output_len: np.ndarray
     user: np.ndarray | None = None  # a user id per request (-1: none), for affinity routing
+    blocks: PrefixBlocks | None = None  # each prompt's prefix blocks, for prefix caches (None: no reuse known)
     prefill_engine: np.ndarray = field(init=False)
     decode_engine: np.ndarray = field(init=False)
     first_token: np.ndarray = field(init=False)
     finish: np.ndarray = field(init=False)
     preemptions: np.ndarray = field(init=False)
+    cached: np.ndarray = field(init=False)  # prompt tokens its prefill found in a prefix cache
 
     def __post_init__(self) -> None:
         n = len(self.arrival)
@@ -32,11 +37,24 @@ class Requests:
             raise ValueError("arrivals must be sorted by time")
         if self.user is not None and len(self.user) != n:
             raise ValueError("`user` must have one entry per request")
+        if self.blocks is not None and len(self.blocks) != n:
+            raise ValueError("`blocks` must have one entry per request")
         self.prefill_engine = np.full(n, -1)
         self.decode_engine = np.full(n, -1)
         self.first_token = np.full(n, -1.0)
         self.finish = np.full(n, -1.0)
         self.preemptions = np.zeros(n, dtype=int)
+        self.cached = np.zeros(n, dtype=np.int64)
+
+    def take(self, idx: np.ndarray) -> Requests:
+        """Requests `idx` (in time order), with fresh outcomes."""
+        return Requests(self.arrival[idx], self.input_len[idx], self.output_len[idx],
+                        None if self.user is None else self.user[idx],
+                        None if self.blocks is None else self.blocks.take(idx))  # fmt: skip
+
+    def fresh(self) -> Requests:
+        """The same requests, nothing happened yet."""
+        return Requests(self.arrival, self.input_len, self.output_len, self.user, self.blocks)
 
     def __len__(self) -> int:
         return len(self.arrival)

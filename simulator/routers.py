@@ -22,6 +22,14 @@
   user's last decode engine is reused while no engine is saturated and the mapping is younger
   than 10 minutes (the paper gives no expiry; requests without a user skip this).
 
+- `plan_cache`: `plan`, and within the island a prompt's length picks, the prefill engine that would prefill it
+  soonest: its queued work not cached when it arrived plus the prompt's tokens its cache lacks, at its time per
+  token (Dynamo's KV router weighs queued and new blocks alike; SGLang's cache-aware router and llm-d's prefix scorer
+  trade cache against load the same way). It reads the engines' caches as they are, as Dynamo's router does from
+  its engines' KV events. Without a cache it is `plan`'s least loaded engine.
+- `cache`: the same choice over every prefill engine of every island, whatever the prompt's length: cache-aware
+  routing without the plan's ranges. `plan_cache` and `cache` route decode as `plan`.
+
 Load: a prefill engine's waiting prompt tokens; a decode engine's running plus waiting requests.
 """
 
@@ -32,8 +40,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.cache import cached_tokens
 from simulator.core import Router, Simulation
 from simulator.timing import PrefillTiming
+
+# the aggregated engines' cache-aware routing: a prompt goes to the engine whose cache holds most of it while its load
+# (requests) stays within this multiple of the mean + 1: Mirrokni et al.'s bounded loads at c = 1.25
+AFFINITY_BOUND = 1.25
+CACHE_ROUTERS = ("plan_cache", "cache")  # the routers that route for prefix caches (aggregated islands' too)
 
 
 def _prefill_load(sim: Simulation, i: int) -> int:
@@ -131,6 +145,49 @@ class PlanRouter(Router):
 
     def decode(self, sim: Simulation, req: int) -> int:
         return self._pick(sim, req, "decode", _decode_load)
+
+
+def _matched(sim: Simulation, req: int, engines: list[int]) -> list[int]:
+    """Per engine, the leading blocks of `req`'s prompt its prefix cache holds (0 without one)."""
+    blocks = sim.r.blocks
+    if blocks is None:
+        return [0] * len(engines)
+    ids = blocks.of(req)
+    return [0 if (c := sim.prefill[i].cache) is None else c.match(ids) for i in engines]
+
+
+def _prefill_done_ms(sim: Simulation, req: int, i: int, matched: int) -> float:
+    """When engine `i` would have prefilled `req`, its cache holding `matched` of its blocks: the work queued there
+    and the prompt's own, less what its cache holds, at the engine's time per token (Dynamo's KV router weighs an
+    engine's queued blocks and a prompt's new blocks alike)."""
+    e, n = sim.prefill[i], int(sim.r.input_len[req])
+    blocks = sim.r.blocks
+    new = n - (cached_tokens(matched, blocks.block_tokens, n) if blocks is not None else 0)
+    busy = e.token_budget if e.batch else 0  # a batch under way: at most a budget's worth of work left
+    return (e.queued_new + busy + new) * e.timing.prefill_ms(n) / n
+
+
+class CacheAwarePlan(PlanRouter):
+    """The plan's routing, and within the island it picks, the engine that would prefill the prompt soonest, its
+    cache counted (`_prefill_done_ms`). Decode as `plan`."""
+
+    def _soonest(self, sim: Simulation, req: int, engines: list[int]) -> int:
+        match = _matched(sim, req, engines)
+        done = [_prefill_done_ms(sim, req, i, m) for i, m in zip(engines, match, strict=True)]
+        return engines[min(range(len(engines)), key=lambda j: (done[j], -match[j], j))]
+
+    def prefill(self, sim: Simulation, req: int) -> int:
+        cum = self.cum["prefill"][self._range(int(sim.r.input_len[req]))]
+        k = min(int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right")), len(cum) - 1)
+        return self._soonest(sim, req, self.engines_of["prefill"][k])
+
+
+class CacheAffinity(CacheAwarePlan):
+    """Cache-aware routing without the plan's length ranges: every prompt to the prefill engine, of any island, that
+    would prefill it soonest, its cache counted. Decode as `plan`."""
+
+    def prefill(self, sim: Simulation, req: int) -> int:
+        return self._soonest(sim, req, list(range(len(sim.prefill))))
 
 
 def _decode_free(sim: Simulation, i: int) -> int:
@@ -278,16 +335,18 @@ class RouterInputs:
     elsewhere: np.ndarray | None = None  # ... and the ranges aggregated islands serve whole
 
 
-def _plan(a: RouterInputs) -> Router:
+def _plan(a: RouterInputs, kind: type[PlanRouter] = PlanRouter) -> Router:
     if a.range_end is None or a.shares is None or a.engines_of is None:
         raise ValueError("router=plan needs a plan's routing (range ends, fractions, engines)")
-    return PlanRouter(a.range_end, a.shares, a.engines_of, a.seed, a.elsewhere)
+    return kind(a.range_end, a.shares, a.engines_of, a.seed, a.elsewhere)
 
 
 # name -> factory; a new router is one class plus one line here, and tests/test_contracts.py runs
 # it through the family's contract (every request gets a valid engine, none is lost).
 ROUTERS: dict[str, Callable[[RouterInputs], Router]] = {
     "plan": _plan,
+    "plan_cache": lambda a: _plan(a, CacheAwarePlan),
+    "cache": lambda a: _plan(a, CacheAffinity),
     "round_robin": lambda a: RoundRobin(),
     "random": lambda a: RandomRouter(a.seed),
     "p2c": lambda a: PowerOfTwo(a.seed),

@@ -14,7 +14,7 @@ so a simulated step costs a few arithmetic operations, not a cost-model call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from costmodel.formulas import (
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 
+# the shares of a prompt found in a prefix cache the cached prefill table is evaluated at (interpolated between)
+HITS = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.995])
+
 
 @dataclass(frozen=True)
 class PrefillTiming:
@@ -39,9 +42,24 @@ class PrefillTiming:
     link_gb_s: float  # the engine's KV transfer bandwidth (its GPUs' NICs, derated: kv_link_gb_s)
     front_ms: float = 0.0  # a request's fixed time before its prefill (costmodel.formulas.request_overheads_ms)
     handoff_ms: float = 0.0  # ... and from its prefill to decode, beside its KV bytes
+    # a prefix cache's: the prefill time at each grid length (rows) and share of it cached (`HITS`, columns), and the
+    # KV tokens one engine holds beside nothing else (prefill_timing(..., cached=True); None, 0: not built)
+    cached_ms: np.ndarray | None = None
+    kv_tokens: int = 0
 
     def prefill_ms(self, tokens: float) -> float:
         return float(np.interp(tokens, self.lengths, self.ms))
+
+    def prefill_cached_ms(self, tokens: float, cached: float) -> float:
+        """One prompt of `tokens` whose first `cached` are in the prefix cache: the cost model's prefill at that
+        hit rate (`prefill_time_ms`'s `cache_hit`: the rest computed, attending to the whole prompt)."""
+        if not cached or self.cached_ms is None:
+            return self.prefill_ms(tokens)
+        x = float(np.interp(tokens, self.lengths, np.arange(len(self.lengths))))  # bilinear in (length, hit)
+        i = min(int(x), len(self.lengths) - 2)
+        f, h = x - i, min(cached / tokens, HITS[-1])
+        lo, hi = (float(np.interp(h, HITS, self.cached_ms[j])) for j in (i, i + 1))
+        return (1 - f) * lo + f * hi
 
     def transfer_ms(self, tokens: float) -> float:
         return tokens * self.kv_bytes_per_token / (self.link_gb_s * 1e9) * 1e3 + self.handoff_ms
@@ -69,7 +87,11 @@ class DecodeTiming:
         )
 
 
-def prefill_timing(gpu: GPU, model: Model, tp: int, dp: int, max_len: int, cost: CostSettings) -> PrefillTiming:
+def prefill_timing(
+    gpu: GPU, model: Model, tp: int, dp: int, max_len: int, cost: CostSettings, *, cached: bool = False
+) -> PrefillTiming:
+    """`cached`: also the tables a prefix cache needs (`PrefillTiming.cached_ms`, `kv_tokens`); its prompts' hit
+    rates then come from the cache, not from the cost settings' `cache_hit`."""
     lengths = np.unique(np.geomspace(1, max(max_len, 2), 96).round())
     n_tp, n_dp = np.full_like(lengths, tp), np.full_like(lengths, dp)
     ms = prefill_time_ms(
@@ -78,7 +100,19 @@ def prefill_timing(gpu: GPU, model: Model, tp: int, dp: int, max_len: int, cost:
     kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile, cost.draft_layers,
                                 cost.engine.kv_dtype)[0])  # fmt: skip
     link = float(kv_link_gb_s(gpu, cost.profile)) * tp
-    return PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, link, *request_overheads_ms(cost.profile))
+    t = PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, link, *request_overheads_ms(cost.profile))
+    if not cached:
+        return t
+    ll, hh = np.meshgrid(lengths, HITS, indexing="ij")
+    table = prefill_time_ms(gpu, model, ll, np.full_like(ll, tp), np.full_like(ll, dp), cache_hit=hh,
+                            profile=cost.profile, draft_layers=cost.draft_layers)  # fmt: skip
+    # KV memory of one attention rank of the engine (its tp GPUs, the island's experts spread over tp x dp)
+    routed = np.ceil(model.n_routed_experts / (tp * dp))
+    seqs = max_batch(gpu, model, np.array([1024.0]), 0.0, np.array([float(tp)]), np.array([routed]),
+                     profile=cost.profile, draft_layers=cost.draft_layers, mem_fraction=cost.engine.mem_fraction,
+                     kv_dtype=cost.engine.kv_dtype)[0]  # fmt: skip
+    return replace(t, ms=np.asarray(table[:, 0], dtype=float), cached_ms=np.asarray(table, dtype=float),
+                   kv_tokens=int(max(float(seqs), 0.0) * 1024))  # fmt: skip
 
 
 def decode_timing(

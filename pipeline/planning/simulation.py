@@ -23,9 +23,11 @@ from simulator import mixed
 from simulator.arrivals import ARRIVALS, PROFILE_BIN_S, replay_refusal, replayed, sampled
 from simulator.arrivals import from_trace as trace_requests
 from simulator.build import build
+from simulator.cache import CacheStats
 from simulator.core import Simulation
 from simulator.metrics import P99_WINDOWS, RAMP_DEFICIT_MAX, ramp_deficit, steady_state_note, summary, verdict
 from simulator.requests import Requests
+from simulator.routers import AFFINITY_BOUND, CACHE_ROUTERS
 from simulator.schedulers import make_scheduler
 
 MAX_REQUESTS = 5_000_000  # per simulation: ~120 bytes of arrays a request, minutes of simulation at this many
@@ -76,8 +78,8 @@ class RequestMix:
                 raise ConfigError(f"arrivals=trace at {rate:.4g} req/s on {self.name} ({len(t):,} requests "
                                   f"over {t.span_s:.3g} s): {refusal}; use arrivals=trace_compressed or "
                                   "workload")  # fmt: skip
-            return replayed(t.arrival_s, t.input_tokens, t.output_tokens, scale, n, seed)[0]
-        return trace_requests(t.arrival_s, t.input_tokens, t.output_tokens, scale, n)
+            return replayed(t.arrival_s, t.input_tokens, t.output_tokens, scale, n, seed, t.blocks)[0]
+        return trace_requests(t.arrival_s, t.input_tokens, t.output_tokens, scale, n, t.blocks)
 
     def timed(self, arrivals: str) -> Trace:
         t = self.trace
@@ -132,6 +134,7 @@ class SimSettings:
     tolerance: float = 0.03  # throughput within this share of offered counts as keeping up
     larry_alpha: float = 1.0
     sjf_theta_age_ms: float = 5000.0
+    prefix_cache: bool = True  # engines keep prefix caches where the requests name their prompts' blocks
 
 
 class Runner:
@@ -157,16 +160,18 @@ class Runner:
         self, req: Requests, router: str = "plan", scheduler: str = "fcfs"
     ) -> tuple[Simulation, dict[str, float], float]:
         """(the finished simulation, its metrics, wall seconds)."""
-        r = Requests(req.arrival, req.input_len, req.output_len, req.user)  # fresh outcome arrays
+        r = req.fresh()
         stats = {"mean_input": float(r.input_len.mean()), "mean_output": float(r.output_len.mean()),
                  "std_output": float(r.output_len.std())}  # fmt: skip
         max_len, max_context = int(r.input_len.max()), int((r.input_len + r.output_len).max())
+
+        blocks = r.blocks.block_tokens if self.s.prefix_cache and r.blocks is not None else None
 
         def disaggregated(part: Requests) -> Simulation:
             pre, dec, rt = build(
                 self.plan, self.gpus, router=router, max_len=max_len, max_context=max_context,
                 token_budget=self.s.token_budget, seed=self.s.seed, stats=stats,
-                expert_imbalance=self.s.expert_imbalance,
+                expert_imbalance=self.s.expert_imbalance, cache_block_tokens=blocks,
             )  # fmt: skip
             sched = make_scheduler(scheduler, max_output=int(r.output_len.max()),
                                    theta_age_ms=self.s.sjf_theta_age_ms, alpha=self.s.larry_alpha)  # fmt: skip
@@ -176,17 +181,38 @@ class Runner:
 
         t0 = time.perf_counter()
         if any(isl.role == "aggregated" for isl in self.plan.serving):  # aggregated islands run apart
-            sim = mixed.run(self.plan, r, self.gpus, disaggregated, self.s.seed, self.s.expert_imbalance)
+            affinity = AFFINITY_BOUND if router in CACHE_ROUTERS else None
+            sim = mixed.run(self.plan, r, self.gpus, disaggregated, self.s.seed, self.s.expert_imbalance, blocks,
+                            affinity)  # fmt: skip
         else:
             sim = disaggregated(r)
         wall = time.perf_counter() - t0
         warm = float(r.arrival[int(len(r) * self.s.warmup_fraction)]) if len(r) else 0.0
         slo = self.slo
         m = summary(sim, warm, slo.ttft_ms, slo.tpot_ms, slo.ttft_percentile, slo.tpot_percentile)
+        if blocks is not None:
+            done = r.first_token >= 0
+            m["cache_hit_rate"] = float(r.cached[done].sum() / max(int(r.input_len[done].sum()), 1))
+            for k, st in island_caches(self.plan, sim).items():
+                m[f"cache_hit_rate_island_{k}"] = st.hit_rate
         m["sustained"] = float(not self.verdict(m))
         m["sim_wall_s"] = wall
         m["sim_req_per_s"] = len(r) / wall if wall > 0 else 0.0
         return sim, m, wall
+
+
+def island_caches(plan: Plan, sim: Simulation | mixed.MixedRun) -> dict[int, CacheStats]:
+    """Each serving island's prefix caches, summed over its engines (by index in `plan.serving`): the prompt tokens
+    its prefills were asked for and those they found cached."""
+    apart = [k for k, isl in enumerate(plan.serving) if isl.role != "aggregated"]  # simulator.build's island order
+    out: dict[int, CacheStats] = {}
+    pools = [(apart[e.island], e.stats) for e in sim.prefill]
+    pools += [(k, e.stats) for k, pool in getattr(sim, "aggregated", {}).items() for e in pool]
+    for k, st in pools:
+        mine = out.setdefault(k, CacheStats())
+        mine.prompt_tokens += st.prompt_tokens
+        mine.cached_tokens += st.cached_tokens
+    return out
 
 
 def sustainable_rate(

@@ -10,6 +10,8 @@ half-loaded.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import WorkloadError
 from simulator.arrivals import PROFILE_BIN_S, rate_profile
+from simulator.cache import PrefixBlocks
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 # A request longer than this is no request any model of the catalogue serves (DeepSeek-V3's
@@ -53,6 +56,7 @@ class Trace:
     input_tokens: np.ndarray  # int64, >= 1
     output_tokens: np.ndarray  # int64, >= 1
     arrival_s: np.ndarray | None  # seconds since the first request; the requests are in time order
+    blocks: PrefixBlocks | None = None  # each prompt's prefix blocks (a trace that records reuse: Mooncake's)
 
     def __len__(self) -> int:
         return len(self.input_tokens)
@@ -195,6 +199,8 @@ def _parse_time(text: str | None) -> np.datetime64 | None:
 def load_trace(path: str | Path, fmt: str = "auto", columns: Columns | None = None, name: str | None = None) -> Trace:
     """Load a whole trace or fail with the file, row and column of the first problem."""
     path = Path(path)
+    if fmt == "mooncake" or (fmt == "auto" and path.suffix.lower() in (".jsonl", ".npz")):
+        return load_prefix_trace(path, name)
     table = _read_table(path)
     if table.num_rows == 0:
         raise WorkloadError(f"{path}: the file has a header but no requests")
@@ -261,4 +267,104 @@ def load_histogram(name: str) -> dict[str, np.ndarray]:
 AZURE_ATTRIBUTION = (
     "Derived from the Azure LLM inference trace 2023 (Azure/AzurePublicDataset), CC BY 4.0; "
     "cite Patel et al., 'Splitwise: Efficient generative LLM inference using phase splitting', ISCA 2024."
+)
+
+
+# --- traces that record prefix reuse: Mooncake's -----------------------------------------------------------------
+
+MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's released traces hash prompts in blocks of 512 tokens (FAST25-release/README)
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+def load_prefix_trace(path: Path, name: str | None = None, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
+    """A trace whose requests name their prompts' prefix blocks: Mooncake's JSONL (one request a line: `timestamp`
+    in ms, `input_length`, `output_length`, `hash_ids`, the ids of the prompt's 512-token blocks, equal ids for equal
+    prefixes), or the npz `derive_prefix_trace` writes from one. A bad line fails the whole file, naming the line."""
+    if not path.is_file():
+        raise WorkloadError(f"{path}: no such trace file")
+    if path.suffix.lower() == ".npz":
+        return _load_prefix_npz(path, name)
+    stamps, ins, outs, blocks = [], [], [], []
+    try:
+        lines = path.open(encoding="utf-8")
+        for line_no, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            row = _json_row(line, path, line_no)
+            t, n, o, ids = (row[k] for k in MOONCAKE_FIELDS)
+            for key, v in (("input_length", n), ("output_length", o)):
+                if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_TOKENS:
+                    raise WorkloadError(f"{path}: line {line_no}: `{key}` must be a whole number of tokens "
+                                        f"1..{MAX_TOKENS:,}, got {v!r}")  # fmt: skip
+            if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+                raise WorkloadError(f"{path}: line {line_no}: `timestamp` must be milliseconds >= 0, got {t!r}")
+            if not isinstance(ids, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in ids):
+                raise WorkloadError(f"{path}: line {line_no}: `hash_ids` must be a list of whole numbers (the prompt's "
+                                    f"block ids), got {str(ids)[:80]}")  # fmt: skip
+            if len(ids) * block_tokens >= n + block_tokens:
+                most = -(-n // block_tokens)
+                raise WorkloadError(f"{path}: line {line_no}: {len(ids)} blocks of {block_tokens} tokens are longer "
+                                    f"than the prompt's {n} tokens (at most {most} blocks)")  # fmt: skip
+            stamps.append(float(t))
+            ins.append(n)
+            outs.append(o)
+            blocks.append(ids)
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{path}: not a JSONL trace (the file is not UTF-8 text)") from None
+    if not ins:
+        raise WorkloadError(f"{path}: the file holds no requests (one JSON object a line)")
+    arrival = np.asarray(stamps) / 1000.0
+    order = np.argsort(arrival, kind="stable")
+    pb = PrefixBlocks.of_lists(blocks, block_tokens).take(order)
+    return Trace(name or path.stem, str(path), np.asarray(ins, np.int64)[order], np.asarray(outs, np.int64)[order],
+                 arrival[order] - arrival.min(), pb)  # fmt: skip
+
+
+def _json_row(line: str, path: Path, line_no: int) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise WorkloadError(f"{path}: line {line_no}: not a JSON object ({err.msg})") from None
+    if not isinstance(row, dict):
+        raise WorkloadError(f"{path}: line {line_no}: expected a JSON object, got {type(row).__name__}")
+    missing = [k for k in MOONCAKE_FIELDS if k not in row]
+    if missing:
+        raise WorkloadError(f"{path}: line {line_no}: missing field(s) {missing}; each request has "
+                            f"{list(MOONCAKE_FIELDS)}")
+    return row
+
+
+def derive_prefix_trace(trace: Trace, out: Path, attribution: str) -> None:
+    """Save a prefix trace whole (its requests' times, lengths and block ids, in compact arrays) with its source."""
+    if trace.blocks is None or trace.arrival_s is None:
+        raise WorkloadError(f"{trace.source}: not a trace with timestamps and prefix blocks")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        out,
+        arrival_ms=np.round(trace.arrival_s * 1000.0).astype(np.int64),
+        input_tokens=trace.input_tokens.astype(np.int32),
+        output_tokens=trace.output_tokens.astype(np.int32),
+        block_ids=trace.blocks.ids.astype(np.int32 if trace.blocks.ids.max(initial=0) < 2**31 else np.int64),
+        block_counts=np.diff(trace.blocks.start).astype(np.int32),
+        block_tokens=np.array(trace.blocks.block_tokens),
+        source=np.array(Path(trace.source).name),
+        attribution=np.array(attribution),
+    )
+
+
+def _load_prefix_npz(path: Path, name: str | None) -> Trace:
+    try:
+        with np.load(path) as z:
+            counts = z["block_counts"].astype(np.int64)
+            blocks = PrefixBlocks(z["block_ids"].astype(np.int64), np.concatenate([[0], np.cumsum(counts)]),
+                                  int(z["block_tokens"]))  # fmt: skip
+            return Trace(name or path.stem, str(path), z["input_tokens"].astype(np.int64),
+                         z["output_tokens"].astype(np.int64), z["arrival_ms"] / 1000.0, blocks)  # fmt: skip
+    except (OSError, KeyError, ValueError) as err:
+        raise WorkloadError(f"{path}: not a prefix trace `python -m pipeline.traces derive` wrote ({err})") from None
+
+
+MOONCAKE_ATTRIBUTION = (
+    "Derived from Mooncake's FAST'25 trace release (kvcache-ai/Mooncake, FAST25-release/traces, at 3b5a594), "
+    "Apache License 2.0; cite Qin et al., 'Mooncake: Trading More Storage for Less Computation', FAST 2025."
 )

@@ -11,12 +11,13 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.errors import WorkloadError
-from pipeline.planning.traces import Columns, Trace, load_histogram, load_trace
+from pipeline.planning.traces import DATA_DIR, Columns, Trace, load_histogram, load_trace
 from simulator.arrivals import rate_profile
 
 
@@ -221,4 +222,7 @@ def trace_from_cfg(name: str, cfg: Mapping[str, Any]) -> Trace:
                 "timestamp_kind) to column names"
             )
         columns = Columns(**{k: cols[k] for k in ("input", "output", "timestamp", "timestamp_kind") if k in cols})
+    path = Path(str(path))
+    if not path.is_absolute() and not path.exists() and (DATA_DIR / path).is_file():
+        path = DATA_DIR / path  # a trace this project ships (pipeline/data)
     return load_trace(path, str(cfg.get("format", "auto")), columns, name)

@@ -1,0 +1,212 @@
+"""Prefix caches (simulator/cache.py), the routers that keep them (simulator/routers.py) and the traces that name
+their prompts' blocks (pipeline/planning/traces.py): hand-worked cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeline.errors import WorkloadError
+from pipeline.planning.traces import load_trace
+from simulator.cache import PrefixBlocks, PrefixCache, cached_tokens
+from simulator.core import DecodeEngine, PrefillEngine, Simulation
+from simulator.requests import Requests
+from simulator.routers import CacheAffinity, CacheAwarePlan, PlanRouter
+from simulator.timing import HITS, DecodeTiming, PrefillTiming
+
+LENGTHS = np.array([1.0, 1e6])
+
+
+def linear_prefill() -> PrefillTiming:
+    """A prompt of n tokens, c of them cached: n - c ms (computed tokens only, 1 ms each)."""
+    table = LENGTHS[:, None] * (1.0 - HITS[None, :])
+    return PrefillTiming(LENGTHS, LENGTHS.copy(), 1.0, 1e3, cached_ms=table, kv_tokens=10**6)
+
+
+def flat_decode() -> DecodeTiming:
+    return DecodeTiming(LENGTHS, LENGTHS, np.full((2, 2), 5.0), 1, 8, 100_000)
+
+
+def blocks(*prompts: list[int]) -> PrefixBlocks:
+    return PrefixBlocks.of_lists(list(prompts), 100)
+
+
+def test_two_sessions_on_one_engine_with_an_eviction_by_hand() -> None:
+    """One prefill engine, a cache of 4 blocks of 100 tokens, prefill 1 ms a computed token. Session A's first turn
+    (blocks 1 2, 200 tokens) and B's (10 11) fill the cache: [2 1 11 10], least recent first (a prompt's blocks are
+    touched last to first). A's second turn (1 2 3, 300 tokens) finds 1 2: 200 tokens cached, 100 computed (100
+    ms); storing 3 2 1 evicts the least recent block, B's leaf 11, not its head 10. B's second turn (10 11 12) then
+    finds 10 alone: 100 cached, 200 computed (200 ms). The engine's hit rate: 300 of 1,000 prompt tokens."""
+    r = Requests(np.array([0.0, 1000.0, 2000.0, 3000.0]), np.array([200, 200, 300, 300]), np.full(4, 2),
+                 blocks=blocks([1, 2], [10, 11], [1, 2, 3], [10, 11, 12]))  # fmt: skip
+    pre = [PrefillEngine(0, 0, linear_prefill(), 10**6, PrefixCache(4))]
+    dec = [DecodeEngine(0, 1, flat_decode(), linear_prefill())]
+    sim = Simulation(r, pre, dec, PlanRouter(np.array([10**6]), {"prefill": np.ones((1, 1)), "decode": np.ones((1, 1))},
+                                            {"prefill": [[0]], "decode": [[0]]}))  # fmt: skip
+    sim.run()
+    assert list(r.cached) == [0, 0, 200, 100]
+    assert list(r.first_token - r.arrival) == pytest.approx([200.0, 200.0, 100.0, 200.0])
+    # B's second turn stored 12 11 10 and evicted A's 3 and 2, the least recent: A keeps its head block 1
+    cache = pre[0].cache
+    assert cache is not None and list(cache.blocks) == [1, 12, 11, 10] and cache.evicted == 3
+    assert pre[0].stats.prompt_tokens == 1000 and pre[0].stats.hit_rate == pytest.approx(0.3)
+
+
+def test_the_cache_evicts_leaves_before_the_heads_they_hang_from() -> None:
+    c = PrefixCache(3)
+    c.insert(np.array([1, 2, 3]))  # touched 3, 2, 1: the head most recent
+    c.insert(np.array([1, 4]))  # 4 then 1: evicts the least recent, the leaf 3
+    assert list(c.blocks) == [2, 4, 1] and c.evicted == 1
+    assert c.match(np.array([1, 2, 3])) == 2 and c.match(np.array([5, 1])) == 0  # a prefix from the first block
+    c.resize(1)
+    assert list(c.blocks) == [1]
+    assert cached_tokens(5, 512, 2000) == 1999 and cached_tokens(2, 512, 2000) == 1024 and cached_tokens(0, 512, 9) == 0
+
+
+def test_blocks_follow_their_requests_when_taken() -> None:
+    b = blocks([1, 2], [], [3], [4, 5, 6])
+    t = b.take(np.array([3, 0, 2]))
+    assert [t.of(i).tolist() for i in range(3)] == [[4, 5, 6], [1, 2], [3]]
+    r = Requests(np.arange(4.0), np.full(4, 300), np.full(4, 2), blocks=b).take(np.array([1, 3]))
+    assert r.blocks is not None and [r.blocks.of(i).tolist() for i in range(2)] == [[], [4, 5, 6]]
+    with pytest.raises(ValueError, match="one entry per request"):
+        Requests(np.arange(3.0), np.full(3, 300), np.full(3, 2), blocks=b)
+
+
+def stand_in(caches: list[list[int]], queued: list[int]) -> Simulation:
+    """Three prefill engines of one island and one of another (engine 3), their caches holding `caches`, their
+    queues `queued` tokens; one request of blocks 1 2 3 (300 tokens) to route."""
+    r = Requests(np.zeros(1), np.array([300]), np.array([2]), blocks=blocks([1, 2, 3]))
+    pre: list[PrefillEngine] = []
+    for i, (held, q) in enumerate(zip(caches, queued, strict=True)):
+        c = PrefixCache(10)
+        c.insert(np.array(held, dtype=np.int64))
+        e = PrefillEngine(i, 0 if i < 3 else 1, linear_prefill(), 10**6, c)
+        e.queued_tokens = e.queued_new = q  # new tokens queued
+        pre.append(e)
+    a = routing()
+    return Simulation(r, pre, [DecodeEngine(0, 2, flat_decode(), linear_prefill())],
+                      PlanRouter(a["range_end"], a["shares"], a["engines_of"]))  # fmt: skip
+
+
+def routing() -> dict[str, Any]:
+    """Every prompt length routed to island 0 (engines 0-2) for prefill; island 1 (engine 3) takes none."""
+    return {"range_end": np.array([10**6]), "shares": {"prefill": np.array([[1.0, 0.0]]), "decode": np.ones((1, 1))},
+            "engines_of": {"prefill": [[0, 1, 2], [3]], "decode": [[0]]}}  # fmt: skip
+
+
+def test_the_cache_aware_router_sends_a_prompt_where_it_is_prefilled_soonest() -> None:
+    """Prefill 1 ms a computed token on every engine. A prompt of 300 tokens (blocks 1 2 3 of 100): engine 0 holds
+    none of it (300 ms of new work), engine 1 blocks 1 2 (100 ms), engine 2 block 1 (200 ms). With empty queues it
+    goes to engine 1; with 150 new tokens queued there (250 ms), to engine 2 (200); with 150 at both, to engine 1
+    (250 against 300 and 350); with 250 and 150, to engine 0 (300 against 350 and 350). Without a cached block
+    anywhere, to the least queued work, as `plan`. Engine 3, of an island the prompt's length does not route to,
+    holds all of it (299 tokens cached: 1 ms): `plan_cache` never chooses it; `cache`, free of the plan's ranges,
+    does while its queue is short (50 tokens: 51 ms against 100), not when it is long (200: 201 ms)."""
+    a = routing()
+    plan_cache = CacheAwarePlan(a["range_end"], a["shares"], a["engines_of"])
+    held = [[9], [1, 2], [1], [1, 2, 3]]
+    assert plan_cache.prefill(stand_in(held, [0, 0, 0, 0]), 0) == 1
+    assert plan_cache.prefill(stand_in(held, [0, 150, 0, 0]), 0) == 2
+    assert plan_cache.prefill(stand_in(held, [0, 150, 150, 0]), 0) == 1
+    assert plan_cache.prefill(stand_in(held, [0, 250, 150, 0]), 0) == 0
+    assert plan_cache.prefill(stand_in([[9], [8], [7], [1, 2, 3]], [300, 200, 100, 0]), 0) == 2
+    affinity = CacheAffinity(a["range_end"], a["shares"], a["engines_of"])
+    assert affinity.prefill(stand_in(held, [0, 0, 0, 50]), 0) == 3
+    assert affinity.prefill(stand_in(held, [0, 0, 0, 200]), 0) == 1
+
+
+def mooncake_lines(*rows: dict) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def test_a_mooncake_trace_loads_in_time_order_with_its_blocks(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(mooncake_lines({"timestamp": 3000, "input_length": 600, "output_length": 5, "hash_ids": [0, 2]},
+                                {"timestamp": 1000, "input_length": 1024, "output_length": 7, "hash_ids": [0, 1]}))
+    t = load_trace(f)
+    assert list(t.input_tokens) == [1024, 600] and list(t.arrival_s) == [0.0, 2.0] and t.blocks is not None
+    assert [t.blocks.of(i).tolist() for i in range(2)] == [[0, 1], [0, 2]] and t.blocks.block_tokens == 512
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, "a"]},
+         r"line 2: `hash_ids` must be a list of whole numbers"),
+        ({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1.5]},
+         r"line 2: `hash_ids` must be a list of whole numbers"),
+        ({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1, 2]},
+         r"line 2: 3 blocks of 512 tokens are longer than the prompt's 600 tokens \(at most 2 blocks\)"),
+        ({"timestamp": 0, "input_length": 600, "output_length": 5}, r"line 2: missing field\(s\) \['hash_ids'\]"),
+        ({"timestamp": -1, "input_length": 600, "output_length": 5, "hash_ids": []},
+         r"line 2: `timestamp` must be milliseconds >= 0"),
+        ({"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": []},
+         r"line 2: `input_length` must be a whole number of tokens"),
+    ],
+)  # fmt: skip
+def test_a_bad_mooncake_trace_fails_whole_naming_the_line(tmp_path: Path, row: dict, message: str) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(mooncake_lines({"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": [0]}, row))
+    with pytest.raises(WorkloadError, match=message) as err:
+        load_trace(f)
+    assert str(f) in str(err.value)
+    f.write_text('{"timestamp": 0,\n')
+    with pytest.raises(WorkloadError, match="line 1: not a JSON object"):
+        load_trace(f)
+
+
+def test_an_aggregated_engine_prefills_only_what_its_cache_lacks_by_hand() -> None:
+    """One aggregated engine, chunks of 100 tokens, prefill 1 ms a token, decode 5 ms a step, a cache of blocks of
+    100 tokens in the KV memory its admitted requests leave. A (blocks 1 2, 200 tokens) prefills in two chunks, its
+    first token at 200 ms; B (blocks 1 2 3, 300 tokens) arrives at 1,000 ms, finds 200 tokens cached and prefills
+    one chunk: its first token 100 ms later. Without the cache, 300 ms."""
+    from simulator.aggregated import AggregatedEngine, AggregatedSimulation
+
+    ttft = {}
+    for cache in (PrefixCache(10**6), None):
+        r = Requests(np.array([0.0, 1000.0]), np.array([200, 300]), np.array([2, 2]), blocks=blocks([1, 2], [1, 2, 3]))
+        engine = AggregatedEngine(0, flat_decode(), linear_prefill(), chunk=100, cache=cache)
+        AggregatedSimulation(r, [engine]).run()
+        ttft[cache is not None] = list(r.first_token - r.arrival)
+        assert list(r.cached) == ([0, 200] if cache is not None else [0, 0])
+    assert ttft == {True: pytest.approx([200.0, 100.0]), False: pytest.approx([200.0, 300.0])}
+    assert engine.cache is None and engine.stats.prompt_tokens == 500
+
+
+def test_a_plan_simulated_with_caching_off_or_nothing_to_reuse_is_simulated_as_before() -> None:
+    """tiny_plan's engines on one stream of requests: without blocks (as before prefix caches), with blocks and
+    `prefix_cache` off, and with blocks no two prompts share (caches on, nothing to find): the same run, time for
+    time. With every prompt sharing its first block, the caches find it and no request's TTFT grows."""
+    from helpers import tiny_plan
+    from pipeline.planning.simulation import Runner, SimSettings
+
+    plan = tiny_plan(rate=6.0)
+    rng = np.random.default_rng(3)
+    n = 300
+    arrival = np.cumsum(rng.exponential(1000.0 / 3.0, n))
+    ins, outs = rng.integers(100, 7000, n), rng.integers(2, 200, n)
+    count = -(-ins // 512)
+    unique = PrefixBlocks(np.arange(int(count.sum())), np.concatenate([[0], np.cumsum(count)]), 512)
+    shared_ids = unique.ids.copy()
+    shared_ids[unique.start[:-1]] = -1  # every prompt's first block is the same system prompt
+    shared = PrefixBlocks(shared_ids, unique.start, 512)
+    runs = {}
+    cases = (("before", None, True), ("off", shared, False), ("nothing", unique, True), ("on", shared, True))
+    for name, b, on in cases:
+        runner = Runner(plan, plan.slo, SimSettings(prefix_cache=on))
+        sim, m, _ = runner.simulate(Requests(arrival, ins, outs, blocks=b))
+        runs[name] = (sim.r, m)
+    before = runs["before"][0]
+    for name in ("off", "nothing"):
+        r = runs[name][0]
+        assert np.array_equal(r.first_token, before.first_token) and np.array_equal(r.finish, before.finish), name
+    assert "cache_hit_rate" not in runs["before"][1] and "cache_hit_rate" not in runs["off"][1]
+    assert runs["nothing"][1]["cache_hit_rate"] == 0.0
+    on, m = runs["on"]
+    assert 0.0 < m["cache_hit_rate"] <= 512 * n / ins.sum() and (on.cached <= 512).all()
+    assert ((on.first_token - arrival) <= (before.first_token - arrival) + 1e-9).all()
