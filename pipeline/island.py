@@ -86,7 +86,7 @@ def execute(cfg: Any) -> None:
     cost = cost_settings_from_cfg(cfg)
     calibrated_for(cost, model)
     workload = workload_from_cfg(choice("workload"), plain(cfg.workload))
-    ranges = ranges_from_cfg(workload, cfg.ranges.width)
+    ranges = ranges_from_cfg(workload, cfg.ranges.width, most=cfg.ranges.get("max"))
     size = positive_int(cfg.size, "size")
     rows = cfg.rows
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:

@@ -77,9 +77,9 @@ def _real(value: Any, what: str, low: float | None = None, high: float | None = 
         raise PlanError(f"{what} must be a finite number{f' {bounds}' if bounds else ''}, got {value!r}")
 
 
-def _optional_real(value: Any, what: str, low: float | None = None) -> None:
+def _optional_real(value: Any, what: str, low: float | None = None, high: float | None = None) -> None:
     if value is not None:
-        _real(value, what, low)
+        _real(value, what, low, high)
 
 
 @dataclass(frozen=True)
@@ -203,6 +203,9 @@ class Island:
     # the ways its configuration lies outside the measured serving the cost model was fitted on (): inside; None:
     # not judged, the model was not fitted to measured serving (pipeline/planning/envelope.py)
     outside: tuple[str, ...] | None = None
+    # prefill with prefix caches (a workload whose trace names its prompts' blocks): the share of its prompt tokens
+    # its engines' caches are expected to hold, which its prefill was priced at (costmodel.reuse; None: not priced)
+    cache_hit_expected: float | None = None
 
     JSON_DERIVED: ClassVar = ("ep_group",)  # plan.json's `ep_group` beside them, checked against `ep_group`
 
@@ -244,6 +247,7 @@ class Island:
         _real(self.utilisation, "utilisation", 0.0)
         _optional_real(self.ttft_ms_expected, "ttft_ms_expected", 0.0)
         _optional_real(self.tpot_ms_expected, "tpot_ms_expected", 0.0)
+        _optional_real(self.cache_hit_expected, "cache_hit_expected", 0.0, 1.0)
         _whole(self.chunk_tokens, "chunk_tokens")
         if self.role is Role.AGGREGATED and self.chunk_tokens < 1:
             raise PlanError("an aggregated island prefills at least one prompt token a step (chunk_tokens >= 1)")

@@ -72,7 +72,7 @@ class AggregatedSimulation(Arrivals):
         affinity: float | None = None,
     ) -> None:
         """`affinity`: a request goes to the engine whose prefix cache holds most of its prompt among those with at
-        most this multiple of the mean load (+1), as `simulator.routers`' `plan_cache` (None: the least loaded)."""
+        most this multiple of the mean load (+1) requests (bounded loads; None: the least loaded)."""
         if not engines:
             raise ValueError("an aggregated simulation needs at least one engine")
         check_concurrency(concurrency)

@@ -84,6 +84,25 @@ def sampled(
     return Requests(arrivals_ms(kind, n, rate_req_s, rng, profile), draw[0], draw[1])
 
 
+def in_order(
+    input_len: np.ndarray, output_len: np.ndarray, blocks: PrefixBlocks, kind: str, n: int, rate_req_s: float,
+    seed: int, profile: np.ndarray | None = None,
+) -> Requests:
+    """`n` requests of a trace that names its prompts' prefix blocks, in the trace's order (so a conversation's turns
+    follow one another and can find their prefixes cached), at `kind` arrivals. Past the trace's end it starts again,
+    each pass's block ids renamed into a namespace of its own: a pass reuses what the trace reuses, never a prompt of
+    an earlier pass."""
+    rng = np.random.default_rng(seed)
+    at = arrivals_ms(kind, n, rate_req_s, rng, profile)
+    size = len(input_len)
+    idx = np.arange(n) % size
+    mine = blocks.take(idx)
+    span = int(blocks.ids.max(initial=-1)) + 1
+    ids = mine.ids + np.repeat(np.arange(n) // size, np.diff(mine.start)) * span
+    return Requests(at, np.maximum(input_len[idx], 1), np.maximum(output_len[idx], 1),
+                    blocks=PrefixBlocks(ids, mine.start, blocks.block_tokens))  # fmt: skip
+
+
 def from_trace(
     arrival_s: np.ndarray, input_len: np.ndarray, output_len: np.ndarray, rate_scale: float, n: int | None = None,
     blocks: PrefixBlocks | None = None,

@@ -2,7 +2,14 @@
 
 - `plan`: the plan's routing. A request's input length picks its range; an island serving that
   range is drawn with the plan's fraction for it (per phase); the least-loaded engine of that
-  island takes the request.
+  island takes the request. Where prefill engines keep prefix caches (a trace naming its prompts' blocks), the
+  island's engine that would prefill the prompt soonest takes it instead: its queued work not cached when it
+  arrived plus the prompt's tokens its cache lacks, at its time per token (Dynamo's KV router weighs queued and new
+  blocks alike; SGLang's cache-aware router and llm-d's prefix scorer trade cache against load the same way). It
+  reads the engines' caches as they are, as Dynamo's router does from its engines' KV events.
+- `length`: `plan` without the caches: the least-loaded engine of the island, whatever it holds.
+- `cache`: the cache-aware choice over every prefill engine of every island, whatever the prompt's length:
+  cache-aware routing without the plan's ranges. `length` and `cache` route decode as `plan`.
 - `round_robin`, `random`: over all engines of the phase, ignoring lengths and load.
 - `p2c` (power of two choices): two engines drawn at random, the less loaded one wins.
 - `sal` (seed 002, Eq. 2): load(s, r) = max(β·(memory(r) − free(s)), queued_tokens(s, r) /
@@ -22,14 +29,6 @@
   user's last decode engine is reused while no engine is saturated and the mapping is younger
   than 10 minutes (the paper gives no expiry; requests without a user skip this).
 
-- `plan_cache`: `plan`, and within the island a prompt's length picks, the prefill engine that would prefill it
-  soonest: its queued work not cached when it arrived plus the prompt's tokens its cache lacks, at its time per
-  token (Dynamo's KV router weighs queued and new blocks alike; SGLang's cache-aware router and llm-d's prefix scorer
-  trade cache against load the same way). It reads the engines' caches as they are, as Dynamo's router does from
-  its engines' KV events. Without a cache it is `plan`'s least loaded engine.
-- `cache`: the same choice over every prefill engine of every island, whatever the prompt's length: cache-aware
-  routing without the plan's ranges. `plan_cache` and `cache` route decode as `plan`.
-
 Load: a prefill engine's waiting prompt tokens; a decode engine's running plus waiting requests.
 """
 
@@ -47,7 +46,7 @@ from simulator.timing import PrefillTiming
 # the aggregated engines' cache-aware routing: a prompt goes to the engine whose cache holds most of it while its load
 # (requests) stays within this multiple of the mean + 1: Mirrokni et al.'s bounded loads at c = 1.25
 AFFINITY_BOUND = 1.25
-CACHE_ROUTERS = ("plan_cache", "cache")  # the routers that route for prefix caches (aggregated islands' too)
+CACHE_ROUTERS = ("plan", "cache")  # the routers that route for prefix caches (aggregated islands' too)
 
 
 def _prefill_load(sim: Simulation, i: int) -> int:
@@ -112,9 +111,13 @@ class PlanRouter(Router):
         engines_of: dict[str, list[list[int]]],
         seed: int = 0,
         elsewhere: np.ndarray | None = None,
+        cache_aware: bool = True,
     ) -> None:
         """`shares[phase]`: (ranges, islands of the phase) fractions; `engines_of[phase][k]`: island k's engines;
-        `elsewhere`: per range, True where aggregated islands serve all of it (no request of it comes here)."""
+        `elsewhere`: per range, True where aggregated islands serve all of it (no request of it comes here);
+        `cache_aware`: within an island, the engine that would prefill a prompt soonest, its prefix cache counted,
+        where engines keep caches (else, and without caches, the least loaded)."""
+        self.cache_aware = cache_aware
         self.range_end = range_end
         self.cum = {}
         for phase, f in shares.items():
@@ -141,10 +144,20 @@ class PlanRouter(Router):
         return min(engines, key=lambda i: load(sim, i))  # type: ignore[operator]
 
     def prefill(self, sim: Simulation, req: int) -> int:
-        return self._pick(sim, req, "prefill", _prefill_load)
+        if not self.cache_aware or sim.r.blocks is None or all(e.cache is None for e in sim.prefill):
+            return self._pick(sim, req, "prefill", _prefill_load)
+        cum = self.cum["prefill"][self._range(int(sim.r.input_len[req]))]
+        k = min(int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right")), len(cum) - 1)
+        return self._soonest(sim, req, self.engines_of["prefill"][k])
 
     def decode(self, sim: Simulation, req: int) -> int:
         return self._pick(sim, req, "decode", _decode_load)
+
+    def _soonest(self, sim: Simulation, req: int, engines: list[int]) -> int:
+        """The engine of `engines` that would prefill `req` soonest, its cache counted (`_prefill_done_ms`)."""
+        match = _matched(sim, req, engines)
+        done = [_prefill_done_ms(sim, req, i, m) for i, m in zip(engines, match, strict=True)]
+        return engines[min(range(len(engines)), key=lambda j: (done[j], -match[j], j))]
 
 
 def _matched(sim: Simulation, req: int, engines: list[int]) -> list[int]:
@@ -163,26 +176,11 @@ def _prefill_done_ms(sim: Simulation, req: int, i: int, matched: int) -> float:
     e, n = sim.prefill[i], int(sim.r.input_len[req])
     blocks = sim.r.blocks
     new = n - (cached_tokens(matched, blocks.block_tokens, n) if blocks is not None else 0)
-    busy = e.token_budget if e.batch else 0  # a batch under way: at most a budget's worth of work left
+    busy = 1 if e.batch else 0  # a batch under way, as `plan`'s load counts it
     return (e.queued_new + busy + new) * e.timing.prefill_ms(n) / n
 
 
-class CacheAwarePlan(PlanRouter):
-    """The plan's routing, and within the island it picks, the engine that would prefill the prompt soonest, its
-    cache counted (`_prefill_done_ms`). Decode as `plan`."""
-
-    def _soonest(self, sim: Simulation, req: int, engines: list[int]) -> int:
-        match = _matched(sim, req, engines)
-        done = [_prefill_done_ms(sim, req, i, m) for i, m in zip(engines, match, strict=True)]
-        return engines[min(range(len(engines)), key=lambda j: (done[j], -match[j], j))]
-
-    def prefill(self, sim: Simulation, req: int) -> int:
-        cum = self.cum["prefill"][self._range(int(sim.r.input_len[req]))]
-        k = min(int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right")), len(cum) - 1)
-        return self._soonest(sim, req, self.engines_of["prefill"][k])
-
-
-class CacheAffinity(CacheAwarePlan):
+class CacheAffinity(PlanRouter):
     """Cache-aware routing without the plan's length ranges: every prompt to the prefill engine, of any island, that
     would prefill it soonest, its cache counted. Decode as `plan`."""
 
@@ -335,17 +333,17 @@ class RouterInputs:
     elsewhere: np.ndarray | None = None  # ... and the ranges aggregated islands serve whole
 
 
-def _plan(a: RouterInputs, kind: type[PlanRouter] = PlanRouter) -> Router:
+def _plan(a: RouterInputs, kind: type[PlanRouter] = PlanRouter, cache_aware: bool = True) -> Router:
     if a.range_end is None or a.shares is None or a.engines_of is None:
         raise ValueError("router=plan needs a plan's routing (range ends, fractions, engines)")
-    return kind(a.range_end, a.shares, a.engines_of, a.seed, a.elsewhere)
+    return kind(a.range_end, a.shares, a.engines_of, a.seed, a.elsewhere, cache_aware)
 
 
 # name -> factory; a new router is one class plus one line here, and tests/test_contracts.py runs
 # it through the family's contract (every request gets a valid engine, none is lost).
 ROUTERS: dict[str, Callable[[RouterInputs], Router]] = {
     "plan": _plan,
-    "plan_cache": lambda a: _plan(a, CacheAwarePlan),
+    "length": lambda a: _plan(a, cache_aware=False),
     "cache": lambda a: _plan(a, CacheAffinity),
     "round_robin": lambda a: RoundRobin(),
     "random": lambda a: RandomRouter(a.seed),

@@ -106,13 +106,18 @@ def prefill_timing(
     ll, hh = np.meshgrid(lengths, HITS, indexing="ij")
     table = prefill_time_ms(gpu, model, ll, np.full_like(ll, tp), np.full_like(ll, dp), cache_hit=hh,
                             profile=cost.profile, draft_layers=cost.draft_layers)  # fmt: skip
-    # KV memory of one attention rank of the engine (its tp GPUs, the island's experts spread over tp x dp)
+    return replace(t, ms=np.asarray(table[:, 0], dtype=float), cached_ms=np.asarray(table, dtype=float),
+                   kv_tokens=prefill_kv_tokens(gpu, model, tp, dp, cost))  # fmt: skip
+
+
+def prefill_kv_tokens(gpu: GPU, model: Model, tp: int, dp: int, cost: CostSettings) -> int:
+    """KV tokens one attention rank of a prefill engine holds (its tp GPUs' memory share beside the weights, the
+    island's experts spread over its tp x dp GPUs): what its prefix cache and the batch in flight share."""
     routed = np.ceil(model.n_routed_experts / (tp * dp))
     seqs = max_batch(gpu, model, np.array([1024.0]), 0.0, np.array([float(tp)]), np.array([routed]),
                      profile=cost.profile, draft_layers=cost.draft_layers, mem_fraction=cost.engine.mem_fraction,
                      kv_dtype=cost.engine.kv_dtype)[0]  # fmt: skip
-    return replace(t, ms=np.asarray(table[:, 0], dtype=float), cached_ms=np.asarray(table, dtype=float),
-                   kv_tokens=int(max(float(seqs), 0.0) * 1024))  # fmt: skip
+    return int(max(float(seqs), 0.0) * 1024)
 
 
 def decode_timing(

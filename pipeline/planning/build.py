@@ -102,6 +102,10 @@ def describe(
             facts["overlap"] = overlapped(planner, gpu, cfg, batch, fraction)
         if cfg and phase == "aggregated" and table is not None and table.chunk is not None:
             facts["chunk_tokens"] = max(int(table.chunk[table.chosen, served].min()), 1)  # no step past TPOT
+        if cfg and phase == "prefill" and layout in planner.hit_cache:  # its tokens' share its caches hold, as priced
+            tokens = cap[i] * r.mean
+            hits = planner.hit_cache[layout][1][i]
+            facts["cache_hit_expected"] = float(tokens @ hits / tokens.sum()) if tokens.sum() > 0 else 0.0
         islands.append(
             Island(
                 gpu=gpu,

@@ -15,18 +15,22 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.formulas import kv_bytes_per_seq, kv_link_gb_s
+from costmodel.formulas import kv_bytes_per_seq, kv_link_gb_s, prefill_time_ms
 from costmodel.island_bench import IslandBenchmark, benchmark_island, utilisation_caps
 from costmodel.profile import CostProfile
 from costmodel.queueing import RateProfile
+from costmodel.reuse import Reuse
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 from pipeline.errors import ConfigError
 from pipeline.planning.config import calibrated_for
 from pipeline.planning.workload import Ranges, Workload
 from simulator.arrivals import PROFILE_BIN_S
+from simulator.timing import prefill_kv_tokens
 from solvers.evaluate import Evaluation, PhaseRouting, evaluate
 from solvers.inner import InnerProblem, InnerSolution, solve
+
+REUSE_ROUNDS = 2  # solves after the first that re-price prefill at the hit rates the last routing gives
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class Planner:
     kv_transfer: bool = False  # max_rate: cap KV GB/s out of prefill and into decode islands by their NICs
     budget_per_hour: float | None = None  # max_rate: $/h cap on the islands in use (others stay idle)
     arrivals: RateProfile | None = None  # the SLO caps under these bursty arrivals (None: Poisson's)
+    reuse: Reuse | None = None  # price prefill at each island's expected prefix-cache hit rate (costmodel.reuse)
     _cache: dict[tuple[str, int], IslandBenchmark] = field(default_factory=dict, repr=False)
     _full: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _caps: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
@@ -92,11 +97,20 @@ class Planner:
     # pipeline.planning.failures.spare_solve's results by (layout, hosts lost, backend): a search proposes a layout
     # more than once
     spare_cache: dict[tuple[Layout, int, str], Any] = field(default_factory=dict, repr=False)
+    # with `reuse`: per layout, the roles and (islands, ranges) expected hit rates of a routing (`expected_hits`),
+    # which every later problem of the layout is priced at
+    hit_cache: dict[Layout, tuple[tuple[str, ...], np.ndarray]] = field(default_factory=dict, repr=False)
     hits: int = 0
     misses: int = 0
 
     def __post_init__(self) -> None:
         calibrated_for(self.cost, self.model)
+        if self.reuse is not None and self.cost.cache_hit > 0:
+            raise ConfigError(
+                f"costmodel.cache_hit={self.cost.cache_hit} assumes a hit rate the prefix caches of workload "
+                f"{self.workload.name} already price from its trace: set costmodel.cache_hit=0, or "
+                "search.prefix_cache=false to use the flat rate instead"
+            )
 
     @property
     def profile(self) -> CostProfile:
@@ -153,7 +167,7 @@ class Planner:
     def with_cost(self, cost: CostSettings) -> Planner:
         """This planner under other cost settings, its caches fresh."""
         return dataclasses.replace(self, cost=cost, _cache={}, _full={}, _caps={}, _other=None, spare_cache={}, hits=0,
-                                   misses=0)
+                                   misses=0, hit_cache={})
 
     def poisson(self) -> Planner:
         """This planner with the SLO caps of Poisson arrivals (itself where it has them); benchmarks shared."""
@@ -193,7 +207,8 @@ class Planner:
         caps: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
         **kw: Any,
     ) -> InnerProblem:
-        """`caps`: per island, utilisation caps to use instead of the cached whole-workload ones (`routed_caps`)."""
+        """`caps`: per island, utilisation caps to use instead of the cached whole-workload ones (`routed_caps`).
+        With `reuse`, prefill is priced at the layout's expected hit rates (`hit_cache`), once its routing set them."""
         if caps is None:
             rates = [self.rates(g, n, queueing) for g, n in layout.islands]
         else:
@@ -201,6 +216,10 @@ class Planner:
             for (g, n), (u_pre, u_dec) in zip(layout.islands, caps, strict=True):
                 bench = self.benchmark(g, n)
                 rates.append((bench.prefill_req_s * u_pre, bench.decode_req_s * u_dec))
+        if layout in self.hit_cache:
+            hits = self.hit_cache[layout][1]
+            rates = [(pre * self.speedup(g, n, h), dec) for (g, n), (pre, dec), h in zip(layout.islands, rates, hits,
+                                                                                       strict=True)]  # fmt: skip
         if objective == "max_rate":
             if self.kv_transfer:
                 kw.setdefault("kv_gb", self.kv_gb_per_range(layout))
@@ -254,7 +273,60 @@ class Planner:
     ) -> tuple[InnerProblem, InnerSolution]:
         prob = self.problem(layout, objective, queueing, **kw)
         sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
+        if objective == "max_rate":
+            for _ in range(REUSE_ROUNDS if self._stale_hits(layout, sol) else 0):
+                self.hit_cache[layout] = (sol.roles, self.expected_hits(layout, prob.resolved(sol.roles), sol))
+                prob = self.problem(layout, objective, queueing, **kw)
+                sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
+                if not self._stale_hits(layout, sol):
+                    break
         return prob.resolved(sol.roles), sol
+
+    def _stale_hits(self, layout: Layout, sol: InnerSolution) -> bool:
+        """With `reuse`: the layout's hit rates are not yet priced, or were for islands in other roles than `sol`'s
+        (the hit rates follow the routing and roles, and they the hit rates)."""
+        if self.reuse is None or sol.rate_req_s <= 0:
+            return False
+        known = self.hit_cache.get(layout)
+        return known is None or known[0] != sol.roles
+
+    def expected_hits(self, layout: Layout, prob: InnerProblem, sol: InnerSolution) -> np.ndarray:
+        """(islands, ranges) prefix-cache hit rates a solution's routing gives its prefill islands' engines
+        (`costmodel.reuse`): each engine's cache the KV memory its batch leaves, the router keeping prompts with the
+        engine that holds them. Zeros without `reuse`, and on islands that do not prefill apart."""
+        n_i, n_j = len(layout.islands), len(self.ranges.p)
+        out = np.zeros((n_i, n_j))
+        if self.reuse is None:
+            return out
+        routed = (prob.prefill_req_s * sol.x_prefill).T  # (ranges, islands) req/s
+        pre = [i for i, r in enumerate(sol.roles) if r == "prefill"]
+        total = routed[:, pre].sum(axis=1, keepdims=True)
+        share = np.zeros((n_j, n_i))
+        share[:, pre] = np.divide(routed[:, pre], total, out=np.zeros((n_j, len(pre))), where=total > 0)
+        capacity, engines = np.zeros(n_i), np.ones(n_i)
+        for i in pre:
+            g, n = layout.islands[i]
+            c = self.benchmark(g, n).config("prefill")
+            if c is None:
+                continue
+            kv = prefill_kv_tokens(self.gpus[g], self.model, c["tp"], c["dp"], self.cost)
+            capacity[i] = max(kv - self.cost.engine.prefill_batch_tokens, 0)
+            engines[i] = c["dp"]
+        hits = self.reuse.hit_rates(self.reuse.range_of(self.ranges.end), n_j, share, capacity, engines)
+        return hits.T
+
+    def speedup(self, gpu: str, size: int, hits: np.ndarray) -> np.ndarray:
+        """Per range, how much faster island (gpu, size)'s chosen prefill configuration prefills a range's prompt
+        with `hits` of it cached (the cost model's `cache_hit`: the rest computed, attending to the whole prompt)."""
+        c = self.benchmark(gpu, size).config("prefill")
+        if c is None or not hits.any():
+            return np.ones_like(hits)
+        L = self.lengths.astype(float)
+        tp, dp = np.full_like(L, c["tp"]), np.full_like(L, c["dp"])
+        kw = {"profile": self.profile, "draft_layers": self.cost.draft_layers}
+        whole = prefill_time_ms(self.gpus[gpu], self.model, L, tp, dp, cache_hit=0.0, **kw)
+        cached = prefill_time_ms(self.gpus[gpu], self.model, L, tp, dp, cache_hit=np.minimum(hits, 0.999), **kw)
+        return np.divide(whole, cached, out=np.ones_like(L), where=cached > 0)
 
     def routed_caps(
         self, layout: Layout, prob: InnerProblem, sol: InnerSolution
@@ -308,6 +380,11 @@ class Planner:
             ):
                 break
             caps = new
+            prob = self.problem(layout, "max_rate", caps=caps, **fixed)
+            sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
+            prob = prob.resolved(sol.roles)
+        if self._stale_hits(layout, sol):  # its roles moved from those the hit rates were priced for: once more
+            self.hit_cache[layout] = (sol.roles, self.expected_hits(layout, prob, sol))
             prob = self.problem(layout, "max_rate", caps=caps, **fixed)
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
             prob = prob.resolved(sol.roles)

@@ -20,7 +20,7 @@ from pipeline.planning.traces import Trace
 from pipeline.planning.workload import Workload, from_trace, trace_from_cfg, workload_from_cfg
 from plan import Plan
 from simulator import mixed
-from simulator.arrivals import ARRIVALS, PROFILE_BIN_S, replay_refusal, replayed, sampled
+from simulator.arrivals import ARRIVALS, PROFILE_BIN_S, in_order, replay_refusal, replayed, sampled
 from simulator.arrivals import from_trace as trace_requests
 from simulator.build import build
 from simulator.cache import CacheStats
@@ -53,12 +53,14 @@ class RequestMix:
         else:
             out = np.flatnonzero(workload.output_pmf > 0)
             outputs = (out, workload.output_pmf[out])
+        trace = trace or workload.prefix_trace  # a trace naming its prompts' blocks travels with its workload
         return RequestMix(workload.name, (inputs, workload.pmf[inputs]), outputs, trace, workload.arrival_profile)
 
     def requests(self, n: int, rate: float, arrivals: str = "poisson", seed: int = 0) -> Requests:
         """`n` requests at `rate` req/s: `poisson` or `constant` arrivals, the workload's own arrival model
         (`workload`: its trace's rate over time, at a mean of `rate`), or the trace's own timestamps (`trace`)
-        scaled to `rate`."""
+        scaled to `rate`. A trace that names its prompts' prefix blocks gives its own requests in its order at
+        every kind of arrivals (`simulator.arrivals.in_order`), not lengths drawn apart, so prefixes recur."""
         if arrivals not in ARRIVALS:
             raise ConfigError(f"arrivals={arrivals!r}: choose from {list(ARRIVALS)}")
         if n > MAX_REQUESTS:
@@ -70,6 +72,9 @@ class RequestMix:
             raise ConfigError(f"arrivals=workload is the arrival model a workload fitted to its trace; workload "
                               f"{self.name} has no trace (a synthetic one): use arrivals=poisson")  # fmt: skip
         if not arrivals.startswith("trace"):
+            t = self.trace
+            if t is not None and t.blocks is not None:  # its prompts' prefixes: the trace's requests in its order
+                return in_order(t.input_tokens, t.output_tokens, t.blocks, arrivals, n, rate, seed, self.profile)
             return sampled(n, self.inputs, self.outputs, arrivals, rate, seed, self.profile)
         t = self.timed(arrivals)
         scale = rate / (len(t) / t.span_s)

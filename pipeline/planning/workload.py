@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.reuse import Reuse
 from pipeline.errors import WorkloadError
 from pipeline.planning.traces import DATA_DIR, Columns, Trace, load_histogram, load_trace
 from simulator.arrivals import rate_profile
@@ -32,6 +33,8 @@ class Workload:
     # its arrival model: the trace's requests per 1-s bin over their mean (simulator.arrivals; None: no trace)
     arrival_profile: np.ndarray | None = None
     spec: str = ""  # its conf/workload mapping as composed (canonical JSON): what plan.json records to rebuild it
+    reuse: Reuse | None = None  # its trace's prefix reuse (a trace naming its prompts' blocks; costmodel.reuse) ...
+    prefix_trace: Trace | None = None  # ... and that trace, whose requests in order the simulator replays
 
     def __post_init__(self) -> None:
         if self.pmf.ndim != 1 or len(self.pmf) == 0 or (self.pmf < 0).any() or not np.isclose(self.pmf.sum(), 1.0):
@@ -70,11 +73,16 @@ class Ranges:
 MIN_RANGES = 3  # fewer ranges than this leave nothing to route by length
 
 
-def ranges_from_cfg(w: Workload, width: object, key: str = "ranges.width") -> Ranges:
-    """`make_ranges` for a width from a config: a whole number that leaves at least MIN_RANGES ranges."""
+def ranges_from_cfg(w: Workload, width: object, key: str = "ranges.width", most: object = None) -> Ranges:
+    """`make_ranges` for a width from a config: a whole number that leaves at least MIN_RANGES ranges; `most`
+    (`ranges.max`): at most that many, the width widened where the workload's prompts are long enough to need it."""
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise WorkloadError(f"`{key} >= 1` (whole number of tokens) must hold, got {key}={width!r}")
     n = len(w.pmf)
+    if most is not None:
+        if isinstance(most, bool) or not isinstance(most, int) or most < MIN_RANGES:
+            raise WorkloadError(f"`ranges.max >= {MIN_RANGES}` (whole number of ranges) must hold, got {most!r}")
+        width = max(width, n // (most + 1) + 1)  # then n // width <= most
     if n // width < MIN_RANGES:
         raise WorkloadError(
             f"{key}={width} cuts workload {w.name}'s input lengths 0..{n - 1} into {max(n // width, 1)} range(s); "
@@ -167,7 +175,12 @@ def from_counts(
 def from_trace(trace: Trace) -> Workload:
     iv, ic = np.unique(trace.input_tokens, return_counts=True)
     ov, oc = np.unique(trace.output_tokens, return_counts=True)
-    return from_counts(trace.name, iv, ic, ov, oc, trace.arrival_s)
+    w = from_counts(trace.name, iv, ic, ov, oc, trace.arrival_s)
+    if trace.blocks is None:
+        return w
+    b = trace.blocks
+    return dataclasses.replace(w, reuse=Reuse.of(b.ids, b.start, b.block_tokens, trace.input_tokens),
+                               prefix_trace=trace)  # fmt: skip
 
 
 def _need(cfg: Mapping[str, Any], keys: tuple[str, ...], where: str) -> list[Any]:

@@ -154,16 +154,19 @@ def inventory_of(cfg: Any) -> tuple[str, Any]:
 
 
 def planner_from_cfg(
-    cfg: Any, gpus: Mapping[str, Any], kv_transfer: bool = False, budget: float | None = None
+    cfg: Any, gpus: Mapping[str, Any], kv_transfer: bool = False, budget: float | None = None,
+    prefix_cache: bool = False,
 ) -> Planner:
-    """The planner of a config: model, workload, ranges and the one cost-settings record."""
+    """The planner of a config: model, workload, ranges and the one cost-settings record; `prefix_cache`: prefill
+    priced at the expected hit rates of the workload's prefix reuse, where its trace names its blocks."""
     model = model_from_cfg(choice("model"), cfg.model)
     workload = workload_from_cfg(choice("workload"), plain(cfg.workload))
     check_context(workload, model)
     return Planner(
+        reuse=workload.reuse if prefix_cache else None,
         model=model,
         workload=workload,
-        ranges=ranges_from_cfg(workload, cfg.ranges.width),
+        ranges=ranges_from_cfg(workload, cfg.ranges.width, most=cfg.ranges.get("max")),
         cost=cost_settings_from_cfg(cfg),
         gpus=dict(gpus),
         kv_transfer=kv_transfer,
@@ -200,7 +203,8 @@ def read_settings(cfg: Any, inventory_name: str, inv_cfg: Any) -> Settings:
     inventory = inventory_from_cfg(inventory_name, plain(inv_cfg))
     budget = optional_positive(s.budget_per_hour, "search.budget_per_hour")
     kv_transfer = boolean(s.kv_transfer, "search.kv_transfer")
-    planner = planner_from_cfg(cfg, {g.name: g for g in inventory.gpus}, kv_transfer, budget)
+    planner = planner_from_cfg(cfg, {g.name: g for g in inventory.gpus}, kv_transfer, budget,
+                               boolean(s.prefix_cache, "search.prefix_cache"))  # fmt: skip
     search = search_from_cfg(s)
     replanning = replanning_from_cfg(s, inventory, planner.model) if s.get("from_plan") is not None else None
     if replanning is None and plain(s.get("lost_hosts")):

@@ -1,0 +1,117 @@
+"""Expected prefix-cache hit rates of a trace that names its prompts' blocks, per length range and island, from the
+trace's reuse and the islands' cache sizes: what the planner prices prefill at (docs/inner.md, "Prefix caches").
+
+`Reuse.of` reads the trace once, in order, as one unbounded LRU cache would see it (a prompt's blocks touched last to
+first after it is looked up, as `simulator.cache` does). For every block a prompt could find cached (a leading block
+some earlier prompt stored) it records:
+
+- the tokens it saves (`gain`: a whole block, the last one short of the prompt's last token),
+- its LRU stack distance (`distance`, tokens): the distinct blocks stored since it was last touched, the largest
+  along the prompt's prefix up to it. An LRU cache of C tokens that sees the whole stream holds it iff distance < C,
+- the prompt that last touched it (`parent`).
+
+An island k of E_k prefill engines, each with a cache of C_k tokens, that receives a share phi_k of the stream's
+prompt tokens, its router keeping prompts with the engine that holds them (`simulator.routers`' `plan`): each engine
+sees about phi_k / E_k of the stream, so a block's distance there is distance x phi_k / E_k, and it is found iff that
+is below C_k and its parent was routed to the island too (probability: the share of the parent's range the island
+takes). The expected hit rate of range r on island k is the sum of the gains so found over the prompt tokens of r.
+The model is checked against the simulator (benchmarks/prefix_cache_bench.py): it ignores that a session's turns on
+one engine are fewer than the island's, and the capacity the batch in flight takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """A trace's reusable blocks (module docstring): one entry per block a prompt could find cached."""
+
+    input_tokens: np.ndarray  # (requests,) prompt tokens of each request
+    request: np.ndarray  # (hits,) the request the block belongs to
+    gain: np.ndarray  # (hits,) tokens it saves
+    distance: np.ndarray  # (hits,) LRU stack distance, tokens, running maximum along the prefix
+    parent: np.ndarray  # (hits,) the request that last touched it
+
+    @staticmethod
+    def of(ids: np.ndarray, start: np.ndarray, block_tokens: int, input_tokens: np.ndarray) -> Reuse:
+        """`ids`, `start`: the requests' block ids, concatenated, request i's at ids[start[i]:start[i + 1]] (in
+        arrival order); `input_tokens`: their prompts' tokens."""
+        n_req = len(start) - 1
+        touches = int(start[-1])
+        tree = [0] * (touches + 1)  # Fenwick tree over touch positions: 1 where a block was last touched
+
+        def add(i: int, v: int) -> None:
+            i += 1
+            while i <= touches:
+                tree[i] += v
+                i += i & -i
+
+        def before(i: int) -> int:  # markers at positions < i
+            s = 0
+            while i > 0:
+                s += tree[i]
+                i -= i & -i
+            return s
+
+        last: dict[int, tuple[int, int]] = {}  # block -> (touch position, request)
+        req_l, gain_l, dist_l, par_l = [], [], [], []
+        pos = 0
+        ids_l = ids.tolist()
+        for i in range(n_req):
+            mine = ids_l[start[i]:start[i + 1]]
+            n = int(input_tokens[i])
+            deepest = 0
+            for j, b in enumerate(mine):
+                seen = last.get(b)
+                if seen is None:
+                    break
+                gain = min(block_tokens, n - 1 - j * block_tokens)
+                if gain <= 0:
+                    break
+                d = (len(last) - before(seen[0] + 1)) * block_tokens  # distinct blocks touched since
+                deepest = max(deepest, d)
+                req_l.append(i)
+                gain_l.append(gain)
+                dist_l.append(deepest)
+                par_l.append(seen[1])
+            for b in reversed(mine):
+                seen = last.get(b)
+                if seen is not None:
+                    add(seen[0], -1)
+                add(pos, 1)
+                last[b] = (pos, i)
+                pos += 1
+        return Reuse(np.asarray(input_tokens, dtype=float), np.asarray(req_l, dtype=np.int64),
+                     np.asarray(gain_l, dtype=float), np.asarray(dist_l, dtype=float),
+                     np.asarray(par_l, dtype=np.int64))  # fmt: skip
+
+    @property
+    def unbounded(self) -> float:
+        """The share of the prompt tokens an unbounded cache seeing the whole stream finds."""
+        return float(self.gain.sum() / self.input_tokens.sum())
+
+    def hit_rates(
+        self, range_of: np.ndarray, n_ranges: int, share: np.ndarray, capacity: np.ndarray, engines: np.ndarray
+    ) -> np.ndarray:
+        """(ranges, islands) expected hit rates. `range_of`: each request's range; `share`: (ranges, islands), the
+        share of each range's prompts each island prefills; `capacity`: (islands,) tokens each engine's cache holds;
+        `engines`: (islands,) prefill engines per island."""
+        tokens = np.bincount(range_of, weights=self.input_tokens, minlength=n_ranges)
+        phi = (share * tokens[:, None]).sum(axis=0) / max(tokens.sum(), 1.0)  # each island's share of the stream
+        r_own, r_parent = range_of[self.request], range_of[self.parent]
+        out = np.zeros((n_ranges, len(capacity)))
+        for k in range(len(capacity)):
+            if phi[k] <= 0 or capacity[k] <= 0:
+                continue
+            held = self.distance * phi[k] / max(engines[k], 1) < capacity[k]
+            saved = np.bincount(r_own, weights=self.gain * held * share[r_parent, k], minlength=n_ranges)
+            out[:, k] = np.divide(saved, tokens, out=np.zeros(n_ranges), where=tokens > 0)
+        return out
+
+    def range_of(self, ends: np.ndarray) -> np.ndarray:
+        """Each request's range, by the ranges' upper ends (exclusive; past the last end: the last range)."""
+        return np.minimum(np.searchsorted(ends, self.input_tokens, side="right"), len(ends) - 1)
