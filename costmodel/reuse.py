@@ -8,15 +8,18 @@ some earlier prompt stored) it records:
 - the tokens it saves (`gain`: a whole block, the last one short of the prompt's last token),
 - its LRU stack distance (`distance`, tokens): the distinct blocks stored since it was last touched, the largest
   along the prompt's prefix up to it. An LRU cache of C tokens that sees the whole stream holds it iff distance < C,
-- the prompt that last touched it (`parent`).
+- the prompt that last touched it (`parent`) and how many prompts touched it before (`touches`).
 
 An island k of E_k prefill engines, each with a cache of C_k tokens, that receives a share phi_k of the stream's
 prompt tokens, its router keeping prompts with the engine that holds them (`simulator.routers`' `plan`): each engine
-sees about phi_k / E_k of the stream, so a block's distance there is distance x phi_k / E_k, and it is found iff that
-is below C_k and its parent was routed to the island too (probability: the share of the parent's range the island
-takes). The expected hit rate of range r on island k is the sum of the gains so found over the prompt tokens of r.
-The model is checked against the simulator (benchmarks/prefix_cache_bench.py): it ignores that a session's turns on
-one engine are fewer than the island's, and the capacity the batch in flight takes.
+sees about phi_k / E_k of the stream, so a distance d on the whole stream is d x phi_k / E_k there. The island holds
+the block if one of its recent touches was routed to it: the j-th latest touch lies about j x d back, so the touches
+within reach are J = min(touches, floor(C_k E_k / (phi_k d))), each routed to k with the island's share s of the
+parent's range, and the block is found with probability 1 - (1 - s)^J (a block every prompt carries, a system
+prompt, is on every island; a conversation's own, touched once, where its last turn went). The expected hit rate of
+range r on island k is the sum of the gains so found over the prompt tokens of r. The model knows the trace's order,
+not its times: a turn that arrives before the turn it extends has been prefilled finds nothing in the simulator,
+and here its prefix (docs/inner.md, "Prefix caches").
 """
 
 from __future__ import annotations
@@ -35,11 +38,15 @@ class Reuse:
     gain: np.ndarray  # (hits,) tokens it saves
     distance: np.ndarray  # (hits,) LRU stack distance, tokens, running maximum along the prefix
     parent: np.ndarray  # (hits,) the request that last touched it
+    touches: np.ndarray  # (hits,) how many earlier prompts touched it
+    gap_s: np.ndarray | None = None  # (hits,) seconds from its parent's arrival to its own, on the trace's clock
+    rate_req_s: float = 0.0  # the trace's own request rate
 
     @staticmethod
-    def of(ids: np.ndarray, start: np.ndarray, block_tokens: int, input_tokens: np.ndarray) -> Reuse:
+    def of(ids: np.ndarray, start: np.ndarray, block_tokens: int, input_tokens: np.ndarray,
+           arrival_s: np.ndarray | None = None) -> Reuse:  # fmt: skip
         """`ids`, `start`: the requests' block ids, concatenated, request i's at ids[start[i]:start[i + 1]] (in
-        arrival order); `input_tokens`: their prompts' tokens."""
+        arrival order); `input_tokens`: their prompts' tokens; `arrival_s`: their arrivals (None: not timed)."""
         n_req = len(start) - 1
         touches = int(start[-1])
         tree = [0] * (touches + 1)  # Fenwick tree over touch positions: 1 where a block was last touched
@@ -58,7 +65,8 @@ class Reuse:
             return s
 
         last: dict[int, tuple[int, int]] = {}  # block -> (touch position, request)
-        req_l, gain_l, dist_l, par_l = [], [], [], []
+        count: dict[int, int] = {}  # block -> prompts that touched it
+        req_l, gain_l, dist_l, par_l, touch_l = [], [], [], [], []
         pos = 0
         ids_l = ids.tolist()
         for i in range(n_req):
@@ -78,16 +86,22 @@ class Reuse:
                 gain_l.append(gain)
                 dist_l.append(deepest)
                 par_l.append(seen[1])
+                touch_l.append(count[b])
             for b in reversed(mine):
                 seen = last.get(b)
                 if seen is not None:
                     add(seen[0], -1)
                 add(pos, 1)
                 last[b] = (pos, i)
+                count[b] = count.get(b, 0) + 1
                 pos += 1
-        return Reuse(np.asarray(input_tokens, dtype=float), np.asarray(req_l, dtype=np.int64),
-                     np.asarray(gain_l, dtype=float), np.asarray(dist_l, dtype=float),
-                     np.asarray(par_l, dtype=np.int64))  # fmt: skip
+        request, parent = np.asarray(req_l, dtype=np.int64), np.asarray(par_l, dtype=np.int64)
+        gap, rate = None, 0.0
+        if arrival_s is not None and len(arrival_s) > 1 and arrival_s[-1] > arrival_s[0]:
+            t = np.asarray(arrival_s, dtype=float)
+            gap, rate = t[request] - t[parent], (len(t) - 1) / float(t[-1] - t[0])
+        return Reuse(np.asarray(input_tokens, dtype=float), request, np.asarray(gain_l, dtype=float),
+                     np.asarray(dist_l, dtype=float), parent, np.asarray(touch_l, dtype=float), gap, rate)  # fmt: skip
 
     @property
     def unbounded(self) -> float:
@@ -95,11 +109,15 @@ class Reuse:
         return float(self.gain.sum() / self.input_tokens.sum())
 
     def hit_rates(
-        self, range_of: np.ndarray, n_ranges: int, share: np.ndarray, capacity: np.ndarray, engines: np.ndarray
+        self, range_of: np.ndarray, n_ranges: int, share: np.ndarray, capacity: np.ndarray, engines: np.ndarray,
+        ready_s: np.ndarray | None = None, rate_req_s: float = 0.0,
     ) -> np.ndarray:
         """(ranges, islands) expected hit rates. `range_of`: each request's range; `share`: (ranges, islands), the
         share of each range's prompts each island prefills; `capacity`: (islands,) tokens each engine's cache holds;
-        `engines`: (islands,) prefill engines per island."""
+        `engines`: (islands,) prefill engines per island. `ready_s`: (ranges, islands), how long a prompt of each
+        range takes to prefill on each island, and `rate_req_s` the rate served: a timed trace replayed at that
+        rate comes rate / its own rate times as fast, and a block whose parent arrived less than its prefill before
+        it is not cached yet (None: every parent done)."""
         tokens = np.bincount(range_of, weights=self.input_tokens, minlength=n_ranges)
         phi = (share * tokens[:, None]).sum(axis=0) / max(tokens.sum(), 1.0)  # each island's share of the stream
         r_own, r_parent = range_of[self.request], range_of[self.parent]
@@ -107,8 +125,14 @@ class Reuse:
         for k in range(len(capacity)):
             if phi[k] <= 0 or capacity[k] <= 0:
                 continue
-            held = self.distance * phi[k] / max(engines[k], 1) < capacity[k]
-            saved = np.bincount(r_own, weights=self.gain * held * share[r_parent, k], minlength=n_ranges)
+            # the island holds the block if one of its recent touches went there: the j-th latest, about j x its
+            # distance back, within the engine's reach, each with the island's share
+            reach = capacity[k] * max(engines[k], 1) / phi[k]
+            recent = np.minimum(self.touches, np.floor(reach / np.maximum(self.distance, 1.0)))
+            held = 1.0 - (1.0 - share[r_parent, k]) ** recent
+            if ready_s is not None and self.gap_s is not None and rate_req_s > 0 and self.rate_req_s > 0:
+                held = held * (self.gap_s * self.rate_req_s / rate_req_s >= ready_s[r_parent, k])
+            saved = np.bincount(r_own, weights=self.gain * held, minlength=n_ranges)
             out[:, k] = np.divide(saved, tokens, out=np.zeros(n_ranges), where=tokens > 0)
         return out
 

@@ -237,6 +237,13 @@ def test_the_reuse_model_is_an_lru_caches_hit_rate_by_hand_and_on_mooncakes_trac
     assert r.hit_rates(one, 1, np.ones((1, 1)), np.array([225]), np.array([2]))[0, 0] == pytest.approx(200 / 800)
     assert r.hit_rates(one, 1, np.full((1, 2), 0.5), np.array([450, 450]), np.ones(2))[0, 0] == pytest.approx(
         0.5 * 200 / 800)
+    # timed: request 2 arrives 2 s after its parent (the trace's own rate: 1 req/s). A prefill of 1 s is done by
+    # then; one of 3 s is not; at twice the trace's rate the gap is 1 s, and one of 1.5 s is not done either
+    timed = Reuse.of(b.ids, b.start, 100, np.array([200, 300, 300]), np.array([0.0, 1.0, 2.0]))
+    assert list(timed.gap_s) == [2.0, 2.0] and timed.rate_req_s == pytest.approx(1.0)  # type: ignore[arg-type]
+    for ready, rate, saved in ((1.0, 1.0, 200), (3.0, 1.0, 0), (1.5, 2.0, 0), (0.9, 2.0, 200)):
+        h = timed.hit_rates(one, 1, np.ones((1, 1)), np.array([10**6]), np.ones(1), np.full((1, 1), ready), rate)
+        assert h[0, 0] == pytest.approx(saved / 800), (ready, rate)
     t = load_trace(DATA_DIR / "mooncake_conversation.npz")
     assert t.blocks is not None
     model = Reuse.of(t.blocks.ids, t.blocks.start, 512, t.input_tokens)

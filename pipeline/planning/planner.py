@@ -303,7 +303,7 @@ class Planner:
         total = routed[:, pre].sum(axis=1, keepdims=True)
         share = np.zeros((n_j, n_i))
         share[:, pre] = np.divide(routed[:, pre], total, out=np.zeros((n_j, len(pre))), where=total > 0)
-        capacity, engines = np.zeros(n_i), np.ones(n_i)
+        capacity, engines, ready = np.zeros(n_i), np.ones(n_i), np.zeros((n_j, n_i))
         for i in pre:
             g, n = layout.islands[i]
             c = self.benchmark(g, n).config("prefill")
@@ -312,7 +312,12 @@ class Planner:
             kv = prefill_kv_tokens(self.gpus[g], self.model, c["tp"], c["dp"], self.cost)
             capacity[i] = max(kv - self.cost.engine.prefill_batch_tokens, 0)
             engines[i] = c["dp"]
-        hits = self.reuse.hit_rates(self.reuse.range_of(self.ranges.end), n_j, share, capacity, engines)
+            L = self.lengths.astype(float)  # a prompt's own prefill there: its successor finds it only after
+            tp, dp = np.full_like(L, c["tp"]), np.full_like(L, c["dp"])
+            ready[:, i] = prefill_time_ms(self.gpus[g], self.model, L, tp, dp, profile=self.profile,
+                                          draft_layers=self.cost.draft_layers) / 1e3  # fmt: skip
+        hits = self.reuse.hit_rates(self.reuse.range_of(self.ranges.end), n_j, share, capacity, engines, ready,
+                                    sol.rate_req_s)  # fmt: skip
         return hits.T
 
     def speedup(self, gpu: str, size: int, hits: np.ndarray) -> np.ndarray:

@@ -179,8 +179,8 @@ def from_trace(trace: Trace) -> Workload:
     if trace.blocks is None:
         return w
     b = trace.blocks
-    return dataclasses.replace(w, reuse=Reuse.of(b.ids, b.start, b.block_tokens, trace.input_tokens),
-                               prefix_trace=trace)  # fmt: skip
+    return dataclasses.replace(w, reuse=Reuse.of(b.ids, b.start, b.block_tokens, trace.input_tokens,
+                                                 trace.arrival_s), prefix_trace=trace)  # fmt: skip
 
 
 def _need(cfg: Mapping[str, Any], keys: tuple[str, ...], where: str) -> list[Any]:
