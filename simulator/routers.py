@@ -118,6 +118,7 @@ class PlanRouter(Router):
         `cache_aware`: within an island, the engine that would prefill a prompt soonest, its prefix cache counted,
         where engines keep caches (else, and without caches, the least loaded)."""
         self.cache_aware = cache_aware
+        self.caches: bool | None = None  # whether the run's prefill engines keep prefix caches (at its first prompt)
         self.range_end = range_end
         self.cum = {}
         for phase, f in shares.items():
@@ -144,7 +145,9 @@ class PlanRouter(Router):
         return min(engines, key=lambda i: load(sim, i))  # type: ignore[operator]
 
     def prefill(self, sim: Simulation, req: int) -> int:
-        if not self.cache_aware or sim.r.blocks is None or all(e.cache is None for e in sim.prefill):
+        if self.caches is None:  # the engines keep caches or not for the whole run
+            self.caches = sim.r.blocks is not None and any(e.cache is not None for e in sim.prefill)
+        if not (self.cache_aware and self.caches):
             return self._pick(sim, req, "prefill", _prefill_load)
         cum = self.cum["prefill"][self._range(int(sim.r.input_len[req]))]
         k = min(int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right")), len(cum) - 1)
