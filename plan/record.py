@@ -565,6 +565,10 @@ class Verification:
     holds_at_0_95: bool | None = None
     windows: tuple[Window, ...] = ()
     precision: float = 0.0  # the simulated rate's relative standard error: the window's answers and arrivals
+    # the share of prompt tokens the engines' prefix caches found, in all and per serving island (its index in the
+    # plan's serving islands); None: no prefix caches (a workload that names no prompt blocks)
+    cache_hit_rate: float | None = None
+    cache_hit_rates: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

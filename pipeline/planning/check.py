@@ -83,6 +83,9 @@ def check(plan: Plan, mix: RequestMix, settings: SimSettings | None = None) -> V
         holds_at_0_95=holds,
         windows=tuple(Window(**{k: float(w[k]) if k != "requests" else int(w[k]) for k in w}) for w in windows),
         precision=precision,
+        cache_hit_rate=m.get("cache_hit_rate"),
+        cache_hit_rates=None if "cache_hit_rate" not in m else tuple(
+            float(m.get(f"cache_hit_rate_island_{k}", 0.0)) for k in range(len(plan.serving))),
     )
 
 

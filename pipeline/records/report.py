@@ -451,6 +451,8 @@ def _node_map(islands: Sequence[Island], losses: HostLosses | None = None) -> li
             return "idle | - | - |" + loss
         lat = (f"TTFT {isl.ttft_ms_expected:.0f} ms" if isl.ttft_ms_expected is not None
                else f"TPOT {isl.tpot_ms_expected:.1f} ms" if isl.tpot_ms_expected is not None else "-")  # fmt: skip
+        if isl.cache_hit_expected is not None:  # prefill priced at its prefix caches' expected hit rate
+            lat += f", {isl.cache_hit_expected:.0%} of prompt tokens cached"
         return f"{isl.role} | {lat} | {isl.ep_group}: {isl.experts_per_gpu} (+{isl.redundant_experts}) |" + loss
 
     def aligned(isl: Island) -> bool:

@@ -52,6 +52,9 @@ class Check(PlanStep):
         ]
         if v.steady_state:
             out.append(f"warning: in the simulated check {v.steady_state}")
+        if v.cache_hit_rate is not None:
+            out.append(f"prefix caches: {v.cache_hit_rate:.1%} of prompt tokens found cached in the simulated check"
+                       + _expected_hits(plan))  # fmt: skip
         off = abs(v.simulated_over_stated - 1.0) > max(0.05, 2 * v.precision)  # more than chance gives this window
         if v.sustained and not off:
             return out
@@ -72,7 +75,11 @@ class Check(PlanStep):
                 if isinstance(x, (int, float)) and x == x and abs(x) != float("inf")}  # fmt: skip
 
     def rows(self, plan: Plan) -> list[str]:
-        return verification_rows(plan.verification)
+        v = plan.verification
+        caches = [] if v is None or v.cache_hit_rate is None else [
+            f"| prefix caches | {v.cache_hit_rate:.1%} of prompt tokens found cached in the simulated check"
+            f"{_expected_hits(plan)} |"]  # fmt: skip
+        return verification_rows(v) + caches
 
 
 def verification_rows(v: Verification | None) -> list[str]:
@@ -95,3 +102,13 @@ def verification_rows(v: Verification | None) -> list[str]:
     if v.steady_state:  # the verdict rests on a window that may be too short (or an overload)
         rows.append(f"| simulated window | {v.requests:,} requests: {v.steady_state} |")
     return rows
+
+
+def _expected_hits(plan: Plan) -> str:
+    """"; per prefill island, simulated (expected): ..." where the plan priced its prefill at its caches' hit rates."""
+    v = plan.verification
+    if v is None or v.cache_hit_rates is None:
+        return ""
+    pairs = [f"{isl.size} x {isl.gpu} {v.cache_hit_rates[k]:.0%} ({isl.cache_hit_expected:.0%})"
+             for k, isl in enumerate(plan.serving) if isl.cache_hit_expected is not None]  # fmt: skip
+    return f"; per prefill island, simulated (expected): {', '.join(pairs)}" if pairs else ""
