@@ -193,6 +193,52 @@ def test_bad_requests_get_a_4xx_with_the_reason_and_never_reach_an_engine() -> N
     run(main())
 
 
+def test_a_sessions_prompts_go_to_one_prefill_engine_and_a_lost_engine_moves_only_its_own_sessions() -> None:
+    """`table.pick` with a session: every request of a session reaches the same engine of its island (rendezvous
+    hashing); 400 sessions spread over all four engines; with one engine down only that engine's sessions move, each
+    to another engine; without a session, engines are drawn at random as before."""
+    import random
+
+    from deployment.router.table import load, pick
+
+    engines = [f"http://10.0.0.{k}:30000" for k in range(1, 5)]
+    t = load({"protocol": "sglang", "islands": {"prefill": {"0": {"engines": engines, "ranges": [[0, BIG, 1]]}},
+                                                "decode": {"1": {"engines": ["http://10.0.0.9:30000"],
+                                                                 "ranges": [[0, BIG, 1]]}}}})  # fmt: skip
+    rng = random.Random(0)
+    home = {f"s{k}": pick(t, "prefill", 100, rng, session=f"s{k}")[1] for k in range(400)}  # type: ignore[index]
+    assert all(pick(t, "prefill", 5000, rng, session=k)[1] == e for k, e in home.items())  # type: ignore[index]
+    assert set(Counter(home.values())) == set(engines) and min(Counter(home.values()).values()) > 60
+    lost = engines[0]
+    moved = {k: pick(t, "prefill", 100, rng, down={lost}, session=k)[1] for k in home}  # type: ignore[index]
+    assert all(moved[k] == e for k, e in home.items() if e != lost)
+    assert all(moved[k] != lost for k in home)
+    assert len({pick(t, "prefill", 100, rng)[1] for _ in range(200)}) == 4  # type: ignore[index]
+
+
+def test_the_router_keeps_a_conversation_on_one_prefill_engine_by_its_session_header_or_user() -> None:
+    """Through the router, three prefill engines of one island: the requests of a conversation named by
+    `X-Session-Id`, or by OpenAI's `user`, reach one prefill engine each time; requests naming none spread."""
+
+    async def main() -> tuple[set[str], set[str], set[str]]:
+        engines = Engines()
+        pre = [await engines.start(0.0) for _ in range(3)]
+        d = await engines.start(0.0)
+        async with running(table("sglang", {"0": pre}, {"1": [d]}), health_interval_s=0) as url:
+            async with ClientSession(timeout=ClientTimeout(total=30)) as s:
+                by_header = {(await post(s, url, {"prompt": "turn " * k, "max_tokens": 2},
+                                         headers={"X-Session-Id": "conv-7"}))[2]["X-Archipelago-Prefill"]
+                             for k in range(1, 9)}  # fmt: skip
+                by_user = {(await post(s, url, {"prompt": "turn " * k, "max_tokens": 2, "user": "alice"}))[2][
+                    "X-Archipelago-Prefill"] for k in range(1, 9)}  # fmt: skip
+                none = {(await post(s, url, {"prompt": "turn " * k, "max_tokens": 2}))[2]["X-Archipelago-Prefill"]
+                        for k in range(1, 31)}  # fmt: skip
+        return by_header, by_user, none
+
+    by_header, by_user, none = run(main())
+    assert len(by_header) == 1 and len(by_user) == 1 and len(none) == 3
+
+
 # --- engines that die, hang or come back -------------------------------------------------------------------------
 
 

@@ -5,8 +5,10 @@ One request's path (`forward`):
    overload sheds instead of queueing without bound;
 2. the prompt's length in tokens (`tokens.Counter`) picks the plan's range; an aggregated island, or a
    prefill and a decode island, are drawn with the range's fractions, then an engine of each that is up
-   (`table.aggregated_first`, `table.pick`); an aggregated engine gets the request as sent and its answer
-   is the client's;
+   (`table.aggregated_first`, `table.pick`): for prefill and aggregated engines the session's own where the
+   request names one (`X-Session-Id`, else OpenAI's `user`), so a conversation's turns find their prefix in that
+   engine's cache, else one at random; an aggregated engine gets the request as sent and its answer is the
+   client's;
 3. the engines' protocol: SGLang sends the request (bootstrap host, port and room added) to both at
    once and answers with the decode engine's stream; vLLM sends it to prefill first (one token,
    `do_remote_decode`) and then to decode with the prefill's `kv_transfer_params`; llm-d sends it to
@@ -32,6 +34,7 @@ limits (header and body timeouts, the connection cap) are `clients`'.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hmac
 import logging
 import math
@@ -55,6 +58,11 @@ from deployment.router.upstream import Answer, EngineDown, Pool
 PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
 STATE = web.AppKey("state", "Router")
 HEALTH_CHECKS_AT_ONCE = 128  # engines' health asked at once, at most (a plan of thousands opens no thousands)
+# a request's conversation (`session_of`), for the engines that keep prompts' prefixes: prefill and aggregated ones
+SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("session", default=None)
+SESSION_HEADER = "X-Session-Id"
+SESSION_CHARS = 1024  # a session id longer than this is cut (it is only hashed)
+CACHED_PHASES = ("prefill", AGGREGATED)
 IDLE_ROOM = 1024  # client connections past the requests admitted (by default): idle ones, at most, while all are busy
 DAY_S = 86_400.0
 # each setting's bounds: (low, high, whether low itself is allowed); every one a finite number, the counts whole
@@ -336,6 +344,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
             outcome = "client_timeout"
             return await _closing(request, _error(408, f"the request body did not arrive within "
                                                        f"{router.settings.body_timeout_s:g} s"))  # fmt: skip
+        SESSION.set(session_of(request, body))
         if aggregated_first(router.table, tokens, router.rng, router.down):
             response, outcome = await _aggregated(router, request, raw, tokens)
             if outcome != "unavailable" or not router.table.range_of(tokens).islands["prefill"]:
@@ -358,7 +367,19 @@ def _unavailable(router: Router, phase: str, tokens: int, tried: set[str]) -> we
 
 
 def _choose(router: Router, phase: str, tokens: int, tried: set[str]) -> tuple[Island, str] | None:
-    return pick(router.table, phase, tokens, router.rng, router.down, tried)
+    """`pick`, a request's session kept on one engine where prompts are prefilled (its prefix cache)."""
+    session = SESSION.get() if phase in CACHED_PHASES else None
+    return pick(router.table, phase, tokens, router.rng, router.down, tried, session)
+
+
+def session_of(request: web.Request, body: dict[str, Any]) -> str | None:
+    """The conversation a request belongs to: its `X-Session-Id` header, else its OpenAI `user` field (None: none;
+    the request goes to a random engine of its island)."""
+    header = request.headers.get(SESSION_HEADER, "").strip()
+    if header:
+        return header[:SESSION_CHARS]
+    user = body.get("user") if isinstance(body, dict) else None
+    return user[:SESSION_CHARS] if isinstance(user, str) and user.strip() else None
 
 
 async def _post(router: Router, url: str, path: str, body: bytes) -> Answer:

@@ -9,6 +9,7 @@ port 1-65535, no whitespace or control characters), and every problem is one Rou
 from __future__ import annotations
 
 import bisect
+import hashlib
 import ipaddress
 import itertools
 import math
@@ -240,11 +241,14 @@ def load(config: Any) -> Table:
 
 
 def pick(
-    table: Table, phase: str, tokens: int, rng: random.Random, down: Collection[str] = (), avoid: Collection[str] = ()
+    table: Table, phase: str, tokens: int, rng: random.Random, down: Collection[str] = (), avoid: Collection[str] = (),
+    session: str | None = None,
 ) -> tuple[Island, str] | None:
     """An (island, engine) for a prompt of `tokens` in `phase`: an island drawn with the plan's fractions for
-    the range, then one of its engines at random. Engines in `down` or `avoid` are skipped; an island with
-    none left gives its share to the range's other islands. None when no engine serving the range is left."""
+    the range, then one of its engines: the session's (`session`: rendezvous hashing, so a conversation's turns
+    reach the engine whose prefix cache holds it, and an engine lost moves only its own sessions), else one at
+    random. Engines in `down` or `avoid` are skipped; an island with none left gives its share to the range's other
+    islands. None when no engine serving the range is left."""
     choices = []
     for island, frac in table.range_of(tokens).islands[phase]:
         ok = [e for e in island.engines if e not in down and e not in avoid] if down or avoid else island.engines
@@ -253,12 +257,21 @@ def pick(
     if not choices:
         return None
     x = rng.random() * sum(f for _, f, _ in choices)
-    for island, frac, ok in choices:
-        x -= frac
+    chosen = choices[-1]  # where rounding leaves x >= 0 past them all
+    for choice in choices:
+        x -= choice[1]
         if x < 0:
-            return island, ok[int(rng.random() * len(ok))]
-    island, _, ok = choices[-1]
+            chosen = choice
+            break
+    island, _, ok = chosen
+    if session is not None:
+        return island, max(ok, key=lambda e: _weight(session, e))
     return island, ok[int(rng.random() * len(ok))]
+
+
+def _weight(session: str, engine: str) -> bytes:
+    """Rendezvous hashing's weight of `engine` for `session`: the session goes to the engine of highest weight."""
+    return hashlib.blake2b(f"{session}\0{engine}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
 def aggregated_first(
