@@ -336,11 +336,17 @@ def test_a_search_for_one_spare_host_keeps_serving_where_the_fastest_plan_stops(
                                "nothing (2 optimal); lower search.spare_hosts."),
     (["costmodel.aggregated=true", "search.budget_per_hour=10"],
      "no layout within $10/h serves requests (2 optimal); raise search.budget_per_hour."),
+    (["workload=mooncake_conversation"],
+     "the best layout serves no requests even with every host up (the exact optimum is 0 req/s) (no island runs the "
+     "model in a role within the SLOs) (2 optimal); relax the SLOs (slo.ttft_ms, slo.tpot_ms), add GPUs, or see what "
+     "one island can do: python -m pipeline.island gpu=<GPU> size=<N>."),
 ])  # fmt: skip
 def test_a_search_whose_best_layout_serves_nothing_writes_no_plan_and_says_why(
     tmp_path: Path, args: list[str], why: str
 ) -> None:
-    """With 7 of tiny_hetero's 8 hosts lost, or aggregated islands under a budget no island fits, every layout
+    """With 7 of tiny_hetero's 8 hosts lost, or aggregated islands under a budget no island fits, or Mooncake's
+    126k-token prompts under the default 2 s TTFT (the exact reference proves nothing serves with every host up: the
+    hosts lost are not why), every layout
     scores 0: no plan.json, no outputs/search/latest, exit 1 and one line saying why and what to change; the trials
     are kept."""
     from helpers import one_line

@@ -503,8 +503,10 @@ def _no_plan(
 
 def _serves_nothing(settings: Settings, run: SearchRun) -> tuple[str, str]:
     """(why, what to change) where the best layout the search found serves no requests."""
-    o, budget = settings.search, run.ctx.planner.budget_per_hour
-    if o.spare_hosts:
+    o, budget, ref = settings.search, run.ctx.planner.budget_per_hour, run.ref
+    # the exact reference proved that nothing serves with every host up either: not the hosts lost
+    up = ref is not None and not ref.lost_hosts and ref.status == "optimal" and ref.rate_req_s <= 0
+    if o.spare_hosts and not up:
         return (f"every layout scored 0 req/s with its worst {o.spare_hosts} hosts lost, and the best of them serves "
                 "nothing", "lower search.spare_hosts")  # fmt: skip
     if settings.replan is not None:
@@ -512,7 +514,8 @@ def _serves_nothing(settings: Settings, run: SearchRun) -> tuple[str, str]:
                 "search.from_plan)" + (" or raise search.budget_per_hour" if budget is not None else ""))
     if budget is not None:
         return (f"no layout within ${budget:,.0f}/h serves requests", "raise search.budget_per_hour")
-    return ("the best layout serves no requests (no island runs the model in a role within the SLOs)",
+    return ("the best layout serves no requests" + (" even with every host up (the exact optimum is 0 req/s)" if up
+            else "") + " (no island runs the model in a role within the SLOs)",
             "relax the SLOs (slo.ttft_ms, slo.tpot_ms), add GPUs, or see what one island can do: python -m "
             "pipeline.island gpu=<GPU> size=<N>")
 
