@@ -215,7 +215,7 @@ def load_trace(path: str | Path, fmt: str = "auto", columns: Columns | None = No
                 )
             fmt = detected
         if fmt not in FORMATS:
-            raise WorkloadError(f"unknown trace format {fmt!r}; choose from {['auto', *sorted(FORMATS)]}")
+            raise WorkloadError(f"unknown trace format {fmt!r}; choose from {['auto', *sorted(FORMATS), 'mooncake']}")
         columns = FORMATS[fmt]
     needed = [c for c in (columns.input, columns.output) if c]
     missing = [c for c in needed if c not in table.column_names]
