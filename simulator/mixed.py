@@ -64,7 +64,8 @@ def aggregated_engines(plan: Plan, k: int, gpu: GPU, max_len: int, max_context: 
     dec = replace(dec, max_seqs=e.max_running)
     cached = cache_block_tokens is not None
     pre = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost, cached=cached)
-    pre = replace(pre, ms=pre.ms / e.attn_dp, handoff_ms=0.0)
+    pre = replace(pre, ms=pre.ms / e.attn_dp, handoff_ms=0.0,
+                  cached_ms=None if pre.cached_ms is None else pre.cached_ms / e.attn_dp)  # fmt: skip
     return [AggregatedEngine(i, dec, pre, e.chunk * e.attn_dp,
                              cache=PrefixCache(dec.kv_tokens // cache_block_tokens) if cached else None)  # type: ignore[operator]
             for i in range(len(mine))]  # fmt: skip
@@ -89,14 +90,14 @@ def run(
     parts: list[tuple[np.ndarray, Requests]] = []
     rest = np.flatnonzero(where < 0)
     if rest.size:
-        sub = _subset(r, rest)
+        sub = r.take(rest)
         sim = disaggregated(sub)
         out.prefill, out.decode, out.kv_trace = sim.prefill, sim.decode, list(sim.kv_trace)
         parts.append((rest, sub))
     engines = max(len(out.prefill), len(out.decode))  # aggregated engines numbered after the others
     for k in sorted(set(where[where >= 0].tolist())):
         idx = np.flatnonzero(where == k)
-        sub = _subset(r, idx)
+        sub = r.take(idx)
         isl = plan.serving[k]
         pool = aggregated_engines(plan, k, gpus[isl.gpu], max_len, max_context, expert_imbalance, cache_block_tokens)
         AggregatedSimulation(sub, pool, affinity=affinity).run()
@@ -110,6 +111,3 @@ def run(
             getattr(r, name)[idx] = getattr(sub, name)
     return out
 
-
-def _subset(r: Requests, idx: np.ndarray) -> Requests:
-    return r.take(idx)

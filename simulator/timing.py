@@ -14,7 +14,7 @@ so a simulated step costs a few arithmetic operations, not a cost-model call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -93,21 +93,18 @@ def prefill_timing(
     """`cached`: also the tables a prefix cache needs (`PrefillTiming.cached_ms`, `kv_tokens`); its prompts' hit
     rates then come from the cache, not from the cost settings' `cache_hit`."""
     lengths = np.unique(np.geomspace(1, max(max_len, 2), 96).round())
-    n_tp, n_dp = np.full_like(lengths, tp), np.full_like(lengths, dp)
-    ms = prefill_time_ms(
-        gpu, model, lengths, n_tp, n_dp, cache_hit=cost.cache_hit, profile=cost.profile, draft_layers=cost.draft_layers
-    )
     kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile, cost.draft_layers,
                                 cost.engine.kv_dtype)[0])  # fmt: skip
     link = float(kv_link_gb_s(gpu, cost.profile)) * tp
-    t = PrefillTiming(lengths, np.asarray(ms, dtype=float), kv, link, *request_overheads_ms(cost.profile))
+    overheads = request_overheads_ms(cost.profile)
+    # without a cache, one column at the cost settings' hit rate; with one, every hit rate of the grid (0 first)
+    ll, hh = np.meshgrid(lengths, HITS if cached else np.array([cost.cache_hit]), indexing="ij")
+    table = np.asarray(prefill_time_ms(gpu, model, ll, np.full_like(ll, tp), np.full_like(ll, dp), cache_hit=hh,
+                                       profile=cost.profile, draft_layers=cost.draft_layers), dtype=float)  # fmt: skip
     if not cached:
-        return t
-    ll, hh = np.meshgrid(lengths, HITS, indexing="ij")
-    table = prefill_time_ms(gpu, model, ll, np.full_like(ll, tp), np.full_like(ll, dp), cache_hit=hh,
-                            profile=cost.profile, draft_layers=cost.draft_layers)  # fmt: skip
-    return replace(t, ms=np.asarray(table[:, 0], dtype=float), cached_ms=np.asarray(table, dtype=float),
-                   kv_tokens=prefill_kv_tokens(gpu, model, tp, dp, cost))  # fmt: skip
+        return PrefillTiming(lengths, table[:, 0], kv, link, *overheads)
+    return PrefillTiming(lengths, table[:, 0], kv, link, *overheads, cached_ms=table,
+                         kv_tokens=prefill_kv_tokens(gpu, model, tp, dp, cost))  # fmt: skip
 
 
 def prefill_kv_tokens(gpu: GPU, model: Model, tp: int, dp: int, cost: CostSettings) -> int:
