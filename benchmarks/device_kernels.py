@@ -13,7 +13,10 @@ Blackwell GPU. It writes rows in the measurement format `costmodel.calibrate` re
   `torch._scaled_grouped_mm` (per-row scales);
 - `attention_prefill`: causal attention at MLA prefill's head dims (128 heads, q/k 192, v 128) in BF16 through
   `scaled_dot_product_attention` (the fastest backend that takes those dims), counted as the cost model counts it
-  (2 x heads x causal pairs x (192 + 128)).
+  (2 x heads x causal pairs x (192 + 128));
+- the same attention for a prompt whose first tokens are in a prefix cache (`new` tokens over a `context` of cached
+  plus new ones, causal from the bottom right: what a cache hit leaves to compute), counted the same way
+  (pairs = new x (context - new) + new (new + 1) / 2).
 
 Every kernel's output is checked against a float32 reference before it is timed (a scale layout the kernel misreads
 is dropped, not timed). Times are the median of CUDA-event timings with the L2 cache flushed before each
@@ -50,6 +53,7 @@ GROUPED = [(4, 8192, 4096, 7168, "contiguous"), (4, 8192, 7168, 2048, "contiguou
            (8, 128, 4096, 7168, "masked"), (8, 128, 7168, 2048, "masked"),
            (32, 64, 4096, 7168, "masked"), (32, 64, 7168, 2048, "masked")]
 ATTN_SEQ = [(4, 1024), (2, 4096), (1, 8192)]  # (prompts, tokens each)
+ATTN_PREFIX = [(4, 256, 4096), (1, 1024, 8192), (1, 1024, 32768), (1, 4096, 32768)]  # (prompts, new, context)
 HEADS, D_QK, D_V = 128, 192, 128
 TOLERANCE = 3e-2  # relative Frobenius error an FP8 product of exact FP8 inputs stays well inside
 
@@ -224,6 +228,61 @@ def attention_rows(gpu: str, log: dict, source: str) -> list[list]:
     return rows
 
 
+def prefix_attention_rows(gpu: str, log: dict, source: str) -> list[list]:
+    """Causal attention of `new` tokens over `context` (the first context - new cached), the mask aligned
+    bottom-right as a prefix cache's hit needs; each backend that takes the mask, checked and timed."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    rows = []
+    backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    for batch, new, context in ATTN_PREFIX:
+        q = torch.randn(batch, HEADS, new, D_QK, device="cuda", dtype=torch.bfloat16)
+        kk = torch.randn(batch, HEADS, context, D_QK, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(batch, HEADS, context, D_V, device="cuda", dtype=torch.bfloat16)
+        qf, kf, vf = q[0, :2].float(), kk[0, :2].float(), v[0, :2].float()  # float32 reference, two heads
+        s = (qf @ kf.transpose(-1, -2)) / math.sqrt(D_QK)
+        rows_i = torch.arange(new, device="cuda")[:, None] + (context - new)
+        s = s.masked_fill(torch.arange(context, device="cuda")[None, :] > rows_i, float("-inf"))
+        ref = torch.softmax(s, -1) @ vf
+        del s
+        mask = causal_lower_right(new, context)
+        pairs = new * (context - new) + new * (new + 1) / 2
+        best = None
+        for name, backend in backends:
+            try:
+                with sdpa_kernel([backend]):
+                    fn = functools.partial(sdpa, q, kk, v, attn_mask=mask)
+                    if (err := rel_err(fn()[0, :2], ref)) >= TOLERANCE:
+                        log.setdefault("refused", []).append(f"prefix attention {name} new={new} context={context}: "
+                                                             f"wrong result ({err:.3g})")
+                        continue
+                    ms = bench_ms(fn)
+            except Exception as exc:
+                log.setdefault("refused", []).append(f"prefix attention {name} new={new} context={context}: "
+                                                     f"{type(exc).__name__}: {str(exc)[:160]}")
+                continue
+            tflops = 2 * batch * HEADS * pairs * (D_QK + D_V) / ms / 1e9
+            log.setdefault("prefix_attention", []).append({"backend": name, "batch": batch, "new": new,
+                                                           "context": context, "ms": ms, "TFLOPS": tflops})
+            print(f"prefix attention {name:9s} {batch} x {new:5d} over {context:6d} {ms * 1e3:9.1f} us "
+                  f"{tflops:7.0f} TFLOPS", flush=True)
+            if best is None or tflops > best[1]:
+                best = (name, tflops, ms)
+        if best is not None:
+            name, tflops, ms = best
+            rows.append(["attention_prefill", gpu, f"new={new} context={context}", f"{tflops:.0f}", "TFLOPS",
+                         f"{source}; causal BF16 SDPA ({name} backend) with a bottom-right causal mask, {batch} "
+                         f"prompts x {new} new tokens over {context}, 128 heads, q/k 192 v 128, {ms * 1e3:.0f} us"])
+        del q, kk, v
+    return rows
+
+
+PARTS = {"dense": dense_rows, "grouped": grouped_rows, "attention": attention_rows, "prefix": prefix_attention_rows}
+
+
 def ceilings(log: dict) -> None:
     x = torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
@@ -241,7 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", required=True, help="the catalogue name of this GPU (conf/gpu), e.g. H200")
     ap.add_argument("--out", required=True, help="CSV of measurement rows")
     ap.add_argument("--log", help="JSON of every timing, the recipes refused and the machine")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)} (default all)")
     args = ap.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if unknown := [p for p in parts if p not in PARTS]:
+        print(f"error: --parts {','.join(unknown)}: not a part; choose from {', '.join(PARTS)}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: no CUDA GPU is visible; run this on the GPU to be measured", file=sys.stderr)
         return 2
@@ -255,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
               f"benchmarks/device_kernels.py, {log['date']}, median of CUDA-event timings, L2 flushed")
     ceilings(log)
     rows = []
-    for part in (dense_rows, grouped_rows, attention_rows):
+    for part in (PARTS[p] for p in parts):
         try:
             rows += part(args.gpu, log, source)
         except Exception as exc:  # keep the other parts' rows

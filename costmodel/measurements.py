@@ -47,7 +47,9 @@ COMPONENTS: dict[str, Component] = {
                               "(decode, the profile's efficiency table)",
                               words={"layout": ("contiguous", "masked")}),
     "attention_prefill": Component((), ("TFLOPS",), ("attention_prefill",),
-                                   "attention kernel's sustained FLOP rate in prefill (compute-bound)"),
+                                   "attention kernel's sustained FLOP rate in prefill (compute-bound); `new` tokens "
+                                   "over a `context` whose first context - new are in a prefix cache, optionally",
+                                   optional=("new", "context")),
     "attention_decode": Component((), ("TFLOPS", "GB/s"), ("attention_decode", "kv_read"),
                                   "MLA decode kernel: TFLOPS when compute-bound, GB/s of KV read when memory-bound"),
     "a2a_normal": Component(("ep",), ("GB/s",), ("a2a_normal",),

@@ -540,6 +540,12 @@ def test_the_kernels_measured_here_load_name_their_run_and_stay_out_of_the_shipp
 
     measured = ROOT / "conf" / "calibration" / "measured.csv"
     rows = load_measurements([measured])
+    prefix = [r for r in rows if "context" in r.params]  # attention behind a prefix-cache hit, H200 only
+    assert len(prefix) == 4 and {r.gpu for r in prefix} == {"H200"}
+    rows = [r for r in rows if r not in prefix]
+    plain = [r.value for r in rows if r.component == "attention_prefill" and r.gpu == "H200"]
+    # docs/costmodel.md: a hit's attention runs below every plain prefill rate the same card reached
+    assert all(r.value < min(plain) and "bottom-right causal mask" in r.source for r in prefix)
     assert len(rows) == 70 and {r.gpu for r in rows} == {"H200", "H100-SXM"}
     assert {r.component for r in rows} == {"dense_gemm", "grouped_gemm", "attention_prefill"}
     card = {"H200": "NVIDIA H200 (", "H100-SXM": "NVIDIA H100 80GB HBM3 ("}
