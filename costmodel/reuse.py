@@ -121,7 +121,7 @@ class Reuse:
         tokens = np.bincount(range_of, weights=self.input_tokens, minlength=n_ranges)
         phi = (share * tokens[:, None]).sum(axis=0) / max(tokens.sum(), 1.0)  # each island's share of the stream
         r_own, r_parent = range_of[self.request], range_of[self.parent]
-        out = np.zeros((n_ranges, len(capacity)))
+        held = np.zeros((len(self.gain), len(capacity)))  # (hits, islands): the block is on the island
         for k in range(len(capacity)):
             if phi[k] <= 0 or capacity[k] <= 0:
                 continue
@@ -129,11 +129,19 @@ class Reuse:
             # distance back, within the engine's reach, each with the island's share
             reach = capacity[k] * max(engines[k], 1) / phi[k]
             recent = np.minimum(self.touches, np.floor(reach / np.maximum(self.distance, 1.0)))
-            held = 1.0 - (1.0 - share[r_parent, k]) ** recent
+            held[:, k] = 1.0 - (1.0 - share[r_parent, k]) ** recent
             if ready_s is not None and self.gap_s is not None and rate_req_s > 0 and self.rate_req_s > 0:
-                held = held * (self.gap_s * self.rate_req_s / rate_req_s >= ready_s[r_parent, k])
-            saved = np.bincount(r_own, weights=self.gain * held, minlength=n_ranges)
-            out[:, k] = np.divide(saved, tokens, out=np.zeros(n_ranges), where=tokens > 0)
+                held[:, k] *= self.gap_s * self.rate_req_s / rate_req_s >= ready_s[r_parent, k]
+        # the router sends a prompt to the island of its range that holds its prefix (`simulator.routers`' `plan`
+        # chooses among all the range's islands): found where any of them holds it. A block touched once is on one
+        # island (the chances add); one touched often on several (their sum, past 1, is capped)
+        there = held * (share[r_own] > 0)
+        on = there / np.maximum(there.sum(axis=1), 1.0)[:, None]
+        out = np.zeros((n_ranges, len(capacity)))
+        for k in range(len(capacity)):
+            saved = np.bincount(r_own, weights=self.gain * on[:, k], minlength=n_ranges)
+            routed = share[:, k] * tokens  # the range's prompt tokens the plan gives the island
+            out[:, k] = np.minimum(np.divide(saved, routed, out=np.zeros(n_ranges), where=routed > 0), 1.0)
         return out
 
     def range_of(self, ends: np.ndarray) -> np.ndarray:

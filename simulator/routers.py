@@ -6,7 +6,9 @@
   island's engine that would prefill the prompt soonest takes it instead: its queued work not cached when it
   arrived plus the prompt's tokens its cache lacks, at its time per token (Dynamo's KV router weighs queued and new
   blocks alike; SGLang's cache-aware router and llm-d's prefix scorer trade cache against load the same way). It
-  reads the engines' caches as they are, as Dynamo's router does from its engines' KV events.
+  reads the engines' caches as they are, as Dynamo's router does from its engines' KV events. A prompt whose prefix
+  an engine of any island serving its range holds goes to the soonest of all those islands' engines, so a
+  conversation's next turn finds its prefix whichever of the range's islands its last turn went to.
 - `length`: `plan` without the caches: the least-loaded engine of the island, whatever it holds.
 - `cache`: the cache-aware choice over every prefill engine of every island, whatever the prompt's length:
   cache-aware routing without the plan's ranges. `length` and `cache` route decode as `plan`.
@@ -150,8 +152,12 @@ class PlanRouter(Router):
         if not (self.cache_aware and self.caches):
             return self._pick(sim, req, "prefill", _prefill_load)
         cum = self.cum["prefill"][self._range(int(sim.r.input_len[req]))]
+        serving = np.flatnonzero(np.diff(cum, prepend=0.0) > 0)  # the islands the plan gives this range
+        engines = [i for k in serving for i in self.engines_of["prefill"][k]]
+        if max(_matched(sim, req, engines)) > 0:  # a prefix cached on one of them: the soonest of them all
+            return self._soonest(sim, req, engines)
         k = min(int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right")), len(cum) - 1)
-        return self._soonest(sim, req, self.engines_of["prefill"][k])
+        return self._soonest(sim, req, self.engines_of["prefill"][k])  # else the plan's draw of an island
 
     def decode(self, sim: Simulation, req: int) -> int:
         return self._pick(sim, req, "decode", _decode_load)

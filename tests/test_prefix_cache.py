@@ -232,11 +232,14 @@ def test_the_reuse_model_is_an_lru_caches_hit_rate_by_hand_and_on_mooncakes_trac
     for capacity, saved in ((350, 100), (450, 200), (250, 0)):
         h = r.hit_rates(one, 1, np.ones((1, 1)), np.array([capacity]), np.ones(1))
         assert h[0, 0] == pytest.approx(saved / 800)
-    # two engines each seeing half the stream hold what one engine twice their size holds; half the parents routed
-    # to another island, half the hits
+    # two engines each seeing half the stream hold what one engine twice their size holds
     assert r.hit_rates(one, 1, np.ones((1, 1)), np.array([225]), np.array([2]))[0, 0] == pytest.approx(200 / 800)
-    assert r.hit_rates(one, 1, np.full((1, 2), 0.5), np.array([450, 450]), np.ones(2))[0, 0] == pytest.approx(
-        0.5 * 200 / 800)
+    # two islands sharing the range: the prompt goes to the one its parent went to, all the hits kept, on both
+    assert r.hit_rates(one, 1, np.full((1, 2), 0.5), np.array([450, 450]), np.ones(2))[0] == pytest.approx(
+        [200 / 800, 200 / 800])
+    # its parent's range on island 1 alone, its own on island 0 alone: nothing found where it goes
+    apart = np.array([1, 1, 0])  # request 2 in range 0, its parent (request 0) in range 1
+    assert r.hit_rates(apart, 2, np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([450, 450]), np.ones(2)).max() == 0
     # timed: request 2 arrives 2 s after its parent (the trace's own rate: 1 req/s). A prefill of 1 s is done by
     # then; one of 3 s is not; at twice the trace's rate the gap is 1 s, and one of 1.5 s is not done either
     timed = Reuse.of(b.ids, b.start, 100, np.array([200, 300, 300]), np.array([0.0, 1.0, 2.0]))
