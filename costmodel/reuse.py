@@ -39,14 +39,21 @@ class Reuse:
     distance: np.ndarray  # (hits,) LRU stack distance, tokens, running maximum along the prefix
     parent: np.ndarray  # (hits,) the request that last touched it
     touches: np.ndarray  # (hits,) how many earlier prompts touched it
-    gap_s: np.ndarray | None = None  # (hits,) seconds from its parent's arrival to its own, on the trace's clock
+    # (hits,) seconds from the arrival of the first prompt that stored it to its own, on the trace's clock (its
+    # parent's, for a block touched once): a block is cached once one of its touches was prefilled
+    gap_s: np.ndarray | None = None
     rate_req_s: float = 0.0  # the trace's own request rate
+    # how the trace grows to another rate: False, replayed faster (every gap shrinks, the stream's order stays);
+    # True, paced (`simulator.sessions`: more sessions at the same think times, so gaps stay and r / its own rate
+    # times as many blocks come between two touches of one)
+    paced: bool = False
 
     @staticmethod
     def of(ids: np.ndarray, start: np.ndarray, block_tokens: int, input_tokens: np.ndarray,
-           arrival_s: np.ndarray | None = None) -> Reuse:  # fmt: skip
+           arrival_s: np.ndarray | None = None, paced: bool = False) -> Reuse:  # fmt: skip
         """`ids`, `start`: the requests' block ids, concatenated, request i's at ids[start[i]:start[i + 1]] (in
-        arrival order); `input_tokens`: their prompts' tokens; `arrival_s`: their arrivals (None: not timed)."""
+        arrival order); `input_tokens`: their prompts' tokens; `arrival_s`: their arrivals (None: not timed);
+        `paced`: the trace grows to other rates as sessions do (the field)."""
         n_req = len(start) - 1
         touches = int(start[-1])
         tree = [0] * (touches + 1)  # Fenwick tree over touch positions: 1 where a block was last touched
@@ -66,7 +73,8 @@ class Reuse:
 
         last: dict[int, tuple[int, int]] = {}  # block -> (touch position, request)
         count: dict[int, int] = {}  # block -> prompts that touched it
-        req_l, gain_l, dist_l, par_l, touch_l = [], [], [], [], []
+        first: dict[int, int] = {}  # block -> the first request that touched it
+        req_l, gain_l, dist_l, par_l, touch_l, first_l = [], [], [], [], [], []
         pos = 0
         ids_l = ids.tolist()
         for i in range(n_req):
@@ -87,6 +95,7 @@ class Reuse:
                 dist_l.append(deepest)
                 par_l.append(seen[1])
                 touch_l.append(count[b])
+                first_l.append(first[b])
             for b in reversed(mine):
                 seen = last.get(b)
                 if seen is not None:
@@ -94,14 +103,16 @@ class Reuse:
                 add(pos, 1)
                 last[b] = (pos, i)
                 count[b] = count.get(b, 0) + 1
+                first.setdefault(b, i)
                 pos += 1
         request, parent = np.asarray(req_l, dtype=np.int64), np.asarray(par_l, dtype=np.int64)
         gap, rate = None, 0.0
         if arrival_s is not None and len(arrival_s) > 1 and arrival_s[-1] > arrival_s[0]:
             t = np.asarray(arrival_s, dtype=float)
-            gap, rate = t[request] - t[parent], (len(t) - 1) / float(t[-1] - t[0])
+            gap, rate = t[request] - t[np.asarray(first_l, dtype=np.int64)], (len(t) - 1) / float(t[-1] - t[0])
         return Reuse(np.asarray(input_tokens, dtype=float), request, np.asarray(gain_l, dtype=float),
-                     np.asarray(dist_l, dtype=float), parent, np.asarray(touch_l, dtype=float), gap, rate)  # fmt: skip
+                     np.asarray(dist_l, dtype=float), parent, np.asarray(touch_l, dtype=float), gap, rate,
+                     paced)  # fmt: skip
 
     @property
     def unbounded(self) -> float:
@@ -116,11 +127,17 @@ class Reuse:
         share of each range's prompts each island prefills; `capacity`: (islands,) tokens each engine's cache holds;
         `engines`: (islands,) prefill engines per island. `ready_s`: (ranges, islands), how long a prompt of each
         range takes to prefill on each island, and `rate_req_s` the rate served: a timed trace replayed at that
-        rate comes rate / its own rate times as fast, and a block whose parent arrived less than its prefill before
-        it is not cached yet (None: every parent done)."""
+        rate comes rate / its own rate times as fast, and a block first stored by a prompt that arrived less than its
+        prefill before it is not cached yet (None: every parent done). A paced trace (sessions) keeps its gaps at
+        any rate, and `rate_req_s` stretches its distances instead."""
         tokens = np.bincount(range_of, weights=self.input_tokens, minlength=n_ranges)
         phi = (share * tokens[:, None]).sum(axis=0) / max(tokens.sum(), 1.0)  # each island's share of the stream
         r_own, r_parent = range_of[self.request], range_of[self.parent]
+        timed = ready_s is not None and self.gap_s is not None and rate_req_s > 0 and self.rate_req_s > 0
+        # served at r times the trace's rate: a replayed trace's gaps shrink r-fold; a paced one's distances grow
+        speed = rate_req_s / self.rate_req_s if timed else 1.0
+        distance = self.distance * speed if self.paced else self.distance
+        gap = None if not timed else self.gap_s if self.paced else self.gap_s / speed  # type: ignore[operator]
         held = np.zeros((len(self.gain), len(capacity)))  # (hits, islands): the block is on the island
         for k in range(len(capacity)):
             if phi[k] <= 0 or capacity[k] <= 0:
@@ -128,10 +145,10 @@ class Reuse:
             # the island holds the block if one of its recent touches went there: the j-th latest, about j x its
             # distance back, within the engine's reach, each with the island's share
             reach = capacity[k] * max(engines[k], 1) / phi[k]
-            recent = np.minimum(self.touches, np.floor(reach / np.maximum(self.distance, 1.0)))
+            recent = np.minimum(self.touches, np.floor(reach / np.maximum(distance, 1.0)))
             held[:, k] = 1.0 - (1.0 - share[r_parent, k]) ** recent
-            if ready_s is not None and self.gap_s is not None and rate_req_s > 0 and self.rate_req_s > 0:
-                held[:, k] *= self.gap_s * self.rate_req_s / rate_req_s >= ready_s[r_parent, k]
+            if gap is not None:
+                held[:, k] *= gap >= ready_s[r_parent, k]  # type: ignore[index]
         # the router sends a prompt to the island of its range that holds its prefix (`simulator.routers`' `plan`
         # chooses among all the range's islands): found where any of them holds it. A block touched once is on one
         # island (the chances add); one touched often on several (their sum, past 1, is capped)

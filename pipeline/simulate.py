@@ -35,7 +35,7 @@ from pipeline.records.simulation_report import cdf_plots, table, throughput_plot
 from plan import Plan
 from simulator.metrics import steady_state_note
 from simulator.requests import Requests
-from simulator.routers import ROUTERS
+from simulator.routers import ROUTERS, SESSION_ROUTERS
 from simulator.schedulers import SCHEDULERS
 
 SHOWN = (
@@ -124,6 +124,9 @@ def compare(s: Session) -> Result:
     """mode=compare: every router x scheduler on the same requests, a child run each."""
     rows = []
     for router in ROUTERS:
+        if router in SESSION_ROUTERS and s.requests.session is None:
+            print(f"[simulate] {router}: skipped, the requests name no sessions (a session workload's do)")
+            continue
         for sched in SCHEDULERS:
             _, m, _ = s.runner.simulate(s.requests, router, sched)
             rows.append({"router": router, "scheduler": sched, **m})

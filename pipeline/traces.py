@@ -3,6 +3,7 @@ prefix reuse (Mooncake's JSONL) is kept whole, its block ids with it, for the si
 
     python -m pipeline.traces derive TRACE.csv OUT.npz
     python -m pipeline.traces derive conversation_trace.jsonl OUT.npz
+    python -m pipeline.traces fit-sessions conversation_trace.jsonl   # a session workload's YAML, fitted to it
 """
 
 from __future__ import annotations
@@ -18,12 +19,18 @@ from pipeline.planning.traces import (
     derive_histogram,
     derive_prefix_trace,
     load_trace,
+    sessions_yaml,
 )
+
+USAGE = "usage: python -m pipeline.traces derive TRACE OUT.npz | fit-sessions PREFIX_TRACE"
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "fit-sessions":
+        print(sessions_yaml(load_trace(argv[1])), end="")
+        return 0
     if len(argv) != 3 or argv[0] != "derive":
-        raise WorkloadError("usage: python -m pipeline.traces derive TRACE OUT.npz")
+        raise WorkloadError(USAGE)
     trace = load_trace(argv[1])
     try:
         if trace.blocks is not None:

@@ -1,6 +1,6 @@
 """The requests of a simulation: what each asks for (arrival, prompt and answer lengths, user, the prompt's prefix
-blocks) and, as the simulation runs, what happened to it (engines, first token, finish, preemptions, tokens its
-prefill found cached)."""
+blocks, its session) and, as the simulation runs, what happened to it (engines, first token, finish, preemptions,
+tokens its prefill found cached)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class Requests:
     output_len: np.ndarray
     user: np.ndarray | None = None  # a user id per request (-1: none), for affinity routing
     blocks: PrefixBlocks | None = None  # each prompt's prefix blocks, for prefix caches (None: no reuse known)
+    session: np.ndarray | None = None  # each request's session (a conversation's turns share one; None: not known)
     prefill_engine: np.ndarray = field(init=False)
     decode_engine: np.ndarray = field(init=False)
     first_token: np.ndarray = field(init=False)
@@ -39,6 +40,8 @@ class Requests:
             raise ValueError("`user` must have one entry per request")
         if self.blocks is not None and len(self.blocks) != n:
             raise ValueError("`blocks` must have one entry per request")
+        if self.session is not None and len(self.session) != n:
+            raise ValueError("`session` must have one entry per request")
         self.prefill_engine = np.full(n, -1)
         self.decode_engine = np.full(n, -1)
         self.first_token = np.full(n, -1.0)
@@ -50,11 +53,12 @@ class Requests:
         """Requests `idx` (in time order), with fresh outcomes."""
         return Requests(self.arrival[idx], self.input_len[idx], self.output_len[idx],
                         None if self.user is None else self.user[idx],
-                        None if self.blocks is None else self.blocks.take(idx))  # fmt: skip
+                        None if self.blocks is None else self.blocks.take(idx),
+                        None if self.session is None else self.session[idx])  # fmt: skip
 
     def fresh(self) -> Requests:
         """The same requests, nothing happened yet."""
-        return Requests(self.arrival, self.input_len, self.output_len, self.user, self.blocks)
+        return Requests(self.arrival, self.input_len, self.output_len, self.user, self.blocks, self.session)
 
     def __len__(self) -> int:
         return len(self.arrival)

@@ -12,6 +12,9 @@
 - `length`: `plan` without the caches: the least-loaded engine of the island, whatever it holds.
 - `cache`: the cache-aware choice over every prefill engine of every island, whatever the prompt's length:
   cache-aware routing without the plan's ranges. `length` and `cache` route decode as `plan`.
+- `session`: the deployment router's policy (`deployment.router`): the range by length, then the engine of the
+  range's islands its session hashes to (weighted rendezvous hashing with bounded loads, `SessionRouter`); it needs
+  each request's session (a session workload's, `simulator.sessions`), not the engines' caches.
 - `round_robin`, `random`: over all engines of the phase, ignoring lengths and load.
 - `p2c` (power of two choices): two engines drawn at random, the less loaded one wins.
 - `sal` (seed 002, Eq. 2): load(s, r) = max(β·(memory(r) − free(s)), queued_tokens(s, r) /
@@ -36,6 +39,7 @@ Load: a prefill engine's waiting prompt tokens; a decode engine's running plus w
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,7 +52,8 @@ from simulator.timing import PrefillTiming
 # the aggregated engines' cache-aware routing: a prompt goes to the engine whose cache holds most of it while its load
 # (requests) stays within this multiple of the mean + 1: Mirrokni et al.'s bounded loads at c = 1.25
 AFFINITY_BOUND = 1.25
-CACHE_ROUTERS = ("plan", "cache")  # the routers that route for prefix caches (aggregated islands' too)
+CACHE_ROUTERS = ("plan", "cache", "session")  # the routers that route for prefix caches (aggregated islands' too)
+SESSION_ROUTERS = ("session",)  # the routers that need each request's session (`Requests.session`)
 
 
 def _prefill_load(sim: Simulation, i: int) -> int:
@@ -195,6 +200,35 @@ class CacheAffinity(PlanRouter):
 
     def prefill(self, sim: Simulation, req: int) -> int:
         return self._soonest(sim, req, list(range(len(sim.prefill))))
+
+
+class SessionRouter(PlanRouter):
+    """The deployment router's policy (`deployment.router.table.pick`), simulated: a prompt's range by its length,
+    then weighted rendezvous hashing of its session over every prefill engine of the range's islands (weight: the
+    island's fraction over its engines), so a session's turns reach one engine while their ranges keep its island,
+    skipping an engine whose requests pass `AFFINITY_BOUND` x the mean + 1 (Mirrokni et al.'s bounded loads). It
+    knows sessions, not caches: what a deployment's router can learn from a request. Decode as `plan`."""
+
+    def prefill(self, sim: Simulation, req: int) -> int:
+        if sim.r.session is None:
+            raise ValueError("router=session routes by each request's session; these requests carry none")
+        cum = self.cum["prefill"][self._range(int(sim.r.input_len[req]))]
+        share = np.diff(cum, prepend=0.0)
+        engines = [(i, share[k] / len(self.engines_of["prefill"][k])) for k in np.flatnonzero(share > 0)
+                   for i in self.engines_of["prefill"][k]]  # fmt: skip
+        load = [len(sim.prefill[i].queue) + len(sim.prefill[i].batch) for i, _ in engines]
+        cap = AFFINITY_BOUND * (sum(load) + 1) / len(engines)
+        session = int(sim.r.session[req])
+        ranked = sorted(range(len(engines)), key=lambda j: -engines[j][1] / -math.log(_unit(session, engines[j][0])))
+        return engines[next((j for j in ranked if load[j] + 1 <= cap), ranked[0])][0]
+
+
+def _unit(session: int, engine: int) -> float:
+    """A hash of (session, engine) in (0, 1): SplitMix64's finaliser of the pair, as rendezvous hashing's draw."""
+    x = (session * 0x9E3779B97F4A7C15 + engine * 0xBF58476D1CE4E5B9 + 1) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return ((x ^ (x >> 31)) + 0.5) / 2.0**64
 
 
 def _decode_free(sim: Simulation, i: int) -> int:
@@ -354,6 +388,7 @@ ROUTERS: dict[str, Callable[[RouterInputs], Router]] = {
     "plan": _plan,
     "length": lambda a: _plan(a, cache_aware=False),
     "cache": lambda a: _plan(a, CacheAffinity),
+    "session": lambda a: _plan(a, SessionRouter),
     "round_robin": lambda a: RoundRobin(),
     "random": lambda a: RandomRouter(a.seed),
     "p2c": lambda a: PowerOfTwo(a.seed),

@@ -100,7 +100,7 @@ def simulate(router: str, scheduler: str, check_order: bool = False) -> Simulati
     rng = np.random.default_rng(0)
     n = 400
     r = Requests(np.cumsum(rng.exponential(50.0, n)), rng.integers(50, 6000, n), rng.integers(2, 200, n),
-                 rng.integers(0, 20, n))  # fmt: skip
+                 rng.integers(0, 20, n), session=rng.integers(0, 60, n))  # users and sessions, for the routers of them
     stats = {"mean_input": r.input_len.mean(), "mean_output": r.output_len.mean(), "std_output": r.output_len.std()}
     gpus = {g: load_gpu(g) for g in ("H200", "H20")}
     pre, dec, rt = build(plan(), gpus, router=router, max_len=6000, max_context=6200, stats=stats)

@@ -96,7 +96,10 @@ def describe(
         cfg = bench.config(phase) if serves else None
         table = bench.table(phase)
         fraction = cap[i] / np.where(tot > 0, tot, 1.0)
-        facts = _serving_facts(planner, bench, phase, cfg, fraction, sol.rate_req_s) if cfg else {}
+        # a prefill island's caches speed its prompts up as priced (Planner.speedup at its expected hit rates)
+        known = planner.hit_cache.get(layout) if cfg and phase == "prefill" else None
+        speed = planner.speedup(gpu, size, known[1][i]) if known is not None else None
+        facts = _serving_facts(planner, bench, phase, cfg, fraction, sol.rate_req_s, speed) if cfg else {}
         batch = engine_batch(table, cap[i], served, phase) if cfg and table is not None else 0
         if cfg and phase.decodes:
             facts["overlap"] = overlapped(planner, gpu, cfg, batch, fraction)
@@ -154,7 +157,8 @@ def overlapped(planner: Planner, gpu: str, cfg: Mapping[str, int], batch: int, f
 
 
 def _serving_facts(
-    planner: Planner, bench: IslandBenchmark, phase: str, cfg: Mapping[str, int], fraction: np.ndarray, rate: float
+    planner: Planner, bench: IslandBenchmark, phase: str, cfg: Mapping[str, int], fraction: np.ndarray, rate: float,
+    speed: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """What a deployment needs to know of one serving island besides its shape.
 
@@ -171,7 +175,8 @@ def _serving_facts(
     group = int(cfg["ep"]) if Role(phase).decodes else int(cfg["tp"]) * int(cfg["dp"])
     per_gpu = -(-experts // group)
     table = bench.table(phase)
-    raw = bench.req_s(phase)
+    speed = np.ones(len(planner.ranges.p)) if speed is None else speed  # (prefill: its caches' speed-up per range)
+    raw = bench.req_s(phase) * speed
     routed = rate * planner.ranges.p * fraction  # req/s of each range through this island
     ok = routed > 0
     out: dict[str, Any] = {
@@ -182,7 +187,7 @@ def _serving_facts(
     }
     if not ok.any() or table is None or table.chosen < 0:
         return out
-    times_s = table.time_ms[table.chosen, ok] / 1e3
+    times_s = table.time_ms[table.chosen, ok] / 1e3 / speed[ok]
     if phase != "prefill":  # (aggregated: the decode step stretched by the prompts it interleaves)
         out["tpot_ms_expected"] = float(routed[ok] @ times_s / routed[ok].sum() * 1e3)
         return out

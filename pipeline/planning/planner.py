@@ -18,7 +18,7 @@ import numpy as np
 from costmodel.formulas import kv_bytes_per_seq, kv_link_gb_s, prefill_time_ms
 from costmodel.island_bench import IslandBenchmark, benchmark_island, utilisation_caps
 from costmodel.profile import CostProfile
-from costmodel.queueing import RateProfile
+from costmodel.queueing import RateProfile, mix_moments, wait_quantile
 from costmodel.reuse import Reuse
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
@@ -316,6 +316,15 @@ class Planner:
             tp, dp = np.full_like(L, c["tp"]), np.full_like(L, c["dp"])
             ready[:, i] = prefill_time_ms(self.gpus[g], self.model, L, tp, dp, profile=self.profile,
                                           draft_layers=self.cost.draft_layers) / 1e3  # fmt: skip
+            # ... and after its wait in the island's queue: the queueing model's median at the island's load, its
+            # prompts as fast as the solve priced them (the hit rates it was given)
+            lam, table = routed[:, i], self.benchmark(g, n).table("prefill")
+            if lam.sum() > 0 and table is not None and table.chosen >= 0:
+                known = self.hit_cache.get(layout)
+                speed = self.speedup(g, n, known[1][i]) if known is not None else 1.0
+                service = table.time_ms[table.chosen] / 1e3 / speed  # s a prompt of each range takes one server
+                mean, cs2 = mix_moments(service[lam > 0], lam[lam > 0])
+                ready[:, i] += wait_quantile(c["dp"], min(lam.sum(), 0.9999 * c["dp"] / mean), mean, cs2, 0.5)
         hits = self.reuse.hit_rates(self.reuse.range_of(self.ranges.end), n_j, share, capacity, engines, ready,
                                     sol.rate_req_s)  # fmt: skip
         return hits.T

@@ -29,6 +29,7 @@ from simulator.metrics import P99_WINDOWS, RAMP_DEFICIT_MAX, ramp_deficit, stead
 from simulator.requests import Requests
 from simulator.routers import AFFINITY_BOUND, CACHE_ROUTERS
 from simulator.schedulers import make_scheduler
+from simulator.sessions import SessionModel
 
 MAX_REQUESTS = 5_000_000  # per simulation: ~120 bytes of arrays a request, minutes of simulation at this many
 SIMULATED_REQ_S = 10_000  # a floor on the simulator's speed (benchmarks/sim_bench.py), for estimates of run time
@@ -44,6 +45,7 @@ class RequestMix:
     outputs: tuple[np.ndarray, np.ndarray]
     trace: Trace | None = None
     profile: np.ndarray | None = None  # the workload's arrival model (`workload` arrivals; simulator.arrivals)
+    sessions: SessionModel | None = None  # a session workload's model, which gives the requests at any rate
 
     @staticmethod
     def of(workload: Workload, trace: Trace | None = None) -> RequestMix:
@@ -54,13 +56,16 @@ class RequestMix:
             out = np.flatnonzero(workload.output_pmf > 0)
             outputs = (out, workload.output_pmf[out])
         trace = trace or workload.prefix_trace  # a trace naming its prompts' blocks travels with its workload
-        return RequestMix(workload.name, (inputs, workload.pmf[inputs]), outputs, trace, workload.arrival_profile)
+        return RequestMix(workload.name, (inputs, workload.pmf[inputs]), outputs, trace, workload.arrival_profile,
+                          workload.sessions)  # fmt: skip
 
     def requests(self, n: int, rate: float, arrivals: str = "poisson", seed: int = 0) -> Requests:
         """`n` requests at `rate` req/s: `poisson` or `constant` arrivals, the workload's own arrival model
         (`workload`: its trace's rate over time, at a mean of `rate`), or the trace's own timestamps (`trace`)
         scaled to `rate`. A trace that names its prompts' prefix blocks gives its own requests in its order at
-        every kind of arrivals (`simulator.arrivals.in_order`), not lengths drawn apart, so prefixes recur."""
+        every kind of arrivals (`simulator.arrivals.in_order`), not lengths drawn apart, so prefixes recur. A session
+        workload's model generates them: sessions starting at `arrivals` at rate / its turns per session, each turn
+        after its think time (`simulator.sessions`)."""
         if arrivals not in ARRIVALS:
             raise ConfigError(f"arrivals={arrivals!r}: choose from {list(ARRIVALS)}")
         if n > MAX_REQUESTS:
@@ -68,6 +73,12 @@ class RequestMix:
                 f"requests={n:,} is over {MAX_REQUESTS:,} per simulation (about {n / SIMULATED_REQ_S / 60:,.0f} min "
                 f"at {SIMULATED_REQ_S:,} simulated requests/s and {n * 120 / 1e9:,.0f} GB of arrays): lower requests"
             )
+        if self.sessions is not None:  # sessions start at `arrivals`, their turns follow at their think times
+            if arrivals.startswith("trace"):
+                raise ConfigError(f"arrivals={arrivals} replays a trace's timestamps; workload {self.name} is a "
+                                  "session model, whose sessions start at poisson or constant arrivals: use "
+                                  "arrivals=poisson")  # fmt: skip
+            return self.sessions.requests(n, rate, seed, arrivals, self.profile)
         if arrivals == "workload" and self.profile is None:
             raise ConfigError(f"arrivals=workload is the arrival model a workload fitted to its trace; workload "
                               f"{self.name} has no trace (a synthetic one): use arrivals=poisson")  # fmt: skip
@@ -165,6 +176,11 @@ class Runner:
         self, req: Requests, router: str = "plan", scheduler: str = "fcfs"
     ) -> tuple[Simulation, dict[str, float], float]:
         """(the finished simulation, its metrics, wall seconds)."""
+        if router == "session" and req.session is None:
+            raise ConfigError(f"router=session routes each request by its session (as deployment.router does by "
+                              f"its session header or user); workload {self.plan.workload}'s requests name none "
+                              "(Mooncake's traces name prompt blocks, not sessions): use router=plan, which "
+                              "reads the engines' caches, or a session workload (workload=chat_sessions)")  # fmt: skip
         r = req.fresh()
         stats = {"mean_input": float(r.input_len.mean()), "mean_output": float(r.output_len.mean()),
                  "std_output": float(r.output_len.std())}  # fmt: skip

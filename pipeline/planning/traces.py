@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from pipeline.errors import WorkloadError
 from simulator.arrivals import PROFILE_BIN_S, rate_profile
 from simulator.cache import PrefixBlocks
+from simulator.sessions import SessionModel
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 # A request longer than this is no request any model of the catalogue serves (DeepSeek-V3's
@@ -368,3 +369,25 @@ MOONCAKE_ATTRIBUTION = (
     "Derived from Mooncake's FAST'25 trace release (kvcache-ai/Mooncake, FAST25-release/traces, at 3b5a594), "
     "Apache License 2.0; cite Qin et al., 'Mooncake: Trading More Storage for Less Computation', FAST 2025."
 )
+
+
+# --- session workloads fitted to a prefix trace (simulator.sessions) ---------------------------------------------
+
+
+def sessions_yaml(trace: Trace) -> str:
+    """A `kind: sessions` workload (conf/workload) fitted to a timed trace that names its prompts' blocks: the
+    `SessionModel`'s parameters, what the fit found, and the trace's own request rate, as YAML."""
+    if trace.blocks is None or trace.arrival_s is None or len(trace) < 2:
+        raise WorkloadError(f"{trace.source}: fitting sessions needs a timed trace that names its prompts' prefix "
+                            "blocks (Mooncake's JSONL, or the npz `derive` writes from one)")  # fmt: skip
+    model, found = SessionModel.fit(trace.input_tokens, trace.output_tokens, trace.arrival_s, trace.blocks)
+    lines = [f"# fitted to {Path(trace.source).name} by `python -m pipeline.traces fit-sessions`: "
+             f"{int(found['requests']):,} requests, {int(found['sessions']):,} sessions seen, "
+             f"{found['continuations']:.1%} of requests a next turn, {found['shrunk']:.1%} of next turns shorter "
+             f"than the last (left out of growth_tokens), a {int(found['system_blocks'])}-block system prompt",
+             "kind: sessions", f"rate_req_s: {found['request_rate']:.4g}  # the trace's own request rate",
+             f"requests: {len(trace)}  # generated at rate_req_s for the planner's statistics", "seed: 0"]  # fmt: skip
+    for key in SessionModel.keys():
+        v = getattr(model, key)
+        lines.append(f"{key}: {list(v) if isinstance(v, tuple) else v}")
+    return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from costmodel.reuse import Reuse
 from pipeline.errors import WorkloadError
 from pipeline.planning.traces import DATA_DIR, Columns, Trace, load_histogram, load_trace
 from simulator.arrivals import rate_profile
+from simulator.sessions import SessionModel
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Workload:
     spec: str = ""  # its conf/workload mapping as composed (canonical JSON): what plan.json records to rebuild it
     reuse: Reuse | None = None  # its trace's prefix reuse (a trace naming its prompts' blocks; costmodel.reuse) ...
     prefix_trace: Trace | None = None  # ... and that trace, whose requests in order the simulator replays
+    sessions: SessionModel | None = None  # a session workload's model: the simulator's requests come from it
 
     def __post_init__(self) -> None:
         if self.pmf.ndim != 1 or len(self.pmf) == 0 or (self.pmf < 0).any() or not np.isclose(self.pmf.sum(), 1.0):
@@ -172,15 +175,50 @@ def from_counts(
                     arrival_profile)  # fmt: skip
 
 
-def from_trace(trace: Trace) -> Workload:
+def from_trace(trace: Trace, sessions: SessionModel | None = None) -> Workload:
+    """A workload of a trace's requests (`sessions`: the model that generated them, which the simulator asks for
+    its requests at any rate)."""
     iv, ic = np.unique(trace.input_tokens, return_counts=True)
     ov, oc = np.unique(trace.output_tokens, return_counts=True)
     w = from_counts(trace.name, iv, ic, ov, oc, trace.arrival_s)
     if trace.blocks is None:
         return w
     b = trace.blocks
-    return dataclasses.replace(w, reuse=Reuse.of(b.ids, b.start, b.block_tokens, trace.input_tokens,
-                                                 trace.arrival_s), prefix_trace=trace)  # fmt: skip
+    reuse = Reuse.of(b.ids, b.start, b.block_tokens, trace.input_tokens, trace.arrival_s, paced=sessions is not None)
+    return dataclasses.replace(w, reuse=reuse, prefix_trace=trace, sessions=sessions)
+
+
+SESSION_RUN = ("rate_req_s", "requests", "seed")  # a session workload's keys beside its model's
+
+
+def from_sessions(name: str, cfg: Mapping[str, Any], where: str) -> Workload:
+    """A `kind: sessions` workload (`simulator.sessions`): its model's parameters, and `requests` generated at
+    `rate_req_s` (seed `seed`) for the planner's length statistics and reuse; the simulator generates its own."""
+    keys = SessionModel.keys()
+    unknown = sorted(set(cfg) - set(keys) - set(SESSION_RUN) - {"kind"})
+    if unknown:
+        raise WorkloadError(f"{where}: unknown session key(s) {unknown}; a session workload takes "
+                            f"{list(SESSION_RUN) + list(keys)}")  # fmt: skip
+    rate, n, seed = cfg.get("rate_req_s"), cfg.get("requests", 12_000), cfg.get("seed", 0)
+    whole = (int,)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not (math.isfinite(rate) and rate > 0):
+        raise WorkloadError(f"{where}: `rate_req_s` must be a rate > 0 req/s (the requests' own), got {rate!r}")
+    if isinstance(n, bool) or not isinstance(n, whole) or not 2 <= n <= 1_000_000:
+        raise WorkloadError(f"{where}: `requests` must be a whole number 2..1,000,000, got {n!r}")
+    if isinstance(seed, bool) or not isinstance(seed, whole):
+        raise WorkloadError(f"{where}: `seed` must be a whole number, got {seed!r}")
+    given = {k: cfg[k] for k in keys if cfg.get(k) is not None}
+    missing = [k for k in ("turns_mean", "think_s", "first_tokens", "growth_tokens", "output_tokens", "max_tokens")
+               if k not in given]
+    if missing:
+        raise WorkloadError(f"{where}: missing field(s) {missing} of the session model")
+    try:
+        model = SessionModel(**{k: tuple(v) if isinstance(v, list | tuple) else v for k, v in given.items()})
+        r = model.requests(int(n), float(rate), int(seed))  # type: ignore[arg-type]
+    except (TypeError, ValueError) as err:
+        raise WorkloadError(f"{where}: {err}") from None
+    trace = Trace(name, where, r.input_len, r.output_len, r.arrival / 1000.0, r.blocks)
+    return from_trace(trace, model)
 
 
 def _need(cfg: Mapping[str, Any], keys: tuple[str, ...], where: str) -> list[Any]:
@@ -216,9 +254,11 @@ def _from_cfg(name: str, cfg: Mapping[str, Any]) -> Workload:
                            arrival_profile=h.get("arrival_profile"))  # fmt: skip
     if kind == "trace":
         return from_trace(trace_from_cfg(name, cfg))
+    if kind == "sessions":
+        return from_sessions(name, cfg, where)
     raise WorkloadError(
         f"{where}: unsupported workload kind={kind!r} dist={dist!r}; valid: kind=synthetic with "
-        "dist normal|lognormal|empirical, kind=histogram, kind=trace"
+        "dist normal|lognormal|empirical, kind=histogram, kind=trace, kind=sessions"
     )
 
 
