@@ -216,6 +216,63 @@ def test_a_sessions_prompts_go_to_one_prefill_engine_and_a_lost_engine_moves_onl
     assert len({pick(t, "prefill", 100, rng)[1] for _ in range(200)}) == 4  # type: ignore[index]
 
 
+def test_sessions_split_as_the_plan_says_and_an_engine_past_its_bounded_load_passes_its_sessions_on() -> None:
+    """Weighted rendezvous hashing: 4,000 sessions over a range split 3 : 1 between two islands of two engines land
+    3 : 1 (within 3 points); with one engine's requests past 1.25 x the mean + 1 its sessions go to the others and
+    every other session stays where it was."""
+    import random
+
+    from deployment.router.table import load, pick
+
+    a = [f"http://10.0.0.{k}:30000" for k in (1, 2)]
+    b = [f"http://10.0.1.{k}:30000" for k in (1, 2)]
+    t = load({"protocol": "sglang", "islands": {
+        "prefill": {"0": {"engines": a, "ranges": [[0, BIG, 0.75]]}, "1": {"engines": b, "ranges": [[0, BIG, 0.25]]}},
+        "decode": {"2": {"engines": ["http://10.0.0.9:30000"], "ranges": [[0, BIG, 1]]}}}})  # fmt: skip
+    rng = random.Random(0)
+    home = {f"s{k}": pick(t, "prefill", 100, rng, session=f"s{k}")[1] for k in range(4000)}  # type: ignore[index]
+    assert abs(sum(e in a for e in home.values()) / len(home) - 0.75) < 0.03
+    busy = {a[0]: 10}  # cap 1.25 x (10 + 1) / 4 = 3.4 requests
+    moved = {k: pick(t, "prefill", 100, rng, session=k, load=busy)[1] for k in home}  # type: ignore[index]
+    assert all(moved[k] != a[0] for k in home)
+    assert all(moved[k] == e for k, e in home.items() if e != a[0])
+    assert pick(t, "prefill", 100, rng, session="s1", load={e: 1 for e in a + b})[1] == home["s1"]  # type: ignore[index]
+
+
+def test_a_conversation_without_a_session_id_is_kept_by_its_opening() -> None:
+    """Without a header or `user`, a chat's key is its messages up to the first user message: every turn of one
+    conversation has it, another opening does not, a system prompt alone does not make two conversations one; a
+    text prompt's key is its first characters; through the router a conversation's turns reach one prefill engine
+    while other conversations spread."""
+    from deployment.router.app import prompt_key
+
+    system = {"role": "system", "content": "You are a helpful assistant."}
+    turns = [[system, {"role": "user", "content": "Plan a trip to Kyoto."}]]
+    for k in range(5):
+        turns.append(turns[-1] + [{"role": "assistant", "content": f"answer {k}"},
+                                  {"role": "user", "content": f"and day {k + 2}?"}])  # fmt: skip
+    keys = {prompt_key({"messages": m}) for m in turns}
+    other = prompt_key({"messages": [system, {"role": "user", "content": "Write a haiku."}]})
+    assert len(keys) == 1 and None not in keys and other not in keys
+    assert prompt_key({"prompt": "x" * 5000}) == prompt_key({"prompt": "x" * 6000 + "y"})
+    assert prompt_key({"prompt": "abc"}) != prompt_key({"prompt": "abd"}) and prompt_key({"prompt": ""}) is None
+
+    async def main() -> tuple[set[str], set[str]]:
+        engines = Engines()
+        pre = [await engines.start(0.0) for _ in range(3)]
+        d = await engines.start(0.0)
+        async with running(table("sglang", {"0": pre}, {"1": [d]}), health_interval_s=0) as url:
+            async with ClientSession(timeout=ClientTimeout(total=30)) as s:
+                one = {(await post(s, url, {"messages": m, "max_tokens": 2}))[2]["X-Archipelago-Prefill"]
+                       for m in turns}  # fmt: skip
+                many = {(await post(s, url, {"messages": [system, {"role": "user", "content": f"question {k}"}],
+                                             "max_tokens": 2}))[2]["X-Archipelago-Prefill"] for k in range(30)}
+        return one, many
+
+    one, many = run(main())
+    assert len(one) == 1 and len(many) == 3
+
+
 def test_the_router_keeps_a_conversation_on_one_prefill_engine_by_its_session_header_or_user() -> None:
     """Through the router, three prefill engines of one island: the requests of a conversation named by
     `X-Session-Id`, or by OpenAI's `user`, reach one prefill engine each time; requests naming none spread."""

@@ -5,10 +5,10 @@ One request's path (`forward`):
    overload sheds instead of queueing without bound;
 2. the prompt's length in tokens (`tokens.Counter`) picks the plan's range; an aggregated island, or a
    prefill and a decode island, are drawn with the range's fractions, then an engine of each that is up
-   (`table.aggregated_first`, `table.pick`): for prefill and aggregated engines the session's own where the
-   request names one (`X-Session-Id`, else OpenAI's `user`), so a conversation's turns find their prefix in that
-   engine's cache, else one at random; an aggregated engine gets the request as sent and its answer is the
-   client's;
+   (`table.aggregated_first`, `table.pick`): for prefill and aggregated engines the session's own by weighted
+   rendezvous hashing over the range's islands (`X-Session-Id`, else OpenAI's `user`, else the prompt's opening:
+   `prompt_key`), so a conversation's turns find their prefix in that engine's cache, an engine past its bounded
+   load passing its sessions on; an aggregated engine gets the request as sent and its answer is the client's;
 3. the engines' protocol: SGLang sends the request (bootstrap host, port and room added) to both at
    once and answers with the decode engine's stream; vLLM sends it to prefill first (one token,
    `do_remote_decode`) and then to decode with the prefill's `kv_transfer_params`; llm-d sends it to
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import hmac
 import logging
 import math
@@ -52,7 +53,7 @@ from aiohttp import web
 from deployment.router.clients import Clients
 from deployment.router.metrics import Metrics
 from deployment.router.table import AGGREGATED, Island, Table, aggregated_first, pick
-from deployment.router.tokens import BadRequest, Counter
+from deployment.router.tokens import BadRequest, Counter, prompt_text
 from deployment.router.upstream import Answer, EngineDown, Pool
 
 PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
@@ -60,8 +61,11 @@ STATE = web.AppKey("state", "Router")
 HEALTH_CHECKS_AT_ONCE = 128  # engines' health asked at once, at most (a plan of thousands opens no thousands)
 # a request's conversation (`session_of`), for the engines that keep prompts' prefixes: prefill and aggregated ones
 SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("session", default=None)
+# the engines of cached phases a request was sent to (their in-flight counts, `Router.load`, fall when it ends)
+HELD: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("held", default=None)
 SESSION_HEADER = "X-Session-Id"
 SESSION_CHARS = 1024  # a session id longer than this is cut (it is only hashed)
+PROMPT_KEY_CHARS = 4096  # a text prompt's session key: a hash of its first this many characters (about 1,000 tokens)
 CACHED_PHASES = ("prefill", AGGREGATED)
 IDLE_ROOM = 1024  # client connections past the requests admitted (by default): idle ones, at most, while all are busy
 DAY_S = 86_400.0
@@ -135,6 +139,7 @@ class Router:
         self.count = Counter(settings.tokenizer_of(table), table.chars_per_token)
         self.capacity = settings.admitted(table)
         self.in_flight = 0
+        self.load: dict[str, int] = {}  # requests in flight per prefill and aggregated engine (their bounded loads)
         self.down: set[str] = set()
         self.draining = False
         self.names = {e: (phase, isl.name, j) for phase in table.islands for isl in table.islands[phase]
@@ -331,6 +336,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return _error(503, f"the router is full: {router.in_flight} requests in flight (its limit)",
                       **{"Retry-After": "1"})  # fmt: skip
     router.in_flight += 1
+    HELD.set([])  # (a connection's requests share one context: each starts its own list)
     started = time.perf_counter()
     outcome = "error"
     try:
@@ -354,6 +360,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return response
     finally:
         router.in_flight -= 1
+        for engine in HELD.get() or ():
+            router.load[engine] -= 1
         router.metrics.answered(outcome, time.perf_counter() - started)
 
 
@@ -367,19 +375,51 @@ def _unavailable(router: Router, phase: str, tokens: int, tried: set[str]) -> we
 
 
 def _choose(router: Router, phase: str, tokens: int, tried: set[str]) -> tuple[Island, str] | None:
-    """`pick`, a request's session kept on one engine where prompts are prefilled (its prefix cache)."""
-    session = SESSION.get() if phase in CACHED_PHASES else None
-    return pick(router.table, phase, tokens, router.rng, router.down, tried, session)
+    """`pick`, a request's session kept on one engine where prompts are prefilled (its prefix cache), that engine's
+    load bounded (`table.LOAD_BOUND`)."""
+    if phase not in CACHED_PHASES:
+        return pick(router.table, phase, tokens, router.rng, router.down, tried)
+    got = pick(router.table, phase, tokens, router.rng, router.down, tried, SESSION.get(), router.load)
+    held = HELD.get()
+    if got is not None and held is not None:
+        router.load[got[1]] = router.load.get(got[1], 0) + 1
+        held.append(got[1])
+    return got
 
 
 def session_of(request: web.Request, body: dict[str, Any]) -> str | None:
-    """The conversation a request belongs to: its `X-Session-Id` header, else its OpenAI `user` field (None: none;
-    the request goes to a random engine of its island)."""
+    """The conversation a request belongs to: its `X-Session-Id` header, else its OpenAI `user` field, else its
+    prompt's opening (`prompt_key`); None for a request with no prompt (it goes to a random engine of its island)."""
     header = request.headers.get(SESSION_HEADER, "").strip()
     if header:
-        return header[:SESSION_CHARS]
+        return "session:" + header[:SESSION_CHARS]
     user = body.get("user") if isinstance(body, dict) else None
-    return user[:SESSION_CHARS] if isinstance(user, str) and user.strip() else None
+    if isinstance(user, str) and user.strip():
+        return "user:" + user[:SESSION_CHARS]
+    return prompt_key(body)
+
+
+def prompt_key(body: dict[str, Any]) -> str | None:
+    """A key that a conversation's turns share and other conversations do not: a chat's messages up to its first
+    user message (its system prompt and opening, which every later turn resends), a text prompt's first
+    `PROMPT_KEY_CHARS` characters, token ids' first quarter as many; hashed. Two conversations that open alike share
+    an engine, and so their prefix, within the engines' bounded loads."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if isinstance(messages, list) and messages:
+        upto = next((k for k, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
+                    len(messages) - 1)  # fmt: skip
+        opening = orjson.dumps([[m.get("role"), m.get("content")] if isinstance(m, dict) else m
+                                for m in messages[:upto + 1]], option=orjson.OPT_SORT_KEYS)  # fmt: skip
+    else:
+        try:
+            prompt = prompt_text(body)
+        except BadRequest:
+            return None
+        opening = (orjson.dumps(prompt[:PROMPT_KEY_CHARS // 4]) if isinstance(prompt, list)
+                   else prompt[:PROMPT_KEY_CHARS].encode("utf-8", "surrogatepass"))  # fmt: skip
+    if not opening:
+        return None
+    return "prompt:" + hashlib.blake2b(opening, digest_size=16).hexdigest()
 
 
 async def _post(router: Router, url: str, path: str, body: bytes) -> Answer:

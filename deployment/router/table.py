@@ -16,7 +16,7 @@ import math
 import random
 import re
 import reprlib
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,15 +240,23 @@ def load(config: Any) -> Table:
     return Table(config["protocol"], tuple(ranges), islands, int(port), cpt, int(in_flight), tokenizer, checked)
 
 
+LOAD_BOUND = 1.25  # a session's engine is skipped while its requests pass this multiple of the mean + 1
+
+
 def pick(
     table: Table, phase: str, tokens: int, rng: random.Random, down: Collection[str] = (), avoid: Collection[str] = (),
-    session: str | None = None,
+    session: str | None = None, load: Mapping[str, int] | None = None,
 ) -> tuple[Island, str] | None:
-    """An (island, engine) for a prompt of `tokens` in `phase`: an island drawn with the plan's fractions for
-    the range, then one of its engines: the session's (`session`: rendezvous hashing, so a conversation's turns
-    reach the engine whose prefix cache holds it, and an engine lost moves only its own sessions), else one at
-    random. Engines in `down` or `avoid` are skipped; an island with none left gives its share to the range's other
-    islands. None when no engine serving the range is left."""
+    """An (island, engine) for a prompt of `tokens` in `phase`, among the range's islands' engines not in `down` or
+    `avoid` (an island with none left gives its share to the range's other islands); None when none is left.
+
+    With a `session`: weighted rendezvous hashing over all of them, each engine weighted by its island's fraction
+    over the island's engines up, so the range's traffic splits as the plan says and a session's turns reach one
+    engine (whose prefix cache holds the conversation) while their lengths keep to islands that engine belongs
+    to; an engine lost moves only its own sessions. With `load` (requests in flight on each engine), an engine
+    past `LOAD_BOUND` x the mean + 1 is passed over for the session's next (consistent hashing with bounded loads,
+    Mirrokni et al. 2018), so one hot session or prompt cannot swamp an engine. Without a session: an island drawn
+    with the plan's fractions, one of its engines at random."""
     choices = []
     for island, frac in table.range_of(tokens).islands[phase]:
         ok = [e for e in island.engines if e not in down and e not in avoid] if down or avoid else island.engines
@@ -256,6 +264,13 @@ def pick(
             choices.append((island, frac, ok))
     if not choices:
         return None
+    if session is not None:
+        engines = [(island, e, frac / len(ok)) for island, frac, ok in choices for e in ok]
+        ranked = sorted(engines, key=lambda c: _draw(session, c[1]) / max(c[2], 1e-300))
+        if load:
+            cap = LOAD_BOUND * (sum(load.get(e, 0) for _, e, _ in engines) + 1) / len(engines)
+            ranked = [c for c in ranked if load.get(c[1], 0) + 1 <= cap] or ranked
+        return ranked[0][0], ranked[0][1]
     x = rng.random() * sum(f for _, f, _ in choices)
     chosen = choices[-1]  # where rounding leaves x >= 0 past them all
     for choice in choices:
@@ -264,14 +279,14 @@ def pick(
             chosen = choice
             break
     island, _, ok = chosen
-    if session is not None:
-        return island, max(ok, key=lambda e: _weight(session, e))
     return island, ok[int(rng.random() * len(ok))]
 
 
-def _weight(session: str, engine: str) -> bytes:
-    """Rendezvous hashing's weight of `engine` for `session`: the session goes to the engine of highest weight."""
-    return hashlib.blake2b(f"{session}\0{engine}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+def _draw(session: str, engine: str) -> float:
+    """Weighted rendezvous hashing's draw of `engine` for `session`: -ln of a uniform hash in (0, 1); the session
+    goes to the engine of the smallest draw over weight."""
+    h = int.from_bytes(hashlib.blake2b(f"{session}\0{engine}".encode("utf-8", "surrogatepass"), digest_size=8).digest())
+    return -math.log((h + 0.5) / 2.0**64)
 
 
 def aggregated_first(
