@@ -47,13 +47,15 @@ class Reuse:
     # True, paced (`simulator.sessions`: more sessions at the same think times, so gaps stay and r / its own rate
     # times as many blocks come between two touches of one)
     paced: bool = False
+    counted_from: int = 0  # the requests before this one warm the caches and are not counted (`of`'s `warmup`)
 
     @staticmethod
     def of(ids: np.ndarray, start: np.ndarray, block_tokens: int, input_tokens: np.ndarray,
-           arrival_s: np.ndarray | None = None, paced: bool = False) -> Reuse:  # fmt: skip
+           arrival_s: np.ndarray | None = None, paced: bool = False, warmup: float = 0.0) -> Reuse:  # fmt: skip
         """`ids`, `start`: the requests' block ids, concatenated, request i's at ids[start[i]:start[i + 1]] (in
         arrival order); `input_tokens`: their prompts' tokens; `arrival_s`: their arrivals (None: not timed);
-        `paced`: the trace grows to other rates as sessions do (the field)."""
+        `paced`: the trace grows to other rates as sessions do (the field); `warmup`: the share of its first
+        requests that fill the caches uncounted, as the simulator's measurements skip their warm-up."""
         n_req = len(start) - 1
         touches = int(start[-1])
         tree = [0] * (touches + 1)  # Fenwick tree over touch positions: 1 where a block was last touched
@@ -112,7 +114,7 @@ class Reuse:
             gap, rate = t[request] - t[np.asarray(first_l, dtype=np.int64)], (len(t) - 1) / float(t[-1] - t[0])
         return Reuse(np.asarray(input_tokens, dtype=float), request, np.asarray(gain_l, dtype=float),
                      np.asarray(dist_l, dtype=float), parent, np.asarray(touch_l, dtype=float), gap, rate,
-                     paced)  # fmt: skip
+                     paced, int(n_req * warmup))  # fmt: skip
 
     @property
     def unbounded(self) -> float:
@@ -130,7 +132,8 @@ class Reuse:
         rate comes rate / its own rate times as fast, and a block first stored by a prompt that arrived less than its
         prefill before it is not cached yet (None: every parent done). A paced trace (sessions) keeps its gaps at
         any rate, and `rate_req_s` stretches its distances instead."""
-        tokens = np.bincount(range_of, weights=self.input_tokens, minlength=n_ranges)
+        counted = np.arange(len(self.input_tokens)) >= self.counted_from
+        tokens = np.bincount(range_of[counted], weights=self.input_tokens[counted], minlength=n_ranges)
         phi = (share * tokens[:, None]).sum(axis=0) / max(tokens.sum(), 1.0)  # each island's share of the stream
         r_own, r_parent = range_of[self.request], range_of[self.parent]
         timed = ready_s is not None and self.gap_s is not None and rate_req_s > 0 and self.rate_req_s > 0
@@ -155,8 +158,9 @@ class Reuse:
         there = held * (share[r_own] > 0)
         on = there / np.maximum(there.sum(axis=1), 1.0)[:, None]
         out = np.zeros((n_ranges, len(capacity)))
+        mine = self.request >= self.counted_from
         for k in range(len(capacity)):
-            saved = np.bincount(r_own, weights=self.gain * on[:, k], minlength=n_ranges)
+            saved = np.bincount(r_own[mine], weights=(self.gain * on[:, k])[mine], minlength=n_ranges)
             routed = share[:, k] * tokens  # the range's prompt tokens the plan gives the island
             out[:, k] = np.minimum(np.divide(saved, routed, out=np.zeros(n_ranges), where=routed > 0), 1.0)
         return out

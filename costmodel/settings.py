@@ -16,6 +16,7 @@ whatever switches and values it used; it reads the flat record of earlier plan.j
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +113,9 @@ class EngineSettings:
     # --gpu-memory-utilization): the rest is the engine's activations and the CUDA context
     mem_fraction: float = MEM_FRACTION
     kv_dtype: str = "auto"  # the KV cache's format (KV_DTYPES)
+    # GB of host DRAM per GPU a prefill engine keeps prefix-cache blocks in once they leave GPU memory (SGLang's
+    # hierarchical cache, --hicache-size per rank), loaded back over the GPU's host link on a hit (0: no host tier)
+    host_cache_gb: float = 0.0
 
     def __post_init__(self) -> None:
         batch = self.prefill_batch_tokens
@@ -121,6 +125,10 @@ class EngineSettings:
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not MIN_MEM_FRACTION <= f <= MAX_MEM_FRACTION:
             raise SpecError(f"`{MIN_MEM_FRACTION} <= mem_fraction <= {MAX_MEM_FRACTION}` (the share of a GPU's memory "
                             f"an engine holds weights and KV cache in) must hold, got {f!r}")  # fmt: skip
+        h = self.host_cache_gb
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h) or h < 0:
+            raise SpecError(f"`host_cache_gb >= 0` (GB of host memory per GPU for the prefix cache) must hold, got "
+                            f"{h!r}")  # fmt: skip
         if self.kv_dtype not in KV_DTYPES:
             raise SpecError(f"kv_dtype must be one of {list(KV_DTYPES)}, got {self.kv_dtype!r}")
 

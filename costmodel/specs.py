@@ -72,6 +72,8 @@ class GPU:
     node_gpus: int = 8  # GPUs per host (server, or rack compute tray): the unit a deployment places
     software: str = "cuda"  # the kernel stack its engines run (cuda | rocm): end-to-end factors are the stack's
     device: Device | None = None  # what the device reports (None: not recorded; the engines' checks need it)
+    host_memory_gb: float | None = None  # DRAM of one host (node_gpus GPUs), GB (None: not known)
+    host_link_gb_s: float = 0.0  # GPU <-> host bandwidth per GPU, one direction (PCIe), GB/s (0: not known)
 
     def __post_init__(self) -> None:
         _require(self.software in SOFTWARE, f"`software` of GPU {self.name} must be one of {SOFTWARE}, "
@@ -91,7 +93,10 @@ class GPU:
         for f in ("tflops_bf16", "mem_gb", "mem_bw_gb_s", "nvlink_bw_gb_s", "scaleout_bw_gb_s"):
             v = getattr(self, f)
             _require(_finite(v) and v > 0, f"`{f} > 0` must hold for GPU {self.name}, got {v!r}")
-        for f in ("tflops_fp8", "tflops_fp4", "price_per_hour"):
+        _require(self.host_memory_gb is None or (_finite(self.host_memory_gb) and self.host_memory_gb > 0),
+                 f"`host_memory_gb > 0` (GB of DRAM a host has) must hold for GPU {self.name}, or leave it out "
+                 f"(not known), got {self.host_memory_gb!r}")  # fmt: skip
+        for f in ("tflops_fp8", "tflops_fp4", "price_per_hour", "host_link_gb_s"):
             v = getattr(self, f)
             _require(_finite(v) and v >= 0, f"`{f} >= 0` must hold for GPU {self.name} (0: none), got {v!r}")
         _require(

@@ -75,7 +75,8 @@ def build(
             t = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost, cached=cached)
             ids = list(range(len(prefill), len(prefill) + e.attn_dp))
             blocks = (t.kv_tokens - budget) // cache_block_tokens if cached else 0  # type: ignore[operator]
-            prefill += [PrefillEngine(i, k, t, budget, PrefixCache(blocks) if cached else None) for i in ids]
+            host = t.host_tokens // cache_block_tokens if cached else 0  # type: ignore[operator]
+            prefill += [PrefillEngine(i, k, t, budget, PrefixCache(blocks, host) if cached else None) for i in ids]
         else:
             e = mine[0]  # the island's engines are alike
             t = decode_timing(gpu, model, e.attn_tp, e.gpus, isl.batch, max_context, cost,

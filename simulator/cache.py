@@ -58,39 +58,58 @@ class PrefixBlocks:
 
 
 class PrefixCache:
-    """An LRU cache of prefix blocks of `capacity` blocks (module docstring)."""
+    """An LRU cache of prefix blocks of `capacity` blocks (module docstring), and optionally a host tier of
+    `host_capacity` blocks below it (SGLang's hierarchical cache): a block evicted from GPU memory moves there, the
+    most recent of the tier, and leaves the cache only when the host tier evicts it too; a prompt that uses it loads
+    it back (`on_host` says how many of its blocks come that way)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, host_capacity: int = 0) -> None:
         self.capacity = max(int(capacity), 0)
-        self.blocks: OrderedDict[int, None] = OrderedDict()  # least recently used first
-        self.evicted = 0
+        self.host_capacity = max(int(host_capacity), 0)
+        self.blocks: OrderedDict[int, None] = OrderedDict()  # in GPU memory, least recently used first
+        self.host: OrderedDict[int, None] = OrderedDict()  # in host memory, least recently used first
+        self.evicted = 0  # blocks that left the cache
 
     def __len__(self) -> int:
-        return len(self.blocks)
+        return len(self.blocks) + len(self.host)
 
     def match(self, ids: np.ndarray) -> int:
-        """How many leading blocks of `ids` the cache holds (it is not touched: a router may ask)."""
+        """How many leading blocks of `ids` the cache holds, in either tier (it is not touched: a router may ask)."""
         n = 0
         for b in ids.tolist():
-            if b not in self.blocks:
+            if b not in self.blocks and b not in self.host:
                 break
             n += 1
         return n
 
+    def on_host(self, ids: np.ndarray, matched: int) -> int:
+        """How many of the first `matched` blocks of `ids` are in the host tier (to load back before they serve)."""
+        return sum(b in self.host for b in ids[:matched].tolist()) if self.host else 0
+
     def insert(self, ids: np.ndarray) -> None:
-        """The prompt's blocks, now computed, become the most recently used, its head the most recent of all."""
-        if self.capacity == 0:
+        """The prompt's blocks, now computed (or loaded back), become the most recently used in GPU memory, its head
+        the most recent of all."""
+        if self.capacity == 0 and self.host_capacity == 0:
             return
         for b in reversed(ids.tolist()):
+            self.host.pop(b, None)
             self.blocks[b] = None
             self.blocks.move_to_end(b)
         self.resize(self.capacity)
 
     def resize(self, capacity: int) -> None:
-        """Set the capacity (blocks) and evict the least recently used blocks beyond it."""
+        """Set the GPU tier's capacity (blocks): its least recently used blocks beyond it move to the host tier (or
+        leave, without one), and the host tier's beyond its own leave."""
         self.capacity = max(int(capacity), 0)
         while len(self.blocks) > self.capacity:
-            self.blocks.popitem(last=False)
+            b, _ = self.blocks.popitem(last=False)
+            if self.host_capacity:
+                self.host[b] = None
+                self.host.move_to_end(b)
+            else:
+                self.evicted += 1
+        while len(self.host) > self.host_capacity:
+            self.host.popitem(last=False)
             self.evicted += 1
 
 
@@ -100,6 +119,7 @@ class CacheStats:
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    host_tokens: int = 0  # ... of them loaded back from the host tier
 
     @property
     def hit_rate(self) -> float:

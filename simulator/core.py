@@ -208,8 +208,13 @@ class Simulation(Arrivals):
             e.batch.append(req)
             tokens, prompts = tokens + n - c, prompts + n
             self.r.cached[req] = c
-            # prompts in a batch cost what they cost one by one (see timing)
-            ms += e.timing.prefill_cached_ms(n, c) if c else e.timing.prefill_ms(n)
+            # prompts in a batch cost what they cost one by one (see timing), a prefix in the host tier loaded first
+            if c:
+                host = self._on_host(e, req, c)
+                e.stats.host_tokens += host
+                ms += e.timing.prefill_cached_ms(n, c) + e.timing.host_load_ms(host)
+            else:
+                ms += e.timing.prefill_ms(n)
         if e.batch:
             e.queued_tokens -= prompts
             e.queued_new -= sum(self.new_work.pop(q, 0) for q in e.batch)
@@ -220,6 +225,15 @@ class Simulation(Arrivals):
         if e.cache is None or self.r.blocks is None:
             return 0
         return cached_tokens(e.cache.match(self.r.blocks.of(req)), self.r.blocks.block_tokens, n)
+
+    def _on_host(self, e: PrefillEngine, req: int, cached: int) -> int:
+        """The tokens of `req`'s `cached` that engine `e`'s host tier holds (loaded back before its prefill)."""
+        if e.cache is None or not e.cache.host or self.r.blocks is None:
+            return 0
+        bt = self.r.blocks.block_tokens
+        ids = self.r.blocks.of(req)
+        matched = -(-cached // bt)
+        return min(e.cache.on_host(ids, matched) * bt, cached)
 
     def _prefill_done(self, index: int) -> None:
         e = self.prefill[index]

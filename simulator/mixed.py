@@ -32,6 +32,7 @@ class MixedRun:
     decode: list[DecodeEngine] = field(default_factory=list)
     kv_trace: list[tuple[float, float]] = field(default_factory=list)
     aggregated: dict[int, list[AggregatedEngine]] = field(default_factory=dict)  # plan.serving index -> its engines
+    engine_island: dict[int, int] = field(default_factory=dict)  # an aggregated engine's number in `r` -> its island
 
 
 def split(plan: Plan, input_len: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -104,6 +105,7 @@ def run(
         out.aggregated[k] = pool
         sub.prefill_engine = np.where(sub.prefill_engine >= 0, sub.prefill_engine + engines, -1)
         sub.decode_engine = sub.prefill_engine.copy()
+        out.engine_island.update({engines + i: k for i in range(len(pool))})
         engines += len(pool)
         parts.append((idx, sub))
     for idx, sub in parts:

@@ -190,6 +190,16 @@ class SessionModel:
             assert probe.blocks is not None
             lo, hi = (mid, hi) if (_turns(probe.blocks)[0] >= 0).mean() < cont.mean() else (lo, mid)
         model = dataclasses.replace(model, turns_mean=round((lo + hi) / 2, 3))
+        # ... and the first messages: the detector takes a window's cut sessions' later turns for first ones, which
+        # lengthens them; each quantile scaled by how far the same detector's reading of the model's sessions is
+        # from the trace's
+        for _ in range(FIT_STEPS // 5):
+            probe = model.requests(n, (n - 1) / span, seed=0)
+            assert probe.blocks is not None
+            seen = np.maximum(probe.input_len[_turns(probe.blocks)[0] < 0] - sys_tokens, 1.0)
+            scale = np.asarray(quant(first, 1.0)) / np.maximum(np.asarray(quant(seen.astype(float), 1.0)), 1.0)
+            fixed = np.maximum.accumulate(np.maximum(np.asarray(model.first_tokens) * scale, 1.0))
+            model = dataclasses.replace(model, first_tokens=tuple(float(v) for v in np.round(fixed, 1)))
         found = {"requests": float(n), "sessions": float(roots.sum()), "continuations": float(cont.mean()),
                  "shrunk": float((growth < 1).mean()) if len(growth) else 0.0, "system_blocks": float(sys_depth),
                  "sessions_per_s": float(roots.sum() / span) if span > 0 else 0.0,

@@ -46,6 +46,10 @@ class PrefillTiming:
     # KV tokens one engine holds beside nothing else (prefill_timing(..., cached=True); None, 0: not built)
     cached_ms: np.ndarray | None = None
     kv_tokens: int = 0
+    # its host tier (`host_cache_tokens`): blocks past the GPU's room kept in host memory, and the GB/s they load
+    # back at (0: none)
+    host_tokens: int = 0
+    host_gb_s: float = 0.0
 
     def prefill_ms(self, tokens: float) -> float:
         return float(np.interp(tokens, self.lengths, self.ms))
@@ -60,6 +64,11 @@ class PrefillTiming:
         f, h = x - i, min(cached / tokens, HITS[-1])
         lo, hi = (float(np.interp(h, HITS, self.cached_ms[j])) for j in (i, i + 1))
         return (1 - f) * lo + f * hi
+
+    def host_load_ms(self, tokens: float) -> float:
+        """Loading `tokens` of a prompt's cached prefix from host memory back to the GPU, over its host link (added
+        to the prefill: costmodel.host_load_ms)."""
+        return tokens * self.kv_bytes_per_token / (self.host_gb_s * 1e9) * 1e3 if tokens and self.host_gb_s else 0.0
 
     def transfer_ms(self, tokens: float) -> float:
         return tokens * self.kv_bytes_per_token / (self.link_gb_s * 1e9) * 1e3 + self.handoff_ms
@@ -104,7 +113,19 @@ def prefill_timing(
     if not cached:
         return PrefillTiming(lengths, table[:, 0], kv, link, *overheads)
     return PrefillTiming(lengths, table[:, 0], kv, link, *overheads, cached_ms=table,
-                         kv_tokens=prefill_kv_tokens(gpu, model, tp, dp, cost))  # fmt: skip
+                         kv_tokens=prefill_kv_tokens(gpu, model, tp, dp, cost),
+                         host_tokens=host_cache_tokens(gpu, model, tp, cost), host_gb_s=gpu.host_link_gb_s)  # fmt: skip
+
+
+def host_cache_tokens(gpu: GPU, model: Model, tp: int, cost: CostSettings) -> int:
+    """KV tokens the host tier of one attention rank holds: `host_cache_gb` per GPU over a token's KV bytes there
+    (an MLA rank's GPUs each keep the whole latent KV, as in GPU memory; other attention splits it over tp)."""
+    if not cost.engine.host_cache_gb:
+        return 0
+    kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile, cost.draft_layers,
+                                cost.engine.kv_dtype)[0])  # fmt: skip
+    per_gpu = cost.engine.host_cache_gb * 1e9 / kv
+    return int(per_gpu if model.attention == "mla" else per_gpu * tp)
 
 
 def prefill_kv_tokens(gpu: GPU, model: Model, tp: int, dp: int, cost: CostSettings) -> int:

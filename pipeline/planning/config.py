@@ -114,7 +114,8 @@ def mtp_from_cfg(c: Mapping[str, Any]) -> Mtp | None:
 
 
 def engine_from_cfg(cfg: Any) -> EngineSettings:
-    """How the engines run (`costmodel`: prefill_batch_tokens, fp8_combine, aggregated, mem_fraction, kv_dtype;
+    """How the engines run (`costmodel`: prefill_batch_tokens, fp8_combine, aggregated, mem_fraction, kv_dtype,
+    host_cache_gb;
     `search.shapes`)."""
     c = cfg.costmodel
     return EngineSettings(
@@ -124,9 +125,29 @@ def engine_from_cfg(cfg: Any) -> EngineSettings:
         mem_fraction=number(c.get("mem_fraction", MEM_FRACTION), "costmodel.mem_fraction", MIN_MEM_FRACTION,
                             MAX_MEM_FRACTION),
         kv_dtype=one_of(c.get("kv_dtype", "auto"), "costmodel.kv_dtype", KV_DTYPES),
+        host_cache_gb=number(c.get("host_cache_gb", 0.0), "costmodel.host_cache_gb", low=0.0, high=1e6),
         # search.shapes=any plans the thesis's free sizes and configurations; everything else, what engines run
         runnable_only=cfg.get("search") is None or str(cfg.search.get("shapes", "nodes")) != "any",
     )
+
+
+def host_cache_fits(cost: CostSettings, gpus: Mapping[str, GPU]) -> None:
+    """ConfigError unless every host of `gpus` has the memory a host tier of `costmodel.host_cache_gb` per GPU takes
+    (its GPUs' share together), known from its catalogue entry, and a host link to load it back over."""
+    per_gpu = cost.engine.host_cache_gb
+    if not per_gpu:
+        return
+    for g in gpus.values():
+        where = f"conf/gpu/{g.name}.yaml"
+        if g.host_memory_gb is None or not g.host_link_gb_s:
+            what = "host_memory_gb (its hosts' DRAM)" if g.host_memory_gb is None else "host_link_gb_s (PCIe)"
+            raise ConfigError(f"costmodel.host_cache_gb={per_gpu:g}: {g.name} hosts have no {what} in {where}: "
+                              f"give it there, or set costmodel.host_cache_gb=0")  # fmt: skip
+        need = per_gpu * g.node_gpus
+        if need > g.host_memory_gb:
+            raise ConfigError(f"costmodel.host_cache_gb={per_gpu:g} GB per GPU x {g.node_gpus} GPUs = {need:,.0f} GB "
+                              f"is more than a {g.name} host's {g.host_memory_gb:,.0f} GB of memory ({where} "
+                              f"host_memory_gb): at most {g.host_memory_gb / g.node_gpus:,.0f}")  # fmt: skip
 
 
 def calibrated_for(cost: CostSettings, model: Model) -> None:

@@ -23,10 +23,10 @@ from costmodel.reuse import Reuse
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 from pipeline.errors import ConfigError
-from pipeline.planning.config import calibrated_for
+from pipeline.planning.config import calibrated_for, host_cache_fits
 from pipeline.planning.workload import Ranges, Workload
 from simulator.arrivals import PROFILE_BIN_S
-from simulator.timing import prefill_kv_tokens
+from simulator.timing import host_cache_tokens, prefill_kv_tokens
 from solvers.evaluate import Evaluation, PhaseRouting, evaluate
 from solvers.inner import InnerProblem, InnerSolution, solve
 
@@ -99,12 +99,14 @@ class Planner:
     spare_cache: dict[tuple[Layout, int, str], Any] = field(default_factory=dict, repr=False)
     # with `reuse`: per layout, the roles and (islands, ranges) expected hit rates of a routing (`expected_hits`),
     # which every later problem of the layout is priced at
-    hit_cache: dict[Layout, tuple[tuple[str, ...], np.ndarray]] = field(default_factory=dict, repr=False)
+    # (and of them, the share found in the host tier: costmodel.host_cache_gb)
+    hit_cache: dict[Layout, tuple[tuple[str, ...], np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     hits: int = 0
     misses: int = 0
 
     def __post_init__(self) -> None:
         calibrated_for(self.cost, self.model)
+        host_cache_fits(self.cost, self.gpus)
         if self.reuse is not None and self.cost.cache_hit > 0:
             raise ConfigError(
                 f"costmodel.cache_hit={self.cost.cache_hit} assumes a hit rate the prefix caches of workload "
@@ -217,9 +219,9 @@ class Planner:
                 bench = self.benchmark(g, n)
                 rates.append((bench.prefill_req_s * u_pre, bench.decode_req_s * u_dec))
         if layout in self.hit_cache:
-            hits = self.hit_cache[layout][1]
-            rates = [(pre * self.speedup(g, n, h), dec) for (g, n), (pre, dec), h in zip(layout.islands, rates, hits,
-                                                                                       strict=True)]  # fmt: skip
+            _, hits, host = self.hit_cache[layout]
+            rates = [(pre * self.speedup(g, n, h, o), dec) for (g, n), (pre, dec), h, o
+                     in zip(layout.islands, rates, hits, host, strict=True)]  # fmt: skip
         if objective == "max_rate":
             if self.kv_transfer:
                 kw.setdefault("kv_gb", self.kv_gb_per_range(layout))
@@ -275,7 +277,7 @@ class Planner:
         sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
         if objective == "max_rate":
             for _ in range(REUSE_ROUNDS if self._stale_hits(layout, sol) else 0):
-                self.hit_cache[layout] = (sol.roles, self.expected_hits(layout, prob.resolved(sol.roles), sol))
+                self.hit_cache[layout] = (sol.roles, *self.expected_hits(layout, prob.resolved(sol.roles), sol))
                 prob = self.problem(layout, objective, queueing, **kw)
                 sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
                 if not self._stale_hits(layout, sol):
@@ -290,20 +292,22 @@ class Planner:
         known = self.hit_cache.get(layout)
         return known is None or known[0] != sol.roles
 
-    def expected_hits(self, layout: Layout, prob: InnerProblem, sol: InnerSolution) -> np.ndarray:
+    def expected_hits(self, layout: Layout, prob: InnerProblem, sol: InnerSolution) -> tuple[np.ndarray, np.ndarray]:
         """(islands, ranges) prefix-cache hit rates a solution's routing gives its prefill islands' engines
         (`costmodel.reuse`): each engine's cache the KV memory its batch leaves, the router keeping prompts with the
-        engine that holds them. Zeros without `reuse`, and on islands that do not prefill apart."""
+        engine that holds them; and of them, the share its host tier holds (`costmodel.host_cache_gb`: an LRU cache
+        as large as both tiers finds what the GPU's alone does and the host tier's blocks besides). Zeros without
+        `reuse`, and on islands that do not prefill apart."""
         n_i, n_j = len(layout.islands), len(self.ranges.p)
         out = np.zeros((n_i, n_j))
         if self.reuse is None:
-            return out
+            return out, out
         routed = (prob.prefill_req_s * sol.x_prefill).T  # (ranges, islands) req/s
         pre = [i for i, r in enumerate(sol.roles) if r == "prefill"]
         total = routed[:, pre].sum(axis=1, keepdims=True)
         share = np.zeros((n_j, n_i))
         share[:, pre] = np.divide(routed[:, pre], total, out=np.zeros((n_j, len(pre))), where=total > 0)
-        capacity, engines, ready = np.zeros(n_i), np.ones(n_i), np.zeros((n_j, n_i))
+        capacity, host, engines, ready = np.zeros(n_i), np.zeros(n_i), np.ones(n_i), np.zeros((n_j, n_i))
         for i in pre:
             g, n = layout.islands[i]
             c = self.benchmark(g, n).config("prefill")
@@ -311,6 +315,7 @@ class Planner:
                 continue
             kv = prefill_kv_tokens(self.gpus[g], self.model, c["tp"], c["dp"], self.cost)
             capacity[i] = max(kv - self.cost.engine.prefill_batch_tokens, 0)
+            host[i] = host_cache_tokens(self.gpus[g], self.model, c["tp"], self.cost)
             engines[i] = c["dp"]
             L = self.lengths.astype(float)  # a prompt's own prefill there: its successor finds it only after
             tp, dp = np.full_like(L, c["tp"]), np.full_like(L, c["dp"])
@@ -321,17 +326,21 @@ class Planner:
             lam, table = routed[:, i], self.benchmark(g, n).table("prefill")
             if lam.sum() > 0 and table is not None and table.chosen >= 0:
                 known = self.hit_cache.get(layout)
-                speed = self.speedup(g, n, known[1][i]) if known is not None else 1.0
+                speed = self.speedup(g, n, known[1][i], known[2][i]) if known is not None else 1.0
                 service = table.time_ms[table.chosen] / 1e3 / speed  # s a prompt of each range takes one server
                 mean, cs2 = mix_moments(service[lam > 0], lam[lam > 0])
                 ready[:, i] += wait_quantile(c["dp"], min(lam.sum(), 0.9999 * c["dp"] / mean), mean, cs2, 0.5)
-        hits = self.reuse.hit_rates(self.reuse.range_of(self.ranges.end), n_j, share, capacity, engines, ready,
-                                    sol.rate_req_s)  # fmt: skip
-        return hits.T
+        range_of = self.reuse.range_of(self.ranges.end)
+        hits = self.reuse.hit_rates(range_of, n_j, share, capacity + host, engines, ready, sol.rate_req_s).T
+        if not host.any():
+            return hits, np.zeros_like(hits)
+        gpu = self.reuse.hit_rates(range_of, n_j, share, capacity, engines, ready, sol.rate_req_s).T
+        return hits, np.clip(hits - gpu, 0.0, None)
 
-    def speedup(self, gpu: str, size: int, hits: np.ndarray) -> np.ndarray:
+    def speedup(self, gpu: str, size: int, hits: np.ndarray, host: np.ndarray | None = None) -> np.ndarray:
         """Per range, how much faster island (gpu, size)'s chosen prefill configuration prefills a range's prompt
-        with `hits` of it cached (the cost model's `cache_hit`: the rest computed, attending to the whole prompt)."""
+        with `hits` of it cached (the cost model's `cache_hit`: the rest computed, attending to the whole prompt),
+        `host` of it loaded back from the host tier first (its KV bytes over the GPU's host link)."""
         c = self.benchmark(gpu, size).config("prefill")
         if c is None or not hits.any():
             return np.ones_like(hits)
@@ -340,6 +349,11 @@ class Planner:
         kw = {"profile": self.profile, "draft_layers": self.cost.draft_layers}
         whole = prefill_time_ms(self.gpus[gpu], self.model, L, tp, dp, cache_hit=0.0, **kw)
         cached = prefill_time_ms(self.gpus[gpu], self.model, L, tp, dp, cache_hit=np.minimum(hits, 0.999), **kw)
+        if host is not None and host.any():
+            g = self.gpus[gpu]
+            kv = float(kv_bytes_per_seq(g, self.model, np.array([1.0]), np.array([1.0]), self.profile,
+                                        self.cost.draft_layers, self.cost.engine.kv_dtype)[0])  # fmt: skip
+            cached = cached + host * L * kv / (g.host_link_gb_s * 1e9) * 1e3  # (as simulator.timing.host_load_ms)
         return np.divide(whole, cached, out=np.ones_like(L), where=cached > 0)
 
     def routed_caps(
@@ -398,7 +412,7 @@ class Planner:
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
             prob = prob.resolved(sol.roles)
         if self._stale_hits(layout, sol):  # its roles moved from those the hit rates were priced for: once more
-            self.hit_cache[layout] = (sol.roles, self.expected_hits(layout, prob, sol))
+            self.hit_cache[layout] = (sol.roles, *self.expected_hits(layout, prob, sol))
             prob = self.problem(layout, "max_rate", caps=caps, **fixed)
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
             prob = prob.resolved(sol.roles)

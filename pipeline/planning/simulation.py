@@ -211,28 +211,45 @@ class Runner:
         warm = float(r.arrival[int(len(r) * self.s.warmup_fraction)]) if len(r) else 0.0
         slo = self.slo
         m = summary(sim, warm, slo.ttft_ms, slo.tpot_ms, slo.ttft_percentile, slo.tpot_percentile)
-        if blocks is not None:
-            done = r.first_token >= 0
+        if blocks is not None:  # past the warm-up, as the latencies (the caches start empty)
+            done = (r.first_token >= 0) & (r.arrival >= warm)
             m["cache_hit_rate"] = float(r.cached[done].sum() / max(int(r.input_len[done].sum()), 1))
-            for k, st in island_caches(self.plan, sim).items():
+            caches = island_caches(self.plan, sim, warm)
+            for k, st in caches.items():
                 m[f"cache_hit_rate_island_{k}"] = st.hit_rate
+            if self.plan.cost.engine.host_cache_gb:  # the share of the prompt tokens loaded from host tiers
+                m["cache_host_rate"] = sum(st.host_tokens for st in caches.values()) / max(
+                    sum(st.prompt_tokens for st in caches.values()), 1)
         m["sustained"] = float(not self.verdict(m))
         m["sim_wall_s"] = wall
         m["sim_req_per_s"] = len(r) / wall if wall > 0 else 0.0
         return sim, m, wall
 
 
-def island_caches(plan: Plan, sim: Simulation | mixed.MixedRun) -> dict[int, CacheStats]:
+def island_caches(plan: Plan, sim: Simulation | mixed.MixedRun, since_ms: float | None = None) -> dict[int, CacheStats]:
     """Each serving island's prefix caches, summed over its engines (by index in `plan.serving`): the prompt tokens
-    its prefills were asked for and those they found cached."""
+    its prefills were asked for and those they found cached (and loaded from a host tier). `since_ms`: of the
+    requests that arrived since then only (the caches warm, as latencies are measured past a warm-up), each by the
+    island that prefilled it; the host tier's tokens stay the whole run's."""
     apart = [k for k, isl in enumerate(plan.serving) if isl.role != "aggregated"]  # simulator.build's island order
     out: dict[int, CacheStats] = {}
     pools = [(apart[e.island], e.stats) for e in sim.prefill]
     pools += [(k, e.stats) for k, pool in getattr(sim, "aggregated", {}).items() for e in pool]
     for k, st in pools:
         mine = out.setdefault(k, CacheStats())
-        mine.prompt_tokens += st.prompt_tokens
-        mine.cached_tokens += st.cached_tokens
+        mine.host_tokens += st.host_tokens
+        if since_ms is None:
+            mine.prompt_tokens += st.prompt_tokens
+            mine.cached_tokens += st.cached_tokens
+    if since_ms is not None:
+        r = sim.r
+        owner = {e.index: apart[e.island] for e in sim.prefill} | getattr(sim, "engine_island", {})
+        island = np.array([owner.get(int(e), -1) for e in r.prefill_engine])
+        done = (r.first_token >= 0) & (r.arrival >= since_ms) & (island >= 0)
+        for k in out:
+            mine = done & (island == k)
+            out[k].prompt_tokens = int(r.input_len[mine].sum())
+            out[k].cached_tokens = int(r.cached[mine].sum())
     return out
 
 

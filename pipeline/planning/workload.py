@@ -184,11 +184,13 @@ def from_trace(trace: Trace, sessions: SessionModel | None = None) -> Workload:
     if trace.blocks is None:
         return w
     b = trace.blocks
-    reuse = Reuse.of(b.ids, b.start, b.block_tokens, trace.input_tokens, trace.arrival_s, paced=sessions is not None)
+    reuse = Reuse.of(b.ids, b.start, b.block_tokens, trace.input_tokens, trace.arrival_s, paced=sessions is not None,
+                     warmup=WARMUP_SHARE)
     return dataclasses.replace(w, reuse=reuse, prefix_trace=trace, sessions=sessions)
 
 
 SESSION_RUN = ("rate_req_s", "requests", "seed")  # a session workload's keys beside its model's
+WARMUP_SHARE = 0.1  # a trace's first requests that fill the caches uncounted (as SimSettings.warmup_fraction)
 
 
 def from_sessions(name: str, cfg: Mapping[str, Any], where: str) -> Workload:
