@@ -206,7 +206,8 @@ class SessionRouter(PlanRouter):
     """The deployment router's policy (`deployment.router.table.pick`), simulated: a prompt's range by its length,
     then weighted rendezvous hashing of its session over every prefill engine of the range's islands (weight: the
     island's fraction over its engines), so a session's turns reach one engine while their ranges keep its island,
-    skipping an engine whose requests pass `AFFINITY_BOUND` x the mean + 1 (Mirrokni et al.'s bounded loads). It
+    skipping an engine whose prompt tokens in flight would pass `AFFINITY_BOUND` x their mean, this prompt counted
+    (Mirrokni et al.'s bounded loads, in the prefill work a router can count). It
     knows sessions, not caches: what a deployment's router can learn from a request. Decode as `plan`."""
 
     def prefill(self, sim: Simulation, req: int) -> int:
@@ -216,11 +217,13 @@ class SessionRouter(PlanRouter):
         share = np.diff(cum, prepend=0.0)
         engines = [(i, share[k] / len(self.engines_of["prefill"][k])) for k in np.flatnonzero(share > 0)
                    for i in self.engines_of["prefill"][k]]  # fmt: skip
-        load = [len(sim.prefill[i].queue) + len(sim.prefill[i].batch) for i, _ in engines]
-        cap = AFFINITY_BOUND * (sum(load) + 1) / len(engines)
+        n = int(sim.r.input_len[req])
+        load = [sim.prefill[i].queued_tokens + sum(int(sim.r.input_len[q]) for q in sim.prefill[i].batch)
+                for i, _ in engines]  # fmt: skip
+        cap = AFFINITY_BOUND * (sum(load) + n) / len(engines)
         session = int(sim.r.session[req])
         ranked = sorted(range(len(engines)), key=lambda j: -engines[j][1] / -math.log(_unit(session, engines[j][0])))
-        return engines[next((j for j in ranked if load[j] + 1 <= cap), ranked[0])][0]
+        return engines[next((j for j in ranked if load[j] + n <= cap), ranked[0])][0]
 
 
 def _unit(session: int, engine: int) -> float:

@@ -134,7 +134,7 @@ def test_the_host_tier_keeps_what_gpu_memory_evicts_and_a_hit_there_is_loaded_ba
 def test_the_session_router_keeps_a_session_on_one_engine_within_bounded_loads() -> None:
     """`session` on stand-in engines (one island of four prefill engines): the turns of 40 sessions arriving far
     apart each reach one engine, the sessions spread over all four; arriving at once, no engine takes more than
-    1.25 x the mean + 1 of the requests waiting."""
+    1.25 x the mean of the prompt tokens waiting, the new prompt counted."""
     from simulator.routers import SessionRouter
 
     table = LENGTHS[:, None] * (1.0 - HITS[None, :])
@@ -164,7 +164,7 @@ def test_the_session_router_keeps_a_session_on_one_engine_within_bounded_loads()
     r, _ = run(1000.0)
     homes = {int(s): set(r.prefill_engine[r.session == s].tolist()) for s in range(40)}  # type: ignore[comparison-overlap]
     assert all(len(h) == 1 for h in homes.values()) and {e for h in homes.values() for e in h} == {0, 1, 2, 3}
-    _, peak = run(0.0)
+    _, peak = run(0.0)  # 100-token prompts: no engine past 1.25 x the mean of the prompts waiting, the new one counted
     assert max(peak) <= 1.25 * (120 / 4) + 1
 
 

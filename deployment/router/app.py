@@ -61,8 +61,8 @@ STATE = web.AppKey("state", "Router")
 HEALTH_CHECKS_AT_ONCE = 128  # engines' health asked at once, at most (a plan of thousands opens no thousands)
 # a request's conversation (`session_of`), for the engines that keep prompts' prefixes: prefill and aggregated ones
 SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("session", default=None)
-# the engines of cached phases a request was sent to (their in-flight counts, `Router.load`, fall when it ends)
-HELD: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("held", default=None)
+# the engines of cached phases a request was sent to and its tokens (their loads, `Router.load`, fall when it ends)
+HELD: contextvars.ContextVar[list[tuple[str, int]] | None] = contextvars.ContextVar("held", default=None)
 SESSION_HEADER = "X-Session-Id"
 SESSION_CHARS = 1024  # a session id longer than this is cut (it is only hashed)
 PROMPT_KEY_CHARS = 4096  # a text prompt's session key: a hash of its first this many characters (about 1,000 tokens)
@@ -139,7 +139,7 @@ class Router:
         self.count = Counter(settings.tokenizer_of(table), table.chars_per_token)
         self.capacity = settings.admitted(table)
         self.in_flight = 0
-        self.load: dict[str, int] = {}  # requests in flight per prefill and aggregated engine (their bounded loads)
+        self.load: dict[str, int] = {}  # prompt tokens in flight per prefill and aggregated engine (bounded loads)
         self.down: set[str] = set()
         self.draining = False
         self.names = {e: (phase, isl.name, j) for phase in table.islands for isl in table.islands[phase]
@@ -360,8 +360,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return response
     finally:
         router.in_flight -= 1
-        for engine in HELD.get() or ():
-            router.load[engine] -= 1
+        for engine, tokens in HELD.get() or ():
+            router.load[engine] -= tokens
         router.metrics.answered(outcome, time.perf_counter() - started)
 
 
@@ -382,8 +382,8 @@ def _choose(router: Router, phase: str, tokens: int, tried: set[str]) -> tuple[I
     got = pick(router.table, phase, tokens, router.rng, router.down, tried, SESSION.get(), router.load)
     held = HELD.get()
     if got is not None and held is not None:
-        router.load[got[1]] = router.load.get(got[1], 0) + 1
-        held.append(got[1])
+        router.load[got[1]] = router.load.get(got[1], 0) + tokens
+        held.append((got[1], tokens))
     return got
 
 

@@ -240,7 +240,7 @@ def load(config: Any) -> Table:
     return Table(config["protocol"], tuple(ranges), islands, int(port), cpt, int(in_flight), tokenizer, checked)
 
 
-LOAD_BOUND = 1.25  # a session's engine is skipped while its requests pass this multiple of the mean + 1
+LOAD_BOUND = 1.25  # a session's engine is skipped while its prompt tokens in flight would pass this x their mean
 
 
 def pick(
@@ -253,10 +253,11 @@ def pick(
     With a `session`: weighted rendezvous hashing over all of them, each engine weighted by its island's fraction
     over the island's engines up, so the range's traffic splits as the plan says and a session's turns reach one
     engine (whose prefix cache holds the conversation) while their lengths keep to islands that engine belongs
-    to; an engine lost moves only its own sessions. With `load` (requests in flight on each engine), an engine
-    past `LOAD_BOUND` x the mean + 1 is passed over for the session's next (consistent hashing with bounded loads,
-    Mirrokni et al. 2018), so one hot session or prompt cannot swamp an engine. Without a session: an island drawn
-    with the plan's fractions, one of its engines at random."""
+    to; an engine lost moves only its own sessions. With `load` (prompt tokens in flight on each engine), an
+    engine whose load would pass `LOAD_BOUND` x the mean, this prompt counted, is passed over for the session's
+    next (consistent hashing with bounded loads, Mirrokni et al. 2018, in tokens: a prefill's work), so one hot
+    session, prompt or long document cannot swamp an engine. Without a session: an island drawn with the plan's
+    fractions, one of its engines at random."""
     choices = []
     for island, frac in table.range_of(tokens).islands[phase]:
         ok = [e for e in island.engines if e not in down and e not in avoid] if down or avoid else island.engines
@@ -268,8 +269,8 @@ def pick(
         engines = [(island, e, frac / len(ok)) for island, frac, ok in choices for e in ok]
         ranked = sorted(engines, key=lambda c: _draw(session, c[1]) / max(c[2], 1e-300))
         if load:
-            cap = LOAD_BOUND * (sum(load.get(e, 0) for _, e, _ in engines) + 1) / len(engines)
-            ranked = [c for c in ranked if load.get(c[1], 0) + 1 <= cap] or ranked
+            cap = LOAD_BOUND * (sum(load.get(e, 0) for _, e, _ in engines) + tokens) / len(engines)
+            ranked = [c for c in ranked if load.get(c[1], 0) + tokens <= cap] or ranked
         return ranked[0][0], ranked[0][1]
     x = rng.random() * sum(f for _, f, _ in choices)
     chosen = choices[-1]  # where rounding leaves x >= 0 past them all
