@@ -21,6 +21,9 @@ class Requests:
     user: np.ndarray | None = None  # a user id per request (-1: none), for affinity routing
     blocks: PrefixBlocks | None = None  # each prompt's prefix blocks, for prefix caches (None: no reuse known)
     session: np.ndarray | None = None  # each request's session (a conversation's turns share one; None: not known)
+    # the requests before this one only warm the engines (a session workload's turns before the window measured:
+    # their prefixes are what the first measured turns find); measurements start past it
+    warm: int = 0
     prefill_engine: np.ndarray = field(init=False)
     decode_engine: np.ndarray = field(init=False)
     first_token: np.ndarray = field(init=False)
@@ -42,6 +45,8 @@ class Requests:
             raise ValueError("`blocks` must have one entry per request")
         if self.session is not None and len(self.session) != n:
             raise ValueError("`session` must have one entry per request")
+        if not 0 <= self.warm <= n:
+            raise ValueError(f"`warm` must count requests 0..{n}, got {self.warm}")
         self.prefill_engine = np.full(n, -1)
         self.decode_engine = np.full(n, -1)
         self.first_token = np.full(n, -1.0)
@@ -55,10 +60,12 @@ class Requests:
                         None if self.user is None else self.user[idx],
                         None if self.blocks is None else self.blocks.take(idx),
                         None if self.session is None else self.session[idx])  # fmt: skip
+        # (a subset keeps no warm-up count: its requests are measured from its own start)
 
     def fresh(self) -> Requests:
         """The same requests, nothing happened yet."""
-        return Requests(self.arrival, self.input_len, self.output_len, self.user, self.blocks, self.session)
+        return Requests(self.arrival, self.input_len, self.output_len, self.user, self.blocks, self.session,
+                        self.warm)
 
     def __len__(self) -> int:
         return len(self.arrival)

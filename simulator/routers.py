@@ -13,8 +13,9 @@
 - `cache`: the cache-aware choice over every prefill engine of every island, whatever the prompt's length:
   cache-aware routing without the plan's ranges. `length` and `cache` route decode as `plan`.
 - `session`: the deployment router's policy (`deployment.router`): the range by length, then the engine of the
-  range's islands its session hashes to (weighted rendezvous hashing with bounded loads, `SessionRouter`); it needs
-  each request's session (a session workload's, `simulator.sessions`), not the engines' caches.
+  range's islands its session's last turn went to, else the one its session hashes to (weighted rendezvous hashing),
+  within bounded loads of the work it sent (`SessionRouter`); it needs each request's session (a session
+  workload's, `simulator.sessions`), not the engines' caches.
 - `round_robin`, `random`: over all engines of the phase, ignoring lengths and load.
 - `p2c` (power of two choices): two engines drawn at random, the less loaded one wins.
 - `sal` (seed 002, Eq. 2): load(s, r) = max(β·(memory(r) − free(s)), queued_tokens(s, r) /
@@ -203,12 +204,20 @@ class CacheAffinity(PlanRouter):
 
 
 class SessionRouter(PlanRouter):
-    """The deployment router's policy (`deployment.router.table.pick`), simulated: a prompt's range by its length,
-    then weighted rendezvous hashing of its session over every prefill engine of the range's islands (weight: the
-    island's fraction over its engines), so a session's turns reach one engine while their ranges keep its island,
-    skipping an engine whose prompt tokens in flight would pass `AFFINITY_BOUND` x their mean, this prompt counted
-    (Mirrokni et al.'s bounded loads, in the prefill work a router can count). It
-    knows sessions, not caches: what a deployment's router can learn from a request. Decode as `plan`."""
+    """The deployment router's policy (`deployment.router.table.pick`), simulated. What a router in front of the
+    engines knows: each request's session and prompt tokens, and where it sent each session's last turn, not the
+    engines' caches. A prompt's range by its length, then among every prefill engine of the range's islands: the
+    engine its session's last turn went to, then the others in the order of weighted rendezvous hashing of its
+    session (weight: the island's fraction over its engines), the first whose work in flight, this prompt's
+    counted, stays within `AFFINITY_BOUND` x the mean (Mirrokni et al.'s bounded loads). A prompt's work is its
+    tokens, less its session's last prompt where it goes to the engine that prefilled that (whose cache should hold
+    it). Decode as `plan`."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.last: dict[int, tuple[int, int]] = {}  # session -> (engine, prompt tokens) of its last turn
+        self.work: dict[int, tuple[int, int]] = {}  # request in prefill -> (engine, its work)
+        self.load: dict[int, int] = {}  # engine -> work in flight
 
     def prefill(self, sim: Simulation, req: int) -> int:
         if sim.r.session is None:
@@ -217,13 +226,27 @@ class SessionRouter(PlanRouter):
         share = np.diff(cum, prepend=0.0)
         engines = [(i, share[k] / len(self.engines_of["prefill"][k])) for k in np.flatnonzero(share > 0)
                    for i in self.engines_of["prefill"][k]]  # fmt: skip
-        n = int(sim.r.input_len[req])
-        load = [sim.prefill[i].queued_tokens + sum(int(sim.r.input_len[q]) for q in sim.prefill[i].batch)
-                for i, _ in engines]  # fmt: skip
-        cap = AFFINITY_BOUND * (sum(load) + n) / len(engines)
-        session = int(sim.r.session[req])
-        ranked = sorted(range(len(engines)), key=lambda j: -engines[j][1] / -math.log(_unit(session, engines[j][0])))
-        return engines[next((j for j in ranked if load[j] + n <= cap), ranked[0])][0]
+        n, session = int(sim.r.input_len[req]), int(sim.r.session[req])
+        home, before = self.last.get(session, (-1, 0))
+        ranked = sorted(engines, key=lambda c: (c[0] != home, -c[1] / -math.log(_unit(session, c[0]))))
+        total = sum(self.load.get(i, 0) for i, _ in engines)
+        pick, work = ranked[0][0], n
+        for i, _ in ranked:
+            w = n - before if i == home and before < n else n
+            if self.load.get(i, 0) + w <= AFFINITY_BOUND * (total + w) / len(engines):
+                pick, work = i, w
+                break
+        else:
+            work = n - before if pick == home and before < n else n
+        self.last[session] = (pick, n)
+        self.work[req] = (pick, work)
+        self.load[pick] = self.load.get(pick, 0) + work
+        return pick
+
+    def prefilled(self, sim: Simulation, req: int) -> None:
+        engine, work = self.work.pop(req, (-1, 0))
+        if engine >= 0:
+            self.load[engine] -= work
 
 
 def _unit(session: int, engine: int) -> float:

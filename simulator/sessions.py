@@ -34,6 +34,7 @@ QUANTILES = 21  # each distribution's quantiles at 0, 5, ..., 100 %
 SYSTEM_SHARE = 0.005  # a leading block touched by more than this share of the requests (and 50) is a system prompt's
 SYSTEM_MIN_TOUCHES = 50
 FIT_STEPS = 10  # bisection steps fitting the mean turns per session
+WARM_QUANTILE = 0.95  # the warm-up before measured requests: this quantile of the think time
 BURN_IN_SESSIONS = 3.0  # sessions start this many mean session lengths before the first request kept
 
 
@@ -81,13 +82,22 @@ class SessionModel:
     def mean_think_s(self) -> float:
         return _quantile_mean(self.think_s)
 
+    @property
+    def warm_s(self) -> float:
+        """The warm-up before a measured window: the think time 95 % of turns come within, so the turns measured
+        find their predecessors (and their prefixes) simulated."""
+        return float(np.interp(WARM_QUANTILE, np.linspace(0.0, 1.0, len(self.think_s)), self.think_s))
+
     def requests(self, n: int, rate_req_s: float, seed: int = 0, kind: str = "poisson",
-                 profile: np.ndarray | None = None) -> Requests:  # fmt: skip
+                 profile: np.ndarray | None = None, warm: bool = True) -> Requests:  # fmt: skip
         """`n` requests at `rate_req_s`: sessions starting at `kind` arrivals at rate / `turns_mean`, from before the
         first request kept (so the first requests include later turns, as a window of live traffic does), each
-        request with its session's id (`Requests.session`) and its prompt's prefix blocks."""
+        request with its session's id (`Requests.session`) and its prompt's prefix blocks. `warm`: preceded by the
+        `warm_s` seconds of requests before them (`Requests.warm` counts them), which warm the engines' caches."""
         if n < 1:
             raise ValueError(f"a session workload needs n >= 1 requests, got {n}")
+        lead = round(self.warm_s * rate_req_s) if warm else 0
+        n += lead
         rng = np.random.default_rng(seed)
         session_rate = rate_req_s / self.turns_mean
         burn_s = BURN_IN_SESSIONS * self.turns_mean * self.mean_think_s
@@ -115,7 +125,7 @@ class SessionModel:
             raise ValueError(f"the session model gave {len(order)} of {n} requests: `max_tokens` "
                              f"({self.max_tokens}) ends most sessions at their first prompt")  # fmt: skip
         blocks = self._blocks(sid[order], length[order], np.repeat(system, turns)[order], order)
-        return Requests(at[order] * 1000.0, length[order], out[order], blocks=blocks, session=sid[order])
+        return Requests(at[order] * 1000.0, length[order], out[order], blocks=blocks, session=sid[order], warm=lead)
 
     def _draw(self, quantiles: tuple[float, ...], n: int, rng: np.random.Generator) -> np.ndarray:
         q = np.asarray(quantiles, dtype=float)
@@ -186,7 +196,7 @@ class SessionModel:
         lo, hi = 1.0, 4.0 * model.turns_mean
         for _ in range(FIT_STEPS):
             mid = (lo + hi) / 2
-            probe = dataclasses.replace(model, turns_mean=mid).requests(n, (n - 1) / span, seed=0)
+            probe = dataclasses.replace(model, turns_mean=mid).requests(n, (n - 1) / span, seed=0, warm=False)
             assert probe.blocks is not None
             lo, hi = (mid, hi) if (_turns(probe.blocks)[0] >= 0).mean() < cont.mean() else (lo, mid)
         model = dataclasses.replace(model, turns_mean=round((lo + hi) / 2, 3))
@@ -194,7 +204,7 @@ class SessionModel:
         # lengthens them; each quantile scaled by how far the same detector's reading of the model's sessions is
         # from the trace's
         for _ in range(FIT_STEPS // 5):
-            probe = model.requests(n, (n - 1) / span, seed=0)
+            probe = model.requests(n, (n - 1) / span, seed=0, warm=False)
             assert probe.blocks is not None
             seen = np.maximum(probe.input_len[_turns(probe.blocks)[0] < 0] - sys_tokens, 1.0)
             scale = np.asarray(quant(first, 1.0)) / np.maximum(np.asarray(quant(seen.astype(float), 1.0)), 1.0)

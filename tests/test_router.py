@@ -219,7 +219,8 @@ def test_a_sessions_prompts_go_to_one_prefill_engine_and_a_lost_engine_moves_onl
 def test_sessions_split_as_the_plan_says_and_an_engine_past_its_bounded_load_passes_its_sessions_on() -> None:
     """Weighted rendezvous hashing: 4,000 sessions over a range split 3 : 1 between two islands of two engines land
     3 : 1 (within 3 points); with one engine's prompt tokens in flight past 1.25 x the mean (the new prompt counted)
-    its sessions go to the others and every other session stays where it was; with every engine alike, none moves."""
+    its sessions go to the others and every other session stays where it was; with every engine alike, none moves; a
+    session's next turn goes where its last went while its new tokens keep that engine within the bound."""
     import random
 
     from deployment.router.table import load, pick
@@ -238,6 +239,13 @@ def test_sessions_split_as_the_plan_says_and_an_engine_past_its_bounded_load_pas
     assert all(moved[k] == e for k, e in home.items() if e != a[0])
     even = {e: 100 for e in a + b}  # every engine alike: each session at home
     assert all(pick(t, "prefill", 100, rng, session=k, load=even)[1] == e for k, e in home.items())  # type: ignore[index]
+    # a session whose last turn (350 tokens) went to b[1], not its hash home: its next (400) goes there too; with
+    # b[1] busier than the rest, its work there is the 50 new tokens: 1,200 within 1.25 x (4,150 + 50) / 4 = 1,312;
+    # had b[1] none of it cached (0 tokens last), 400 tokens of work would pass 1.25 x 4,550 / 4 = 1,422
+    far = next(k for k, e in home.items() if e != b[1])
+    busy = {a[0]: 1000, a[1]: 1000, b[0]: 1000, b[1]: 1150}
+    assert pick(t, "prefill", 400, rng, session=far, load=busy, last=(b[1], 350))[1] == b[1]  # type: ignore[index]
+    assert pick(t, "prefill", 400, rng, session=far, load=busy, last=(b[1], 0))[1] != b[1]  # type: ignore[index]
 
 
 def test_a_conversation_without_a_session_id_is_kept_by_its_opening() -> None:

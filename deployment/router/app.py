@@ -5,10 +5,11 @@ One request's path (`forward`):
    overload sheds instead of queueing without bound;
 2. the prompt's length in tokens (`tokens.Counter`) picks the plan's range; an aggregated island, or a
    prefill and a decode island, are drawn with the range's fractions, then an engine of each that is up
-   (`table.aggregated_first`, `table.pick`): for prefill and aggregated engines the session's own by weighted
-   rendezvous hashing over the range's islands (`X-Session-Id`, else OpenAI's `user`, else the prompt's opening:
-   `prompt_key`), so a conversation's turns find their prefix in that engine's cache, an engine past its bounded
-   load passing its sessions on; an aggregated engine gets the request as sent and its answer is the client's;
+   (`table.aggregated_first`, `table.pick`): for prefill and aggregated engines the session's (`X-Session-Id`,
+   else OpenAI's `user`, else the prompt's opening: `prompt_key`): the engine its last turn went to, else the one
+   weighted rendezvous hashing over the range's islands gives, so a conversation's turns find their prefix in that
+   engine's cache, an engine whose work in flight would pass its bounded load passing the turn on; an aggregated
+   engine gets the request as sent and its answer is the client's;
 3. the engines' protocol: SGLang sends the request (bootstrap host, port and room added) to both at
    once and answers with the decode engine's stream; vLLM sends it to prefill first (one token,
    `do_remote_decode`) and then to decode with the prefill's `kv_transfer_params`; llm-d sends it to
@@ -41,6 +42,7 @@ import logging
 import math
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -52,7 +54,7 @@ from aiohttp import web
 
 from deployment.router.clients import Clients
 from deployment.router.metrics import Metrics
-from deployment.router.table import AGGREGATED, Island, Table, aggregated_first, pick
+from deployment.router.table import AGGREGATED, Island, Table, aggregated_first, pick, work
 from deployment.router.tokens import BadRequest, Counter, prompt_text
 from deployment.router.upstream import Answer, EngineDown, Pool
 
@@ -65,6 +67,7 @@ SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("session", 
 HELD: contextvars.ContextVar[list[tuple[str, int]] | None] = contextvars.ContextVar("held", default=None)
 SESSION_HEADER = "X-Session-Id"
 SESSION_CHARS = 1024  # a session id longer than this is cut (it is only hashed)
+SESSIONS_KEPT = 1 << 18  # sessions whose last engine the router remembers (least recently seen forgotten first)
 PROMPT_KEY_CHARS = 4096  # a text prompt's session key: a hash of its first this many characters (about 1,000 tokens)
 CACHED_PHASES = ("prefill", AGGREGATED)
 IDLE_ROOM = 1024  # client connections past the requests admitted (by default): idle ones, at most, while all are busy
@@ -139,7 +142,9 @@ class Router:
         self.count = Counter(settings.tokenizer_of(table), table.chars_per_token)
         self.capacity = settings.admitted(table)
         self.in_flight = 0
-        self.load: dict[str, int] = {}  # prompt tokens in flight per prefill and aggregated engine (bounded loads)
+        self.load: dict[str, int] = {}  # prefill work in flight per prefill and aggregated engine (bounded loads)
+        # each session's last turn: (engine, prompt tokens), the most recent SESSIONS_KEPT sessions
+        self.sessions: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self.down: set[str] = set()
         self.draining = False
         self.names = {e: (phase, isl.name, j) for phase in table.islands for isl in table.islands[phase]
@@ -152,6 +157,12 @@ class Router:
         self.health_pools = {e: Pool(url, settings.connect_timeout_s, settings.timeout_s)
                              for e, url in table.health.items()}  # fmt: skip
         self.checker: asyncio.Task[None] | None = None
+
+    def remember(self, session: str, engine: str, tokens: int) -> None:
+        self.sessions[session] = (engine, tokens)
+        self.sessions.move_to_end(session)
+        if len(self.sessions) > SESSIONS_KEPT:
+            self.sessions.popitem(last=False)
 
     def name(self, url: str) -> str:
         phase, island, j = self.names[url]
@@ -379,11 +390,16 @@ def _choose(router: Router, phase: str, tokens: int, tried: set[str]) -> tuple[I
     load bounded (`table.LOAD_BOUND`)."""
     if phase not in CACHED_PHASES:
         return pick(router.table, phase, tokens, router.rng, router.down, tried)
-    got = pick(router.table, phase, tokens, router.rng, router.down, tried, SESSION.get(), router.load)
+    session = SESSION.get()
+    last = router.sessions.get(session) if session is not None else None
+    got = pick(router.table, phase, tokens, router.rng, router.down, tried, session, router.load, last)
     held = HELD.get()
     if got is not None and held is not None:
-        router.load[got[1]] = router.load.get(got[1], 0) + tokens
-        held.append((got[1], tokens))
+        w = work(tokens, got[1], last)
+        router.load[got[1]] = router.load.get(got[1], 0) + w
+        held.append((got[1], w))
+        if session is not None:
+            router.remember(session, got[1], tokens)
     return got
 
 

@@ -245,19 +245,19 @@ LOAD_BOUND = 1.25  # a session's engine is skipped while its prompt tokens in fl
 
 def pick(
     table: Table, phase: str, tokens: int, rng: random.Random, down: Collection[str] = (), avoid: Collection[str] = (),
-    session: str | None = None, load: Mapping[str, int] | None = None,
+    session: str | None = None, load: Mapping[str, int] | None = None, last: tuple[str, int] | None = None,
 ) -> tuple[Island, str] | None:
     """An (island, engine) for a prompt of `tokens` in `phase`, among the range's islands' engines not in `down` or
     `avoid` (an island with none left gives its share to the range's other islands); None when none is left.
 
-    With a `session`: weighted rendezvous hashing over all of them, each engine weighted by its island's fraction
-    over the island's engines up, so the range's traffic splits as the plan says and a session's turns reach one
-    engine (whose prefix cache holds the conversation) while their lengths keep to islands that engine belongs
-    to; an engine lost moves only its own sessions. With `load` (prompt tokens in flight on each engine), an
-    engine whose load would pass `LOAD_BOUND` x the mean, this prompt counted, is passed over for the session's
-    next (consistent hashing with bounded loads, Mirrokni et al. 2018, in tokens: a prefill's work), so one hot
-    session, prompt or long document cannot swamp an engine. Without a session: an island drawn with the plan's
-    fractions, one of its engines at random."""
+    With a `session`: the engine its `last` turn went to (engine, prompt tokens) where it serves the range, then
+    weighted rendezvous hashing over all of them, each engine weighted by its island's fraction over the island's
+    engines up, so the range's traffic splits as the plan says and a session's turns reach one engine (whose prefix
+    cache holds the conversation) while their lengths keep to islands that engine belongs to; an engine lost moves
+    only its own sessions. With `load` (prefill work in flight on each engine, `work`), the first engine whose load
+    would stay within `LOAD_BOUND` x the mean, this prompt's work counted (consistent hashing with bounded loads,
+    Mirrokni et al. 2018, in a prefill's work), so one hot session, prompt or long document cannot swamp an
+    engine. Without a session: an island drawn with the plan's fractions, one of its engines at random."""
     choices = []
     for island, frac in table.range_of(tokens).islands[phase]:
         ok = [e for e in island.engines if e not in down and e not in avoid] if down or avoid else island.engines
@@ -267,10 +267,14 @@ def pick(
         return None
     if session is not None:
         engines = [(island, e, frac / len(ok)) for island, frac, ok in choices for e in ok]
-        ranked = sorted(engines, key=lambda c: _draw(session, c[1]) / max(c[2], 1e-300))
+        home = last[0] if last is not None else None
+        ranked = sorted(engines, key=lambda c: (c[1] != home, _draw(session, c[1]) / max(c[2], 1e-300)))
         if load:
-            cap = LOAD_BOUND * (sum(load.get(e, 0) for _, e, _ in engines) + tokens) / len(engines)
-            ranked = [c for c in ranked if load.get(c[1], 0) + tokens <= cap] or ranked
+            total = sum(load.get(e, 0) for _, e, _ in engines)
+            for island, e, _ in ranked:
+                w = work(tokens, e, last)
+                if load.get(e, 0) + w <= LOAD_BOUND * (total + w) / len(engines):
+                    return island, e
         return ranked[0][0], ranked[0][1]
     x = rng.random() * sum(f for _, f, _ in choices)
     chosen = choices[-1]  # where rounding leaves x >= 0 past them all
@@ -281,6 +285,12 @@ def pick(
             break
     island, _, ok = chosen
     return island, ok[int(rng.random() * len(ok))]
+
+
+def work(tokens: int, engine: str, last: tuple[str, int] | None) -> int:
+    """A prompt's prefill work on `engine`: its tokens, less its session's `last` prompt where that engine
+    prefilled it (its prefix cache should hold it; a router cannot see the cache, only where it sent what)."""
+    return tokens - last[1] if last is not None and last[0] == engine and last[1] < tokens else tokens
 
 
 def _draw(session: str, engine: str) -> float:

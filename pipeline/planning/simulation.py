@@ -208,7 +208,9 @@ class Runner:
         else:
             sim = disaggregated(r)
         wall = time.perf_counter() - t0
-        warm = float(r.arrival[int(len(r) * self.s.warmup_fraction)]) if len(r) else 0.0
+        # past the warm-up: the requests that only warm the engines (`Requests.warm`), then a share of the rest
+        first = r.warm + int((len(r) - r.warm) * self.s.warmup_fraction)
+        warm = float(r.arrival[min(first, len(r) - 1)]) if len(r) else 0.0
         slo = self.slo
         m = summary(sim, warm, slo.ttft_ms, slo.tpot_ms, slo.ttft_percentile, slo.tpot_percentile)
         if blocks is not None:  # past the warm-up, as the latencies (the caches start empty)

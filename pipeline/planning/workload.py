@@ -220,7 +220,10 @@ def from_sessions(name: str, cfg: Mapping[str, Any], where: str) -> Workload:
     except (TypeError, ValueError) as err:
         raise WorkloadError(f"{where}: {err}") from None
     trace = Trace(name, where, r.input_len, r.output_len, r.arrival / 1000.0, r.blocks)
-    return from_trace(trace, model)
+    w = from_trace(trace, model)
+    assert w.reuse is not None  # (a session workload names its blocks) its warm-up turns are not counted
+    return dataclasses.replace(w, reuse=dataclasses.replace(w.reuse, counted_from=r.warm + int((len(r) - r.warm)
+                                                                                                * WARMUP_SHARE)))
 
 
 def _need(cfg: Mapping[str, Any], keys: tuple[str, ...], where: str) -> list[Any]:
