@@ -62,6 +62,9 @@ RATES = {
     "(costmodel.queueing.modulated_cap; docs/inner.md); the rate to promise where traffic comes as the trace's "
     "did, checked against the simulator in docs/simulator.md; none without a trace, without SLOs, or with "
     "aggregated islands allowed (their SLO model is Poisson's)",
+    "cache_free_req_s": "comparison: the same layout priced without its prefix caches (search.prefix_cache=false; "
+    "rate_req_s prices each prefill island at its expected hit rates): what the caches add; none for a workload "
+    "that names no prompt blocks",
 }
 
 
@@ -292,11 +295,13 @@ class Rates:
     disaggregated_req_s: float | None = None
     with_aggregated_req_s: float | None = None
     bursty_req_s: float | None = None
+    cache_free_req_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("rate_req_s", "fluid_req_s", "searched_req_s", "evaluated_req_s", "output_tok_s"):
             _real(getattr(self, name), name, 0.0)
-        for name in ("simulated_req_s", "disaggregated_req_s", "with_aggregated_req_s", "bursty_req_s"):
+        for name in ("simulated_req_s", "disaggregated_req_s", "with_aggregated_req_s", "bursty_req_s",
+                     "cache_free_req_s"):
             _optional_real(getattr(self, name), name, 0.0)
 
     @property

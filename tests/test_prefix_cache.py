@@ -293,6 +293,9 @@ def test_a_plan_priced_with_the_traces_prefix_caches_states_its_islands_hit_rate
     with_caches = plans.load(plan_of(tmp_path, *MOONCAKE)[0])
     without = plans.load(plan_of(tmp_path, *MOONCAKE, "search.prefix_cache=false")[0])
     assert with_caches.rate_req_s > 1.05 * without.rate_req_s > 0
+    # what the caches add to the layout it chose: the same layout priced without them (report.md's diagnostics row)
+    free = with_caches.rates.cache_free_req_s
+    assert free is not None and 0 < free < with_caches.rate_req_s and without.rates.cache_free_req_s is None
     assert all(isl.cache_hit_expected is None for isl in without.serving)
     pre = {k: isl for k, isl in enumerate(with_caches.serving) if isl.role == "prefill"}
     assert pre and all(0.0 < isl.cache_hit_expected < 0.5 for isl in pre.values())  # type: ignore[operator]

@@ -67,6 +67,7 @@ def build_plan(
         disaggregated_req_s=other if planner.cost.engine.aggregated else sol.rate_req_s,
         with_aggregated_req_s=sol.rate_req_s if planner.cost.engine.aggregated else other,
         bursty_req_s=None if bursty is None else bursty_req_s,
+        cache_free_req_s=cache_free(planner, layout, time_limit_s, backend),
     )
     return Plan(tuple(islands), rates, planner.model, planner.cost, planner.workload.name, sol.status, inventory,
                 workload_spec=planner.workload.spec)  # fmt: skip
@@ -131,6 +132,15 @@ def describe(
             )
         )
     return judged(islands, planner.model.name, planner.cost)
+
+
+def cache_free(planner: Planner, layout: Layout, time_limit_s: float, backend: str = "AUTO") -> float | None:
+    """The layout's rate (`Planner.solve_routed`, as the plan's) priced without its prefix caches (None: the
+    workload names no prompt blocks, so nothing was priced with them)."""
+    if planner.reuse is None:
+        return None
+    bare = dataclasses.replace(planner, reuse=None, hit_cache={})
+    return max(bare.solve_routed(layout, time_limit_s, backend=backend)[1].rate_req_s, 0.0) + 0.0  # (no -0.0)
 
 
 def roles_compared(planner: Planner, layout: Layout, time_limit_s: float, backend: str = "AUTO") -> float:

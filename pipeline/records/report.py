@@ -257,7 +257,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         lines += ["", f"![which island serves which input lengths]({routing_png})"]
     lines += _node_map(plan.islands, plan.host_losses)
     lines += [line for s in steps for line in s.sections(plan)]
-    lines += ["", "Diagnostics:", "", "| | |", "|---|---|", *_search_rows(plan), *_roles_rows(plan)]
+    lines += ["", "Diagnostics:", "", "| | |", "|---|---|", *_search_rows(plan), *_roles_rows(plan), *_cache_rows(plan)]
     lines += [
         f"| fluid bound (islands busy 100 %, no SLO) | {rates.fluid_req_s:.2f} req/s |",
         f"| re-scored at every input length (the routing of whole ranges, each length its own cost) | "
@@ -267,7 +267,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         s = plan.search
         lines.append(f"| trials | {s.trials} ({s.failed} failed, {s.rejected} rejected) |")
     lines += ["", f"Two rates of one layout: {TWO_MODELS}", "",
-              f"What each rate means: {'; '.join(f'`{k}`: {v}' for k, v in RATES.items())}."]  # fmt: skip
+              f"What each rate means: {'; '.join(f'`{k}`: {v}' for k, v in _rates_meant(plan))}."]  # fmt: skip
     if not df.empty and "score" in df:
         ok = df[df["status"].isin(["optimal", "feasible"])].sort_values(["score", "trial"], ascending=[False, True])
         times = ok.groupby("islands")["trial"].size()  # a sampler and polish propose the best layouts again
@@ -381,6 +381,22 @@ def _ranges_text(ranges: Sequence[RangeShare]) -> str:
     share = float(np.mean([r.fraction for r in ranges]))
     n = len(ranges)
     return f"{ranges[0].start}-{ranges[-1].end} ({n} range{'s' if n > 1 else ''}, {share:.0%})"
+
+
+def _rates_meant(plan: Plan) -> list[tuple[str, str]]:
+    """The rates' meanings (`plan.RATES`), a comparison the plan does not make left out."""
+    absent = {"cache_free_req_s"} if plan.rates.cache_free_req_s is None else set()
+    return [(k, v) for k, v in RATES.items() if k not in absent]
+
+
+def _cache_rows(plan: Plan) -> list[str]:
+    """What the prefix caches add to the layout's rate, as priced."""
+    free = plan.rates.cache_free_req_s
+    if free is None:
+        return []
+    gain = f" (the caches add {plan.rate_req_s / free - 1:+.0%})" if free > 0 else ""
+    return [f"| prefix caches priced | {plan.rate_req_s:.2f} req/s at the prefill islands' expected hit rates; "
+            f"{free:.2f} req/s priced without them{gain} |"]
 
 
 def _roles_rows(plan: Plan) -> list[str]:
