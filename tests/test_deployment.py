@@ -206,7 +206,8 @@ async def _exercise(protocol: str) -> tuple[dict[str, list[dict[str, Any]]], lis
     async with ClientSession() as s:
         for k in range(240):
             tokens = (500, 1500, 4000)[k % 3]
-            async with s.post(f"{base}/v1/completions", json={"prompt": [1] * tokens, "max_tokens": 8}) as r:
+            prompt = [2 + k] + [1] * (tokens - 1)  # 240 conversations: each opening its own (the router's session key)
+            async with s.post(f"{base}/v1/completions", json={"prompt": prompt, "max_tokens": 8}) as r:
                 assert r.status == 200
                 answers.append((tokens, r.headers["X-Archipelago-Prefill"], (await r.json())["choices"][0]["text"]))
     for r in [router, *runners]:

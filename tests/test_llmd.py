@@ -255,8 +255,8 @@ def test_the_router_names_the_drawn_prefill_engine_to_a_decode_sidecar() -> None
             "health": {u: f"http://127.0.0.1:{p}" for u, p in zip(urls, behind, strict=True)},
         }  # fmt: skip
         async with running(config, health_interval_s=0.2) as url, ClientSession() as s:
-            for _ in range(400):
-                status, body, _, _ = await post(s, url, {"prompt": "hello", "max_tokens": 4})
+            for k in range(400):  # 400 conversations (the router keeps one on one prefill engine: its opening)
+                status, body, _, _ = await post(s, url, {"prompt": f"hello {k}", "max_tokens": 4})
                 assert status == 200 and body["choices"][0]["text"].startswith("decoded at"), body
             told = [h for port in dec for h in sidecars.told[port]]
             assert len(told) == 400 and set(told) <= {f"127.0.0.1:{p}" for p in pre}
