@@ -47,6 +47,9 @@ def build_plan(
             roles = planner.solve(layout, "max_rate", time_limit_s, backend=backend)[1].roles
         planner = planner.poisson()
     fixed = {} if roles is None else {"roles": roles}
+    # prefix caches: the hit rates found again for this plan's own routing (the search may have priced the layout
+    # with the same roles at another rate, its routing another)
+    planner.hit_cache.pop(layout, None)
     searched = planner.solve(layout, "max_rate", time_limit_s, backend=backend, **fixed)  # the search's model
     prob, sol = planner.solve_routed(layout, time_limit_s, backend=backend, first=searched, roles=roles)
     ev, _ = planner.evaluate(layout, prob, sol)

@@ -317,16 +317,17 @@ class Planner:
             capacity[i] = max(kv - self.cost.engine.prefill_batch_tokens, 0)
             host[i] = host_cache_tokens(self.gpus[g], self.model, c["tp"], self.cost)
             engines[i] = c["dp"]
-            L = self.lengths.astype(float)  # a prompt's own prefill there: its successor finds it only after
+            # a prompt's own prefill there, as fast as the solve priced it (its own prefix cached at the hit rates
+            # the solve was given: a conversation's turn computes its growth): its successor finds it only after
+            known = self.hit_cache.get(layout)
+            speed = self.speedup(g, n, known[1][i], known[2][i]) if known is not None else 1.0
+            L = self.lengths.astype(float)
             tp, dp = np.full_like(L, c["tp"]), np.full_like(L, c["dp"])
             ready[:, i] = prefill_time_ms(self.gpus[g], self.model, L, tp, dp, profile=self.profile,
-                                          draft_layers=self.cost.draft_layers) / 1e3  # fmt: skip
-            # ... and after its wait in the island's queue: the queueing model's median at the island's load, its
-            # prompts as fast as the solve priced them (the hit rates it was given)
+                                          draft_layers=self.cost.draft_layers) / 1e3 / speed  # fmt: skip
+            # ... and after its wait in the island's queue: the queueing model's median at the island's load
             lam, table = routed[:, i], self.benchmark(g, n).table("prefill")
             if lam.sum() > 0 and table is not None and table.chosen >= 0:
-                known = self.hit_cache.get(layout)
-                speed = self.speedup(g, n, known[1][i], known[2][i]) if known is not None else 1.0
                 service = table.time_ms[table.chosen] / 1e3 / speed  # s a prompt of each range takes one server
                 mean, cs2 = mix_moments(service[lam > 0], lam[lam > 0])
                 ready[:, i] += wait_quantile(c["dp"], min(lam.sum(), 0.9999 * c["dp"] / mean), mean, cs2, 0.5)
@@ -416,6 +417,15 @@ class Planner:
             prob = self.problem(layout, "max_rate", caps=caps, **fixed)
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
             prob = prob.resolved(sol.roles)
+        if self.reuse is not None and sol.rate_req_s > 0:  # the hit rates of this routing (the same roles may route
+            for _ in range(REUSE_ROUNDS):  # otherwise than those they were priced for), its roles kept
+                served = sol.x_prefill > 1e-9
+                self.hit_cache[layout] = (sol.roles, *self.expected_hits(layout, prob, sol))
+                prob = self.problem(layout, "max_rate", caps=caps, roles=sol.roles)
+                sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
+                prob = prob.resolved(sol.roles)
+                if np.array_equal(served, sol.x_prefill > 1e-9):
+                    break
         return prob, sol
 
     def solve_without(
