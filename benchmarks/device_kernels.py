@@ -182,6 +182,19 @@ def grouped_rows(gpu: str, log: dict, source: str) -> list[list]:
     return rows
 
 
+def checked_ms(fn, part, ref, log: dict, what: str) -> float | None:
+    """`fn`'s median time, once `part` of its output matches `ref` (None: not checked); None where it fails or is
+    wrong (the log's `refused` says which)."""
+    try:
+        if ref is not None and (err := rel_err(part(fn()), ref)) >= TOLERANCE:
+            log.setdefault("refused", []).append(f"{what}: wrong result ({err:.3g})")
+            return None
+        return bench_ms(fn)
+    except Exception as exc:  # a backend this PyTorch or GPU does not take for these shapes
+        log.setdefault("refused", []).append(f"{what}: {type(exc).__name__}: {str(exc)[:160]}")
+        return None
+
+
 def attention_rows(gpu: str, log: dict, source: str) -> list[list]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -201,17 +214,10 @@ def attention_rows(gpu: str, log: dict, source: str) -> list[list]:
             ref = torch.softmax(s, -1) @ vf
         best = None
         for name, backend in backends:
-            try:
-                with sdpa_kernel([backend]):
-                    fn = functools.partial(sdpa, q, kk, v, is_causal=True)
-                    out = fn()
-                    if ref is not None and (err := rel_err(out[0, :4], ref)) >= TOLERANCE:
-                        log.setdefault("refused", []).append(f"attention {name} s={seq}: wrong result ({err:.3g})")
-                        continue
-                    ms = bench_ms(fn)
-            except Exception as exc:
-                log.setdefault("refused", []).append(f"attention {name} s={seq}: {type(exc).__name__}: "
-                                                     f"{str(exc)[:160]}")
+            with sdpa_kernel([backend]):
+                ms = checked_ms(functools.partial(sdpa, q, kk, v, is_causal=True), lambda o: o[0, :4], ref, log,
+                                f"attention {name} s={seq}")  # fmt: skip
+            if ms is None:
                 continue
             pairs = seq * (seq + 1) / 2
             tflops = 2 * batch * HEADS * pairs * (D_QK + D_V) / ms / 1e9
@@ -252,17 +258,10 @@ def prefix_attention_rows(gpu: str, log: dict, source: str) -> list[list]:
         pairs = new * (context - new) + new * (new + 1) / 2
         best = None
         for name, backend in backends:
-            try:
-                with sdpa_kernel([backend]):
-                    fn = functools.partial(sdpa, q, kk, v, attn_mask=mask)
-                    if (err := rel_err(fn()[0, :2], ref)) >= TOLERANCE:
-                        log.setdefault("refused", []).append(f"prefix attention {name} new={new} context={context}: "
-                                                             f"wrong result ({err:.3g})")
-                        continue
-                    ms = bench_ms(fn)
-            except Exception as exc:
-                log.setdefault("refused", []).append(f"prefix attention {name} new={new} context={context}: "
-                                                     f"{type(exc).__name__}: {str(exc)[:160]}")
+            with sdpa_kernel([backend]):
+                ms = checked_ms(functools.partial(sdpa, q, kk, v, attn_mask=mask), lambda o: o[0, :2], ref, log,
+                                f"prefix attention {name} new={new} context={context}")  # fmt: skip
+            if ms is None:
                 continue
             tflops = 2 * batch * HEADS * pairs * (D_QK + D_V) / ms / 1e9
             log.setdefault("prefix_attention", []).append({"backend": name, "batch": batch, "new": new,
