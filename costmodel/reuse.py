@@ -15,11 +15,14 @@ prompt tokens, its router keeping prompts with the engine that holds them (`simu
 sees about phi_k / E_k of the stream, so a distance d on the whole stream is d x phi_k / E_k there. The island holds
 the block if one of its recent touches was routed to it: the j-th latest touch lies about j x d back, so the touches
 within reach are J = min(touches, floor(C_k E_k / (phi_k d))), each routed to k with the island's share s of the
-parent's range, and the block is found with probability 1 - (1 - s)^J (a block every prompt carries, a system
-prompt, is on every island; a conversation's own, touched once, where its last turn went). The expected hit rate of
-range r on island k is the sum of the gains so found over the prompt tokens of r. The model knows the trace's order,
-not its times: a turn that arrives before the turn it extends has been prefilled finds nothing in the simulator,
-and here its prefix (docs/inner.md, "Prefix caches").
+parent's range, and the block is on it with probability 1 - (1 - s)^J (a block every prompt carries, a system
+prompt, is on every island; a conversation's own, touched once, where its last turn went). The router sends a
+prompt to whichever island of its range holds its prefix, so the block is found with the sum of those chances over
+the range's islands (capped at 1), each island keeping its own. The expected hit rate of range r on island k is the
+gains so found there over the prompt tokens of r the island prefills. A block counts only once the first prompt
+that stored it has been prefilled when this one arrives (`ready_s`): a trace replayed faster comes with shorter
+gaps; a paced one (sessions at their own think times) keeps them, more sessions coming between two touches of a
+block instead (docs/inner.md, "Prefix caches").
 """
 
 from __future__ import annotations
