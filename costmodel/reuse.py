@@ -51,6 +51,7 @@ class Reuse:
     # times as many blocks come between two touches of one)
     paced: bool = False
     counted_from: int = 0  # the requests before this one warm the caches and are not counted (`of`'s `warmup`)
+    own: np.ndarray | None = None  # (requests,) the share of each prompt an unbounded cache holds (its own reuse)
 
     @staticmethod
     def of(ids: np.ndarray, start: np.ndarray, block_tokens: int, input_tokens: np.ndarray,
@@ -111,13 +112,15 @@ class Reuse:
                 first.setdefault(b, i)
                 pos += 1
         request, parent = np.asarray(req_l, dtype=np.int64), np.asarray(par_l, dtype=np.int64)
+        own = np.bincount(request, weights=np.asarray(gain_l, dtype=float), minlength=n_req) / np.maximum(
+            np.asarray(input_tokens, dtype=float), 1.0)
         gap, rate = None, 0.0
         if arrival_s is not None and len(arrival_s) > 1 and arrival_s[-1] > arrival_s[0]:
             t = np.asarray(arrival_s, dtype=float)
             gap, rate = t[request] - t[np.asarray(first_l, dtype=np.int64)], (len(t) - 1) / float(t[-1] - t[0])
         return Reuse(np.asarray(input_tokens, dtype=float), request, np.asarray(gain_l, dtype=float),
                      np.asarray(dist_l, dtype=float), parent, np.asarray(touch_l, dtype=float), gap, rate,
-                     paced, int(n_req * warmup))  # fmt: skip
+                     paced, int(n_req * warmup), own)  # fmt: skip
 
     @property
     def unbounded(self) -> float:
@@ -126,7 +129,7 @@ class Reuse:
 
     def hit_rates(
         self, range_of: np.ndarray, n_ranges: int, share: np.ndarray, capacity: np.ndarray, engines: np.ndarray,
-        ready_s: np.ndarray | None = None, rate_req_s: float = 0.0,
+        ready_s: np.ndarray | None = None, rate_req_s: float = 0.0, wait_s: np.ndarray | None = None,
     ) -> np.ndarray:
         """(ranges, islands) expected hit rates. `range_of`: each request's range; `share`: (ranges, islands), the
         share of each range's prompts each island prefills; `capacity`: (islands,) tokens each engine's cache holds;
@@ -134,7 +137,9 @@ class Reuse:
         range takes to prefill on each island, and `rate_req_s` the rate served: a timed trace replayed at that
         rate comes rate / its own rate times as fast, and a block first stored by a prompt that arrived less than its
         prefill before it is not cached yet (None: every parent done). A paced trace (sessions) keeps its gaps at
-        any rate, and `rate_req_s` stretches its distances instead."""
+        any rate, and `rate_req_s` stretches its distances instead. The prompt that stored it prefilled only what
+        its own prefix left (`ready_s` x the share an unbounded cache leaves of it), after `wait_s` (islands,) in
+        the island's queue."""
         counted = np.arange(len(self.input_tokens)) >= self.counted_from
         tokens = np.bincount(range_of[counted], weights=self.input_tokens[counted], minlength=n_ranges)
         phi = (share * tokens[:, None]).sum(axis=0) / max(tokens.sum(), 1.0)  # each island's share of the stream
@@ -154,7 +159,9 @@ class Reuse:
             recent = np.minimum(self.touches, np.floor(reach / np.maximum(distance, 1.0)))
             held[:, k] = 1.0 - (1.0 - share[r_parent, k]) ** recent
             if gap is not None:
-                held[:, k] *= gap >= ready_s[r_parent, k]  # type: ignore[index]
+                computed = 1.0 - self.own[self.parent] if self.own is not None else 1.0
+                wait = 0.0 if wait_s is None else wait_s[k]
+                held[:, k] *= gap >= ready_s[r_parent, k] * computed + wait  # type: ignore[index]
         # the router sends a prompt to the island of its range that holds its prefix (`simulator.routers`' `plan`
         # chooses among all the range's islands): found where any of them holds it. A block touched once is on one
         # island (the chances add); one touched often on several (their sum, past 1, is capped)

@@ -308,6 +308,7 @@ class Planner:
         share = np.zeros((n_j, n_i))
         share[:, pre] = np.divide(routed[:, pre], total, out=np.zeros((n_j, len(pre))), where=total > 0)
         capacity, host, engines, ready = np.zeros(n_i), np.zeros(n_i), np.ones(n_i), np.zeros((n_j, n_i))
+        wait = np.zeros(n_i)
         for i in pre:
             g, n = layout.islands[i]
             c = self.benchmark(g, n).config("prefill")
@@ -317,25 +318,26 @@ class Planner:
             capacity[i] = max(kv - self.cost.engine.prefill_batch_tokens, 0)
             host[i] = host_cache_tokens(self.gpus[g], self.model, c["tp"], self.cost)
             engines[i] = c["dp"]
-            # a prompt's own prefill there, as fast as the solve priced it (its own prefix cached at the hit rates
-            # the solve was given: a conversation's turn computes its growth): its successor finds it only after
-            known = self.hit_cache.get(layout)
-            speed = self.speedup(g, n, known[1][i], known[2][i]) if known is not None else 1.0
+            # a prompt's own prefill there (the reuse model takes off what its own prefix saved it): its successor
+            # finds it only after that ...
             L = self.lengths.astype(float)
             tp, dp = np.full_like(L, c["tp"]), np.full_like(L, c["dp"])
             ready[:, i] = prefill_time_ms(self.gpus[g], self.model, L, tp, dp, profile=self.profile,
-                                          draft_layers=self.cost.draft_layers) / 1e3 / speed  # fmt: skip
-            # ... and after its wait in the island's queue: the queueing model's median at the island's load
+                                          draft_layers=self.cost.draft_layers) / 1e3  # fmt: skip
+            # ... and its wait in the island's queue: the queueing model's median at the island's load, its prompts
+            # as fast as the solve priced them (the hit rates it was given)
             lam, table = routed[:, i], self.benchmark(g, n).table("prefill")
             if lam.sum() > 0 and table is not None and table.chosen >= 0:
+                known = self.hit_cache.get(layout)
+                speed = self.speedup(g, n, known[1][i], known[2][i]) if known is not None else 1.0
                 service = table.time_ms[table.chosen] / 1e3 / speed  # s a prompt of each range takes one server
                 mean, cs2 = mix_moments(service[lam > 0], lam[lam > 0])
-                ready[:, i] += wait_quantile(c["dp"], min(lam.sum(), 0.9999 * c["dp"] / mean), mean, cs2, 0.5)
+                wait[i] = wait_quantile(c["dp"], min(lam.sum(), 0.9999 * c["dp"] / mean), mean, cs2, 0.5)
         range_of = self.reuse.range_of(self.ranges.end)
-        hits = self.reuse.hit_rates(range_of, n_j, share, capacity + host, engines, ready, sol.rate_req_s).T
+        hits = self.reuse.hit_rates(range_of, n_j, share, capacity + host, engines, ready, sol.rate_req_s, wait).T
         if not host.any():
             return hits, np.zeros_like(hits)
-        gpu = self.reuse.hit_rates(range_of, n_j, share, capacity, engines, ready, sol.rate_req_s).T
+        gpu = self.reuse.hit_rates(range_of, n_j, share, capacity, engines, ready, sol.rate_req_s, wait).T
         return hits, np.clip(hits - gpu, 0.0, None)
 
     def speedup(self, gpu: str, size: int, hits: np.ndarray, host: np.ndarray | None = None) -> np.ndarray:
