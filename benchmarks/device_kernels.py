@@ -195,13 +195,31 @@ def checked_ms(fn, part, ref, log: dict, what: str) -> float | None:
         return None
 
 
-def attention_rows(gpu: str, log: dict, source: str) -> list[list]:
+def fastest(fn, part, ref, pairs: float, log: dict, key: str, shape: dict, label: str):
+    """(backend, TFLOPS, ms) of the fastest SDPA backend that runs `fn` right (`checked_ms`), `pairs` query-key pairs
+    over all prompts counted as the cost model counts them (2 x heads x pairs x (192 + 128)); each timing logged
+    under `key`. None where no backend runs it."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    best = None
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):  # fmt: skip
+        with sdpa_kernel([backend]):
+            ms = checked_ms(fn, part, ref, log, f"{key.replace('_', ' ')} {name} {label}")
+        if ms is None:
+            continue
+        tflops = 2 * HEADS * pairs * (D_QK + D_V) / ms / 1e9
+        log.setdefault(key, []).append({"backend": name, **shape, "ms": ms, "TFLOPS": tflops})
+        print(f"{key.replace('_', ' ')} {name:9s} {label} {ms * 1e3:9.1f} us {tflops:7.0f} TFLOPS", flush=True)
+        if best is None or tflops > best[1]:
+            best = (name, tflops, ms)
+    return best
+
+
+def attention_rows(gpu: str, log: dict, source: str) -> list[list]:
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     rows = []
-    backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
-                ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
     for batch, seq in ATTN_SEQ:
         q = torch.randn(batch, HEADS, seq, D_QK, device="cuda", dtype=torch.bfloat16)
         kk = torch.randn(batch, HEADS, seq, D_QK, device="cuda", dtype=torch.bfloat16)
@@ -212,20 +230,9 @@ def attention_rows(gpu: str, log: dict, source: str) -> list[list]:
             s = (qf @ kf.transpose(-1, -2)) / math.sqrt(D_QK)
             s = s.masked_fill(torch.ones(seq, seq, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
             ref = torch.softmax(s, -1) @ vf
-        best = None
-        for name, backend in backends:
-            with sdpa_kernel([backend]):
-                ms = checked_ms(functools.partial(sdpa, q, kk, v, is_causal=True), lambda o: o[0, :4], ref, log,
-                                f"attention {name} s={seq}")  # fmt: skip
-            if ms is None:
-                continue
-            pairs = seq * (seq + 1) / 2
-            tflops = 2 * batch * HEADS * pairs * (D_QK + D_V) / ms / 1e9
-            log.setdefault("attention", []).append({"backend": name, "batch": batch, "seq": seq, "ms": ms,
-                                                    "TFLOPS": tflops})
-            print(f"attention {name:9s} {batch} x {seq:5d} {ms * 1e3:9.1f} us {tflops:7.0f} TFLOPS", flush=True)
-            if best is None or tflops > best[1]:
-                best = (name, tflops, ms)
+        best = fastest(functools.partial(sdpa, q, kk, v, is_causal=True), lambda o: o[0, :4], ref,
+                       batch * seq * (seq + 1) / 2, log, "attention", {"batch": batch, "seq": seq},
+                       f"{batch} x {seq:5d}")  # fmt: skip
         if best is not None:
             name, tflops, ms = best
             rows.append(["attention_prefill", gpu, "", f"{tflops:.0f}", "TFLOPS",
@@ -237,13 +244,10 @@ def attention_rows(gpu: str, log: dict, source: str) -> list[list]:
 def prefix_attention_rows(gpu: str, log: dict, source: str) -> list[list]:
     """Causal attention of `new` tokens over `context` (the first context - new cached), the mask aligned
     bottom-right as a prefix cache's hit needs; each backend that takes the mask, checked and timed."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     rows = []
-    backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
-                ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
     for batch, new, context in ATTN_PREFIX:
         q = torch.randn(batch, HEADS, new, D_QK, device="cuda", dtype=torch.bfloat16)
         kk = torch.randn(batch, HEADS, context, D_QK, device="cuda", dtype=torch.bfloat16)
@@ -256,20 +260,9 @@ def prefix_attention_rows(gpu: str, log: dict, source: str) -> list[list]:
         del s
         mask = causal_lower_right(new, context)
         pairs = new * (context - new) + new * (new + 1) / 2
-        best = None
-        for name, backend in backends:
-            with sdpa_kernel([backend]):
-                ms = checked_ms(functools.partial(sdpa, q, kk, v, attn_mask=mask), lambda o: o[0, :2], ref, log,
-                                f"prefix attention {name} new={new} context={context}")  # fmt: skip
-            if ms is None:
-                continue
-            tflops = 2 * batch * HEADS * pairs * (D_QK + D_V) / ms / 1e9
-            log.setdefault("prefix_attention", []).append({"backend": name, "batch": batch, "new": new,
-                                                           "context": context, "ms": ms, "TFLOPS": tflops})
-            print(f"prefix attention {name:9s} {batch} x {new:5d} over {context:6d} {ms * 1e3:9.1f} us "
-                  f"{tflops:7.0f} TFLOPS", flush=True)
-            if best is None or tflops > best[1]:
-                best = (name, tflops, ms)
+        best = fastest(functools.partial(sdpa, q, kk, v, attn_mask=mask), lambda o: o[0, :2], ref, batch * pairs,
+                       log, "prefix_attention", {"batch": batch, "new": new, "context": context},
+                       f"{batch} x {new:5d} over {context:6d}")  # fmt: skip
         if best is not None:
             name, tflops, ms = best
             rows.append(["attention_prefill", gpu, f"new={new} context={context}", f"{tflops:.0f}", "TFLOPS",

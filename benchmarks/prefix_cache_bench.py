@@ -151,7 +151,7 @@ def sessions_fit(seed: int) -> None:
     import yaml
 
     from pipeline.planning.workload import workload_from_cfg
-    from simulator.sessions import _turns
+    from simulator.sessions import next_turns
 
     cfg = yaml.safe_load((ROOT / "conf" / "workload" / "chat_sessions.yaml").read_text())
     w = workload_from_cfg("chat_sessions", cfg)
@@ -167,7 +167,7 @@ def sessions_fit(seed: int) -> None:
     for name, blocks, ins in (("the trace", t.blocks, t.input_tokens), ("its sessions", r.blocks, r.input_len)):
         trace = Trace(name, name, ins, ins, None, blocks)
         hits = [replay_hits(trace, c) for c in (None, 1e7, LOCAL_CACHE_TOKENS)]
-        nxt = float((_turns(blocks)[0] >= 0).mean())
+        nxt = float((next_turns(blocks)[0] >= 0).mean())
         print(f"| {name} | {hits[0]:.1%} | {hits[1]:.1%} | {hits[2]:.1%} | {ins.mean():,.0f} | "
               f"{np.median(ins):,.0f} | {np.percentile(ins, 90):,.0f} | {nxt:.1%} |", flush=True)  # fmt: skip
 

@@ -230,17 +230,16 @@ class SessionRouter(PlanRouter):
         home, before = self.last.get(session, (-1, 0))
         ranked = sorted(engines, key=lambda c: (c[0] != home, -c[1] / -math.log(_unit(session, c[0]))))
         total = sum(self.load.get(i, 0) for i, _ in engines)
-        pick, work = ranked[0][0], n
-        for i, _ in ranked:
-            w = n - before if i == home and before < n else n
-            if self.load.get(i, 0) + w <= AFFINITY_BOUND * (total + w) / len(engines):
-                pick, work = i, w
-                break
-        else:
-            work = n - before if pick == home and before < n else n
+
+        def work(i: int) -> int:  # the growth alone where its last turn was prefilled
+            return n - before if i == home and before < n else n
+
+        within = (i for i, _ in ranked if self.load.get(i, 0) + work(i) <= AFFINITY_BOUND * (total + work(i))
+                  / len(engines))  # fmt: skip
+        pick = next(within, ranked[0][0])
         self.last[session] = (pick, n)
-        self.work[req] = (pick, work)
-        self.load[pick] = self.load.get(pick, 0) + work
+        self.work[req] = (pick, work(pick))
+        self.load[pick] = self.load.get(pick, 0) + work(pick)
         return pick
 
     def prefilled(self, sim: Simulation, req: int) -> None:

@@ -168,7 +168,7 @@ class SessionModel:
         if n < 2 or blocks is None or len(blocks) != n:
             raise ValueError("fitting a session model needs a timed trace of two requests at least, with its blocks")
         bt = blocks.block_tokens
-        parent, system_depth = _turns(blocks)
+        parent, system_depth = next_turns(blocks)
         cont = parent >= 0
         roots = ~cont
         t = np.asarray(arrival_s, dtype=float)
@@ -198,7 +198,7 @@ class SessionModel:
             mid = (lo + hi) / 2
             probe = dataclasses.replace(model, turns_mean=mid).requests(n, (n - 1) / span, seed=0, warm=False)
             assert probe.blocks is not None
-            lo, hi = (mid, hi) if (_turns(probe.blocks)[0] >= 0).mean() < cont.mean() else (lo, mid)
+            lo, hi = (mid, hi) if (next_turns(probe.blocks)[0] >= 0).mean() < cont.mean() else (lo, mid)
         model = dataclasses.replace(model, turns_mean=round((lo + hi) / 2, 3))
         # ... and the first messages: the detector takes a window's cut sessions' later turns for first ones, which
         # lengthens them; each quantile scaled by how far the same detector's reading of the model's sessions is
@@ -206,7 +206,7 @@ class SessionModel:
         for _ in range(FIT_STEPS // 5):
             probe = model.requests(n, (n - 1) / span, seed=0, warm=False)
             assert probe.blocks is not None
-            seen = np.maximum(probe.input_len[_turns(probe.blocks)[0] < 0] - sys_tokens, 1.0)
+            seen = np.maximum(probe.input_len[next_turns(probe.blocks)[0] < 0] - sys_tokens, 1.0)
             scale = np.asarray(quant(first, 1.0)) / np.maximum(np.asarray(quant(seen.astype(float), 1.0)), 1.0)
             fixed = np.maximum.accumulate(np.maximum(np.asarray(model.first_tokens) * scale, 1.0))
             model = dataclasses.replace(model, first_tokens=tuple(float(v) for v in np.round(fixed, 1)))
@@ -217,7 +217,7 @@ class SessionModel:
         return model, found
 
 
-def _turns(blocks: PrefixBlocks) -> tuple[np.ndarray, np.ndarray]:
+def next_turns(blocks: PrefixBlocks) -> tuple[np.ndarray, np.ndarray]:
     """Each request's last turn (-1: a session's first) and its leading system-prompt blocks: a request whose
     leading blocks extend an earlier request's (all but that one's last, partial block), past the blocks so many
     requests share they are a system prompt's, is that request's next turn."""

@@ -66,9 +66,8 @@ class PrefillTiming:
         return (1 - f) * lo + f * hi
 
     def host_load_ms(self, tokens: float) -> float:
-        """Loading `tokens` of a prompt's cached prefix from host memory back to the GPU, over its host link (added
-        to the prefill: costmodel.host_load_ms)."""
-        return tokens * self.kv_bytes_per_token / (self.host_gb_s * 1e9) * 1e3 if tokens and self.host_gb_s else 0.0
+        """Loading `tokens` of a prompt's cached prefix from host memory back to the GPU (`host_load_ms`)."""
+        return host_load_ms(tokens, self.kv_bytes_per_token, self.host_gb_s) if tokens and self.host_gb_s else 0.0
 
     def transfer_ms(self, tokens: float) -> float:
         return tokens * self.kv_bytes_per_token / (self.link_gb_s * 1e9) * 1e3 + self.handoff_ms
@@ -102,8 +101,7 @@ def prefill_timing(
     """`cached`: also the tables a prefix cache needs (`PrefillTiming.cached_ms`, `kv_tokens`); its prompts' hit
     rates then come from the cache, not from the cost settings' `cache_hit`."""
     lengths = np.unique(np.geomspace(1, max(max_len, 2), 96).round())
-    kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile, cost.draft_layers,
-                                cost.engine.kv_dtype)[0])  # fmt: skip
+    kv = kv_bytes_per_token(gpu, model, cost)
     link = float(kv_link_gb_s(gpu, cost.profile)) * tp
     overheads = request_overheads_ms(cost.profile)
     # without a cache, one column at the cost settings' hit rate; with one, every hit rate of the grid (0 first)
@@ -117,14 +115,24 @@ def prefill_timing(
                          host_tokens=host_cache_tokens(gpu, model, tp, cost), host_gb_s=gpu.host_link_gb_s)  # fmt: skip
 
 
+def kv_bytes_per_token(gpu: GPU, model: Model, cost: CostSettings) -> float:
+    """KV bytes one token of a prompt holds (the whole model's), in the cost settings' KV format."""
+    return float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile, cost.draft_layers,
+                                  cost.engine.kv_dtype)[0])  # fmt: skip
+
+
+def host_load_ms(tokens: np.ndarray | float, kv_bytes: float, host_gb_s: float) -> np.ndarray | float:
+    """Loading `tokens` of cached KV from host memory back to a GPU over its host link (added to the prefill: the
+    engines overlap some of it with compute, so this is the bound)."""
+    return tokens * kv_bytes / (host_gb_s * 1e9) * 1e3
+
+
 def host_cache_tokens(gpu: GPU, model: Model, tp: int, cost: CostSettings) -> int:
     """KV tokens the host tier of one attention rank holds: `host_cache_gb` per GPU over a token's KV bytes there
     (an MLA rank's GPUs each keep the whole latent KV, as in GPU memory; other attention splits it over tp)."""
     if not cost.engine.host_cache_gb:
         return 0
-    kv = float(kv_bytes_per_seq(gpu, model, np.array([1.0]), np.array([1.0]), cost.profile, cost.draft_layers,
-                                cost.engine.kv_dtype)[0])  # fmt: skip
-    per_gpu = cost.engine.host_cache_gb * 1e9 / kv
+    per_gpu = cost.engine.host_cache_gb * 1e9 / kv_bytes_per_token(gpu, model, cost)
     return int(per_gpu if model.attention == "mla" else per_gpu * tp)
 
 

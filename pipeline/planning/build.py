@@ -101,8 +101,7 @@ def describe(
         table = bench.table(phase)
         fraction = cap[i] / np.where(tot > 0, tot, 1.0)
         # a prefill island's caches speed its prompts up as priced (Planner.speedup at its expected hit rates)
-        known = planner.hit_cache.get(layout) if cfg and phase == "prefill" else None
-        speed = planner.speedup(gpu, size, known[1][i], known[2][i]) if known is not None else None
+        speed = planner.cache_speed(layout, i) if cfg and phase == "prefill" else None
         facts = _serving_facts(planner, bench, phase, cfg, fraction, sol.rate_req_s, speed) if cfg else {}
         batch = engine_batch(table, cap[i], served, phase) if cfg and table is not None else 0
         if cfg and phase.decodes:

@@ -26,7 +26,7 @@ from pipeline.errors import ConfigError
 from pipeline.planning.config import calibrated_for, host_cache_fits
 from pipeline.planning.workload import Ranges, Workload
 from simulator.arrivals import PROFILE_BIN_S
-from simulator.timing import host_cache_tokens, prefill_kv_tokens
+from simulator.timing import host_cache_tokens, host_load_ms, kv_bytes_per_token, prefill_kv_tokens
 from solvers.evaluate import Evaluation, PhaseRouting, evaluate
 from solvers.inner import InnerProblem, InnerSolution, solve
 
@@ -219,9 +219,7 @@ class Planner:
                 bench = self.benchmark(g, n)
                 rates.append((bench.prefill_req_s * u_pre, bench.decode_req_s * u_dec))
         if layout in self.hit_cache:
-            _, hits, host = self.hit_cache[layout]
-            rates = [(pre * self.speedup(g, n, h, o), dec) for (g, n), (pre, dec), h, o
-                     in zip(layout.islands, rates, hits, host, strict=True)]  # fmt: skip
+            rates = [(pre * self.cache_speed(layout, i), dec) for i, (pre, dec) in enumerate(rates)]
         if objective == "max_rate":
             if self.kv_transfer:
                 kw.setdefault("kv_gb", self.kv_gb_per_range(layout))
@@ -328,9 +326,9 @@ class Planner:
             # as fast as the solve priced them (the hit rates it was given)
             lam, table = routed[:, i], self.benchmark(g, n).table("prefill")
             if lam.sum() > 0 and table is not None and table.chosen >= 0:
-                known = self.hit_cache.get(layout)
-                speed = self.speedup(g, n, known[1][i], known[2][i]) if known is not None else 1.0
-                service = table.time_ms[table.chosen] / 1e3 / speed  # s a prompt of each range takes one server
+                speed = self.cache_speed(layout, i)
+                # s a prompt of each range takes one server
+                service = table.time_ms[table.chosen] / 1e3 / (1.0 if speed is None else speed)
                 mean, cs2 = mix_moments(service[lam > 0], lam[lam > 0])
                 wait[i] = wait_quantile(c["dp"], min(lam.sum(), 0.9999 * c["dp"] / mean), mean, cs2, 0.5)
         range_of = self.reuse.range_of(self.ranges.end)
@@ -354,10 +352,16 @@ class Planner:
         cached = prefill_time_ms(self.gpus[gpu], self.model, L, tp, dp, cache_hit=np.minimum(hits, 0.999), **kw)
         if host is not None and host.any():
             g = self.gpus[gpu]
-            kv = float(kv_bytes_per_seq(g, self.model, np.array([1.0]), np.array([1.0]), self.profile,
-                                        self.cost.draft_layers, self.cost.engine.kv_dtype)[0])  # fmt: skip
-            cached = cached + host * L * kv / (g.host_link_gb_s * 1e9) * 1e3  # (as simulator.timing.host_load_ms)
+            cached = cached + host_load_ms(host * L, kv_bytes_per_token(g, self.model, self.cost), g.host_link_gb_s)
         return np.divide(whole, cached, out=np.ones_like(L), where=cached > 0)
+
+    def cache_speed(self, layout: Layout, i: int) -> np.ndarray | None:
+        """Island i's prefill speed-up per range at the hit rates its layout is priced at (None: none priced)."""
+        known = self.hit_cache.get(layout)
+        if known is None:
+            return None
+        g, n = layout.islands[i]
+        return self.speedup(g, n, known[1][i], known[2][i])
 
     def routed_caps(
         self, layout: Layout, prob: InnerProblem, sol: InnerSolution
