@@ -2,13 +2,16 @@
 
 - `plan`: the plan's routing. A request's input length picks its range; an island serving that
   range is drawn with the plan's fraction for it (per phase); the least-loaded engine of that
-  island takes the request. Where prefill engines keep prefix caches (a trace naming its prompts' blocks), the
-  island's engine that would prefill the prompt soonest takes it instead: its queued work not cached when it
-  arrived plus the prompt's tokens its cache lacks, at its time per token (Dynamo's KV router weighs queued and new
-  blocks alike; SGLang's cache-aware router and llm-d's prefix scorer trade cache against load the same way). It
-  reads the engines' caches as they are, as Dynamo's router does from its engines' KV events. A prompt whose prefix
-  an engine of any island serving its range holds goes to the soonest of all those islands' engines, so a
-  conversation's next turn finds its prefix whichever of the range's islands its last turn went to.
+  island takes the request. Where prefill engines keep prefix caches (a trace naming its prompts' blocks), a
+  prompt goes to the island of its range whose engines hold the longest prefix of it (drawn by the plan's
+  fractions among islands that tie, as every island does on a shared system prompt), while the range's prompt
+  tokens sent to that island stay within `AFFINITY_BOUND` x its fraction of them (bounded loads over the run, so
+  the plan's shares hold and each island serves the load it was priced for), else among the islands within the
+  bound; in the island, the engine that would prefill it soonest: its queued work not cached when it arrived plus
+  the prompt's tokens its cache lacks, at its time per token (Dynamo's KV router weighs queued and new blocks
+  alike; SGLang's cache-aware router and llm-d's prefix scorer trade cache against load the same way). A prompt
+  no engine holds any of goes where the plan's fractions draw it. It reads the engines' caches as they are, as
+  Dynamo's router does from its engines' KV events.
 - `length`: `plan` without the caches: the least-loaded engine of the island, whatever it holds.
 - `cache`: the cache-aware choice over every prefill engine of every island, whatever the prompt's length:
   cache-aware routing without the plan's ranges. `length` and `cache` route decode as `plan`.
@@ -46,13 +49,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.reuse import BOUND
 from simulator.cache import cached_tokens
 from simulator.core import Router, Simulation
 from simulator.timing import PrefillTiming
 
-# the aggregated engines' cache-aware routing: a prompt goes to the engine whose cache holds most of it while its load
-# (requests) stays within this multiple of the mean + 1: Mirrokni et al.'s bounded loads at c = 1.25
-AFFINITY_BOUND = 1.25
+# bounded loads (Mirrokni et al., c = 1.25): `plan` keeps each island within this multiple of its share of a range's
+# prompt tokens, aggregated engines a prompt's engine within it of the mean load + 1 (the planner's reuse model
+# prices the same bound: `costmodel.reuse.BOUND`)
+AFFINITY_BOUND = BOUND
 CACHE_ROUTERS = ("plan", "cache", "session")  # the routers that route for prefix caches (aggregated islands' too)
 SESSION_ROUTERS = ("session",)  # the routers that need each request's session (`Requests.session`)
 
@@ -142,6 +147,7 @@ class PlanRouter(Router):
             self.cum[phase] = np.cumsum(f / tot, axis=1)
         self.engines_of = engines_of
         self.rng = np.random.default_rng(seed)
+        self.sent: dict[int, np.ndarray] = {}  # range -> prompt tokens sent to each island (cache-aware prefill)
 
     def _range(self, tokens: int) -> int:
         return min(int(np.searchsorted(self.range_end, tokens, side="right")), len(self.range_end) - 1)
@@ -157,13 +163,23 @@ class PlanRouter(Router):
             self.caches = sim.r.blocks is not None and any(e.cache is not None for e in sim.prefill)
         if not (self.cache_aware and self.caches):
             return self._pick(sim, req, "prefill", _prefill_load)
-        cum = self.cum["prefill"][self._range(int(sim.r.input_len[req]))]
-        serving = np.flatnonzero(np.diff(cum, prepend=0.0) > 0)  # the islands the plan gives this range
-        engines = [i for k in serving for i in self.engines_of["prefill"][k]]
-        if max(_matched(sim, req, engines)) > 0:  # a prefix cached on one of them: the soonest of them all
-            return self._soonest(sim, req, engines)
-        k = min(int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right")), len(cum) - 1)
-        return self._soonest(sim, req, self.engines_of["prefill"][k])  # else the plan's draw of an island
+        j, n = self._range(int(sim.r.input_len[req])), int(sim.r.input_len[req])
+        cum = self.cum["prefill"][j]
+        share = np.diff(cum, prepend=0.0) / cum[-1]
+        sent = self.sent.setdefault(j, np.zeros(len(share)))
+        # the islands the plan gives this range, each while the range's prompt tokens sent to it stay within the
+        # bound of its share (bounded loads over the run, so the plan's shares hold) ...
+        serving = [int(k) for k in np.flatnonzero(share > 0)]
+        open_ = [k for k in serving if sent[k] + n <= AFFINITY_BOUND * share[k] * (sent.sum() + n)] or serving
+        # ... those whose engines hold the longest prefix of the prompt (every island where none holds any) ...
+        held = {k: max(_matched(sim, req, self.engines_of["prefill"][k])) for k in serving}
+        best = max(held[k] for k in open_)
+        holders = [k for k in open_ if held[k] == best] if max(held.values()) > 0 else serving
+        # ... drawn by the plan's shares, and in it the engine that would prefill the prompt soonest
+        w = np.cumsum(share[holders])
+        k = holders[min(int(np.searchsorted(w, self.rng.random() * w[-1], side="right")), len(w) - 1)]
+        sent[k] += n
+        return self._soonest(sim, req, self.engines_of["prefill"][k])
 
     def decode(self, sim: Simulation, req: int) -> int:
         return self._pick(sim, req, "decode", _decode_load)
