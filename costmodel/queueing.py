@@ -67,17 +67,22 @@ def mix_quantile(service_s: np.ndarray, weights: np.ndarray, q: float) -> float:
     return float(s[min(int(np.searchsorted(cum, q - 1e-12)), len(s) - 1)])
 
 
+def wait_tail(c: int, rate: float, mean_s: float, cs2: float) -> tuple[float, float]:
+    """(P(W > 0), θ) of the M/G/c approximation above: P(W > t) = P(W > 0) e^(-θ t), θ in 1/s (0 at or beyond
+    saturation, where every prompt waits without bound)."""
+    if rate <= 0:
+        return 0.0, math.inf
+    if rate * mean_s >= c:
+        return 1.0, 0.0
+    return erlang_c(c, rate * mean_s), 2.0 * (c / mean_s - rate) / (1.0 + cs2)
+
+
 def wait_quantile(c: int, rate: float, mean_s: float, cs2: float, q: float) -> float:
     """W_q of the M/G/c approximation above (inf at or beyond saturation)."""
-    if rate <= 0:
-        return 0.0
-    a = rate * mean_s
-    if a >= c:
-        return math.inf
-    pw = erlang_c(c, a)
+    pw, theta = wait_tail(c, rate, mean_s, cs2)
     if pw <= 1.0 - q:
         return 0.0
-    return math.log(pw / (1.0 - q)) * (1.0 + cs2) / (2.0 * (c / mean_s - rate))
+    return math.inf if theta <= 0 else math.log(pw / (1.0 - q)) / theta
 
 
 def max_utilisation(c: int, service_s: np.ndarray, weights: np.ndarray, target_s: float, q: float) -> float:

@@ -122,6 +122,48 @@ def test_the_plans_router_sends_a_prompt_where_it_is_prefilled_soonest_its_cache
     assert affinity.prefill(stand_in(held, [0, 0, 0, 200]), 0) == 1
 
 
+def test_the_plans_router_keeps_a_prefix_on_its_island_within_a_bound_of_the_plans_share() -> None:
+    """Two islands share the one range half and half: island 0 is engines 0-2, island 1 is engine 3, which holds
+    the prompt's blocks 1 2 3 (300 tokens). It goes there while the range's tokens sent to island 1 stay within 1.25
+    x its half: after 200 and 400 tokens sent, island 1 would have 700 of 900 (over 1.25 x 450): the prompt goes to
+    island 0, to its least queued engine; after 600 and 300, 600 of 1,200 (within 1.25 x 600): to engine 3. Held
+    nowhere, a prompt goes by the plan's draw, the bound aside: with island 0 over it, still to island 0 on the
+    draws that pick it."""
+    a = routing()
+    shares = {"prefill": np.array([[0.5, 0.5]]), "decode": np.ones((1, 1))}
+    held = [[9], [8], [7], [1, 2, 3]]
+    for sent, queued, engine in (((200, 400), [50, 0, 20, 0], 1), ((600, 300), [0, 0, 0, 0], 3)):
+        router = PlanRouter(a["range_end"], shares, a["engines_of"])
+        router.sent[0] = np.array(sent, dtype=float)
+        assert router.prefill(stand_in(held, queued), 0) == engine
+        assert router.sent[0].sum() == sum(sent) + 300
+    router = PlanRouter(a["range_end"], shares, a["engines_of"], seed=1)
+    picks = set()
+    for _ in range(40):
+        router.sent[0] = np.array([3000.0, 0.0])
+        picks.add(router.prefill(stand_in([[9], [8], [7], [6]], [0, 0, 0, 0]), 0))
+    assert picks == {0, 3}
+
+
+def test_the_reuse_model_keeps_a_conversation_on_its_island_within_the_routers_bound() -> None:
+    """Blocks of 100 tokens. Request 0 (blocks 1 2, 200 tokens, range 0) is prefilled on island A, range 0's only
+    island; request 1, its next turn (1 2 3, 300 tokens, range 1), is wanted back on A, which holds both its blocks,
+    but range 1 is shared half and half with island B: A may take 1.25 x 150 = 187.5 of its 300 tokens (5/8 of the
+    turn), the rest is drawn to B. On A the turn finds 200 of 300 tokens (2/3); on B nothing (its blocks are A's
+    alone). Shared 80 / 20, A takes the whole turn: 2/3 on A, B gets none of it."""
+    from costmodel.reuse import Reuse
+
+    b = blocks([1, 2], [1, 2, 3])
+    r = Reuse.of(b.ids, b.start, 100, np.array([200, 300]))
+    assert list(r.chain) == [-1, 0] and not r.hot.any()  # type: ignore[union-attr]
+    ranges = np.array([0, 1])
+    big = np.array([10**6, 10**6])
+    h = r.hit_rates(ranges, 2, np.array([[1.0, 0.0], [0.5, 0.5]]), big, np.ones(2))
+    assert h[1] == pytest.approx([2 / 3, 0.0]) and h[0] == pytest.approx([0.0, 0.0])
+    h = r.hit_rates(ranges, 2, np.array([[1.0, 0.0], [0.8, 0.2]]), big, np.ones(2))
+    assert h[1] == pytest.approx([2 / 3, 0.0])
+
+
 def mooncake_lines(*rows: dict) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 

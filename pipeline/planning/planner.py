@@ -18,7 +18,7 @@ import numpy as np
 from costmodel.formulas import kv_bytes_per_seq, kv_link_gb_s, prefill_time_ms
 from costmodel.island_bench import IslandBenchmark, benchmark_island, utilisation_caps
 from costmodel.profile import CostProfile
-from costmodel.queueing import RateProfile, mix_moments, wait_quantile
+from costmodel.queueing import RateProfile, mix_moments, wait_tail
 from costmodel.reuse import Reuse
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
@@ -306,7 +306,7 @@ class Planner:
         share = np.zeros((n_j, n_i))
         share[:, pre] = np.divide(routed[:, pre], total, out=np.zeros((n_j, len(pre))), where=total > 0)
         capacity, host, engines, ready = np.zeros(n_i), np.zeros(n_i), np.ones(n_i), np.zeros((n_j, n_i))
-        wait = np.zeros(n_i)
+        wait = np.tile([0.0, np.inf], (n_i, 1))  # (islands, 2): the queue's P(wait), its tail's rate (1/s)
         for i in pre:
             g, n = layout.islands[i]
             c = self.benchmark(g, n).config("prefill")
@@ -322,7 +322,7 @@ class Planner:
             tp, dp = np.full_like(L, c["tp"]), np.full_like(L, c["dp"])
             ready[:, i] = prefill_time_ms(self.gpus[g], self.model, L, tp, dp, profile=self.profile,
                                           draft_layers=self.cost.draft_layers) / 1e3  # fmt: skip
-            # ... and its wait in the island's queue: the queueing model's median at the island's load, its prompts
+            # ... and its wait in the island's queue: the queueing model's wait at the island's load, its prompts
             # as fast as the solve priced them (the hit rates it was given)
             lam, table = routed[:, i], self.benchmark(g, n).table("prefill")
             if lam.sum() > 0 and table is not None and table.chosen >= 0:
@@ -330,7 +330,7 @@ class Planner:
                 # s a prompt of each range takes one server
                 service = table.time_ms[table.chosen] / 1e3 / (1.0 if speed is None else speed)
                 mean, cs2 = mix_moments(service[lam > 0], lam[lam > 0])
-                wait[i] = wait_quantile(c["dp"], min(lam.sum(), 0.9999 * c["dp"] / mean), mean, cs2, 0.5)
+                wait[i] = wait_tail(c["dp"], min(lam.sum(), 0.9999 * c["dp"] / mean), mean, cs2)
         range_of = self.reuse.range_of(self.ranges.end)
         hits = self.reuse.hit_rates(range_of, n_j, share, capacity + host, engines, ready, sol.rate_req_s, wait).T
         if not host.any():
