@@ -368,3 +368,42 @@ def test_ctrl_c_in_a_post_search_step_after_the_trials_stops_it_and_keeps_what_f
     plan = plans.load(path)
     assert plan.serves and plan.band is None and plan.verification is None
     assert plan.host_losses is None and (path.parent / "report.md").exists()
+
+
+def test_a_best_scored_layout_whose_plan_falls_short_of_its_score_gives_way_to_the_best_plan_of_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The search scores layouts with whole-mix load caps; a plan caps each island for its own routed mix. Scored
+    50, 48, 47, 46 and 45 (the last the fourth runner-up, not tried): where the best one's plan holds 25 (under
+    0.9 x its 50), the next three are planned and the one holding 44 is kept (the others 30 and 20); where it holds
+    46 (0.92 x), it is kept without planning another; where no runner-up holds more, the best-scored is kept. A
+    re-plan keeps its layout."""
+    from types import SimpleNamespace
+
+    from pipeline.planning.planner import Layout
+    from pipeline.search import run as search_run
+
+    scores = {8: 50.0, 16: 48.0, 24: 47.0, 32: 46.0, 40: 45.0}
+    planned: list[int] = []
+
+    def check(holds: dict[int, float], best: int, tried: list[int], replanned: object = None) -> None:
+        def fake_plan(run: Any, settings: Any, ctx: Any, layout: Layout, *rest: Any) -> Any:
+            n = layout.islands[0][1]
+            planned.append(n)
+            return SimpleNamespace(rate_req_s=holds[n], rate_per_dollar=holds[n] / n,
+                                   rates=SimpleNamespace(searched_req_s=scores[n]))  # fmt: skip
+
+        monkeypatch.setattr(search_run, "_plan", fake_plan)
+        planned.clear()
+        records = [{"status": "optimal", "score": s, "params": {"n": n}} for n, s in scores.items()]
+        records.append({"status": "failed", "score": 99.0, "params": {"n": 48}})
+        run = SimpleNamespace(records=records, replanned=replanned)
+        settings = SimpleNamespace(mode="search", search=SimpleNamespace(objective="max_rate"))
+        ctx = SimpleNamespace(demand_req_s=None, space=SimpleNamespace(layout=lambda p: [("H200", p["n"])]))
+        plan, layout = search_run._best_plan(run, settings, ctx, Layout.of([("H200", 8)]), True, 1.0, [])
+        assert layout == Layout.of([("H200", best)]) and plan.rate_req_s == holds[best] and planned == tried
+
+    check({8: 25.0, 16: 30.0, 24: 44.0, 32: 20.0}, 24, [8, 16, 24, 32])
+    check({8: 46.0}, 8, [8])
+    check({8: 25.0, 16: 20.0, 24: 24.0, 32: 10.0}, 8, [8, 16, 24, 32])
+    check({8: 25.0}, 8, [8], replanned=object())

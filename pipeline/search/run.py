@@ -43,7 +43,7 @@ from pipeline.search.samplers import require_extras
 from pipeline.search.settings import Settings, context, idle_types, inventory_of, read_settings, recorded
 from pipeline.search.steps import STEPS, StepContext, read_steps
 from pipeline.search.steps.runner import Stopped, run_steps, say, step_metrics
-from pipeline.search.trial import Context, TrialFn, run_trial, score_layout
+from pipeline.search.trial import OK, Context, TrialFn, run_trial, score_layout
 from pipeline.search.trials import SearchRun
 from pipeline.search.tune.driver import check_ray_address, run_tune, with_ray
 from plan import InventoryInfo, Plan, Reference, SearchInfo, Sizing, to_json
@@ -205,7 +205,7 @@ def _finish(
     _convergence(run, settings)
     if best_layout is None:
         return _no_plan(run, settings, tracker, complete, wall_s)
-    plan = _plan(run, settings, ctx, best_layout, complete, wall_s, notes)
+    plan, best_layout = _best_plan(run, settings, ctx, best_layout, complete, wall_s, notes)
     if not plan.serves:  # the best layout serves nothing: no plan to write, deploy or link as the newest
         return _no_plan(run, settings, tracker, complete, wall_s, serves_nothing=True)
     poisson = dataclasses.replace(ctx, planner=ctx.planner.poisson(), key=f"{ctx.key}:poisson")  # the plan's rates
@@ -290,6 +290,54 @@ def _convergence(run: SearchRun, settings: Settings) -> None:
                      title=f"{settings.inventory.name}, {settings.workload_name}: {o.sampler} ({o.generator})",
                      polish_from=run.polish_from, reference_is_bound=run.gap_is_bound)  # fmt: skip
 
+
+# the search scores a layout with each island's load cap set for the whole workload's mix; its plan sets each cap for
+# the island's own routed mix. Where the best-scored layout's plan holds less than this share of its score, the next
+# `RUNNER_UPS` layouts by score are planned too and the plan that states the most is kept
+SHORT_OF_SCORE = 0.9
+RUNNER_UPS = 3
+
+
+def _best_plan(
+    run: SearchRun,
+    settings: Settings,
+    ctx: Context,
+    layout: Layout,
+    complete: bool,
+    wall_s: float,
+    notes: list[str],
+) -> tuple[Plan, Layout]:
+    """The plan of the best-scored layout, or of one of the next scored where that one's own routed mixes cap its
+    islands well below its score (the objectives max_rate and rate_per_dollar; a re-plan or a sizing keeps its
+    layout)."""
+    plan = _plan(run, settings, ctx, layout, complete, wall_s, notes)
+    o = settings.search
+    fixed = settings.mode != "search" or run.replanned is not None or ctx.demand_req_s is not None
+    if fixed or o.objective not in ("max_rate", "rate_per_dollar") or \
+            plan.rate_req_s >= SHORT_OF_SCORE * plan.rates.searched_req_s:  # fmt: skip
+        return plan, layout
+
+    def worth(p: Plan) -> float:
+        return p.rate_per_dollar if o.objective == "rate_per_dollar" else p.rate_req_s
+
+    others: list[Layout] = []
+    for rec in sorted((r for r in run.records if r["status"] in OK), key=lambda r: -r["score"]):
+        other = Layout.of(ctx.space.layout(rec["params"]))
+        if other != layout and other not in others:
+            others.append(other)
+        if len(others) == RUNNER_UPS:
+            break
+    best, first = (plan, layout), plan
+    for other in others:
+        candidate = _plan(run, settings, ctx, other, complete, wall_s, notes)
+        if worth(candidate) > worth(best[0]):
+            best = (candidate, other)
+    if best[0] is not first:
+        print(f"[search] the best-scored layout's plan holds {first.rate_req_s:.2f} req/s once each island's load cap "
+              f"is set for its own routed mix ({first.rate_req_s / first.rates.searched_req_s:.0%} of the "
+              f"{first.rates.searched_req_s:.2f} the search's model gives it); of the next {len(others)} by score, "
+              f"one holds {best[0].rate_req_s:.2f}: planned with it", flush=True)  # fmt: skip
+    return best
 
 def _plan(
     run: SearchRun,
