@@ -175,6 +175,27 @@ def _vllm_transfer_env(value: Any, e: Engine, opts: DeployOptions) -> dict[str, 
     return env
 
 
+def _sglang_hicache(value: Any, e: Engine, opts: DeployOptions) -> list[str]:
+    """SGLang's hierarchical cache: its radix cache's evicted blocks kept in `--hicache-size` GB of host memory per
+    rank (an MLA rank's GPU keeps the whole latent KV, so per GPU, as the cost model counts it)."""
+    return ["--enable-hierarchical-cache", "--hicache-size", str(int(value))] if value else []
+
+
+def _sglang_hicache_whole(value: Any, e: Engine) -> str:
+    if float(value).is_integer():
+        return ""
+    return (f"{e.name} was priced with a host KV tier of {value:g} GB per GPU; SGLang takes it in whole GB "
+            "(--hicache-size): plan with a whole costmodel.host_cache_gb")  # fmt: skip
+
+
+def _vllm_host_tier(value: Any, e: Engine) -> str:
+    if not value:
+        return ""
+    return (f"{e.name} was priced with a host KV tier of {value:g} GB per GPU (costmodel.host_cache_gb); the vLLM "
+            "launch files keep its prefix cache in GPU memory only, so they would not run what the plan priced: use "
+            "engine=sglang (its hierarchical cache) or plan with costmodel.host_cache_gb=0")  # fmt: skip
+
+
 def _decoding(value: Callable[[Engine], Any]) -> Callable[[Engine, DeployOptions], Any]:
     """A quantity of engines that decode (None for a prefill engine)."""
     return lambda e, opts: value(e) if e.role.decodes else None
@@ -283,6 +304,12 @@ PARAMETERS: tuple[Parameter, ...] = (
         "sglang": Flags(switch("--enable-mixed-chunk"), lambda r: bool(r.view.enable_mixed_chunk)),
         # vLLM's chunked prefill puts a step's prompt chunks beside its decoding sequences, unasked
         "vllm": Flags(nothing, lambda r: bool(r.config.scheduler_config.enable_chunked_prefill), "chunked prefill"),
+    }),
+    # a prefill engine's prefix cache's host tier (costmodel.host_cache_gb), as the plan priced its loads from it
+    Parameter("host KV tier, GB per GPU", lambda e, opts: e.host_cache_gb if e.role is Role.PREFILL else None, {
+        "sglang": Flags(_sglang_hicache, lambda r: float(r.view.hicache_size) if r.view.enable_hierarchical_cache
+                        else 0.0, "hierarchical cache's host pool, GB per rank", refuse=_sglang_hicache_whole),
+        "vllm": Flags(nothing, lambda r: 0.0, "host KV tier (none)", refuse=_vllm_host_tier),
     }),
     # FP4: the FP8 checkpoint's routed experts requantized to NVFP4 as they load (SGLang's model config accepts
     # modelopt_fp4 on it, model_config.py `_verify_quantization`); the dense layers stay FP8

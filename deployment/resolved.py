@@ -26,10 +26,15 @@ class Setting:
 def table(rows: list[tuple[str, list[Setting]]]) -> str:
     """Markdown, an engine a row: each setting as `resolved / plan` (one value where they are equal), marked
     **off** where the engine would not run what the plan priced."""
-    names: list[str] = []
+    names: list[str] = []  # every engine's settings, each in its place among the others' (the table's row order)
     for _, got in rows:
-        if len(got) > len(names):
-            names = [s.name for s in got]
+        at = 0
+        for s in got:
+            if s.name in names:
+                at = names.index(s.name) + 1
+            else:
+                names.insert(at, s.name)
+                at += 1
     out = ["| engine | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for engine, got in rows:
         cells = {}

@@ -55,6 +55,8 @@ class Engine:
     drafts: int  # MTP draft tokens a step verifies (0: no speculative decoding)
     experts: str  # the routed experts' format the island was priced in (plan.Island.precision.experts)
     placement: Placement | None  # None: the island has no hosts, or hosts no engine can be placed on
+    # a prefill engine's prefix cache's host tier, GB of host memory per GPU, as priced (costmodel.host_cache_gb)
+    host_cache_gb: float = 0.0
 
     @property
     def ep_group(self) -> int:
@@ -109,6 +111,7 @@ def island_engines(plan: Plan, k: int) -> tuple[Engine, ...]:
             decode_batch=per_rank if isl.role.decodes else 0, mem_fraction=plan.cost.engine.mem_fraction,
             kv_dtype=isl.precision.dense if plan.cost.engine.kv_dtype == "auto" else plan.cost.engine.kv_dtype,
             overlap=isl.overlap, drafts=plan.cost.drafts, experts=isl.precision.experts, placement=_placement(isl, c),
+            host_cache_gb=plan.cost.engine.host_cache_gb if isl.role is Role.PREFILL else 0.0,
         ))  # fmt: skip
     return tuple(out)
 

@@ -232,3 +232,36 @@ def test_a_re_plans_engines_resolve_to_what_it_priced(sc, tmp_path: Path):
     assert plan.replan.moves and launched and plan.replan.kept  # islands launched anew beside islands that run on
     off = off_plan(adapter("sglang"), plan)
     assert not off, "\n".join(off)
+
+
+def test_a_plan_priced_with_a_host_kv_tier_launches_sglangs_hierarchical_cache_of_that_size(sc):
+    """costmodel.host_cache_gb=200: the prefill engines launch with --enable-hierarchical-cache --hicache-size 200,
+    which SGLang's own resolution keeps and the check reads back; decode engines keep no prefix cache and take none.
+    A fractional size is refused in one line (SGLang takes whole GB), and so is a host tier on vLLM, whose launch
+    files keep the cache in GPU memory only."""
+    import dataclasses
+
+    from costmodel.settings import CostSettings, EngineSettings
+    from deployment.errors import DeployError
+    from helpers import tiny_plan
+    from plan.engines import engines_of
+
+    base = tiny_plan()
+    plan = dataclasses.replace(base, cost=CostSettings(engine=EngineSettings(host_cache_gb=200)))
+    pre = [e for e in engines_of(plan) if e.role.value == "prefill"]
+    dec = [e for e in engines_of(plan) if e.role.value != "prefill"]
+    assert pre and dec and all(e.host_cache_gb == 200 for e in pre) and all(e.host_cache_gb == 0 for e in dec)
+    argv = sglang_argv(pre[0])
+    assert argv[argv.index("--hicache-size") + 1] == "200" and "--enable-hierarchical-cache" in argv
+    args = sc.resolve(argv, pre[0].gpu)
+    assert sc.value(args, "enable_hierarchical_cache") is True and sc.value(args, "hicache_size") == 200
+    rows = {s.name: s for s in adapter("sglang").settings(plan, pre[0], argv, {}, DeployOptions())}
+    tier = rows["hierarchical cache's host pool, GB per rank"]
+    assert (tier.resolved, tier.plan, tier.holds) == (200.0, 200, True)
+    assert "--enable-hierarchical-cache" not in sglang_argv(dec[0])
+    half = dataclasses.replace(base, cost=CostSettings(engine=EngineSettings(host_cache_gb=12.5)))
+    with pytest.raises(DeployError, match=r"host KV tier of 12.5 GB per GPU; SGLang takes it in whole GB"):
+        sglang_argv([e for e in engines_of(half) if e.role.value == "prefill"][0])
+    vllm = DeployOptions(engine="vllm")
+    with pytest.raises(DeployError, match=r"the vLLM launch files keep its prefix cache in GPU memory only"):
+        adapter("vllm").command(pre[0], 0, vllm)
