@@ -339,6 +339,7 @@ def _best_plan(
               f"one holds {best[0].rate_req_s:.2f}: planned with it", flush=True)  # fmt: skip
     return best
 
+
 def _plan(
     run: SearchRun,
     settings: Settings,
