@@ -206,6 +206,26 @@ class Model:
         return d * hd * (2 * h + 2 * self.n_kv_heads)
 
     @property
+    def params(self) -> int:
+        """Weights of the whole model (untied embedding and LM head, attention, dense MLPs, every expert and the
+        routers; norms and the MTP modules left out), as an element count: what its published total counts."""
+        moe = self.n_moe_layers * ((self.n_routed_experts + self.n_shared_experts) * self.expert_params
+                                   + self.hidden * self.n_routed_experts)  # fmt: skip
+        return 2 * self.vocab_size * self.hidden + self.n_layers * self.attn_params_per_layer + self.dense_params + moe
+
+    @property
+    def active_params(self) -> int:
+        """Weights one token runs through (the LM head, attention, dense MLPs, its top_k routed and the shared
+        experts): what a published "activated" count counts."""
+        experts = self.n_moe_layers * (self.top_k + self.n_shared_experts) * self.expert_params
+        return self.vocab_size * self.hidden + self.n_layers * self.attn_params_per_layer + self.dense_params + experts
+
+    @property
+    def dense_params(self) -> int:
+        """The dense layers' MLPs."""
+        return self.n_dense_layers * 3 * self.hidden * self.dense_inter
+
+    @property
     def expert_params(self) -> int:
         """One routed (or shared) expert: gate, up and down projections."""
         return 3 * self.hidden * self.moe_inter

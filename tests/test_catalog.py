@@ -164,3 +164,37 @@ def test_inventory_price_override() -> None:
 def test_unknown_model_lists_the_choices() -> None:
     with pytest.raises(CatalogError, match=r"unknown model 'gpt5'; choose from \[.*'deepseek_v3'.*\]"):
         load_model("gpt5")
+
+
+# each model's published total and activated parameters (billions), cited in its conf/model file
+PUBLISHED_PARAMS = {"deepseek_v3": (671, 37), "qwen3_235b_a22b": (235, 22), "qwen3_30b_a3b": (30.5, 3.3),
+                    "kimi_k2": (1040, 32), "qwen3_coder_480b_a35b": (480, 35), "glm_4_6": (355, 32)}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_each_models_dimensions_count_the_parameters_its_makers_publish(name: str) -> None:
+    """The weights the cost model counts from a model's dimensions (`Model.params`, `active_params`: embeddings,
+    attention, dense MLPs, experts and routers; norms and MTP modules aside) are its makers' published totals within
+    2 % and its activated parameters within 10 % (makers count the embedding or not): a mistyped dimension shows."""
+    m = load_model(name)
+    total, active = PUBLISHED_PARAMS[name]
+    assert m.params / 1e9 == pytest.approx(total, rel=0.02) and m.active_params / 1e9 == pytest.approx(active, rel=0.1)
+
+
+@pytest.mark.parametrize(("name", "gpu", "fits", "short"), [
+    ("kimi_k2", "H200", 16, 4), ("qwen3_coder_480b_a35b", "H200", 8, 2), ("glm_4_6", "H20", 8, 2)])  # fmt: skip
+def test_the_catalogues_new_models_price_on_an_island_that_holds_them_and_not_on_one_that_does_not(
+    name: str, gpu: str, fits: int, short: int
+) -> None:
+    """Kimi-K2 (about 1.03 TB of FP8 weights), Qwen3-Coder-480B (480 GB) and GLM-4.6 (353 GB) each prefill and decode
+    every range on an island that holds their weights beside a KV cache (16 H200 of 141 GB; 8 H200; 8 H20 of 96 GB),
+    and on one whose memory is less than their weights (4 H200, 564 GB; 2 H200, 282 GB; 2 H20, 192 GB) neither."""
+    from costmodel.island_bench import benchmark_island
+    from pipeline.planning.workload import make_ranges, synthetic_normal
+
+    ranges = make_ranges(synthetic_normal("fig4_2", 500, 2000, 0, 8000, 100, 1000), 125)
+    m = load_model(name)
+    for size, holds in ((fits, True), (short, False)):
+        b = benchmark_island(load_gpu(gpu), size, m, ranges.mid, ranges.p, 100, 1000)
+        served = bool((b.prefill_req_s > 0).all() and (b.decode_req_s > 0).all())
+        assert served is holds, (name, gpu, size)
