@@ -261,7 +261,7 @@ def test_a_plan_priced_with_a_host_kv_tier_launches_sglangs_hierarchical_cache_o
     assert "--enable-hierarchical-cache" not in sglang_argv(dec[0])
     half = dataclasses.replace(base, cost=CostSettings(engine=EngineSettings(host_cache_gb=12.5)))
     with pytest.raises(DeployError, match=r"host KV tier of 12.5 GB per GPU; SGLang takes it in whole GB"):
-        sglang_argv([e for e in engines_of(half) if e.role.value == "prefill"][0])
+        sglang_argv(next(e for e in engines_of(half) if e.role.value == "prefill"))
     vllm = DeployOptions(engine="vllm")
     with pytest.raises(DeployError, match=r"the vLLM launch files keep its prefix cache in GPU memory only"):
         adapter("vllm").command(pre[0], 0, vllm)
