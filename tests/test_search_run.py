@@ -383,6 +383,13 @@ def test_a_best_scored_layout_whose_plan_falls_short_of_its_score_gives_way_to_t
     from pipeline.planning.planner import Layout
     from pipeline.search import run as search_run
 
+    @dataclasses.dataclass(frozen=True)
+    class Stated:  # what `_best_plan` reads of a plan
+        rate_req_s: float
+        rate_per_dollar: float
+        rates: Any
+        notes: tuple[str, ...] = ()
+
     scores = {8: 50.0, 16: 48.0, 24: 47.0, 32: 46.0, 40: 45.0}
     planned: list[int] = []
 
@@ -390,8 +397,7 @@ def test_a_best_scored_layout_whose_plan_falls_short_of_its_score_gives_way_to_t
         def fake_plan(run: Any, settings: Any, ctx: Any, layout: Layout, *rest: Any) -> Any:
             n = layout.islands[0][1]
             planned.append(n)
-            return SimpleNamespace(rate_req_s=holds[n], rate_per_dollar=holds[n] / n,
-                                   rates=SimpleNamespace(searched_req_s=scores[n]))  # fmt: skip
+            return Stated(holds[n], holds[n] / n, SimpleNamespace(searched_req_s=scores[n]))
 
         monkeypatch.setattr(search_run, "_plan", fake_plan)
         planned.clear()
@@ -402,6 +408,11 @@ def test_a_best_scored_layout_whose_plan_falls_short_of_its_score_gives_way_to_t
         ctx = SimpleNamespace(demand_req_s=None, space=SimpleNamespace(layout=lambda p: [("H200", p["n"])]))
         plan, layout = search_run._best_plan(run, settings, ctx, Layout.of([("H200", 8)]), True, 1.0, [])
         assert layout == Layout.of([("H200", best)]) and plan.rate_req_s == holds[best] and planned == tried
+        # report.md's notes say why the plan is not the best-scored layout's
+        assert [n for n in plan.notes if "best-scored" in n] == ([] if best == 8 else [
+            f"the best-scored layout's plan holds 25.00 req/s once each island's load cap is set for its own routed "
+            f"mix (50% of the 50.00 the search's model gives it); of the next 3 by score, one holds {holds[best]:.2f}: "
+            "planned with it"])  # fmt: skip
 
     check({8: 25.0, 16: 30.0, 24: 44.0, 32: 20.0}, 24, [8, 16, 24, 32])
     check({8: 46.0}, 8, [8])

@@ -332,12 +332,14 @@ def _best_plan(
         candidate = _plan(run, settings, ctx, other, complete, wall_s, notes)
         if worth(candidate) > worth(best[0]):
             best = (candidate, other)
-    if best[0] is not first:
-        print(f"[search] the best-scored layout's plan holds {first.rate_req_s:.2f} req/s once each island's load cap "
-              f"is set for its own routed mix ({first.rate_req_s / first.rates.searched_req_s:.0%} of the "
-              f"{first.rates.searched_req_s:.2f} the search's model gives it); of the next {len(others)} by score, "
-              f"one holds {best[0].rate_req_s:.2f}: planned with it", flush=True)  # fmt: skip
-    return best
+    if best[0] is first:
+        return best
+    said = (f"the best-scored layout's plan holds {first.rate_req_s:.2f} req/s once each island's load cap is set for "
+            f"its own routed mix ({first.rate_req_s / first.rates.searched_req_s:.0%} of the "
+            f"{first.rates.searched_req_s:.2f} the search's model gives it); of the next {len(others)} by score, one "
+            f"holds {best[0].rate_req_s:.2f}: planned with it")  # fmt: skip
+    print(f"[search] {said}", flush=True)
+    return dataclasses.replace(best[0], notes=(*best[0].notes, said)), best[1]
 
 
 def _plan(
