@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from costmodel.specs import GPU, Model, SpecError
+from costmodel.specs import GPU, UNPRICED_ATTENTIONS, Model, SpecError
 
 CONF_DIR = Path(os.environ.get("ARCHIPELAGO_CONF", Path(__file__).resolve().parents[1] / "conf"))
 
@@ -97,6 +97,17 @@ def gpu_names() -> list[str]:
 
 def model_names() -> list[str]:
     return sorted(_entries("model"))
+
+
+def priced_model_names() -> list[str]:
+    """The catalogue's models the cost model prices: the others (an attention kind it does not price, a dense
+    model) are refused when loaded, saying why."""
+    return [n for n in model_names() if not _unpriced(n)]
+
+
+def _unpriced(name: str) -> bool:
+    data, _ = _read("model", name, "model")
+    return data.get("attention") in UNPRICED_ATTENTIONS or data.get("n_routed_experts") == 0
 
 
 @cache

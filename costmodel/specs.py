@@ -16,6 +16,12 @@ import numpy as np
 SOFTWARE = ("cuda", "rocm")  # kernel stacks: NVIDIA's CUDA libraries, AMD's ROCm (aiter, hipBLASLt)
 GEMM_TABLES = ("default", "h20")
 ATTENTIONS = ("mla", "gqa")
+# attention kinds models in the catalogue have that the cost model does not price: a model with one is refused when
+# loaded, saying what it lacks, rather than priced as MLA or GQA over every cached token
+UNPRICED_ATTENTIONS = {
+    "gqa_sliding": "GQA over a sliding window of recent tokens on every other layer, with attention sinks",
+    "mla_sparse": "DeepSeek Sparse Attention: MLA over the top-k cached tokens a lightning indexer picks",
+}
 
 
 class SpecError(ValueError):
@@ -143,6 +149,17 @@ class Model:
     head_dim: int = 0
 
     def __post_init__(self) -> None:
+        _require(
+            self.attention not in UNPRICED_ATTENTIONS,
+            f"model {self.name}'s attention is `{self.attention}` ({UNPRICED_ATTENTIONS.get(self.attention)}), which "
+            f"the cost model does not price (it prices {' and '.join(a.upper() for a in ATTENTIONS)} over every "
+            "cached token): refused rather than priced as either",
+        )
+        _require(
+            self.n_routed_experts != 0,
+            f"model {self.name} is dense (no routed experts): the cost model prices MoE models, their routed experts "
+            "spread over an island's GPUs; refused rather than priced as one",
+        )
         _require(
             self.attention in ATTENTIONS,
             f"`attention` of model {self.name} must be one of {list(ATTENTIONS)}, got {self.attention!r}",

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.catalog import gpu_names, load_gpu, load_model, model_names
+from costmodel.catalog import gpu_names, load_gpu, load_model, priced_model_names
 from costmodel.formulas import DecodeRun, decode_step_ms, decode_steps_sum_ms, max_batch, prefill_time_ms
 from costmodel.profile import CostProfile
 
@@ -15,7 +15,7 @@ ROOFLINE = CORRECTED.with_fixes(gemm_roofline=True)  # the structure the shipped
 FP8_GPUS = [g for g in gpu_names() if load_gpu(g).has_fp8]  # shallowsim assumes FP8
 
 gpus = st.sampled_from(gpu_names())
-models = st.sampled_from(model_names())
+models = st.sampled_from(priced_model_names())
 degrees = st.sampled_from([1, 2, 4, 8, 16, 32, 64])
 
 
