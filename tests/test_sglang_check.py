@@ -265,3 +265,20 @@ def test_a_plan_priced_with_a_host_kv_tier_launches_sglangs_hierarchical_cache_o
     vllm = DeployOptions(engine="vllm")
     with pytest.raises(DeployError, match=r"the vLLM launch files keep its prefix cache in GPU memory only"):
         adapter("vllm").command(pre[0], 0, vllm)
+
+
+def test_a_plan_of_a_model_the_checks_hold_no_config_for_is_refused_not_judged_as_deepseek(sc) -> None:
+    """The checks resolve a command against its model's config.json; they hold DeepSeek-V3's only, so a plan of
+    another model (here the tests' plan renamed kimi_k2, its islands kept) is refused in one line rather than its
+    engines judged as DeepSeek-V3 engines."""
+    import dataclasses
+
+    from deployment.engines.base import EngineRefused
+    from helpers import tiny_plan
+    from plan.engines import engines_of
+
+    base = tiny_plan()
+    plan = dataclasses.replace(base, model=dataclasses.replace(base.model, name="kimi_k2"))
+    with pytest.raises(EngineRefused, match=r"hold deepseek_v3's only \(tests/data/models\): kimi_k2's engines are "
+                                            r"not judged here"):  # fmt: skip
+        adapter("sglang").check(plan, engines_of(plan)[0], 0, DeployOptions())

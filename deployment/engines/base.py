@@ -19,6 +19,9 @@ from deployment.options import DeployOptions, EngineOptions
 from deployment.resolved import Setting
 from plan import Engine, Plan
 
+# the models whose config.json the engines' checks resolve a command against (tests/data/models/<folder>)
+CHECKED_MODELS = {"deepseek_v3": "deepseek-v3"}
+
 
 class EngineRefused(Exception):
     """The engine refuses a command line; the message is the engine's own."""
@@ -77,7 +80,15 @@ class Adapter:
 
     def check(self, plan: Plan, e: Engine, rank: int, opts: DeployOptions) -> list[Setting]:
         """Host `rank` of engine `e` as its launch runs it (host-known values as examples, the engine's slice of its
-        host's GPUs), through the engine's own settings resolution, against the plan."""
+        host's GPUs), through the engine's own settings resolution, against the plan. EngineRefused for a plan of a
+        model whose config the checks do not hold (`CHECKED_MODELS`): resolved against another's, it would pass
+        while judging another model's engine."""
+        if plan.model.name not in CHECKED_MODELS:
+            raise EngineRefused(
+                f"the engines' checks resolve a command against its model's own config.json, and hold "
+                f"{', '.join(CHECKED_MODELS)}'s only (tests/data/models): {plan.model.name}'s engines are not judged "
+                "here (their launch files are written as planned)"
+            )
         opts = self.own(opts)
         launch = self.command(e, rank, opts)
         index = 1 if rank == WORKER else rank
