@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
 from typing import ClassVar
 
 from deployment.errors import DeployError
@@ -20,6 +21,7 @@ from deployment.resolved import Setting
 from plan import Engine, Plan
 
 # the models whose config.json the engines' checks resolve a command against (tests/data/models/<folder>)
+MODELS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "models"
 CHECKED_MODELS = {"deepseek_v3": "deepseek-v3"}
 
 
@@ -52,6 +54,8 @@ class Adapter:
     program: ClassVar[tuple[str, ...]]  # what precedes the engine's own arguments on its command line
     Options: ClassVar[type[EngineOptions]] = EngineOptions
     routes: ClassVar[str] = ""  # how the router hands a request to its engines, for a launch folder's README
+    # the models its check resolves against their own config.json (tests/data/models/<folder>), by catalogue name
+    checked_models: ClassVar[dict[str, str]] = CHECKED_MODELS
 
     def own(self, opts: DeployOptions) -> DeployOptions:
         """`opts` with this engine's own options (its defaults where `opts` has none)."""
@@ -83,11 +87,11 @@ class Adapter:
         host's GPUs), through the engine's own settings resolution, against the plan. EngineRefused for a plan of a
         model whose config the checks do not hold (`CHECKED_MODELS`): resolved against another's, it would pass
         while judging another model's engine."""
-        if plan.model.name not in CHECKED_MODELS:
+        if plan.model.name not in self.checked_models:
             raise EngineRefused(
-                f"the engines' checks resolve a command against its model's own config.json, and hold "
-                f"{', '.join(CHECKED_MODELS)}'s only (tests/data/models): {plan.model.name}'s engines are not judged "
-                "here (their launch files are written as planned)"
+                f"{self.title}'s check resolves a command against its model's own config.json, and holds "
+                f"{', '.join(self.checked_models)}'s only (tests/data/models): {plan.model.name}'s engines are not "
+                "judged here (their launch files are written as planned)"
             )
         opts = self.own(opts)
         launch = self.command(e, rank, opts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from deployment.engines.base import Adapter
+from deployment.engines.base import CHECKED_MODELS, MODELS_DIR, Adapter
 from deployment.engines.sglang import check, launch
 from deployment.launch import BOOTSTRAP_PORT, Launch
 from deployment.options import DeployOptions
@@ -25,6 +25,7 @@ class SglangAdapter(Adapter):
     routes: ClassVar[str] = (
         "sends the request to both in the SGLang PD protocol (bootstrap host, port and room added to the request)."
     )
+    checked_models: ClassVar[dict[str, str]] = {**CHECKED_MODELS, "qwen3_coder_480b_a35b": "qwen3-coder-480b-a35b"}
 
     def command(self, e: Engine, rank: int, opts: DeployOptions) -> Launch:
         return launch.command(e, rank, self.own(opts))
@@ -35,4 +36,4 @@ class SglangAdapter(Adapter):
 
     def settings(self, plan: Plan, e: Engine, argv: list[str], env: dict[str, str], opts: DeployOptions,
                  ) -> list[Setting]:  # fmt: skip
-        return check.settings(plan, e, argv, self.own(opts))
+        return check.settings(plan, e, argv, self.own(opts), MODELS_DIR / self.checked_models[plan.model.name])

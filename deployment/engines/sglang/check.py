@@ -236,7 +236,7 @@ def with_model(argv: list[str], model_dir: Path = MODEL_DIR) -> list[str]:
     return out
 
 
-def resolve(argv: list[str], gpu: str) -> Any:
+def resolve(argv: list[str], gpu: str, model_dir: Path = MODEL_DIR) -> Any:
     """The `ServerArgs` SGLang builds from `argv` (what follows `python3 -m sglang.launch_server`) on a host of
     `gpu` GPUs, resolved and checked by SGLang; read resolved values with `value(args, name)` or `view(args)`.
     Raises EngineRefused with SGLang's message when SGLang refuses it; NoDevice (deployment.engines.device) for a GPU
@@ -253,7 +253,7 @@ def resolve(argv: list[str], gpu: str) -> Any:
     try:
         with _stubbed(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             try:
-                args = prepare_server_args(with_model(argv))
+                args = prepare_server_args(with_model(argv, model_dir))
             except SystemExit:  # argparse: an unknown flag or a bad value
                 lines = err.getvalue().strip().splitlines()
                 raise EngineRefused(lines[-1] if lines else f"SGLang's parser rejects {argv}") from None
@@ -301,7 +301,8 @@ def value(args: Any, name: str) -> Any:
 
 def kv_pool_tokens(args: Any, gpu: str, *, weight_bytes: float, free_bytes: float | None = None) -> int:
     """Tokens of KV cache SGLang 0.5.23 sizes on one GPU of this engine (one attention DP rank's pool: MLA keeps
-    one latent KV per token, replicated over the attention TP group), given the weights that GPU holds.
+    one latent KV per token, replicated over the attention TP group; GQA its KV heads split over it), given the
+    weights that GPU holds.
 
     SGLang measures the free memory before loading weights (`pre_model_load_memory`,
     sglang/srt/distributed/bootstrap.py:207, min over the ranks), loads the weights, and profiles
@@ -340,8 +341,13 @@ def kv_pool_tokens(args: Any, gpu: str, *, weight_bytes: float, free_bytes: floa
         dtype = torch.float8_e4m3fn if "fp8" in str(cfg.kv_cache_dtype) else torch.bfloat16
     pp = max(int(cfg.pp_size), 1)
     layers = -(-int(model_config.num_hidden_layers) // pp)  # the first PP stage's share (all of them at pp 1)
-    with _stubbed():
-        cell = calculate_mla_kv_cache_dim(model_config=model_config, kv_cache_dtype=dtype) * layers
+    if hasattr(model_config, "kv_lora_rank"):  # MLA
+        with _stubbed():
+            cell = calculate_mla_kv_cache_dim(model_config=model_config, kv_cache_dtype=dtype) * layers
+    else:  # MHA / GQA: K and V of the KV heads on one attention TP rank (pool_configurator.py:491-:497)
+        attn_tp = max(int(cfg.tp_size) // max(int(cfg.attn_dp_size), 1), 1)
+        heads = model_config.get_num_kv_heads(attn_tp)
+        cell = heads * (int(model_config.head_dim) + int(model_config.v_head_dim)) * layers
     cell *= torch._utils._element_size(dtype)
     page = max(int(cfg.page_size or 1), 1)
     tokens = int(rest // cell) // page * page
@@ -371,11 +377,12 @@ class Resolved:
     quantization: str
 
 
-def settings(plan: Plan, e: Engine, argv: list[str], opts: DeployOptions | None = None) -> list[Setting]:
+def settings(plan: Plan, e: Engine, argv: list[str], opts: DeployOptions | None = None, model_dir: Path = MODEL_DIR,
+             ) -> list[Setting]:  # fmt: skip
     """Engine `e` of `plan` (its command line `argv`, after `python3 -m sglang.launch_server`, as written for
-    `opts`) as SGLang resolves it, setting by setting, against the plan: every row of the parameter table, and the
-    KV pool it sizes against what the plan keeps there."""
-    args = resolve(argv, e.gpu)
+    `opts`) as SGLang resolves it against its model's config (`model_dir`), setting by setting, against the plan:
+    every row of the parameter table, and the KV pool it sizes against what the plan keeps there."""
+    args = resolve(argv, e.gpu, model_dir)
     # the routed experts' format: SGLang's model config resolves the command's --quantization against the
     # checkpoint's own (model_config.py `_verify_quantization`)
     with _stubbed(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
