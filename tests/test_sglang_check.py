@@ -268,8 +268,8 @@ def test_a_plan_priced_with_a_host_kv_tier_launches_sglangs_hierarchical_cache_o
 
 
 def test_a_plan_of_a_model_the_checks_hold_no_config_for_is_refused_not_judged_as_deepseek(sc) -> None:
-    """The checks resolve a command against its model's config.json; SGLang's holds DeepSeek-V3's and
-    Qwen3-Coder's only, so a plan of another model (here the tests' plan renamed kimi_k2, its islands kept) is
+    """The checks resolve a command against its model's config.json; SGLang's holds DeepSeek-V3's and three Qwen3
+    models' only, so a plan of another model (here the tests' plan renamed kimi_k2, its islands kept) is
     refused in one line rather than its engines judged as DeepSeek-V3 engines."""
     import dataclasses
 
@@ -279,24 +279,25 @@ def test_a_plan_of_a_model_the_checks_hold_no_config_for_is_refused_not_judged_a
 
     base = tiny_plan()
     plan = dataclasses.replace(base, model=dataclasses.replace(base.model, name="kimi_k2"))
-    with pytest.raises(EngineRefused, match=r"holds deepseek_v3, qwen3_coder_480b_a35b's only \(tests/data/models\): "
-                                            r"kimi_k2's engines are not judged here"):  # fmt: skip
+    with pytest.raises(EngineRefused, match=r"'s only \(tests/data/models\): kimi_k2's engines are not judged here"):
         adapter("sglang").check(plan, engines_of(plan)[0], 0, DeployOptions())
 
 
-def test_a_qwen3_coder_plans_engines_run_what_it_priced_by_sglangs_own_resolution_of_its_config(sc, tmp_path: Path):
-    """tiny_hetero's exact plan of Qwen3-Coder-480B-A35B (GQA, 160 experts): every engine's command, resolved by
-    SGLang against the model's config (tests/data/models/qwen3-coder-480b-a35b), holds every row of the parameter
-    table and a KV pool (its KV heads split over the attention TP group) at least what the plan keeps there. vLLM's
-    check holds DeepSeek-V3's config only and refuses the plan in one line."""
+@pytest.mark.parametrize("model", ["qwen3_coder_480b_a35b", "qwen3_235b_a22b", "qwen3_30b_a3b"])
+def test_a_qwen3_plans_engines_run_what_it_priced_by_sglangs_own_resolution_of_its_config(sc, tmp_path: Path,
+                                                                                         model: str) -> None:
+    """tiny_hetero's exact plan of a Qwen3 MoE model (GQA; Qwen3-Coder-480B's 160 experts, Qwen3-235B's and 30B's
+    128): every engine's command, resolved by SGLang against the model's config (tests/data/models), holds every row
+    of the parameter table and a KV pool (its KV heads split over the attention TP group) at least what the plan
+    keeps there. vLLM's check holds DeepSeek-V3's config only and refuses the plan in one line."""
     from deployment.engines.base import EngineRefused
 
-    path, _ = plan_of(tmp_path, "model=qwen3_coder_480b_a35b", "costmodel=calibrated")
+    path, _ = plan_of(tmp_path, f"model={model}", "costmodel=calibrated")
     plan = plans.load(path)
-    assert plan.model.name == "qwen3_coder_480b_a35b" and plan.rate_req_s > 0
+    assert plan.model.name == model and plan.rate_req_s > 0
     for e in engines(plan):
         rows = adapter("sglang").check(plan, e, 0, DeployOptions())
         assert rows and all(s.holds for s in rows), [(s.name, s.resolved, s.plan) for s in rows if not s.holds]
         assert any(s.name.startswith("KV pool") for s in rows)
-    with pytest.raises(EngineRefused, match=r"holds deepseek_v3's only \(tests/data/models\): qwen3_coder_480b_a35b"):
+    with pytest.raises(EngineRefused, match=rf"holds deepseek_v3's only \(tests/data/models\): {model}'s engines"):
         adapter("vllm").check(plan, engines(plan)[0], 0, DeployOptions(engine="vllm"))
