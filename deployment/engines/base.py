@@ -85,7 +85,7 @@ class Adapter:
     def check(self, plan: Plan, e: Engine, rank: int, opts: DeployOptions) -> list[Setting]:
         """Host `rank` of engine `e` as its launch runs it (host-known values as examples, the engine's slice of its
         host's GPUs), through the engine's own settings resolution, against the plan. EngineRefused for a plan of a
-        model whose config the checks do not hold (`CHECKED_MODELS`): resolved against another's, it would pass
+        model whose config this check does not hold (`checked_models`): resolved against another's, it would pass
         while judging another model's engine."""
         if plan.model.name not in self.checked_models:
             raise EngineRefused(
