@@ -27,6 +27,9 @@ COMMAND = ("plan", "out", "replace", "hydra")  # the command's own settings and 
 WHERE = "conf/deploy.yaml (or its overrides)"
 
 
+DEFAULT_MODEL = "deepseek_v3"  # whose weights conf/deploy.yaml's default model_path names
+
+
 def config_record() -> type:
     """conf/deploy.yaml as one record: the deployment's settings (`DeployOptions`'s), then a section per engine and
     per target of the registries, each its own options record; `costmodel.codec.from_data` reads it strictly."""
@@ -61,6 +64,9 @@ def execute(cfg: Any) -> None:
         raise ConfigError("plan=PATH is required: the plan.json of a search (outputs/search/<run>/<time>/plan.json)")
     plan = plans.load(cfg.plan)  # the command's input first: a plan it cannot read is the error to show
     opts = options_from_cfg(cfg)
+    if plan.model.name != DEFAULT_MODEL and opts.model_path == DeployOptions().model_path:
+        raise ConfigError(f"{WHERE}: model_path={opts.model_path} is the default, {DEFAULT_MODEL}'s weights, and "
+                          f"this plan is for {plan.model.name}: give model_path=<its weights' folder on every host>")
     replacing = cli.plain(cfg.get("replace", False))
     if not isinstance(replacing, bool):
         raise ConfigError(f"{WHERE}: replace must be true or false, got {replacing!r:.80}")

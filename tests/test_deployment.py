@@ -327,3 +327,20 @@ def test_configurations_engines_cannot_run_are_never_proposed() -> None:
     assert 3 in free.prefill.tp and 3 in free.decode.tp  # 24 GPUs: TP 3 (or 6, 12, 24) splits 128 heads unevenly
     for t in (engines.prefill, engines.decode):
         assert set(t.tp) and all(model.n_heads % tp == 0 for tp in t.tp)
+
+
+def test_a_plan_of_another_model_is_not_deployed_onto_deepseek_v3s_default_weights(tmp_path: Path) -> None:
+    """conf/deploy.yaml's default model_path is DeepSeek-V3's weights: a Qwen3-30B plan deployed with it is refused
+    in one line naming the model, nothing written; with its own weights' folder given, its launch files point
+    there."""
+    from pipeline.deploy import execute
+
+    path, _ = plan_of(tmp_path, "model=qwen3_30b_a3b", "costmodel=calibrated")
+    one_line(in_process(execute, "deploy", f"plan={path}", f"out={tmp_path}/d"),
+             "error: conf/deploy.yaml (or its overrides): model_path=/models/DeepSeek-V3 is the default, "
+             "deepseek_v3's weights, and this plan is for qwen3_30b_a3b: give model_path=<its weights' folder on "
+             "every host>")  # fmt: skip
+    assert not (tmp_path / "d").exists()
+    deploy(path, tmp_path / "q", "model_path=/models/Qwen3-30B-A3B-FP8")
+    scripts = "".join(p.read_text() for p in (tmp_path / "q").rglob("*.sh"))
+    assert "--model-path /models/Qwen3-30B-A3B-FP8" in scripts and "DeepSeek-V3" not in scripts
