@@ -38,6 +38,7 @@ one (sessions at their own think times) keeps them, more sessions coming between
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -208,7 +209,7 @@ class Reuse:
         first = np.unique(self.request[own_chain], return_index=True)[1]
         home_ok = np.zeros((n_req, n_i))
         home_ok[self.request[own_chain][first]] = kept[own_chain][first]
-        p, q = _routing(chain, range_of, share, home_ok, self.input_tokens * counted, n_ranges)
+        p, q = _routing(chain, self.levels, range_of, share, home_ok, self.input_tokens * counted, n_ranges)
         out = np.zeros((n_ranges, n_i))
         hits = (q * found_home + (p - q) * found_drawn) * counted[:, None]
         routed = p * (self.input_tokens * counted)[:, None]
@@ -218,24 +219,29 @@ class Reuse:
             out[:, k] = np.minimum(np.divide(saved, tok, out=np.zeros(n_ranges), where=tok > 0), 1.0)
         return out
 
+    @cached_property
+    def levels(self) -> list[np.ndarray]:
+        """The requests by their depth in their conversation (`chain`): first turns, second turns, ..."""
+        chain = self.chain if self.chain is not None else np.full(len(self.input_tokens), -1)
+        depth = np.zeros(len(chain), dtype=np.int64)
+        for i in np.flatnonzero(chain >= 0):  # a turn is one deeper than the turn before it (which came earlier)
+            depth[i] = depth[chain[i]] + 1
+        return [np.flatnonzero(depth == d) for d in range(int(depth.max(initial=0)) + 1)]
+
     def range_of(self, ends: np.ndarray) -> np.ndarray:
         """Each request's range, by the ranges' upper ends (exclusive; past the last end: the last range)."""
         return np.minimum(np.searchsorted(ends, self.input_tokens, side="right"), len(ends) - 1)
 
 
-def _routing(chain: np.ndarray, range_of: np.ndarray, share: np.ndarray, home_ok: np.ndarray, tokens: np.ndarray,
-             n_ranges: int) -> tuple[np.ndarray, np.ndarray]:
+def _routing(chain: np.ndarray, levels: list[np.ndarray], range_of: np.ndarray, share: np.ndarray,
+             home_ok: np.ndarray, tokens: np.ndarray, n_ranges: int) -> tuple[np.ndarray, np.ndarray]:
     """(requests, islands) where the router sends each prompt (`p`) and of that, to its conversation's last turn's
     island (`q`), as `simulator.routers`' `plan` does: a turn goes to the island its last turn went to where that
     island holds it (`home_ok`) and serves its range, while the range's prompt tokens sent there stay within
     `BOUND` x the island's share; the rest are drawn among the range's islands so each fills its share. Turns are
-    placed conversation depth by depth; the bound and the draws settle in `ROUTING_ROUNDS` rounds. `tokens`: each
-    request's prompt tokens where it counts (0: a warm-up request)."""
+    placed conversation depth by depth (`levels`, `Reuse.levels`); the bound and the draws settle in
+    `ROUTING_ROUNDS` rounds. `tokens`: each request's prompt tokens where it counts (0: a warm-up request)."""
     n_req, n_i = home_ok.shape
-    depth = np.zeros(n_req, dtype=np.int64)
-    for i in np.flatnonzero(chain >= 0):  # a turn is one deeper than the turn before it (which came earlier)
-        depth[i] = depth[chain[i]] + 1
-    levels = [np.flatnonzero(depth == d) for d in range(int(depth.max(initial=0)) + 1)]
     want = share * np.bincount(range_of, weights=tokens, minlength=n_ranges)[:, None]  # each island's share
     accept, draw = (share > 0).astype(float), share.copy()
     p, q = np.zeros((n_req, n_i)), np.zeros((n_req, n_i))

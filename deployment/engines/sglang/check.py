@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.specs import GPU, Device
-from deployment.engines.base import EngineRefused
+from deployment.engines.base import CHECKED_MODELS, MODELS_DIR, EngineRefused
 from deployment.engines.device import probed
 from deployment.engines.sglang.launch import Sglang
 from deployment.options import DeployOptions
@@ -65,7 +65,7 @@ from plan import Engine, Plan
 
 __all__ = ["MODEL_DIR", "EngineRefused", "Resolved", "kv_pool_tokens", "resolve", "settings", "value", "view"]
 
-MODEL_DIR = Path(__file__).resolve().parents[3] / "tests" / "data" / "models" / "deepseek-v3"
+MODEL_DIR = MODELS_DIR / CHECKED_MODELS["deepseek_v3"]  # DeepSeek-V3's config (tests/data/models)
 
 # GPU-only top-level packages SGLang imports on the settings path (see the module docstring)
 GPU_PACKAGES = ("triton", "sgl_kernel", "flashinfer", "cuda", "deep_ep", "deep_gemm", "flash_mla", "torchvision")

@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 from costmodel.specs import Device
 from deployment.deployable import engine_of
-from deployment.engines.base import EngineArgsMissing, EngineRefused
+from deployment.engines.base import CHECKED_MODELS, MODELS_DIR, EngineArgsMissing, EngineRefused
 from deployment.engines.device import probed
 from deployment.engines.vllm.args import vllm_source
 from deployment.engines.vllm.launch import VERSION, Vllm, command
@@ -83,7 +83,7 @@ __all__ = ["MODEL_DIR", "EngineArgsMissing", "EngineRefused", "Resolved", "launc
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-MODEL_DIR = Path(__file__).resolve().parents[3] / "tests" / "data" / "models" / "deepseek-v3"
+MODEL_DIR = MODELS_DIR / CHECKED_MODELS["deepseek_v3"]  # DeepSeek-V3's config (tests/data/models)
 
 # the pure-Python packages vLLM 0.33.0 imports for its parser and settings (its METADATA's pins where it
 # pins them), besides what the project already installs; `xgrammar` with --no-deps (its deps pull Triton)
