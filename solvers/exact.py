@@ -162,12 +162,99 @@ def solve_counts(
     search moves prefill and decode islands only)."""
     t0 = time.perf_counter()
     s = new_solver("HIGHS" if relax or fix is not None else backend, time_limit_s)  # GLOP: ABNORMAL at 10k GPUs
-    n_j = len(p)
     lam = s.NumVar(0.0 if demand is None else demand, s.infinity(), "Lambda")
+    block = add_model(s, types, p, lam, kv_gb=kv_gb, relax=relax, fix=fix)
+    classes, n_p, n_d, n_a = block.classes, block.n_p, block.n_d, block.n_a
+    for ti, t in enumerate(types):
+        if t.layouts is not None:  # (6) one of the given multisets (islands that cannot run stay idle)
+            z = [(s.NumVar(0.0, 1.0, "") if relax else s.BoolVar(f"z[{t.gpu},{k}]")) for k in range(len(t.layouts))]
+            s.Add(s.Sum(z) == 1)
+            for c, (tj, si) in enumerate(classes):
+                if tj == ti:
+                    size = int(t.sizes[si])
+                    held = [z[k] * m.count(size) for k, m in enumerate(t.layouts) if size in m]
+                    s.Add(n_p[c] + n_d[c] + n_a[c] <= s.Sum(held))
+            continue
+        used = block.used(ti)
+        if used:
+            s.Add(s.Sum(used) <= t.count)  # (3)
+    for c, role in halves:  # (8) one island of class c in `role` lost (spare_optimum)
+        _loss_half(s, types, classes, p, lam, n_p if role == "prefill" else n_d, lost=c, role=role)
+    total_cost = block.cost()
+    if budget is not None:
+        s.Add(total_cost <= budget)
+    if demand is not None:
+        s.Minimize(total_cost)
+    else:
+        s.Maximize(lam - theta * total_cost if theta > 0 else lam)
+    params = pywraplp.MPSolverParameters()
+    if not (relax or fix is not None):
+        params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
+    status = status_of(s, s.Solve(params), time_limit_s)
+    if status in ("infeasible", "time_limit"):
+        return ExactResult(status, 0.0, 0.0, (), (time.perf_counter() - t0) * 1e3, 1, float("nan")), []
+    counts, islands = block.solution()
+    spent = sum(size * next(t.price_per_gpu_hour for t in types if t.gpu == g) for g, size, _ in islands)
+    # the proven bound (Λ's; min_cost: C's): the value itself when optimal (or an LP's), beyond the incumbent when
+    # the time limit stopped it
+    bound = (
+        (s.Objective().Value() if demand is not None else lam.solution_value()) if relax or fix is not None
+        else s.Objective().BestBound() if theta == 0 else float("nan")
+    )  # fmt: skip
+    ms = (time.perf_counter() - t0) * 1e3
+    return ExactResult(status, lam.solution_value(), spent, islands, ms, 1, bound), counts
+
+
+@dataclass
+class ModelBlock:
+    """One model's islands in a MILP: per class c (`island_classes`), the counts n^P_c, n^D_c, n^A_c and the
+    capacity x_cj each gives range j, with (1), (2) and (5) added; the inventory (3) is the caller's, since several
+    models' blocks share one inventory (`solvers/fleet.py`)."""
+
+    solver: Any
+    types: list[TypeOptions]
+    classes: list[tuple[int, int]]
+    n_p: list[Any]
+    n_d: list[Any]
+    n_a: list[Any]  # 0 where the class has no aggregated role
+    aggregated: list[bool]
+
+    def used(self, ti: int) -> list[Any]:
+        """The GPUs of type `ti` this block's islands take (terms to sum)."""
+        return [int(self.types[ti].sizes[si]) * (self.n_p[c] + self.n_d[c] + self.n_a[c])
+                for c, (tj, si) in enumerate(self.classes) if tj == ti]  # fmt: skip
+
+    def cost(self) -> Any:
+        """$/h of the block's islands (an expression)."""
+        return self.solver.Sum([int(self.types[ti].sizes[si]) * self.types[ti].price_per_gpu_hour
+                                * (self.n_p[c] + self.n_d[c] + self.n_a[c])
+                                for c, (ti, si) in enumerate(self.classes)])  # fmt: skip
+
+    def solution(self) -> tuple[list[tuple[float, float]], tuple[tuple[str, int, str], ...]]:
+        """Each class's (n^P, n^D) as solved, and every island (gpu, size, role), aggregated ones included."""
+        counts = [(self.n_p[c].solution_value(), self.n_d[c].solution_value()) for c in range(len(self.classes))]
+        aggregated = [round(self.n_a[c].solution_value()) if a else 0 for c, a in enumerate(self.aggregated)]
+        return counts, _islands_of(self.types, self.classes, counts, aggregated)
+
+
+def add_model(
+    s: Any,
+    types: list[TypeOptions],
+    p: np.ndarray,
+    rate: Any,
+    *,
+    kv_gb: np.ndarray | None = None,
+    relax: bool = False,
+    fix: list[tuple[int, int]] | None = None,
+) -> ModelBlock:
+    """Add one model's island classes to solver `s`: counts, routing, (1) Σ_c b_cj x_cj >= p_j · `rate` for each
+    role, (2) and, with `kv_gb`, (5). `relax`: counts continuous; `fix`: every class's (n^P, n^D) given, no
+    aggregated islands."""
+    n_j = len(p)
     classes = island_classes(types)
-    n_p, n_d, x_p, x_d, cost = [], [], [], [], []
-    n_a: list[object] = []
-    x_a: list[list[object]] = []
+    n_p, n_d, x_p, x_d = [], [], [], []
+    n_a: list[Any] = []
+    x_a: list[list[Any]] = []
     for c, (ti, si) in enumerate(classes):
         t, size = types[ti], int(types[ti].sizes[si])
         most = t.count // size
@@ -183,13 +270,12 @@ def solve_counts(
         agg = fix is None and _agg(t)[si].any()
         n_a.append((s.NumVar if relax else s.IntVar)(0, most, f"nA[{t.gpu},{size}]") if agg else 0)
         x_a.append([s.NumVar(0.0, most, "") for _ in range(n_j)] if agg else [])
-        cost.append(size * t.price_per_gpu_hour)
     for j in range(n_j):
         both = [_agg(types[ti])[si, j] * x_a[c][j] for c, (ti, si) in enumerate(classes) if x_a[c]]
         s.Add(s.Sum([types[ti].prefill_req_s[si, j] * x_p[c][j] for c, (ti, si) in enumerate(classes)] + both)
-              >= p[j] * lam)  # fmt: skip
+              >= p[j] * rate)  # fmt: skip
         s.Add(s.Sum([types[ti].decode_req_s[si, j] * x_d[c][j] for c, (ti, si) in enumerate(classes)] + both)
-              >= p[j] * lam)  # fmt: skip
+              >= p[j] * rate)  # fmt: skip
     for c, (ti, si) in enumerate(classes):
         s.Add(s.Sum(x_p[c]) <= n_p[c])
         s.Add(s.Sum(x_d[c]) <= n_d[c])
@@ -200,46 +286,7 @@ def solve_counts(
             link = float(t.sizes[si]) * t.link_gb_s_per_gpu
             s.Add(s.Sum([t.prefill_req_s[si, j] * kv_gb[j] * x_p[c][j] for j in range(n_j)]) <= link * n_p[c])
             s.Add(s.Sum([t.decode_req_s[si, j] * kv_gb[j] * x_d[c][j] for j in range(n_j)]) <= link * n_d[c])
-    for ti, t in enumerate(types):
-        if t.layouts is not None:  # (6) one of the given multisets (islands that cannot run stay idle)
-            z = [(s.NumVar(0.0, 1.0, "") if relax else s.BoolVar(f"z[{t.gpu},{k}]")) for k in range(len(t.layouts))]
-            s.Add(s.Sum(z) == 1)
-            for c, (tj, si) in enumerate(classes):
-                if tj == ti:
-                    size = int(t.sizes[si])
-                    held = [z[k] * m.count(size) for k, m in enumerate(t.layouts) if size in m]
-                    s.Add(n_p[c] + n_d[c] + n_a[c] <= s.Sum(held))
-            continue
-        used = [int(t.sizes[si]) * (n_p[c] + n_d[c] + n_a[c]) for c, (tj, si) in enumerate(classes) if tj == ti]
-        if used:
-            s.Add(s.Sum(used) <= t.count)  # (3)
-    for c, role in halves:  # (8) one island of class c in `role` lost (spare_optimum)
-        _loss_half(s, types, classes, p, lam, n_p if role == "prefill" else n_d, lost=c, role=role)
-    total_cost = s.Sum([cost[c] * (n_p[c] + n_d[c] + n_a[c]) for c in range(len(classes))])
-    if budget is not None:
-        s.Add(total_cost <= budget)
-    if demand is not None:
-        s.Minimize(total_cost)
-    else:
-        s.Maximize(lam - theta * total_cost if theta > 0 else lam)
-    params = pywraplp.MPSolverParameters()
-    if not (relax or fix is not None):
-        params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
-    status = status_of(s, s.Solve(params), time_limit_s)
-    if status in ("infeasible", "time_limit"):
-        return ExactResult(status, 0.0, 0.0, (), (time.perf_counter() - t0) * 1e3, 1, float("nan")), []
-    counts = [(n_p[c].solution_value(), n_d[c].solution_value()) for c in range(len(classes))]
-    aggregated = [round(n_a[c].solution_value()) if x_a[c] else 0 for c in range(len(classes))]  # type: ignore[attr-defined]
-    islands = _islands_of(types, classes, counts, aggregated)
-    spent = sum(size * next(t.price_per_gpu_hour for t in types if t.gpu == g) for g, size, _ in islands)
-    # the proven bound (Λ's; min_cost: C's): the value itself when optimal (or an LP's), beyond the incumbent when
-    # the time limit stopped it
-    bound = (
-        (s.Objective().Value() if demand is not None else lam.solution_value()) if relax or fix is not None
-        else s.Objective().BestBound() if theta == 0 else float("nan")
-    )  # fmt: skip
-    ms = (time.perf_counter() - t0) * 1e3
-    return ExactResult(status, lam.solution_value(), spent, islands, ms, 1, bound), counts
+    return ModelBlock(s, types, classes, n_p, n_d, n_a, [bool(x) for x in x_a])
 
 
 def _islands_of(types: list[TypeOptions], classes: list[tuple[int, int]], counts: list[tuple[float, float]],
