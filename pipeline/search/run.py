@@ -67,7 +67,12 @@ FILES = ("plan.json", "report.md", "convergence.png", "routing.png", "trials.par
 
 
 def execute(cfg: Any, trial_fn: TrialFn = run_trial) -> int:
-    """Run the search `cfg` describes; returns the exit code (0 done, 1 no plan, 130 interrupted)."""
+    """Run the search `cfg` describes; returns the exit code (0 done, 1 no plan, 130 interrupted). With
+    `+fleet=NAME`, several models on one inventory (pipeline/fleet/run.py)."""
+    if "fleet" in cfg:
+        from pipeline.fleet.run import execute as plan_fleet
+
+        return plan_fleet(cfg)
     settings = read_settings(cfg, *inventory_of(cfg))  # every value checked; nothing benchmarked yet
     settings = dataclasses.replace(settings, steps=read_steps(cfg.search))  # the post-search steps' own
     if settings.mode == "search":

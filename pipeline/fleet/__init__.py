@@ -1,0 +1,1 @@
+"""Several models planned on one inventory (`python -m pipeline.search +fleet=NAME`)."""

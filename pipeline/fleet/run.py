@@ -1,0 +1,382 @@
+"""Several models on one inventory: `python -m pipeline.search +fleet=NAME [+inventory=NAME]`.
+
+    each model's settings     its own composed config: model, workload, SLOs, cost model (pipeline.fleet.config)
+    its islands benchmarked   every island size of every GPU type, as the exact reference of its own search
+    the joint optimum         one MILP: which islands serve which model (solvers/fleet.py)
+    each model's plan         its islands planned as its own search plans a layout (routing, roles, batches, hosts
+                              placed on the shared inventory), simulated request by request on its own stream
+    the best split            the models planned one at a time on shares of the inventory, to compare with
+    records                   outputs/fleet/<fleet>-<inventory>-<hash>/<time>/: fleet.json, report.md, and per
+                              model <model>/plan.json and report.md; MLflow: a parent run, a child per model
+
+Every island serves one model and the router sends a request by its model first, so the fleet's mixed stream is
+the models' own streams side by side: each model's plan is simulated on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from costmodel.catalog import CONF_DIR
+from pipeline.cli import choice, plain
+from pipeline.errors import ConfigError
+from pipeline.fleet.config import FleetSpec, MemberSpec, fleet_from_cfg
+from pipeline.planning.build import build_plan, place
+from pipeline.planning.check import check
+from pipeline.planning.planner import Layout
+from pipeline.planning.simulation import RequestMix
+from pipeline.records.journal import link_latest, write_json, write_text
+from pipeline.records.tracking import open_tracker
+from pipeline.search.reference import type_options
+from pipeline.search.settings import Settings, context, inventory_of, read_settings
+from pipeline.search.trial import Context
+from plan import InventoryInfo, Plan, to_json
+from solvers.fleet import FleetResult, Member, Split, fleet_optimum, split_optimum
+
+NO_PLAN = 1
+# the groups a member sets itself (a command's own choice of them is the member's default, or not used)
+MEMBER_GROUPS = ("model", "workload", "slo", "costmodel")
+FLEET_NOTE = ("Archipelago fleets: several models planned on one inventory (`python -m pipeline.search +fleet=NAME`). "
+              "A parent run per fleet plan (the common fraction of every demand served, its gap to the exact "
+              "optimum, the best split planned one model at a time); a child run per model.")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Composed:
+    """One member's composed config and what it planned with."""
+
+    spec: MemberSpec
+    settings: Settings
+    ctx: Context
+    costmodel: str
+    note: str  # "" or why the cost model is not the command's
+
+
+@contextlib.contextmanager
+def composed_as(cfg: Any) -> Iterator[None]:
+    """Hydra's runtime choices (`pipeline.cli.choice`) are those of `cfg`, a member's composed config, within."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.instance()
+    before = hc.cfg
+    hc.set_config(cfg)
+    try:
+        yield
+    finally:
+        hc.cfg = before
+
+
+def _group(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0].split(".", 1)[0]
+
+
+def member_config(m: MemberSpec, costmodel: str | None) -> Any:
+    """The command's config with the member's model, workload, SLOs and cost model: the command's own overrides
+    (`+inventory=`, `search.*`, `costmodel.cache_hit=` ...) kept, its group choices the member sets replaced."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    own = {"model": m.model, "workload": m.workload, "slo": m.slo, "costmodel": costmodel}
+
+    def kept(override: str) -> bool:  # not the fleet, nor a group choice the member makes itself
+        key = override.lstrip("+~").split("=", 1)[0]
+        return _group(override) != "fleet" and own.get(key) is None
+
+    hc = HydraConfig.get()
+    # the command's own search path (hydra.searchpath=[...]: its own inventories, models, workloads) too
+    paths = [o for o in hc.overrides.hydra if o.lstrip("+").startswith("hydra.searchpath=")]
+    task = paths + [o for o in hc.overrides.task if kept(o)]
+    extra = [f"{k}={v}" for k, v in own.items() if v is not None]
+    # within the command Hydra's search path is the command's; a caller that composed its config and left
+    # Hydra (a test, `helpers.in_process`) gets conf/
+    with contextlib.nullcontext() if GlobalHydra.instance().is_initialized() else \
+            initialize_config_dir(str(CONF_DIR), version_base="1.3"):  # fmt: skip
+        return compose(config_name="search", overrides=task + extra, return_hydra_config=True)
+
+
+def compose_member(m: MemberSpec, inventory_name: str, inv_cfg: Any, command_costmodel: str) -> Composed:
+    """A member's settings and benchmarked context; ConfigError names the member."""
+    costmodel, note = m.costmodel or command_costmodel, ""
+    try:
+        cfg = member_config(m, m.costmodel)
+        with composed_as(cfg):
+            try:
+                settings = read_settings(cfg, inventory_name, inv_cfg)
+            except ConfigError as err:
+                if m.costmodel is not None or "was fitted to the measured serving of" not in str(err):
+                    raise
+                # the command's cost model is another model's fit: this model's own search would be refused it
+                costmodel = "calibrated"
+                note = (f"priced with the kernel tables, as costmodel={command_costmodel} was fitted to another "
+                        "model's measured serving")  # fmt: skip
+                cfg = member_config(m, costmodel)
+                with composed_as(cfg):
+                    settings = read_settings(cfg, inventory_name, inv_cfg)
+            check_fits(settings)
+            ctx = context(settings)
+    except ConfigError as err:
+        raise ConfigError(f"fleet member {m.model} (workload {m.workload}): {err}") from None
+    return Composed(m, settings, ctx, costmodel, note)
+
+
+def check_fits(settings: Settings) -> None:
+    """ConfigError, naming the memory it needs, where the model's weights are more than all the GPUs of every type
+    of the inventory hold (no island of any type can hold it)."""
+    import numpy as np
+
+    from costmodel.formulas import weight_bytes_per_gpu
+
+    planner, inv = settings.planning, settings.inventory
+    model = planner.model
+    need = {g.name: float(weight_bytes_per_gpu(g, model, np.array(1.0), np.array(float(model.n_routed_experts)),
+                                               planner.profile)) / 1e9 for g in inv.gpus}  # fmt: skip
+    if all(need[g.name] > n * g.mem_gb for g, n in inv):
+        held = ", ".join(f"{n} {g.name} hold {n * g.mem_gb:,.0f} GB" for g, n in inv)
+        raise ConfigError(f"{model.name}'s weights alone take {min(need.values()):,.0f} GB, more than all the GPUs of "
+                          f"any type of the inventory hold ({held}): add GPUs with more memory, or plan a smaller "
+                          "model")  # fmt: skip
+
+
+def execute(cfg: Any) -> int:
+    """Plan the fleet `cfg` names on its inventory; returns the exit code (0 planned, 1 no plan)."""
+    spec = fleet_from_cfg(choice("fleet"), plain(cfg.fleet))
+    inventory_name, inv_cfg = inventory_of(cfg)
+    command_costmodel = choice("costmodel")
+    t0 = time.perf_counter()
+    members = [compose_member(m, inventory_name, inv_cfg, command_costmodel) for m in spec.members]
+    inv = members[0].settings.inventory
+    what = "demand" if spec.demands else "weight"
+    print(f"[fleet] {spec.name}: {len(members)} models on {inv.describe()}: "
+          + "; ".join(f"{c.spec.model} on {c.spec.workload} ({what} {c.spec.demand:g}"
+                      + (" req/s" if spec.demands else "") + f", costmodel={c.costmodel})" for c in members),
+          flush=True)  # fmt: skip
+    tracker = open_tracker(cfg.mlflow.tracking_uri, str(cfg.mlflow.experiment), FLEET_NOTE, ())
+    try:
+        return _plan_fleet(spec, members, inventory_name, tracker, cfg, t0)
+    finally:
+        tracker.close()
+
+
+def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, tracker: Any, cfg: Any,
+                t0: float) -> int:  # fmt: skip
+    inv = members[0].settings.inventory
+    fm = []
+    for c in members:
+        types, kv = type_options(c.settings, c.ctx, c.ctx.planner)
+        fm.append(Member(c.spec.model, types, c.ctx.planner.ranges.p, c.spec.demand, kv))
+    bench_s = time.perf_counter() - t0
+    limit = members[0].settings.search.reference_time_limit_s
+    budget = members[0].settings.planning.budget_per_hour
+    joint = fleet_optimum(fm, budget_per_hour=budget, time_limit_s=limit)
+    print(f"[fleet] the joint optimum ({joint.status}, {joint.solve_ms / 1e3:.1f} s): {joint.fraction:.3f} of every "
+          f"{'demand' if spec.demands else 'weight'} served", flush=True)  # fmt: skip
+    if joint.fraction <= 0 or not joint.islands:
+        print(f"[fleet] error: no layout of {inv.describe()} serves every model of fleet {spec.name} "
+              f"({joint.status}); see each model's islands above", flush=True)  # fmt: skip
+        return NO_PLAN
+    plans = _member_plans(members, joint, inv)
+    split = split_optimum(fm, time_limit_s=limit)
+    wall_s = time.perf_counter() - t0
+    served = min(p.rate_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
+    searched = min(p.rates.searched_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
+    gap = max(0.0, 1.0 - searched / joint.bound) if joint.bound == joint.bound and joint.bound > 0 else None
+    record = fleet_record(spec, inventory_name, members, plans, joint, split, served, gap, wall_s, bench_s)
+    ident = json.dumps({"fleet": plain(cfg.fleet), "inventory": inventory_name,
+                        "members": [c.settings.key for c in members]}, sort_keys=True)  # fmt: skip
+    root = Path(str(cfg.out_root)).parent / "fleet" / f"{spec.name}-{inventory_name}-{_digest(ident)}"
+    run_dir = root / time.strftime("%Y-%m-%d_%H-%M-%S")
+    for c, p in zip(members, plans, strict=True):
+        (run_dir / c.spec.model).mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / c.spec.model / "plan.json", to_json(p))
+    write_json(run_dir / "fleet.json", record)
+    write_text(run_dir / "report.md", fleet_report(record))
+    link_latest(root.parent, run_dir)
+    _track(tracker, record, run_dir)
+    for line in summary(record):
+        print(f"[fleet] {line}", flush=True)
+    print(f"[fleet] wrote {run_dir}/ (fleet.json, report.md, a plan.json per model) in {wall_s:.1f} s", flush=True)
+    return 0
+
+
+def _member_plans(members: list[Composed], joint: FleetResult, inv: Any) -> list[Plan]:
+    """Each member's islands planned as its own search plans a layout, on hosts placed over the one inventory, and
+    simulated on its own stream at its stated rate."""
+    layouts = [Layout.of([(g, n) for g, n, _ in isl]) for isl in joint.islands]
+    node = {g.name: g.node_gpus for g in inv.gpus}
+    hosts = place([i for lay in layouts for i in lay.islands], node)
+    info = InventoryInfo(inv.name, inv.named, inv.cost_per_hour)
+    plans, at = [], 0
+    for c, lay in zip(members, layouts, strict=True):
+        mine = hosts[at : at + len(lay.islands)]
+        at += len(lay.islands)
+        if not lay.islands:
+            raise ConfigError(f"fleet member {c.spec.model}: the joint optimum gives it no island")
+        plan = build_plan(c.ctx.planner, lay, c.ctx.inner_time_limit_s, c.ctx.backend, info, None, mine)
+        print(f"[fleet] {c.spec.model}: {lay.describe()}: {plan.rate_req_s:.2f} req/s within "
+              f"{plan.slo.text()}; simulating it ...", flush=True)  # fmt: skip
+        verification = check(plan, RequestMix.of(c.ctx.planner.workload)) if plan.serves else None
+        notes = (f"one of the models of a fleet: its islands are those the joint optimum gave "
+                 f"{c.spec.model}", *((c.note,) if c.note else ()))  # fmt: skip
+        plans.append(dataclasses.replace(plan, verification=verification, notes=(*plan.notes, *notes)))
+    return plans
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def fleet_record(spec: FleetSpec, inventory_name: str, members: list[Composed], plans: list[Plan],
+                 joint: FleetResult, split: Split, served: float, gap: float | None, wall_s: float,
+                 bench_s: float) -> dict[str, Any]:  # fmt: skip
+    """fleet.json: what the fleet plan states, per model and in all."""
+    per = []
+    for k, (c, p) in enumerate(zip(members, plans, strict=True)):
+        v = p.verification
+        per.append({
+            "model": c.spec.model, "workload": c.spec.workload, "costmodel": c.costmodel, "note": c.note,
+            "slo": p.slo.text(), ("demand_req_s" if spec.demands else "weight"): c.spec.demand,
+            "rate_req_s": p.rate_req_s, "served": p.rate_req_s / c.spec.demand,
+            "searched_req_s": p.rates.searched_req_s, "output_tok_s": p.rates.output_tok_s,
+            "cost_per_hour": p.cost_per_hour, "gpus": _gpus(p), "islands": _islands(p),
+            "simulated_req_s": None if v is None else v.throughput_req_s,
+            "simulated_over_stated": None if v is None else v.simulated_over_stated,
+            "slo_attainment": None if v is None else v.slo_attainment,
+            "split_share": split.shares[k], "split_rate_req_s": split.rates[k],
+            "plan": f"{c.spec.model}/plan.json",
+        })  # fmt: skip
+    inv = members[0].settings.inventory
+    return {
+        "fleet": spec.name, "inventory": inventory_name, "inventory_gpus": dict(inv.named),
+        "demands": spec.demands, "served": served, "models": per,
+        "cost_per_hour": sum(p.cost_per_hour for p in plans), "inventory_cost_per_hour": inv.cost_per_hour,
+        "reference": {"status": joint.status, "fraction": joint.fraction, "bound": joint.bound,
+                      "gap": gap, "solve_s": joint.solve_ms / 1e3},
+        "split": {"shares": list(split.shares), "fraction": split.fraction, "rates_req_s": list(split.rates),
+                  "proven": split.proven, "pooling_gain": joint.fraction / split.fraction - 1
+                  if split.fraction > 0 else None},
+        "wall_s": wall_s, "benchmark_s": bench_s,
+    }  # fmt: skip
+
+
+def _islands(p: Plan) -> str:
+    counts: dict[tuple[str, int, str], int] = {}
+    for isl in p.islands:
+        if isl.serving:
+            counts[(isl.gpu, isl.size, isl.role)] = counts.get((isl.gpu, isl.size, isl.role), 0) + 1
+    return ", ".join(f"{n} x {g} {size} {role}" for (g, size, role), n in counts.items())
+
+
+def _gpus(p: Plan) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for isl in p.islands:
+        if isl.serving:
+            out[isl.gpu] = out.get(isl.gpu, 0) + isl.size
+    return out
+
+
+def summary(r: dict[str, Any]) -> list[str]:
+    unit = " req/s" if r["demands"] else ""
+    key = "demand_req_s" if r["demands"] else "weight"
+    out = [f"{m['model']}: {m['rate_req_s']:.2f} req/s = {m['served']:.3f} x its {key.split('_')[0]} "
+           f"{m[key]:g}{unit}; simulated {_x(m['simulated_over_stated'])}; {m['islands']}" for m in r["models"]]
+    ref, split = r["reference"], r["split"]
+    if r["demands"] and r["served"] < 1:
+        out.append(f"warning: the inventory serves {r['served']:.1%} of every model's demand, not all of it: add "
+                   "GPUs or lower the demands")  # fmt: skip
+    gap = "n/a" if ref["gap"] is None else f"{ref['gap']:.1%}"
+    out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h; the "
+               f"exact optimum {ref['fraction']:.3f} ({ref['status']}), gap {gap}")  # fmt: skip
+    if split["pooling_gain"] is not None:
+        shares = ", ".join(f"{m['model']} {s:.0%}" for m, s in zip(r["models"], split["shares"], strict=True))
+        out.append(f"planned one model at a time on the best split of the inventory ({shares} of every GPU type): "
+                   f"{split['fraction']:.3f}; the joint plan gains {split['pooling_gain']:+.1%}")  # fmt: skip
+    return out
+
+
+def _x(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}x"
+
+
+def fleet_report(r: dict[str, Any]) -> str:
+    """report.md of a fleet: the fleet's totals, the joint plan against the best split, a section per model."""
+    key = "demand_req_s" if r["demands"] else "weight"
+    word = key.split("_")[0]
+    ref, split = r["reference"], r["split"]
+    lines = [
+        f"# Fleet {r['fleet']} on {r['inventory']}",
+        "",
+        f"{len(r['models'])} models on one inventory ({', '.join(f'{n} {g}' for g, n in r['inventory_gpus'].items())}"
+        f", ${r['inventory_cost_per_hour']:,.2f}/h). Every island serves one model; a request goes to its model's "
+        f"islands, then by its length as that model's plan routes it.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| **served** | **{r['served']:.3f} of every model's {word}** (the smallest of the models' rates over "
+        f"their {word}s) |",
+        f"| cost | ${r['cost_per_hour']:,.2f}/h of islands in use |",
+        f"| exact optimum | {ref['fraction']:.3f} ({ref['status']}, bound {ref['bound']:.3f}, solved in "
+        f"{ref['solve_s']:.1f} s); gap {'n/a' if ref['gap'] is None else format(ref['gap'], '.2%')} |",
+        f"| planned in | {r['wall_s']:.1f} s (islands benchmarked in {r['benchmark_s']:.1f} s) |",
+        "",
+        "| model | workload | " + word + " | rate (req/s) | served | simulated / stated | within SLOs | GPUs | $/h |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(f"| {m['model']} | {m['workload']} | {m[key]:g} | {m['rate_req_s']:.2f} | {m['served']:.3f} | "
+          f"{_x(m['simulated_over_stated'])} | "
+          f"{'n/a' if m['slo_attainment'] is None else format(m['slo_attainment'], '.1%')} | "
+          f"{', '.join(f'{n} {g}' for g, n in m['gpus'].items())} | {m['cost_per_hour']:,.2f} |"
+          for m in r["models"]),
+        "",
+        "## The joint plan against the best split",
+        "",
+        "What separate runs can do: split every GPU type between the models in the same shares (k/12 of each), "
+        "and plan each model alone on its share (its exact optimum there). The best such split serves "
+        f"**{split['fraction']:.3f}** of every {word}"
+        + ("" if split["proven"] else " (some of its one-model optima stopped at their time limit)")
+        + f"; the joint plan serves **{ref['fraction']:.3f}** (the same cost model, the exact optimum of both)"
+        + (f": pooling the inventory gains **{split['pooling_gain']:+.1%}**, by giving each model the GPU types "
+           "it serves best rather than a slice of each." if split["pooling_gain"] is not None else "."),
+        "",
+        "| model | share of every type | alone on it (req/s) | in the joint plan (req/s) |",
+        "|---|---|---|---|",
+        *(f"| {m['model']} | {m['split_share']:.0%} | {m['split_rate_req_s']:.2f} | {m['rate_req_s']:.2f} |"
+          for m in r["models"]),
+        "",
+    ]  # fmt: skip
+    for m in r["models"]:
+        lines += [
+            f"## {m['model']}",
+            "",
+            f"Workload {m['workload']}, {m['slo']}, costmodel={m['costmodel']}"
+            + (f" ({m['note']})" if m["note"] else "") + f". Islands: {m['islands']}. Its plan: `{m['plan']}` "
+            f"(`python -m pipeline.simulate plan={m['plan']}`, `python -m pipeline.deploy plan={m['plan']}`).",
+            "",
+        ]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _track(tracker: Any, r: dict[str, Any], run_dir: Path) -> None:
+    """MLflow: the fleet's parent run, a child per model."""
+    params = {"fleet": r["fleet"], "inventory": r["inventory"], "models": ",".join(m["model"] for m in r["models"])}
+    tracker.start_parent(f"fleet-{r['fleet']}-{r['inventory']}", params, None, FLEET_NOTE)
+    key = "demand_req_s" if r["demands"] else "weight"
+    for m in r["models"]:
+        metrics = {k: float(m[k]) for k in ("rate_req_s", "served", "output_tok_s", "cost_per_hour", key,
+                                             "simulated_req_s", "simulated_over_stated", "slo_attainment",
+                                             "split_rate_req_s") if m.get(k) is not None}  # fmt: skip
+        tracker.child(m["model"], {"model": m["model"], "workload": m["workload"], "costmodel": m["costmodel"]},
+                      metrics, False)  # fmt: skip
+    ref = r["reference"]
+    metrics = {"served": r["served"], "cost_per_hour": r["cost_per_hour"], "optimum": ref["fraction"],
+               "split_served": r["split"]["fraction"], "wall_s": r["wall_s"]}  # fmt: skip
+    if ref["gap"] is not None:
+        metrics["gap"] = ref["gap"]
+    tracker.finish_parent(metrics, [run_dir / "fleet.json", run_dir / "report.md"])

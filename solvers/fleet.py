@@ -1,0 +1,162 @@
+"""Several models on one inventory: the exact optimum of which islands serve which model, and the best split of the
+inventory between the models planned one at a time, to compare it with.
+
+Member m has its own island classes and benchmarks (`types_m`: its model, workload, SLOs and cost model), its
+workload's range shares p_m and a demand d_m (req/s, or a weight). Every island serves one model (its weights
+resident), so the models share nothing but the inventory:
+
+    max α
+    (1), (2), (5) of solvers/exact.py for each model, with its rate Λ_m = α d_m
+    (3) Σ_m Σ_{c of type t} s_c (n^P_mc + n^D_mc + n^A_mc) <= I_t       ∀ t    one inventory
+    (4) optional: Σ_m C_m <= B                                                  $/h budget
+
+α is the largest common fraction of every demand the inventory serves (α >= 1: every demand held, with 1/α of the
+inventory's capacity to spare; with weights, model m's rate is α w_m). The optimum bounds every joint plan of the
+same model, so a plan's gap to it is >= 0.
+
+`split_optimum` is what planning the models one at a time gives at best: each model takes the same fraction f_m
+of every GPU type (f on a grid of 1/`steps`, Σ f_m <= 1) and its own optimum on that share; the best such split
+maximises the same min_m Λ_m / d_m. The joint optimum is never below it (every split is a joint layout); the gain
+is what choosing GPU types per model buys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.linear_solver import pywraplp
+
+from solvers.exact import GAP, add_model, exact_optimum
+from solvers.inner import MILP_BACKENDS, new_solver, status_of
+from solvers.type_options import TypeOptions
+
+SPLIT_STEPS = 12  # split_optimum's grid: shares of k/12 (halves, thirds, quarters and sixths among them)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One model of a fleet, as the MILP sees it."""
+
+    name: str
+    types: list[TypeOptions]  # every GPU type of the inventory, in one order for every member
+    p: np.ndarray  # its workload's range shares
+    demand: float  # req/s, or a weight
+    kv_gb: np.ndarray | None = None  # (5): KV GB of one request per range, where KV transfer is priced
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    status: str  # optimal, feasible (time limit, an incumbent), infeasible, time_limit (none)
+    fraction: float  # α: the common fraction of every demand served
+    bound: float  # the solver's proven upper bound on α (= α when optimal)
+    islands: tuple[tuple[tuple[str, int, str], ...], ...]  # per member: (gpu, size, role) per island
+    cost_per_hour: float
+    solve_ms: float
+
+    def rates(self, members: Sequence[Member]) -> list[float]:
+        """Each member's rate at the common fraction (req/s)."""
+        return [self.fraction * m.demand for m in members]
+
+
+def _check(members: Sequence[Member], backend: str) -> None:
+    if backend not in MILP_BACKENDS:
+        raise ValueError(f"unknown MILP backend {backend!r}; choose from {list(MILP_BACKENDS)}")
+    if not members:
+        raise ValueError("a fleet needs at least one model")
+    gpus = [t.gpu for t in members[0].types]
+    for m in members:
+        if [t.gpu for t in m.types] != gpus or [t.count for t in m.types] != [t.count for t in members[0].types]:
+            raise ValueError(f"fleet: {m.name}'s GPU types are not the inventory's {gpus}")
+        if not m.demand > 0:
+            raise ValueError(f"fleet: {m.name}'s demand must be > 0, got {m.demand}")
+
+
+def fleet_optimum(
+    members: Sequence[Member],
+    *,
+    budget_per_hour: float | None = None,
+    time_limit_s: float = 120.0,
+    backend: str = "HIGHS",
+) -> FleetResult:
+    """The largest common fraction α of every member's demand one inventory serves, and each member's islands."""
+    _check(members, backend)
+    t0 = time.perf_counter()
+    s = new_solver(backend, time_limit_s)
+    alpha = s.NumVar(0.0, s.infinity(), "alpha")
+    blocks = [add_model(s, m.types, m.p, alpha * m.demand, kv_gb=m.kv_gb) for m in members]
+    for ti, t in enumerate(members[0].types):
+        used = [term for b in blocks for term in b.used(ti)]
+        if used:
+            s.Add(s.Sum(used) <= t.count)  # (3): one inventory for every model
+    cost = s.Sum([b.cost() for b in blocks])
+    if budget_per_hour is not None:
+        s.Add(cost <= budget_per_hour)
+    s.Maximize(alpha)
+    params = pywraplp.MPSolverParameters()
+    params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
+    status = status_of(s, s.Solve(params), time_limit_s)
+    ms = (time.perf_counter() - t0) * 1e3
+    if status in ("infeasible", "time_limit"):
+        return FleetResult(status, 0.0, float("nan"), (), 0.0, ms)
+    islands = tuple(b.solution()[1] for b in blocks)
+    price = {t.gpu: t.price_per_gpu_hour for t in members[0].types}
+    spent = sum(size * price[g] for isl in islands for g, size, _ in isl)
+    return FleetResult(status, alpha.solution_value(), s.Objective().BestBound(), islands, spent, ms)
+
+
+@dataclass(frozen=True)
+class Split:
+    """The best split of the inventory between the members planned one at a time."""
+
+    shares: tuple[float, ...]  # each member's fraction of every GPU type
+    fraction: float  # min_m Λ_m / d_m on those shares
+    rates: tuple[float, ...]  # each member's optimum on its share (req/s)
+    islands: tuple[tuple[tuple[str, int, str], ...], ...]
+    proven: bool  # every one-model optimum it rests on solved to optimality
+
+
+def share_of(types: list[TypeOptions], share: float) -> list[TypeOptions]:
+    """The member's types with `share` of every GPU type's count (rounded down to whole GPUs)."""
+    return [dataclasses.replace(t, count=int(np.floor(t.count * share + 1e-9))) for t in types]
+
+
+def split_optimum(
+    members: Sequence[Member],
+    *,
+    steps: int = SPLIT_STEPS,
+    time_limit_s: float = 60.0,
+    backend: str = "HIGHS",
+) -> Split:
+    """The best split of every GPU type between the members in shares of k/`steps`, each member's rate its own
+    exact optimum on its share: what planning the models one at a time, each on a slice of the fleet, gives."""
+    _check(members, backend)
+    table: list[list[tuple[float, bool, tuple[tuple[str, int, str], ...]]]] = []
+    for m in members:
+        row: list[tuple[float, bool, tuple[tuple[str, int, str], ...]]] = [(0.0, True, ())]
+        for k in range(1, steps + 1):
+            res = exact_optimum(share_of(m.types, k / steps), m.p, kv_gb=m.kv_gb, time_limit_s=time_limit_s,
+                                backend=backend)  # fmt: skip
+            rate = res.rate_req_s if res.status in ("optimal", "feasible") else 0.0
+            # a larger share never serves less: where the solver found less (a time limit), the smaller share's
+            # islands stand
+            row.append((rate, res.status == "optimal", res.islands) if rate >= row[-1][0] else row[-1])
+        table.append(row)
+    best: tuple[float, tuple[int, ...]] = (-1.0, ())
+    for ks in itertools.product(range(steps + 1), repeat=len(members)):
+        if sum(ks) <= steps:
+            frac = min(table[i][k][0] / m.demand for i, (m, k) in enumerate(zip(members, ks, strict=True)))
+            if frac > best[0]:
+                best = (frac, ks)
+    frac, ks = best
+    return Split(
+        shares=tuple(k / steps for k in ks),
+        fraction=frac,
+        rates=tuple(table[i][k][0] for i, k in enumerate(ks)),
+        islands=tuple(table[i][k][2] for i, k in enumerate(ks)),
+        proven=all(table[i][k][1] for i, k in enumerate(ks)),
+    )

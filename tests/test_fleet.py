@@ -1,0 +1,200 @@
+"""Several models on one inventory (`+fleet=NAME`): the joint MILP against brute force over every split of the
+inventory, the command end to end, and its bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plan as plans
+from helpers import compose, in_process, one_line
+from pipeline.errors import USER_ERRORS
+from pipeline.fleet.config import fleet_from_cfg
+from solvers.exact import exact_optimum
+from solvers.fleet import Member, fleet_optimum, split_optimum
+from solvers.type_options import TypeOptions
+
+
+def _types(rng: np.random.Generator, counts: dict[str, int], ranges: int) -> list[TypeOptions]:
+    """Random islands: per type sizes 1, 2, 4 (4 only where it fits), throughput growing with size, some sizes
+    unable to prefill or decode (memory)."""
+    out = []
+    for gpu, count in counts.items():
+        sizes = np.array([s for s in (1, 2, 4) if s <= count])
+        pre = rng.uniform(1, 10, (len(sizes), ranges)) * sizes[:, None]
+        dec = rng.uniform(1, 10, (len(sizes), ranges)) * sizes[:, None]
+        pre[0] *= rng.random() < 0.5  # the smallest island holds no prefill engine half the time
+        out.append(TypeOptions(gpu, count, 1.0, sizes, pre, dec))
+    return out
+
+
+def _brute(members: list[Member]) -> float:
+    """The best common fraction over every split of every GPU type between two members, each member's rate its
+    own exact optimum on its part."""
+    a, b = members
+    counts = [t.count for t in a.types]
+    best = 0.0
+    for split in itertools.product(*(range(c + 1) for c in counts)):
+        mine = [dataclasses.replace(t, count=k) for t, k in zip(a.types, split, strict=True)]
+        theirs = [dataclasses.replace(t, count=t.count - k) for t, k in zip(b.types, split, strict=True)]
+        ra = exact_optimum(mine, a.p, time_limit_s=30).rate_req_s if any(split) else 0.0
+        rb = exact_optimum(theirs, b.p, time_limit_s=30).rate_req_s if split != tuple(counts) else 0.0
+        best = max(best, min(ra / a.demand, rb / b.demand))
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_joint_optimum_of_two_models_is_the_best_of_every_split_of_the_inventory(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    counts = {"A": 4, "B": 3}
+    members = [Member(f"m{k}", _types(rng, counts, 3), rng.dirichlet(np.ones(3)), float(rng.uniform(1, 5)))
+               for k in range(2)]  # fmt: skip
+    joint = fleet_optimum(members)
+    assert joint.status == "optimal"
+    assert joint.fraction == pytest.approx(_brute(members), rel=1e-6)
+    for g, count in counts.items():  # one inventory: each GPU serves one model at most
+        assert sum(size for isl in joint.islands for t, size, _ in isl if t == g) <= count
+    # each model's islands alone serve its share of the common fraction
+    for m, isl in zip(members, joint.islands, strict=True):
+        have = [dataclasses.replace(t, count=sum(s for g, s, _ in isl if g == t.gpu)) for t in m.types]
+        assert exact_optimum(have, m.p).rate_req_s >= joint.fraction * m.demand * (1 - 1e-6)
+    split = split_optimum(members, steps=6)
+    assert 0 < split.fraction <= joint.fraction + 1e-9
+    assert sum(split.shares) <= 1 + 1e-9
+
+
+def test_the_fleet_of_two_real_models_on_a_small_inventory_is_the_best_split_by_brute_force() -> None:
+    """DeepSeek-V3 on code and Qwen3-30B-A3B on conversation, islands of whole hosts of tiny_hetero: the joint MILP
+    over the cost model's own benchmarks equals the best of every split of its 16 H200, 16 H800 and 32 H20 by host."""
+    from pipeline.fleet.config import MemberSpec
+    from pipeline.fleet.run import compose_member
+    from pipeline.search.reference import type_options
+    from pipeline.search.settings import inventory_of
+
+    cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", "search.min_island=8"])
+    name, inv_cfg = inventory_of(cfg)
+    members = []
+    for spec in (MemberSpec("deepseek_v3", "azure_code", None, None, 40.0, True),
+                 MemberSpec("qwen3_30b_a3b", "azure_conv", None, None, 200.0, True)):  # fmt: skip
+        c = compose_member(spec, name, inv_cfg, "serving")
+        types, kv = type_options(c.settings, c.ctx, c.ctx.planner)
+        assert all(int(s) % 8 == 0 for t in types for s in t.sizes)  # whole hosts: a split by host is every split
+        members.append(Member(spec.model, types, c.ctx.planner.ranges.p, spec.demand, kv))
+    assert members[1].types[0].count == 16 and [t.gpu for t in members[0].types] == ["H200", "H800", "H20"]
+    joint = fleet_optimum(members)
+    best = 0.0
+    a, b = members
+    for split in itertools.product(*(range(0, t.count + 1, 8) for t in a.types)):
+        mine = [dataclasses.replace(t, count=k) for t, k in zip(a.types, split, strict=True)]
+        theirs = [dataclasses.replace(t, count=t.count - k) for t, k in zip(b.types, split, strict=True)]
+        ra = exact_optimum(mine, a.p, kv_gb=a.kv_gb).rate_req_s if any(t.count for t in mine) else 0.0
+        rb = exact_optimum(theirs, b.p, kv_gb=b.kv_gb).rate_req_s if any(t.count for t in theirs) else 0.0
+        best = max(best, min(ra / a.demand, rb / b.demand))
+    assert joint.status == "optimal" and best > 0
+    assert joint.fraction == pytest.approx(best, rel=1e-6)
+    print(f"joint {joint.fraction:.4f} = best split by host {best:.4f}: {joint.islands}")
+
+
+def test_a_fleet_plans_every_model_on_one_inventory_with_its_records(tmp_path: Path) -> None:
+    """`+fleet=two_models` on tiny_hetero: a plan per model on hosts no other model uses, each simulated; fleet.json
+    and report.md with the gap and the best split; MLflow's parent run with a child per model."""
+    from pipeline.search.run import execute
+
+    db = tmp_path / "m.db"
+    r = in_process(execute, "search", "+fleet=two_models", "+inventory=tiny_hetero", "ranges.width=1000",
+                   f"out_root={tmp_path}/search", f"mlflow.tracking_uri=sqlite:///{db}")  # fmt: skip
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    run = next((tmp_path / "fleet").glob("two_models-tiny_hetero-*/*/fleet.json")).parent
+    record = json.loads((run / "fleet.json").read_text())
+    assert [m["model"] for m in record["models"]] == ["deepseek_v3", "qwen3_235b_a22b"]
+    used: dict[str, set[int]] = {}
+    rates = []
+    for m in record["models"]:
+        p = plans.load(run / m["plan"])
+        assert p.model.name == m["model"] and p.rate_req_s == pytest.approx(m["rate_req_s"])
+        assert p.verification is not None and m["simulated_over_stated"] == pytest.approx(
+            p.verification.simulated_over_stated)
+        rates.append(p.rate_req_s / m["demand_req_s"])
+        for isl in p.islands:
+            if isl.serving:
+                start = isl.hosts.nodes[0] * isl.hosts.node_gpus + isl.hosts.first_gpu  # GPUs numbered over hosts
+                slots = set(range(start, start + isl.size))
+                assert not slots & used.setdefault(isl.gpu, set()), (isl.gpu, isl.hosts)
+                used[isl.gpu] |= slots
+    assert sum(isl.size for m in record["models"] for isl in plans.load(run / m["plan"]).islands
+               if isl.serving and isl.gpu == "H20") <= 32  # fmt: skip
+    assert record["served"] == pytest.approx(min(rates))
+    ref, split = record["reference"], record["split"]
+    assert ref["status"] == "optimal" and ref["gap"] >= 0 and split["fraction"] <= ref["fraction"] + 1e-9
+    report = (run / "report.md").read_text()
+    assert "## The joint plan against the best split" in report and "## deepseek_v3" in report
+    assert "## qwen3_235b_a22b" in report and "costmodel=calibrated" in report
+
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("archipelago")
+    runs = client.search_runs([exp.experiment_id])
+    parent = next(x for x in runs if x.info.run_name.startswith("fleet-two_models"))
+    children = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(x.info.run_name for x in children) == ["deepseek_v3", "qwen3_235b_a22b"]
+    assert parent.data.metrics["served"] == pytest.approx(record["served"])
+
+
+BAD = [  # (the fleet's `models`, the error's words)
+    ([{"model": "gpt9", "workload": "azure_code", "demand_req_s": 1}], "model 'gpt9' is not in the catalogue"),
+    ([{"model": "deepseek_v3", "workload": "azure_code", "demand_req_s": 1},
+      {"model": "deepseek_v3", "workload": "azure_conv", "demand_req_s": 1}], "deepseek_v3 is in the fleet twice"),
+    ([{"model": "deepseek_v3", "workload": "azure_code", "demand_req_s": 0}], "demand_req_s=0 for deepseek_v3: it "
+     "must be a finite number > 0"),
+    ([{"model": "deepseek_v3", "workload": "azure_code", "demand_req_s": -5}], "demand_req_s=-5 for deepseek_v3"),
+    ([{"model": "deepseek_v3", "workload": "azure_code", "demand_req_s": 10},
+      {"model": "qwen3_30b_a3b", "workload": "azure_conv", "weight": 1}], "qwen3_30b_a3b gives a weight where the "
+     "other models give demands in req/s"),
+    ([{"model": "deepseek_v3", "workload": "azure_code"}], "deepseek_v3 has neither demand_req_s (req/s) nor weight"),
+    ([{"model": "deepseek_v3", "demand_req_s": 1}], "deepseek_v3 has no workload"),
+    ([{"model": "gpt_oss_120b", "workload": "azure_conv", "weight": 1}], "which the cost model does not price"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("models", "words"), BAD)
+def test_a_bad_fleet_is_refused_naming_the_model_and_the_fix(models: list[Any], words: str) -> None:
+    with pytest.raises(USER_ERRORS) as err:
+        fleet_from_cfg("f", {"models": models})
+    assert words in str(err.value), str(err.value)
+
+
+def test_a_bad_fleet_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
+    from pipeline.search.run import execute
+
+    (tmp_path / "fleet").mkdir()
+    (tmp_path / "fleet" / "twice.yaml").write_text(
+        "models:\n  - {model: deepseek_v3, workload: azure_code, demand_req_s: 10}\n"
+        "  - {model: deepseek_v3, workload: azure_conv, demand_req_s: 10}\n")
+    r = in_process(execute, "search", f"hydra.searchpath=[file://{tmp_path}]", "+fleet=twice")
+    one_line(r, "error: fleet twice (conf/fleet/twice.yaml), models[1]: deepseek_v3 is in the fleet twice")
+
+
+def test_a_model_no_gpu_type_of_the_inventory_holds_or_whose_slo_none_meets_is_named(tmp_path: Path) -> None:
+    from pipeline.search.run import execute
+
+    for group in ("fleet", "inventory"):
+        (tmp_path / group).mkdir()
+    (tmp_path / "fleet" / "big.yaml").write_text(
+        "models:\n  - {model: qwen3_30b_a3b, workload: azure_conv, demand_req_s: 10}\n"
+        "  - {model: kimi_k2, workload: azure_code, demand_req_s: 10}\n")
+    (tmp_path / "inventory" / "h20_8.yaml").write_text("gpus:\n  H20: 8\nprices: {}\n")
+    r = in_process(execute, "search", f"hydra.searchpath=[file://{tmp_path}]", "+fleet=big", "+inventory=h20_8",
+                   "ranges.width=1000")  # fmt: skip
+    one_line(r, "error: fleet member kimi_k2 (workload azure_code): kimi_k2's weights alone take 1,029 GB, more "
+                "than all the GPUs of any type of the inventory hold (8 H20 hold 768 GB)")  # fmt: skip
+    r = in_process(execute, "search", "+fleet=two_models", "+inventory=tiny_hetero", "ranges.width=1000",
+                   "slo.tpot_ms=2")  # fmt: skip
+    one_line(r, "error: fleet member deepseek_v3 (workload azure_code): inventory tiny_hetero")
+    assert "no decode configuration of 16 x H200 meets the TPOT cap of 2.0 ms" in r.stderr
