@@ -106,7 +106,16 @@ class Rates:
             gemm = self.f8
             self.wbytes = np.ones_like(self.f8)
         self.gemm = gemm * k["dense_gemm"]
-        self.expert = np.where(self.experts_fp4, self.f4, gemm) * k[f"grouped_gemm_{phase}"]
+        self.grouped = k[f"grouped_gemm_{phase}"]
+        self.expert = np.where(self.experts_fp4, self.f4, gemm) * self.grouped
+
+    def expert_rate(self, model: Model) -> np.ndarray:
+        """The routed and shared experts' GEMM rate for `model`: a checkpoint's own 4-bit experts (MXFP4) run at FP4
+        where the GPU has it, else dequantised to BF16 in the kernel (Hopper's MXFP4 MoE kernels: 4-bit weights,
+        BF16 math); the GPU's format otherwise (`expert`)."""
+        if not model.expert_bits:
+            return self.expert
+        return np.where(self.has_fp4, self.f4, self.f16) * self.grouped
 
 
 def priced_precision(gpu: GPU, profile: CostProfile) -> tuple[str, str]:
@@ -201,10 +210,8 @@ def _h20_table(g: GPUArray, p: CostProfile) -> np.ndarray:
 def _attn_prefill_gflop(model: Model, q: np.ndarray, c: np.ndarray, p: CostProfile) -> tuple[np.ndarray, np.ndarray]:
     """(GEMM, attention) GFLOP of one layer for q new tokens over c context tokens."""
     d, h = model.hidden, model.n_heads
-    if p.causal_attention:  # q new tokens see the c - q cached ones and a causal triangle
-        pairs = q * (c - q) + q * (q + 1) / 2.0
-    else:
-        pairs = q * c
+    # q new tokens see the c - q cached ones and a causal triangle (or all c); over a window on sliding layers
+    pairs = model.attended_pairs(q, c, p.causal_attention)
     if model.attention == "mla":
         rq, rkv, dn, dr, dv = (
             model.q_lora_rank,
@@ -248,7 +255,7 @@ def _attn_decode_gflop(model: Model, c: np.ndarray, p: CostProfile) -> tuple[np.
         return g, 2.0 * attn / 1e9
     hd = model.head_dim
     gemm = d * hd * (h + 2 * model.n_kv_heads) + h * hd * d + 0.0 * c
-    attn = 2.0 * h * hd * c
+    attn = 2.0 * h * hd * model.attended(c)
     return 2.0 * gemm / 1e9, 2.0 * attn / 1e9
 
 
@@ -347,7 +354,10 @@ def _dense_mlp_ms(
 
 
 def _expert_bytes(model: Model, r: Rates, phase: str, p: CostProfile) -> np.ndarray:
-    """Bytes of one expert's weights: FP4 halves them (decode only, unless fp4_consistent)."""
+    """Bytes of one expert's weights: FP4 halves them (decode only, unless fp4_consistent); a checkpoint that ships
+    its experts in a format of its own (`Model.expert_bits`, GPT-OSS's MXFP4) keeps it on every GPU."""
+    if model.expert_bits:
+        return model.expert_params * model.expert_bits / 8.0 * np.ones_like(r.wbytes)
     base = r.wbytes if p.weights_from_config or p.precision_per_gpu else np.ones_like(r.wbytes)
     if phase == "decode" or p.fp4_consistent:
         base = np.where(r.experts_fp4, 0.5, base)
@@ -426,8 +436,8 @@ def prefill_parts(
 
     t_w = _xfer_ms(_expert_bytes(model, r, "prefill", p), r.bw, p)
     experts_per_gpu = np.maximum(np.ceil(e_total / n_dev), 1.0) if p.whole_experts_per_gpu else e_total / n_dev
-    shared = model.n_shared_experts * (_expert_gflop(model, q / tp) / r.expert + t_w)
-    routed = _expert_gflop(model, k * q / tp) / r.expert + t_w * experts_per_gpu
+    shared = model.n_shared_experts * (_expert_gflop(model, q / tp) / r.expert_rate(model) + t_w)
+    routed = _expert_gflop(model, k * q / tp) / r.expert_rate(model) + t_w * experts_per_gpu
 
     dispatch_elem = 1.0 if p.fp8_dispatch else 0.5  # shallowsim halves it on every GPU [B1]
     if p.topology_comm and p.node_dispatch:
@@ -648,7 +658,8 @@ class _DecodeLayer:
         gemms = _attn_gemms(model, tokens, c, new_kv, decode=True)
         mla = _attn_ms(gemm1 * tokens, attn1 * tokens, _attn_weight_bytes(model, r, p), r, p, gemms)
         kv_shard = 1 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
-        kv_bytes = c * model.kv_elems_per_token_layer * seqs_read * self.kv_elem_bytes  # read once per sequence
+        # read once per sequence (a sliding layer's cache: its window)
+        kv_bytes = model.attended(c) * model.kv_elems_per_token_layer * seqs_read * self.kv_elem_bytes
         if p.si_units:
             t_kv = _xfer_ms(kv_bytes / kv_shard, r.kv_bw, p)
         else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
@@ -718,13 +729,13 @@ def _moe_ms(moe: _DecodeMoE, micro: int) -> tuple[np.ndarray, np.ndarray, np.nda
     # group through each expert's slice (the same FLOPs per GPU, on slices 1/n as wide)
     m_routed = b * k / gx * (n if moe.moe_tp else 1.0)
     m_shared = (b * n if moe.moe_tp else b) if p.shared_expert_own_efficiency else m_routed
-    routed_gemm = _grouped_gemm_ms(_expert_gflop(model, b * k * f), m_routed * f, r.expert, moe.use_h20, p)
+    routed_gemm = _grouped_gemm_ms(_expert_gflop(model, b * k * f), m_routed * f, r.expert_rate(model), moe.use_h20, p)
     if moe.moe_tp:  # a 1/n slice of each of the E experts the group's b x n tokens activate
         active = e_total * (1.0 - (1.0 - k / e_total) ** (b * n)) if p.activated_experts else e_total
         loaded = active / n
     else:
         loaded = activated_experts(gx, b * n, k, e_total, n) if p.activated_experts else gx
-    shared_gemm = _grouped_gemm_ms(_expert_gflop(model, b), m_shared, r.expert, moe.use_h20, p)
+    shared_gemm = _grouped_gemm_ms(_expert_gflop(model, b), m_shared, r.expert_rate(model), moe.use_h20, p)
     shared = micro * model.n_shared_experts * (shared_gemm + moe.t_w / (n if moe.moe_tp else 1.0))
     routed = micro * (routed_gemm + moe.t_w * loaded)
     if moe.moe_tp:  # the sliced kernels at their own rate (knob `moe_tp`); the group's MoE output all-reduced
@@ -912,7 +923,8 @@ def kv_bytes_per_seq(
     r = Rates(g, "decode", p)
     tp = np.asarray(tp, dtype=float)
     elem = kv_bytes_per_element(r, p, kv_dtype)
-    per_seq = np.asarray(tokens, dtype=float) * model.kv_elems_per_token_layer * (model.n_layers + draft_layers) * elem
+    held = model.attended(np.asarray(tokens, dtype=float))  # per layer: a sliding layer keeps its window
+    per_seq = held * model.kv_elems_per_token_layer * (model.n_layers + draft_layers) * elem
     if not p.batch_per_attention_rank:
         return per_seq * tp  # shallowsim: KV counted once per TP rank, batch per GPU
     kv_shard = 1.0 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -19,7 +19,6 @@ ATTENTIONS = ("mla", "gqa")
 # attention kinds models in the catalogue have that the cost model does not price: a model with one is refused when
 # loaded, saying what it lacks, rather than priced as MLA or GQA over every cached token
 UNPRICED_ATTENTIONS = {
-    "gqa_sliding": "GQA over a sliding window of recent tokens on every other layer, with attention sinks",
     "mla_sparse": "DeepSeek Sparse Attention: MLA over the top-k cached tokens a lightning indexer picks",
 }
 
@@ -147,6 +146,11 @@ class Model:
     # GQA (Qwen3-MoE, Mixtral...)
     n_kv_heads: int = 0
     head_dim: int = 0
+    # a sliding window (GPT-OSS): `sliding_layers` of the layers attend to the last `sliding_window` tokens only and
+    # keep only those in their KV cache; the others attend to every token (0: every layer attends to every token)
+    sliding_window: int = 0
+    sliding_layers: int = 0
+    expert_bits: float = 0.0  # bits per routed-expert weight as the checkpoint ships them (MXFP4: 4.25); 0: the GPU's
 
     def __post_init__(self) -> None:
         _require(
@@ -196,6 +200,16 @@ class Model:
                 getattr(self, f) > 0,
                 f"`{f} > 0` must hold for {self.attention.upper()} model {self.name}, got {getattr(self, f)!r}",
             )
+        _require(
+            (self.sliding_window == 0) == (self.sliding_layers == 0) and self.sliding_layers <= self.n_layers,
+            f"model {self.name}: a sliding window needs both `sliding_window` (tokens) and `sliding_layers` (how many "
+            f"of its {self.n_layers} layers use it), got {self.sliding_window} and {self.sliding_layers}",
+        )
+        _require(
+            _finite(self.expert_bits) and 0 <= self.expert_bits <= 16,
+            f"`expert_bits` of model {self.name} must be 0 (the GPU's format) or bits per weight up to 16, got "
+            f"{self.expert_bits!r}",
+        )
         if self.attention == "gqa":
             _require(
                 self.n_heads % self.n_kv_heads == 0,
@@ -246,6 +260,31 @@ class Model:
     def expert_params(self) -> int:
         """One routed (or shared) expert: gate, up and down projections."""
         return 3 * self.hidden * self.moe_inter
+
+    def attended(self, context: Any) -> Any:
+        """Tokens a query at `context` attends to, and a sequence of `context` tokens keeps in the KV cache, per layer
+        on average over the layers: every token on full-attention layers, the last `sliding_window` on the others."""
+        if not self.sliding_window:
+            return context
+        full = self.n_layers - self.sliding_layers
+        return (full * context + self.sliding_layers * np.minimum(context, self.sliding_window)) / self.n_layers
+
+    def attended_pairs(self, new: Any, context: Any, causal: bool) -> Any:
+        """(query, key) pairs of `new` tokens at the end of `context` tokens, per layer on average: a causal
+        triangle over every token on full-attention layers, over the last `sliding_window` on the others (each
+        query at position x sees min(x + 1, window) tokens)."""
+        q, c = new, context
+        pairs = q * (c - q) + q * (q + 1) / 2.0 if causal else q * c
+        if not self.sliding_window:
+            return pairs
+        w = float(self.sliding_window)
+
+        def seen(n: Any) -> Any:  # Σ_{y=1..n} min(y, w)
+            return np.where(n <= w, n * (n + 1) / 2.0, w * (w + 1) / 2.0 + (n - w) * w)
+
+        window = seen(c) - seen(c - q) if causal else q * np.minimum(c, w)
+        full = self.n_layers - self.sliding_layers
+        return (full * pairs + self.sliding_layers * window) / self.n_layers
 
     @property
     def kv_elems_per_token_layer(self) -> int:

@@ -246,10 +246,11 @@ def add_model(
     kv_gb: np.ndarray | None = None,
     relax: bool = False,
     fix: list[tuple[int, int]] | None = None,
+    tag: str = "",
 ) -> ModelBlock:
     """Add one model's island classes to solver `s`: counts, routing, (1) Σ_c b_cj x_cj >= p_j · `rate` for each
     role, (2) and, with `kv_gb`, (5). `relax`: counts continuous; `fix`: every class's (n^P, n^D) given, no
-    aggregated islands."""
+    aggregated islands; `tag`: a prefix of its variables' names (several models in one solver)."""
     n_j = len(p)
     classes = island_classes(types)
     n_p, n_d, x_p, x_d = [], [], [], []
@@ -263,12 +264,12 @@ def add_model(
             n_d.append(s.NumVar(fix[c][1], fix[c][1], ""))
         else:
             var = s.NumVar if relax else s.IntVar
-            n_p.append(var(0, most, f"nP[{t.gpu},{size}]"))
-            n_d.append(var(0, most, f"nD[{t.gpu},{size}]"))
+            n_p.append(var(0, most, f"{tag}nP[{t.gpu},{size}]"))
+            n_d.append(var(0, most, f"{tag}nD[{t.gpu},{size}]"))
         x_p.append([s.NumVar(0.0, most, "") for _ in range(n_j)])
         x_d.append([s.NumVar(0.0, most, "") for _ in range(n_j)])
         agg = fix is None and _agg(t)[si].any()
-        n_a.append((s.NumVar if relax else s.IntVar)(0, most, f"nA[{t.gpu},{size}]") if agg else 0)
+        n_a.append((s.NumVar if relax else s.IntVar)(0, most, f"{tag}nA[{t.gpu},{size}]") if agg else 0)
         x_a.append([s.NumVar(0.0, most, "") for _ in range(n_j)] if agg else [])
     for j in range(n_j):
         both = [_agg(types[ti])[si, j] * x_a[c][j] for c, (ti, si) in enumerate(classes) if x_a[c]]

@@ -82,13 +82,16 @@ def fleet_optimum(
     budget_per_hour: float | None = None,
     time_limit_s: float = 120.0,
     backend: str = "HIGHS",
+    relax: bool = False,
 ) -> FleetResult:
-    """The largest common fraction α of every member's demand one inventory serves, and each member's islands."""
+    """The largest common fraction α of every member's demand one inventory serves, and each member's islands
+    (`relax`: island counts continuous, an LP: its α bounds the MILP's)."""
     _check(members, backend)
     t0 = time.perf_counter()
-    s = new_solver(backend, time_limit_s)
+    s = new_solver("HIGHS" if relax else backend, time_limit_s)
     alpha = s.NumVar(0.0, s.infinity(), "alpha")
-    blocks = [add_model(s, m.types, m.p, alpha * m.demand, kv_gb=m.kv_gb) for m in members]
+    blocks = [add_model(s, m.types, m.p, alpha * m.demand, kv_gb=m.kv_gb, relax=relax, tag=f"{k}:")
+              for k, m in enumerate(members)]  # fmt: skip
     for ti, t in enumerate(members[0].types):
         used = [term for b in blocks for term in b.used(ti)]
         if used:

@@ -38,8 +38,7 @@ def test_catalogue_has_the_spec_table_and_the_datasheet_gpus() -> None:
     for name in priced_model_names():
         load_model(name)
     # the others are refused when loaded, each saying what the cost model does not price
-    refused = {"gpt_oss_120b": "attention is `gqa_sliding`", "deepseek_v32": "attention is `mla_sparse`",
-               "llama_3_3_70b": "is dense (no routed experts)"}  # fmt: skip
+    refused = {"deepseek_v32": "attention is `mla_sparse`", "llama_3_3_70b": "is dense (no routed experts)"}
     assert set(model_names()) - set(priced_model_names()) == set(refused)
     for name, why in refused.items():
         with pytest.raises(CatalogError, match=re.escape(f"model {name}") + ".*" + re.escape(why)):
@@ -175,7 +174,8 @@ def test_unknown_model_lists_the_choices() -> None:
 
 # each model's published total and activated parameters (billions), cited in its conf/model file
 PUBLISHED_PARAMS = {"deepseek_v3": (671, 37), "qwen3_235b_a22b": (235, 22), "qwen3_30b_a3b": (30.5, 3.3),
-                    "kimi_k2": (1040, 32), "qwen3_coder_480b_a35b": (480, 35), "glm_4_6": (355, 32)}  # fmt: skip
+                    "kimi_k2": (1040, 32), "qwen3_coder_480b_a35b": (480, 35), "glm_4_6": (355, 32),
+                    "gpt_oss_120b": (116.83, 5.13)}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
@@ -205,3 +205,16 @@ def test_the_catalogues_new_models_price_on_an_island_that_holds_them_and_not_on
         b = benchmark_island(load_gpu(gpu), size, m, ranges.mid, ranges.p, 100, 1000)
         served = bool((b.prefill_req_s > 0).all() and (b.decode_req_s > 0).all())
         assert served is holds, (name, gpu, size)
+
+
+def test_gpt_oss_with_its_mxfp4_experts_fits_one_h20_and_not_one_l40s() -> None:
+    """GPT-OSS-120B's weights are about 65 GB with its experts at 4.25 bits (they would be 117 GB at a byte a weight):
+    one H20 (96 GB) prefills and decodes every range, one L40S (48 GB) neither."""
+    from costmodel.island_bench import benchmark_island
+    from pipeline.planning.workload import make_ranges, synthetic_normal
+
+    ranges = make_ranges(synthetic_normal("fig4_2", 500, 2000, 0, 8000, 100, 1000), 125)
+    m = load_model("gpt_oss_120b")
+    for gpu, holds in (("H20", True), ("L40S", False)):
+        b = benchmark_island(load_gpu(gpu), 1, m, ranges.mid, ranges.p, 100, 1000)
+        assert bool((b.prefill_req_s > 0).all() and (b.decode_req_s > 0).all()) is holds, gpu

@@ -441,3 +441,33 @@ def test_draft_passes_by_hand() -> None:
     want = float(verify["TPOT"]) - drafts * layer(verify) + drafts * (layer(plain) + head)
     assert float(got) == pytest.approx(want, rel=1e-9)
     assert float(got) > float(verify["TPOT"])  # three forwards' weights and heads outweigh three layers' tokens
+
+
+def test_a_sliding_window_and_mxfp4_experts_by_hand() -> None:
+    """GPT-OSS-120B: 18 of its 36 layers attend to (and cache) the last 128 tokens only; 8 KV heads of 64 dims.
+
+    A 1,000-token sequence keeps (18 x 1,000 + 18 x 128) / 36 = 564 tokens per layer on average: at FP8 on an H200
+    with TP 1 that is 564 x 2 x 8 x 64 x 36 bytes. A query at context 100 sees all 100 tokens on every layer.
+    Prefill of 300 new tokens after 100 cached: full layers see 100 x 300 + 300 x 301 / 2 pairs; a sliding layer's
+    query at position x sees min(x + 1, 128): Σ_{y=101..400} min(y, 128) = (101+...+128) + 272 x 128. Its experts
+    stay 4.25 bits a weight on every GPU (2,880 x 2,880 x 3 weights an expert), where DeepSeek-V3's are a byte (FP8)
+    on an H200; on Hopper they are computed in BF16, at the FP4 rate on Blackwell."""
+    from costmodel.formulas import Rates, _expert_bytes, kv_bytes_per_seq
+    from costmodel.specs import GPUArray
+
+    gpt = load_model("gpt_oss_120b")
+    h200, b200, corrected = load_gpu("H200"), load_gpu("DGX-B200"), CostProfile.corrected()
+    assert float(gpt.attended(1000.0)) == (18 * 1000 + 18 * 128) / 36 == 564.0
+    assert float(gpt.attended(100.0)) == 100.0
+    assert float(kv_bytes_per_seq(h200, gpt, 1000.0, 1, corrected)) == pytest.approx(564 * 2 * 8 * 64 * 36)
+    full = 100 * 300 + 300 * 301 / 2
+    window = sum(range(101, 129)) + 272 * 128
+    assert float(gpt.attended_pairs(300.0, 400.0, True)) == pytest.approx((18 * full + 18 * window) / 36)
+    assert float(DSV3.attended_pairs(300.0, 400.0, True)) == full  # no window: the causal triangle alone
+    r = Rates(GPUArray.of(h200), "decode", corrected)
+    assert float(_expert_bytes(gpt, r, "decode", corrected)) == pytest.approx(2880 * 2880 * 3 * 4.25 / 8)
+    assert float(_expert_bytes(DSV3, r, "decode", corrected)) == DSV3.expert_params * 1.0
+    assert float(r.expert_rate(gpt)) == pytest.approx(float(r.f16 * r.grouped))
+    assert float(r.expert_rate(DSV3)) == pytest.approx(float(r.expert))
+    rb = Rates(GPUArray.of(b200), "decode", corrected)
+    assert float(rb.expert_rate(gpt)) == pytest.approx(float(rb.f4 * rb.grouped))

@@ -29,6 +29,7 @@ from costmodel.catalog import CONF_DIR
 from pipeline.cli import choice, plain
 from pipeline.errors import ConfigError
 from pipeline.fleet.config import FleetSpec, MemberSpec, fleet_from_cfg
+from pipeline.forking import Forked, forkable
 from pipeline.planning.build import build_plan, place
 from pipeline.planning.check import check
 from pipeline.planning.planner import Layout
@@ -176,15 +177,19 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
     bench_s = time.perf_counter() - t0
     limit = members[0].settings.search.reference_time_limit_s
     budget = members[0].settings.planning.budget_per_hour
+    # the best split, one model at a time, on the other core while the joint MILP runs
+    aside = Forked(split_optimum, fm, time_limit_s=limit) if forkable() else None
     joint = fleet_optimum(fm, budget_per_hour=budget, time_limit_s=limit)
     print(f"[fleet] the joint optimum ({joint.status}, {joint.solve_ms / 1e3:.1f} s): {joint.fraction:.3f} of every "
           f"{'demand' if spec.demands else 'weight'} served", flush=True)  # fmt: skip
     if joint.fraction <= 0 or not joint.islands:
+        if aside is not None:
+            aside.kill()
         print(f"[fleet] error: no layout of {inv.describe()} serves every model of fleet {spec.name} "
               f"({joint.status}); see each model's islands above", flush=True)  # fmt: skip
         return NO_PLAN
     plans = _member_plans(members, joint, inv)
-    split = split_optimum(fm, time_limit_s=limit)
+    split = aside.result(what="the best split's process") if aside else split_optimum(fm, time_limit_s=limit)
     wall_s = time.perf_counter() - t0
     served = min(p.rate_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
     searched = min(p.rates.searched_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
