@@ -795,7 +795,7 @@ def decode_steps_sum_ms(
     profile: CostProfile | None = None,
     run: DecodeRun = DecodeRun(),
 ) -> np.ndarray:
-    """Σ_{k=1..n_steps} decode_step_ms(context0 + k), exactly, from two evaluations.
+    """Σ_{k=1..n_steps} decode_step_ms(context0 + k), exactly, from two evaluations (four across a sliding window).
 
     Context enters a step only through KV reads and attention FLOPs, both affine in it, so
     TPOT_O(c) and Delta(c) are affine: the sum is n·TPOT_O(mean context) plus L_moe times the
@@ -806,6 +806,11 @@ def decode_steps_sum_ms(
         raise ValueError(f"`n_steps >= 1` must hold, got {n_steps=}")
     p = profile or CostProfile.corrected()
     c0 = np.asarray(context0, dtype=float)
+    if model.sliding_window:  # affine on either side of the window, where a sliding layer's tokens stop growing
+        inside = np.clip(model.sliding_window - c0, 0.0, float(n_steps))  # steps at a context within the window
+        if np.any((inside > 0) & (inside < n_steps)):
+            return (_affine_steps_ms(gpu, model, c0, inside, batch, tp, ep, p, run)
+                    + _affine_steps_ms(gpu, model, c0 + inside, n_steps - inside, batch, tp, ep, p, run))  # fmt: skip
     lo = decode_parts(gpu, model, c0 + 1.0, batch, tp, ep, profile=profile, run=run)
     if n_steps == 1:
         return lo["TPOT"]
@@ -814,6 +819,17 @@ def decode_steps_sum_ms(
     l_s = model.n_moe_layers + _draft_layers_in_step(run, p)
     drafts = run.draft_tokens * _sum_positive_arith(lo["DraftDelta"], hi["DraftDelta"], n_steps)
     return total_o + l_s * _sum_positive_arith(lo["Delta"], hi["Delta"], n_steps) + drafts
+
+
+def _affine_steps_ms(gpu: GPU | GPUArray, model: Model, c0: np.ndarray, n: np.ndarray, batch: np.ndarray,
+                     tp: np.ndarray, ep: np.ndarray, p: CostProfile, run: DecodeRun) -> np.ndarray:  # fmt: skip
+    """Σ_{k=1..n} decode_step_ms(c0 + k) for `n` >= 0 steps per element, over contexts where the step is affine."""
+    lo = decode_parts(gpu, model, c0 + 1.0, batch, tp, ep, profile=p, run=run)
+    hi = decode_parts(gpu, model, c0 + np.maximum(n, 1.0), batch, tp, ep, profile=p, run=run)
+    total_o = n * (lo["TPOT_O"] + hi["TPOT_O"]) / 2.0
+    l_s = model.n_moe_layers + _draft_layers_in_step(run, p)
+    drafts = run.draft_tokens * _sum_positive_arith(lo["DraftDelta"], hi["DraftDelta"], n)
+    return total_o + l_s * _sum_positive_arith(lo["Delta"], hi["Delta"], n) + drafts
 
 
 def _draft_layers_in_step(run: DecodeRun, p: CostProfile) -> int:
@@ -831,9 +847,9 @@ def _lm_head_ms(tokens: np.ndarray, model: Model, tp: np.ndarray, r: Rates, p: C
     return np.maximum(gflop / r.f16, _xfer_ms(n * model.hidden * 2.0, r.bw, p))
 
 
-def _sum_positive_arith(first: np.ndarray, last: np.ndarray, n: int) -> np.ndarray:
-    """Σ_{i=0..n-1} max(a_i, 0) for the arithmetic sequence a_0 = first, a_{n-1} = last."""
-    step = (last - first) / (n - 1)
+def _sum_positive_arith(first: np.ndarray, last: np.ndarray, n: int | np.ndarray) -> np.ndarray:
+    """Σ_{i=0..n-1} max(a_i, 0) for the arithmetic sequence a_0 = first, a_{n-1} = last (`n` >= 0, per element)."""
+    step = (last - first) / np.maximum(n - 1, 1)
     # Count of positive terms: all, none, or a prefix / suffix ending where the sign flips.
     with np.errstate(divide="ignore", invalid="ignore"):
         zero_at = np.where(step != 0, -first / np.where(step != 0, step, 1.0), np.inf)
