@@ -993,3 +993,55 @@ def test_the_routers_memory_per_engine_stays_small() -> None:
     used, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert len(router.pools) == 2 * n and used / (2 * n) < 2048, used / (2 * n)
+
+
+def test_a_fleets_router_sends_each_request_by_its_model_then_by_its_length() -> None:
+    """A fleet's routing.json (`models`, `aliases`): requests naming a model (or the name its engines serve it
+    under) reach that model's engines only, each model's prompts split by its own ranges; a model not served is a 404
+    naming those that are, and nothing reaches an engine."""
+
+    async def main() -> None:
+        engines = Engines()
+        a = [await engines.start(0.0) for _ in range(3)]  # model a: prompts to one prefill engine by length
+        b = [await engines.start(0.0) for _ in range(2)]
+        fleet = {"models": {
+            "a": table("sglang", {"0": [a[0]], "1": [a[1]]}, {"2": [a[2]]},
+                       ranges={"0": [[0, 100, 1]], "1": [[100, BIG, 1]], "2": [[0, 100, 1], [100, BIG, 1]]}),
+            "b": table("sglang", {"0": [b[0]]}, {"1": [b[1]]})},
+            "aliases": {"/models/B": "b"}}  # fmt: skip
+        async with running(fleet, health_interval_s=0) as url, ClientSession() as s:
+            short = [await post(s, url, {"model": "a", "prompt": "hi", "max_tokens": 2}) for _ in range(5)]
+            long = [await post(s, url, {"model": "a", "prompt": "x" * 4000, "max_tokens": 2}) for _ in range(5)]
+            other = [await post(s, url, {"model": name, "prompt": "hi", "max_tokens": 2})
+                     for name in ("b", "/models/B") for _ in range(5)]  # fmt: skip
+            assert {r[0] for r in short + long + other} == {200}
+            assert {r[2]["X-Archipelago-Prefill"] for r in short} == {"a/0/0"}
+            assert {r[2]["X-Archipelago-Prefill"] for r in long} == {"a/1/0"}
+            assert {r[2]["X-Archipelago-Decode"] for r in other} == {"b/1/0"}
+            assert [engines.seen[p][0] for p in a + b] == [5, 5, 10, 10, 10]
+            code, answer, _, _ = await post(s, url, {"model": "c", "prompt": "hi"})
+            assert code == 404 and "model 'c' is not served here: `model` must be one of ['/models/B', 'a', 'b']" \
+                in answer["error"], answer  # fmt: skip
+            code, _, _, _ = await post(s, url, {"prompt": "hi"})  # no model: none to route by
+            assert code == 404 and sum(engines.seen[p][0] for p in a + b) == 40
+            metrics = await (await s.get(url + "/metrics")).text()
+            assert 'archipelago_router_engine_up{engine="0",island="b/1",phase="decode"} 1.0' in metrics
+
+    run(main())
+
+
+@pytest.mark.parametrize(("fleet", "words"), [
+    ({"models": {}}, "`models` must be an object {model: routing table} naming at least one model"),
+    ({"models": {"a": {"protocol": "sglang"}}}, "models.a: `islands` must be an object"),
+    ({"models": {"a": {}}, "extra": 1}, "a fleet's routing.json has `models` and `aliases` only"),
+    ({"models": {"a": table("sglang", {"0": [1]}, {"1": [2]}), "b": table("sglang", {"0": [1]}, {"1": [3]})}},
+     "models.b: engine http://127.0.0.1:1 serves a too: an engine serves one model"),
+    ({"models": {"a": table("sglang", {"0": [1]}, {"1": [2]})}, "aliases": {"x": "z"}},
+     "aliases.'x': must name a model of `models` (['a'])"),
+])  # fmt: skip
+def test_a_fleets_routing_json_that_cannot_be_applied_is_refused_naming_the_field(fleet: Any, words: str) -> None:
+    from deployment.router.table import RoutingError, load_any
+
+    with pytest.raises(RoutingError) as err:
+        load_any(fleet)
+    assert words in str(err.value), str(err.value)

@@ -177,7 +177,10 @@ async def serve(application: web.Application, args: argparse.Namespace, table: o
         + (f"routing.json's tokenizer {router.table.tokenizer} is not on this host: " if router.table.tokenizer else "")
         + "give --tokenizer for exact counts)"
     )
-    print(f"[router] {args.routing}: {counts['prefill']} prefill and {counts['decode']} decode islands, "
+    fleet = router.fleet
+    served = (f" of {len(fleet.tables)} models ({', '.join(fleet.tables)}: a request goes to the model its `model` "
+              "names, then by its length)") if fleet else ""  # fmt: skip
+    print(f"[router] {args.routing}: {counts['prefill']} prefill and {counts['decode']} decode islands{served}, "
           f"{len(router.table.engines)} engines; prompt lengths {lengths}; up to {router.capacity} requests in "
           f"flight; client connections: a request's head within {router.settings.header_timeout_s:g} s, its body "
           f"within {router.settings.body_timeout_s:g} s, at most {router.clients.cap} open; "

@@ -54,7 +54,7 @@ from aiohttp import web
 
 from deployment.router.clients import Clients
 from deployment.router.metrics import Metrics
-from deployment.router.table import AGGREGATED, Island, Table, aggregated_first, pick, work
+from deployment.router.table import AGGREGATED, Fleet, Island, Table, aggregated_first, pick, shown, work
 from deployment.router.tokens import BadRequest, Counter, prompt_text
 from deployment.router.upstream import Answer, EngineDown, Pool
 
@@ -65,6 +65,8 @@ HEALTH_CHECKS_AT_ONCE = 128  # engines' health asked at once, at most (a plan of
 SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("session", default=None)
 # the engines of cached phases a request was sent to and its tokens (their loads, `Router.load`, fall when it ends)
 HELD: contextvars.ContextVar[list[tuple[str, int]] | None] = contextvars.ContextVar("held", default=None)
+# a fleet's request: the table of the model it names (`Router.table`; None: the router's one table)
+TABLE: contextvars.ContextVar[Table | None] = contextvars.ContextVar("table", default=None)
 SESSION_HEADER = "X-Session-Id"
 SESSION_CHARS = 1024  # a session id longer than this is cut (it is only hashed)
 SESSIONS_KEPT = 1 << 18  # sessions whose last engine the router remembers (least recently seen forgotten first)
@@ -136,10 +138,15 @@ class Settings:
 class Router:
     """The state one running router keeps: the table, which engines are down, the HTTP client, metrics."""
 
-    def __init__(self, table: Table, settings: Settings, seed: int | None = None) -> None:
-        self.table, self.settings = table, settings
+    def __init__(self, table: Table | Fleet, settings: Settings, seed: int | None = None) -> None:
+        # a fleet: each request is routed by its model's table (`TABLE`); pools, health and metrics span every model
+        self.fleet = table if isinstance(table, Fleet) else None
+        table = table.whole if isinstance(table, Fleet) else table
+        self.whole, self.settings = table, settings
         self.rng = random.Random(seed)
         self.count = Counter(settings.tokenizer_of(table), table.chars_per_token)
+        self.counts = {m: Counter(settings.tokenizer_of(t), t.chars_per_token)
+                       for m, t in self.fleet.tables.items()} if self.fleet else {}  # fmt: skip
         self.capacity = settings.admitted(table)
         self.in_flight = 0
         self.load: dict[str, int] = {}  # prefill work in flight per prefill and aggregated engine (bounded loads)
@@ -157,6 +164,23 @@ class Router:
         self.health_pools = {e: Pool(url, settings.connect_timeout_s, settings.timeout_s)
                              for e, url in table.health.items()}  # fmt: skip
         self.checker: asyncio.Task[None] | None = None
+
+    @property
+    def table(self) -> Table:
+        """The table the request in progress is routed by: its model's in a fleet, else the router's one."""
+        return TABLE.get() or self.whole
+
+    async def tokens(self, body: dict[str, Any]) -> int:
+        """The prompt's tokens; in a fleet, the request's model's table set first (UnknownModel where it names
+        none served here)."""
+        if self.fleet is None:
+            return await self.count(body)
+        model = self.fleet.model_of(body.get("model"))
+        if model is None:
+            raise UnknownModel(f"model {shown(body.get('model'))} is not served here: `model` must be one of "
+                               f"{self.fleet.names}")  # fmt: skip
+        TABLE.set(self.fleet.tables[model])
+        return await self.counts[model](body)
 
     def remember(self, session: str, engine: str, tokens: int) -> None:
         self.sessions[session] = (engine, tokens)
@@ -205,11 +229,12 @@ class Router:
             await asyncio.sleep(self.settings.health_interval_s)
 
 
-def app(config: dict[str, Any] | Table, settings: Settings | None = None, seed: int | None = None) -> web.Application:
-    """The router for a routing.json (parsed) or a checked table."""
-    from deployment.router.table import load
+def app(config: dict[str, Any] | Table | Fleet, settings: Settings | None = None,
+        seed: int | None = None) -> web.Application:  # fmt: skip
+    """The router for a routing.json (parsed; one model's or a fleet's) or a checked table."""
+    from deployment.router.table import load_any
 
-    table = config if isinstance(config, Table) else load(config)
+    table = config if isinstance(config, Table | Fleet) else load_any(config)
     router = Router(table, settings or Settings(), seed)
     # aiohttp's own limits: keepalive_timeout is the header timeout (clients.py); a head's line and field sizes and
     # header count stay at its defaults (8,190 bytes, 8,190 bytes, 128)
@@ -313,6 +338,10 @@ async def metrics_view(request: web.Request) -> web.Response:
                         headers={"X-Content-Type-Options": "nosniff"})  # fmt: skip
 
 
+class UnknownModel(BadRequest):
+    """A fleet's request names a model none of its tables serves (404, as OpenAI's API answers it)."""
+
+
 class SlowClient(Exception):
     """The request's body did not arrive within `body_timeout_s`."""
 
@@ -353,10 +382,10 @@ async def forward(request: web.Request) -> web.StreamResponse:
     try:
         try:
             raw, body = await _body(request, router.settings)
-            tokens = await router.count(body)
+            tokens = await router.tokens(body)
         except BadRequest as err:
             outcome = "bad_request"
-            return _error(400, str(err))
+            return _error(404 if isinstance(err, UnknownModel) else 400, str(err))
         except SlowClient:
             outcome = "client_timeout"
             return await _closing(request, _error(408, f"the request body did not arrive within "

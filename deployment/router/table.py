@@ -87,7 +87,7 @@ def shown(value: Any) -> str:
     return _shown.repr(value)
 
 
-def read(path: str | Path) -> Table:
+def read(path: str | Path) -> Table | Fleet:
     """routing.json from a file, checked: RoutingError says in one line what is off (unreadable, too large, not UTF-8,
     not JSON, nested too deep, or a table `load` refuses)."""
     try:
@@ -110,7 +110,7 @@ def read(path: str | Path) -> Table:
             raise RoutingError(f"nested deeper than {MAX_DEPTH} (at line {err.lineno}): not a routing.json") from None
         raise RoutingError(f"not JSON ({err.msg}, line {err.lineno})") from None
     _check_depth(config)
-    return load(config)
+    return load_any(config)
 
 
 def _check_depth(config: Any) -> None:
@@ -238,6 +238,78 @@ def load(config: Any) -> Table:
             raise RoutingError(f"`health`: {shown(engine)} is not an engine of `islands`")
     checked = {k.rstrip("/"): _url(v, f"health.{k}") for k, v in health.items()}
     return Table(config["protocol"], tuple(ranges), islands, int(port), cpt, int(in_flight), tokenizer, checked)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A routing.json of several models (`{"models": {model: routing table}, "aliases": {name: model}}`, a fleet
+    plan's): a request goes to the table of the model its OpenAI `model` field names (the model's name, or an alias:
+    the name its engines serve it under, their weights' path), then by its length as that table routes it."""
+
+    tables: dict[str, Table]
+    aliases: dict[str, str]
+
+    def model_of(self, name: Any) -> str | None:
+        """The model a request's `model` field names (None: none served here)."""
+        if not isinstance(name, str):
+            return None
+        return name if name in self.tables else self.aliases.get(name)
+
+    @property
+    def names(self) -> list[str]:
+        return sorted({*self.tables, *self.aliases})
+
+    @property
+    def whole(self) -> Table:
+        """Every model's islands in one table (island names `model/island`): the engines the router keeps pools,
+        health checks and metrics for. Its ranges are none: a request is routed by its model's own table."""
+        first = next(iter(self.tables.values()))
+        islands = {role: tuple(Island(f"{m}/{i.name}", i.engines) for m, t in self.tables.items()
+                               for i in t.islands[role]) for role in ROLES}  # fmt: skip
+        return Table(first.protocol, (), islands, first.bootstrap_port, first.chars_per_token,
+                     sum(t.in_flight for t in self.tables.values()), None,
+                     {e: h for t in self.tables.values() for e, h in t.health.items()})  # fmt: skip
+
+
+def load_any(config: Any) -> Table | Fleet:
+    """A routing.json of one model (`load`) or of several (`models`: `load_fleet`)."""
+    return load_fleet(config) if isinstance(config, dict) and "models" in config else load(config)
+
+
+def load_fleet(config: dict[str, Any]) -> Fleet:
+    """Check a fleet's routing.json: every model's table as `load` checks one, no engine serving two models, every
+    alias naming a model of it; RoutingError names what is off and where."""
+    extra = sorted(set(config) - {"models", "aliases"})
+    if extra:
+        raise RoutingError(f"a fleet's routing.json has `models` and `aliases` only, got {shown(extra[0])}")
+    models = config["models"]
+    if not isinstance(models, dict) or not models:
+        raise RoutingError("`models` must be an object {model: routing table} naming at least one model")
+    tables: dict[str, Table] = {}
+    owner: dict[str, str] = {}
+    for name, cfg in models.items():
+        if not (0 < len(name) <= 200 and name.isascii() and name.isprintable()):
+            raise RoutingError(f"models: {shown(name)} is not a model name (1-200 printable ASCII characters)")
+        try:
+            t = load(cfg)
+        except RoutingError as err:
+            raise RoutingError(f"models.{name}: {err}") from None
+        for e in t.engines:
+            if e in owner:
+                raise RoutingError(f"models.{name}: engine {e} serves {owner[e]} too: an engine serves one model")
+            owner[e] = name
+        tables[name] = t
+    protocols = sorted({t.protocol for t in tables.values()})
+    if len(protocols) > 1:
+        raise RoutingError(f"models: every model's engines must speak one protocol, got {protocols}")
+    aliases = config.get("aliases") or {}
+    if not isinstance(aliases, dict):
+        raise RoutingError("`aliases` must be an object {name a request may give: model}")
+    for alias, model in aliases.items():
+        if model not in tables or not isinstance(alias, str) or not alias.isprintable():
+            raise RoutingError(f"aliases.{shown(alias)}: must name a model of `models` ({sorted(tables)}), got "
+                               f"{shown(model)}")  # fmt: skip
+    return Fleet(tables, dict(aliases))
 
 
 LOAD_BOUND = 1.25  # a session's engine is skipped while its prompt tokens in flight would pass this x their mean
