@@ -4,6 +4,8 @@ without NVIDIA's NVFP4 path."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from costmodel.catalog import CatalogError, load_gpu
 from deployment.errors import DeployError
 from plan import Engine, Plan, engines_of, island_engines
@@ -48,7 +50,9 @@ def engines(plan: Plan) -> list[Engine]:
 
 
 def engine_of(plan: Plan, e: Engine) -> Engine:
-    """`e`, an engine of `plan` (DeployError for a record of another plan, or one changed since)."""
-    if not 0 <= e.island < len(plan.islands) or e not in island_engines(plan, e.island):
+    """`e`, an engine of `plan` (DeployError for a record of another plan, or one changed since); its name may carry
+    a prefix (a fleet's engines are named per model: `folder.files`)."""
+    ours = island_engines(plan, e.island) if 0 <= e.island < len(plan.islands) else ()
+    if not any(e == replace(x, name=e.name) and e.name.endswith(x.name) for x in ours):
         raise DeployError(f"engine {e.name} is not an engine of this plan: launch the plan's own (deployable.engines)")
     return e

@@ -4,6 +4,7 @@ two deploys' files."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -20,11 +21,12 @@ from deployment.targets.base import Target
 from plan import Engine, Plan
 
 
-def files(plan: Plan, opts: DeployOptions, source: str) -> tuple[list[Engine], dict[str, str]]:
-    """(the engines, {path in the folder: text}) of the launch files of `plan`; `source` names the plan."""
+def files(plan: Plan, opts: DeployOptions, source: str, prefix: str = "") -> tuple[list[Engine], dict[str, str]]:
+    """(the engines, {path in the folder: text}) of the launch files of `plan`; `source` names the plan; `prefix`
+    starts every engine's name (a fleet's model, so two models' engines never share a name)."""
     where = target(opts.target)
     opts = adapter(opts.engine).own(where.own(opts))
-    es = engines(plan)
+    es = [dataclasses.replace(e, name=prefix + e.name) for e in engines(plan)]
     where.refuse(plan, es, opts)
     route = routing(plan, es, where.protocol(opts), where.address, opts.model_path, where.health)
     out = where.files(plan, where.launched(plan, es), opts, route)
@@ -89,10 +91,12 @@ def _swap(new: Path, folder: Path) -> None:
         new.rename(folder)
 
 
-def write(plan: Plan, opts: DeployOptions, out: Path, source: str, *, replace: bool = False) -> list[Engine]:
+def write(plan: Plan, opts: DeployOptions, out: Path, source: str, *, replace: bool = False,
+          prefix: str = "") -> list[Engine]:  # fmt: skip
     """Write the launch files of `plan` into the folder `out`, whole: into a new sibling folder, then swapped into
-    place. `out` may be missing or empty, or an earlier deploy when `replace`; anything else is refused. The engines."""
-    es, texts = files(plan, opts, source)
+    place. `out` may be missing or empty, or an earlier deploy when `replace`; anything else is refused. The engines
+    (`prefix`: `files`')."""
+    es, texts = files(plan, opts, source, prefix)
     folder = Path(os.path.abspath(out))
     _refuse_used(out, folder, replace)
     new = folder.with_name(f".{folder.name}.new-{secrets.token_hex(4)}")

@@ -6,6 +6,7 @@ range (weights within an island are equal, its engines being identical).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from pathlib import PurePosixPath
@@ -37,6 +38,8 @@ def routing(
                 "engines": islands[k],
                 "ranges": [[r.start, r.end, r.fraction] for r in isl.ranges],
             }
+    for islands_of_role in phases.values():
+        _fill_gaps(islands_of_role)
     checks = {address(e): url for e in es if (url := health(e))}
     return {
         "protocol": engine,
@@ -48,6 +51,29 @@ def routing(
         **({"health": checks} if checks else {}),
         "source_plan": {"rate_req_s": plan.rate_req_s, "workload": plan.workload},
     }
+
+
+def _fill_gaps(islands: dict[str, dict[str, Any]]) -> None:
+    """A range no island of the role serves (no prompt of the workload fell in it, so the plan routes it nowhere)
+    goes as the range below it goes (the first ones: as the range above): the router covers every length."""
+    cover: dict[tuple[float, float], list[tuple[str, float]]] = {}
+    for name, isl in islands.items():
+        for start, end, frac in isl["ranges"]:
+            cover.setdefault((start, end), []).append((name, frac))
+    spans = sorted(cover)
+    if not spans:
+        return
+    filled: list[tuple[float, float, tuple[float, float]]] = []  # (start, end, the span whose split it takes)
+    if spans[0][0] > 0:
+        filled.append((0, spans[0][0], spans[0]))
+    for lower, upper in itertools.pairwise(spans):
+        if upper[0] > lower[1]:
+            filled.append((lower[1], upper[0], lower))
+    for start, end, like in filled:
+        for name, frac in cover[like]:
+            islands[name]["ranges"].append([start, end, frac])
+    for isl in islands.values():
+        isl["ranges"].sort()
 
 
 def in_flight(plan: Plan) -> int:

@@ -344,3 +344,21 @@ def test_a_plan_of_another_model_is_not_deployed_onto_deepseek_v3s_default_weigh
     deploy(path, tmp_path / "q", "model_path=/models/Qwen3-30B-A3B-FP8")
     scripts = "".join(p.read_text() for p in (tmp_path / "q").rglob("*.sh"))
     assert "--model-path /models/Qwen3-30B-A3B-FP8" in scripts and "DeepSeek-V3" not in scripts
+
+
+def test_a_range_no_prompt_of_the_workload_fell_in_is_routed_as_the_range_below_it() -> None:
+    """The Azure conversation trace has no prompt of 6,500-6,750 tokens, so a plan routes that range nowhere; its
+    routing.json still covers every length (the router refuses a gap): the gap goes as the range below it, and
+    lengths below the first range as the first range."""
+    from deployment.router.table import load
+    from deployment.routing import _fill_gaps
+
+    islands = {"0": {"engines": ["http://a:1"], "ranges": [[250, 6500, 0.25], [6750, 9000, 1.0]]},
+               "1": {"engines": ["http://b:1"], "ranges": [[250, 6500, 0.75]]}}  # fmt: skip
+    _fill_gaps(islands)
+    assert islands["0"]["ranges"] == [[0, 250, 0.25], [250, 6500, 0.25], [6500, 6750, 0.25], [6750, 9000, 1.0]]
+    assert islands["1"]["ranges"] == [[0, 250, 0.75], [250, 6500, 0.75], [6500, 6750, 0.75]]
+    decode = {"2": {"engines": ["http://c:1"], "ranges": [[0, 250, 1.0], [250, 6500, 1.0], [6750, 9000, 1.0]]}}
+    _fill_gaps(decode)
+    t = load({"protocol": "sglang", "islands": {"prefill": islands, "decode": decode}})
+    assert [(r.start, r.end) for r in t.ranges][:3] == [(0, 250), (250, 6500), (6500, 6750)]

@@ -146,6 +146,27 @@ def test_a_fleet_plans_every_model_on_one_inventory_with_its_records(tmp_path: P
     assert sorted(x.info.run_name for x in children) == ["deepseek_v3", "qwen3_235b_a22b"]
     assert parent.data.metrics["served"] == pytest.approx(record["served"])
 
+    # its launch files: a folder per model, engines named after their model, one routing.json that routes by model
+    from deployment.router.table import Fleet, read
+    from pipeline.deploy import execute as deploy
+
+    out = tmp_path / "deploy"
+    r = in_process(deploy, "deploy", f"plan={run / 'fleet.json'}", f"out={out}", "target=k8s")
+    one_line(r, "error: conf/deploy.yaml (or its overrides): the fleet serves qwen3_235b_a22b, whose weights' folder "
+                "is not given: add model_paths.qwen3_235b_a22b=")  # fmt: skip
+    r = in_process(deploy, "deploy", f"plan={run / 'fleet.json'}", f"out={out}", "target=k8s",
+                   "model_paths.qwen3_235b_a22b=/models/Qwen3-235B-A22B")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    fleet = read(out / "routing.json")
+    assert isinstance(fleet, Fleet) and sorted(fleet.tables) == ["deepseek_v3", "qwen3_235b_a22b"]
+    assert fleet.aliases == {"/models/DeepSeek-V3": "deepseek_v3", "/models/Qwen3-235B-A22B": "qwen3_235b_a22b"}
+    for model, t in fleet.tables.items():
+        assert t.engines and all(e.startswith(f"http://{model.replace('_', '-')}-i") for e in t.engines)
+        assert (out / model / "manifests.yaml").exists()
+    r = in_process(deploy, "deploy", f"plan={run / 'fleet.json'}", f"out={out}", "target=k8s",
+                   "model_paths.qwen3_235b_a22b=/models/Qwen3-235B-A22B")  # fmt: skip
+    one_line(r, f"error: out={out}: holds an earlier fleet deploy; give replace=true")
+
 
 BAD = [  # (the fleet's `models`, the error's words)
     ([{"model": "gpt9", "workload": "azure_code", "demand_req_s": 1}], "model 'gpt9' is not in the catalogue"),
