@@ -118,12 +118,15 @@ class Rates:
         return np.where(self.has_fp4, self.f4, self.f16) * self.grouped
 
 
-def priced_precision(gpu: GPU, profile: CostProfile) -> tuple[str, str]:
+def priced_precision(gpu: GPU, profile: CostProfile, model: Model | None = None) -> tuple[str, str]:
     """(dense layers and KV cache, routed experts): the formats `Rates` prices an island of `gpu` in.
 
     FP8 where the GPU has it (BF16 where it does not, unless the profile prices FP8 everywhere as
-    shallowsim does), and routed experts in FP4 on GPUs with an FP4 rate unless `experts_fp8`."""
+    shallowsim does), and routed experts in FP4 on GPUs with an FP4 rate unless `experts_fp8`; a `model` whose
+    checkpoint ships its experts in MXFP4 (`Model.expert_bits`) keeps them so on every GPU."""
     dense = "fp8" if gpu.tflops_fp8 > 0 or not profile.precision_per_gpu else "bf16"
+    if model is not None and model.expert_bits:
+        return dense, "mxfp4"
     return dense, "fp4" if gpu.tflops_fp4 > 0 and not profile.experts_fp8 else dense
 
 

@@ -41,7 +41,7 @@ VLLM_ALL2ALL = {"prefill": "deepep_high_throughput", "decode": "deepep_low_laten
 # the KV cache's format as each engine names it (both: FP8 is E4M3)
 KV_DTYPES = {"sglang": {"fp8": "fp8_e4m3", "bf16": "bfloat16"}, "vllm": {"fp8": "fp8_e4m3", "bf16": "bfloat16"}}
 # the quantization an engine's model config resolves -> the routed experts' format it loads them in
-EXPERT_FORMATS = {"fp8": "fp8", "modelopt_fp4": "fp4"}
+EXPERT_FORMATS = {"fp8": "fp8", "modelopt_fp4": "fp4", "mxfp4": "mxfp4"}  # mxfp4: the checkpoint's own (GPT-OSS)
 NIXL = "NixlConnector"  # vLLM's KV connector for transfer_backend nixl
 
 

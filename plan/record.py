@@ -152,7 +152,7 @@ def node_spans(hosts: Iterable[int]) -> str:
     return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
 
 
-PRECISIONS = ("bf16", "fp8", "fp4")
+PRECISIONS = ("bf16", "fp8", "fp4", "mxfp4")  # mxfp4: a checkpoint's own 4-bit experts (GPT-OSS), on every GPU
 
 
 @dataclass(frozen=True)

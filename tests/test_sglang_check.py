@@ -283,13 +283,14 @@ def test_a_plan_of_a_model_the_checks_hold_no_config_for_is_refused_not_judged_a
         adapter("sglang").check(plan, engines_of(plan)[0], 0, DeployOptions())
 
 
-@pytest.mark.parametrize("model", ["qwen3_coder_480b_a35b", "qwen3_235b_a22b", "qwen3_30b_a3b"])
-def test_a_qwen3_plans_engines_run_what_it_priced_by_sglangs_own_resolution_of_its_config(sc, tmp_path: Path,
-                                                                                         model: str) -> None:
-    """tiny_hetero's exact plan of a Qwen3 MoE model (GQA; Qwen3-Coder-480B's 160 experts, Qwen3-235B's and 30B's
-    128): every engine's command, resolved by SGLang against the model's config (tests/data/models), holds every row
-    of the parameter table and a KV pool (its KV heads split over the attention TP group) at least what the plan
-    keeps there. vLLM's check holds DeepSeek-V3's config only and refuses the plan in one line."""
+@pytest.mark.parametrize("model", ["qwen3_coder_480b_a35b", "qwen3_235b_a22b", "qwen3_30b_a3b", "gpt_oss_120b"])
+def test_a_gqa_plans_engines_run_what_it_priced_by_sglangs_own_resolution_of_its_config(sc, tmp_path: Path,
+                                                                                        model: str) -> None:
+    """tiny_hetero's exact plan of a GQA MoE model (Qwen3-Coder-480B's 160 experts, Qwen3-235B's and 30B's 128;
+    GPT-OSS-120B's 128 MXFP4 experts and sliding window): every engine's command, resolved by SGLang against the
+    model's config (tests/data/models), holds every row of the parameter table (GPT-OSS's experts resolved MXFP4, as
+    priced) and a KV pool (its KV heads split over the attention TP group) at least what the plan keeps there.
+    vLLM's check holds DeepSeek-V3's config only and refuses the plan in one line."""
     from deployment.engines.base import EngineRefused
 
     path, _ = plan_of(tmp_path, f"model={model}", "costmodel=calibrated")

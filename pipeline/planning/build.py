@@ -121,7 +121,7 @@ def describe(
                 dp=cfg["dp"] if cfg else 0,
                 ep=cfg["ep"] if cfg else 0,
                 batch=batch,
-                precision=Precision(*priced_precision(planner.gpus[gpu], planner.profile)),
+                precision=Precision(*priced_precision(planner.gpus[gpu], planner.profile, planner.model)),
                 cost_per_hour=size * planner.gpus[gpu].price_per_hour,
                 ranges=tuple(
                     RangeShare(int(r.start[j]), int(r.end[j]), float(cap[i, j] / tot[j]), float(x[i, j]))

@@ -26,7 +26,8 @@ class SglangAdapter(Adapter):
         "sends the request to both in the SGLang PD protocol (bootstrap host, port and room added to the request)."
     )
     checked_models: ClassVar[dict[str, str]] = {**CHECKED_MODELS, "qwen3_coder_480b_a35b": "qwen3-coder-480b-a35b",
-                                                "qwen3_235b_a22b": "qwen3-235b-a22b", "qwen3_30b_a3b": "qwen3-30b-a3b"}
+                                                "qwen3_235b_a22b": "qwen3-235b-a22b", "qwen3_30b_a3b": "qwen3-30b-a3b",
+                                                "gpt_oss_120b": "gpt-oss-120b"}
 
     def command(self, e: Engine, rank: int, opts: DeployOptions) -> Launch:
         return launch.command(e, rank, self.own(opts))
