@@ -269,7 +269,7 @@ def test_a_plan_priced_with_a_host_kv_tier_launches_sglangs_hierarchical_cache_o
 
 def test_a_plan_of_a_model_the_checks_hold_no_config_for_is_refused_not_judged_as_deepseek(sc) -> None:
     """The checks resolve a command against its model's config.json; SGLang's holds DeepSeek-V3's and three Qwen3
-    models' only, so a plan of another model (here the tests' plan renamed kimi_k2, its islands kept) is
+    models' only, so a plan of another model (here the tests' plan renamed glm_4_6, its islands kept) is
     refused in one line rather than its engines judged as DeepSeek-V3 engines."""
     import dataclasses
 
@@ -278,16 +278,18 @@ def test_a_plan_of_a_model_the_checks_hold_no_config_for_is_refused_not_judged_a
     from plan.engines import engines_of
 
     base = tiny_plan()
-    plan = dataclasses.replace(base, model=dataclasses.replace(base.model, name="kimi_k2"))
-    with pytest.raises(EngineRefused, match=r"'s only \(tests/data/models\): kimi_k2's engines are not judged here"):
+    plan = dataclasses.replace(base, model=dataclasses.replace(base.model, name="glm_4_6"))
+    with pytest.raises(EngineRefused, match=r"'s only \(tests/data/models\): glm_4_6's engines are not judged here"):
         adapter("sglang").check(plan, engines_of(plan)[0], 0, DeployOptions())
 
 
-@pytest.mark.parametrize("model", ["qwen3_coder_480b_a35b", "qwen3_235b_a22b", "qwen3_30b_a3b", "gpt_oss_120b"])
-def test_a_gqa_plans_engines_run_what_it_priced_by_sglangs_own_resolution_of_its_config(sc, tmp_path: Path,
+@pytest.mark.parametrize("model", ["qwen3_coder_480b_a35b", "qwen3_235b_a22b", "qwen3_30b_a3b", "gpt_oss_120b",
+                                   "kimi_k2"])
+def test_another_models_plan_runs_what_it_priced_by_sglangs_own_resolution_of_its_config(sc, tmp_path: Path,
                                                                                         model: str) -> None:
-    """tiny_hetero's exact plan of a GQA MoE model (Qwen3-Coder-480B's 160 experts, Qwen3-235B's and 30B's 128;
-    GPT-OSS-120B's 128 MXFP4 experts and sliding window): every engine's command, resolved by SGLang against the
+    """tiny_hetero's exact plan of another MoE model than DeepSeek-V3 (GQA: Qwen3-Coder-480B's 160 experts, Qwen3-235B's
+    and 30B's 128, GPT-OSS-120B's 128 MXFP4 experts and sliding window; MLA: Kimi-K2's 384 experts and 64 heads):
+    every engine's command, resolved by SGLang against the
     model's config (tests/data/models), holds every row of the parameter table (GPT-OSS's experts resolved MXFP4, as
     priced) and a KV pool (its KV heads split over the attention TP group) at least what the plan keeps there.
     vLLM's check holds DeepSeek-V3's config only and refuses the plan in one line."""
