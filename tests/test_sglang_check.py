@@ -268,9 +268,9 @@ def test_a_plan_priced_with_a_host_kv_tier_launches_sglangs_hierarchical_cache_o
 
 
 def test_a_plan_of_a_model_the_checks_hold_no_config_for_is_refused_not_judged_as_deepseek(sc) -> None:
-    """The checks resolve a command against its model's config.json; SGLang's holds DeepSeek-V3's and three Qwen3
-    models' only, so a plan of another model (here the tests' plan renamed glm_4_6, its islands kept) is
-    refused in one line rather than its engines judged as DeepSeek-V3 engines."""
+    """The checks resolve a command against its model's config.json; SGLang's holds DeepSeek-V3's, Kimi-K2's,
+    GPT-OSS-120B's and three Qwen3 models' only, so a plan of another model (here the tests' plan renamed glm_4_6, its
+    islands kept) is refused in one line rather than its engines judged as DeepSeek-V3 engines."""
     import dataclasses
 
     from deployment.engines.base import EngineRefused
