@@ -130,6 +130,13 @@ def test_a_fleet_plans_every_model_on_one_inventory_with_its_records(tmp_path: P
     assert sum(isl.size for m in record["models"] for isl in plans.load(run / m["plan"]).islands
                if isl.serving and isl.gpu == "H20") <= 32  # fmt: skip
     assert record["served"] == pytest.approx(min(rates))
+    worst = record["worst_host"]  # the host whose loss costs the fleet most: what it serves then, by each plan's own
+    assert worst["served"] < record["served"] and worst["models"]
+    for m in record["models"]:
+        p = plans.load(run / m["plan"])
+        lost = {(x.gpu, x.node): x.rate_req_s for x in p.host_losses.losses}
+        assert worst["rates_req_s"][m["model"]] == pytest.approx(lost.get((worst["gpu"], worst["node"]), p.rate_req_s))
+        assert min(x.rate_req_s for x in p.host_losses.losses) / m["demand_req_s"] >= worst["served"] - 1e-9
     ref, split = record["reference"], record["split"]
     assert ref["status"] == "optimal" and ref["gap"] >= 0 and split["fraction"] <= ref["fraction"] + 1e-9
     report = (run / "report.md").read_text()

@@ -32,6 +32,7 @@ from pipeline.fleet.config import FleetSpec, MemberSpec, fleet_from_cfg
 from pipeline.forking import Forked, forkable
 from pipeline.planning.build import build_plan, place
 from pipeline.planning.check import check
+from pipeline.planning.failures import host_losses
 from pipeline.planning.planner import Layout
 from pipeline.planning.simulation import RequestMix
 from pipeline.records.journal import link_latest, write_json, write_text
@@ -195,6 +196,7 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
     searched = min(p.rates.searched_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
     gap = max(0.0, 1.0 - searched / joint.bound) if joint.bound == joint.bound and joint.bound > 0 else None
     record = fleet_record(spec, inventory_name, members, plans, joint, split, served, gap, wall_s, bench_s)
+    record["worst_host"] = worst_host(members, plans)
     ident = json.dumps({"fleet": plain(cfg.fleet), "inventory": inventory_name,
                         "members": [c.settings.key for c in members]}, sort_keys=True)  # fmt: skip
     root = Path(str(cfg.out_root)).parent / "fleet" / f"{spec.name}-{inventory_name}-{_digest(ident)}"
@@ -229,10 +231,31 @@ def _member_plans(members: list[Composed], joint: FleetResult, inv: Any) -> list
         print(f"[fleet] {c.spec.model}: {lay.describe()}: {plan.rate_req_s:.2f} req/s within "
               f"{plan.slo.text()}; simulating it ...", flush=True)  # fmt: skip
         verification = check(plan, RequestMix.of(c.ctx.planner.workload)) if plan.serves else None
+        losses = host_losses(c.ctx.planner, lay, plan, c.ctx.inner_time_limit_s, c.ctx.backend)
         notes = (f"one of the models of a fleet: its islands are those the joint optimum gave "
                  f"{c.spec.model}", *((c.note,) if c.note else ()))  # fmt: skip
-        plans.append(dataclasses.replace(plan, verification=verification, notes=(*plan.notes, *notes)))
+        plans.append(dataclasses.replace(plan, verification=verification, host_losses=losses,
+                                         notes=(*plan.notes, *notes)))  # fmt: skip
     return plans
+
+
+def worst_host(members: list[Composed], plans: list[Plan]) -> dict[str, Any] | None:
+    """The one host whose loss costs the fleet most: for every host a model's plan runs on, each model's rate with
+    it gone (a model with no island there keeps its own) over its demand, the smallest of those; the host where that
+    is lowest. None where no plan reports its host losses."""
+    per = [{(x.gpu, x.node): x.rate_req_s for x in p.host_losses.losses} if p.host_losses else None for p in plans]
+    if any(x is None for x in per):
+        return None
+    hosts = sorted({h for losses in per for h in losses if losses is not None})
+    worst: dict[str, Any] | None = None
+    for h in hosts:
+        rates = [losses.get(h, p.rate_req_s) for losses, p in zip(per, plans, strict=True) if losses is not None]
+        served = min(r / c.spec.demand for r, c in zip(rates, members, strict=True))
+        if worst is None or served < worst["served"]:
+            hit = [c.spec.model for c, losses in zip(members, per, strict=True) if losses is not None and h in losses]
+            worst = {"gpu": h[0], "node": h[1], "served": served, "models": hit,
+                     "rates_req_s": dict(zip([c.spec.model for c in members], rates, strict=True))}  # fmt: skip
+    return worst
 
 
 def _digest(text: str) -> str:
@@ -298,6 +321,10 @@ def summary(r: dict[str, Any]) -> list[str]:
         out.append(f"warning: the inventory serves {r['served']:.1%} of every model's demand, not all of it: add "
                    "GPUs or lower the demands")  # fmt: skip
     gap = "n/a" if ref["gap"] is None else f"{ref['gap']:.1%}"
+    if r.get("worst_host"):
+        w = r["worst_host"]
+        out.append(f"one host lost: at worst {w['gpu']} host {w['node']} ({', '.join(w['models'])}): "
+                   f"{w['served']:.3f} of every {key.split('_')[0]} served")  # fmt: skip
     out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h; the "
                f"exact optimum {ref['fraction']:.3f} ({ref['status']}), gap {gap}")  # fmt: skip
     if split["pooling_gain"] is not None:
@@ -330,6 +357,9 @@ def fleet_report(r: dict[str, Any]) -> str:
         f"| cost | ${r['cost_per_hour']:,.2f}/h of islands in use |",
         f"| exact optimum | {ref['fraction']:.3f} ({ref['status']}, bound {ref['bound']:.3f}, solved in "
         f"{ref['solve_s']:.1f} s); gap {'n/a' if ref['gap'] is None else format(ref['gap'], '.2%')} |",
+        *([f"| one host lost | at worst {r['worst_host']['gpu']} host {r['worst_host']['node']} (it runs "
+           f"{', '.join(r['worst_host']['models'])}): {r['worst_host']['served']:.3f} of every {word} served; each "
+           "model's plan.json lists its own host losses |"] if r.get("worst_host") else []),
         f"| planned in | {r['wall_s']:.1f} s (islands benchmarked in {r['benchmark_s']:.1f} s) |",
         "",
         "| model | workload | " + word + " | rate (req/s) | served | simulated / stated | within SLOs | GPUs | $/h |",
@@ -384,4 +414,6 @@ def _track(tracker: Any, r: dict[str, Any], run_dir: Path) -> None:
                "split_served": r["split"]["fraction"], "wall_s": r["wall_s"]}  # fmt: skip
     if ref["gap"] is not None:
         metrics["gap"] = ref["gap"]
+    if r.get("worst_host"):
+        metrics["one_host_lost_served"] = r["worst_host"]["served"]
     tracker.finish_parent(metrics, [run_dir / "fleet.json", run_dir / "report.md"])
