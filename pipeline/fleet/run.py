@@ -325,6 +325,9 @@ def summary(r: dict[str, Any]) -> list[str]:
         w = r["worst_host"]
         out.append(f"one host lost: at worst {w['gpu']} host {w['node']} ({', '.join(w['models'])}): "
                    f"{w['served']:.3f} of every {key.split('_')[0]} served")  # fmt: skip
+        if w["served"] < 0.5 * r["served"]:
+            out.append("warning: a fleet is planned with every host up (one model's search plans for a host lost "
+                       "by default): a model whose only island of a role runs on that host stops")  # fmt: skip
     out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h; the "
                f"exact optimum {ref['fraction']:.3f} ({ref['status']}), gap {gap}")  # fmt: skip
     if split["pooling_gain"] is not None:
