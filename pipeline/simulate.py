@@ -170,6 +170,8 @@ MODES: dict[str, Callable[[Session], Result]] = {"run": run_once, "saturate": sa
 def execute(cfg: Any) -> int:
     if cfg.plan is None:
         raise ConfigError("plan=PATH is required: the plan.json a search wrote (outputs/search/<run>/<time>/plan.json)")
+    if Path(str(cfg.plan)).name == "fleet.json":
+        return simulate_fleet(cfg)
     plan = plans.load(cfg.plan)
     if not plan.serves:
         raise ConfigError(f"plan={cfg.plan}: its rate is 0 req/s (no island can run the model in a role): nothing "
@@ -187,6 +189,37 @@ def execute(cfg: Any) -> int:
     s.tracker.finish_parent({k: v for k, v in m.items() if isinstance(v, (int, float))}, [s.out / f for f in files])
     link_latest(Path(str(cfg.out_root)), s.out)  # outputs/simulate/latest: the newest finished simulation
     print(text + f"[simulate] wrote {s.out}/", flush=True)
+    return 0
+
+
+def simulate_fleet(cfg: Any) -> int:
+    """A fleet plan (fleet.json): every model's plan simulated on its own requests, at its own rate times the command's
+    rate_scale, each an MLflow run and a folder as one plan's; then the fleet's table. The router sends a request by
+    its model first and no island serves two models, so a mixed stream of the models' requests is these streams
+    side by side: each model's engines see exactly its own."""
+    from omegaconf import OmegaConf
+
+    from pipeline.records.journal import read_json
+
+    path = Path(str(cfg.plan))
+    record = read_json(path, "a fleet.json is written by `python -m pipeline.search +fleet=NAME`")
+    if not isinstance(record, dict) or not isinstance(record.get("models"), list):
+        raise ConfigError(f"plan={path}: not a fleet.json (no `models` list): give the fleet.json of a fleet plan")
+    if cfg.get("workload") is not None or cfg.rate is not None:
+        raise ConfigError("a fleet's models each have their own workload and rate: drop +workload and rate (rate_scale "
+                          "scales every model's rate)")  # fmt: skip
+    rows = []
+    for m in record["models"]:
+        member = OmegaConf.merge(cfg, {"plan": str(path.parent / m["plan"])})
+        print(f"[simulate] fleet {record.get('fleet')}: {m['model']}", flush=True)
+        execute(member)
+        metrics = read_json(Path(str(member.out_root)) / "latest" / "metrics.json", "") or {}
+        if isinstance(metrics, dict) and "offered_req_s" in metrics:
+            rows.append({"model": m["model"], "plan_rate_req_s": m["rate_req_s"],
+                         **{k: metrics[k] for k in SHOWN if k in metrics}})  # fmt: skip
+    if rows:
+        print(f"# Fleet {record.get('fleet')}: every model simulated on its own requests\n\n"
+              + table(rows, ["model", "plan_rate_req_s", *[k for k in SHOWN if k in rows[0]]]), flush=True)
     return 0
 
 

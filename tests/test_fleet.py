@@ -153,6 +153,15 @@ def test_a_fleet_plans_every_model_on_one_inventory_with_its_records(tmp_path: P
     assert sorted(x.info.run_name for x in children) == ["deepseek_v3", "qwen3_235b_a22b"]
     assert parent.data.metrics["served"] == pytest.approx(record["served"])
 
+    # simulated as one: each model's plan on its own requests (the router splits the mixed stream by model)
+    from pipeline.simulate import execute as simulate
+
+    r = in_process(simulate, "simulate", f"plan={run / 'fleet.json'}", "requests=400", f"out_root={tmp_path}/sim",
+                   f"mlflow.tracking_uri=sqlite:///{db}")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "# Fleet two_models: every model simulated on its own requests" in r.stdout
+    assert "| deepseek_v3 |" in r.stdout and "| qwen3_235b_a22b |" in r.stdout
+
     # its launch files: a folder per model, engines named after their model, one routing.json that routes by model
     from deployment.router.table import Fleet, read
     from pipeline.deploy import execute as deploy
