@@ -1,0 +1,65 @@
+"""Fleets: the shipped fleets planned as a user runs them, beside the default single-model job, in one run.
+
+    python benchmarks/fleet_bench.py [two_models three_models] [--inventory hetero_a] [--out DIR]
+
+Per fleet (`python -m pipeline.search +fleet=NAME`, a new process each): its wall time and its ratio to the default
+job's (`python -m pipeline.search`, DeepSeek-V3 on the same inventory, run first in the same session), the common
+fraction of every demand the joint plan serves, the exact optimum and its gap, the best split planned one model at
+a time and what pooling gains, the worst host lost, and per model its simulated / stated rate. Nothing is fitted.
+The target a fleet of three models is held to is 60 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(out: Path, *args: str) -> tuple[float, str]:
+    """`python -m pipeline.search args` with its records under `out`: (wall s, its stdout)."""
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "pipeline.search", *args, f"out_root={out}/search",
+           f"mlflow.tracking_uri=sqlite:///{out}/mlflow.db"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return time.perf_counter() - t0, done.stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("fleets", nargs="*", default=["two_models", "three_models"])
+    ap.add_argument("--inventory", default="hetero_a")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    inv = f"+inventory={args.inventory}"
+    single_s, _ = run(out, inv)
+    print(f"default job (DeepSeek-V3, {args.inventory}): {single_s:.1f} s", flush=True)
+    print("\n| fleet | wall (s) | x default job | served | exact optimum | gap | best split | pooling gains | one host "
+          "lost | simulated / stated |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.fleets:
+        wall, _ = run(out, inv, f"+fleet={name}")
+        record = json.loads(max((out / "fleet").glob(f"{name}-{args.inventory}-*/*/fleet.json"),
+                                key=lambda p: p.stat().st_mtime).read_text())  # fmt: skip
+        ref, split, worst = record["reference"], record["split"], record.get("worst_host")
+        sims = ", ".join(f"{m['model']} {m['simulated_over_stated']:.3f}" for m in record["models"])
+        lost = f"{worst['served']:.3f} ({worst['gpu']} host {worst['node']})" if worst else "n/a"
+        gap = "n/a" if ref["gap"] is None else f"{ref['gap']:.2%}"
+        gain = "n/a" if split["pooling_gain"] is None else f"{split['pooling_gain']:+.1%}"
+        print(f"| {name} | {wall:.1f} | {wall / single_s:.2f} | {record['served']:.3f} | {ref['fraction']:.3f} "
+              f"({ref['status']}, MILP {ref['solve_s']:.1f} s) | {gap} | {split['fraction']:.3f} | {gain} | {lost} | "
+              f"{sims} |", flush=True)  # fmt: skip
+    print(f"\nrecords: {out}")
+
+
+if __name__ == "__main__":
+    main()
