@@ -341,9 +341,25 @@ def test_a_plan_of_another_model_is_not_deployed_onto_deepseek_v3s_default_weigh
              "deepseek_v3's weights, and this plan is for qwen3_30b_a3b: give model_path=<its weights' folder on "
              "every host>")  # fmt: skip
     assert not (tmp_path / "d").exists()
-    deploy(path, tmp_path / "q", "model_path=/models/Qwen3-30B-A3B-FP8")
-    scripts = "".join(p.read_text() for p in (tmp_path / "q").rglob("*.sh"))
-    assert "--model-path /models/Qwen3-30B-A3B-FP8" in scripts and "DeepSeek-V3" not in scripts
+    deploy(path, tmp_path / "q", "model_path=/models/Qwen3-30B-A3B-FP8", "target=k8s")
+    manifests = (tmp_path / "q" / "manifests.yaml").read_text()
+    assert "/models/Qwen3-30B-A3B-FP8" in manifests and "DeepSeek-V3" not in manifests
+
+
+def test_engines_sharing_a_host_are_not_written_as_host_scripts_on_one_port(tmp_path: Path) -> None:
+    """tiny_hetero's Qwen3-30B plan packs islands smaller than a host side by side; target=shell starts every engine
+    of a host on the same ports (and the router would reach them at one address), so it is refused in one line
+    naming the two engines and the host, nothing written; target=k8s runs a pod per engine."""
+    from pipeline.deploy import execute
+
+    path, _ = plan_of(tmp_path, "model=qwen3_30b_a3b", "costmodel=calibrated")
+    plan = plans.load(path)
+    hosts = [(isl.gpu, h) for isl in plan.islands if isl.serving and isl.hosts for h in isl.hosts.nodes]
+    assert len(hosts) > len(set(hosts))  # (the case: two islands on one host)
+    r = in_process(execute, "deploy", f"plan={path}", f"out={tmp_path}/s", "model_path=/models/Qwen3-30B-A3B-FP8")
+    one_line(r, "error: engines i")
+    assert "target=shell starts every engine of a host on the same ports: deploy with target=k8s" in r.stderr
+    assert not (tmp_path / "s").exists()
 
 
 def test_a_range_no_prompt_of_the_workload_fell_in_is_routed_as_the_range_below_it() -> None:

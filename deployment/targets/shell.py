@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from deployment.commands import command
+from deployment.errors import DeployError
 from deployment.launch import ENGINE_PORT, HOST, LEADER, ROUTER_PORT, shell_env, shell_line, uses, visible_devices
 from deployment.options import DeployOptions, TargetOptions
 from deployment.targets.base import Target
@@ -27,6 +28,19 @@ class ShellTarget(Target):
 
     def address(self, e: Engine) -> str:
         return f"http://HOST-{e.gpu.lower()}-{e.hosts[0]}:{ENGINE_PORT}"
+
+    def refuse(self, plan: Plan, es: list[Engine], opts: DeployOptions) -> None:
+        """Engines that share a host: every script of a host starts its engine on the same ports (the HTTP server,
+        SGLang's bootstrap server, the distributed init), and the router would reach them at one address."""
+        seen: dict[tuple[str, int], str] = {}
+        for e in es:
+            for h in e.hosts:
+                other = seen.setdefault((e.gpu, h), e.name)
+                if other != e.name:
+                    raise DeployError(f"engines {other} and {e.name} share {e.gpu} host {h} (islands smaller than a "
+                                      "host, packed side by side), and target=shell starts every engine of a host on "
+                                      "the same ports: deploy with target=k8s (a pod per engine), or plan islands "
+                                      "of whole hosts (search.min_island at least a host)")  # fmt: skip
 
     def files(self, plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str, Any]) -> dict[str, str]:
         return scripts(plan, es, opts)
