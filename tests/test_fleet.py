@@ -235,3 +235,21 @@ def test_a_model_no_gpu_type_of_the_inventory_holds_or_whose_slo_none_meets_is_n
                    "slo.tpot_ms=2")  # fmt: skip
     one_line(r, "error: fleet member deepseek_v3 (workload azure_code): inventory tiny_hetero")
     assert "no decode configuration of 16 x H200 meets the TPOT cap of 2.0 ms" in r.stderr
+
+
+def test_a_joint_milp_cut_short_plans_the_best_split_and_bounds_the_gap(tmp_path: Path) -> None:
+    """search.reference_time_limit_s too short for the joint MILP to find a layout: the fleet is planned on the best
+    split's islands (a joint layout too), and the LP relaxation's bound gives the most it can be short of the
+    optimum; said in fleet.json and on the console, exit 0."""
+    from pipeline.search.run import execute
+
+    r = in_process(execute, "search", "+fleet=two_models", "+inventory=tiny_hetero", "ranges.width=1000",
+                   "search.reference_time_limit_s=0.001", "search.verify=false", f"out_root={tmp_path}/search",
+                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    record = json.loads(next((tmp_path / "fleet").glob("*/*/fleet.json")).read_text())
+    ref = record["reference"]
+    assert ref["status"] == "split" and ref["fraction"] == pytest.approx(record["split"]["fraction"])
+    assert ref["bound"] >= record["served"] and ref["gap"] == pytest.approx(
+        1 - min(m["searched_req_s"] / m["demand_req_s"] for m in record["models"]) / ref["bound"])
+    assert "the joint MILP found no layout within search.reference_time_limit_s=0.001" in r.stdout

@@ -110,24 +110,28 @@ def compose_member(m: MemberSpec, inventory_name: str, inv_cfg: Any, command_cos
     costmodel, note = m.costmodel or command_costmodel, ""
     try:
         cfg = member_config(m, m.costmodel)
+        if m.costmodel is None and not _calibration_holds(cfg, m.model):
+            # the command's cost model is another model's fit: this model's own search would be refused it
+            costmodel = "calibrated"
+            note = (f"priced with the kernel tables, as costmodel={command_costmodel} was fitted to another model's "
+                    "measured serving")  # fmt: skip
+            cfg = member_config(m, costmodel)
         with composed_as(cfg):
-            try:
-                settings = read_settings(cfg, inventory_name, inv_cfg)
-            except ConfigError as err:
-                if m.costmodel is not None or "was fitted to the measured serving of" not in str(err):
-                    raise
-                # the command's cost model is another model's fit: this model's own search would be refused it
-                costmodel = "calibrated"
-                note = (f"priced with the kernel tables, as costmodel={command_costmodel} was fitted to another "
-                        "model's measured serving")  # fmt: skip
-                cfg = member_config(m, costmodel)
-                with composed_as(cfg):
-                    settings = read_settings(cfg, inventory_name, inv_cfg)
+            settings = read_settings(cfg, inventory_name, inv_cfg)
             check_fits(settings)
             ctx = context(settings)
     except ConfigError as err:
         raise ConfigError(f"fleet member {m.model} (workload {m.workload}): {err}") from None
     return Composed(m, settings, ctx, costmodel, note)
+
+
+def _calibration_holds(cfg: Any, model: str) -> bool:
+    """Does the composed cost model's calibration hold for `model`? (One fitted to measured serving holds for the
+    models it was fitted to only: `pipeline.planning.config.calibrated_for`.)"""
+    from pipeline.planning.config import profile_from_cfg
+
+    cal = profile_from_cfg(cfg.costmodel).calibration
+    return cal is None or not cal.models or model in cal.models
 
 
 def check_fits(settings: Settings) -> None:
@@ -183,14 +187,21 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
     joint = fleet_optimum(fm, budget_per_hour=budget, time_limit_s=limit)
     print(f"[fleet] the joint optimum ({joint.status}, {joint.solve_ms / 1e3:.1f} s): {joint.fraction:.3f} of every "
           f"{'demand' if spec.demands else 'weight'} served", flush=True)  # fmt: skip
-    if joint.fraction <= 0 or not joint.islands:
-        if aside is not None:
-            aside.kill()
+    split = aside.result(what="the best split's process") if aside else split_optimum(fm, time_limit_s=limit)
+    if not joint.islands and split.fraction > 0 and budget is None:  # no layout in its time: the best split is one
+        bound = fleet_optimum(fm, budget_per_hour=budget, relax=True).fraction  # the LP's: above every layout
+        print(f"[fleet] the joint MILP found no layout within search.reference_time_limit_s={limit:g}: planned with "
+              f"the best split ({split.fraction:.3f}); the LP relaxation bounds the optimum at {bound:.3f}",
+              flush=True)  # fmt: skip
+        joint = FleetResult("split", split.fraction, bound, split.islands, 0.0, joint.solve_ms)
+    if joint.fraction <= 0 or not any(joint.islands):
         print(f"[fleet] error: no layout of {inv.describe()} serves every model of fleet {spec.name} "
               f"({joint.status}); see each model's islands above", flush=True)  # fmt: skip
         return NO_PLAN
-    plans = _member_plans(members, joint, inv)
-    split = aside.result(what="the best split's process") if aside else split_optimum(fm, time_limit_s=limit)
+    from pipeline.checks import boolean
+
+    plans = _member_plans(members, joint, inv, boolean(cfg.search.verify, "search.verify"),
+                          boolean(cfg.search.get("host_losses", True), "search.host_losses"))  # fmt: skip
     wall_s = time.perf_counter() - t0
     served = min(p.rate_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
     searched = min(p.rates.searched_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
@@ -214,9 +225,11 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
     return 0
 
 
-def _member_plans(members: list[Composed], joint: FleetResult, inv: Any) -> list[Plan]:
-    """Each member's islands planned as its own search plans a layout, on hosts placed over the one inventory, and
-    simulated on its own stream at its stated rate."""
+def _member_plans(members: list[Composed], joint: FleetResult, inv: Any, verify: bool = True,
+                  losses_too: bool = True) -> list[Plan]:  # fmt: skip
+    """Each member's islands planned as its own search plans a layout, on hosts placed over the one inventory,
+    simulated on its own stream at its stated rate (`verify`: search.verify) and its host losses found
+    (`losses_too`: search.host_losses)."""
     layouts = [Layout.of([(g, n) for g, n, _ in isl]) for isl in joint.islands]
     node = {g.name: g.node_gpus for g in inv.gpus}
     hosts = place([i for lay in layouts for i in lay.islands], node)
@@ -229,9 +242,10 @@ def _member_plans(members: list[Composed], joint: FleetResult, inv: Any) -> list
             raise ConfigError(f"fleet member {c.spec.model}: the joint optimum gives it no island")
         plan = build_plan(c.ctx.planner, lay, c.ctx.inner_time_limit_s, c.ctx.backend, info, None, mine)
         print(f"[fleet] {c.spec.model}: {lay.describe()}: {plan.rate_req_s:.2f} req/s within "
-              f"{plan.slo.text()}; simulating it ...", flush=True)  # fmt: skip
-        verification = check(plan, RequestMix.of(c.ctx.planner.workload)) if plan.serves else None
-        losses = host_losses(c.ctx.planner, lay, plan, c.ctx.inner_time_limit_s, c.ctx.backend)
+              f"{plan.slo.text()}" + ("; simulating it ..." if verify else ""), flush=True)  # fmt: skip
+        verification = check(plan, RequestMix.of(c.ctx.planner.workload)) if plan.serves and verify else None
+        losses = host_losses(c.ctx.planner, lay, plan, c.ctx.inner_time_limit_s, c.ctx.backend) if losses_too \
+            else None  # fmt: skip
         notes = (f"one of the models of a fleet: its islands are those the joint optimum gave "
                  f"{c.spec.model}", *((c.note,) if c.note else ()))  # fmt: skip
         plans.append(dataclasses.replace(plan, verification=verification, host_losses=losses,
@@ -328,6 +342,11 @@ def summary(r: dict[str, Any]) -> list[str]:
         if w["served"] < 0.5 * r["served"]:
             out.append("warning: a fleet is planned with every host up (one model's search plans for a host lost "
                        "by default): a model whose only island of a role runs on that host stops")  # fmt: skip
+    if ref["status"] == "split":
+        out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h: the "
+                   f"best split's layout (the joint MILP found none in its time); the optimum is at most "
+                   f"{ref['bound']:.3f} (the LP relaxation), gap at most {gap}")  # fmt: skip
+        return out
     out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h; the "
                f"exact optimum {ref['fraction']:.3f} ({ref['status']}), gap {gap}")  # fmt: skip
     if split["pooling_gain"] is not None:
@@ -358,8 +377,12 @@ def fleet_report(r: dict[str, Any]) -> str:
         f"| **served** | **{r['served']:.3f} of every model's {word}** (the smallest of the models' rates over "
         f"their {word}s) |",
         f"| cost | ${r['cost_per_hour']:,.2f}/h of islands in use |",
-        f"| exact optimum | {ref['fraction']:.3f} ({ref['status']}, bound {ref['bound']:.3f}, solved in "
-        f"{ref['solve_s']:.1f} s); gap {'n/a' if ref['gap'] is None else format(ref['gap'], '.2%')} |",
+        (f"| exact optimum | {ref['fraction']:.3f} ({ref['status']}, bound {ref['bound']:.3f}, solved in "
+         f"{ref['solve_s']:.1f} s); gap {'n/a' if ref['gap'] is None else format(ref['gap'], '.2%')} |"
+         if ref["status"] != "split" else
+         f"| exact optimum | not found: the joint MILP found no layout in {ref['solve_s']:.1f} s, so the plan is the "
+         f"best split's; the LP relaxation bounds the optimum at {ref['bound']:.3f}: gap at most "
+         f"{'n/a' if ref['gap'] is None else format(ref['gap'], '.2%')} |"),
         *([f"| one host lost | at worst {r['worst_host']['gpu']} host {r['worst_host']['node']} (it runs "
            f"{', '.join(r['worst_host']['models'])}): {r['worst_host']['served']:.3f} of every {word} served; each "
            "model's plan.json lists its own host losses |"] if r.get("worst_host") else []),
