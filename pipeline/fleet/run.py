@@ -187,14 +187,20 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
     joint = fleet_optimum(fm, budget_per_hour=budget, time_limit_s=limit)
     print(f"[fleet] the joint optimum ({joint.status}, {joint.solve_ms / 1e3:.1f} s): {joint.fraction:.3f} of every "
           f"{'demand' if spec.demands else 'weight'} served", flush=True)  # fmt: skip
-    split = aside.result(what="the best split's process") if aside else split_optimum(fm, time_limit_s=limit)
-    if not joint.islands and split.fraction > 0 and budget is None:  # no layout in its time: the best split is one
+
+    def best_split() -> Split:
+        return aside.result(what="the best split's process") if aside else split_optimum(fm, time_limit_s=limit)
+
+    split = best_split() if not joint.islands else None  # (else: collected after the models' plans, beside them)
+    if split is not None and split.fraction > 0 and budget is None:  # no layout in its time: the best split is one
         bound = fleet_optimum(fm, budget_per_hour=budget, relax=True).fraction  # the LP's: above every layout
         print(f"[fleet] the joint MILP found no layout within search.reference_time_limit_s={limit:g}: planned with "
               f"the best split ({split.fraction:.3f}); the LP relaxation bounds the optimum at {bound:.3f}",
               flush=True)  # fmt: skip
         joint = FleetResult("split", split.fraction, bound, split.islands, 0.0, joint.solve_ms)
     if joint.fraction <= 0 or not any(joint.islands):
+        if aside is not None and split is None:
+            aside.kill()
         print(f"[fleet] error: no layout of {inv.describe()} serves every model of fleet {spec.name} "
               f"({joint.status}); see each model's islands above", flush=True)  # fmt: skip
         return NO_PLAN
@@ -202,6 +208,7 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
 
     plans = _member_plans(members, joint, inv, boolean(cfg.search.verify, "search.verify"),
                           boolean(cfg.search.get("host_losses", True), "search.host_losses"))  # fmt: skip
+    split = split or best_split()
     wall_s = time.perf_counter() - t0
     served = min(p.rate_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
     searched = min(p.rates.searched_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
