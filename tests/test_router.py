@@ -586,10 +586,11 @@ def test_the_router_holds_the_plans_load(tmp_path: Path, standins: Callable[...,
     path = tmp_path / "routing.json"
     path.write_text(json.dumps(config))
     port = free_port()
-    # health is asked once, at the start: under 6,000 requests on a loaded 2-core machine a check's answer can take
-    # over its 1 s, and an engine marked down answers 503s that are the health check's, not the load's (its tests
-    # are the health tests above)
-    router = _start(["-m", "deployment.router", str(path), "--port", str(port), "--health-interval", "600"])
+    # health is asked once, at the start, and an engine has 30 s to accept a connection: under 6,000 requests on a
+    # loaded 2-core machine a check's answer or a new connection can take over their 1 s, and an engine marked down
+    # answers 503s that are the machine's load, not the router's (the health and connect tests are those above)
+    router = _start(["-m", "deployment.router", str(path), "--port", str(port), "--health-interval", "600",
+                     "--connect-timeout", "30"])  # fmt: skip
     try:
         _wait_listening(port, router)
         body = json.dumps({"prompt": [1] * 300, "max_tokens": 16}).encode()
