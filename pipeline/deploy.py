@@ -23,6 +23,7 @@ from deployment.options import DeployOptions
 from deployment.targets import TARGETS, target
 from pipeline import cli
 from pipeline.errors import ConfigError
+from pipeline.fleet.config import is_fleet
 
 # the command's own settings and Hydra's, beside the deployment's
 COMMAND = ("plan", "out", "replace", "model_paths", "hydra")
@@ -64,7 +65,7 @@ def options_from_cfg(cfg: Any) -> DeployOptions:
 def execute(cfg: Any) -> None:
     if cfg.plan is None:
         raise ConfigError("plan=PATH is required: the plan.json of a search (outputs/search/<run>/<time>/plan.json)")
-    if Path(str(cfg.plan)).name == FLEET_FILE:
+    if is_fleet(cfg.plan):
         deploy_fleet(cfg)
         return
     plan = plans.load(cfg.plan)  # the command's input first: a plan it cannot read is the error to show
@@ -80,7 +81,6 @@ def execute(cfg: Any) -> None:
     print(f"[deploy] {len(es)} engines on {sum(e.nnodes for e in es)} host slots; wrote {out}/ (README.md first)")
 
 
-FLEET_FILE = "fleet.json"  # a fleet plan (pipeline/fleet/run.py): a plan.json per model beside it
 FLEET_MARK = "# Deployment of a fleet: "  # the first line of a fleet deploy's README.md
 
 
@@ -90,12 +90,10 @@ def deploy_fleet(cfg: Any) -> None:
     import json
 
     from deployment.router.table import RoutingError, load_fleet
-    from pipeline.records.journal import read_json
+    from pipeline.fleet.config import read_fleet
 
     path = Path(str(cfg.plan))
-    record = read_json(path, "a fleet.json is written by `python -m pipeline.search +fleet=NAME`")
-    if not isinstance(record, dict) or not isinstance(record.get("models"), list):
-        raise ConfigError(f"plan={path}: not a fleet.json (no `models` list): give the fleet.json of a fleet plan")
+    record = read_fleet(path)
     opts = options_from_cfg(cfg)
     paths = {k: v for k, v in (cli.plain(cfg.get("model_paths")) or {}).items() if v is not None}
     models = [str(m["model"]) for m in record["models"]]
@@ -149,16 +147,15 @@ def _refuse_fleet_folder(out: Path, replacing: bool) -> None:
 
 def _refuse_shared_hosts(member_plans: dict[str, Any]) -> None:
     """target=shell starts every engine of a host on the same ports: two models' engines on one host cannot run."""
-    seen: dict[tuple[str, int], str] = {}
-    for name, plan in member_plans.items():
-        for isl in plan.islands:
-            if isl.serving and isl.hosts is not None:
-                for h in isl.hosts.nodes:
-                    other = seen.setdefault((isl.gpu, h), name)
-                    if other != name:
-                        raise ConfigError(f"{WHERE}: {other} and {name} both run engines on {isl.gpu} host {h}, and "
-                                          "target=shell starts every engine of a host on the same ports: deploy the "
-                                          "fleet with target=k8s (a pod per engine)")  # fmt: skip
+    from deployment.targets.shell import shared_host
+
+    clash = shared_host((name, isl.gpu, isl.hosts.nodes) for name, plan in member_plans.items()
+                        for isl in plan.islands if isl.serving and isl.hosts is not None)  # fmt: skip
+    if clash is not None:
+        one, other, gpu, h = clash
+        raise ConfigError(f"{WHERE}: {one} and {other} both run engines on {gpu} host {h}, and target=shell starts "
+                          "every engine of a host on the same ports: deploy the fleet with target=k8s (a pod per "
+                          "engine)")  # fmt: skip
 
 
 def _fleet_readme(record: dict[str, Any], models: list[str], member_opts: dict[str, DeployOptions],

@@ -28,6 +28,7 @@ from pipeline import cli
 from pipeline.checks import boolean, make_dir, number, optional_positive, positive_int, whole_number
 from pipeline.cli import choice, plain
 from pipeline.errors import ConfigError
+from pipeline.fleet.config import is_fleet
 from pipeline.planning.config import slo_from_cfg
 from pipeline.planning.simulation import SIMULATED_REQ_S, RequestMix, Runner, SimSettings, request_mix
 from pipeline.records.journal import link_latest, write_json
@@ -170,7 +171,7 @@ MODES: dict[str, Callable[[Session], Result]] = {"run": run_once, "saturate": sa
 def execute(cfg: Any) -> int:
     if cfg.plan is None:
         raise ConfigError("plan=PATH is required: the plan.json a search wrote (outputs/search/<run>/<time>/plan.json)")
-    if Path(str(cfg.plan)).name == "fleet.json":
+    if is_fleet(cfg.plan):
         return simulate_fleet(cfg)
     plan = plans.load(cfg.plan)
     if not plan.serves:
@@ -199,12 +200,11 @@ def simulate_fleet(cfg: Any) -> int:
     side by side: each model's engines see exactly its own."""
     from omegaconf import OmegaConf
 
+    from pipeline.fleet.config import read_fleet
     from pipeline.records.journal import read_json
 
     path = Path(str(cfg.plan))
-    record = read_json(path, "a fleet.json is written by `python -m pipeline.search +fleet=NAME`")
-    if not isinstance(record, dict) or not isinstance(record.get("models"), list):
-        raise ConfigError(f"plan={path}: not a fleet.json (no `models` list): give the fleet.json of a fleet plan")
+    record = read_fleet(path)
     if cfg.get("workload") is not None or cfg.rate is not None:
         raise ConfigError("a fleet's models each have their own workload and rate: drop +workload and rate (rate_scale "
                           "scales every model's rate)")  # fmt: skip

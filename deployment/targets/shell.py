@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,15 +33,13 @@ class ShellTarget(Target):
     def refuse(self, plan: Plan, es: list[Engine], opts: DeployOptions) -> None:
         """Engines that share a host: every script of a host starts its engine on the same ports (the HTTP server,
         SGLang's bootstrap server, the distributed init), and the router would reach them at one address."""
-        seen: dict[tuple[str, int], str] = {}
-        for e in es:
-            for h in e.hosts:
-                other = seen.setdefault((e.gpu, h), e.name)
-                if other != e.name:
-                    raise DeployError(f"engines {other} and {e.name} share {e.gpu} host {h} (islands smaller than a "
-                                      "host, packed side by side), and target=shell starts every engine of a host on "
-                                      "the same ports: deploy with target=k8s (a pod per engine), or plan islands "
-                                      "of whole hosts (search.min_island at least a host)")  # fmt: skip
+        clash = shared_host((e.name, e.gpu, e.hosts) for e in es)
+        if clash is not None:
+            one, other, gpu, h = clash
+            raise DeployError(f"engines {one} and {other} share {gpu} host {h} (islands smaller than a host, packed "
+                              "side by side), and target=shell starts every engine of a host on the same ports: "
+                              "deploy with target=k8s (a pod per engine), or plan islands of whole hosts "
+                              "(search.min_island at least a host)")  # fmt: skip
 
     def files(self, plan: Plan, es: list[Engine], opts: DeployOptions, route: dict[str, Any]) -> dict[str, str]:
         return scripts(plan, es, opts)
@@ -61,6 +60,18 @@ class ShellTarget(Target):
             f"python -m deployment.router routing.json --host 0.0.0.0 --port {ROUTER_PORT}",
             "```",
         ]
+
+
+def shared_host(owners: Iterable[tuple[str, str, tuple[int, ...]]]) -> tuple[str, str, str, int] | None:
+    """The first host two owners (engines, or a fleet's models) share, from (owner, GPU type, its hosts) each:
+    (the one there first, the other, the GPU type, the host); None where no host is shared."""
+    seen: dict[tuple[str, int], str] = {}
+    for owner, gpu, hosts in owners:
+        for h in hosts:
+            first = seen.setdefault((gpu, h), owner)
+            if first != owner:
+                return first, owner, gpu, h
+    return None
 
 
 def scripts(plan: Plan, es: list[Engine], opts: DeployOptions) -> dict[str, str]:

@@ -15,12 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from costmodel.catalog import model_names, priced_model_names
 from pipeline.errors import ConfigError
 
 MEMBER_KEYS = ("model", "workload", "slo", "costmodel", "demand_req_s", "weight")
+FLEET_FILE = "fleet.json"  # a fleet plan's record (pipeline/fleet/run.py), a plan.json per model beside it
 
 
 @dataclass(frozen=True)
@@ -104,3 +106,18 @@ def fleet_from_cfg(name: str, cfg: Mapping[str, Any]) -> FleetSpec:
 
 def _name(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def is_fleet(plan: Any) -> bool:
+    """Does a command's `plan=PATH` name a fleet plan's record (fleet.json) rather than one plan.json?"""
+    return Path(str(plan)).name == FLEET_FILE
+
+
+def read_fleet(path: Path) -> dict[str, Any]:
+    """A fleet plan's record, read for `pipeline.simulate` and `pipeline.deploy`; ConfigError where it is not one."""
+    from pipeline.records.journal import read_json
+
+    record = read_json(path, "a fleet.json is written by `python -m pipeline.search +fleet=NAME`")
+    if not isinstance(record, dict) or not isinstance(record.get("models"), list):
+        raise ConfigError(f"plan={path}: not a fleet.json (no `models` list): give the fleet.json of a fleet plan")
+    return record

@@ -28,7 +28,7 @@ from typing import Any
 from costmodel.catalog import CONF_DIR
 from pipeline.cli import choice, plain
 from pipeline.errors import ConfigError
-from pipeline.fleet.config import FleetSpec, MemberSpec, fleet_from_cfg
+from pipeline.fleet.config import FLEET_FILE, FleetSpec, MemberSpec, fleet_from_cfg
 from pipeline.forking import Forked, forkable
 from pipeline.planning.build import build_plan, place
 from pipeline.planning.check import check
@@ -222,7 +222,7 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
     for c, p in zip(members, plans, strict=True):
         (run_dir / c.spec.model).mkdir(parents=True, exist_ok=True)
         write_json(run_dir / c.spec.model / "plan.json", to_json(p))
-    write_json(run_dir / "fleet.json", record)
+    write_json(run_dir / FLEET_FILE, record)
     write_text(run_dir / "report.md", fleet_report(record))
     link_latest(root.parent, run_dir)
     _track(tracker, record, run_dir)
