@@ -230,10 +230,15 @@ class ModelBlock:
                                 * (self.n_p[c] + self.n_d[c] + self.n_a[c])
                                 for c, (ti, si) in enumerate(self.classes)])  # fmt: skip
 
-    def solution(self) -> tuple[list[tuple[float, float]], tuple[tuple[str, int, str], ...]]:
-        """Each class's (n^P, n^D) as solved, and every island (gpu, size, role), aggregated ones included."""
-        counts = [(self.n_p[c].solution_value(), self.n_d[c].solution_value()) for c in range(len(self.classes))]
-        aggregated = [round(self.n_a[c].solution_value()) if a else 0 for c, a in enumerate(self.aggregated)]
+    def solution(self, values: np.ndarray | None = None) -> tuple[list[tuple[float, float]],
+                                                                tuple[tuple[str, int, str], ...]]:  # fmt: skip
+        """Each class's (n^P, n^D) as solved, and every island (gpu, size, role), aggregated ones included
+        (`values`: every variable's value by its index, where the model was solved outside its solver)."""
+        def value(v: Any) -> float:
+            return float(values[v.index()]) if values is not None else v.solution_value()
+
+        counts = [(value(self.n_p[c]), value(self.n_d[c])) for c in range(len(self.classes))]
+        aggregated = [round(value(self.n_a[c])) if a else 0 for c, a in enumerate(self.aggregated)]
         return counts, _islands_of(self.types, self.classes, counts, aggregated)
 
 

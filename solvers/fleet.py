@@ -100,16 +100,58 @@ def fleet_optimum(
     if budget_per_hour is not None:
         s.Add(cost <= budget_per_hour)
     s.Maximize(alpha)
-    params = pywraplp.MPSolverParameters()
-    params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
-    status = status_of(s, s.Solve(params), time_limit_s)
+    if backend == "HIGHS" and not relax:
+        status, values, bound = solve_highs(s, time_limit_s)
+        fraction = float(values[alpha.index()]) if values is not None else 0.0
+    else:
+        params = pywraplp.MPSolverParameters()
+        params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
+        status = status_of(s, s.Solve(params), time_limit_s)
+        values = None
+        if status not in ("infeasible", "time_limit"):
+            fraction, bound = alpha.solution_value(), s.Objective().BestBound()
     ms = (time.perf_counter() - t0) * 1e3
     if status in ("infeasible", "time_limit"):
         return FleetResult(status, 0.0, float("nan"), (), 0.0, ms)
-    islands = tuple(b.solution()[1] for b in blocks)
+    islands = tuple(b.solution(values)[1] for b in blocks)
     price = {t.gpu: t.price_per_gpu_hour for t in members[0].types}
     spent = sum(size * price[g] for isl in islands for g, size, _ in isl)
-    return FleetResult(status, alpha.solution_value(), s.Objective().BestBound(), islands, spent, ms)
+    return FleetResult(status, fraction, bound, islands, spent, ms)
+
+
+def solve_highs(s: pywraplp.Solver, time_limit_s: float) -> tuple[str, np.ndarray | None, float]:
+    """The MILP built in `s`, solved by HiGHS through SciPy: (status, every variable's value by index or None,
+    the proven bound on the objective). OR-Tools' own HiGHS interface returns no solution where the time limit
+    stops HiGHS with one in hand (status UNKNOWN); SciPy's returns that incumbent and HiGHS's dual bound, so a joint
+    MILP cut short still plans its best layout with a proven gap."""
+    from ortools.linear_solver import linear_solver_pb2
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import csr_matrix
+
+    proto = linear_solver_pb2.MPModelProto()
+    s.ExportModelToProto(proto)
+    sign = -1.0 if proto.maximize else 1.0  # SciPy minimises
+    var = proto.variable
+    c = np.array([v.objective_coefficient for v in var]) * sign
+    rows = [(i, j, a) for i, con in enumerate(proto.constraint) for j, a in zip(con.var_index, con.coefficient,
+                                                                                 strict=True)]  # fmt: skip
+    i, j, a = (np.array(x) for x in zip(*rows, strict=True))
+    matrix = csr_matrix((a.astype(float), (i.astype(int), j.astype(int))), shape=(len(proto.constraint), len(var)))
+    res = milp(c, integrality=np.array([1 if v.is_integer else 0 for v in var]),
+               bounds=Bounds([v.lower_bound for v in var], [v.upper_bound for v in var]),
+               constraints=LinearConstraint(matrix, [k.lower_bound for k in proto.constraint],
+                                            [k.upper_bound for k in proto.constraint]),
+               options={"time_limit": max(time_limit_s, 1e-3), "mip_rel_gap": GAP, "disp": False})  # fmt: skip
+    bound = sign * float(res.mip_dual_bound) if getattr(res, "mip_dual_bound", None) is not None else float("nan")
+    if res.status == 0:
+        return "optimal", res.x, bound
+    if res.status == 2:
+        return "infeasible", None, float("nan")
+    if res.x is not None:
+        return "feasible", res.x, bound  # the time limit, a layout in hand
+    if res.status == 1:
+        return "time_limit", None, float("nan")
+    raise RuntimeError(f"fleet MILP: HiGHS ended with {res.message}")
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ import pytest
 import plan as plans
 from helpers import compose, in_process, one_line
 from pipeline.errors import USER_ERRORS
-from pipeline.fleet.config import fleet_from_cfg
+from pipeline.fleet.config import TIME_LIMIT_S, fleet_from_cfg
+from pipeline.fleet.run import planned_layout
 from solvers.exact import exact_optimum
-from solvers.fleet import Member, fleet_optimum, split_optimum
+from solvers.fleet import FleetResult, Member, Split, fleet_optimum, split_optimum
 from solvers.type_options import TypeOptions
 
 
@@ -207,6 +208,37 @@ def test_a_bad_fleet_is_refused_naming_the_model_and_the_fix(models: list[Any], 
     assert words in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize("limit", [0, -1, "soon", True, float("inf")])
+def test_a_joint_milp_time_limit_that_is_not_a_positive_number_is_refused(limit: Any) -> None:
+    one = [{"model": "deepseek_v3", "workload": "azure_code", "demand_req_s": 1}]
+    assert fleet_from_cfg("f", {"models": one}).time_limit_s == TIME_LIMIT_S
+    assert fleet_from_cfg("f", {"models": one, "time_limit_s": 7}).time_limit_s == 7.0
+    with pytest.raises(USER_ERRORS) as err:
+        fleet_from_cfg("f", {"models": one, "time_limit_s": limit})
+    assert f"time_limit_s={limit!r}: the joint MILP's time limit must be a number of seconds > 0" in str(err.value)
+
+
+def test_a_joint_milp_cut_short_plans_its_best_layout_or_the_best_splits_whichever_serves_more() -> None:
+    """At its time limit the joint MILP's best layout is planned where it serves at least the best split's fraction,
+    with the MILP's proven bound; else the best split's islands with that bound; with no layout, the LP's bound."""
+    isl_joint, isl_split = ((("H20", 8, "decode"),),), ((("H200", 8, "decode"),),)
+    split = Split((0.5,), 1.2, (120.0,), isl_split, True)
+    lp = {"calls": 0}
+
+    def lp_bound() -> float:
+        lp["calls"] += 1
+        return 1.6
+
+    ahead = FleetResult("feasible", 1.3, 1.5, isl_joint, 10.0, 40e3)
+    assert planned_layout(ahead, split, lp_bound) is ahead
+    behind = FleetResult("feasible", 1.1, 1.5, isl_joint, 10.0, 40e3)
+    took = planned_layout(behind, split, lp_bound)
+    assert (took.status, took.fraction, took.bound, took.islands) == ("split", 1.2, 1.5, isl_split)
+    none = FleetResult("time_limit", 0.0, float("nan"), (), 0.0, 40e3)
+    took = planned_layout(none, split, lp_bound)
+    assert (took.status, took.fraction, took.bound, took.islands, lp["calls"]) == ("split", 1.2, 1.6, isl_split, 1)
+
+
 def test_a_bad_fleet_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
     from pipeline.search.run import execute
 
@@ -238,13 +270,13 @@ def test_a_model_no_gpu_type_of_the_inventory_holds_or_whose_slo_none_meets_is_n
 
 
 def test_a_joint_milp_cut_short_plans_the_best_split_and_bounds_the_gap(tmp_path: Path) -> None:
-    """search.reference_time_limit_s too short for the joint MILP to find a layout: the fleet is planned on the best
+    """fleet.time_limit_s too short for the joint MILP to find a layout: the fleet is planned on the best
     split's islands (a joint layout too), and the LP relaxation's bound gives the most it can be short of the
     optimum; said in fleet.json and on the console, exit 0."""
     from pipeline.search.run import execute
 
     r = in_process(execute, "search", "+fleet=two_models", "+inventory=tiny_hetero", "ranges.width=1000",
-                   "search.reference_time_limit_s=0.001", "search.verify=false", f"out_root={tmp_path}/search",
+                   "fleet.time_limit_s=0.001", "search.verify=false", f"out_root={tmp_path}/search",
                    f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db")  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     record = json.loads(next((tmp_path / "fleet").glob("*/*/fleet.json")).read_text())
@@ -252,4 +284,4 @@ def test_a_joint_milp_cut_short_plans_the_best_split_and_bounds_the_gap(tmp_path
     assert ref["status"] == "split" and ref["fraction"] == pytest.approx(record["split"]["fraction"])
     assert ref["bound"] >= record["served"] and ref["gap"] == pytest.approx(
         1 - min(m["searched_req_s"] / m["demand_req_s"] for m in record["models"]) / ref["bound"])
-    assert "the joint MILP found no layout within search.reference_time_limit_s=0.001" in r.stdout
+    assert "the joint MILP found no layout within fleet.time_limit_s=0.001" in r.stdout

@@ -20,7 +20,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,24 +180,32 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
         types, kv = type_options(c.settings, c.ctx, c.ctx.planner)
         fm.append(Member(c.spec.model, types, c.ctx.planner.ranges.p, c.spec.demand, kv))
     bench_s = time.perf_counter() - t0
-    limit = members[0].settings.search.reference_time_limit_s
+    limit = members[0].settings.search.reference_time_limit_s  # each one-model optimum of the best split's
     budget = members[0].settings.planning.budget_per_hour
     # the best split, one model at a time, on the other core while the joint MILP runs
     aside = Forked(split_optimum, fm, time_limit_s=limit) if forkable() else None
-    joint = fleet_optimum(fm, budget_per_hour=budget, time_limit_s=limit)
-    print(f"[fleet] the joint optimum ({joint.status}, {joint.solve_ms / 1e3:.1f} s): {joint.fraction:.3f} of every "
-          f"{'demand' if spec.demands else 'weight'} served", flush=True)  # fmt: skip
+    joint = fleet_optimum(fm, budget_per_hour=budget, time_limit_s=spec.time_limit_s)
+    what = "demand" if spec.demands else "weight"
+    if joint.status == "optimal":
+        print(f"[fleet] the joint optimum (optimal, {joint.solve_ms / 1e3:.1f} s): {joint.fraction:.3f} of every "
+              f"{what} served", flush=True)  # fmt: skip
+    elif joint.fraction > 0:
+        print(f"[fleet] the joint MILP stopped at fleet.time_limit_s={spec.time_limit_s:g} with a layout serving "
+              f"{joint.fraction:.3f} of every {what}; the optimum is at most {joint.bound:.3f}",
+              flush=True)  # fmt: skip
 
     def best_split() -> Split:
         return aside.result(what="the best split's process") if aside else split_optimum(fm, time_limit_s=limit)
 
-    split = best_split() if not joint.islands else None  # (else: collected after the models' plans, beside them)
-    if split is not None and split.fraction > 0 and budget is None:  # no layout in its time: the best split is one
-        bound = fleet_optimum(fm, budget_per_hour=budget, relax=True).fraction  # the LP's: above every layout
-        print(f"[fleet] the joint MILP found no layout within search.reference_time_limit_s={limit:g}: planned with "
-              f"the best split ({split.fraction:.3f}); the LP relaxation bounds the optimum at {bound:.3f}",
-              flush=True)  # fmt: skip
-        joint = FleetResult("split", split.fraction, bound, split.islands, 0.0, joint.solve_ms)
+    split = best_split() if joint.status != "optimal" else None  # (else: collected after the models' plans)
+    if split is not None and budget is None:  # (the best split knows no budget)
+        planned = planned_layout(joint, split, lambda: fleet_optimum(fm, relax=True).fraction)
+        if planned is not joint:
+            found, by = ("none as good as the best split", "MILP") if joint.islands else ("no layout", "LP relaxation")
+            print(f"[fleet] the joint MILP found {found} within fleet.time_limit_s={spec.time_limit_s:g}: planned "
+                  f"with the best split ({split.fraction:.3f}); the {by} bounds the optimum at {planned.bound:.3f}",
+                  flush=True)  # fmt: skip
+        joint = planned
     if joint.fraction <= 0 or not any(joint.islands):
         if aside is not None and split is None:
             aside.kill()
@@ -232,32 +240,49 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
     return 0
 
 
+def planned_layout(joint: FleetResult, split: Split, lp_bound: Callable[[], float]) -> FleetResult:
+    """The layout a fleet is planned on where the joint MILP was cut short: its best layout where that serves at
+    least the best split's fraction; else the best split's (a joint layout too), with the MILP's proven bound where
+    it has one and `lp_bound()` (the LP relaxation's) where it found no layout."""
+    if split.fraction <= 0 or split.fraction <= joint.fraction:
+        return joint
+    bound = joint.bound if joint.islands and joint.bound == joint.bound else lp_bound()
+    return FleetResult("split", split.fraction, bound, split.islands, 0.0, joint.solve_ms)
+
+
 def _member_plans(members: list[Composed], joint: FleetResult, inv: Any, verify: bool = True,
                   losses_too: bool = True) -> list[Plan]:  # fmt: skip
     """Each member's islands planned as its own search plans a layout, on hosts placed over the one inventory,
     simulated on its own stream at its stated rate (`verify`: search.verify) and its host losses found
-    (`losses_too`: search.host_losses)."""
+    (`losses_too`: search.host_losses); every model but the last in a child process beside this one where this
+    process may fork (each is seconds: a simulation and a re-plan per host)."""
     layouts = [Layout.of([(g, n) for g, n, _ in isl]) for isl in joint.islands]
     node = {g.name: g.node_gpus for g in inv.gpus}
     hosts = place([i for lay in layouts for i in lay.islands], node)
     info = InventoryInfo(inv.name, inv.named, inv.cost_per_hour)
-    plans, at = [], 0
+    jobs, at = [], 0
     for c, lay in zip(members, layouts, strict=True):
-        mine = hosts[at : at + len(lay.islands)]
-        at += len(lay.islands)
         if not lay.islands:
             raise ConfigError(f"fleet member {c.spec.model}: the joint optimum gives it no island")
-        plan = build_plan(c.ctx.planner, lay, c.ctx.inner_time_limit_s, c.ctx.backend, info, None, mine)
-        print(f"[fleet] {c.spec.model}: {lay.describe()}: {plan.rate_req_s:.2f} req/s within "
-              f"{plan.slo.text()}" + ("; simulating it ..." if verify else ""), flush=True)  # fmt: skip
-        verification = check(plan, RequestMix.of(c.ctx.planner.workload)) if plan.serves and verify else None
-        losses = host_losses(c.ctx.planner, lay, plan, c.ctx.inner_time_limit_s, c.ctx.backend) if losses_too \
-            else None  # fmt: skip
-        notes = (f"one of the models of a fleet: its islands are those the joint optimum gave "
-                 f"{c.spec.model}", *((c.note,) if c.note else ()))  # fmt: skip
-        plans.append(dataclasses.replace(plan, verification=verification, host_losses=losses,
-                                         notes=(*plan.notes, *notes)))  # fmt: skip
-    return plans
+        jobs.append((c, lay, info, hosts[at : at + len(lay.islands)], verify, losses_too))
+        at += len(lay.islands)
+    aside = [Forked(_member_plan, *job) for job in jobs[:-1]] if forkable() else []
+    last = [_member_plan(*job) for job in jobs[len(aside):]]
+    return [f.result(what=f"{job[0].spec.model}'s plan") for f, job in zip(aside, jobs, strict=False)] + last
+
+
+def _member_plan(c: Composed, lay: Layout, info: InventoryInfo, mine: list[Any], verify: bool,
+                 losses_too: bool) -> Plan:  # fmt: skip
+    """One member's plan on its islands and hosts (`_member_plans`)."""
+    plan = build_plan(c.ctx.planner, lay, c.ctx.inner_time_limit_s, c.ctx.backend, info, None, mine)
+    print(f"[fleet] {c.spec.model}: {lay.describe()}: {plan.rate_req_s:.2f} req/s within "
+          f"{plan.slo.text()}" + ("; simulating it ..." if verify else ""), flush=True)  # fmt: skip
+    verification = check(plan, RequestMix.of(c.ctx.planner.workload)) if plan.serves and verify else None
+    losses = host_losses(c.ctx.planner, lay, plan, c.ctx.inner_time_limit_s, c.ctx.backend) if losses_too \
+        else None  # fmt: skip
+    notes = (f"one of the models of a fleet: its islands are those the joint optimum gave {c.spec.model}",
+             *((c.note,) if c.note else ()))  # fmt: skip
+    return dataclasses.replace(plan, verification=verification, host_losses=losses, notes=(*plan.notes, *notes))
 
 
 def worst_host(members: list[Composed], plans: list[Plan]) -> dict[str, Any] | None:
@@ -308,7 +333,7 @@ def fleet_record(spec: FleetSpec, inventory_name: str, members: list[Composed], 
         "demands": spec.demands, "served": served, "models": per,
         "cost_per_hour": sum(p.cost_per_hour for p in plans), "inventory_cost_per_hour": inv.cost_per_hour,
         "reference": {"status": joint.status, "fraction": joint.fraction, "bound": joint.bound,
-                      "gap": gap, "solve_s": joint.solve_ms / 1e3},
+                      "gap": gap, "solve_s": joint.solve_ms / 1e3, "time_limit_s": spec.time_limit_s},
         "split": {"shares": list(split.shares), "fraction": split.fraction, "rates_req_s": list(split.rates),
                   "proven": split.proven, "pooling_gain": joint.fraction / split.fraction - 1
                   if split.fraction > 0 else None},
@@ -351,11 +376,16 @@ def summary(r: dict[str, Any]) -> list[str]:
                        "by default): a model whose only island of a role runs on that host stops")  # fmt: skip
     if ref["status"] == "split":
         out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h: the "
-                   f"best split's layout (the joint MILP found none in its time); the optimum is at most "
-                   f"{ref['bound']:.3f} (the LP relaxation), gap at most {gap}")  # fmt: skip
+                   f"best split's layout (the joint MILP found none as good within its time limit); the optimum is at "
+                   f"most {ref['bound']:.3f}, gap at most {gap}")  # fmt: skip
         return out
-    out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h; the "
-               f"exact optimum {ref['fraction']:.3f} ({ref['status']}), gap {gap}")  # fmt: skip
+    if ref["status"] == "optimal":
+        out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h; the "
+                   f"exact optimum {ref['fraction']:.3f} (optimal), gap {gap}")  # fmt: skip
+    else:
+        out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h; the "
+                   f"joint MILP's best layout {ref['fraction']:.3f} at its time limit (fleet.time_limit_s), the "
+                   f"optimum at most {ref['bound']:.3f}: gap at most {gap}")  # fmt: skip
     if split["pooling_gain"] is not None:
         shares = ", ".join(f"{m['model']} {s:.0%}" for m, s in zip(r["models"], split["shares"], strict=True))
         out.append(f"planned one model at a time on the best split of the inventory ({shares} of every GPU type): "
@@ -365,6 +395,19 @@ def summary(r: dict[str, Any]) -> list[str]:
 
 def _x(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}x"
+
+
+def _reference_cell(ref: dict[str, Any]) -> str:
+    """report.md's line on the joint MILP: the optimum it proved, or the best layout of its time and its bound."""
+    gap = "n/a" if ref["gap"] is None else format(ref["gap"], ".2%")
+    if ref["status"] == "optimal":
+        return f"{ref['fraction']:.3f} (optimal, solved in {ref['solve_s']:.1f} s); gap {gap}"
+    if ref["status"] == "split":
+        return (f"not found: the joint MILP found no layout as good as the best split's in {ref['solve_s']:.1f} s, "
+                f"so the plan is the best split's; the optimum is at most {ref['bound']:.3f}: gap at most {gap}")
+    return (f"not proven: the joint MILP's best layout in its time limit ({ref['solve_s']:.1f} s) serves "
+            f"{ref['fraction']:.3f}, and the optimum is at most {ref['bound']:.3f} (its proven bound): gap at most "
+            f"{gap}")
 
 
 def fleet_report(r: dict[str, Any]) -> str:
@@ -384,12 +427,7 @@ def fleet_report(r: dict[str, Any]) -> str:
         f"| **served** | **{r['served']:.3f} of every model's {word}** (the smallest of the models' rates over "
         f"their {word}s) |",
         f"| cost | ${r['cost_per_hour']:,.2f}/h of islands in use |",
-        (f"| exact optimum | {ref['fraction']:.3f} ({ref['status']}, bound {ref['bound']:.3f}, solved in "
-         f"{ref['solve_s']:.1f} s); gap {'n/a' if ref['gap'] is None else format(ref['gap'], '.2%')} |"
-         if ref["status"] != "split" else
-         f"| exact optimum | not found: the joint MILP found no layout in {ref['solve_s']:.1f} s, so the plan is the "
-         f"best split's; the LP relaxation bounds the optimum at {ref['bound']:.3f}: gap at most "
-         f"{'n/a' if ref['gap'] is None else format(ref['gap'], '.2%')} |"),
+        f"| exact optimum | {_reference_cell(ref)} |",
         *([f"| one host lost | at worst {r['worst_host']['gpu']} host {r['worst_host']['node']} (it runs "
            f"{', '.join(r['worst_host']['models'])}): {r['worst_host']['served']:.3f} of every {word} served; each "
            "model's plan.json lists its own host losses |"] if r.get("worst_host") else []),
