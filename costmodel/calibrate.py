@@ -453,22 +453,25 @@ def write_calibration(cal: Calibration, path: Path, header: str = "") -> None:
 HELD_OUT_SHARE = 0.8  # a model_* sigma puts this share of the held-out errors within its 10th-90th percentile
 
 
-def model_error(dump: str | Path, measured: str | Path = INFERENCEX) -> tuple[tuple[str, str, Factor], ...]:
+def model_error(dump: str | Path, measured: str | Path = INFERENCEX, *,
+                every_row: bool = False) -> tuple[tuple[str, str, Factor], ...]:  # fmt: skip
     """The `model_prefill` and `model_decode` spreads (keyed `*`, factor 1, origin `residual`) from a
     `inferencex_bench.py --leave-gpu-out --dump` file: of the fitting GPUs' rows, each predicted by a fit without
     its GPU, the TTFT errors of rows with at most QUEUE_FREE_USERS users (prefill and the request's fixed times,
     as the fit takes TTFT) and the TPOT errors (decode). Each sigma is set so that the lognormal's 10th-90th
-    percentile holds HELD_OUT_SHARE of those errors: |log(predicted / measured)| at that quantile over Z10."""
+    percentile holds HELD_OUT_SHARE of those errors: |log(predicted / measured)| at that quantile over Z10.
+    `every_row`: the dump of a model fitted to no end-to-end row (`inferencex_bench.py --extra costmodel=calibrated
+    --dump`), so every row of every GPU is one it never saw."""
     rows = {r.line: r for r in load_inferencex(measured)}
     errors: dict[str, list[float]] = {"model_prefill": [], "model_decode": []}
     path = Path(dump)
     try:
         with path.open(newline="", encoding="utf-8") as f:
             for k, d in enumerate(csv.DictReader(f), start=2):
-                if d.get("held_out") != "1":
+                if d.get("held_out") != "1" and not every_row:
                     continue
                 row = rows.get(int(d["line"]))
-                if row is None or not row.fitting:
+                if row is None or not (row.fitting or every_row):
                     raise UserError(f"{path}:{k}: line {d['line']} is not a fitting GPU's row of {measured}")
                 pairs = [("model_decode", "median_tpot")]
                 if row.conc <= QUEUE_FREE_USERS:
@@ -504,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
                          "conf/measured/inferencex_dsr1.csv")  # fmt: skip
     ap.add_argument("--residuals", type=Path, metavar="DUMP",
                     help="add the model's held-out error as the range's model_prefill and model_decode spreads: "
-                         "the dump of benchmarks/inferencex_bench.py --leave-gpu-out --dump DUMP")  # fmt: skip
+                         "the dump of benchmarks/inferencex_bench.py --leave-gpu-out --dump DUMP (with --serving), "
+                         "or of every row under the kernel tables alone (without: --extra costmodel=calibrated "
+                         "--dump DUMP)")  # fmt: skip
     args = ap.parse_args(argv)
     if not args.prior_sigma > 0:
         raise UserError(f"--prior-sigma must be > 0, got {args.prior_sigma}")
@@ -525,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     estimate = _announced(rows, base, loo=not args.no_loo)
     f = fit(rows, base, args.prior_sigma, name, source)
     if args.residuals:
-        spreads = model_error(args.residuals)
+        spreads = model_error(args.residuals, every_row=not args.serving)  # no --serving: no row was fitted
         cal = f.calibration
         f = replace(f, calibration=replace(cal, factors=tuple(sorted((*cal.factors, *spreads), key=lambda x: x[:2])),
                                            source=f"{cal.source}; residuals {args.residuals.name}"))  # fmt: skip

@@ -16,7 +16,7 @@ import plan as plans
 from helpers import compose, in_process, one_line
 from pipeline.errors import USER_ERRORS
 from pipeline.fleet.config import TIME_LIMIT_S, fleet_from_cfg
-from pipeline.fleet.run import planned_layout
+from pipeline.fleet.run import planned_layout, spread
 from solvers.exact import exact_optimum
 from solvers.fleet import FleetResult, Member, Split, fleet_optimum, split_optimum
 from solvers.type_options import TypeOptions
@@ -216,6 +216,12 @@ def test_a_joint_milp_time_limit_that_is_not_a_positive_number_is_refused(limit:
     with pytest.raises(USER_ERRORS) as err:
         fleet_from_cfg("f", {"models": one, "time_limit_s": limit})
     assert f"time_limit_s={limit!r}: the joint MILP's time limit must be a number of seconds > 0" in str(err.value)
+
+
+def test_the_models_plans_are_spread_over_the_cores_the_most_requests_first() -> None:
+    assert spread([250, 250, 1000], 2) == [[2], [0, 1]]
+    assert spread([3, 1, 1, 1], 2) == [[0], [1, 2, 3]]
+    assert spread([5, 4, 3], 8) == [[0], [1], [2]] and spread([5, 4, 3], 1) == [[0, 1, 2]]
 
 
 def test_a_joint_milp_cut_short_plans_its_best_layout_or_the_best_splits_whichever_serves_more() -> None:

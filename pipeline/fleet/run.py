@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -266,9 +267,30 @@ def _member_plans(members: list[Composed], joint: FleetResult, inv: Any, verify:
             raise ConfigError(f"fleet member {c.spec.model}: the joint optimum gives it no island")
         jobs.append((c, lay, info, hosts[at : at + len(lay.islands)], verify, losses_too))
         at += len(lay.islands)
-    aside = [Forked(_member_plan, *job) for job in jobs[:-1]] if forkable() else []
-    last = [_member_plan(*job) for job in jobs[len(aside):]]
-    return [f.result(what=f"{job[0].spec.model}'s plan") for f, job in zip(aside, jobs, strict=False)] + last
+    # the models over this machine's cores, the most requests to simulate first (a model's rate is its demand times
+    # the common fraction), each core's share planned one after another
+    groups = spread([c.spec.demand for c in members], min(len(jobs), os.cpu_count() or 1) if forkable() else 1)
+    aside = [(g, Forked(_member_group, [jobs[k] for k in g])) for g in groups[1:]]
+    done = dict(zip(groups[0], _member_group([jobs[k] for k in groups[0]]), strict=True))
+    for g, forked in aside:
+        done |= dict(zip(g, forked.result(what=f"the plans of {', '.join(jobs[k][0].spec.model for k in g)}"),
+                         strict=True))  # fmt: skip
+    return [done[k] for k in range(len(jobs))]
+
+
+def spread(weights: list[float], n: int) -> list[list[int]]:
+    """Indices of `weights` in `n` groups of near-equal sums (the heaviest first, each to the lightest group)."""
+    groups: list[list[int]] = [[] for _ in range(max(1, n))]
+    sums = [0.0] * len(groups)
+    for k in sorted(range(len(weights)), key=lambda k: -weights[k]):
+        g = sums.index(min(sums))
+        groups[g].append(k)
+        sums[g] += weights[k]
+    return [g for g in groups if g]
+
+
+def _member_group(jobs: list[tuple[Any, ...]]) -> list[Plan]:
+    return [_member_plan(*job) for job in jobs]
 
 
 def _member_plan(c: Composed, lay: Layout, info: InventoryInfo, mine: list[Any], verify: bool,
