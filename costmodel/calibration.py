@@ -207,6 +207,12 @@ class Calibration:
             return self
         return replace(self, factors=tuple(sorted((*self.factors, *more), key=lambda f: f[:2])))
 
+    def unmeasured(self, model: str, gpus: Iterable[str]) -> Calibration:
+        """For a plan of `model`, of which no serving was ever measured: `widened` on every one of `gpus` (the model's
+        own error is as unknown on each as where a plan extrapolates), and named so."""
+        wide = self.widened(gpus)
+        return wide if wide is self else replace(wide, name=f"{self.name}, widened: no measured serving of {model}")
+
     def shifted(self, z: float) -> Calibration:
         """Every factor moved `z` standard deviations (z < 0: the pessimistic side), sigma 0."""
         fs = tuple((g, k, Factor(f.factor * math.exp(z * f.sigma), 0.0, f.origin, f.rows)) for g, k, f in self.factors)

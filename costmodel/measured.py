@@ -22,6 +22,10 @@ INFERENCEX = CONF_DIR / "measured" / "inferencex_dsr1.csv"
 # what each row's decode engines were launched to admit (conf/measured/README.md): `Row.max_running`
 ADMISSION = CONF_DIR / "measured" / "inferencex_admission.csv"
 SGLANG_FRAMEWORKS = ("sglang", "dynamo-sglang", "mori-sglang")  # whose memory fraction is SGLang's (weights + KV)
+# the catalogue models the shipped measured serving is of: InferenceX's DeepSeek-R1 rows (DeepSeek-V3's architecture;
+# no stored public serving measurement of another catalogue model was found: docs/costmodel.md). A plan of any other
+# model carries the wider range of an unmeasured one (`pipeline.search.steps.band`)
+MEASURED_MODELS = ("deepseek_v3",)
 FITTING_GPUS = ("h200", "b200", "mi300x")  # InferenceX's names (H200, B200, MI300X); the rest are never fitted
 # InferenceX's GPU names -> conf/gpu
 GPUS = {"h100": "H100-SXM", "h200": "H200", "b200": "DGX-B200", "b300": "DGX-B300", "gb200": "GB200-NVL72",

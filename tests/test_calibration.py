@@ -183,9 +183,19 @@ def test_a_small_gemm_pays_the_fixed_cost_and_a_large_one_its_flops() -> None:
 
 
 def test_the_shipped_calibration_is_the_fit_of_the_shipped_measurements() -> None:
+    """conf/calibration/published.yaml is what its header's command fits: the kernel tables, and (--residuals) the
+    kernel-only model's own error on every InferenceX row, none of which it was fitted to."""
+    from costmodel.calibrate import model_error
+    from costmodel.calibration import RESIDUAL_KNOBS
+
     shipped = load_calibration(ROOT / "conf" / "calibration" / "published.yaml")
     refit = fit(load_measurements([PUBLISHED]), name=shipped.name, source=shipped.source).calibration
-    for (g, k, a), (g2, k2, b) in zip(shipped.factors, refit.factors, strict=True):
+    spreads = tuple(f for f in shipped.factors if f[1] in RESIDUAL_KNOBS)
+    dump = ROOT / "conf" / "calibration" / "published_residuals.csv"
+    assert spreads == tuple(sorted(model_error(dump, every_row=True)))
+    assert sorted(k for _, k, f in spreads) == sorted(RESIDUAL_KNOBS) and all(0.05 < f.sigma < 2 for *_, f in spreads)
+    fitted = tuple(f for f in shipped.factors if f[1] not in RESIDUAL_KNOBS)
+    for (g, k, a), (g2, k2, b) in zip(fitted, refit.factors, strict=True):
         assert (g, k, a.origin, a.rows) == (g2, k2, b.origin, b.rows)
         assert a.factor == pytest.approx(b.factor, rel=1e-6) and a.sigma == pytest.approx(b.sigma, rel=1e-6)
 
@@ -329,6 +339,40 @@ def test_the_band_spans_the_draws_and_vanishes_without_uncertainty() -> None:
     assert band is not None and band.p10_req_s < sol.rate_req_s < band.p90_req_s
     assert rate_band(ctx.planner, layout, 1.0, 1.0, settings.calibration.shifted(0.0), 16, time_limit_s=10.0) is None
     assert rate_band(ctx.planner, layout, 1.0, 1.0, None, 16, time_limit_s=10.0) is None
+
+
+def test_a_plan_of_a_model_no_measurement_is_of_carries_the_wider_range_of_an_unmeasured_model(tmp_path: Path) -> None:
+    """A Qwen3-30B plan (no measured serving of it ships) draws its range with the model's own error spread once
+    more on every GPU it runs on (`band_calibration`): a wider 10th-90th percentile than the same layout drawn as a
+    measured model's would be, and the range names why; a DeepSeek-V3 plan under the same kernel tables is not
+    widened where nothing extrapolates."""
+    import plan as plans
+    from helpers import compose, plan_of
+    from pipeline.planning.band import rate_band
+    from pipeline.planning.planner import Layout
+    from pipeline.search.settings import inventory_of, settings_from_cfg
+    from pipeline.search.steps.band import band_calibration
+
+    overrides = ("model=qwen3_30b_a3b", "costmodel=calibrated")
+    path, planner = plan_of(tmp_path, *overrides)
+    qwen = plans.load(path)
+    cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", *overrides])
+    cal = settings_from_cfg(cfg, *inventory_of(cfg))[0].calibration
+    assert cal.name == "published" and cal.get("H20", "model_decode").sigma > 0  # the kernel tables' own error
+    wide = band_calibration(cal, qwen)
+    assert wide.name == "published, widened: no measured serving of qwen3_30b_a3b"
+    for gpu in {isl.gpu for isl in qwen.serving}:
+        for knob in ("model_prefill", "model_decode"):
+            assert wide.get(gpu, knob).sigma == pytest.approx(math.sqrt(2) * cal.get(gpu, knob).sigma)
+    layout = Layout.of([(isl.gpu, isl.size) for isl in qwen.islands])
+    rate = qwen.rates.searched_req_s
+    narrow_band = rate_band(planner, layout, rate, rate, cal, 16, time_limit_s=10.0)
+    wide_band = rate_band(planner, layout, rate, rate, wide, 16, time_limit_s=10.0)
+    assert narrow_band is not None and wide_band is not None
+    assert wide_band.p90_req_s - wide_band.p10_req_s > narrow_band.p90_req_s - narrow_band.p10_req_s
+    (tmp_path / "d").mkdir()
+    deepseek = plans.load(plan_of(tmp_path / "d", "costmodel=calibrated")[0])
+    assert deepseek.model.name == "deepseek_v3" and band_calibration(cal, deepseek) is cal
 
 
 def _command(module: str, *args: str) -> Any:

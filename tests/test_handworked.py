@@ -349,6 +349,12 @@ def test_the_models_own_error_by_hand() -> None:
     assert wide.get("H200", "model_decode").sigma == 0.2 and wide.widened(["H20"]) == wide
     plain = Calibration("p", (("H200", "hbm", Factor(1.1, 0.1, "fit")),))
     assert plain.widened(["H20"]) is plain
+    # a model no shipped measurement is of: widened on every GPU it runs on, and its name says why
+    never = spread.unmeasured("gpt_oss_120b", ["H20", "H200"])
+    assert never.name == "s, widened: no measured serving of gpt_oss_120b"
+    assert never.get("H20", "model_decode").sigma == never.get("H200", "model_decode").sigma == pytest.approx(
+        0.2 * math.sqrt(2))
+    assert plain.unmeasured("gpt_oss_120b", ["H20"]) is plain
 
 
 def test_the_model_error_spread_from_held_out_errors_by_hand(tmp_path: object) -> None:
@@ -383,6 +389,17 @@ def test_the_model_error_spread_from_held_out_errors_by_hand(tmp_path: object) -
     assert prefill[1] == "model_prefill" and prefill[2].sigma == pytest.approx(want_prefill / z10, rel=1e-9)
     assert (decode[2].factor, decode[2].origin, decode[2].rows) == (1.0, "residual", len(rows))
     assert prefill[2].rows == len(few) and math.isfinite(prefill[2].sigma)
+    # a model fitted to no end-to-end row (the kernel tables alone): every row of every GPU is one it never saw
+    check = [r for r in load_inferencex() if not r.fitting][:10]
+    with path.open("a", newline="") as f:
+        for r in check:
+            csv.writer(f).writerow([r.line, 1, 0.04, 0.02, 0.5, 0.5])  # 2x too slow on decode
+    with pytest.raises(Exception, match="is not a fitting GPU's row"):
+        model_error(path)
+    _, every = model_error(path, every_row=True)
+    errors = [*np.log(ratios), np.log(99.0 / 0.02), *[np.log(2.0)] * len(check)]
+    assert every[2].rows == len(rows) + 1 + len(check)
+    assert every[2].sigma == pytest.approx(np.quantile(np.abs(errors), 0.8) / z10, rel=1e-9)
 
 
 def test_node_dispatch_by_hand() -> None:

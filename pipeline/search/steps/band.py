@@ -6,10 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from costmodel.calibration import Calibration
+from costmodel.measured import MEASURED_MODELS
 from pipeline.checks import whole_number
 from pipeline.planning.band import rate_band
 from pipeline.search.steps.base import PlanStep, StepContext
 from plan import Band, Plan
+
+
+def band_calibration(cal: Calibration, plan: Plan) -> Calibration:
+    """The calibration a plan's range is drawn from: the model's own error spread once more where the plan
+    extrapolates (pipeline/planning/envelope.py), and on every GPU of the plan for a model no shipped measurement is
+    of (`costmodel.measured.MEASURED_MODELS`)."""
+    if plan.model.name in MEASURED_MODELS:
+        return cal.widened(isl.gpu for isl in plan.serving if isl.outside)
+    return cal.unmeasured(plan.model.name, (isl.gpu for isl in plan.serving))
 
 
 class RateBand(PlanStep):
@@ -33,8 +44,7 @@ class RateBand(PlanStep):
 
     def compute(self, plan: Plan, sc: StepContext) -> Band | None:
         s, ctx = sc.settings, sc.rates
-        # the model's own error spread once more where the plan extrapolates (pipeline/planning/envelope.py)
-        cal = s.calibration.widened(isl.gpu for isl in plan.serving if isl.outside)
+        cal = band_calibration(s.calibration, plan)
         return rate_band(ctx.planner, sc.layout, plan.rate_req_s, plan.rates.searched_req_s, cal,
                          self.options(sc), time_limit_s=ctx.inner_time_limit_s, backend=ctx.backend,
                          seed=s.search.seed)  # fmt: skip
