@@ -16,9 +16,11 @@ from typing import Any
 
 
 def forkable() -> bool:
-    """Whether this process may fork a child that runs Python: fork is available, this is not a Ray worker, and no
-    thread runs beside the main one (a thread holding a lock when the process forks leaves it held in the child)."""
-    return "fork" in mp.get_all_start_methods() and not in_ray_worker() and threading.active_count() == 1
+    """Whether this process may fork a child that runs Python: fork is available, this is not a Ray worker nor itself
+    a `Forked` child (a daemonic process has no children), and no thread runs beside the main one (a thread holding a
+    lock when the process forks leaves it held in the child)."""
+    return ("fork" in mp.get_all_start_methods() and not in_ray_worker() and not mp.current_process().daemon
+            and threading.active_count() == 1)  # fmt: skip
 
 
 class Forked:

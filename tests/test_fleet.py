@@ -131,6 +131,15 @@ def test_a_fleet_plans_every_model_on_one_inventory_with_its_records(tmp_path: P
     assert sum(isl.size for m in record["models"] for isl in plans.load(run / m["plan"]).islands
                if isl.serving and isl.gpu == "H20") <= 32  # fmt: skip
     assert record["served"] == pytest.approx(min(rates))
+    # each model's range as its own search draws it; the model no measurement is of, widened on every GPU
+    ranges = {m["model"]: m for m in record["models"]}
+    for m in record["models"]:
+        p = plans.load(run / m["plan"])
+        assert p.band is not None and m["range_req_s"] == pytest.approx([p.band.p10_req_s, p.band.p90_req_s])
+        assert m["range_req_s"][0] < m["rate_req_s"] < m["range_req_s"][1]
+    assert ranges["deepseek_v3"]["range_calibration"] == "serving"
+    assert ranges["qwen3_235b_a22b"]["range_calibration"] == "published, widened: no measured serving of " \
+                                                             "qwen3_235b_a22b"  # fmt: skip
     worst = record["worst_host"]  # the host whose loss costs the fleet most: what it serves then, by each plan's own
     assert worst["served"] < record["served"] and worst["models"]
     for m in record["models"]:

@@ -31,6 +31,7 @@ from pipeline.cli import choice, plain
 from pipeline.errors import ConfigError
 from pipeline.fleet.config import FLEET_FILE, FleetSpec, MemberSpec, fleet_from_cfg
 from pipeline.forking import Forked, forkable
+from pipeline.planning.band import rate_band
 from pipeline.planning.build import build_plan, place
 from pipeline.planning.check import check
 from pipeline.planning.failures import host_losses
@@ -40,8 +41,10 @@ from pipeline.records.journal import link_latest, write_json, write_text
 from pipeline.records.tracking import open_tracker
 from pipeline.search.reference import type_options
 from pipeline.search.settings import Settings, context, inventory_of, read_settings
+from pipeline.search.steps import read_steps
+from pipeline.search.steps.band import band_calibration
 from pipeline.search.trial import Context
-from plan import InventoryInfo, Plan, to_json
+from plan import Band, InventoryInfo, Plan, to_json
 from solvers.fleet import FleetResult, Member, Split, fleet_optimum, split_optimum
 
 NO_PLAN = 1
@@ -119,6 +122,7 @@ def compose_member(m: MemberSpec, inventory_name: str, inv_cfg: Any, command_cos
             cfg = member_config(m, costmodel)
         with composed_as(cfg):
             settings = read_settings(cfg, inventory_name, inv_cfg)
+            settings = dataclasses.replace(settings, steps=read_steps(cfg.search))  # (the range's draws among them)
             check_fits(settings)
             ctx = context(settings)
     except ConfigError as err:
@@ -304,7 +308,19 @@ def _member_plan(c: Composed, lay: Layout, info: InventoryInfo, mine: list[Any],
         else None  # fmt: skip
     notes = (f"one of the models of a fleet: its islands are those the joint optimum gave {c.spec.model}",
              *((c.note,) if c.note else ()))  # fmt: skip
-    return dataclasses.replace(plan, verification=verification, host_losses=losses, notes=(*plan.notes, *notes))
+    return dataclasses.replace(plan, verification=verification, host_losses=losses, notes=(*plan.notes, *notes),
+                               band=_band(c, lay, plan))  # fmt: skip
+
+
+def _band(c: Composed, lay: Layout, plan: Plan) -> Band | None:
+    """The member plan's range as its own search draws it (search.band_draws draws of its calibration, the model's
+    error spread once more where it extrapolates or for a model no measurement is of); None where it has none."""
+    cal, draws = c.settings.calibration, int(c.settings.steps.get("band", 0) or 0)
+    if cal is None or not cal.uncertain or draws < 1 or not plan.serves:
+        return None
+    return rate_band(c.ctx.planner, lay, plan.rate_req_s, plan.rates.searched_req_s, band_calibration(cal, plan),
+                     draws, time_limit_s=c.ctx.inner_time_limit_s, backend=c.ctx.backend,
+                     seed=c.settings.search.seed)  # fmt: skip
 
 
 def worst_host(members: list[Composed], plans: list[Plan]) -> dict[str, Any] | None:
@@ -346,6 +362,8 @@ def fleet_record(spec: FleetSpec, inventory_name: str, members: list[Composed], 
             "simulated_req_s": None if v is None else v.throughput_req_s,
             "simulated_over_stated": None if v is None else v.simulated_over_stated,
             "slo_attainment": None if v is None else v.slo_attainment,
+            "range_req_s": None if p.band is None else [p.band.p10_req_s, p.band.p90_req_s],
+            "range_calibration": None if p.band is None else p.band.calibration,
             "split_share": split.shares[k], "split_rate_req_s": split.rates[k],
             "plan": f"{c.spec.model}/plan.json",
         })  # fmt: skip
@@ -383,7 +401,9 @@ def summary(r: dict[str, Any]) -> list[str]:
     unit = " req/s" if r["demands"] else ""
     key = "demand_req_s" if r["demands"] else "weight"
     out = [f"{m['model']}: {m['rate_req_s']:.2f} req/s = {m['served']:.3f} x its {key.split('_')[0]} "
-           f"{m[key]:g}{unit}; simulated {_x(m['simulated_over_stated'])}; {m['islands']}" for m in r["models"]]
+           f"{m[key]:g}{unit}" + ("" if m.get("range_req_s") is None else
+                                  f" (range {m['range_req_s'][0]:,.1f}-{m['range_req_s'][1]:,.1f})")
+           + f"; simulated {_x(m['simulated_over_stated'])}; {m['islands']}" for m in r["models"]]
     ref, split = r["reference"], r["split"]
     if r["demands"] and r["served"] < 1:
         out.append(f"warning: the inventory serves {r['served']:.1%} of every model's demand, not all of it: add "
@@ -413,6 +433,11 @@ def summary(r: dict[str, Any]) -> list[str]:
         out.append(f"planned one model at a time on the best split of the inventory ({shares} of every GPU type): "
                    f"{split['fraction']:.3f}; the joint plan gains {split['pooling_gain']:+.1%}")  # fmt: skip
     return out
+
+
+def _range(m: dict[str, Any]) -> str:
+    r = m.get("range_req_s")
+    return "n/a" if r is None else f"{r[0]:,.1f}-{r[1]:,.1f} ({m['range_calibration']})"
 
 
 def _x(v: float | None) -> str:
@@ -455,9 +480,10 @@ def fleet_report(r: dict[str, Any]) -> str:
            "model's plan.json lists its own host losses |"] if r.get("worst_host") else []),
         f"| planned in | {r['wall_s']:.1f} s (islands benchmarked in {r['benchmark_s']:.1f} s) |",
         "",
-        "| model | workload | " + word + " | rate (req/s) | served | simulated / stated | within SLOs | GPUs | $/h |",
-        "|---|---|---|---|---|---|---|---|---|",
-        *(f"| {m['model']} | {m['workload']} | {m[key]:g} | {m['rate_req_s']:.2f} | {m['served']:.3f} | "
+        "| model | workload | " + word + " | rate (req/s) | range (10th-90th percentile) | served | "
+        "simulated / stated | within SLOs | GPUs | $/h |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *(f"| {m['model']} | {m['workload']} | {m[key]:g} | {m['rate_req_s']:.2f} | {_range(m)} | {m['served']:.3f} | "
           f"{_x(m['simulated_over_stated'])} | "
           f"{'n/a' if m['slo_attainment'] is None else format(m['slo_attainment'], '.1%')} | "
           f"{', '.join(f'{n} {g}' for g, n in m['gpus'].items())} | {m['cost_per_hour']:,.2f} |"
