@@ -39,11 +39,12 @@ from dataclasses import dataclass
 import numpy as np
 from common import context
 
-from costmodel.catalog import load_gpu
+from costmodel.catalog import load_gpu, priced_model_names
 from costmodel.measured import (
     FITTING_GPUS,
     GPUS,
     INFERENCEX,
+    MEASURED_MODELS,
     RANGE_RATIO,
     Row,
     decode_engine,
@@ -329,6 +330,14 @@ def main() -> None:
         print(f"- {p.row.key}: {ratios} ({p.row.run_url})")
     if args.band:
         coverage(check, model, cost, args.band, args.band_rows)
+    print("\n### Per catalogue model\n")
+    for name in priced_model_names():
+        if name in MEASURED_MODELS:
+            print(f"- {name}: {len(rows)} rows (InferenceX's DeepSeek-R1, this architecture), {len(preds)} simulated, "
+                  "above")  # fmt: skip
+        else:
+            print(f"- {name}: no public measured serving row found (docs/costmodel.md): its plans carry the wider "
+                  "range of an unmeasured model")  # fmt: skip
     print(f"\n{len(preds)} rows simulated and {len(refused)} refused by the model in "
           f"{sum(p.seconds for p in preds):.1f} s; {time.perf_counter() - t0:.1f} s in all")  # fmt: skip
 
