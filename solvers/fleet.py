@@ -14,18 +14,26 @@ resident), so the models share nothing but the inventory:
 inventory's capacity to spare; with weights, model m's rate is α w_m). The optimum bounds every joint plan of the
 same model, so a plan's gap to it is >= 0.
 
+`cheapest` (the sizing question for a fleet): min Σ_m C_m with α = 1, every model's demand served, the inventory's
+counts upper bounds: the cheapest islands of the inventory that serve every demand (`FleetResult.bound` is then the
+proven lower bound on that $/h).
+
 `split_optimum` is what planning the models one at a time gives at best: each model takes the same fraction f_m
 of every GPU type (f on a grid of 1/`steps`, Σ f_m <= 1) and its own optimum on that share; the best such split
 maximises the same min_m Λ_m / d_m. The joint optimum is never below it (every split is a joint layout); the gain
-is what choosing GPU types per model buys.
+is what choosing GPU types per model buys. `split_cheapest` is its sizing counterpart: each model's cheapest islands
+serving its demand within its share, the split of least total $/h.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
+import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,8 +60,8 @@ class Member:
 @dataclass(frozen=True)
 class FleetResult:
     status: str  # optimal, feasible (time limit, an incumbent), infeasible, time_limit (none)
-    fraction: float  # α: the common fraction of every demand served
-    bound: float  # the solver's proven upper bound on α (= α when optimal)
+    fraction: float  # α: the common fraction of every demand served (cheapest: 1, every demand)
+    bound: float  # the solver's proven bound: on α from above (= α when optimal); cheapest, on the $/h from below
     islands: tuple[tuple[tuple[str, int, str], ...], ...]  # per member: (gpu, size, role) per island
     cost_per_hour: float
     solve_ms: float
@@ -83,13 +91,15 @@ def fleet_optimum(
     time_limit_s: float = 120.0,
     backend: str = "HIGHS",
     relax: bool = False,
+    cheapest: bool = False,
 ) -> FleetResult:
     """The largest common fraction α of every member's demand one inventory serves, and each member's islands
-    (`relax`: island counts continuous, an LP: its α bounds the MILP's)."""
+    (`relax`: island counts continuous, an LP: its α bounds the MILP's; `cheapest`: the least $/h of islands that
+    serve every demand instead, α = 1)."""
     _check(members, backend)
     t0 = time.perf_counter()
     s = new_solver("HIGHS" if relax else backend, time_limit_s)
-    alpha = s.NumVar(0.0, s.infinity(), "alpha")
+    alpha = s.NumVar(1.0, 1.0, "alpha") if cheapest else s.NumVar(0.0, s.infinity(), "alpha")
     blocks = [add_model(s, m.types, m.p, alpha * m.demand, kv_gb=m.kv_gb, relax=relax, tag=f"{k}:")
               for k, m in enumerate(members)]  # fmt: skip
     for ti, t in enumerate(members[0].types):
@@ -99,7 +109,10 @@ def fleet_optimum(
     cost = s.Sum([b.cost() for b in blocks])
     if budget_per_hour is not None:
         s.Add(cost <= budget_per_hour)
-    s.Maximize(alpha)
+    if cheapest:
+        s.Minimize(cost)
+    else:
+        s.Maximize(alpha)
     if backend == "HIGHS" and not relax:
         status, values, bound = solve_highs(s, time_limit_s)
         fraction = float(values[alpha.index()]) if values is not None else 0.0
@@ -109,7 +122,8 @@ def fleet_optimum(
         status = status_of(s, s.Solve(params), time_limit_s)
         values = None
         if status not in ("infeasible", "time_limit"):
-            fraction, bound = alpha.solution_value(), s.Objective().BestBound()
+            fraction = alpha.solution_value()
+            bound = s.Objective().BestBound() if not relax else s.Objective().Value()
     ms = (time.perf_counter() - t0) * 1e3
     if status in ("infeasible", "time_limit"):
         return FleetResult(status, 0.0, float("nan"), (), 0.0, ms)
@@ -117,6 +131,20 @@ def fleet_optimum(
     price = {t.gpu: t.price_per_gpu_hour for t in members[0].types}
     spent = sum(size * price[g] for isl in islands for g, size, _ in isl)
     return FleetResult(status, fraction, bound, islands, spent, ms)
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """File descriptor 1 pointed at /dev/null within (what C++ code prints there), Python's stdout flushed first."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def solve_highs(s: pywraplp.Solver, time_limit_s: float) -> tuple[str, np.ndarray | None, float]:
@@ -137,11 +165,12 @@ def solve_highs(s: pywraplp.Solver, time_limit_s: float) -> tuple[str, np.ndarra
                                                                                  strict=True)]  # fmt: skip
     i, j, a = (np.array(x) for x in zip(*rows, strict=True))
     matrix = csr_matrix((a.astype(float), (i.astype(int), j.astype(int))), shape=(len(proto.constraint), len(var)))
-    res = milp(c, integrality=np.array([1 if v.is_integer else 0 for v in var]),
-               bounds=Bounds([v.lower_bound for v in var], [v.upper_bound for v in var]),
-               constraints=LinearConstraint(matrix, [k.lower_bound for k in proto.constraint],
-                                            [k.upper_bound for k in proto.constraint]),
-               options={"time_limit": max(time_limit_s, 1e-3), "mip_rel_gap": GAP, "disp": False})  # fmt: skip
+    with _quiet_stdout():  # HiGHS's MIP solver prints some of its internal notes to the process's stdout
+        res = milp(c, integrality=np.array([1 if v.is_integer else 0 for v in var]),
+                   bounds=Bounds([v.lower_bound for v in var], [v.upper_bound for v in var]),
+                   constraints=LinearConstraint(matrix, [k.lower_bound for k in proto.constraint],
+                                                [k.upper_bound for k in proto.constraint]),
+                   options={"time_limit": max(time_limit_s, 1e-3), "mip_rel_gap": GAP, "disp": False})  # fmt: skip
     bound = sign * float(res.mip_dual_bound) if getattr(res, "mip_dual_bound", None) is not None else float("nan")
     if res.status == 0:
         return "optimal", res.x, bound
@@ -163,6 +192,7 @@ class Split:
     rates: tuple[float, ...]  # each member's optimum on its share (req/s)
     islands: tuple[tuple[tuple[str, int, str], ...], ...]
     proven: bool  # every one-model optimum it rests on solved to optimality
+    cost_per_hour: float = float("nan")  # split_cheapest: the $/h of every member's cheapest islands on its share
 
 
 def share_of(types: list[TypeOptions], share: float) -> list[TypeOptions]:
@@ -204,4 +234,49 @@ def split_optimum(
         rates=tuple(table[i][k][0] for i, k in enumerate(ks)),
         islands=tuple(table[i][k][2] for i, k in enumerate(ks)),
         proven=all(table[i][k][1] for i, k in enumerate(ks)),
+    )
+
+
+def split_cheapest(
+    members: Sequence[Member],
+    *,
+    steps: int = SPLIT_STEPS,
+    time_limit_s: float = 60.0,
+    backend: str = "HIGHS",
+) -> Split | None:
+    """The split of every GPU type between the members in shares of k/`steps` whose members' cheapest islands serving
+    their demands (each its own exact `min_cost` on its share) cost least in all: what sizing the models one at a
+    time, each on a slice of the inventory, gives at best. None where no split serves every demand."""
+    _check(members, backend)
+    table: list[list[tuple[float, float, bool, tuple[tuple[str, int, str], ...]] | None]] = []
+    for m in members:
+        row: list[tuple[float, float, bool, tuple[tuple[str, int, str], ...]] | None] = [None]
+        for k in range(1, steps + 1):
+            res = exact_optimum(share_of(m.types, k / steps), m.p, objective="min_cost", demand_req_s=m.demand,
+                                kv_gb=m.kv_gb, time_limit_s=time_limit_s, backend=backend)  # fmt: skip
+            found = res.status in ("optimal", "feasible") and bool(res.islands)
+            mine = (res.cost_per_hour, res.rate_req_s, res.status == "optimal", res.islands) if found else None
+            # a larger share never costs more: where the solver found more (a time limit), the smaller share's stand
+            if row[-1] is not None and (mine is None or mine[0] > row[-1][0]):
+                mine = row[-1]
+            row.append(mine)
+        table.append(row)
+    best: tuple[float, tuple[int, ...]] | None = None
+    for ks in itertools.product(range(steps + 1), repeat=len(members)):
+        picked = [table[i][k] for i, k in enumerate(ks)]
+        if sum(ks) <= steps and all(x is not None for x in picked):
+            total = sum(x[0] for x in picked if x is not None)
+            if best is None or total < best[0] - 1e-9:
+                best = (total, ks)
+    if best is None:
+        return None
+    total, ks = best
+    picked = [table[i][k] for i, k in enumerate(ks)]
+    return Split(
+        shares=tuple(k / steps for k in ks),
+        fraction=min(x[1] / m.demand for x, m in zip(picked, members, strict=True) if x is not None),
+        rates=tuple(x[1] for x in picked if x is not None),
+        islands=tuple(x[3] for x in picked if x is not None),
+        proven=all(x[2] for x in picked if x is not None),
+        cost_per_hour=total,
     )

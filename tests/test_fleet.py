@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from pipeline.errors import USER_ERRORS
 from pipeline.fleet.config import TIME_LIMIT_S, fleet_from_cfg
 from pipeline.fleet.run import planned_layout, spread
 from solvers.exact import exact_optimum
-from solvers.fleet import FleetResult, Member, Split, fleet_optimum, split_optimum
+from solvers.fleet import FleetResult, Member, Split, fleet_optimum, split_cheapest, split_optimum
 from solvers.type_options import TypeOptions
 
 
@@ -68,6 +69,42 @@ def test_the_joint_optimum_of_two_models_is_the_best_of_every_split_of_the_inven
     split = split_optimum(members, steps=6)
     assert 0 < split.fraction <= joint.fraction + 1e-9
     assert sum(split.shares) <= 1 + 1e-9
+
+
+def _cheapest(types: list[TypeOptions], p: np.ndarray, demand: float) -> float:
+    """The least $/h of islands of `types` serving `demand` (inf where none does)."""
+    if not any(t.count for t in types):
+        return math.inf
+    res = exact_optimum(types, p, objective="min_cost", demand_req_s=demand, time_limit_s=30)
+    return res.cost_per_hour if res.status == "optimal" and res.islands else math.inf
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_cheapest_fleet_of_two_models_is_the_cheapest_of_every_split_of_the_inventory(seed: int) -> None:
+    """`cheapest`: the least $/h of islands serving both demands equals the least sum, over every split of every GPU
+    type, of each model's cheapest islands on its part; the best k/6 split of `split_cheapest` costs no less."""
+    rng = np.random.default_rng(seed)
+    counts, prices = {"A": 4, "B": 3}, {"A": 2.5, "B": 1.0}
+    members = []
+    for k in range(2):
+        types = [dataclasses.replace(t, price_per_gpu_hour=prices[t.gpu]) for t in _types(rng, counts, 3)]
+        members.append(Member(f"m{k}", types, rng.dirichlet(np.ones(3)), float(rng.uniform(1, 5))))
+    most = fleet_optimum(members).fraction  # the demands at 60 % of what the inventory serves at most
+    members = [dataclasses.replace(m, demand=0.6 * most * m.demand) for m in members]
+    joint = fleet_optimum(members, cheapest=True)
+    assert joint.status == "optimal" and joint.fraction == 1.0
+    a, b = members
+    brute = min(_cheapest([dataclasses.replace(t, count=k) for t, k in zip(a.types, split, strict=True)], a.p,
+                          a.demand)
+                + _cheapest([dataclasses.replace(t, count=t.count - k) for t, k in zip(b.types, split, strict=True)],
+                            b.p, b.demand)
+                for split in itertools.product(*(range(c + 1) for c in counts.values())))  # fmt: skip
+    assert joint.cost_per_hour == pytest.approx(brute, rel=1e-6) and joint.bound <= joint.cost_per_hour + 1e-6
+    for m, isl in zip(members, joint.islands, strict=True):  # each model's islands serve its demand
+        have = [dataclasses.replace(t, count=sum(s for g, s, _ in isl if g == t.gpu)) for t in m.types]
+        assert exact_optimum(have, m.p).rate_req_s >= m.demand * (1 - 1e-6)
+    split = split_cheapest(members, steps=6)
+    assert split is None or split.cost_per_hour >= joint.cost_per_hour - 1e-9
 
 
 def test_the_fleet_of_two_real_models_on_a_small_inventory_is_the_best_split_by_brute_force() -> None:
@@ -263,6 +300,43 @@ def test_a_bad_fleet_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
         "  - {model: deepseek_v3, workload: azure_conv, demand_req_s: 10}\n")
     r = in_process(execute, "search", f"hydra.searchpath=[file://{tmp_path}]", "+fleet=twice")
     one_line(r, "error: fleet twice (conf/fleet/twice.yaml), models[1]: deepseek_v3 is in the fleet twice")
+
+
+def test_the_cheapest_fleet_serves_every_demand_with_the_islands_the_milp_priced(tmp_path: Path) -> None:
+    """`search.objective=min_cost`: the cheapest islands of tiny_hetero serving both demands, each model's plan on its
+    islands holding its demand, the $/h the MILP proved least; demands the inventory cannot serve: exit 1 naming the
+    most it serves; a fleet of weights or another objective: one error line, exit 2."""
+    from pipeline.search.run import execute
+
+    (tmp_path / "fleet").mkdir()
+    (tmp_path / "fleet" / "small.yaml").write_text(
+        "models:\n  - {model: deepseek_v3, workload: azure_code, demand_req_s: 40}\n"
+        "  - {model: qwen3_235b_a22b, workload: azure_conv, demand_req_s: 40}\n")
+    (tmp_path / "fleet" / "weights.yaml").write_text(
+        "models:\n  - {model: deepseek_v3, workload: azure_code, weight: 1}\n"
+        "  - {model: qwen3_235b_a22b, workload: azure_conv, weight: 2}\n")
+    common = [f"hydra.searchpath=[file://{tmp_path}]", "+inventory=tiny_hetero", "ranges.width=1000",
+              "search.objective=min_cost", "search.host_losses=false", f"out_root={tmp_path}/search",
+              f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db"]  # fmt: skip
+    r = in_process(execute, "search", *common, "+fleet=small")
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    record = json.loads(next((tmp_path / "fleet").glob("small-tiny_hetero-*/*/fleet.json")).read_text())
+    ref = record["reference"]
+    assert record["objective"] == "min_cost" and ref["status"] == "optimal" and ref["gap"] == pytest.approx(0, abs=1e-6)
+    assert record["cost_per_hour"] == pytest.approx(ref["cost_per_hour"])
+    assert ref["cost_per_hour"] < record["inventory_cost_per_hour"]
+    assert ref["bound"] <= ref["cost_per_hour"] + 1e-6
+    for m in record["models"]:  # each model's plan on its islands serves its demand, and the simulator agrees
+        assert m["rate_req_s"] >= m["demand_req_s"] * (1 - 1e-6) and abs(m["simulated_over_stated"] - 1) <= 0.05
+    assert "the cheapest (optimal)" in r.stdout and "| cheapest islands | $" in next(
+        (tmp_path / "fleet").glob("small-*/*/report.md")).read_text()
+    r = in_process(execute, "search", *common, "+fleet=two_models")  # 300 req/s each: more than tiny_hetero serves
+    assert r.returncode == 1 and "[fleet] error: no layout of tiny_hetero" in r.stdout
+    assert "serves every model's demand: it serves at most 0.3" in r.stdout
+    one_line(in_process(execute, "search", *common, "+fleet=weights"),
+             "error: search.objective=min_cost: fleet weights gives weights")  # fmt: skip
+    one_line(in_process(execute, "search", *common, "+fleet=small", "search.objective=rate_per_dollar"),
+             "error: search.objective=rate_per_dollar: a fleet maximises the common fraction")  # fmt: skip
 
 
 def test_a_model_no_gpu_type_of_the_inventory_holds_or_whose_slo_none_meets_is_named(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ from pipeline.search.steps import read_steps
 from pipeline.search.steps.band import band_calibration
 from pipeline.search.trial import Context
 from plan import Band, InventoryInfo, Plan, to_json
-from solvers.fleet import FleetResult, Member, Split, fleet_optimum, split_optimum
+from solvers.fleet import FleetResult, Member, Split, fleet_optimum, split_cheapest, split_optimum
 
 NO_PLAN = 1
 # the groups a member sets itself (a command's own choice of them is the member's default, or not used)
@@ -95,7 +95,8 @@ def member_config(m: MemberSpec, costmodel: str | None) -> Any:
 
     def kept(override: str) -> bool:  # not the fleet, nor a group choice the member makes itself
         key = override.lstrip("+~").split("=", 1)[0]
-        return _group(override) != "fleet" and own.get(key) is None
+        fleets = key in ("search.objective", "search.demand_req_s")  # the fleet's objective, not each model's
+        return _group(override) != "fleet" and own.get(key) is None and not fleets
 
     hc = HydraConfig.get()
     # the command's own search path (hydra.searchpath=[...]: its own inventories, models, workloads) too
@@ -160,6 +161,7 @@ def check_fits(settings: Settings) -> None:
 def execute(cfg: Any) -> int:
     """Plan the fleet `cfg` names on its inventory; returns the exit code (0 planned, 1 no plan)."""
     spec = fleet_from_cfg(choice("fleet"), plain(cfg.fleet))
+    fleet_objective(cfg, spec)  # (checked before anything is benchmarked)
     inventory_name, inv_cfg = inventory_of(cfg)
     command_costmodel = choice("costmodel")
     t0 = time.perf_counter()
@@ -187,6 +189,13 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
     bench_s = time.perf_counter() - t0
     limit = members[0].settings.search.reference_time_limit_s  # each one-model optimum of the best split's
     budget = members[0].settings.planning.budget_per_hour
+    cheap = fleet_objective(cfg, spec) == "min_cost"
+    if cheap:
+        got = _cheapest_layout(fm, spec, inv, limit)
+        if got is None:
+            return NO_PLAN
+        joint, split = got
+        return _planned(spec, members, inventory_name, tracker, cfg, t0, bench_s, joint, lambda: split)
     # the best split, one model at a time, on the other core while the joint MILP runs
     aside = Forked(split_optimum, fm, time_limit_s=limit) if forkable() else None
     joint = fleet_optimum(fm, budget_per_hour=budget, time_limit_s=spec.time_limit_s)
@@ -217,18 +226,30 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
         print(f"[fleet] error: no layout of {inv.describe()} serves every model of fleet {spec.name} "
               f"({joint.status}); see each model's islands above", flush=True)  # fmt: skip
         return NO_PLAN
+    return _planned(spec, members, inventory_name, tracker, cfg, t0, bench_s, joint, lambda: split or best_split())
+
+
+def _planned(spec: FleetSpec, members: list[Composed], inventory_name: str, tracker: Any, cfg: Any, t0: float,
+             bench_s: float, joint: FleetResult, best_split: Callable[[], Split | None]) -> int:  # fmt: skip
+    """The models' plans on the joint layout, checked, and the fleet's records."""
     from pipeline.checks import boolean
 
+    inv = members[0].settings.inventory
     plans = _member_plans(members, joint, inv, boolean(cfg.search.verify, "search.verify"),
                           boolean(cfg.search.get("host_losses", True), "search.host_losses"))  # fmt: skip
-    split = split or best_split()
+    split = best_split()
     wall_s = time.perf_counter() - t0
     served = min(p.rate_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
     searched = min(p.rates.searched_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
-    gap = max(0.0, 1.0 - searched / joint.bound) if joint.bound == joint.bound and joint.bound > 0 else None
-    record = fleet_record(spec, inventory_name, members, plans, joint, split, served, gap, wall_s, bench_s)
+    if fleet_objective(cfg, spec) == "min_cost":  # the bound is the least $/h
+        spent = sum(p.cost_per_hour for p in plans)
+        gap = max(0.0, spent / joint.bound - 1.0) if joint.bound == joint.bound and joint.bound > 0 else None
+    else:
+        gap = max(0.0, 1.0 - searched / joint.bound) if joint.bound == joint.bound and joint.bound > 0 else None
+    record = fleet_record(spec, inventory_name, members, plans, joint, split, served, gap, wall_s, bench_s,
+                          fleet_objective(cfg, spec))  # fmt: skip
     record["worst_host"] = worst_host(members, plans)
-    ident = json.dumps({"fleet": plain(cfg.fleet), "inventory": inventory_name,
+    ident = json.dumps({"fleet": plain(cfg.fleet), "inventory": inventory_name, "objective": record["objective"],
                         "members": [c.settings.key for c in members]}, sort_keys=True)  # fmt: skip
     root = Path(str(cfg.out_root)).parent / "fleet" / f"{spec.name}-{inventory_name}-{_digest(ident)}"
     run_dir = root / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -243,6 +264,55 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
         print(f"[fleet] {line}", flush=True)
     print(f"[fleet] wrote {run_dir}/ (fleet.json, report.md, a plan.json per model) in {wall_s:.1f} s", flush=True)
     return 0
+
+
+FLEET_OBJECTIVES = ("max_rate", "min_cost")
+
+
+def fleet_objective(cfg: Any, spec: FleetSpec) -> str:
+    """search.objective for a fleet: max_rate (the largest common fraction of every demand or weight) or min_cost
+    (the cheapest islands of the inventory serving every demand); ConfigError for any other, or min_cost on weights."""
+    objective = str(cfg.search.objective)
+    if objective not in FLEET_OBJECTIVES:
+        raise ConfigError(f"search.objective={objective}: a fleet maximises the common fraction of its models' demands "
+                          "(max_rate) or finds the cheapest islands serving them (min_cost); choose one of "
+                          f"{list(FLEET_OBJECTIVES)}")  # fmt: skip
+    if objective == "min_cost" and not spec.demands:
+        raise ConfigError(f"search.objective=min_cost: fleet {spec.name} gives weights, and the cheapest fleet is "
+                          "the one serving demands: give every model a demand_req_s")  # fmt: skip
+    return objective
+
+
+def _cheapest_layout(fm: list[Member], spec: FleetSpec, inv: Any,
+                     limit: float) -> tuple[FleetResult, Split | None] | None:  # fmt: skip
+    """The cheapest islands of the inventory serving every demand, and the best split's sizing beside it (run on the
+    other core); None (said) where none serves every demand."""
+    aside = Forked(split_cheapest, fm, time_limit_s=limit) if forkable() else None
+    joint = fleet_optimum(fm, time_limit_s=spec.time_limit_s, cheapest=True)
+    split = aside.result(what="the best split's process") if aside else split_cheapest(fm, time_limit_s=limit)
+    if joint.status == "infeasible":
+        most = fleet_optimum(fm, time_limit_s=spec.time_limit_s)
+        print(f"[fleet] error: no layout of {inv.describe()} serves every model's demand: it serves at most "
+              f"{most.fraction:.3f} of each ({most.status}); lower the demands or add GPUs", flush=True)  # fmt: skip
+        return None
+    if joint.status == "optimal":
+        print(f"[fleet] the cheapest islands serving every demand (optimal, {joint.solve_ms / 1e3:.1f} s): "
+              f"${joint.cost_per_hour:,.2f}/h of the inventory's ${inv.cost_per_hour:,.2f}/h", flush=True)  # fmt: skip
+        return joint, split
+    if split is not None and (not joint.islands or split.cost_per_hour < joint.cost_per_hour):
+        bound = joint.bound if joint.islands and joint.bound == joint.bound else \
+            fleet_optimum(fm, relax=True, cheapest=True).bound  # fmt: skip
+        print(f"[fleet] the joint MILP found {'none as cheap as the best split' if joint.islands else 'no layout'} "
+              f"within fleet.time_limit_s={spec.time_limit_s:g}: sized with the best split "
+              f"(${split.cost_per_hour:,.2f}/h); the least is at least ${bound:,.2f}/h", flush=True)  # fmt: skip
+        return FleetResult("split", 1.0, bound, split.islands, split.cost_per_hour, joint.solve_ms), split
+    if not joint.islands:
+        print(f"[fleet] error: the joint MILP found no layout serving every demand within fleet.time_limit_s="
+              f"{spec.time_limit_s:g}, nor does any split of the inventory: raise fleet.time_limit_s", flush=True)
+        return None
+    print(f"[fleet] the joint MILP stopped at fleet.time_limit_s={spec.time_limit_s:g} with islands serving every "
+          f"demand at ${joint.cost_per_hour:,.2f}/h; the least is at least ${joint.bound:,.2f}/h", flush=True)
+    return joint, split
 
 
 def planned_layout(joint: FleetResult, split: Split, lp_bound: Callable[[], float]) -> FleetResult:
@@ -347,8 +417,8 @@ def _digest(text: str) -> str:
 
 
 def fleet_record(spec: FleetSpec, inventory_name: str, members: list[Composed], plans: list[Plan],
-                 joint: FleetResult, split: Split, served: float, gap: float | None, wall_s: float,
-                 bench_s: float) -> dict[str, Any]:  # fmt: skip
+                 joint: FleetResult, split: Split | None, served: float, gap: float | None, wall_s: float,
+                 bench_s: float, objective: str = "max_rate") -> dict[str, Any]:  # fmt: skip
     """fleet.json: what the fleet plan states, per model and in all."""
     per = []
     for k, (c, p) in enumerate(zip(members, plans, strict=True)):
@@ -364,19 +434,25 @@ def fleet_record(spec: FleetSpec, inventory_name: str, members: list[Composed], 
             "slo_attainment": None if v is None else v.slo_attainment,
             "range_req_s": None if p.band is None else [p.band.p10_req_s, p.band.p90_req_s],
             "range_calibration": None if p.band is None else p.band.calibration,
-            "split_share": split.shares[k], "split_rate_req_s": split.rates[k],
+            "split_share": None if split is None else split.shares[k],
+            "split_rate_req_s": None if split is None else split.rates[k],
             "plan": f"{c.spec.model}/plan.json",
         })  # fmt: skip
     inv = members[0].settings.inventory
+    cheap = objective == "min_cost"
     return {
-        "fleet": spec.name, "inventory": inventory_name, "inventory_gpus": dict(inv.named),
+        "fleet": spec.name, "inventory": inventory_name, "inventory_gpus": dict(inv.named), "objective": objective,
         "demands": spec.demands, "served": served, "models": per,
         "cost_per_hour": sum(p.cost_per_hour for p in plans), "inventory_cost_per_hour": inv.cost_per_hour,
+        # bound: on the common fraction from above (max_rate), on the $/h from below (min_cost)
         "reference": {"status": joint.status, "fraction": joint.fraction, "bound": joint.bound,
-                      "gap": gap, "solve_s": joint.solve_ms / 1e3, "time_limit_s": spec.time_limit_s},
-        "split": {"shares": list(split.shares), "fraction": split.fraction, "rates_req_s": list(split.rates),
-                  "proven": split.proven, "pooling_gain": joint.fraction / split.fraction - 1
-                  if split.fraction > 0 else None},
+                      "cost_per_hour": joint.cost_per_hour, "gap": gap, "solve_s": joint.solve_ms / 1e3,
+                      "time_limit_s": spec.time_limit_s},
+        "split": None if split is None else {
+            "shares": list(split.shares), "fraction": split.fraction, "rates_req_s": list(split.rates),
+            "proven": split.proven, "cost_per_hour": split.cost_per_hour if cheap else None,
+            "pooling_gain": joint.fraction / split.fraction - 1 if split.fraction > 0 and not cheap else None,
+            "saving": 1 - joint.cost_per_hour / split.cost_per_hour if cheap and split.cost_per_hour > 0 else None},
         "wall_s": wall_s, "benchmark_s": bench_s,
     }  # fmt: skip
 
@@ -416,6 +492,8 @@ def summary(r: dict[str, Any]) -> list[str]:
         if w["served"] < 0.5 * r["served"]:
             out.append("warning: a fleet is planned with every host up (one model's search plans for a host lost "
                        "by default): a model whose only island of a role runs on that host stops")  # fmt: skip
+    if r.get("objective") == "min_cost":
+        return out + _cheapest_summary(r, gap)
     if ref["status"] == "split":
         out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h: the "
                    f"best split's layout (the joint MILP found none as good within its time limit); the optimum is at "
@@ -428,10 +506,27 @@ def summary(r: dict[str, Any]) -> list[str]:
         out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h; the "
                    f"joint MILP's best layout {ref['fraction']:.3f} at its time limit (fleet.time_limit_s), the "
                    f"optimum at most {ref['bound']:.3f}: gap at most {gap}")  # fmt: skip
-    if split["pooling_gain"] is not None:
+    if split is not None and split["pooling_gain"] is not None:
         shares = ", ".join(f"{m['model']} {s:.0%}" for m, s in zip(r["models"], split["shares"], strict=True))
         out.append(f"planned one model at a time on the best split of the inventory ({shares} of every GPU type): "
                    f"{split['fraction']:.3f}; the joint plan gains {split['pooling_gain']:+.1%}")  # fmt: skip
+    return out
+
+
+def _cheapest_summary(r: dict[str, Any], gap: str) -> list[str]:
+    ref, split = r["reference"], r["split"]
+    how = {"optimal": "the cheapest (optimal)", "split": "the best split's sizing (the joint MILP found none as cheap "
+           "within its time limit)"}.get(ref["status"], "the joint MILP's cheapest at its time limit "
+                                                        "(fleet.time_limit_s)")  # fmt: skip
+    out = [f"fleet: every demand served ({r['served']:.3f} x at least), ${r['cost_per_hour']:,.2f}/h of the "
+           f"inventory's ${r['inventory_cost_per_hour']:,.2f}/h: {how}; the least is at least ${ref['bound']:,.2f}/h, "
+           f"gap {'' if ref['status'] == 'optimal' else 'at most '}{gap}"]
+    if split is None:
+        out.append("sized one model at a time, no split of the inventory in shares of k/12 serves every demand")
+    elif split["saving"] is not None:
+        shares = ", ".join(f"{m['model']} {s:.0%}" for m, s in zip(r["models"], split["shares"], strict=True))
+        out.append(f"sized one model at a time on the best split of the inventory ({shares} of every GPU type): "
+                   f"${split['cost_per_hour']:,.2f}/h; the joint plan saves {split['saving']:.1%}")  # fmt: skip
     return out
 
 
@@ -444,9 +539,14 @@ def _x(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}x"
 
 
-def _reference_cell(ref: dict[str, Any]) -> str:
+def _reference_cell(ref: dict[str, Any], cheap: bool = False) -> str:
     """report.md's line on the joint MILP: the optimum it proved, or the best layout of its time and its bound."""
     gap = "n/a" if ref["gap"] is None else format(ref["gap"], ".2%")
+    if cheap:
+        state = {"optimal": "optimal", "split": "the best split's sizing: the joint MILP found none as cheap"}.get(
+            ref["status"], "not proven: the joint MILP's cheapest in its time limit")
+        return (f"${ref['cost_per_hour']:,.2f}/h serves every demand ({state}, {ref['solve_s']:.1f} s); the least "
+                f"is at least ${ref['bound']:,.2f}/h: gap {'' if ref['status'] == 'optimal' else 'at most '}{gap}")
     if ref["status"] == "optimal":
         return f"{ref['fraction']:.3f} (optimal, solved in {ref['solve_s']:.1f} s); gap {gap}"
     if ref["status"] == "split":
@@ -457,11 +557,39 @@ def _reference_cell(ref: dict[str, Any]) -> str:
             f"{gap}")
 
 
+def _split_section(r: dict[str, Any], word: str) -> list[str]:
+    """report.md: what planning (or sizing) the models one at a time on a split of the inventory gives."""
+    ref, split = r["reference"], r["split"]
+    if split is None:
+        return ["No split of every GPU type between the models in shares of k/12 serves every demand with each "
+                "model's cheapest islands on its share: only the joint plan does."]  # fmt: skip
+    proven = "" if split["proven"] else " (some of its one-model optima stopped at their time limit)"
+    if r.get("objective") == "min_cost":
+        head = ("What separate runs can do: split every GPU type between the models in the same shares (k/12 of "
+                "each), and size each model alone on its share (its cheapest islands there serving its demand). The "
+                f"cheapest such split costs **${split['cost_per_hour']:,.2f}/h**{proven}; the joint plan's islands "
+                f"cost **${ref['cost_per_hour']:,.2f}/h**"
+                + (f": pooling the inventory saves **{split['saving']:.1%}**." if split["saving"] is not None
+                   else "."))  # fmt: skip
+    else:
+        head = ("What separate runs can do: split every GPU type between the models in the same shares (k/12 of "
+                "each), and plan each model alone on its share (its exact optimum there). The best such split serves "
+                f"**{split['fraction']:.3f}** of every {word}{proven}; the joint plan serves "
+                f"**{ref['fraction']:.3f}** (the same cost model, the exact optimum of both)"
+                + (f": pooling the inventory gains **{split['pooling_gain']:+.1%}**, by giving each model the GPU "
+                   "types it serves best rather than a slice of each." if split["pooling_gain"] is not None
+                   else "."))  # fmt: skip
+    return [head, "", "| model | share of every type | alone on it (req/s) | in the joint plan (req/s) |",
+            "|---|---|---|---|",
+            *(f"| {m['model']} | {m['split_share']:.0%} | {m['split_rate_req_s']:.2f} | {m['rate_req_s']:.2f} |"
+              for m in r["models"])]  # fmt: skip
+
+
 def fleet_report(r: dict[str, Any]) -> str:
     """report.md of a fleet: the fleet's totals, the joint plan against the best split, a section per model."""
     key = "demand_req_s" if r["demands"] else "weight"
     word = key.split("_")[0]
-    ref, split = r["reference"], r["split"]
+    ref, cheap = r["reference"], r.get("objective") == "min_cost"
     lines = [
         f"# Fleet {r['fleet']} on {r['inventory']}",
         "",
@@ -474,7 +602,7 @@ def fleet_report(r: dict[str, Any]) -> str:
         f"| **served** | **{r['served']:.3f} of every model's {word}** (the smallest of the models' rates over "
         f"their {word}s) |",
         f"| cost | ${r['cost_per_hour']:,.2f}/h of islands in use |",
-        f"| exact optimum | {_reference_cell(ref)} |",
+        f"| {'cheapest islands' if cheap else 'exact optimum'} | {_reference_cell(ref, cheap)} |",
         *([f"| one host lost | at worst {r['worst_host']['gpu']} host {r['worst_host']['node']} (it runs "
            f"{', '.join(r['worst_host']['models'])}): {r['worst_host']['served']:.3f} of every {word} served; each "
            "model's plan.json lists its own host losses |"] if r.get("worst_host") else []),
@@ -491,18 +619,7 @@ def fleet_report(r: dict[str, Any]) -> str:
         "",
         "## The joint plan against the best split",
         "",
-        "What separate runs can do: split every GPU type between the models in the same shares (k/12 of each), "
-        "and plan each model alone on its share (its exact optimum there). The best such split serves "
-        f"**{split['fraction']:.3f}** of every {word}"
-        + ("" if split["proven"] else " (some of its one-model optima stopped at their time limit)")
-        + f"; the joint plan serves **{ref['fraction']:.3f}** (the same cost model, the exact optimum of both)"
-        + (f": pooling the inventory gains **{split['pooling_gain']:+.1%}**, by giving each model the GPU types "
-           "it serves best rather than a slice of each." if split["pooling_gain"] is not None else "."),
-        "",
-        "| model | share of every type | alone on it (req/s) | in the joint plan (req/s) |",
-        "|---|---|---|---|",
-        *(f"| {m['model']} | {m['split_share']:.0%} | {m['split_rate_req_s']:.2f} | {m['rate_req_s']:.2f} |"
-          for m in r["models"]),
+        *_split_section(r, word),
         "",
     ]  # fmt: skip
     for m in r["models"]:
@@ -530,7 +647,7 @@ def _track(tracker: Any, r: dict[str, Any], run_dir: Path) -> None:
                       metrics, False)  # fmt: skip
     ref = r["reference"]
     metrics = {"served": r["served"], "cost_per_hour": r["cost_per_hour"], "optimum": ref["fraction"],
-               "split_served": r["split"]["fraction"], "wall_s": r["wall_s"]}  # fmt: skip
+               "wall_s": r["wall_s"], **({"split_served": r["split"]["fraction"]} if r["split"] else {})}  # fmt: skip
     if ref["gap"] is not None:
         metrics["gap"] = ref["gap"]
     if r.get("worst_host"):
