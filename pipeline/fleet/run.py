@@ -329,8 +329,9 @@ def _member_plans(members: list[Composed], joint: FleetResult, inv: Any, verify:
                   losses_too: bool = True) -> list[Plan]:  # fmt: skip
     """Each member's islands planned as its own search plans a layout, on hosts placed over the one inventory,
     simulated on its own stream at its stated rate (`verify`: search.verify) and its host losses found
-    (`losses_too`: search.host_losses); every model but the last in a child process beside this one where this
-    process may fork (each is seconds: a simulation and a re-plan per host)."""
+    (`losses_too`: search.host_losses) and its range drawn (search.band_draws); the models spread over this
+    machine's cores where this process may fork (each is seconds: a simulation, the range's draws, a re-plan per
+    host)."""
     layouts = [Layout.of([(g, n) for g, n, _ in isl]) for isl in joint.islands]
     node = {g.name: g.node_gpus for g in inv.gpus}
     hosts = place([i for lay in layouts for i in lay.islands], node)
