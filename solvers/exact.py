@@ -162,6 +162,8 @@ def solve_counts(
     search moves prefill and decode islands only)."""
     t0 = time.perf_counter()
     s = new_solver("HIGHS" if relax or fix is not None else backend, time_limit_s)  # GLOP: ABNORMAL at 10k GPUs
+    if backend == "HIGHS" and not (relax or fix is not None):  # OR-Tools' HiGHS ignores RELATIVE_MIP_GAP (its 1e-4)
+        s.SetSolverSpecificParametersAsString(f"output_flag=false\nmip_rel_gap={GAP}")
     lam = s.NumVar(0.0 if demand is None else demand, s.infinity(), "Lambda")
     block = add_model(s, types, p, lam, kv_gb=kv_gb, relax=relax, fix=fix)
     classes, n_p, n_d, n_a = block.classes, block.n_p, block.n_d, block.n_a
