@@ -330,6 +330,14 @@ def test_the_cheapest_fleet_serves_every_demand_with_the_islands_the_milp_priced
         assert m["rate_req_s"] >= m["demand_req_s"] * (1 - 1e-6) and abs(m["simulated_over_stated"] - 1) <= 0.05
     assert "the cheapest (optimal)" in r.stdout and "| cheapest islands | $" in next(
         (tmp_path / "fleet").glob("small-*/*/report.md")).read_text()
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    runs = client.search_runs([client.get_experiment_by_name("archipelago").experiment_id])
+    parent = next(x for x in runs if x.info.run_name.startswith("fleet-small"))
+    assert parent.data.params["objective"] == "min_cost"
+    assert parent.data.metrics["cheapest_cost_per_hour"] == pytest.approx(ref["cost_per_hour"])
+    assert parent.data.metrics["cost_bound_per_hour"] == pytest.approx(ref["bound"])
     r = in_process(execute, "search", *common, "+fleet=two_models")  # 300 req/s each: more than tiny_hetero serves
     assert r.returncode == 1 and "[fleet] error: no layout of tiny_hetero" in r.stdout
     assert "serves every model's demand: it serves at most 0.3" in r.stdout

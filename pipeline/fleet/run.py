@@ -637,7 +637,8 @@ def fleet_report(r: dict[str, Any]) -> str:
 
 def _track(tracker: Any, r: dict[str, Any], run_dir: Path) -> None:
     """MLflow: the fleet's parent run, a child per model."""
-    params = {"fleet": r["fleet"], "inventory": r["inventory"], "models": ",".join(m["model"] for m in r["models"])}
+    params = {"fleet": r["fleet"], "inventory": r["inventory"], "models": ",".join(m["model"] for m in r["models"]),
+              "objective": r.get("objective", "max_rate")}
     tracker.start_parent(f"fleet-{r['fleet']}-{r['inventory']}", params, None, FLEET_NOTE)
     key = "demand_req_s" if r["demands"] else "weight"
     for m in r["models"]:
@@ -651,6 +652,10 @@ def _track(tracker: Any, r: dict[str, Any], run_dir: Path) -> None:
                "wall_s": r["wall_s"], **({"split_served": r["split"]["fraction"]} if r["split"] else {})}  # fmt: skip
     if ref["gap"] is not None:
         metrics["gap"] = ref["gap"]
+    if r.get("objective") == "min_cost":  # the sizing question: the $/h found, the least proven, the split's
+        metrics |= {"cheapest_cost_per_hour": ref["cost_per_hour"], "cost_bound_per_hour": ref["bound"]}
+        if r["split"] and r["split"]["cost_per_hour"] is not None:
+            metrics["split_cost_per_hour"] = r["split"]["cost_per_hour"]
     if r.get("worst_host"):
         metrics["one_host_lost_served"] = r["worst_host"]["served"]
     tracker.finish_parent(metrics, [run_dir / "fleet.json", run_dir / "report.md"])
