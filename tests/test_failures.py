@@ -101,7 +101,7 @@ def test_a_plan_with_its_host_losses_reads_back_from_plan_json(tiny: Any, tmp_pa
     assert "| 0.00 | 0% | H20 0-3 | the 32 x H20 decode island |" in text
 
 
-def test_a_search_reports_its_worst_host_on_the_console_in_plan_json_and_mlflow(tmp_path: Path) -> None:
+def test_a_search_reports_its_worst_host_on_the_console_in_plan_json_and_mlflow(tmp_path: Path, local_ray: Any) -> None:
     from mlflow.tracking import MlflowClient
 
     from pipeline.search.run import execute
@@ -278,7 +278,8 @@ def test_by_default_a_search_that_cannot_plan_for_a_host_lost_plans_every_host_u
     assert settings.search.spare_hosts == 1 and settings.spare_off == ""
 
 
-def test_a_search_for_one_spare_host_keeps_serving_where_the_fastest_plan_stops(tmp_path: Path) -> None:
+def test_a_search_for_one_spare_host_keeps_serving_where_the_fastest_plan_stops(tmp_path: Path,
+                                                                               local_ray: Any) -> None:
     """tiny_hetero under the kernel-calibrated model: the plan of most req/s (the exact planner's) decodes on one
     island over four H20 hosts, so losing any of them stops it (the default model's plan splits its decoding over
     three islands and loses a part). Planned with search.spare_hosts=1 (a real search: Ray Tune, Optuna's TPE, the
@@ -342,7 +343,7 @@ def test_a_search_for_one_spare_host_keeps_serving_where_the_fastest_plan_stops(
      "one island can do: python -m pipeline.island gpu=<GPU> size=<N>."),
 ])  # fmt: skip
 def test_a_search_whose_best_layout_serves_nothing_writes_no_plan_and_says_why(
-    tmp_path: Path, args: list[str], why: str
+    tmp_path: Path, local_ray: Any, args: list[str], why: str
 ) -> None:
     """With 7 of tiny_hetero's 8 hosts lost, or aggregated islands under a budget no island fits, or Mooncake's
     126k-token prompts under the default 2 s TTFT (the exact reference proves nothing serves with every host up: the
