@@ -161,9 +161,8 @@ def solve_counts(
     class's (n^P, n^D) as solved (aggregated islands, in the result's islands, are not among them: the count
     search moves prefill and decode islands only)."""
     t0 = time.perf_counter()
-    s = new_solver("HIGHS" if relax or fix is not None else backend, time_limit_s)  # GLOP: ABNORMAL at 10k GPUs
-    if backend == "HIGHS" and not (relax or fix is not None):  # OR-Tools' HiGHS ignores RELATIVE_MIP_GAP (its 1e-4)
-        s.SetSolverSpecificParametersAsString(f"output_flag=false\nmip_rel_gap={GAP}")
+    milp = not (relax or fix is not None)
+    s = new_solver(backend if milp else "HIGHS", time_limit_s, GAP if milp else None)  # GLOP: ABNORMAL at 10k GPUs
     lam = s.NumVar(0.0 if demand is None else demand, s.infinity(), "Lambda")
     block = add_model(s, types, p, lam, kv_gb=kv_gb, relax=relax, fix=fix)
     classes, n_p, n_d, n_a = block.classes, block.n_p, block.n_d, block.n_a
@@ -190,7 +189,7 @@ def solve_counts(
     else:
         s.Maximize(lam - theta * total_cost if theta > 0 else lam)
     params = pywraplp.MPSolverParameters()
-    if not (relax or fix is not None):
+    if milp:
         params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
     status = status_of(s, s.Solve(params), time_limit_s)
     if status in ("infeasible", "time_limit"):

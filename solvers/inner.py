@@ -90,6 +90,7 @@ _SCIP_HEURISTICS = (
     "rins rootsoldiving rounding scheduler shiftandpropagate shifting simplerounding subnlp trivial "
     "trivialnegation trustregion twoopt undercover vbounds veclendiving zeroobj zirounding"
 ).split()
+MODEL_GAP = 1e-7  # the comparison model's relative MIP gap (`_Model`)
 SCIP_GAP = "limits/gap = 1e-7"  # SCIP's default 1e-4 is visible in Λ
 # SCIP leaves Ctrl-C to Python: by default it takes the signal itself and ends the solve early with an incumbent (or
 # none), so a caller would carry on with a cut solution, or fail on the status, instead of stopping
@@ -256,15 +257,17 @@ def status_of(solver: pywraplp.Solver, code: int, time_limit_s: float) -> str:
     raise RuntimeError(f"inner solver ended with status {names.get(code, code)}")
 
 
-def new_solver(backend: str, time_limit_s: float) -> pywraplp.Solver:
-    """A quiet OR-Tools solver with a time limit."""
+def new_solver(backend: str, time_limit_s: float, mip_gap: float | None = None) -> pywraplp.Solver:
+    """A quiet OR-Tools solver with a time limit; `mip_gap`: the relative gap HiGHS solves a MILP to (OR-Tools' HiGHS
+    interface ignores RELATIVE_MIP_GAP, which the other backends take with the solve)."""
     solver = pywraplp.Solver.CreateSolver(backend)
     if solver is None:
         raise RuntimeError(f"OR-Tools was built without {backend}; reinstall ortools")
     solver.SetTimeLimit(max(int(time_limit_s * 1000), 1))
     solver.SuppressOutput()
-    if backend == "HIGHS":
-        solver.SetSolverSpecificParametersAsString("output_flag=false")  # HiGHS prints a banner otherwise
+    if backend == "HIGHS":  # HiGHS prints a banner otherwise
+        solver.SetSolverSpecificParametersAsString("output_flag=false"
+                                                   + (f"\nmip_rel_gap={mip_gap}" if mip_gap is not None else ""))
     return solver
 
 
@@ -681,7 +684,7 @@ class _Model:
         self.first = [c[0] for c in classes]
         self.bp, self.bd = prob.prefill_req_s[self.first], prob.decode_req_s[self.first]
         self.m = [len(c) for c in classes]
-        self.solver = solver = new_solver(backend, time_limit_s)
+        self.solver = solver = new_solver(backend, time_limit_s, MODEL_GAP)
         self.time_limit_s = time_limit_s
         if backend == "SCIP" and not solver.SetSolverSpecificParametersAsString(SCIP_PARAMETERS):
             raise RuntimeError("SCIP refused solvers.inner.SCIP_PARAMETERS (an OR-Tools upgrade renamed one?)")
@@ -708,7 +711,7 @@ class _Model:
 
     def _run(self) -> str:
         params = pywraplp.MPSolverParameters()
-        params.SetDoubleParam(params.RELATIVE_MIP_GAP, 1e-7)  # SCIP's default 1e-4 is visible in Λ
+        params.SetDoubleParam(params.RELATIVE_MIP_GAP, MODEL_GAP)  # SCIP's default 1e-4 is visible in Λ
         return status_of(self.solver, self.solver.Solve(params), self.time_limit_s)
 
     def thesis(self, t0: float) -> InnerSolution:
