@@ -161,7 +161,7 @@ def check_fits(settings: Settings) -> None:
 def execute(cfg: Any) -> int:
     """Plan the fleet `cfg` names on its inventory; returns the exit code (0 planned, 1 no plan)."""
     spec = fleet_from_cfg(choice("fleet"), plain(cfg.fleet))
-    fleet_objective(cfg, spec)  # (checked before anything is benchmarked)
+    objective = fleet_objective(cfg, spec)  # (checked before anything is benchmarked)
     inventory_name, inv_cfg = inventory_of(cfg)
     command_costmodel = choice("costmodel")
     t0 = time.perf_counter()
@@ -174,13 +174,13 @@ def execute(cfg: Any) -> int:
           flush=True)  # fmt: skip
     tracker = open_tracker(cfg.mlflow.tracking_uri, str(cfg.mlflow.experiment), FLEET_NOTE, ())
     try:
-        return _plan_fleet(spec, members, inventory_name, tracker, cfg, t0)
+        return _plan_fleet(spec, members, inventory_name, tracker, cfg, t0, objective)
     finally:
         tracker.close()
 
 
 def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, tracker: Any, cfg: Any,
-                t0: float) -> int:  # fmt: skip
+                t0: float, objective: str) -> int:  # fmt: skip
     inv = members[0].settings.inventory
     fm = []
     for c in members:
@@ -189,13 +189,12 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
     bench_s = time.perf_counter() - t0
     limit = members[0].settings.search.reference_time_limit_s  # each one-model optimum of the best split's
     budget = members[0].settings.planning.budget_per_hour
-    cheap = fleet_objective(cfg, spec) == "min_cost"
-    if cheap:
+    if objective == "min_cost":
         got = _cheapest_layout(fm, spec, inv, limit)
         if got is None:
             return NO_PLAN
         joint, split = got
-        return _planned(spec, members, inventory_name, tracker, cfg, t0, bench_s, joint, lambda: split)
+        return _planned(spec, members, inventory_name, tracker, cfg, t0, bench_s, objective, joint, lambda: split)
     # the best split, one model at a time, on the other core while the joint MILP runs
     aside = Forked(split_optimum, fm, time_limit_s=limit) if forkable() else None
     joint = fleet_optimum(fm, budget_per_hour=budget, time_limit_s=spec.time_limit_s)
@@ -226,11 +225,13 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
         print(f"[fleet] error: no layout of {inv.describe()} serves every model of fleet {spec.name} "
               f"({joint.status}); see each model's islands above", flush=True)  # fmt: skip
         return NO_PLAN
-    return _planned(spec, members, inventory_name, tracker, cfg, t0, bench_s, joint, lambda: split or best_split())
+    return _planned(spec, members, inventory_name, tracker, cfg, t0, bench_s, objective, joint,
+                    lambda: split or best_split())  # fmt: skip
 
 
 def _planned(spec: FleetSpec, members: list[Composed], inventory_name: str, tracker: Any, cfg: Any, t0: float,
-             bench_s: float, joint: FleetResult, best_split: Callable[[], Split | None]) -> int:  # fmt: skip
+             bench_s: float, objective: str, joint: FleetResult,
+             best_split: Callable[[], Split | None]) -> int:  # fmt: skip
     """The models' plans on the joint layout, checked, and the fleet's records."""
     from pipeline.checks import boolean
 
@@ -241,13 +242,13 @@ def _planned(spec: FleetSpec, members: list[Composed], inventory_name: str, trac
     wall_s = time.perf_counter() - t0
     served = min(p.rate_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
     searched = min(p.rates.searched_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
-    if fleet_objective(cfg, spec) == "min_cost":  # the bound is the least $/h
+    if objective == "min_cost":  # the bound is the least $/h
         spent = sum(p.cost_per_hour for p in plans)
         gap = max(0.0, spent / joint.bound - 1.0) if joint.bound == joint.bound and joint.bound > 0 else None
     else:
         gap = max(0.0, 1.0 - searched / joint.bound) if joint.bound == joint.bound and joint.bound > 0 else None
     record = fleet_record(spec, inventory_name, members, plans, joint, split, served, gap, wall_s, bench_s,
-                          fleet_objective(cfg, spec))  # fmt: skip
+                          objective)  # fmt: skip
     record["worst_host"] = worst_host(members, plans)
     ident = json.dumps({"fleet": plain(cfg.fleet), "inventory": inventory_name, "objective": record["objective"],
                         "members": [c.settings.key for c in members]}, sort_keys=True)  # fmt: skip
@@ -299,13 +300,14 @@ def _cheapest_layout(fm: list[Member], spec: FleetSpec, inv: Any,
         print(f"[fleet] the cheapest islands serving every demand (optimal, {joint.solve_ms / 1e3:.1f} s): "
               f"${joint.cost_per_hour:,.2f}/h of the inventory's ${inv.cost_per_hour:,.2f}/h", flush=True)  # fmt: skip
         return joint, split
-    if split is not None and (not joint.islands or split.cost_per_hour < joint.cost_per_hour):
-        bound = joint.bound if joint.islands and joint.bound == joint.bound else \
-            fleet_optimum(fm, relax=True, cheapest=True).bound  # fmt: skip
+    planned = joint if split is None else \
+        planned_layout(joint, split, lambda: fleet_optimum(fm, relax=True, cheapest=True).bound, cheapest=True)
+    if planned is not joint:
         print(f"[fleet] the joint MILP found {'none as cheap as the best split' if joint.islands else 'no layout'} "
               f"within fleet.time_limit_s={spec.time_limit_s:g}: sized with the best split "
-              f"(${split.cost_per_hour:,.2f}/h); the least is at least ${bound:,.2f}/h", flush=True)  # fmt: skip
-        return FleetResult("split", 1.0, bound, split.islands, split.cost_per_hour, joint.solve_ms), split
+              f"(${planned.cost_per_hour:,.2f}/h); the least is at least ${planned.bound:,.2f}/h",
+              flush=True)  # fmt: skip
+        return planned, split
     if not joint.islands:
         print(f"[fleet] error: the joint MILP found no layout serving every demand within fleet.time_limit_s="
               f"{spec.time_limit_s:g}, nor does any split of the inventory: raise fleet.time_limit_s", flush=True)
@@ -315,14 +317,21 @@ def _cheapest_layout(fm: list[Member], spec: FleetSpec, inv: Any,
     return joint, split
 
 
-def planned_layout(joint: FleetResult, split: Split, lp_bound: Callable[[], float]) -> FleetResult:
+def planned_layout(joint: FleetResult, split: Split, lp_bound: Callable[[], float],
+                   cheapest: bool = False) -> FleetResult:  # fmt: skip
     """The layout a fleet is planned on where the joint MILP was cut short: its best layout where that serves at
-    least the best split's fraction; else the best split's (a joint layout too), with the MILP's proven bound where
-    it has one and `lp_bound()` (the LP relaxation's) where it found no layout."""
-    if split.fraction <= 0 or split.fraction <= joint.fraction:
+    least the best split's fraction (`cheapest`: costs no more than the best split's sizing); else the best split's
+    (a joint layout too), with the MILP's proven bound where it has one and `lp_bound()` (the LP relaxation's) where
+    it found no layout."""
+    if cheapest:
+        keep = bool(joint.islands) and joint.cost_per_hour <= split.cost_per_hour
+    else:
+        keep = split.fraction <= 0 or split.fraction <= joint.fraction
+    if keep:
         return joint
     bound = joint.bound if joint.islands and joint.bound == joint.bound else lp_bound()
-    return FleetResult("split", split.fraction, bound, split.islands, 0.0, joint.solve_ms)
+    return FleetResult("split", 1.0 if cheapest else split.fraction, bound, split.islands,
+                       split.cost_per_hour if cheapest else 0.0, joint.solve_ms)  # fmt: skip
 
 
 def _member_plans(members: list[Composed], joint: FleetResult, inv: Any, verify: bool = True,
