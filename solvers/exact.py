@@ -39,6 +39,7 @@ solve max Λ − θ C, set θ = Λ / C, repeat until the optimum is 0 (a few MIL
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -49,7 +50,7 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 
 from solvers import count_search
-from solvers.inner import MILP_BACKENDS, new_solver, status_of
+from solvers.inner import MILP_BACKENDS, new_solver, quiet_stdout, status_of
 from solvers.type_options import TypeOptions
 
 GAP = 1e-6  # relative MIP gap: the reference is exact to this
@@ -191,7 +192,9 @@ def solve_counts(
     params = pywraplp.MPSolverParameters()
     if milp:
         params.SetDoubleParam(params.RELATIVE_MIP_GAP, GAP)
-    status = status_of(s, s.Solve(params), time_limit_s)
+    with quiet_stdout() if milp and backend == "HIGHS" else contextlib.nullcontext():
+        code = s.Solve(params)
+    status = status_of(s, code, time_limit_s)
     if status in ("infeasible", "time_limit"):
         return ExactResult(status, 0.0, 0.0, (), (time.perf_counter() - t0) * 1e3, 1, float("nan")), []
     counts, islands = block.solution()

@@ -27,20 +27,17 @@ serving its demand within its share, the split of least total $/h.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
-import os
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from ortools.linear_solver import pywraplp
 
 from solvers.exact import GAP, add_model, exact_optimum
-from solvers.inner import MILP_BACKENDS, new_solver, status_of
+from solvers.inner import MILP_BACKENDS, new_solver, quiet_stdout, status_of
 from solvers.type_options import TypeOptions
 
 SPLIT_STEPS = 12  # split_optimum's grid: shares of k/12 (halves, thirds, quarters and sixths among them)
@@ -133,20 +130,6 @@ def fleet_optimum(
     return FleetResult(status, fraction, bound, islands, spent, ms)
 
 
-@contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
-    """File descriptor 1 pointed at /dev/null within (what C++ code prints there), Python's stdout flushed first."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def solve_highs(s: pywraplp.Solver, time_limit_s: float) -> tuple[str, np.ndarray | None, float]:
     """The MILP built in `s`, solved by HiGHS through SciPy: (status, every variable's value by index or None,
     the proven bound on the objective). OR-Tools' own HiGHS interface returns no solution where the time limit
@@ -165,7 +148,7 @@ def solve_highs(s: pywraplp.Solver, time_limit_s: float) -> tuple[str, np.ndarra
                                                                                  strict=True)]  # fmt: skip
     i, j, a = (np.array(x) for x in zip(*rows, strict=True))
     matrix = csr_matrix((a.astype(float), (i.astype(int), j.astype(int))), shape=(len(proto.constraint), len(var)))
-    with _quiet_stdout():  # HiGHS's MIP solver prints some of its internal notes to the process's stdout
+    with quiet_stdout():  # HiGHS's MIP solver prints some of its internal notes to the process's stdout
         res = milp(c, integrality=np.array([1 if v.is_integer else 0 for v in var]),
                    bounds=Bounds([v.lower_bound for v in var], [v.upper_bound for v in var]),
                    constraints=LinearConstraint(matrix, [k.lower_bound for k in proto.constraint],
@@ -192,12 +175,25 @@ class Split:
     rates: tuple[float, ...]  # each member's optimum on its share (req/s)
     islands: tuple[tuple[tuple[str, int, str], ...], ...]
     proven: bool  # every one-model optimum it rests on solved to optimality
-    cost_per_hour: float = float("nan")  # split_cheapest: the $/h of every member's cheapest islands on its share
+    cost_per_hour: float = float("nan")  # the $/h of every member's islands on its share (split_cheapest: cheapest)
 
 
 def share_of(types: list[TypeOptions], share: float) -> list[TypeOptions]:
     """The member's types with `share` of every GPU type's count (rounded down to whole GPUs)."""
     return [dataclasses.replace(t, count=int(np.floor(t.count * share + 1e-9))) for t in types]
+
+
+Islands = tuple[tuple[str, int, str], ...]
+
+
+@dataclass(frozen=True)
+class _Share:
+    """One member alone on one share of the inventory: what its own exact optimum there gives."""
+
+    rate: float  # req/s
+    cost_per_hour: float
+    proven: bool
+    islands: Islands
 
 
 def split_optimum(
@@ -210,31 +206,20 @@ def split_optimum(
     """The best split of every GPU type between the members in shares of k/`steps`, each member's rate its own
     exact optimum on its share: what planning the models one at a time, each on a slice of the fleet, gives."""
     _check(members, backend)
-    table: list[list[tuple[float, bool, tuple[tuple[str, int, str], ...]]]] = []
-    for m in members:
-        row: list[tuple[float, bool, tuple[tuple[str, int, str], ...]]] = [(0.0, True, ())]
-        for k in range(1, steps + 1):
-            res = exact_optimum(share_of(m.types, k / steps), m.p, kv_gb=m.kv_gb, time_limit_s=time_limit_s,
-                                backend=backend)  # fmt: skip
-            rate = res.rate_req_s if res.status in ("optimal", "feasible") else 0.0
-            # a larger share never serves less: where the solver found less (a time limit), the smaller share's
-            # islands stand
-            row.append((rate, res.status == "optimal", res.islands) if rate >= row[-1][0] else row[-1])
-        table.append(row)
-    best: tuple[float, tuple[int, ...]] = (-1.0, ())
-    for ks in itertools.product(range(steps + 1), repeat=len(members)):
-        if sum(ks) <= steps:
-            frac = min(table[i][k][0] / m.demand for i, (m, k) in enumerate(zip(members, ks, strict=True)))
-            if frac > best[0]:
-                best = (frac, ks)
-    frac, ks = best
-    return Split(
-        shares=tuple(k / steps for k in ks),
-        fraction=frac,
-        rates=tuple(table[i][k][0] for i, k in enumerate(ks)),
-        islands=tuple(table[i][k][2] for i, k in enumerate(ks)),
-        proven=all(table[i][k][1] for i, k in enumerate(ks)),
-    )
+
+    def alone(m: Member, types: list[TypeOptions]) -> _Share:
+        res = exact_optimum(types, m.p, kv_gb=m.kv_gb, time_limit_s=time_limit_s, backend=backend)
+        rate = res.rate_req_s if res.status in ("optimal", "feasible") else 0.0
+        return _Share(rate, res.cost_per_hour, res.status == "optimal", res.islands)
+
+    def fraction(picked: list[_Share | None]) -> float | None:
+        return min(x.rate / m.demand for x, m in zip(picked, members, strict=True) if x is not None)
+
+    # a larger share never serves less: where the solver found less (a time limit), the smaller share's islands stand
+    split = _best_split(members, steps, alone, _Share(0.0, 0.0, True, ()),
+                        lambda new, old: new.rate < old.rate, fraction)  # fmt: skip
+    assert split is not None  # (every member's empty share scores 0)
+    return split
 
 
 def split_cheapest(
@@ -248,35 +233,50 @@ def split_cheapest(
     their demands (each its own exact `min_cost` on its share) cost least in all: what sizing the models one at a
     time, each on a slice of the inventory, gives at best. None where no split serves every demand."""
     _check(members, backend)
-    table: list[list[tuple[float, float, bool, tuple[tuple[str, int, str], ...]] | None]] = []
+
+    def alone(m: Member, types: list[TypeOptions]) -> _Share | None:
+        res = exact_optimum(types, m.p, objective="min_cost", demand_req_s=m.demand, kv_gb=m.kv_gb,
+                            time_limit_s=time_limit_s, backend=backend)  # fmt: skip
+        found = res.status in ("optimal", "feasible") and bool(res.islands)
+        return _Share(res.rate_req_s, res.cost_per_hour, res.status == "optimal", res.islands) if found else None
+
+    def saving(picked: list[_Share | None]) -> float | None:  # less $/h scores more; a member unserved, none
+        return None if any(x is None for x in picked) else -sum(x.cost_per_hour for x in picked if x is not None)
+
+    # a larger share never costs more: where the solver found more (a time limit), the smaller share's islands stand
+    split = _best_split(members, steps, alone, None, lambda new, old: new is None or new.cost_per_hour >
+                        old.cost_per_hour, saving, tie=1e-9)  # fmt: skip
+    return split
+
+
+def _best_split(members: Sequence[Member], steps: int, alone: Callable[[Member, list[TypeOptions]], _Share | None],
+                empty: _Share | None, worse: Callable[[_Share | None, _Share], bool],
+                score: Callable[[list[_Share | None]], float | None], tie: float = 0.0) -> Split | None:  # fmt: skip
+    """The split of every GPU type in shares of k/`steps` (Σ k <= steps) whose members' entries (`alone` on each
+    share, `empty` on none; a member's smaller share's entry kept where the larger's is `worse`) `score` highest
+    (None: not a split that serves); the first of equal scores within `tie`. None where none scores."""
+    table: list[list[_Share | None]] = []
     for m in members:
-        row: list[tuple[float, float, bool, tuple[tuple[str, int, str], ...]] | None] = [None]
+        row = [empty]
         for k in range(1, steps + 1):
-            res = exact_optimum(share_of(m.types, k / steps), m.p, objective="min_cost", demand_req_s=m.demand,
-                                kv_gb=m.kv_gb, time_limit_s=time_limit_s, backend=backend)  # fmt: skip
-            found = res.status in ("optimal", "feasible") and bool(res.islands)
-            mine = (res.cost_per_hour, res.rate_req_s, res.status == "optimal", res.islands) if found else None
-            # a larger share never costs more: where the solver found more (a time limit), the smaller share's stand
-            if row[-1] is not None and (mine is None or mine[0] > row[-1][0]):
-                mine = row[-1]
-            row.append(mine)
+            mine = alone(m, share_of(m.types, k / steps))
+            row.append(row[-1] if row[-1] is not None and worse(mine, row[-1]) else mine)
         table.append(row)
     best: tuple[float, tuple[int, ...]] | None = None
     for ks in itertools.product(range(steps + 1), repeat=len(members)):
-        picked = [table[i][k] for i, k in enumerate(ks)]
-        if sum(ks) <= steps and all(x is not None for x in picked):
-            total = sum(x[0] for x in picked if x is not None)
-            if best is None or total < best[0] - 1e-9:
-                best = (total, ks)
+        if sum(ks) <= steps:
+            got = score([table[i][k] for i, k in enumerate(ks)])
+            if got is not None and (best is None or got > best[0] + tie):
+                best = (got, ks)
     if best is None:
         return None
-    total, ks = best
-    picked = [table[i][k] for i, k in enumerate(ks)]
+    picked = [table[i][k] for i, k in enumerate(best[1])]
+    served = [x for x in picked if x is not None]
     return Split(
-        shares=tuple(k / steps for k in ks),
-        fraction=min(x[1] / m.demand for x, m in zip(picked, members, strict=True) if x is not None),
-        rates=tuple(x[1] for x in picked if x is not None),
-        islands=tuple(x[3] for x in picked if x is not None),
-        proven=all(x[2] for x in picked if x is not None),
-        cost_per_hour=total,
+        shares=tuple(k / steps for k in best[1]),
+        fraction=min(x.rate / m.demand for x, m in zip(served, members, strict=True)),
+        rates=tuple(x.rate for x in served),
+        islands=tuple(x.islands for x in served),
+        proven=all(x.proven for x in served),
+        cost_per_hour=sum(x.cost_per_hour for x in served),
     )

@@ -60,7 +60,11 @@ raises with the solver's status.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -255,6 +259,21 @@ def status_of(solver: pywraplp.Solver, code: int, time_limit_s: float) -> str:
         pywraplp.Solver.NOT_SOLVED: "NOT_SOLVED",
     }
     raise RuntimeError(f"inner solver ended with status {names.get(code, code)}")
+
+
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """File descriptor 1 pointed at /dev/null within, Python's stdout flushed first: HiGHS's MIP solver prints some
+    of its internal notes there, whatever its output settings."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def new_solver(backend: str, time_limit_s: float, mip_gap: float | None = None) -> pywraplp.Solver:
