@@ -461,7 +461,8 @@ def model_error(dump: str | Path, measured: str | Path = INFERENCEX, *,
     as the fit takes TTFT) and the TPOT errors (decode). Each sigma is set so that the lognormal's 10th-90th
     percentile holds HELD_OUT_SHARE of those errors: |log(predicted / measured)| at that quantile over Z10.
     `every_row`: the dump of a model fitted to no end-to-end row (`inferencex_bench.py --extra costmodel=calibrated
-    --dump`), so every row of every GPU is one it never saw."""
+    --dump`): every row of the fitting GPUs is one it never saw, held out or not; the check GPUs' rows stay out, to
+    judge the range."""
     rows = {r.line: r for r in load_inferencex(measured)}
     errors: dict[str, list[float]] = {"model_prefill": [], "model_decode": []}
     path = Path(dump)
@@ -471,7 +472,9 @@ def model_error(dump: str | Path, measured: str | Path = INFERENCEX, *,
                 if d.get("held_out") != "1" and not every_row:
                     continue
                 row = rows.get(int(d["line"]))
-                if row is None or not (row.fitting or every_row):
+                if every_row and row is not None and not row.fitting:
+                    continue  # a check GPU's row: it judges the range, and sets nothing
+                if row is None or not row.fitting:
                     raise UserError(f"{path}:{k}: line {d['line']} is not a fitting GPU's row of {measured}")
                 pairs = [("model_decode", "median_tpot")]
                 if row.conc <= QUEUE_FREE_USERS:
