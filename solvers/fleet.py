@@ -14,6 +14,22 @@ resident), so the models share nothing but the inventory:
 inventory's capacity to spare; with weights, model m's rate is α w_m). The optimum bounds every joint plan of the
 same model, so a plan's gap to it is >= 0.
 
+`spare` plans for one host lost (the default fleet): every layout it gives keeps α d_m of every model with any one
+host gone, its islands in their roles and the router re-sending their share, by a reserve per model m, role r and
+island class c:
+
+    (8) Σ_c' β^r_c' n^r_c' − h_c β^r_c w^r_c >= α d_m,   w^r_c ∈ {0, 1},  w^r_c <= n^r_c <= most_c w^r_c
+
+β^r_c = 1 / Σ_j p_j / b^r_cj is the req/s one island of c serves of the model's whole mix in role r (0 where it cannot
+serve a range the mix holds), h_c = max(1, host / s_c) the islands of c one host holds. The left side is what the
+islands left serve with each one given the mix in proportion, one host's worth of c's islands gone: a routing the
+router can take, so the rate the routing re-solved keeps is at least that. A host holds islands of several classes
+of one model (sizes below a host: Σ s_c <= host) or one island of whole hosts; either way what it carries of role r is
+at most max_c h_c β^r_c, so (8) holds for every host. A host shared by two models costs each only its own islands:
+(8) per model is the fleet's. The reserve is conservative (the router does better than mix in proportion), and its
+α a rate the plan keeps, not an optimum: the gap is stated against the optimum with every host up (`relax`: its LP),
+which bounds every plan's rate with a host lost. Models with aggregated islands are not planned this way.
+
 `cheapest` (the sizing question for a fleet): min Σ_m C_m with α = 1, every model's demand served, the inventory's
 counts upper bounds: the cheapest islands of the inventory that serve every demand (`FleetResult.bound` is then the
 proven lower bound on that $/h).
@@ -32,11 +48,12 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from solvers.exact import GAP, add_model, exact_optimum
+from solvers.exact import GAP, ModelBlock, add_model, exact_optimum
 from solvers.inner import MILP_BACKENDS, new_solver, quiet_stdout, status_of
 from solvers.type_options import TypeOptions
 
@@ -62,6 +79,7 @@ class FleetResult:
     islands: tuple[tuple[tuple[str, int, str], ...], ...]  # per member: (gpu, size, role) per island
     cost_per_hour: float
     solve_ms: float
+    lost_hosts: int = 0  # 1: α is kept with any one host lost (`spare`); 0: with every host up
 
     def rates(self, members: Sequence[Member]) -> list[float]:
         """Each member's rate at the common fraction (req/s)."""
@@ -89,16 +107,23 @@ def fleet_optimum(
     backend: str = "HIGHS",
     relax: bool = False,
     cheapest: bool = False,
+    spare: bool = False,
 ) -> FleetResult:
     """The largest common fraction α of every member's demand one inventory serves, and each member's islands
     (`relax`: island counts continuous, an LP: its α bounds the MILP's; `cheapest`: the least $/h of islands that
-    serve every demand instead, α = 1)."""
+    serve every demand instead, α = 1; `spare`: α kept with any one host lost, (8), and `bound` the solver's on that
+    model)."""
     _check(members, backend)
+    if spare and any(t.aggregated_req_s is not None and t.aggregated_req_s.any() for m in members for t in m.types):
+        raise ValueError("fleet: a fleet planned for a host lost has no aggregated islands (not in its reserve (8))")
     t0 = time.perf_counter()
     s = new_solver("HIGHS" if relax else backend, time_limit_s)
     alpha = s.NumVar(1.0, 1.0, "alpha") if cheapest else s.NumVar(0.0, s.infinity(), "alpha")
     blocks = [add_model(s, m.types, m.p, alpha * m.demand, kv_gb=m.kv_gb, relax=relax, tag=f"{k}:")
               for k, m in enumerate(members)]  # fmt: skip
+    if spare:
+        for m, b in zip(members, blocks, strict=True):
+            host_reserve(s, m, b, alpha * m.demand, relax)
     for ti, t in enumerate(members[0].types):
         used = [term for b in blocks for term in b.used(ti)]
         if used:
@@ -127,7 +152,33 @@ def fleet_optimum(
     islands = tuple(b.solution(values)[1] for b in blocks)
     price = {t.gpu: t.price_per_gpu_hour for t in members[0].types}
     spent = sum(size * price[g] for isl in islands for g, size, _ in isl)
-    return FleetResult(status, fraction, bound, islands, spent, ms)
+    return FleetResult(status, fraction, bound, islands, spent, ms, int(spare))
+
+
+def mix_rate(rows: np.ndarray, p: np.ndarray) -> float:
+    """β: the req/s one island serves of a mix with range shares `p`, its rates per range `rows` (0 where it cannot
+    serve a range of the mix)."""
+    held = p > 0
+    return 0.0 if not held.any() or (rows[held] <= 0).any() else 1.0 / float(np.sum(p[held] / rows[held]))
+
+
+def host_reserve(s: pywraplp.Solver, m: Member, block: ModelBlock, rate: Any, relax: bool = False) -> None:
+    """(8) for member `m`'s islands (`block`): with any one host's worth of one class's islands in a role gone, the
+    islands left, each serving the mix in proportion, still serve `rate`."""
+    for n, role in ((block.n_p, "prefill"), (block.n_d, "decode")):
+        beta = [mix_rate((m.types[ti].prefill_req_s if role == "prefill" else m.types[ti].decode_req_s)[si], m.p)
+                for ti, si in block.classes]  # fmt: skip
+        lost = s.NumVar(0.0, s.infinity(), "")  # the most one host carries of the role: max_c h_c β^r_c w^r_c
+        for c, (ti, si) in enumerate(block.classes):
+            if beta[c] <= 0:
+                continue  # (serves nothing of the mix in proportion: its loss takes nothing from the left side)
+            t, size = m.types[ti], int(m.types[ti].sizes[si])
+            most = t.count // size
+            held = min(max(1, t.node_gpus // size), most)
+            w = s.NumVar(0.0, 1.0, "") if relax else s.BoolVar("")  # (w = 1 where n = 0 only takes more)
+            s.Add(n[c] <= most * w)
+            s.Add(lost >= held * beta[c] * w)
+        s.Add(s.Sum([b * n[c] for c, b in enumerate(beta) if b > 0]) - lost >= rate)
 
 
 def solve_highs(s: pywraplp.Solver, time_limit_s: float) -> tuple[str, np.ndarray | None, float]:
@@ -202,12 +253,20 @@ def split_optimum(
     steps: int = SPLIT_STEPS,
     time_limit_s: float = 60.0,
     backend: str = "HIGHS",
+    spare: bool = False,
 ) -> Split:
     """The best split of every GPU type between the members in shares of k/`steps`, each member's rate its own
-    exact optimum on its share: what planning the models one at a time, each on a slice of the fleet, gives."""
+    exact optimum on its share: what planning the models one at a time, each on a slice of the fleet, gives
+    (`spare`: each member's rate with any one host lost, (8), on its share)."""
     _check(members, backend)
 
     def alone(m: Member, types: list[TypeOptions]) -> _Share:
+        if spare:
+            one = fleet_optimum([dataclasses.replace(m, types=types)], time_limit_s=time_limit_s, backend=backend,
+                                spare=True)  # fmt: skip
+            found = one.status in ("optimal", "feasible")
+            return _Share(one.fraction * m.demand if found else 0.0, one.cost_per_hour, one.status == "optimal",
+                          one.islands[0] if found else ())  # fmt: skip
         res = exact_optimum(types, m.p, kv_gb=m.kv_gb, time_limit_s=time_limit_s, backend=backend)
         rate = res.rate_req_s if res.status in ("optimal", "feasible") else 0.0
         return _Share(rate, res.cost_per_hour, res.status == "optimal", res.islands)
@@ -228,13 +287,20 @@ def split_cheapest(
     steps: int = SPLIT_STEPS,
     time_limit_s: float = 60.0,
     backend: str = "HIGHS",
+    spare: bool = False,
 ) -> Split | None:
     """The split of every GPU type between the members in shares of k/`steps` whose members' cheapest islands serving
-    their demands (each its own exact `min_cost` on its share) cost least in all: what sizing the models one at a
-    time, each on a slice of the inventory, gives at best. None where no split serves every demand."""
+    their demands (each its own exact `min_cost` on its share; `spare`: with any one host lost, (8)) cost least in all:
+    what sizing the models one at a time, each on a slice of the inventory, gives at best. None where no split serves
+    every demand."""
     _check(members, backend)
 
     def alone(m: Member, types: list[TypeOptions]) -> _Share | None:
+        if spare:
+            one = fleet_optimum([dataclasses.replace(m, types=types)], time_limit_s=time_limit_s, backend=backend,
+                                cheapest=True, spare=True)  # fmt: skip
+            found = one.status in ("optimal", "feasible") and bool(one.islands[0])
+            return _Share(m.demand, one.cost_per_hour, one.status == "optimal", one.islands[0]) if found else None
         res = exact_optimum(types, m.p, objective="min_cost", demand_req_s=m.demand, kv_gb=m.kv_gb,
                             time_limit_s=time_limit_s, backend=backend)  # fmt: skip
         found = res.status in ("optimal", "feasible") and bool(res.islands)

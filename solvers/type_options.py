@@ -21,3 +21,4 @@ class TypeOptions:
     link_gb_s_per_gpu: float = 0.0
     layouts: tuple[tuple[int, ...], ...] | None = None  # (6): the type's islands are one of these multisets
     aggregated_req_s: np.ndarray | None = None  # (S, J) as aggregated engines (None: no aggregated role)
+    node_gpus: int = 0  # GPUs per host (0: not known; a fleet planned for a host lost takes each island as one)

@@ -18,7 +18,8 @@ from helpers import compose, in_process, one_line
 from pipeline.errors import USER_ERRORS
 from pipeline.fleet.config import TIME_LIMIT_S, fleet_from_cfg
 from pipeline.fleet.run import planned_layout, spread
-from solvers.exact import exact_optimum
+from pipeline.planning.build import place
+from solvers.exact import exact_optimum, island_classes, solve_counts
 from solvers.fleet import FleetResult, Member, Split, fleet_optimum, split_cheapest, split_optimum
 from solvers.type_options import TypeOptions
 
@@ -107,6 +108,60 @@ def test_the_cheapest_fleet_of_two_models_is_the_cheapest_of_every_split_of_the_
     assert split is None or split.cost_per_hour >= joint.cost_per_hour - 1e-9
 
 
+def _rate_without(m: Member, islands: tuple[tuple[str, int, str], ...], lost: set[int]) -> float:
+    """Member `m`'s rate on its islands with those at the indices `lost` gone, each other island in its role and the
+    routing re-solved (an LP over the class model)."""
+    classes = island_classes(m.types)
+    index = {(m.types[ti].gpu, int(m.types[ti].sizes[si])): c for c, (ti, si) in enumerate(classes)}
+    counts = [[0.0, 0.0] for _ in classes]
+    for k, (g, size, role) in enumerate(islands):
+        if k not in lost:
+            counts[index[(g, size)]][0 if role == "prefill" else 1] += 1
+    return solve_counts(m.types, m.p, time_limit_s=30, fix=[(a, b) for a, b in counts])[0].rate_req_s
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_fleet_planned_for_a_host_lost_keeps_its_fraction_with_any_host_of_its_placement_gone(seed: int) -> None:
+    """`spare`: the islands placed on hosts as a plan places them (islands below a host packed together, some of two
+    models on one host), every host lost in turn, each model's islands left re-routed in their roles: every model
+    keeps at least α of its demand; and α is no more than the optimum with every host up."""
+    rng = np.random.default_rng(seed)
+    node, sizes = {"A": 4, "B": 2}, np.array([1, 2, 4])
+    members = [Member(f"m{k}", [TypeOptions(g, count, 1.0, sizes, rng.uniform(1, 10, (3, 3)) * sizes[:, None],
+                                            rng.uniform(1, 10, (3, 3)) * sizes[:, None], node_gpus=node[g])
+                                for g, count in (("A", 12), ("B", 8))],
+                      rng.dirichlet(np.ones(3)), float(rng.uniform(1, 5))) for k in range(2)]  # fmt: skip
+    joint = fleet_optimum(members, spare=True)
+    assert joint.status == "optimal" and joint.lost_hosts == 1 and joint.fraction > 0
+    assert joint.fraction <= fleet_optimum(members).fraction + 1e-9
+    flat = [(m, k, isl) for m, isls in zip(members, joint.islands, strict=True) for k, isl in enumerate(isls)]
+    hosts = place([(g, size) for _, _, (g, size, _) in flat], node)
+    on: dict[tuple[str, int], list[int]] = {}
+    for i, h in enumerate(hosts):
+        for n in h.nodes:
+            on.setdefault((flat[i][2][0], n), []).append(i)
+    for ids in on.values():
+        for m, isls in zip(members, joint.islands, strict=True):
+            lost = {flat[i][1] for i in ids if flat[i][0] is m}
+            assert _rate_without(m, isls, lost) >= joint.fraction * m.demand * (1 - 1e-6), (m.name, ids)
+
+
+def test_the_reserve_is_exact_where_every_island_is_alike_and_serves_one_range() -> None:
+    """One range, islands of one GPU each at 1 req/s in either role: with every host up 4 GPUs serve 2 (2 + 2), and
+    with one lost 1; on hosts of two GPUs, 6 GPUs keep 1 with a host (two islands) lost, as the placement shows."""
+    one = np.array([[1.0]])
+    for count, node, up, lost in ((4, 1, 2.0, 1.0), (6, 2, 3.0, 1.0)):
+        m = Member("m", [TypeOptions("A", count, 1.0, np.array([1]), one, one, node_gpus=node)], np.array([1.0]), 1.0)
+        assert fleet_optimum([m]).fraction == pytest.approx(up)
+        spare = fleet_optimum([m], spare=True)
+        assert spare.fraction == pytest.approx(lost)
+        isls = spare.islands[0]
+        hosts = place([(g, size) for g, size, _ in isls], {"A": node})
+        worst = min(_rate_without(m, isls, {i for i, h in enumerate(hosts) if h.nodes == (n,)})
+                    for n in {h.nodes[0] for h in hosts})  # fmt: skip
+        assert worst == pytest.approx(lost)
+
+
 def test_the_fleet_of_two_real_models_on_a_small_inventory_is_the_best_split_by_brute_force() -> None:
     """DeepSeek-V3 on code and Qwen3-30B-A3B on conversation, islands of whole hosts of tiny_hetero: the joint MILP
     over the cost model's own benchmarks equals the best of every split of its 16 H200, 16 H800 and 32 H20 by host."""
@@ -186,6 +241,11 @@ def test_a_fleet_plans_every_model_on_one_inventory_with_its_records(tmp_path: P
         assert min(x.rate_req_s for x in p.host_losses.losses) / m["demand_req_s"] >= worst["served"] - 1e-9
     ref, split = record["reference"], record["split"]
     assert ref["status"] == "optimal" and ref["gap"] >= 0 and split["fraction"] <= ref["fraction"] + 1e-9
+    # planned for one host lost (the default): what the joint layout keeps by its reserve, the plans' own losses keep
+    # too, and the optimum with every host up bounds it
+    assert ref["lost_hosts"] == 1 and 0 < ref["fraction"] <= worst["served"] + 1e-6 and ref["fraction"] <= ref["bound"]
+    print(f"fleet: {record['served']:.3f} every host up, {worst['served']:.3f} with the worst host lost, reserve "
+          f"{ref['fraction']:.3f}, bound {ref['bound']:.3f}")
     report = (run / "report.md").read_text()
     assert "## The joint plan against the best split" in report and "## deepseek_v3" in report
     assert "## qwen3_235b_a22b" in report and "costmodel=calibrated" in report
@@ -303,33 +363,41 @@ def test_a_bad_fleet_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_the_cheapest_fleet_serves_every_demand_with_the_islands_the_milp_priced(tmp_path: Path) -> None:
-    """`search.objective=min_cost`: the cheapest islands of tiny_hetero serving both demands, each model's plan on its
-    islands holding its demand, the $/h the MILP proved least; demands the inventory cannot serve: exit 1 naming the
-    most it serves; a fleet of weights or another objective: one error line, exit 2."""
+    """`search.objective=min_cost`: the cheapest islands of tiny_hetero serving both demands with any one host lost
+    (the default), each model's plan holding its demand with each of its hosts gone, its $/h above the cheapest with
+    every host up, which bounds it; with every host up (search.spare_hosts=0) the $/h the MILP proved least; demands
+    the inventory cannot serve: exit 1 naming the most it serves; a fleet of weights or another objective, or more
+    than one host lost: one error line, exit 2."""
     from pipeline.search.run import execute
 
     (tmp_path / "fleet").mkdir()
     (tmp_path / "fleet" / "small.yaml").write_text(
-        "models:\n  - {model: deepseek_v3, workload: azure_code, demand_req_s: 40}\n"
-        "  - {model: qwen3_235b_a22b, workload: azure_conv, demand_req_s: 40}\n")
+        "models:\n  - {model: deepseek_v3, workload: azure_code, demand_req_s: 10}\n"
+        "  - {model: qwen3_235b_a22b, workload: azure_conv, demand_req_s: 10}\n")
     (tmp_path / "fleet" / "weights.yaml").write_text(
         "models:\n  - {model: deepseek_v3, workload: azure_code, weight: 1}\n"
         "  - {model: qwen3_235b_a22b, workload: azure_conv, weight: 2}\n")
     common = [f"hydra.searchpath=[file://{tmp_path}]", "+inventory=tiny_hetero", "ranges.width=1000",
               "search.objective=min_cost", "search.host_losses=false", f"out_root={tmp_path}/search",
               f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db"]  # fmt: skip
-    r = in_process(execute, "search", *common, "+fleet=small")
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    record = json.loads(next((tmp_path / "fleet").glob("small-tiny_hetero-*/*/fleet.json")).read_text())
-    ref = record["reference"]
-    assert record["objective"] == "min_cost" and ref["status"] == "optimal" and ref["gap"] == pytest.approx(0, abs=1e-6)
-    assert record["cost_per_hour"] == pytest.approx(ref["cost_per_hour"])
-    assert ref["cost_per_hour"] < record["inventory_cost_per_hour"]
-    assert ref["bound"] <= ref["cost_per_hour"] + 1e-6
-    for m in record["models"]:  # each model's plan on its islands serves its demand, and the simulator agrees
-        assert m["rate_req_s"] >= m["demand_req_s"] * (1 - 1e-6) and abs(m["simulated_over_stated"] - 1) <= 0.05
-    assert "the cheapest (optimal)" in r.stdout and "| cheapest islands | $" in next(
-        (tmp_path / "fleet").glob("small-*/*/report.md")).read_text()
+
+    def record(*extra: str) -> tuple[Path, dict[str, Any], str]:
+        r = in_process(execute, "search", *common, "+fleet=small", *extra)
+        assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+        run = sorted((tmp_path / "fleet").glob("small-tiny_hetero-*/*/fleet.json"), key=lambda f: f.stat().st_mtime)
+        return run[-1].parent, json.loads(run[-1].read_text()), r.stdout
+
+    run, spare, out = record()
+    ref = spare["reference"]
+    assert spare["objective"] == "min_cost" and ref["lost_hosts"] == 1 and ref["status"] == "optimal"
+    assert spare["cost_per_hour"] == pytest.approx(ref["cost_per_hour"])
+    assert ref["cost_per_hour"] < spare["inventory_cost_per_hour"]
+    for m in spare["models"]:  # each model holds its demand with each of its hosts lost (the plan's own losses)
+        p = plans.load(run / m["plan"])
+        assert p.host_losses is not None and p.host_losses.losses
+        assert min(x.rate_req_s for x in p.host_losses.losses) >= m["demand_req_s"] * (1 - 1e-6)
+        assert abs(m["simulated_over_stated"] - 1) <= 0.05
+    assert "every demand served with any one host lost" in out
     import mlflow
 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db")
@@ -338,13 +406,25 @@ def test_the_cheapest_fleet_serves_every_demand_with_the_islands_the_milp_priced
     assert parent.data.params["objective"] == "min_cost"
     assert parent.data.metrics["cheapest_cost_per_hour"] == pytest.approx(ref["cost_per_hour"])
     assert parent.data.metrics["cost_bound_per_hour"] == pytest.approx(ref["bound"])
+
+    _, up, out = record("search.spare_hosts=0")  # every host up: the exact cheapest, which bounds the one above
+    ref = up["reference"]
+    assert ref["lost_hosts"] == 0 and ref["status"] == "optimal" and ref["gap"] == pytest.approx(0, abs=1e-6)
+    assert ref["bound"] <= ref["cost_per_hour"] + 1e-6 and up["cost_per_hour"] == pytest.approx(ref["cost_per_hour"])
+    assert spare["reference"]["bound"] <= ref["cost_per_hour"] + 1e-6 <= spare["cost_per_hour"] + 2e-6
+    for m in up["models"]:  # each model's plan on its islands serves its demand, and the simulator agrees
+        assert m["rate_req_s"] >= m["demand_req_s"] * (1 - 1e-6) and abs(m["simulated_over_stated"] - 1) <= 0.05
+    assert "the cheapest (optimal)" in out and "| cheapest islands | $" in next(
+        (tmp_path / "fleet").glob("small-*/*/report.md")).read_text()
     r = in_process(execute, "search", *common, "+fleet=two_models")  # 300 req/s each: more than tiny_hetero serves
     assert r.returncode == 1 and "[fleet] error: no layout of tiny_hetero" in r.stdout
-    assert "serves every model's demand: it serves at most 0.3" in r.stdout
+    assert "serves every model's demand with any one host lost: it serves at most 0.0" in r.stdout
     one_line(in_process(execute, "search", *common, "+fleet=weights"),
              "error: search.objective=min_cost: fleet weights gives weights")  # fmt: skip
     one_line(in_process(execute, "search", *common, "+fleet=small", "search.objective=rate_per_dollar"),
              "error: search.objective=rate_per_dollar: a fleet maximises the common fraction")  # fmt: skip
+    one_line(in_process(execute, "search", *common, "+fleet=small", "search.spare_hosts=2"),
+             "error: search.spare_hosts=2: a fleet is planned for one host lost at most")  # fmt: skip
 
 
 def test_a_model_no_gpu_type_of_the_inventory_holds_or_whose_slo_none_meets_is_named(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from pipeline.forking import Forked, forkable
 from pipeline.planning.band import rate_band
 from pipeline.planning.build import build_plan, place
 from pipeline.planning.check import check
-from pipeline.planning.failures import host_losses
+from pipeline.planning.failures import host_losses, spare_solve
 from pipeline.planning.planner import Layout
 from pipeline.planning.simulation import RequestMix
 from pipeline.records.journal import link_latest, write_json, write_text
@@ -189,28 +189,32 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
     bench_s = time.perf_counter() - t0
     limit = members[0].settings.search.reference_time_limit_s  # each one-model optimum of the best split's
     budget = members[0].settings.planning.budget_per_hour
+    spare = spare_of(members[0].settings)
     if objective == "min_cost":
-        got = _cheapest_layout(fm, spec, inv, limit)
+        got = _cheapest_layout(fm, spec, inv, limit, spare)
         if got is None:
             return NO_PLAN
         joint, split = got
-        return _planned(spec, members, inventory_name, tracker, cfg, t0, bench_s, objective, joint, lambda: split)
+        return _planned(spec, members, inventory_name, tracker, cfg, t0, bench_s, objective, joint,
+                        lambda: (split, None))  # fmt: skip
     # the best split, one model at a time, on the other core while the joint MILP runs
-    aside = Forked(split_optimum, fm, time_limit_s=limit) if forkable() else None
-    joint = fleet_optimum(fm, budget_per_hour=budget, time_limit_s=spec.time_limit_s)
+    aside = Forked(beside, fm, limit, spare, budget) if forkable() else None
+    joint = fleet_optimum(fm, budget_per_hour=budget, time_limit_s=spec.time_limit_s, spare=spare)
     what = "demand" if spec.demands else "weight"
+    lost = " with any one host lost" if spare else ""
     if joint.status == "optimal":
-        print(f"[fleet] the joint optimum (optimal, {joint.solve_ms / 1e3:.1f} s): {joint.fraction:.3f} of every "
-              f"{what} served", flush=True)  # fmt: skip
+        print(f"[fleet] the joint {'layout' if spare else 'optimum'} (optimal, {joint.solve_ms / 1e3:.1f} s): "
+              f"{joint.fraction:.3f} of every {what} served{lost}", flush=True)  # fmt: skip
     elif joint.fraction > 0:
         print(f"[fleet] the joint MILP stopped at fleet.time_limit_s={spec.time_limit_s:g} with a layout serving "
-              f"{joint.fraction:.3f} of every {what}; the optimum is at most {joint.bound:.3f}",
+              f"{joint.fraction:.3f} of every {what}{lost}; its model's best is at most {joint.bound:.3f}",
               flush=True)  # fmt: skip
 
-    def best_split() -> Split:
-        return aside.result(what="the best split's process") if aside else split_optimum(fm, time_limit_s=limit)
+    def best_split() -> tuple[Split | None, float | None]:
+        return aside.result(what="the best split's process") if aside else beside(fm, limit, spare, budget)
 
-    split = best_split() if joint.status != "optimal" else None  # (else: collected after the models' plans)
+    # (else: collected after the models' plans)
+    split, up = best_split() if joint.status != "optimal" else (None, None)
     if split is not None and budget is None:  # (the best split knows no budget)
         planned = planned_layout(joint, split, lambda: fleet_optimum(fm, relax=True).fraction)
         if planned is not joint:
@@ -226,27 +230,32 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
               f"({joint.status}); see each model's islands above", flush=True)  # fmt: skip
         return NO_PLAN
     return _planned(spec, members, inventory_name, tracker, cfg, t0, bench_s, objective, joint,
-                    lambda: split or best_split())  # fmt: skip
+                    lambda: (split, up) if split else best_split())  # fmt: skip
 
 
 def _planned(spec: FleetSpec, members: list[Composed], inventory_name: str, tracker: Any, cfg: Any, t0: float,
              bench_s: float, objective: str, joint: FleetResult,
-             best_split: Callable[[], Split | None]) -> int:  # fmt: skip
-    """The models' plans on the joint layout, checked, and the fleet's records."""
+             best_split: Callable[[], tuple[Split | None, float | None]]) -> int:  # fmt: skip
+    """The models' plans on the joint layout, checked, and the fleet's records (`best_split()`: the best split and,
+    for a fleet planned for a host lost, the bound on its fraction from every host up)."""
     from pipeline.checks import boolean
 
     inv = members[0].settings.inventory
     plans = _member_plans(members, joint, inv, boolean(cfg.search.verify, "search.verify"),
-                          boolean(cfg.search.get("host_losses", True), "search.host_losses"))  # fmt: skip
-    split = best_split()
+                          boolean(cfg.search.get("host_losses", True), "search.host_losses") or
+                          bool(joint.lost_hosts))  # fmt: skip
+    split, up = best_split()
+    if up is not None and up == up:
+        joint = dataclasses.replace(joint, bound=up)
     wall_s = time.perf_counter() - t0
     served = min(p.rate_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
     searched = min(p.rates.searched_req_s / c.spec.demand for p, c in zip(plans, members, strict=True))
     if objective == "min_cost":  # the bound is the least $/h
         spent = sum(p.cost_per_hour for p in plans)
         gap = max(0.0, spent / joint.bound - 1.0) if joint.bound == joint.bound and joint.bound > 0 else None
-    else:
-        gap = max(0.0, 1.0 - searched / joint.bound) if joint.bound == joint.bound and joint.bound > 0 else None
+    else:  # (planned for a host lost: what the layout keeps with any one host gone, by the MILP's reserve (8))
+        kept = joint.fraction if joint.lost_hosts else searched
+        gap = max(0.0, 1.0 - kept / joint.bound) if joint.bound == joint.bound and joint.bound > 0 else None
     record = fleet_record(spec, inventory_name, members, plans, joint, split, served, gap, wall_s, bench_s,
                           objective)  # fmt: skip
     record["worst_host"] = worst_host(members, plans)
@@ -270,6 +279,18 @@ def _planned(spec: FleetSpec, members: list[Composed], inventory_name: str, trac
 FLEET_OBJECTIVES = ("max_rate", "min_cost")
 
 
+def spare_of(settings: Settings) -> bool:
+    """search.spare_hosts for a fleet: True plans it for one host lost (the default, `auto`, where the settings allow
+    it: said on the console where they do not), False with every host up; ConfigError for more than one."""
+    k = settings.search.spare_hosts
+    if k > 1:
+        raise ConfigError(f"search.spare_hosts={k}: a fleet is planned for one host lost at most (each model keeps "
+                          "its rate with any one host gone): set search.spare_hosts=1 (the default) or 0")  # fmt: skip
+    if settings.spare_off:
+        print(f"[fleet] not planned for a host lost (search.spare_hosts=auto): {settings.spare_off}", flush=True)
+    return k == 1
+
+
 def fleet_objective(cfg: Any, spec: FleetSpec) -> str:
     """search.objective for a fleet: max_rate (the largest common fraction of every demand or weight) or min_cost
     (the cheapest islands of the inventory serving every demand); ConfigError for any other, or min_cost on weights."""
@@ -284,21 +305,26 @@ def fleet_objective(cfg: Any, spec: FleetSpec) -> str:
     return objective
 
 
-def _cheapest_layout(fm: list[Member], spec: FleetSpec, inv: Any,
-                     limit: float) -> tuple[FleetResult, Split | None] | None:  # fmt: skip
-    """The cheapest islands of the inventory serving every demand, and the best split's sizing beside it (run on the
-    other core); None (said) where none serves every demand."""
-    aside = Forked(split_cheapest, fm, time_limit_s=limit) if forkable() else None
-    joint = fleet_optimum(fm, time_limit_s=spec.time_limit_s, cheapest=True)
-    split = aside.result(what="the best split's process") if aside else split_cheapest(fm, time_limit_s=limit)
+def _cheapest_layout(fm: list[Member], spec: FleetSpec, inv: Any, limit: float,
+                     spare: bool = False) -> tuple[FleetResult, Split | None] | None:  # fmt: skip
+    """The cheapest islands of the inventory serving every demand (`spare`: with any one host lost), and the best
+    split's sizing beside it (run on the other core); None (said) where none serves every demand."""
+    aside = Forked(beside, fm, limit, spare, None, True) if forkable() else None
+    joint = fleet_optimum(fm, time_limit_s=spec.time_limit_s, cheapest=True, spare=spare)
+    split, up = aside.result(what="the best split's process") if aside else beside(fm, limit, spare, None, True)
+    lost = " with any one host lost" if spare else ""
     if joint.status == "infeasible":
-        most = fleet_optimum(fm, time_limit_s=spec.time_limit_s)
-        print(f"[fleet] error: no layout of {inv.describe()} serves every model's demand: it serves at most "
-              f"{most.fraction:.3f} of each ({most.status}); lower the demands or add GPUs", flush=True)  # fmt: skip
+        most = fleet_optimum(fm, time_limit_s=spec.time_limit_s, spare=spare)
+        print(f"[fleet] error: no layout of {inv.describe()} serves every model's demand{lost}: it serves at most "
+              f"{most.fraction:.3f} of each ({most.status}); lower the demands or add GPUs"
+              + (" (or search.spare_hosts=0: with every host up)" if spare else ""), flush=True)  # fmt: skip
         return None
+    if up is not None:
+        joint = dataclasses.replace(joint, bound=up)
     if joint.status == "optimal":
-        print(f"[fleet] the cheapest islands serving every demand (optimal, {joint.solve_ms / 1e3:.1f} s): "
-              f"${joint.cost_per_hour:,.2f}/h of the inventory's ${inv.cost_per_hour:,.2f}/h", flush=True)  # fmt: skip
+        print(f"[fleet] the cheapest islands serving every demand{lost} ({'its model ' if spare else ''}optimal, "
+              f"{joint.solve_ms / 1e3:.1f} s): ${joint.cost_per_hour:,.2f}/h of the inventory's "
+              f"${inv.cost_per_hour:,.2f}/h", flush=True)  # fmt: skip
         return joint, split
     planned = joint if split is None else \
         planned_layout(joint, split, lambda: fleet_optimum(fm, relax=True, cheapest=True).bound, cheapest=True)
@@ -317,6 +343,25 @@ def _cheapest_layout(fm: list[Member], spec: FleetSpec, inv: Any,
     return joint, split
 
 
+UP_BOUND_S = 10.0  # a fleet planned for a host lost: the time the MILP with every host up has to bound it
+
+
+def beside(fm: list[Member], limit: float, spare: bool, budget: float | None,
+           cheapest: bool = False) -> tuple[Split | None, float | None]:  # fmt: skip
+    """What the fleet's plan is compared with, worked out on the other core: the best split (`cheapest`: its sizing),
+    and, for a fleet planned for a host lost, the bound with every host up (the MILP's proven bound in `UP_BOUND_S`,
+    its LP's if it has none), which bounds every layout's fraction with a host lost from above (`cheapest`: its $/h
+    from below); None where not planned for one."""
+    split = split_cheapest(fm, time_limit_s=limit, spare=spare) if cheapest else \
+        split_optimum(fm, time_limit_s=limit, spare=spare)  # fmt: skip
+    if not spare:
+        return split, None
+    up = fleet_optimum(fm, budget_per_hour=budget, time_limit_s=UP_BOUND_S, cheapest=cheapest)
+    if up.bound == up.bound:
+        return split, up.bound
+    return split, fleet_optimum(fm, budget_per_hour=budget, relax=True, cheapest=cheapest).bound
+
+
 def planned_layout(joint: FleetResult, split: Split, lp_bound: Callable[[], float],
                    cheapest: bool = False) -> FleetResult:  # fmt: skip
     """The layout a fleet is planned on where the joint MILP was cut short: its best layout where that serves at
@@ -331,7 +376,7 @@ def planned_layout(joint: FleetResult, split: Split, lp_bound: Callable[[], floa
         return joint
     bound = joint.bound if joint.islands and joint.bound == joint.bound else lp_bound()
     return FleetResult("split", 1.0 if cheapest else split.fraction, bound, split.islands,
-                       split.cost_per_hour if cheapest else 0.0, joint.solve_ms)  # fmt: skip
+                       split.cost_per_hour if cheapest else 0.0, joint.solve_ms, joint.lost_hosts)  # fmt: skip
 
 
 def _member_plans(members: list[Composed], joint: FleetResult, inv: Any, verify: bool = True,
@@ -349,7 +394,7 @@ def _member_plans(members: list[Composed], joint: FleetResult, inv: Any, verify:
     for c, lay in zip(members, layouts, strict=True):
         if not lay.islands:
             raise ConfigError(f"fleet member {c.spec.model}: the joint optimum gives it no island")
-        jobs.append((c, lay, info, hosts[at : at + len(lay.islands)], verify, losses_too))
+        jobs.append((c, lay, info, hosts[at : at + len(lay.islands)], verify, losses_too, bool(joint.lost_hosts)))
         at += len(lay.islands)
     # the models over this machine's cores, the most requests to simulate first (a model's rate is its demand times
     # the common fraction), each core's share planned one after another
@@ -378,9 +423,15 @@ def _member_group(jobs: list[tuple[Any, ...]]) -> list[Plan]:
 
 
 def _member_plan(c: Composed, lay: Layout, info: InventoryInfo, mine: list[Any], verify: bool,
-                 losses_too: bool) -> Plan:  # fmt: skip
-    """One member's plan on its islands and hosts (`_member_plans`)."""
-    plan = build_plan(c.ctx.planner, lay, c.ctx.inner_time_limit_s, c.ctx.backend, info, None, mine)
+                 losses_too: bool, spare: bool = False) -> Plan:  # fmt: skip
+    """One member's plan on its islands and hosts (`_member_plans`); `spare`: in the roles that keep the most with
+    the worst of its hosts lost (on the hosts the fleet placed it on, some shared with other models' islands), as a
+    search planned for a host lost keeps them."""
+    roles = None
+    if spare:
+        found = spare_solve(c.ctx.planner, lay, 1, c.ctx.inner_time_limit_s, c.ctx.backend, hosts=mine)
+        roles = found.roles if found.status in ("optimal", "feasible") else None
+    plan = build_plan(c.ctx.planner, lay, c.ctx.inner_time_limit_s, c.ctx.backend, info, roles, mine)
     print(f"[fleet] {c.spec.model}: {lay.describe()}: {plan.rate_req_s:.2f} req/s within "
           f"{plan.slo.text()}" + ("; simulating it ..." if verify else ""), flush=True)  # fmt: skip
     verification = check(plan, RequestMix.of(c.ctx.planner.workload)) if plan.serves and verify else None
@@ -455,7 +506,10 @@ def fleet_record(spec: FleetSpec, inventory_name: str, members: list[Composed], 
         "demands": spec.demands, "served": served, "models": per,
         "cost_per_hour": sum(p.cost_per_hour for p in plans), "inventory_cost_per_hour": inv.cost_per_hour,
         # bound: on the common fraction from above (max_rate), on the $/h from below (min_cost)
-        "reference": {"status": joint.status, "fraction": joint.fraction, "bound": joint.bound,
+        # lost_hosts 1: planned for one host lost (fraction, cost: what the reserve keeps with any one host gone;
+        # bound: the optimum with every host up, which bounds it)
+        "reference": {"status": joint.status, "lost_hosts": joint.lost_hosts, "fraction": joint.fraction,
+                      "bound": joint.bound,
                       "cost_per_hour": joint.cost_per_hour, "gap": gap, "solve_s": joint.solve_ms / 1e3,
                       "time_limit_s": spec.time_limit_s},
         "split": None if split is None else {
@@ -499,17 +553,23 @@ def summary(r: dict[str, Any]) -> list[str]:
         w = r["worst_host"]
         out.append(f"one host lost: at worst {w['gpu']} host {w['node']} ({', '.join(w['models'])}): "
                    f"{w['served']:.3f} of every {key.split('_')[0]} served")  # fmt: skip
-        if w["served"] < 0.5 * r["served"]:
-            out.append("warning: a fleet is planned with every host up (one model's search plans for a host lost "
-                       "by default): a model whose only island of a role runs on that host stops")  # fmt: skip
+        if w["served"] < 0.5 * r["served"] and not ref.get("lost_hosts"):
+            out.append("warning: this fleet is planned with every host up (search.spare_hosts=0, or a setting that "
+                       "excludes it): a model whose only island of a role runs on that host stops")  # fmt: skip
     if r.get("objective") == "min_cost":
         return out + _cheapest_summary(r, gap)
-    if ref["status"] == "split":
+    if ref.get("lost_hosts") and ref["status"] != "split":
+        state = "optimal in its model" if ref["status"] == "optimal" else "its best at fleet.time_limit_s"
+        out.append(f"fleet: planned for one host lost: {r['served']:.3f} of every {key.split('_')[0]} served with "
+                   f"every host up, ${r['cost_per_hour']:,.2f}/h; the joint layout keeps {ref['fraction']:.3f} with "
+                   f"any one host lost by its reserve ({state}); the optimum with every host up bounds that at "
+                   f"{ref['bound']:.3f}: gap at most {gap}")  # fmt: skip
+    elif ref["status"] == "split":
         out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h: the "
                    f"best split's layout (the joint MILP found none as good within its time limit); the optimum is at "
                    f"most {ref['bound']:.3f}, gap at most {gap}")  # fmt: skip
         return out
-    if ref["status"] == "optimal":
+    elif ref["status"] == "optimal":
         out.append(f"fleet: {r['served']:.3f} of every {key.split('_')[0]} served, ${r['cost_per_hour']:,.2f}/h; the "
                    f"exact optimum {ref['fraction']:.3f} (optimal), gap {gap}")  # fmt: skip
     else:
@@ -518,8 +578,9 @@ def summary(r: dict[str, Any]) -> list[str]:
                    f"optimum at most {ref['bound']:.3f}: gap at most {gap}")  # fmt: skip
     if split is not None and split["pooling_gain"] is not None:
         shares = ", ".join(f"{m['model']} {s:.0%}" for m, s in zip(r["models"], split["shares"], strict=True))
+        lost = " with any one host lost" if ref.get("lost_hosts") else ""
         out.append(f"planned one model at a time on the best split of the inventory ({shares} of every GPU type): "
-                   f"{split['fraction']:.3f}; the joint plan gains {split['pooling_gain']:+.1%}")  # fmt: skip
+                   f"{split['fraction']:.3f}{lost}; the joint plan gains {split['pooling_gain']:+.1%}")  # fmt: skip
     return out
 
 
@@ -528,9 +589,16 @@ def _cheapest_summary(r: dict[str, Any], gap: str) -> list[str]:
     how = {"optimal": "the cheapest (optimal)", "split": "the best split's sizing (the joint MILP found none as cheap "
            "within its time limit)"}.get(ref["status"], "the joint MILP's cheapest at its time limit "
                                                         "(fleet.time_limit_s)")  # fmt: skip
-    out = [f"fleet: every demand served ({r['served']:.3f} x at least), ${r['cost_per_hour']:,.2f}/h of the "
-           f"inventory's ${r['inventory_cost_per_hour']:,.2f}/h: {how}; the least is at least ${ref['bound']:,.2f}/h, "
-           f"gap {'' if ref['status'] == 'optimal' else 'at most '}{gap}"]
+    if ref.get("lost_hosts") and ref["status"] != "split":
+        how = "the cheapest in the reserve's model" + (" (optimal)" if ref["status"] == "optimal" else
+                                                       " at its time limit (fleet.time_limit_s)")  # fmt: skip
+        out = [f"fleet: every demand served with any one host lost ({r['served']:.3f} x at least with every host "
+               f"up), ${r['cost_per_hour']:,.2f}/h of the inventory's ${r['inventory_cost_per_hour']:,.2f}/h: {how}; "
+               f"the cheapest with every host up is at least ${ref['bound']:,.2f}/h, gap at most {gap}"]
+    else:
+        out = [f"fleet: every demand served ({r['served']:.3f} x at least), ${r['cost_per_hour']:,.2f}/h of the "
+               f"inventory's ${r['inventory_cost_per_hour']:,.2f}/h: {how}; the least is at least "
+               f"${ref['bound']:,.2f}/h, gap {'' if ref['status'] == 'optimal' else 'at most '}{gap}"]
     if split is None:
         out.append("sized one model at a time, no split of the inventory in shares of k/12 serves every demand")
     elif split["saving"] is not None:
@@ -552,11 +620,23 @@ def _x(v: float | None) -> str:
 def _reference_cell(ref: dict[str, Any], cheap: bool = False) -> str:
     """report.md's line on the joint MILP: the optimum it proved, or the best layout of its time and its bound."""
     gap = "n/a" if ref["gap"] is None else format(ref["gap"], ".2%")
+    if cheap and ref.get("lost_hosts") and ref["status"] != "split":
+        state = ("optimal in the reserve's model" if ref["status"] == "optimal"
+                 else "the joint MILP's cheapest in its time limit")
+        return (f"${ref['cost_per_hour']:,.2f}/h serves every demand with any one host lost ({state}, "
+                f"{ref['solve_s']:.1f} s); the cheapest with every host up is at least ${ref['bound']:,.2f}/h: "
+                f"gap at most {gap}")  # fmt: skip
     if cheap:
         state = {"optimal": "optimal", "split": "the best split's sizing: the joint MILP found none as cheap"}.get(
             ref["status"], "not proven: the joint MILP's cheapest in its time limit")
         return (f"${ref['cost_per_hour']:,.2f}/h serves every demand ({state}, {ref['solve_s']:.1f} s); the least "
                 f"is at least ${ref['bound']:,.2f}/h: gap {'' if ref['status'] == 'optimal' else 'at most '}{gap}")
+    if ref.get("lost_hosts") and ref["status"] != "split":
+        state = (f"optimal in the reserve's model, solved in {ref['solve_s']:.1f} s" if ref["status"] == "optimal"
+                 else f"the joint MILP's best in its time limit, {ref['solve_s']:.1f} s")
+        return (f"planned for one host lost: the joint layout keeps {ref['fraction']:.3f} with any one host gone by "
+                f"its reserve ({state}); the optimum with every host up, at most {ref['bound']:.3f}, bounds every "
+                f"plan's rate with a host lost: gap at most {gap}")  # fmt: skip
     if ref["status"] == "optimal":
         return f"{ref['fraction']:.3f} (optimal, solved in {ref['solve_s']:.1f} s); gap {gap}"
     if ref["status"] == "split":
@@ -583,9 +663,11 @@ def _split_section(r: dict[str, Any], word: str) -> list[str]:
                    else "."))  # fmt: skip
     else:
         head = ("What separate runs can do: split every GPU type between the models in the same shares (k/12 of "
-                "each), and plan each model alone on its share (its exact optimum there). The best such split serves "
-                f"**{split['fraction']:.3f}** of every {word}{proven}; the joint plan serves "
-                f"**{ref['fraction']:.3f}** (the same cost model, the exact optimum of both)"
+                "each), and plan each model alone on its share (its exact optimum there"
+                + ("; both planned for one host lost, by the same reserve" if ref.get("lost_hosts") else "")
+                + f"). The best such split serves **{split['fraction']:.3f}** of every {word}{proven}; the joint plan "
+                f"serves **{ref['fraction']:.3f}** (the same cost model, the "
+                + ("same reserve" if ref.get("lost_hosts") else "exact optimum of both") + ")"
                 + (f": pooling the inventory gains **{split['pooling_gain']:+.1%}**, by giving each model the GPU "
                    "types it serves best rather than a slice of each." if split["pooling_gain"] is not None
                    else "."))  # fmt: skip
@@ -612,7 +694,8 @@ def fleet_report(r: dict[str, Any]) -> str:
         f"| **served** | **{r['served']:.3f} of every model's {word}** (the smallest of the models' rates over "
         f"their {word}s) |",
         f"| cost | ${r['cost_per_hour']:,.2f}/h of islands in use |",
-        f"| {'cheapest islands' if cheap else 'exact optimum'} | {_reference_cell(ref, cheap)} |",
+        f"| {'cheapest islands' if cheap else 'a host lost' if ref.get('lost_hosts') else 'exact optimum'} | "
+        f"{_reference_cell(ref, cheap)} |",
         *([f"| one host lost | at worst {r['worst_host']['gpu']} host {r['worst_host']['node']} (it runs "
            f"{', '.join(r['worst_host']['models'])}): {r['worst_host']['served']:.3f} of every {word} served; each "
            "model's plan.json lists its own host losses |"] if r.get("worst_host") else []),

@@ -118,14 +118,18 @@ def worst_loss(
     return worst
 
 
-def spare_solve(planner: Planner, layout: Layout, spare: int, time_limit_s: float, backend: str = "AUTO") -> SpareRoles:
+def spare_solve(planner: Planner, layout: Layout, spare: int, time_limit_s: float, backend: str = "AUTO",
+                hosts: Sequence[Hosts] | None = None) -> SpareRoles:  # fmt: skip
     """The roles of `layout` that keep the most with its worst `spare` hosts lost, and that rate, in the search's
-    model (each island's whole-mix load cap): `solvers/spare.py` over `loss_scenarios`; cached by the planner."""
-    key = (layout, spare, backend)
+    model (each island's whole-mix load cap): `solvers/spare.py` over `loss_scenarios`; cached by the planner.
+    `hosts`: every island's hosts, given (a fleet's islands share the inventory's hosts with other models'), not
+    placed here."""
+    key = (layout, spare, backend, None if hosts is None else tuple(hosts))
     if key in planner.spare_cache:
         return planner.spare_cache[key]
     prob = planner.problem(layout, "max_rate")
-    hosts_of = place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
+    hosts_of = list(hosts) if hosts is not None else \
+        place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})  # fmt: skip
     scenarios = [down for _, down in loss_scenarios(layout.islands, hosts_of, spare)]
     found = spare_roles(prob.prefill_req_s, prob.decode_req_s, prob.p, scenarios, time_limit_s, backend)
     if found.status == "optimal":  # (a solve cut short by its time limit may do better with another try)

@@ -96,7 +96,7 @@ class Planner:
     _other: Planner | None = field(default=None, repr=False)  # `poisson` / `bursty`: the same planner, other caps
     # pipeline.planning.failures.spare_solve's results by (layout, hosts lost, backend): a search proposes a layout
     # more than once
-    spare_cache: dict[tuple[Layout, int, str], Any] = field(default_factory=dict, repr=False)
+    spare_cache: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
     # with `reuse`: per layout, the roles and (islands, ranges) expected hit rates of a routing (`expected_hits`),
     # which every later problem of the layout is priced at
     # (and of them, the share found in the host tier: costmodel.host_cache_gb)

@@ -150,6 +150,7 @@ def type_options(
                 np.array([planner.benchmark(g.name, int(s)).aggregated_req_s for s in sizes])
                 if planner.cost.engine.aggregated
                 else None,
+                g.node_gpus,
             )
         )
     kv = (
