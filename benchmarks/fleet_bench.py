@@ -2,6 +2,7 @@
 
     python benchmarks/fleet_bench.py [two_models three_models] [--inventory hetero_a] [--out DIR]
     python benchmarks/fleet_bench.py three_models --objective min_cost
+    python benchmarks/fleet_bench.py --spare-hosts 0       # planned with every host up (the default: one host lost)
 
 Per fleet (`python -m pipeline.search +fleet=NAME`, a new process each): its wall time and its ratio to the default
 job's (`python -m pipeline.search`, DeepSeek-V3 on the same inventory, run first in the same session), the common
@@ -10,7 +11,9 @@ a time and what pooling gains, the worst host lost, and per model its simulated 
 The target a fleet of three models is held to is 60 s on 2 cores; its joint MILP stops at the fleet's time_limit_s
 (35 s) with its best layout and HiGHS's proven bound, the gap stated against that bound. `--objective min_cost` asks
 the sizing question instead (`search.objective=min_cost`): per fleet, the $/h of the cheapest islands serving every
-demand, HiGHS's proven least, the cheapest split sized one model at a time and what pooling saves.
+demand, HiGHS's proven least, the cheapest split sized one model at a time and what pooling saves. A fleet is
+planned for one host lost by default (its reserve's fraction, the bound with every host up, the gap between them);
+`--spare-hosts 0` plans it with every host up, to compare.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ def main() -> None:
     ap.add_argument("--inventory", default="hetero_a")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--objective", choices=("max_rate", "min_cost"), default="max_rate")
+    ap.add_argument("--spare-hosts", choices=("auto", "0", "1"), default="auto",
+                    help="search.spare_hosts for the fleets (auto, the default: one host lost)")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     inv = f"+inventory={args.inventory}"
@@ -57,7 +62,8 @@ def main() -> None:
               "pooling gains | one host lost | simulated / stated |")
         print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.fleets:
-        wall, _ = run(out, inv, f"+fleet={name}", f"search.objective={args.objective}")
+        wall, _ = run(out, inv, f"+fleet={name}", f"search.objective={args.objective}",
+                      f"search.spare_hosts={args.spare_hosts}")  # fmt: skip
         record = json.loads(max((out / "fleet").glob(f"{name}-{args.inventory}-*/*/fleet.json"),
                                 key=lambda p: p.stat().st_mtime).read_text())  # fmt: skip
         if args.objective == "min_cost":
@@ -68,6 +74,7 @@ def main() -> None:
         lost = f"{worst['served']:.3f} ({worst['gpu']} host {worst['node']})" if worst else "n/a"
         gap = "n/a" if ref["gap"] is None else f"{ref['gap']:.2%}"
         gain = "n/a" if split["pooling_gain"] is None else f"{split['pooling_gain']:+.1%}"
+        name += " (one host lost)" if ref.get("lost_hosts") else " (every host up)"
         print(f"| {name} | {wall:.1f} | {wall / single_s:.2f} | {record['served']:.3f} | {ref['fraction']:.3f}, "
               f"{ref['bound']:.3f} ({ref['status']}, MILP {ref['solve_s']:.1f} s) | {gap} | {split['fraction']:.3f} | "
               f"{gain} | {lost} | "
@@ -78,6 +85,7 @@ def main() -> None:
 def cheapest_row(name: str, wall: float, single_s: float, record: dict) -> str:
     """One fleet's line of the sizing table."""
     ref, split = record["reference"], record["split"]
+    name += " (one host lost)" if ref.get("lost_hosts") else " (every host up)"
     sims = ", ".join(f"{m['model']} {m['simulated_over_stated']:.3f}" for m in record["models"])
     gap = "n/a" if ref["gap"] is None else f"{ref['gap']:.2%}"
     cheapest = "none serves" if split is None else f"{split['cost_per_hour']:,.2f}"
