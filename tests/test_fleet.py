@@ -290,6 +290,44 @@ def test_a_fleet_plans_every_model_on_one_inventory_with_its_records(tmp_path: P
                    "model_paths.qwen3_235b_a22b=/models/Qwen3-235B-A22B")  # fmt: skip
     one_line(r, f"error: out={out}: holds an earlier fleet deploy; give replace=true")
 
+    # the worst host lost, the fleet re-planned with few moves: the models with an island on it re-planned on hosts no
+    # other model runs on, the others as they run
+    lost, node_gpus = (worst["gpu"], worst["node"]), 8
+    count = {"H200": 16, "H800": 16, "H20": 32}[lost[0]] - node_gpus
+    again = ["+fleet=two_models", "+inventory=tiny_hetero", "ranges.width=1000",
+             f"search.from_plan={run / 'fleet.json'}", f"out_root={tmp_path}/search",
+             f"mlflow.tracking_uri=sqlite:///{db}"]  # fmt: skip
+    r = in_process(execute, "search", *again, f"inventory.gpus.{lost[0]}={count}",
+                   f"search.lost_hosts=[{lost[0]}:{lost[1]}]", "search.max_moves=2")  # fmt: skip
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    new = max((tmp_path / "fleet").glob("two_models-tiny_hetero-*/*/fleet.json"), key=lambda f: f.stat().st_mtime)
+    replanned = json.loads(new.read_text())
+    assert replanned["replan"]["lost_hosts"] == [f"{lost[0]}:{lost[1]}"]
+    assert replanned["reference"]["status"] == "replan"
+    assert sorted(replanned["replan"]["models"]) == sorted(worst["models"])
+    slots: dict[str, set[int]] = {}
+    for m in replanned["models"]:
+        p, was = plans.load(new.parent / m["plan"]), plans.load(run / m["plan"])
+        for isl in p.islands:
+            if isl.serving:  # no GPU of two models, none on the host lost
+                assert not (isl.gpu == lost[0] and lost[1] in isl.hosts.nodes), isl.hosts
+                start = isl.hosts.nodes[0] * isl.hosts.node_gpus + isl.hosts.first_gpu
+                assert not set(range(start, start + isl.size)) & slots.setdefault(isl.gpu, set())
+                slots[isl.gpu] |= set(range(start, start + isl.size))
+        if m["model"] not in worst["models"]:
+            assert p.islands == was.islands and p.replan is None
+            continue
+        moved = replanned["replan"]["models"][m["model"]]
+        assert p.replan is not None and len(p.replan.moves) == len(moved["moves"]) and 1 <= len(moved["moves"])
+        assert moved["with_the_loss_req_s"] == pytest.approx(worst["rates_req_s"][m["model"]])
+        assert p.rate_req_s >= 0.98 * moved["with_the_loss_req_s"] and p.verification is not None
+    assert "## Re-planned from a running fleet" in (new.parent / "report.md").read_text()
+    one_line(in_process(execute, "search", *again, "search.lost_hosts=[H20:99]"),
+             "error: search.lost_hosts: 'H20:99' is not a host of the running fleet")  # fmt: skip
+    one_line(in_process(execute, "search", *again[:3], f"search.from_plan={run / 'deepseek_v3' / 'plan.json'}",
+                        *again[4:]),
+             "error: search.from_plan=")  # fmt: skip
+
 
 BAD = [  # (the fleet's `models`, the error's words)
     ([{"model": "gpt9", "workload": "azure_code", "demand_req_s": 1}], "model 'gpt9' is not in the catalogue"),

@@ -48,6 +48,9 @@ from plan import Band, InventoryInfo, Plan, to_json
 from solvers.fleet import FleetResult, Member, Split, fleet_optimum, split_cheapest, split_optimum
 
 NO_PLAN = 1
+# the command's settings that are the fleet's, not passed to each model's config
+FLEET_SETTINGS = ("search.objective", "search.demand_req_s", "search.from_plan", "search.lost_hosts",
+                  "search.max_moves", "search.max_hosts")
 # the groups a member sets itself (a command's own choice of them is the member's default, or not used)
 MEMBER_GROUPS = ("model", "workload", "slo", "costmodel")
 FLEET_NOTE = ("Archipelago fleets: several models planned on one inventory (`python -m pipeline.search +fleet=NAME`). "
@@ -95,7 +98,7 @@ def member_config(m: MemberSpec, costmodel: str | None) -> Any:
 
     def kept(override: str) -> bool:  # not the fleet, nor a group choice the member makes itself
         key = override.lstrip("+~").split("=", 1)[0]
-        fleets = key in ("search.objective", "search.demand_req_s")  # the fleet's objective, not each model's
+        fleets = key in FLEET_SETTINGS  # the fleet's objective and re-plan, not each model's
         return _group(override) != "fleet" and own.get(key) is None and not fleets
 
     hc = HydraConfig.get()
@@ -163,6 +166,11 @@ def execute(cfg: Any) -> int:
     spec = fleet_from_cfg(choice("fleet"), plain(cfg.fleet))
     objective = fleet_objective(cfg, spec)  # (checked before anything is benchmarked)
     inventory_name, inv_cfg = inventory_of(cfg)
+    again = None
+    if cfg.search.get("from_plan") is not None:  # a running fleet re-planned with few moves
+        from pipeline.fleet.replan import running_fleet
+
+        again = running_fleet(cfg, spec)
     command_costmodel = choice("costmodel")
     t0 = time.perf_counter()
     members = [compose_member(m, inventory_name, inv_cfg, command_costmodel) for m in spec.members]
@@ -174,6 +182,10 @@ def execute(cfg: Any) -> int:
           flush=True)  # fmt: skip
     tracker = open_tracker(cfg.mlflow.tracking_uri, str(cfg.mlflow.experiment), FLEET_NOTE, ())
     try:
+        if again is not None:
+            from pipeline.fleet.replan import replan_fleet
+
+            return replan_fleet(spec, members, again, inventory_name, tracker, cfg, t0)
         return _plan_fleet(spec, members, inventory_name, tracker, cfg, t0, objective)
     finally:
         tracker.close()
@@ -258,6 +270,14 @@ def _planned(spec: FleetSpec, members: list[Composed], inventory_name: str, trac
         gap = max(0.0, 1.0 - kept / joint.bound) if joint.bound == joint.bound and joint.bound > 0 else None
     record = fleet_record(spec, inventory_name, members, plans, joint, split, served, gap, wall_s, bench_s,
                           objective)  # fmt: skip
+    write_fleet(spec, members, plans, record, cfg, inventory_name, tracker)
+    return 0
+
+
+def write_fleet(spec: FleetSpec, members: list[Composed], plans: list[Plan], record: dict[str, Any], cfg: Any,
+                inventory_name: str, tracker: Any) -> Path:  # fmt: skip
+    """The fleet's records (`record` with its worst host added): fleet.json, report.md and a plan.json per model in a
+    new run folder, MLflow's runs, the console's summary. Returns the folder."""
     record["worst_host"] = worst_host(members, plans)
     ident = json.dumps({"fleet": plain(cfg.fleet), "inventory": inventory_name, "objective": record["objective"],
                         "members": [c.settings.key for c in members]}, sort_keys=True)  # fmt: skip
@@ -272,8 +292,9 @@ def _planned(spec: FleetSpec, members: list[Composed], inventory_name: str, trac
     _track(tracker, record, run_dir)
     for line in summary(record):
         print(f"[fleet] {line}", flush=True)
-    print(f"[fleet] wrote {run_dir}/ (fleet.json, report.md, a plan.json per model) in {wall_s:.1f} s", flush=True)
-    return 0
+    print(f"[fleet] wrote {run_dir}/ (fleet.json, report.md, a plan.json per model) in {record['wall_s']:.1f} s",
+          flush=True)  # fmt: skip
+    return run_dir
 
 
 FLEET_OBJECTIVES = ("max_rate", "min_cost")
@@ -553,11 +574,17 @@ def summary(r: dict[str, Any]) -> list[str]:
         w = r["worst_host"]
         out.append(f"one host lost: at worst {w['gpu']} host {w['node']} ({', '.join(w['models'])}): "
                    f"{w['served']:.3f} of every {key.split('_')[0]} served")  # fmt: skip
-        if w["served"] < 0.5 * r["served"] and not ref.get("lost_hosts"):
+        if w["served"] < 0.5 * r["served"] and ref["status"] == "replan":
+            out.append("warning: a re-plan wins back the rate with every host up, as one model's does, not the "
+                       "reserve for another host lost: a model whose only island of a role runs on that host stops; "
+                       "plan the fleet again from scratch to hold one")  # fmt: skip
+        elif w["served"] < 0.5 * r["served"] and not ref.get("lost_hosts"):
             out.append("warning: this fleet is planned with every host up (search.spare_hosts=0, or a setting that "
                        "excludes it): a model whose only island of a role runs on that host stops")  # fmt: skip
     if r.get("objective") == "min_cost":
         return out + _cheapest_summary(r, gap)
+    if ref["status"] == "replan":
+        return out + _replan_summary(r, key.split("_")[0])
     if ref.get("lost_hosts") and ref["status"] != "split":
         state = "optimal in its model" if ref["status"] == "optimal" else "its best at fleet.time_limit_s"
         out.append(f"fleet: planned for one host lost: {r['served']:.3f} of every {key.split('_')[0]} served with "
@@ -581,6 +608,17 @@ def summary(r: dict[str, Any]) -> list[str]:
         lost = " with any one host lost" if ref.get("lost_hosts") else ""
         out.append(f"planned one model at a time on the best split of the inventory ({shares} of every GPU type): "
                    f"{split['fraction']:.3f}{lost}; the joint plan gains {split['pooling_gain']:+.1%}")  # fmt: skip
+    return out
+
+
+def _replan_summary(r: dict[str, Any], word: str) -> list[str]:
+    """The console's lines on a fleet re-planned from a running one (pipeline.fleet.replan)."""
+    again = r["replan"]
+    out = [f"re-planned {m}: {len(x['moves'])} moves ({'; '.join(x['moves']) or 'none'}), {x['hosts_relaunched']} "
+           f"hosts re-launched, {x['kept_islands']} islands run on unchanged" for m, x in again["models"].items()]
+    out.append(f"fleet: {r['served']:.3f} of every {word} served after the re-plan, ${r['cost_per_hour']:,.2f}/h; it "
+               f"ran {again['served_before']:.3f}, and {again['served_with_the_loss']:.3f} with "
+               f"{', '.join(again['lost_hosts']) or 'no host'} lost (from {again['from']})")  # fmt: skip
     return out
 
 
@@ -620,6 +658,8 @@ def _x(v: float | None) -> str:
 def _reference_cell(ref: dict[str, Any], cheap: bool = False) -> str:
     """report.md's line on the joint MILP: the optimum it proved, or the best layout of its time and its bound."""
     gap = "n/a" if ref["gap"] is None else format(ref["gap"], ".2%")
+    if ref["status"] == "replan":
+        return "none: re-planned from a running fleet with few moves (below), not from scratch"
     if cheap and ref.get("lost_hosts") and ref["status"] != "split":
         state = ("optimal in the reserve's model" if ref["status"] == "optimal"
                  else "the joint MILP's cheapest in its time limit")
@@ -645,6 +685,24 @@ def _reference_cell(ref: dict[str, Any], cheap: bool = False) -> str:
     return (f"not proven: the joint MILP's best layout in its time limit ({ref['solve_s']:.1f} s) serves "
             f"{ref['fraction']:.3f}, and the optimum is at most {ref['bound']:.3f} (its proven bound): gap at most "
             f"{gap}")
+
+
+def _replan_section(r: dict[str, Any], word: str) -> list[str]:
+    """report.md: how a re-planned fleet was reached from the running one."""
+    again = r["replan"]
+    lines = ["## Re-planned from a running fleet", "",
+             f"From `{again['from']}`, with {', '.join(again['lost_hosts']) or 'no host'} lost: it served "
+             f"{again['served_before']:.3f} of every {word}, {again['served_with_the_loss']:.3f} with the loss, and "
+             f"{r['served']:.3f} re-planned. The models with an island on a host that is gone are re-planned within "
+             f"{again['max_moves']} changed islands each, on hosts no other model runs on; the others run on as they "
+             "are.", "",
+             "| model | ran (req/s) | with the loss | re-planned | moves | hosts re-launched | islands kept |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rates = {m["model"]: m["rate_req_s"] for m in r["models"]}
+    for model, x in again["models"].items():
+        lines.append(f"| {model} | {x['was_req_s']:.2f} | {x['with_the_loss_req_s']:.2f} | {rates[model]:.2f} | "
+                     f"{'; '.join(x['moves']) or 'none'} | {x['hosts_relaunched']} | {x['kept_islands']} |")
+    return [*lines, ""]
 
 
 def _split_section(r: dict[str, Any], word: str) -> list[str]:
@@ -710,10 +768,8 @@ def fleet_report(r: dict[str, Any]) -> str:
           f"{', '.join(f'{n} {g}' for g, n in m['gpus'].items())} | {m['cost_per_hour']:,.2f} |"
           for m in r["models"]),
         "",
-        "## The joint plan against the best split",
-        "",
-        *_split_section(r, word),
-        "",
+        *(_replan_section(r, word) if r.get("replan") else
+          ["## The joint plan against the best split", "", *_split_section(r, word), ""]),
     ]  # fmt: skip
     for m in r["models"]:
         lines += [

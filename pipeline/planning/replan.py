@@ -17,11 +17,11 @@ whole free hosts (no island smaller than a host is added)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pipeline.planning.planner import Layout, Planner
-from plan import Hosts, Plan, Role, node_spans
+from plan import Hosts, Island, Plan, Role, node_spans
 from solvers.spare import spare_roles
 
 BEAM = 12  # states kept at each depth of the search over moves
@@ -95,9 +95,11 @@ def replan(
     time_limit_s: float,
     backend: str = "AUTO",
     max_hosts: int | None = None,
+    busy: Collection[tuple[str, int]] = (),
 ) -> Replanned:
     """The best plan within `max_moves` changed islands of `old` on the hosts `hosts` (per GPU type), and, with
-    `max_hosts`, at most that many hosts re-launched."""
+    `max_hosts`, at most that many hosts re-launched. `busy`: hosts (GPU, host) of `hosts` that other models' islands
+    share with this plan's, never free for an island added here even where this plan's own leave them (a fleet)."""
     kept = []
     for i, isl in enumerate(old.islands):
         if isl.serving and isl.hosts is not None and isl.gpu in planner.gpus and \
@@ -127,7 +129,7 @@ def replan(
     for _ in range(max_moves):
         children: dict[tuple[object, ...], tuple[tuple[Piece, ...], tuple[str, ...]]] = {}
         for pieces, moves in beam:
-            for child, move in _moves(planner, pieces, hosts, min_island):
+            for child, move in _moves(planner, pieces, hosts, min_island, busy):
                 if max_hosts is not None and _relaunched(child) > max_hosts:
                     continue
                 children.setdefault(tuple((p.gpu, p.size, p.hosts.nodes, p.role, p.origin) for p in child),
@@ -154,10 +156,11 @@ def _ordered(pieces: Sequence[Piece]) -> tuple[Piece, ...]:
 
 
 def _moves(
-    planner: Planner, pieces: tuple[Piece, ...], hosts: Mapping[str, Sequence[int]], min_island: Mapping[str, int]
+    planner: Planner, pieces: tuple[Piece, ...], hosts: Mapping[str, Sequence[int]], min_island: Mapping[str, int],
+    busy: Collection[tuple[str, int]] = (),
 ) -> list[tuple[tuple[Piece, ...], str]]:
-    """Every state one move from `pieces`, with the move's line."""
-    used = {(p.gpu, h) for p in pieces for h in p.hosts.nodes}
+    """Every state one move from `pieces`, with the move's line (`busy`: hosts never free)."""
+    used = {(p.gpu, h) for p in pieces for h in p.hosts.nodes} | set(busy)
     out = []
     for gpu, nodes in hosts.items():
         per = planner.gpus[gpu].node_gpus
@@ -189,3 +192,26 @@ def _moves(
             out.append((_ordered([*pieces[:i], resized, *pieces[i + 1 :]]),
                         f"resize {where} to {k * per} x {p.gpu} on hosts {node_spans(take)}"))  # fmt: skip
     return out
+
+
+def as_running(plan: Plan, old: Plan, found: Replanned) -> tuple[tuple[Island, ...], tuple[int, ...], tuple[str, ...],
+                                                                 int]:  # fmt: skip
+    """`plan` (built on `found`'s islands) with every kept island as its engines run in `old` (its batch and
+    micro-batching), and the re-plan's kept islands, moves and hosts re-launched: a kept island whose configuration
+    for this plan's workload differs from the one running is re-launched, a move more."""
+    running = {(isl.gpu, isl.hosts.nodes, isl.role): isl for isl in old.islands
+               if isl.serving and isl.hosts is not None}  # fmt: skip
+    islands, kept, moves = list(plan.islands), [], list(found.moves)
+    relaunched = found.hosts_relaunched
+    for i in found.kept:
+        now = islands[i]
+        was = running.get((now.gpu, now.hosts.nodes if now.hosts else (), now.role))
+        if was is not None and (was.tp, was.dp, was.ep) == (now.tp, now.dp, now.ep):
+            islands[i] = replace(now, batch=was.batch, overlap=was.overlap, chunk_tokens=was.chunk_tokens)
+            kept.append(i)
+            continue
+        before = f"TP {was.tp} x DP {was.dp}" if was is not None else "another configuration"
+        moves.append(f"re-launch {now.size} x {now.gpu} {now.role} as TP {now.tp} x DP {now.dp} (ran {before}: its "
+                     "configuration for this workload)")  # fmt: skip
+        relaunched += len(now.hosts.nodes) if now.hosts else 0
+    return tuple(islands), tuple(kept), tuple(moves), relaunched

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from pipeline.planning.replan import as_running
 from pipeline.search.steps.base import PlanStep, StepContext
 from plan import Island, Plan, Replan
 
@@ -37,25 +38,10 @@ class Replanned(PlanStep):
     def compute(self, plan: Plan, sc: StepContext) -> Running:
         s, again = sc.settings.replan, sc.run.replanned
         assert s is not None and again is not None
-        old = {(isl.gpu, isl.hosts.nodes, isl.role): isl for isl in s.plan.islands
-               if isl.serving and isl.hosts is not None}  # fmt: skip
-        islands, kept, moves = list(plan.islands), [], list(again.moves)
-        relaunched = again.hosts_relaunched
-        for i in again.kept:
-            now = islands[i]
-            was = old.get((now.gpu, now.hosts.nodes if now.hosts else (), now.role))
-            if was is not None and (was.tp, was.dp, was.ep) == (now.tp, now.dp, now.ep):
-                islands[i] = dataclasses.replace(now, batch=was.batch, overlap=was.overlap,
-                                                 chunk_tokens=was.chunk_tokens)  # fmt: skip
-                kept.append(i)
-                continue
-            before = f"TP {was.tp} x DP {was.dp}" if was is not None else "another configuration"
-            moves.append(f"re-launch {now.size} x {now.gpu} {now.role} as TP {now.tp} x DP {now.dp} (ran {before}: "
-                         "its configuration for this workload)")  # fmt: skip
-            relaunched += len(now.hosts.nodes) if now.hosts else 0
+        islands, kept, moves, relaunched = as_running(plan, s.plan, again)
         scratch = sc.run.ref.rate_req_s if sc.run.ref is not None else None
-        record = Replan(s.path, tuple(moves), tuple(kept), relaunched, s.max_moves, again.searched_req_s, scratch)
-        return Running(tuple(islands), record, len(moves) - len(again.moves))
+        record = Replan(s.path, moves, kept, relaunched, s.max_moves, again.searched_req_s, scratch)
+        return Running(islands, record, len(moves) - len(again.moves))
 
     def attach(self, plan: Plan, record: Running) -> Plan:
         return dataclasses.replace(plan, islands=record.islands, replan=record.replan)
