@@ -108,14 +108,22 @@ def fleet_optimum(
     relax: bool = False,
     cheapest: bool = False,
     spare: bool = False,
+    floor: float | None = None,
+    phased: bool = True,
 ) -> FleetResult:
     """The largest common fraction α of every member's demand one inventory serves, and each member's islands
     (`relax`: island counts continuous, an LP: its α bounds the MILP's; `cheapest`: the least $/h of islands that
     serve every demand instead, α = 1; `spare`: α kept with any one host lost, (8), and `bound` the solver's on that
-    model)."""
+    model, solved in two phases unless not `phased`: `_coarse_first`; `floor`: only layouts with α above it, or
+    cheapest, costing less: infeasible where none is)."""
     _check(members, backend)
     if spare and any(t.aggregated_req_s is not None and t.aggregated_req_s.any() for m in members for t in m.types):
         raise ValueError("fleet: a fleet planned for a host lost has no aggregated islands (not in its reserve (8))")
+    if spare and phased and not relax and backend == "HIGHS":
+        coarse = [dataclasses.replace(m, types=[coarse_sizes(t) for t in m.types]) for m in members]
+        if any(len(a.sizes) < len(b.sizes) for m, c in zip(members, coarse, strict=True)
+               for a, b in zip(c.types, m.types, strict=True)):  # fmt: skip
+            return _coarse_first(members, coarse, budget_per_hour, time_limit_s, cheapest)
     t0 = time.perf_counter()
     s = new_solver("HIGHS" if relax else backend, time_limit_s)
     alpha = s.NumVar(1.0, 1.0, "alpha") if cheapest else s.NumVar(0.0, s.infinity(), "alpha")
@@ -131,6 +139,8 @@ def fleet_optimum(
     cost = s.Sum([b.cost() for b in blocks])
     if budget_per_hour is not None:
         s.Add(cost <= budget_per_hour)
+    if floor is not None:
+        s.Add(cost <= floor * (1 - 1e-6)) if cheapest else s.Add(alpha >= floor * (1 + 1e-6))
     if cheapest:
         s.Minimize(cost)
     else:
@@ -148,11 +158,53 @@ def fleet_optimum(
             bound = s.Objective().BestBound() if not relax else s.Objective().Value()
     ms = (time.perf_counter() - t0) * 1e3
     if status in ("infeasible", "time_limit"):
-        return FleetResult(status, 0.0, float("nan"), (), 0.0, ms)
+        return FleetResult(status, 0.0, float("nan"), (), 0.0, ms, int(spare))
     islands = tuple(b.solution(values)[1] for b in blocks)
     price = {t.gpu: t.price_per_gpu_hour for t in members[0].types}
     spent = sum(size * price[g] for isl in islands for g, size, _ in isl)
     return FleetResult(status, fraction, bound, islands, spent, ms, int(spare))
+
+
+COARSE_SHARE = 0.4  # a fleet planned for a host lost: the share of the time limit its MILP over coarse sizes has
+
+
+def coarse_sizes(t: TypeOptions) -> TypeOptions:
+    """The type with its island sizes of 2^k GPUs only (1, 2, 4, ... : the divisors of a host of 2^k GPUs and 2^k
+    hosts), where it has any."""
+    keep = [k for k, size in enumerate(t.sizes) if int(size) & (int(size) - 1) == 0]
+    if not keep or len(keep) == len(t.sizes):
+        return t
+    agg = None if t.aggregated_req_s is None else t.aggregated_req_s[keep]
+    return dataclasses.replace(t, sizes=t.sizes[keep], prefill_req_s=t.prefill_req_s[keep],
+                               decode_req_s=t.decode_req_s[keep], aggregated_req_s=agg)  # fmt: skip
+
+
+def _coarse_first(members: Sequence[Member], coarse: Sequence[Member], budget: float | None, time_limit_s: float,
+                  cheapest: bool) -> FleetResult:  # fmt: skip
+    """`spare` in two phases: the MILP over coarse island sizes first (`COARSE_SHARE` of the time: fewer, less alike
+    classes, whose reserve HiGHS solves far sooner), then over every size for the rest, held to layouts better than
+    the first's (`floor`). Every coarse layout is a layout of every size, so the better of the two is planned; where
+    the second proves none better, the first is the optimum over every size."""
+    t0 = time.perf_counter()
+    first = fleet_optimum(coarse, budget_per_hour=budget, time_limit_s=COARSE_SHARE * time_limit_s,
+                          cheapest=cheapest, spare=True, phased=False)  # fmt: skip
+    left = max(time_limit_s - (time.perf_counter() - t0), 1e-3)
+    if first.status in ("infeasible", "time_limit"):  # no coarse layout (in its time): every size, for the rest
+        return fleet_optimum(members, budget_per_hour=budget, time_limit_s=left, cheapest=cheapest, spare=True,
+                             phased=False)  # fmt: skip
+    floor = first.cost_per_hour if cheapest else first.fraction
+    rest = fleet_optimum(members, budget_per_hour=budget, time_limit_s=left, cheapest=cheapest, spare=True,
+                         floor=floor, phased=False)  # fmt: skip
+    ms = (time.perf_counter() - t0) * 1e3
+    if rest.status in ("optimal", "feasible"):  # a better layout over every size (optimal: the optimum)
+        return dataclasses.replace(rest, solve_ms=ms)
+    if rest.status == "infeasible":  # none better over every size: the coarse layout is the optimum
+        return dataclasses.replace(first, status="optimal", bound=floor, solve_ms=ms)
+    # none better found in the time: the optimum is the coarse layout's or within the second's bound
+    bound = rest.bound if rest.bound == rest.bound else float("nan")
+    if bound == bound:
+        bound = min(floor, bound) if cheapest else max(floor, bound)
+    return dataclasses.replace(first, status="feasible", bound=bound, solve_ms=ms)
 
 
 def mix_rate(rows: np.ndarray, p: np.ndarray) -> float:
@@ -263,7 +315,7 @@ def split_optimum(
     def alone(m: Member, types: list[TypeOptions]) -> _Share:
         if spare:
             one = fleet_optimum([dataclasses.replace(m, types=types)], time_limit_s=time_limit_s, backend=backend,
-                                spare=True)  # fmt: skip
+                                spare=True, phased=False)  # fmt: skip (one model's: solved whole sooner)
             found = one.status in ("optimal", "feasible")
             return _Share(one.fraction * m.demand if found else 0.0, one.cost_per_hour, one.status == "optimal",
                           one.islands[0] if found else ())  # fmt: skip
@@ -298,7 +350,7 @@ def split_cheapest(
     def alone(m: Member, types: list[TypeOptions]) -> _Share | None:
         if spare:
             one = fleet_optimum([dataclasses.replace(m, types=types)], time_limit_s=time_limit_s, backend=backend,
-                                cheapest=True, spare=True)  # fmt: skip
+                                cheapest=True, spare=True, phased=False)  # fmt: skip
             found = one.status in ("optimal", "feasible") and bool(one.islands[0])
             return _Share(m.demand, one.cost_per_hour, one.status == "optimal", one.islands[0]) if found else None
         res = exact_optimum(types, m.p, objective="min_cost", demand_req_s=m.demand, kv_gb=m.kv_gb,

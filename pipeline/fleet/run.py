@@ -218,9 +218,9 @@ def _plan_fleet(spec: FleetSpec, members: list[Composed], inventory_name: str, t
         print(f"[fleet] the joint {'layout' if spare else 'optimum'} (optimal, {joint.solve_ms / 1e3:.1f} s): "
               f"{joint.fraction:.3f} of every {what} served{lost}", flush=True)  # fmt: skip
     elif joint.fraction > 0:
+        most = f"; its model's best is at most {joint.bound:.3f}" if joint.bound == joint.bound else ""
         print(f"[fleet] the joint MILP stopped at fleet.time_limit_s={spec.time_limit_s:g} with a layout serving "
-              f"{joint.fraction:.3f} of every {what}{lost}; its model's best is at most {joint.bound:.3f}",
-              flush=True)  # fmt: skip
+              f"{joint.fraction:.3f} of every {what}{lost}{most}", flush=True)  # fmt: skip
 
     def best_split() -> tuple[Split | None, float | None]:
         return aside.result(what="the best split's process") if aside else beside(fm, limit, spare, budget)
