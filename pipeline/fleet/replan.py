@@ -83,6 +83,7 @@ def replan_fleet(spec: FleetSpec, members: list[Composed], again: RunningFleet, 
                  cfg: Any, t0: float) -> int:  # fmt: skip
     """Re-plan the models of the running fleet that lost a host; returns the exit code (0: a plan written)."""
     inv = members[0].settings.inventory
+    bench_s = time.perf_counter() - t0  # (each model's settings and smallest islands, composed before)
     node = {g.name: g.node_gpus for g in inv.gpus}
     hosts = hosts_now(next(iter(again.plans.values())), inv.by_name, node, again.lost)
     there = {(g, h) for g, hs in hosts.items() for h in hs}
@@ -127,7 +128,8 @@ def replan_fleet(spec: FleetSpec, members: list[Composed], again: RunningFleet, 
     was = min(p.rate_req_s / demand[m] for m, p in again.plans.items())
     joint = FleetResult("replan", served, float("nan"), tuple(_triples(p) for p in out),
                         sum(p.cost_per_hour for p in out), 0.0)  # fmt: skip
-    record = fleet_record(spec, inventory_name, members, out, joint, None, served, None, time.perf_counter() - t0, 0.0)
+    record = fleet_record(spec, inventory_name, members, out, joint, None, served, None, time.perf_counter() - t0,
+                          bench_s)  # fmt: skip
     record["replan"] = {"from": str(again.path), "lost_hosts": [f"{g}:{h}" for g, h in again.lost],
                         "max_moves": again.max_moves, "served_before": was,
                         "served_with_the_loss": min(_kept_rate(p, again.lost) / demand[m]

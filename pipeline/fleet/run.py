@@ -796,8 +796,15 @@ def _track(tracker: Any, r: dict[str, Any], run_dir: Path) -> None:
         tracker.child(m["model"], {"model": m["model"], "workload": m["workload"], "costmodel": m["costmodel"]},
                       metrics, False)  # fmt: skip
     ref = r["reference"]
-    metrics = {"served": r["served"], "cost_per_hour": r["cost_per_hour"], "optimum": ref["fraction"],
-               "wall_s": r["wall_s"], **({"split_served": r["split"]["fraction"]} if r["split"] else {})}  # fmt: skip
+    metrics = {"served": r["served"], "cost_per_hour": r["cost_per_hour"], "wall_s": r["wall_s"],
+               **({"split_served": r["split"]["fraction"]} if r["split"] else {})}  # fmt: skip
+    if ref["status"] != "replan":  # (the joint MILP's layout's fraction: with a host lost where planned for one)
+        metrics["optimum"] = ref["fraction"]
+    else:  # a re-plan: the moves and hosts re-launched, what the fleet served before and with the loss
+        again = r["replan"]
+        metrics |= {"replan_moves": float(sum(len(x["moves"]) for x in again["models"].values())),
+                    "replan_hosts_relaunched": float(sum(x["hosts_relaunched"] for x in again["models"].values())),
+                    "served_before": again["served_before"], "served_with_the_loss": again["served_with_the_loss"]}
     if ref["gap"] is not None:
         metrics["gap"] = ref["gap"]
     if r.get("objective") == "min_cost":  # the sizing question: the $/h found, the least proven, the split's
