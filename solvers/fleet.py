@@ -18,7 +18,7 @@ same model, so a plan's gap to it is >= 0.
 host gone, its islands in their roles and the router re-sending their share, by a reserve per model m, role r and
 island class c:
 
-    (8) Σ_c' β^r_c' n^r_c' − h_c β^r_c w^r_c >= α d_m,   w^r_c ∈ {0, 1},  w^r_c <= n^r_c <= most_c w^r_c
+    (8) Σ_c' β^r_c' n^r_c' − h_c β^r_c w^r_c >= α d_m,   w^r_c ∈ {0, 1},  n^r_c <= most_c w^r_c
 
 β^r_c = 1 / Σ_j p_j / b^r_cj is the req/s one island of c serves of the model's whole mix in role r (0 where it cannot
 serve a range the mix holds), h_c = max(1, host / s_c) the islands of c one host holds. The left side is what the
@@ -26,9 +26,10 @@ islands left serve with each one given the mix in proportion, one host's worth o
 router can take, so the rate the routing re-solved keeps is at least that. A host holds islands of several classes
 of one model (sizes below a host: Σ s_c <= host) or one island of whole hosts; either way what it carries of role r is
 at most max_c h_c β^r_c, so (8) holds for every host. A host shared by two models costs each only its own islands:
-(8) per model is the fleet's. The reserve is conservative (the router does better than mix in proportion), and its
-α a rate the plan keeps, not an optimum: the gap is stated against the optimum with every host up (`relax`: its LP),
-which bounds every plan's rate with a host lost. Models with aggregated islands are not planned this way.
+(8) per model is the fleet's (as one constraint per model and role: a variable at least every h_c β^r_c w^r_c, the
+most one host carries, taken from the left side). The reserve is conservative (the router does better than mix in
+proportion), and its α a rate the plan keeps, not an optimum: the gap is stated against the optimum with every host
+up, which bounds every plan's rate with a host lost. Models with aggregated islands are not planned this way.
 
 `cheapest` (the sizing question for a fleet): min Σ_m C_m with α = 1, every model's demand served, the inventory's
 counts upper bounds: the cheapest islands of the inventory that serve every demand (`FleetResult.bound` is then the
@@ -315,7 +316,7 @@ def split_optimum(
     def alone(m: Member, types: list[TypeOptions]) -> _Share:
         if spare:
             one = fleet_optimum([dataclasses.replace(m, types=types)], time_limit_s=time_limit_s, backend=backend,
-                                spare=True, phased=False)  # fmt: skip (one model's: solved whole sooner)
+                                spare=True, phased=False)  # fmt: skip (one model's MILP: proven sooner whole)
             found = one.status in ("optimal", "feasible")
             return _Share(one.fraction * m.demand if found else 0.0, one.cost_per_hour, one.status == "optimal",
                           one.islands[0] if found else ())  # fmt: skip
