@@ -97,6 +97,8 @@ def replan_fleet(spec: FleetSpec, members: list[Composed], again: RunningFleet, 
         hit = list(members)
     before = {c.spec.model: _kept_rate(current[c.spec.model], again.lost) for c in hit}
     info = InventoryInfo(inv.name, inv.named, inv.cost_per_hour)
+    # a fleet planned for a host lost is re-planned for one too: each state scored with its worst host lost
+    spare = int(again.record.get("reference", {}).get("lost_hosts", 0) or 0)
     moved: dict[str, dict[str, Any]] = {}
     for c in sorted(hit, key=lambda c: before[c.spec.model] / demand[c.spec.model]):
         model = c.spec.model
@@ -104,7 +106,7 @@ def replan_fleet(spec: FleetSpec, members: list[Composed], again: RunningFleet, 
         tic = time.perf_counter()
         found = replan(c.ctx.planner, current[model], hosts, dict(c.ctx.space.min_island), again.max_moves,
                        time_limit_s=c.ctx.inner_time_limit_s, backend=c.ctx.backend, max_hosts=again.max_hosts,
-                       busy=busy)  # fmt: skip
+                       busy=busy, spare=spare)  # fmt: skip
         plan = build_plan(c.ctx.planner, found.layout, c.ctx.inner_time_limit_s, c.ctx.backend, info, found.roles,
                           [p.hosts for p in found.pieces])  # fmt: skip
         islands, kept, moves, relaunched = as_running(plan, current[model], found)

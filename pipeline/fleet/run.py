@@ -575,9 +575,9 @@ def summary(r: dict[str, Any]) -> list[str]:
         out.append(f"one host lost: at worst {w['gpu']} host {w['node']} ({', '.join(w['models'])}): "
                    f"{w['served']:.3f} of every {key.split('_')[0]} served")  # fmt: skip
         if w["served"] < 0.5 * r["served"] and ref["status"] == "replan":
-            out.append("warning: a re-plan wins back the rate with every host up, as one model's does, not the "
-                       "reserve for another host lost: a model whose only island of a role runs on that host stops; "
-                       "plan the fleet again from scratch to hold one")  # fmt: skip
+            out.append("warning: within its moves the re-plan left a model whose only island of a role runs on that "
+                       "host: it stops if the host is lost; give more moves (search.max_moves) or plan the fleet again "
+                       "from scratch")  # fmt: skip
         elif w["served"] < 0.5 * r["served"] and not ref.get("lost_hosts"):
             out.append("warning: this fleet is planned with every host up (search.spare_hosts=0, or a setting that "
                        "excludes it): a model whose only island of a role runs on that host stops")  # fmt: skip

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from pipeline.planning.failures import loss_scenarios
 from pipeline.planning.planner import Layout, Planner
 from plan import Hosts, Island, Plan, Role, node_spans
 from solvers.spare import spare_roles
@@ -96,32 +97,50 @@ def replan(
     backend: str = "AUTO",
     max_hosts: int | None = None,
     busy: Collection[tuple[str, int]] = (),
+    spare: int = 0,
 ) -> Replanned:
     """The best plan within `max_moves` changed islands of `old` on the hosts `hosts` (per GPU type), and, with
     `max_hosts`, at most that many hosts re-launched. `busy`: hosts (GPU, host) of `hosts` that other models' islands
-    share with this plan's, never free for an island added here even where this plan's own leave them (a fleet)."""
+    share with this plan's, never free for an island added here even where this plan's own leave them (a fleet).
+    `spare` > 0: each state scored by its rate with its worst `spare` hosts lost (`solvers/spare.py` over its
+    islands' hosts, its roles the ones that keep the most then), as a plan made for lost hosts is (a fleet planned
+    for one)."""
     kept = []
     for i, isl in enumerate(old.islands):
         if isl.serving and isl.hosts is not None and isl.gpu in planner.gpus and \
                 set(isl.hosts.nodes) <= set(hosts.get(isl.gpu, ())):  # fmt: skip
             kept.append(Piece(isl.gpu, isl.size, isl.hosts, isl.role if isl.role.disaggregated else None, i))
-    scored: dict[tuple[object, ...], tuple[float, tuple[str, ...]]] = {}
+    scored: dict[tuple[object, ...], tuple[tuple[float, float], tuple[str, ...]]] = {}
 
-    def score(pieces: tuple[Piece, ...]) -> tuple[float, tuple[str, ...]]:
+    def solve(pieces: tuple[Piece, ...], lost: bool, roles: Sequence[str | None]) -> tuple[float, tuple[str, ...]]:
+        islands = tuple((p.gpu, p.size) for p in pieces)
+        prob = planner.problem(Layout(islands), "max_rate")
+        downs = [d for _, d in loss_scenarios(islands, [p.hosts for p in pieces], spare)] if lost else []
+        r = spare_roles(prob.prefill_req_s, prob.decode_req_s, prob.p, downs, time_limit_s, backend, roles)
+        return r.rate_req_s, r.roles
+
+    def score(pieces: tuple[Piece, ...]) -> tuple[tuple[float, float], tuple[str, ...]]:
+        """(the state's worth, its roles): (its rate, 0), or with `spare` (its rate with its worst hosts lost, its
+        rate with every host up: the tie-break, e.g. where no state keeps anything with a host lost)."""
         key = tuple((p.gpu, p.size, p.hosts.nodes, p.role) for p in pieces)
         if key not in scored:
             if not pieces:
-                scored[key] = (0.0, ())
+                scored[key] = ((0.0, 0.0), ())
             else:
-                prob = planner.problem(Layout(tuple((p.gpu, p.size) for p in pieces)), "max_rate")
-                r = spare_roles(prob.prefill_req_s, prob.decode_req_s, prob.p, [], time_limit_s, backend,
-                                [p.role for p in pieces])  # fmt: skip
-                scored[key] = (r.rate_req_s, r.roles)
+                up, up_roles = solve(pieces, False, [p.role for p in pieces])
+                if not spare:
+                    scored[key] = ((up, 0.0), up_roles)
+                else:
+                    down, down_roles = solve(pieces, True, [p.role for p in pieces])
+                    scored[key] = ((down, up), down_roles if down > 0 else up_roles)
         return scored[key]
 
-    def potential(pieces: tuple[Piece, ...]) -> float:
-        """The rate with every role free: what a state may still reach by flips (breaks ties, e.g. at 0)."""
+    def potential(pieces: tuple[Piece, ...]) -> tuple[float, float]:
+        """The worth with every role free: what a state may still reach by flips (breaks ties, e.g. at 0)."""
         return score(tuple(replace(p, role=None) for p in pieces))[0]
+
+    def better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+        return a[0] > b[0] * (1 + 1e-9) or (a[0] >= b[0] * (1 - 1e-9) and a[1] > b[1] * (1 + 1e-9))
 
     start = _ordered(kept)
     beam = [(start, ())]
@@ -136,13 +155,15 @@ def replan(
                                     (child, (*moves, move)))  # fmt: skip
         if not children:
             break
-        ranked = sorted(children.values(), key=lambda c: (-score(c[0])[0], -potential(c[0])))
+        ranked = sorted(children.values(), key=lambda c: (tuple(-x for x in score(c[0])[0]),
+                                                          tuple(-x for x in potential(c[0]))))  # fmt: skip
         beam = ranked[:BEAM]
         top = beam[0]
-        if score(top[0])[0] > best[0] * (1 + 1e-9):
+        if better(score(top[0])[0], best[0]):
             best = (score(top[0])[0], top[0], top[1])
-    rate, pieces, moves = best
+    _, pieces, moves = best
     roles = score(pieces)[1]
+    rate = solve(pieces, False, roles)[0] if pieces else 0.0  # its rate with every host up, in those roles
     return Replanned(pieces, roles, rate, moves, _relaunched(pieces))
 
 
