@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from solvers.exact import GAP, ModelBlock, add_model, exact_optimum
+from solvers.exact import GAP, LOSSES_PER_ROUND, ModelBlock, _loss_half, _loss_rates, add_model, exact_optimum
 from solvers.inner import MILP_BACKENDS, new_solver, quiet_stdout, status_of
 from solvers.type_options import TypeOptions
 
@@ -232,6 +232,66 @@ def host_reserve(s: pywraplp.Solver, m: Member, block: ModelBlock, rate: Any, re
             s.Add(n[c] <= most * w)
             s.Add(lost >= held * beta[c] * w)
         s.Add(s.Sum([b * n[c] for c, b in enumerate(beta) if b > 0]) - lost >= rate)
+
+
+def spare_fleet_optimum(members: Sequence[Member], *, time_limit_s: float = 600.0) -> FleetResult:
+    """The best joint layout with any one island lost, its roles fixed and its model's routing re-solved: the exact
+    model (8) approximates, for islands of whole hosts (one island a host). The joint MILP with a routing per loss of
+    one island of a class in a role, per model (`solvers.exact._loss_half`), the losses joining as they bind, as
+    `solvers.exact.spare_optimum` does for one model: the MILP over the losses so far bounds α from above, its layout
+    scored exactly (each island lost in turn, an LP) from below, until they meet. Minutes on two models: a check of
+    the reserve (tests, `benchmarks/fleet_reserve_bench.py`), not a planner. No budget, KV cap or aggregated island."""
+    _check(members, "HIGHS")
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    halves: list[list[tuple[int, str]]] = [[] for _ in members]
+    best: FleetResult | None = None
+    bound, status = float("inf"), "infeasible"
+    while True:
+        s = new_solver("HIGHS", 1.0)
+        alpha = s.NumVar(0.0, s.infinity(), "alpha")
+        blocks = [add_model(s, m.types, m.p, alpha * m.demand, tag=f"{k}:") for k, m in enumerate(members)]
+        for ti, t in enumerate(members[0].types):
+            used = [term for b in blocks for term in b.used(ti)]
+            if used:
+                s.Add(s.Sum(used) <= t.count)
+        for m, b, lost in zip(members, blocks, halves, strict=True):
+            for c, role in lost:
+                _loss_half(s, m.types, b.classes, m.p, alpha * m.demand, b.n_p if role == "prefill" else b.n_d,
+                           lost=c, role=role)  # fmt: skip
+        s.Maximize(alpha)
+        got, values, milp_bound = solve_highs(s, max(deadline - time.perf_counter(), 1.0))
+        if values is None:
+            status = got if best is None else "feasible"
+            break
+        bound = min(bound, milp_bound if milp_bound == milp_bound else float(values[alpha.index()]))
+        losses, islands = [], []
+        for k, (m, b) in enumerate(zip(members, blocks, strict=True)):
+            counts, isl = b.solution(values)
+            islands.append(isl)
+            whole = [(float(round(a)), float(round(d))) for a, d in counts]
+            losses += [(rate / m.demand, k, h) for h, rate in _loss_rates(m.types, m.p, whole).items()]
+        low = min((x[0] for x in losses), default=0.0)
+        if best is None or low > best.fraction:
+            price = {t.gpu: t.price_per_gpu_hour for t in members[0].types}
+            best = FleetResult("feasible", low, bound, tuple(islands),
+                               sum(size * price[g] for isl in islands for g, size, _ in isl), 0.0, 1)  # fmt: skip
+        if got == "optimal" and best.fraction >= bound * (1 - 1e-6) - 1e-9:
+            status = "optimal"
+            break
+        new = 0
+        for k in range(len(members)):
+            join = [h for f, kk, h in sorted(losses) if kk == k and f < bound * (1 - 1e-6) and h not in halves[k]]
+            halves[k] += join[:LOSSES_PER_ROUND]
+            new += len(join[:LOSSES_PER_ROUND])
+        if not new or time.perf_counter() > deadline:
+            status = "feasible"
+            break
+    ms = (time.perf_counter() - t0) * 1e3
+    if best is None:
+        return FleetResult(status, 0.0, float("nan"), (), 0.0, ms, 1)
+    return dataclasses.replace(best, status=status, bound=best.fraction if status == "optimal" else bound,
+                               solve_ms=ms)  # fmt: skip
 
 
 def solve_highs(s: pywraplp.Solver, time_limit_s: float) -> tuple[str, np.ndarray | None, float]:
