@@ -12,8 +12,10 @@ islands that still have all their hosts (each kept where it runs, in the role it
 A move changes one island; `max_moves` bounds the islands changed, and every plan found says how many hosts
 it re-launches. The search over moves is a beam search (`BEAM` states a depth); each state is scored by the
 max_rate of its islands with the kept and flipped ones in their roles and the added ones free
-(`solvers/spare.py` with no loss scenario: the search's model, whole-mix load caps). Added islands take
-whole free hosts (no island smaller than a host is added)."""
+(`solvers/spare.py` with no loss scenario: the search's model, whole-mix load caps), or, for a plan made for lost
+hosts (`spare`: a fleet planned for one), by its rate with its worst hosts lost first and that one second. Added
+islands take whole free hosts (no island smaller than a host is added), and never a host another model's island
+holds (`busy`: a fleet)."""
 
 from __future__ import annotations
 
