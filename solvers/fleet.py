@@ -133,10 +133,7 @@ def fleet_optimum(
     if spare:
         for m, b in zip(members, blocks, strict=True):
             host_reserve(s, m, b, alpha * m.demand, relax)
-    for ti, t in enumerate(members[0].types):
-        used = [term for b in blocks for term in b.used(ti)]
-        if used:
-            s.Add(s.Sum(used) <= t.count)  # (3): one inventory for every model
+    one_inventory(s, members, blocks)
     cost = s.Sum([b.cost() for b in blocks])
     if budget_per_hour is not None:
         s.Add(cost <= budget_per_hour)
@@ -164,6 +161,14 @@ def fleet_optimum(
     price = {t.gpu: t.price_per_gpu_hour for t in members[0].types}
     spent = sum(size * price[g] for isl in islands for g, size, _ in isl)
     return FleetResult(status, fraction, bound, islands, spent, ms, int(spare))
+
+
+def one_inventory(s: pywraplp.Solver, members: Sequence[Member], blocks: Sequence[ModelBlock]) -> None:
+    """(3): every member's islands (`blocks`) within one inventory's GPUs of each type."""
+    for ti, t in enumerate(members[0].types):
+        used = [term for b in blocks for term in b.used(ti)]
+        if used:
+            s.Add(s.Sum(used) <= t.count)
 
 
 COARSE_SHARE = 0.4  # a fleet planned for a host lost: the share of the time limit its MILP over coarse sizes has
@@ -251,10 +256,7 @@ def spare_fleet_optimum(members: Sequence[Member], *, time_limit_s: float = 600.
         s = new_solver("HIGHS", 1.0)
         alpha = s.NumVar(0.0, s.infinity(), "alpha")
         blocks = [add_model(s, m.types, m.p, alpha * m.demand, tag=f"{k}:") for k, m in enumerate(members)]
-        for ti, t in enumerate(members[0].types):
-            used = [term for b in blocks for term in b.used(ti)]
-            if used:
-                s.Add(s.Sum(used) <= t.count)
+        one_inventory(s, members, blocks)
         for m, b, lost in zip(members, blocks, halves, strict=True):
             for c, role in lost:
                 _loss_half(s, m.types, b.classes, m.p, alpha * m.demand, b.n_p if role == "prefill" else b.n_d,
@@ -375,8 +377,7 @@ def split_optimum(
 
     def alone(m: Member, types: list[TypeOptions]) -> _Share:
         if spare:
-            one = fleet_optimum([dataclasses.replace(m, types=types)], time_limit_s=time_limit_s, backend=backend,
-                                spare=True, phased=False)  # fmt: skip (one model's MILP: proven sooner whole)
+            one = _alone_with_reserve(m, types, time_limit_s, backend)
             found = one.status in ("optimal", "feasible")
             return _Share(one.fraction * m.demand if found else 0.0, one.cost_per_hour, one.status == "optimal",
                           one.islands[0] if found else ())  # fmt: skip
@@ -410,8 +411,7 @@ def split_cheapest(
 
     def alone(m: Member, types: list[TypeOptions]) -> _Share | None:
         if spare:
-            one = fleet_optimum([dataclasses.replace(m, types=types)], time_limit_s=time_limit_s, backend=backend,
-                                cheapest=True, spare=True, phased=False)  # fmt: skip
+            one = _alone_with_reserve(m, types, time_limit_s, backend, cheapest=True)
             found = one.status in ("optimal", "feasible") and bool(one.islands[0])
             return _Share(m.demand, one.cost_per_hour, one.status == "optimal", one.islands[0]) if found else None
         res = exact_optimum(types, m.p, objective="min_cost", demand_req_s=m.demand, kv_gb=m.kv_gb,
@@ -426,6 +426,14 @@ def split_cheapest(
     split = _best_split(members, steps, alone, None, lambda new, old: new is None or new.cost_per_hour >
                         old.cost_per_hour, saving, tie=1e-9)  # fmt: skip
     return split
+
+
+def _alone_with_reserve(m: Member, types: list[TypeOptions], time_limit_s: float, backend: str,
+                        cheapest: bool = False) -> FleetResult:  # fmt: skip
+    """Member `m` alone on `types` (its share), planned for a host lost: (8) for one model, solved whole (one model's
+    MILP is proven sooner so than in two phases)."""
+    return fleet_optimum([dataclasses.replace(m, types=types)], time_limit_s=time_limit_s, backend=backend,
+                         cheapest=cheapest, spare=True, phased=False)  # fmt: skip
 
 
 def _best_split(members: Sequence[Member], steps: int, alone: Callable[[Member, list[TypeOptions]], _Share | None],
