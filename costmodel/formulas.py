@@ -30,7 +30,7 @@ import numpy as np
 from costmodel.calibration import knobs_for
 from costmodel.profile import CostProfile
 from costmodel.settings import KV_BYTES, MEM_FRACTION, CostSettings
-from costmodel.specs import GPU, GPUArray, Model
+from costmodel.specs import FP8_SCALE_BLOCK, GPU, GPUArray, Model
 
 # Constants of the original program (spec section 3, "Hard-coded constants").
 DERATE = 0.85  # every peak figure is multiplied by this
@@ -149,7 +149,8 @@ def _gemm_ms(m: np.ndarray, n: float, k: float, r: Rates, p: CostProfile, rate: 
     if not p.gemm_roofline:
         return gflop / rate + _xfer_ms(weights, r.bw, p)
     io = groups * (m * k * r.wbytes + 2.0 * m * n)
-    return np.maximum(gflop / rate / MLA_DISCOUNT, _xfer_ms(weights + io, r.bw, p)) + r.gemm_fixed_ms
+    fixed = np.where(np.asarray(groups) > 0, r.gemm_fixed_ms, 0.0)  # groups 0: a GEMM not run
+    return np.maximum(gflop / rate / MLA_DISCOUNT, _xfer_ms(weights + io, r.bw, p)) + fixed
 
 
 def _expert_gflop(model: Model, tokens: np.ndarray) -> np.ndarray:
@@ -211,7 +212,12 @@ def _h20_table(g: GPUArray, p: CostProfile) -> np.ndarray:
 
 
 def _attn_prefill_gflop(model: Model, q: np.ndarray, c: np.ndarray, p: CostProfile) -> tuple[np.ndarray, np.ndarray]:
-    """(GEMM, attention) GFLOP of one layer for q new tokens over c context tokens."""
+    """(GEMM, attention) GFLOP of one layer for q new tokens over c context tokens.
+
+    MLA runs in its MHA form (the latent KV of every context token up-projected); under DSA only where the whole
+    sequence is within `index_topk` (SGLang's dense prefill, `SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD`, the
+    model's index_topk: the indexer would pick every token), else in its absorbed form over the tokens the indexer
+    picks, as decode runs it (`_sparse_prefill_gflop`)."""
     d, h = model.hidden, model.n_heads
     # q new tokens see the c - q cached ones and a causal triangle (or all c); over a window on sliding layers
     pairs = model.attended_pairs(q, c, p.causal_attention)
@@ -225,12 +231,36 @@ def _attn_prefill_gflop(model: Model, q: np.ndarray, c: np.ndarray, p: CostProfi
         )
         gemm = q * d * rq + q * rq * h * (dn + dr) + c * rkv * h * dn + c * rkv * h * dv
         attn = h * pairs * (dr + dn + dv) + q * h * dv * d
-        return 2.0 * gemm / 1e9, 2.0 * attn / 1e9
+        if not model.index_topk:
+            return 2.0 * gemm / 1e9, 2.0 * attn / 1e9
+        sparse_gemm, sparse_attn = _sparse_prefill_gflop(model, q, c, pairs, p)
+        dense = c <= model.index_topk
+        key = 2.0 * q * d * model.index_head_dim / 1e9  # the indexer's keys are cached either way
+        return np.where(dense, 2.0 * gemm / 1e9 + key, sparse_gemm), np.where(dense, 2.0 * attn / 1e9, sparse_attn)
     hd = model.head_dim
     gemm = q * d * hd * (h + 2 * model.n_kv_heads) + q * h * hd * d
     attn = 2.0 * h * hd * pairs
     return 2.0 * gemm / 1e9, 2.0 * attn / 1e9
 
+
+def _sparse_prefill_gflop(model: Model, q: np.ndarray, c: np.ndarray, pairs: np.ndarray, p: CostProfile,
+                          ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(GEMM, attention) GFLOP of one DSA layer's prefill past `index_topk` tokens: every new token's projections and
+    the indexer's as a decode step prices one (`_attn_decode_gflop`), the absorbed MLA over its `pairs` picked tokens,
+    and the indexer scoring every (query, earlier token) pair."""
+    d, h, rq, rkv = model.hidden, model.n_heads, model.q_lora_rank, model.kv_lora_rank
+    dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    gemm = q * (d * rq + rq * h * dr + h * (rq * dn + dn * rkv) + model.indexer_params_per_layer)
+    scored = q * (c - q) + q * (q + 1) / 2.0 if p.causal_attention else q * c
+    attn = h * pairs * (dr + 2.0 * rkv) + q * h * dv * (rkv + d)
+    return 2.0 * gemm / 1e9, 2.0 * attn / 1e9 + _index_gflop(model, scored)
+
+
+def _index_gflop(model: Model, scored: np.ndarray) -> np.ndarray:
+    """DSA's indexer scoring `scored` (query, cached token) pairs, as attention-kernel GFLOP: 2 x heads x head dim a
+    pair in FP8 (DeepGEMM's fp8_mqa_logits), which runs at twice the BF16 rate the attention kernels are priced at
+    (every GPU with FP8 has twice its BF16 rate: conf/gpu), so half its FLOPs count."""
+    return 0.5 * 2.0 * model.index_n_heads * model.index_head_dim * scored / 1e9
 
 def _kv_down_gflop(model: Model, tokens: np.ndarray) -> np.ndarray:
     """MLA KV down-projection (wkv_a) for `tokens` tokens; 0 for GQA (inside the QKV GEMM)."""
@@ -240,7 +270,8 @@ def _kv_down_gflop(model: Model, tokens: np.ndarray) -> np.ndarray:
 
 
 def _attn_decode_gflop(model: Model, c: np.ndarray, p: CostProfile) -> tuple[np.ndarray, np.ndarray]:
-    """(GEMM, attention) GFLOP for one new token over c context tokens (MLA weight-absorbed)."""
+    """(GEMM, attention) GFLOP for one new token over c context tokens (MLA weight-absorbed; under DSA over the
+    `index_topk` tokens its indexer picks, the indexer's projections and its scoring of every cached token beside)."""
     d, h = model.hidden, model.n_heads
     if model.attention == "mla":
         rq, rkv, dn, dr, dv = (
@@ -250,12 +281,13 @@ def _attn_decode_gflop(model: Model, c: np.ndarray, p: CostProfile) -> tuple[np.
             model.qk_rope_head_dim,
             model.v_head_dim,
         )
-        gemm = d * rq + rq * h * dr + h * (rq * dn + dn * rkv) + 0.0 * c
-        attn = h * (c * dr + 2.0 * c * rkv) + h * dv * rkv + h * dv * d
+        a = model.attended(c)
+        gemm = d * rq + rq * h * dr + h * (rq * dn + dn * rkv) + model.indexer_params_per_layer + 0.0 * c
+        attn = h * (a * dr + 2.0 * a * rkv) + h * dv * rkv + h * dv * d
         g = 2.0 * gemm / 1e9
         if p.new_tokens_only:  # the new token's own latent KV must still be projected
             g = g + _kv_down_gflop(model, np.ones_like(c, dtype=float))
-        return g, 2.0 * attn / 1e9
+        return g, 2.0 * attn / 1e9 + (_index_gflop(model, c) if model.index_topk else 0.0)
     hd = model.head_dim
     gemm = d * hd * (h + 2 * model.n_kv_heads) + h * hd * d + 0.0 * c
     attn = 2.0 * h * hd * model.attended(c)
@@ -266,7 +298,9 @@ def _attn_gemms(model: Model, q: np.ndarray, c: np.ndarray, kv: np.ndarray, deco
     """The projection GEMMs of one layer's attention as (m, n, k, groups): q new tokens over c
     context tokens, kv of them needing the KV down-projection (MLA). Their FLOPs are the `gemm`
     part of `_attn_prefill_gflop` / `_attn_decode_gflop` (the output projection of MLA is in the
-    attention part there, and here in the remaining weights `_attn_ms` streams)."""
+    attention part there, and here in the remaining weights `_attn_ms` streams). Under DSA a prefill runs the
+    absorbed form where the sequence is past `index_topk` (a GEMM with no rows is not run: m = 0), and the
+    indexer's projections (its keys always, its queries and weights where it scores)."""
     d, h = model.hidden, model.n_heads
     if model.attention != "mla":
         hd = model.head_dim
@@ -276,9 +310,21 @@ def _attn_gemms(model: Model, q: np.ndarray, c: np.ndarray, kv: np.ndarray, deco
     gemms = [(q, rq, d, 1.0), (q, h * (dn + dr), rq, 1.0)]  # wq_a, wq_b
     if decode:  # weight-absorbed: the query's nope part into the latent space, per head
         gemms.append((q, rkv, dn, float(h)))
-    else:  # wkv_b up-projects the latent KV of every context token
+        runs = 1.0
+    elif not model.index_topk:  # wkv_b up-projects the latent KV of every context token
         gemms.append((c, h * (dn + dv), rkv, 1.0))
+    else:  # DSA: absorbed past index_topk, up-projected within it (groups 0: the GEMM is not run)
+        runs = np.where(c > model.index_topk, 1.0, 0.0)
+        gemms += [(q, rkv, dn, h * runs), (c, h * (dn + dv), rkv, 1.0 - runs)]
+    if model.index_topk:  # the indexer's wq_b and weights_proj where it scores, its wk always
+        hi, di = model.index_n_heads, model.index_head_dim
+        gemms += [(q, hi * di, rq, runs), (q, di, d, 1.0), (q, hi, d, runs)]
     return [*gemms, (kv, rkv + dr, d, 1.0)]  # wkv_a
+
+
+def _kernels(gemms: list[tuple]) -> np.ndarray | int:
+    """GEMM kernels `gemms` runs (`_attn_gemms`: groups 0 is one not run)."""
+    return sum(np.asarray(gr) > 0 for *_, gr in gemms)
 
 
 def _attn_weight_bytes(model: Model, r: Rates, p: CostProfile) -> np.ndarray:
@@ -323,7 +369,7 @@ def _tp_split_ms(
     r: Rates,
     p: CostProfile,
     *,
-    kernels: int = 0,
+    kernels: int | np.ndarray = 0,
 ) -> np.ndarray:
     """`t` split over tp GPUs, plus the all-reduce; the fixed cost of `kernels` GEMM kernels
     (`gemm_roofline`) is paid whole on every GPU."""
@@ -433,7 +479,7 @@ def prefill_parts(
     gemm = gemm + _kv_down_gflop(model, kv_tokens)
     gemms = _attn_gemms(model, q, s, kv_tokens, decode=False)
     mla = _attn_ms(gemm, attn, _attn_weight_bytes(model, r, p), r, p, gemms)
-    tp_mla = _tp_split_ms(mla, q, model, tp, g, r, p, kernels=len(gemms))
+    tp_mla = _tp_split_ms(mla, q, model, tp, g, r, p, kernels=_kernels(gemms))
     dense_attn = tp_mla if p.tp_dense_layers else mla
     dense_mlp = _dense_mlp_ms(q, model, tp, g, r, p)
 
@@ -661,13 +707,15 @@ class _DecodeLayer:
         gemms = _attn_gemms(model, tokens, c, new_kv, decode=True)
         mla = _attn_ms(gemm1 * tokens, attn1 * tokens, _attn_weight_bytes(model, r, p), r, p, gemms)
         kv_shard = 1 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)
-        # read once per sequence (a sliding layer's cache: its window)
-        kv_bytes = model.attended(c) * model.kv_elems_per_token_layer * seqs_read * self.kv_elem_bytes
+        # read once per sequence (a sliding layer's cache: its window; under DSA the picked tokens', and the
+        # indexer's keys of every cached token)
+        kv_bytes = (model.attended(c) * kv_token_layer_bytes(model, self.kv_elem_bytes, self.g)
+                    + model.held(c) * model.index_bytes_per_token_layer) * seqs_read  # fmt: skip
         if p.si_units:
             t_kv = _xfer_ms(kv_bytes / kv_shard, r.kv_bw, p)
         else:  # shallowsim: bytes / 2^30 / (GB/s) * 1000, and not divided by tp
             t_kv = kv_bytes / kv_shard / GIB / r.kv_bw * 1000.0
-        sparse = _tp_split_ms(mla, tokens, model, tp, self.g, r, p, kernels=len(gemms)) + t_kv
+        sparse = _tp_split_ms(mla, tokens, model, tp, self.g, r, p, kernels=_kernels(gemms)) + t_kv
         return sparse, (sparse if p.tp_dense_layers else mla + t_kv)
 
 
@@ -798,7 +846,8 @@ def decode_steps_sum_ms(
     profile: CostProfile | None = None,
     run: DecodeRun = DecodeRun(),
 ) -> np.ndarray:
-    """Σ_{k=1..n_steps} decode_step_ms(context0 + k), exactly, from two evaluations (four across a sliding window).
+    """Σ_{k=1..n_steps} decode_step_ms(context0 + k), exactly, from two evaluations (four across a sliding window or
+    DSA's top-k).
 
     Context enters a step only through KV reads and attention FLOPs, both affine in it, so
     TPOT_O(c) and Delta(c) are affine: the sum is n·TPOT_O(mean context) plus L_moe times the
@@ -809,8 +858,8 @@ def decode_steps_sum_ms(
         raise ValueError(f"`n_steps >= 1` must hold, got {n_steps=}")
     p = profile or CostProfile.corrected()
     c0 = np.asarray(context0, dtype=float)
-    if model.sliding_window:  # affine on either side of the window, where a sliding layer's tokens stop growing
-        inside = np.clip(model.sliding_window - c0, 0.0, float(n_steps))  # steps at a context within the window
+    if model.attention_bend:  # affine on either side of the window (the top-k), where attended tokens stop growing
+        inside = np.clip(model.attention_bend - c0, 0.0, float(n_steps))  # steps at a context within it
         if np.any((inside > 0) & (inside < n_steps)):
             return (_affine_steps_ms(gpu, model, c0, inside, batch, tp, ep, p, run)
                     + _affine_steps_ms(gpu, model, c0 + inside, n_steps - inside, batch, tp, ep, p, run))  # fmt: skip
@@ -926,6 +975,21 @@ def kv_bytes_per_element(r: Rates, p: CostProfile, kv_dtype: str = "auto") -> np
     return r.wbytes if p.precision_per_gpu else 1.0
 
 
+def kv_token_layer_bytes(model: Model, elem: np.ndarray | float, g: GPUArray) -> np.ndarray | float:
+    """Bytes one token adds to one layer's KV cache of elements of `elem` bytes (MLA: latent + rope key; GQA: K and
+    V). DSA's FP8 cache on Hopper is FlashMLA's layout, the latent in FP8 with an FP32 scale per 128 and the rope key
+    kept in BF16 (512 + 16 + 128 = 656 bytes for DeepSeek-V3.2); Blackwell's TRT-LLM kernels and ROCm's keep the
+    plain FP8 row (SGLang's `calculate_mla_kv_cache_dim` under the backends it resolves on each). The indexer's keys
+    are `Model.index_bytes_per_token_layer`."""
+    plain = model.kv_elems_per_token_layer * np.asarray(elem, dtype=float)
+    if not model.index_topk:
+        return plain
+    rkv = model.kv_lora_rank
+    scaled = rkv + rkv / FP8_SCALE_BLOCK * 4.0 + model.qk_rope_head_dim * 2.0
+    flashmla = (g.tflops_fp4 <= 0) & np.array([s == "cuda" for s in g.software]).reshape(np.shape(g.sm))
+    return np.where((np.asarray(elem) == 1.0) & flashmla, scaled, plain)
+
+
 def kv_bytes_per_seq(
     gpu: GPU | GPUArray,
     model: Model,
@@ -942,8 +1006,9 @@ def kv_bytes_per_seq(
     r = Rates(g, "decode", p)
     tp = np.asarray(tp, dtype=float)
     elem = kv_bytes_per_element(r, p, kv_dtype)
-    held = model.attended(np.asarray(tokens, dtype=float))  # per layer: a sliding layer keeps its window
-    per_seq = held * model.kv_elems_per_token_layer * (model.n_layers + draft_layers) * elem
+    held = model.held(np.asarray(tokens, dtype=float))  # per layer: a sliding layer keeps its window
+    per_token = kv_token_layer_bytes(model, elem, g) + model.index_bytes_per_token_layer  # DSA: the indexer's keys too
+    per_seq = held * per_token * (model.n_layers + draft_layers)
     if not p.batch_per_attention_rank:
         return per_seq * tp  # shallowsim: KV counted once per TP rank, batch per GPU
     kv_shard = 1.0 if model.attention == "mla" else np.minimum(tp, model.n_kv_heads)

@@ -247,10 +247,11 @@ def _check(gpu: GPU, size: int, model: Model, cost: CostSettings) -> None:
     if cost.drafts and not model.mtp_layers:
         raise SpecError(f"model {model.name} has no MTP module (mtp_layers 0): MTP decoding needs one; set "
                         "costmodel.mtp.drafts=0")  # fmt: skip
-    if not p.weights_from_config and model.attention != "mla":
+    if not p.weights_from_config and (model.attention != "mla" or model.index_topk):
+        kind = "MLA with DeepSeek's sparse indexer" if model.index_topk else f"{model.attention.upper()} attention"
         raise SpecError(
-            f"model {model.name} uses {model.attention.upper()} attention; profile {p.name!r} sizes weights with "
-            "DeepSeek-V3's hard-coded constants: use the corrected profile (weights_from_config)"
+            f"model {model.name} uses {kind}; profile {p.name!r} sizes weights with DeepSeek-V3's hard-coded "
+            "constants: use the corrected profile (weights_from_config)"
         )
 
 

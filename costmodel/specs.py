@@ -15,12 +15,14 @@ import numpy as np
 
 SOFTWARE = ("cuda", "rocm")  # kernel stacks: NVIDIA's CUDA libraries, AMD's ROCm (aiter, hipBLASLt)
 GEMM_TABLES = ("default", "h20")
-ATTENTIONS = ("mla", "gqa")
-# attention kinds models in the catalogue have that the cost model does not price: a model with one is refused when
-# loaded, saying what it lacks, rather than priced as MLA or GQA over every cached token
+ATTENTIONS = ("mla", "gqa")  # MLA with DeepSeek Sparse Attention's indexer is MLA with `Model.index_topk` set
+# attention kinds public MoE models have that the cost model does not price: a model with one is refused when loaded,
+# saying what it lacks, rather than priced as MLA or GQA over every cached token
 UNPRICED_ATTENTIONS = {
-    "mla_sparse": "DeepSeek Sparse Attention: MLA over the top-k cached tokens a lightning indexer picks",
+    "linear": "linear attention (Qwen3-Next's Gated DeltaNet, MiniMax-M1's lightning attention): a fixed-size state "
+              "per sequence in place of a KV cache",
 }
+FP8_SCALE_BLOCK = 128  # FP8 KV caches with a scale per block (DSA's latent and indexer keys): elements per FP32 scale
 
 
 class SpecError(ValueError):
@@ -151,13 +153,19 @@ class Model:
     sliding_window: int = 0
     sliding_layers: int = 0
     expert_bits: float = 0.0  # bits per routed-expert weight as the checkpoint ships them (MXFP4: 4.25); 0: the GPU's
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, MLA only; config.json's names): a lightning indexer of `index_n_heads`
+    # heads of `index_head_dim` scores every cached token in FP8 (its own key cache, one FP8 key and an FP32 scale per
+    # token and layer), and MLA attends to the `index_topk` best of them (0: MLA over every cached token)
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
 
     def __post_init__(self) -> None:
         _require(
             self.attention not in UNPRICED_ATTENTIONS,
             f"model {self.name}'s attention is `{self.attention}` ({UNPRICED_ATTENTIONS.get(self.attention)}), which "
-            f"the cost model does not price (it prices {' and '.join(a.upper() for a in ATTENTIONS)} over every "
-            "cached token): refused rather than priced as either",
+            "the cost model does not price (it prices MLA, with or without DeepSeek's sparse indexer, and GQA): "
+            "refused rather than priced as either",
         )
         _require(
             self.n_routed_experts != 0,
@@ -210,6 +218,12 @@ class Model:
             f"`expert_bits` of model {self.name} must be 0 (the GPU's format) or bits per weight up to 16, got "
             f"{self.expert_bits!r}",
         )
+        indexer = (self.index_topk, self.index_n_heads, self.index_head_dim)
+        _require(
+            all(v == 0 for v in indexer) or (all(v > 0 for v in indexer) and self.attention == "mla"),
+            f"model {self.name}: DeepSeek Sparse Attention needs MLA and all of `index_topk`, `index_n_heads` and "
+            f"`index_head_dim` (0 for all three: none), got {self.attention} and {indexer}",
+        )
         if self.attention == "gqa":
             _require(
                 self.n_heads % self.n_kv_heads == 0,
@@ -222,11 +236,12 @@ class Model:
 
     @property
     def attn_params_per_layer(self) -> int:
-        """Attention weights of one layer (norms left out), as an element count."""
+        """Attention weights of one layer (norms left out; DSA's indexer in), as an element count."""
         d, h = self.hidden, self.n_heads
         if self.attention == "mla":
             return (
-                d * self.q_lora_rank
+                self.indexer_params_per_layer
+                + d * self.q_lora_rank
                 + self.q_lora_rank * h * (self.qk_nope_head_dim + self.qk_rope_head_dim)
                 + d * (self.kv_lora_rank + self.qk_rope_head_dim)
                 + self.kv_lora_rank * h * self.qk_nope_head_dim
@@ -261,28 +276,54 @@ class Model:
         """One routed (or shared) expert: gate, up and down projections."""
         return 3 * self.hidden * self.moe_inter
 
+    @property
+    def indexer_params_per_layer(self) -> int:
+        """DSA's lightning indexer in one layer (its query up-projection from the query latent, its key projection and
+        its per-head weights), as an element count; 0 without one."""
+        if not self.index_topk:
+            return 0
+        return self.index_n_heads * self.index_head_dim * self.q_lora_rank + self.hidden * (
+            self.index_head_dim + self.index_n_heads
+        )
+
+    @property
+    def index_bytes_per_token_layer(self) -> float:
+        """Bytes of DSA's indexer key cache one token adds to one layer: its key in FP8 and an FP32 scale per block
+        (SGLang's DSA pool: index_head_dim + index_head_dim / 128 x 4); 0 without an indexer."""
+        return self.index_head_dim * (1.0 + 4.0 / FP8_SCALE_BLOCK) if self.index_topk else 0.0
+
     def attended(self, context: Any) -> Any:
-        """Tokens a query at `context` attends to, and a sequence of `context` tokens keeps in the KV cache, per layer
-        on average over the layers: every token on full-attention layers, the last `sliding_window` on the others."""
+        """Tokens a query at `context` attends to, per layer on average over the layers: every token on
+        full-attention layers, the last `sliding_window` on the others; under DSA the `index_topk` the indexer picks."""
+        if self.index_topk:
+            return np.minimum(context, self.index_topk)
         if not self.sliding_window:
             return context
         full = self.n_layers - self.sliding_layers
         return (full * context + self.sliding_layers * np.minimum(context, self.sliding_window)) / self.n_layers
 
+    @property
+    def attention_bend(self) -> int:
+        """The context past which a query attends to no more tokens (the sliding window, DSA's top-k; 0: none): a
+        decode step is affine in its context on either side of it."""
+        return self.index_topk or self.sliding_window
+
+    def held(self, context: Any) -> Any:
+        """Tokens a sequence of `context` tokens keeps in the KV cache, per layer on average: what its queries attend
+        to (a sliding layer keeps its window), but every token under DSA (the indexer picks among them all)."""
+        return context if self.index_topk else self.attended(context)
+
     def attended_pairs(self, new: Any, context: Any, causal: bool) -> Any:
         """(query, key) pairs of `new` tokens at the end of `context` tokens, per layer on average: a causal
         triangle over every token on full-attention layers, over the last `sliding_window` on the others (each
-        query at position x sees min(x + 1, window) tokens)."""
+        query at position x sees min(x + 1, window) tokens); under DSA over the `index_topk` each query picks."""
         q, c = new, context
         pairs = q * (c - q) + q * (q + 1) / 2.0 if causal else q * c
+        if self.index_topk:
+            return _window_pairs(q, c, float(self.index_topk), causal)
         if not self.sliding_window:
             return pairs
-        w = float(self.sliding_window)
-
-        def seen(n: Any) -> Any:  # Σ_{y=1..n} min(y, w)
-            return np.where(n <= w, n * (n + 1) / 2.0, w * (w + 1) / 2.0 + (n - w) * w)
-
-        window = seen(c) - seen(c - q) if causal else q * np.minimum(c, w)
+        window = _window_pairs(q, c, float(self.sliding_window), causal)
         full = self.n_layers - self.sliding_layers
         return (full * pairs + self.sliding_layers * window) / self.n_layers
 
@@ -292,6 +333,16 @@ class Model:
         if self.attention == "mla":
             return self.kv_lora_rank + self.qk_rope_head_dim
         return 2 * self.n_kv_heads * self.head_dim
+
+
+def _window_pairs(q: Any, c: Any, w: float, causal: bool) -> Any:
+    """(query, key) pairs of `q` tokens at the end of `c` when each query at position x sees min(x + 1, w) tokens
+    (causal), or min(c, w) (not)."""
+
+    def seen(n: Any) -> Any:  # Σ_{y=1..n} min(y, w)
+        return np.where(n <= w, n * (n + 1) / 2.0, w * (w + 1) / 2.0 + (n - w) * w)
+
+    return seen(c) - seen(c - q) if causal else q * np.minimum(c, w)
 
 
 def _finite(v: object) -> bool:

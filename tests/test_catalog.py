@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from costmodel import catalog
 from costmodel.catalog import CatalogError, build, gpu_names, load_gpu, load_model, model_names, priced_model_names
@@ -38,11 +39,21 @@ def test_catalogue_has_the_spec_table_and_the_datasheet_gpus() -> None:
     for name in priced_model_names():
         load_model(name)
     # the others are refused when loaded, each saying what the cost model does not price
-    refused = {"deepseek_v32": "attention is `mla_sparse`", "llama_3_3_70b": "is dense (no routed experts)"}
+    refused = {"llama_3_3_70b": "is dense (no routed experts)"}
     assert set(model_names()) - set(priced_model_names()) == set(refused)
     for name, why in refused.items():
         with pytest.raises(CatalogError, match=re.escape(f"model {name}") + ".*" + re.escape(why)):
             load_model(name)
+
+
+def test_an_attention_kind_the_cost_model_does_not_price_is_refused_in_one_line() -> None:
+    v3 = dict(yaml.safe_load((CONF / "model" / "deepseek_v3.yaml").read_text()), name="m")
+    with pytest.raises(CatalogError, match=r"model m's attention is `linear` \(linear attention .*refused"):
+        build(Model, {**v3, "attention": "linear"}, "conf/model/m.yaml")
+    # DeepSeek Sparse Attention's indexer: MLA only, its three figures together
+    for bad in ({"attention": "gqa", "n_kv_heads": 8, "head_dim": 128}, {"index_n_heads": 0}):
+        with pytest.raises(CatalogError, match="DeepSeek Sparse Attention needs MLA and all of"):
+            build(Model, {**v3, "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128, **bad}, "x.yaml")
 
 
 def test_thesis_prices_and_inventory_budgets() -> None:
@@ -128,7 +139,7 @@ def test_bad_model_fields() -> None:
     with pytest.raises(CatalogError, match=r"`top_k <= n_routed_experts`"):
         build(Model, {**cfg, "name": "q", "top_k": 500}, "m.yaml")
     with pytest.raises(CatalogError, match=r"`attention` of model q must be one of \['mla', 'gqa'\]"):
-        build(Model, {**cfg, "name": "q", "attention": "linear"}, "m.yaml")
+        build(Model, {**cfg, "name": "q", "attention": "ssm"}, "m.yaml")
 
 
 def test_invalid_yaml_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,7 +186,7 @@ def test_unknown_model_lists_the_choices() -> None:
 # each model's published total and activated parameters (billions), cited in its conf/model file
 PUBLISHED_PARAMS = {"deepseek_v3": (671, 37), "qwen3_235b_a22b": (235, 22), "qwen3_30b_a3b": (30.5, 3.3),
                     "kimi_k2": (1040, 32), "qwen3_coder_480b_a35b": (480, 35), "glm_4_6": (355, 32),
-                    "gpt_oss_120b": (116.83, 5.13)}  # fmt: skip
+                    "gpt_oss_120b": (116.83, 5.13), "deepseek_v32": (671, 37)}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))

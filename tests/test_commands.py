@@ -44,9 +44,9 @@ COMMANDS = [  # (command, arguments, the line's start); {tmp} is the test's fold
      "error: costmodel.mem_fraction must be a number >= 0.1 and <= 0.98, got costmodel.mem_fraction=1.5"),
     ("pipeline.island", ["gpu=H20", "size=8", "costmodel.kv_dtype=int3"],
      "error: costmodel.kv_dtype must be one of ['auto', 'fp8', 'bf16'], got costmodel.kv_dtype='int3'"),
-    ("pipeline.island", ["gpu=H200", "size=8", "model=deepseek_v32", "costmodel=calibrated"],
-     "error: conf/model/deepseek_v32.yaml (or its overrides): model deepseek_v32's attention is `mla_sparse` "
-     "(DeepSeek Sparse Attention"),
+    ("pipeline.island", ["gpu=H200", "size=8", "model.attention=linear", "costmodel=calibrated"],
+     "error: conf/model/deepseek_v3.yaml (or its overrides): model deepseek_v3's attention is `linear` (linear "
+     "attention"),
     ("pipeline.island", ["gpu=H200", "size=8", "model=llama_3_3_70b", "costmodel=calibrated"],
      "error: conf/model/llama_3_3_70b.yaml (or its overrides): model llama_3_3_70b is dense (no routed experts)"),
     ("pipeline.island", ["gpu=H200", "size=8", "model=qwen3_30b_a3b", "costmodel=serving"],

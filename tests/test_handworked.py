@@ -489,3 +489,42 @@ def test_a_sliding_window_and_mxfp4_experts_by_hand() -> None:
     assert float(r.expert_rate(DSV3)) == pytest.approx(float(r.expert))
     rb = Rates(GPUArray.of(b200), "decode", corrected)
     assert float(rb.expert_rate(gpt)) == pytest.approx(float(rb.f4 * rb.grouped))
+
+
+def test_deepseek_sparse_attention_by_hand() -> None:
+    """DeepSeek-V3.2: DeepSeek-V3's MLA with an indexer of 64 heads of 128 picking the top 2,048 cached tokens.
+
+    Its weights: V3's plus the indexer's 64 x 128 x 1,536 (queries from the query latent) + 7,168 x (128 + 64) (keys,
+    head weights) a layer. A token adds to a layer's cache the FP8 latent with a scale per 128 and the BF16 rope key
+    (512 + 16 + 128 bytes) and the indexer's FP8 key with its scale (128 + 4): 788 bytes, every cached token kept.
+    A decode step at context 10,000 attends to 2,048 tokens: 128 heads x (64 + 2 x 512) MACs each, where V3 attends
+    to all 10,000; the indexer scores all 10,000 (64 x 128 MACs each, FP8: half counted at the BF16 rate) and reads
+    their 132-byte keys. A prefill of 1,000 tokens (within 2,048) is V3's MHA form plus the indexer's keys; one of
+    4,000 runs the absorbed form over Σ_{x=1..4000} min(x, 2048) pairs, the indexer scoring all 4,000 x 4,001 / 2."""
+    from costmodel.formulas import _attn_decode_gflop, _attn_prefill_gflop, kv_bytes_per_seq
+
+    v32, h200, corrected = load_model("deepseek_v32"), load_gpu("H200"), CostProfile.corrected()
+    assert v32.attn_params_per_layer - DSV3.attn_params_per_layer == 64 * 128 * 1536 + 7168 * (128 + 64)
+    assert float(kv_bytes_per_seq(h200, v32, 1000.0, 1, corrected)) == pytest.approx(1000 * 61 * (656 + 132))
+    assert float(kv_bytes_per_seq(h200, DSV3, 1000.0, 1, corrected)) == pytest.approx(1000 * 61 * 576)
+    assert float(v32.attended(10_000.0)) == 2048 and float(v32.held(10_000.0)) == 10_000
+    gemm, attn = (float(x) for x in _attn_decode_gflop(v32, 10_000.0, corrected))
+    gemm3, attn3 = (float(x) for x in _attn_decode_gflop(DSV3, 10_000.0, corrected))
+    assert gemm - gemm3 == pytest.approx(2 * (64 * 128 * 1536 + 7168 * (128 + 64)) / 1e9)
+    sparse_pair, index_pair = 128 * (64 + 2 * 512), 64 * 128
+    assert attn == pytest.approx(attn3 - 2 * (10_000 - 2048) * sparse_pair / 1e9 + 0.5 * 2 * 10_000 * index_pair / 1e9)
+    short = [float(x) for x in _attn_prefill_gflop(v32, 1000.0, 1000.0, corrected)]
+    short3 = [float(x) for x in _attn_prefill_gflop(DSV3, 1000.0, 1000.0, corrected)]
+    assert short == pytest.approx([short3[0] + 2 * 1000 * 7168 * 128 / 1e9, short3[1]])
+    _, attn_long = (float(x) for x in _attn_prefill_gflop(v32, 4000.0, 4000.0, corrected))
+    picked = 2048 * 2049 / 2 + (4000 - 2048) * 2048
+    out = 4000 * 128 * 128 * (512 + 7168)  # the absorbed output: latent to value heads, then the output projection
+    assert attn_long == pytest.approx((2 * (picked * sparse_pair + out) + 0.5 * 2 * 4000 * 4001 / 2 * index_pair) / 1e9)
+    # a decode's steps summed in closed form on either side of the top-k, where attention stops growing
+    import numpy as np
+
+    from costmodel.formulas import decode_step_ms, decode_steps_sum_ms
+
+    steps = decode_step_ms(h200, v32, 1900 + np.arange(1, 301), 64, 1, 16, profile=corrected)
+    assert float(decode_steps_sum_ms(h200, v32, 1900, 300, 64, 1, 16, profile=corrected)) == pytest.approx(
+        float(steps.sum()), rel=1e-12)

@@ -268,9 +268,9 @@ def test_a_plan_priced_with_a_host_kv_tier_launches_sglangs_hierarchical_cache_o
 
 
 def test_a_plan_of_a_model_the_checks_hold_no_config_for_is_refused_not_judged_as_deepseek(sc) -> None:
-    """The checks resolve a command against its model's config.json; SGLang's holds DeepSeek-V3's, Kimi-K2's,
-    GPT-OSS-120B's and three Qwen3 models' only, so a plan of another model (here the tests' plan renamed glm_4_6, its
-    islands kept) is refused in one line rather than its engines judged as DeepSeek-V3 engines."""
+    """The checks resolve a command against its model's config.json; SGLang's holds the catalogue's priced models'
+    only, so a plan of another model (here the tests' plan renamed glm_5, its islands kept) is refused in one line
+    rather than its engines judged as DeepSeek-V3 engines."""
     import dataclasses
 
     from deployment.engines.base import EngineRefused
@@ -278,17 +278,18 @@ def test_a_plan_of_a_model_the_checks_hold_no_config_for_is_refused_not_judged_a
     from plan.engines import engines_of
 
     base = tiny_plan()
-    plan = dataclasses.replace(base, model=dataclasses.replace(base.model, name="glm_4_6"))
-    with pytest.raises(EngineRefused, match=r"'s only \(tests/data/models\): glm_4_6's engines are not judged here"):
+    plan = dataclasses.replace(base, model=dataclasses.replace(base.model, name="glm_5"))
+    with pytest.raises(EngineRefused, match=r"'s only \(tests/data/models\): glm_5's engines are not judged here"):
         adapter("sglang").check(plan, engines_of(plan)[0], 0, DeployOptions())
 
 
 @pytest.mark.parametrize("model", ["qwen3_coder_480b_a35b", "qwen3_235b_a22b", "qwen3_30b_a3b", "gpt_oss_120b",
-                                   "kimi_k2"])
+                                   "kimi_k2", "deepseek_v32", "glm_4_6"])
 def test_another_models_plan_runs_what_it_priced_by_sglangs_own_resolution_of_its_config(sc, tmp_path: Path,
                                                                                         model: str) -> None:
     """tiny_hetero's exact plan of another MoE model than DeepSeek-V3 (GQA: Qwen3-Coder-480B's 160 experts, Qwen3-235B's
-    and 30B's 128, GPT-OSS-120B's 128 MXFP4 experts and sliding window; MLA: Kimi-K2's 384 experts and 64 heads):
+    and 30B's 128, GPT-OSS-120B's 128 MXFP4 experts and sliding window; MLA: Kimi-K2's 384 experts and 64 heads,
+    DeepSeek-V3.2's sparse attention and its indexer's key cache):
     every engine's command, resolved by SGLang against the
     model's config (tests/data/models), holds every row of the parameter table (GPT-OSS's experts resolved MXFP4, as
     priced) and a KV pool (its KV heads split over the attention TP group) at least what the plan keeps there.
@@ -304,3 +305,27 @@ def test_another_models_plan_runs_what_it_priced_by_sglangs_own_resolution_of_it
         assert any(s.name.startswith("KV pool") for s in rows)
     with pytest.raises(EngineRefused, match=rf"holds deepseek_v3's only \(tests/data/models\): {model}'s engines"):
         adapter("vllm").check(plan, engines(plan)[0], 0, DeployOptions(engine="vllm"))
+
+
+@pytest.mark.parametrize(("gpu", "kv"), [("H200", "fp8"), ("H200", "bf16"), ("DGX-B200", "fp8")])
+def test_a_sparse_attention_models_kv_cache_is_the_bytes_sglang_sizes_its_pool_by(sc, gpu: str, kv: str) -> None:
+    """DeepSeek-V3.2's KV cache per token, as the cost model prices it (`kv_bytes_per_seq`: the latent in SGLang's
+    FlashMLA FP8 layout on Hopper, 656 bytes a layer, the plain FP8 row of Blackwell's TRT-LLM kernels, 576, or
+    BF16's 1,152; the indexer's 132-byte keys), is what SGLang sizes its pool by: the same memory holds the same
+    tokens, to SGLang's page."""
+    import numpy as np
+
+    from costmodel.catalog import load_gpu, load_model
+    from costmodel.formulas import kv_bytes_per_seq
+    from costmodel.profile import CostProfile
+    from deployment.engines.base import MODELS_DIR
+
+    args = sc.resolve(["--tp-size", "8", "--kv-cache-dtype", {"fp8": "fp8_e4m3", "bf16": "bfloat16"}[kv],
+                       "--mem-fraction-static", "0.9"], gpu, MODELS_DIR / "deepseek-v32")  # fmt: skip
+    free = 100e9
+    pool = sc.kv_pool_tokens(args, gpu, weight_bytes=0.0, free_bytes=free)
+    per_token = float(kv_bytes_per_seq(load_gpu(gpu), load_model("deepseek_v32"), np.array(1.0), np.array(8),
+                                       CostProfile.corrected(), kv_dtype=kv))  # fmt: skip
+    assert per_token == 61 * ({("H200", "fp8"): 656, ("DGX-B200", "fp8"): 576}.get((gpu, kv), 1152) + 132)
+    page = int(sc.value(args, "page_size"))
+    assert free * 0.9 / per_token - page <= pool <= free * 0.9 / per_token

@@ -317,7 +317,10 @@ def kv_pool_tokens(args: Any, gpu: str, *, weight_bytes: float, free_bytes: floa
         tokens = rest // cell_size // page_size * page_size
         cell_size = calculate_mla_kv_cache_dim(...) * num_layers * element_size(kv_cache_dtype)      (:376-:385)
                   = (kv_lora_rank + qk_rope_head_dim) * 61 * 2 for DeepSeek-V3 with a BF16 KV cache
-                    (kv_cache_configurator.py:3412: kv_lora_rank + qk_rope_head_dim for a non-DSA model)
+                    (kv_cache_configurator.py:3412: kv_lora_rank + qk_rope_head_dim for a non-DSA model; DeepSeek-V3.2's
+                    FP8 latent with its scales and BF16 rope key, 656 bytes, under its FlashMLA backends)
+                  + (index_head_dim + index_head_dim / 128 x 4) * num_layers   for a DSA model: the indexer's keys
+                    (pool_configurator.py:400, :560)
 
     and caps it at --max-total-tokens (`_apply_token_constraints`, kv_cache_configurator.py:3090).
     `free_bytes` is `pre_model_load_memory` (default: the GPU's whole memory, i.e. no CUDA context or other
@@ -341,19 +344,35 @@ def kv_pool_tokens(args: Any, gpu: str, *, weight_bytes: float, free_bytes: floa
         dtype = torch.float8_e4m3fn if "fp8" in str(cfg.kv_cache_dtype) else torch.bfloat16
     pp = max(int(cfg.pp_size), 1)
     layers = -(-int(model_config.num_hidden_layers) // pp)  # the first PP stage's share (all of them at pp 1)
+    index = 0
     if hasattr(model_config, "kv_lora_rank"):  # MLA
-        with _stubbed():
+        with _stubbed(), _runtime(args):  # DSA's latent layout depends on the resolved DSA backends
+            from sglang.srt.configs.model_config import get_dsa_index_head_dim, is_deepseek_dsa
+
             cell = calculate_mla_kv_cache_dim(model_config=model_config, kv_cache_dtype=dtype) * layers
+            if is_deepseek_dsa(model_config.hf_config):  # the indexer's FP8 keys and their scales, every layer
+                d = get_dsa_index_head_dim(model_config.hf_config)  # (pool_configurator.py:560 on CUDA)
+                index = (d + d // 128 * 4) * layers
     else:  # MHA / GQA: K and V of the KV heads on one attention TP rank (pool_configurator.py:491-:497)
         attn_tp = max(int(cfg.tp_size) // max(int(cfg.attn_dp_size), 1), 1)
         heads = model_config.get_num_kv_heads(attn_tp)
         cell = heads * (int(model_config.head_dim) + int(model_config.v_head_dim)) * layers
-    cell *= torch._utils._element_size(dtype)
+    cell = cell * torch._utils._element_size(dtype) + index
     page = max(int(cfg.page_size or 1), 1)
     tokens = int(rest // cell) // page * page
     if cfg.max_total_tokens is not None:
         tokens = min(tokens, int(cfg.max_total_tokens))
     return tokens
+
+
+@contextlib.contextmanager
+def _runtime(args: Any) -> Any:
+    """SGLang's process-wide runtime config (`runtime_context`: the config bags a scheduler reads) for `args`, for
+    the length of the block: what `calculate_mla_kv_cache_dim` reads a DSA model's KV layout from."""
+    from sglang.srt.runtime_context import create_context, use_context
+
+    with use_context(create_context(args, role="scheduler")):
+        yield
 
 
 # --- resolved settings against the plan ---------------------------------------------------------------------
