@@ -100,14 +100,14 @@ def model_names() -> list[str]:
 
 
 def priced_model_names() -> list[str]:
-    """The catalogue's models the cost model prices: the others (an attention kind it does not price, a dense
-    model) are refused when loaded, saying why."""
+    """The catalogue's models the cost model prices: the others (an attention kind it does not price) are refused
+    when loaded, saying why."""
     return [n for n in model_names() if not _unpriced(n)]
 
 
 def _unpriced(name: str) -> bool:
     data, _ = _read("model", name, "model")
-    return data.get("attention") in UNPRICED_ATTENTIONS or data.get("n_routed_experts") == 0
+    return data.get("attention") in UNPRICED_ATTENTIONS
 
 
 @cache

@@ -751,7 +751,12 @@ class _DecodeMoE:
 def _micro_batched(moe: _DecodeMoE, dense_ms: np.ndarray, sparse_mla: np.ndarray, l_s: int) -> dict[str, np.ndarray]:
     """SharedExpert, RoutedExpert, Dispatch, Combine, Delta, TPOT_O, TPOT (before the engine's overheads) and
     Overlap of a step run as two overlapped micro-batches, or under `overlap_chosen` as one where that is
-    faster. `dense_ms`: the dense layers' time, L_d (DenseMLA + DenseMLP); `l_s`: the MoE layers."""
+    faster. `dense_ms`: the dense layers' time, L_d (DenseMLA + DenseMLP); `l_s`: the MoE layers. A dense model
+    has none: its step is its dense layers, one batch, nothing to overlap."""
+    if moe.model.dense:
+        zero = np.zeros_like(dense_ms + sparse_mla)
+        return {"SharedExpert": zero, "RoutedExpert": zero, "Dispatch": zero, "Combine": zero, "Delta": zero,
+                "TPOT_O": dense_ms + zero, "TPOT": dense_ms + zero, "Overlap": zero}  # fmt: skip
     shared, routed, dispatch, combine = _moe_ms(moe, MICRO_BATCHES)
     delta = dispatch + combine - sparse_mla - shared  # two micro-batches: communication behind the other's work
     tpot_o = dense_ms + l_s * (sparse_mla + shared + routed)

@@ -109,8 +109,11 @@ def prefill_configs(n: int) -> list[tuple[int, int]]:
     return [(tp, n // tp) for tp in divisors(n)]
 
 
-def decode_configs(n: int) -> list[tuple[int, int]]:
-    """(tp, dp): dp replicas of G = n/dp GPUs each, tp dividing G."""
+def decode_configs(n: int, model: Model | None = None) -> list[tuple[int, int]]:
+    """(tp, dp): dp replicas of G = n/dp GPUs each, tp dividing G. A dense `model` has no experts to spread over an
+    EP group: its replicas are its TP groups (G = tp), each decoding on its own."""
+    if model is not None and model.dense:
+        return prefill_configs(n)
     return [(tp, dp) for dp in divisors(n) for tp in divisors(n // dp)]
 
 
@@ -219,8 +222,8 @@ def benchmark_island(
     # Prefill: every (tp, dp) with tp·dp = size.
     cfg = np.array([only[0]] if only else runnable(prefill_configs(size), model, cost), dtype=float)
     prefill = _prefill_table(isl, s, w, cfg=cfg)
-    # Decode: dp replicas of an EP group of size/dp GPUs, tp | size/dp.
-    cfg = np.array([only[1]] if only else runnable(decode_configs(size), model, cost), dtype=float)
+    # Decode: dp replicas of an EP group of size/dp GPUs, tp | size/dp (a dense model: dp replicas of tp GPUs).
+    cfg = np.array([only[1]] if only else runnable(decode_configs(size, model), model, cost), dtype=float)
     tpot_ms = cost.slo.tpot_ms
     step_cap = tpot_ms
     if tpot_ms and output_pmf is not None:
@@ -228,7 +231,7 @@ def benchmark_island(
     decode = _decode_table(isl, s, w, mean_decode, max_decode, step_cap=step_cap, cfg=cfg)
     aggregated = None
     if cost.engine.aggregated:
-        cfg_a = np.array([only[2]] if only and len(only) > 2 else runnable(decode_configs(size), model, cost))
+        cfg_a = np.array([only[2]] if only and len(only) > 2 else runnable(decode_configs(size, model), model, cost))
         aggregated = _aggregated(isl, s[0], w, d, max_decode, step_cap=step_cap, cfg=cfg_a)
     return IslandBenchmark(gpu.name, size, model.name, cost.profile.name, np.asarray(lengths), prefill, decode,
                            aggregated)  # fmt: skip
@@ -247,8 +250,9 @@ def _check(gpu: GPU, size: int, model: Model, cost: CostSettings) -> None:
     if cost.drafts and not model.mtp_layers:
         raise SpecError(f"model {model.name} has no MTP module (mtp_layers 0): MTP decoding needs one; set "
                         "costmodel.mtp.drafts=0")  # fmt: skip
-    if not p.weights_from_config and (model.attention != "mla" or model.index_topk):
-        kind = "MLA with DeepSeek's sparse indexer" if model.index_topk else f"{model.attention.upper()} attention"
+    if not p.weights_from_config and (model.attention != "mla" or model.index_topk or model.dense):
+        kind = ("MLA with DeepSeek's sparse indexer" if model.index_topk else "no experts (dense)" if model.dense
+                else f"{model.attention.upper()} attention")  # fmt: skip
         raise SpecError(
             f"model {model.name} uses {kind}; profile {p.name!r} sizes weights with DeepSeek-V3's hard-coded "
             "constants: use the corrected profile (weights_from_config)"

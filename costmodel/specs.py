@@ -123,7 +123,8 @@ class GPU:
 
 @dataclass(frozen=True)
 class Model:
-    """An MoE transformer. MLA fields apply when attention == 'mla', GQA fields when 'gqa'."""
+    """A transformer: MoE (routed experts), or dense (`n_routed_experts` 0: every layer a dense MLP). MLA fields apply
+    when attention == 'mla', GQA fields when 'gqa'."""
 
     name: str
     attention: Literal["mla", "gqa"]
@@ -168,11 +169,6 @@ class Model:
             "refused rather than priced as either",
         )
         _require(
-            self.n_routed_experts != 0,
-            f"model {self.name} is dense (no routed experts): the cost model prices MoE models, their routed experts "
-            "spread over an island's GPUs; refused rather than priced as one",
-        )
-        _require(
             self.attention in ATTENTIONS,
             f"`attention` of model {self.name} must be one of {list(ATTENTIONS)}, got {self.attention!r}",
         )
@@ -183,13 +179,26 @@ class Model:
                     isinstance(v, int) and not isinstance(v, bool) and v >= 0,
                     f"`{f.name} >= 0` (integer) must hold for model {self.name}, got {v!r}",
                 )
-        for f in ("hidden", "n_layers", "moe_inter", "n_routed_experts", "top_k", "n_heads", "vocab_size"):
+        for f in ("hidden", "n_layers", "n_heads", "vocab_size"):
             _require(getattr(self, f) > 0, f"`{f} > 0` must hold for model {self.name}, got {getattr(self, f)!r}")
-        _require(
-            self.n_dense_layers < self.n_layers,
-            f"`n_dense_layers < n_layers` must hold for model {self.name}, "
-            f"got {self.n_dense_layers} >= {self.n_layers}",
-        )
+        if self.dense:  # every layer a dense MLP: no experts of any kind
+            for f in ("moe_inter", "top_k", "n_shared_experts"):
+                _require(getattr(self, f) == 0, f"model {self.name} is dense (n_routed_experts 0), so `{f}` must be "
+                         f"0, got {getattr(self, f)!r}")  # fmt: skip
+            _require(
+                self.n_dense_layers == self.n_layers,
+                f"model {self.name} is dense (n_routed_experts 0), so every layer is: `n_dense_layers` must be "
+                f"{self.n_layers}, got {self.n_dense_layers}",
+            )
+        else:
+            for f in ("moe_inter", "top_k"):
+                _require(getattr(self, f) > 0, f"`{f} > 0` must hold for MoE model {self.name}, got "
+                         f"{getattr(self, f)!r}")  # fmt: skip
+            _require(
+                self.n_dense_layers < self.n_layers,
+                f"`n_dense_layers < n_layers` must hold for MoE model {self.name}, "
+                f"got {self.n_dense_layers} >= {self.n_layers}",
+            )
         _require(
             self.top_k <= self.n_routed_experts,
             f"`top_k <= n_routed_experts` must hold for model {self.name}, got {self.top_k} > {self.n_routed_experts}",
@@ -229,6 +238,11 @@ class Model:
                 self.n_heads % self.n_kv_heads == 0,
                 f"`n_heads % n_kv_heads == 0` must hold for model {self.name}, got {self.n_heads} % {self.n_kv_heads}",
             )
+
+    @property
+    def dense(self) -> bool:
+        """No routed experts: every layer a dense MLP, every weight on every token (Llama)."""
+        return self.n_routed_experts == 0
 
     @property
     def n_moe_layers(self) -> int:

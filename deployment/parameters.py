@@ -277,7 +277,7 @@ PARAMETERS: tuple[Parameter, ...] = (
                                                                                "num_speculative_tokens": v})]
                       if v else [], _vllm_drafts),
     }),
-    Parameter("all-to-all", lambda e, opts: e.role, {
+    Parameter("all-to-all", lambda e, opts: e.role if e.moe else None, {  # a dense model's: none to run
         "sglang": Flags(lambda v, e, opts: ["--moe-a2a-backend", "deepep", "--deepep-mode", DEEPEP_MODE[v]],
                         lambda r: str(r.view.deepep_mode) if str(r.view.moe_a2a_backend) == "deepep"
                         else str(r.view.moe_a2a_backend), "DeepEP mode", expect=lambda v: DEEPEP_MODE[v]),

@@ -7,7 +7,9 @@ An island is one or more engine instances (`Island.engines`):
 - a decode island is `dp` engines, each one EP group of `ep` GPUs, attention-DP ranks of the plan's TP, each rank
   holding the plan's decode batch (the batch its CUDA graphs are captured at);
 - an aggregated island is `dp` engines shaped as decode's that also prefill, chunk by chunk, the island's
-  `chunk_tokens` per attention rank a step beside their decoding sequences.
+  `chunk_tokens` per attention rank a step beside their decoding sequences;
+- a dense model's island (no experts to spread) is `dp` engines of `tp` GPUs in every role: replicas, each its own
+  TP group, no expert parallelism and nothing overlapped.
 
 An engine of whole hosts runs one process set per host; one smaller than a host gets a slice of its host's GPUs.
 
@@ -57,11 +59,12 @@ class Engine:
     placement: Placement | None  # None: the island has no hosts, or hosts no engine can be placed on
     # a prefill engine's prefix cache's host tier, GB of host memory per GPU, as priced (costmodel.host_cache_gb)
     host_cache_gb: float = 0.0
+    moe: bool = True  # the model has routed experts (False: a dense model's replica, no expert parallelism)
 
     @property
     def ep_group(self) -> int:
-        """GPUs the routed experts spread over: the whole engine."""
-        return self.gpus
+        """GPUs the routed experts spread over: the whole engine (1 for a dense model: none)."""
+        return self.gpus if self.moe else 1
 
     @property
     def max_running(self) -> int:
@@ -102,23 +105,26 @@ def island_engines(plan: Plan, k: int) -> tuple[Engine, ...]:
         return ()
     per_rank = isl.batch if plan.cost.profile.batch_per_attention_rank else isl.batch * isl.tp  # shallowsim: per GPU
     tokens = isl.chunk_tokens if isl.role is Role.AGGREGATED else plan.cost.engine.prefill_batch_tokens
+    dense = plan.model.dense  # replicas of tp GPUs in every role
+    count, group = (isl.dp, isl.tp) if dense else (isl.engines, isl.ep_group)
     out = []
-    for c in range(isl.engines):
-        name = f"i{k:02d}-{isl.role}-{isl.gpu.lower()}" + (f"-{c}" if isl.engines > 1 else "")
+    for c in range(count):
+        name = f"i{k:02d}-{isl.role}-{isl.gpu.lower()}" + (f"-{c}" if count > 1 else "")
         out.append(Engine(
-            name=name, island=k, role=isl.role, gpu=isl.gpu, gpus=isl.ep_group, attn_tp=isl.tp,
-            attn_dp=isl.attention_ranks, redundant_experts=isl.redundant_experts, prefill_tokens=tokens,
+            name=name, island=k, role=isl.role, gpu=isl.gpu, gpus=group, attn_tp=isl.tp,
+            attn_dp=group // isl.tp, redundant_experts=isl.redundant_experts, prefill_tokens=tokens,
             decode_batch=per_rank if isl.role.decodes else 0, mem_fraction=plan.cost.engine.mem_fraction,
             kv_dtype=isl.precision.dense if plan.cost.engine.kv_dtype == "auto" else plan.cost.engine.kv_dtype,
-            overlap=isl.overlap, drafts=plan.cost.drafts, experts=isl.precision.experts, placement=_placement(isl, c),
-            host_cache_gb=plan.cost.engine.host_cache_gb if isl.role is Role.PREFILL else 0.0,
+            overlap=isl.overlap, drafts=plan.cost.drafts, experts=isl.precision.experts,
+            placement=_placement(isl, c, group), host_cache_gb=plan.cost.engine.host_cache_gb
+            if isl.role is Role.PREFILL else 0.0, moe=not dense,
         ))  # fmt: skip
     return tuple(out)
 
 
-def _placement(isl: Island, c: int) -> Placement | None:
-    """Engine `c` of island `isl` on its hosts: whole hosts each, or a slice of one host each."""
-    h, group = isl.hosts, isl.ep_group
+def _placement(isl: Island, c: int, group: int) -> Placement | None:
+    """Engine `c` of `group` GPUs of island `isl` on its hosts: whole hosts each, or a slice of one host each."""
+    h = isl.hosts
     if h is None or not h.aligned(isl.size):
         return None
     node, hosts = h.node_gpus, list(h.nodes)

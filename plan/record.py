@@ -224,8 +224,9 @@ class Island:
             if self.ranges:
                 raise PlanError("an idle island serves no input-length ranges")
             return
-        for name in ("tp", "dp", "ep", "batch", "experts_per_gpu"):
+        for name in ("tp", "dp", "ep", "batch"):
             _whole(getattr(self, name), name, 1)
+        _whole(self.experts_per_gpu, "experts_per_gpu")  # 0 for a dense model (Plan checks it against the model)
         _whole(self.redundant_experts, "redundant_experts")
         if self.role == "prefill" and self.tp * self.dp != self.size:
             raise PlanError(f"prefill tp {self.tp} x dp {self.dp} must be the size {self.size}")

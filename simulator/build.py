@@ -68,12 +68,12 @@ def build(
         gpu, mine = gpus[isl.gpu], island_engines(plan, j)
         phase_islands[isl.role].append(isl)
         if isl.role == "prefill":
-            (e,) = mine  # one engine over the island: its attention ranks prefill apart
+            e = mine[0]  # one engine over the island, or a dense model's replicas: every attention rank prefills apart
             budget = e.prefill_tokens if token_budget is None else token_budget
             budgets.append(budget)
             cached = cache_block_tokens is not None
             t = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost, cached=cached)
-            ids = list(range(len(prefill), len(prefill) + e.attn_dp))
+            ids = list(range(len(prefill), len(prefill) + sum(x.attn_dp for x in mine)))
             blocks = (t.kv_tokens - budget) // cache_block_tokens if cached else 0  # type: ignore[operator]
             host = t.host_tokens // cache_block_tokens if cached else 0  # type: ignore[operator]
             prefill += [PrefillEngine(i, k, t, budget, PrefixCache(blocks, host) if cached else None) for i in ids]

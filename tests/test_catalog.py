@@ -38,18 +38,19 @@ def test_catalogue_has_the_spec_table_and_the_datasheet_gpus() -> None:
         load_gpu(name)
     for name in priced_model_names():
         load_model(name)
-    # the others are refused when loaded, each saying what the cost model does not price
-    refused = {"llama_3_3_70b": "is dense (no routed experts)"}
-    assert set(model_names()) - set(priced_model_names()) == set(refused)
-    for name, why in refused.items():
-        with pytest.raises(CatalogError, match=re.escape(f"model {name}") + ".*" + re.escape(why)):
-            load_model(name)
+    assert set(model_names()) == set(priced_model_names())  # every model of the catalogue is priced
 
 
 def test_an_attention_kind_the_cost_model_does_not_price_is_refused_in_one_line() -> None:
     v3 = dict(yaml.safe_load((CONF / "model" / "deepseek_v3.yaml").read_text()), name="m")
     with pytest.raises(CatalogError, match=r"model m's attention is `linear` \(linear attention .*refused"):
         build(Model, {**v3, "attention": "linear"}, "conf/model/m.yaml")
+    # a dense model (no routed experts) has no experts of any kind, and every layer dense
+    llama = dict(yaml.safe_load((CONF / "model" / "llama_3_3_70b.yaml").read_text()), name="d")
+    for bad, words in (({"top_k": 2}, "`top_k` must be 0"),
+                       ({"n_dense_layers": 79}, "every layer is: `n_dense_layers` must be 80")):
+        with pytest.raises(CatalogError, match=re.escape(f"model d is dense (n_routed_experts 0), so {words}")):
+            build(Model, {**llama, **bad}, "x.yaml")
     # DeepSeek Sparse Attention's indexer: MLA only, its three figures together
     for bad in ({"attention": "gqa", "n_kv_heads": 8, "head_dim": 128}, {"index_n_heads": 0}):
         with pytest.raises(CatalogError, match="DeepSeek Sparse Attention needs MLA and all of"):
@@ -186,7 +187,8 @@ def test_unknown_model_lists_the_choices() -> None:
 # each model's published total and activated parameters (billions), cited in its conf/model file
 PUBLISHED_PARAMS = {"deepseek_v3": (671, 37), "qwen3_235b_a22b": (235, 22), "qwen3_30b_a3b": (30.5, 3.3),
                     "kimi_k2": (1040, 32), "qwen3_coder_480b_a35b": (480, 35), "glm_4_6": (355, 32),
-                    "gpt_oss_120b": (116.83, 5.13), "deepseek_v32": (671, 37)}  # fmt: skip
+                    "gpt_oss_120b": (116.83, 5.13), "deepseek_v32": (671, 37),
+                    "llama_3_3_70b": (70.6, 70.6)}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))

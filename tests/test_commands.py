@@ -47,8 +47,9 @@ COMMANDS = [  # (command, arguments, the line's start); {tmp} is the test's fold
     ("pipeline.island", ["gpu=H200", "size=8", "model.attention=linear", "costmodel=calibrated"],
      "error: conf/model/deepseek_v3.yaml (or its overrides): model deepseek_v3's attention is `linear` (linear "
      "attention"),
-    ("pipeline.island", ["gpu=H200", "size=8", "model=llama_3_3_70b", "costmodel=calibrated"],
-     "error: conf/model/llama_3_3_70b.yaml (or its overrides): model llama_3_3_70b is dense (no routed experts)"),
+    ("pipeline.island", ["gpu=H200", "size=8", "model=llama_3_3_70b", "model.top_k=2", "costmodel=calibrated"],
+     "error: conf/model/llama_3_3_70b.yaml (or its overrides): model llama_3_3_70b is dense (n_routed_experts 0), so "
+     "`top_k` must be 0, got 2"),
     ("pipeline.island", ["gpu=H200", "size=8", "model=qwen3_30b_a3b", "costmodel=serving"],
      "error: costmodel.calibration: calibration 'serving' was fitted to the measured serving of deepseek_v3, and "
      "this plan is for qwen3_30b_a3b: its end-to-end factors correct that model's serving, not this one's; use "

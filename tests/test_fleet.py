@@ -364,7 +364,6 @@ BAD = [  # (the fleet's `models`, the error's words)
      "other models give demands in req/s"),
     ([{"model": "deepseek_v3", "workload": "azure_code"}], "deepseek_v3 has neither demand_req_s (req/s) nor weight"),
     ([{"model": "deepseek_v3", "demand_req_s": 1}], "deepseek_v3 has no workload"),
-    ([{"model": "llama_3_3_70b", "workload": "azure_conv", "weight": 1}], "is dense (no routed experts)"),
 ]  # fmt: skip
 
 

@@ -528,3 +528,36 @@ def test_deepseek_sparse_attention_by_hand() -> None:
     steps = decode_step_ms(h200, v32, 1900 + np.arange(1, 301), 64, 1, 16, profile=corrected)
     assert float(decode_steps_sum_ms(h200, v32, 1900, 300, 64, 1, 16, profile=corrected)) == pytest.approx(
         float(steps.sum()), rel=1e-12)
+
+
+def test_a_dense_model_by_hand() -> None:
+    """Llama-3.3-70B: 80 dense layers, GQA with 8 KV heads of 128, no experts. A decode step of its TP group is its
+    80 layers' attention and MLP (each split over TP, with their all-reduces) and the engine's fixed costs: nothing
+    routed, dispatched or overlapped, and the same whatever the EP group is said to be (its replicas decode apart).
+    One GPU of a TP-4 replica holds a quarter of its attention and MLP weights (FP8 on an H200) beside the BF16
+    embedding and LM head; its KV cache is 2 x 8 x 128 elements a token and layer, split over min(TP, 8)."""
+    import numpy as np
+
+    from costmodel.formulas import kv_bytes_per_seq, weight_bytes_per_gpu
+
+    llama, h200, corrected = load_model("llama_3_3_70b"), load_gpu("H200"), CostProfile.corrected()
+    parts = decode_parts(h200, llama, 2000.0, 64, 4, 4, profile=corrected)
+    for k in ("SharedExpert", "RoutedExpert", "Dispatch", "Combine", "Delta", "Overlap"):
+        assert float(parts[k]) == 0.0, k
+    assert float(parts["DenseMLA"]) == float(parts["SparseMLA"])  # every layer's attention split by TP
+    apart = decode_parts(h200, llama, 2000.0, 64, 4, 64, profile=corrected)  # "EP 64": still replicas of TP 4
+    assert float(apart["TPOT"]) == pytest.approx(float(parts["TPOT"]))
+    layers = 80 * float(parts["DenseMLA"] + parts["DenseMLP"])
+    plain = decode_parts(h200, llama, 2000.0, 64, 4, 4, profile=corrected.with_fixes(
+        step_overhead=False, sequence_overhead=False, lm_head=False))  # fmt: skip
+    assert float(plain["TPOT"]) == pytest.approx(layers)
+    attn = 8192 * 128 * (2 * 64 + 2 * 8)
+    mlp = 3 * 8192 * 28672
+    embed = 2 * 128256 * 8192 * 2
+    assert float(weight_bytes_per_gpu(h200, llama, np.array(4.0), np.array(0.0), corrected)) == pytest.approx(
+        80 * (attn + mlp) / 4 + embed)
+    assert float(kv_bytes_per_seq(h200, llama, 1000.0, 4, corrected)) == pytest.approx(1000 * 80 * 2 * 8 * 128 / 4)
+    # a prefill pays its dense layers only: no all-to-all, nothing overlapped
+    pre = prefill_parts(h200, llama, 3000.0, 4, 2, profile=corrected)
+    assert float(pre["Comm"]) == 0.0 and float(pre["Sum"]) == pytest.approx(float(pre["Compute"]))
+    assert float(pre["Compute"]) == pytest.approx(80 * float(pre["TP_MLA"] + pre["DenseMLP"]))

@@ -284,12 +284,12 @@ def test_a_plan_of_a_model_the_checks_hold_no_config_for_is_refused_not_judged_a
 
 
 @pytest.mark.parametrize("model", ["qwen3_coder_480b_a35b", "qwen3_235b_a22b", "qwen3_30b_a3b", "gpt_oss_120b",
-                                   "kimi_k2", "deepseek_v32", "glm_4_6"])
+                                   "kimi_k2", "deepseek_v32", "glm_4_6", "llama_3_3_70b"])
 def test_another_models_plan_runs_what_it_priced_by_sglangs_own_resolution_of_its_config(sc, tmp_path: Path,
                                                                                         model: str) -> None:
     """tiny_hetero's exact plan of another MoE model than DeepSeek-V3 (GQA: Qwen3-Coder-480B's 160 experts, Qwen3-235B's
     and 30B's 128, GPT-OSS-120B's 128 MXFP4 experts and sliding window; MLA: Kimi-K2's 384 experts and 64 heads,
-    DeepSeek-V3.2's sparse attention and its indexer's key cache):
+    DeepSeek-V3.2's sparse attention and its indexer's key cache; dense: Llama-3.3-70B's replicas):
     every engine's command, resolved by SGLang against the
     model's config (tests/data/models), holds every row of the parameter table (GPT-OSS's experts resolved MXFP4, as
     priced) and a KV pool (its KV heads split over the attention TP group) at least what the plan keeps there.
@@ -329,3 +329,24 @@ def test_a_sparse_attention_models_kv_cache_is_the_bytes_sglang_sizes_its_pool_b
     assert per_token == 61 * ({("H200", "fp8"): 656, ("DGX-B200", "fp8"): 576}.get((gpu, kv), 1152) + 132)
     page = int(sc.value(args, "page_size"))
     assert free * 0.9 / per_token - page <= pool <= free * 0.9 / per_token
+
+
+def test_a_dense_models_islands_launch_as_replicas_of_their_tp_group(sc, tmp_path: Path) -> None:
+    """Llama-3.3-70B (no experts): every island, prefill or decode, is `dp` engines of `tp` GPUs, each its own
+    replica: no expert parallelism, no attention DP, no all-to-all and nothing overlapped, as its steps were priced,
+    and as SGLang resolves each engine's command."""
+    path, _ = plan_of(tmp_path, "model=llama_3_3_70b", "costmodel=calibrated")
+    plan = plans.load(path)
+    assert plan.model.dense
+    for k, isl in enumerate(plan.islands):
+        if not isl.serving:
+            continue
+        mine = [e for e in engines(plan) if e.island == k]
+        assert len(mine) == isl.dp and not isl.overlap and isl.experts_per_gpu == 0
+        for e in mine:
+            assert (e.gpus, e.attn_tp, e.attn_dp, e.ep_group, e.overlap) == (isl.tp, isl.tp, 1, 1, False)
+            args = sc.resolve(engine_argv(e, 0, plan, DeployOptions())[3:], e.gpu,
+                              REPO / "tests" / "data" / "models" / "llama-3.3-70b")
+            v = sc.view(args)
+            assert (int(v.tp_size), int(v.ep_size), int(v.attn_dp_size), str(v.moe_a2a_backend),
+                    bool(v.enable_two_batch_overlap)) == (isl.tp, 1, 1, "none", False)  # fmt: skip

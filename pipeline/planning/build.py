@@ -104,7 +104,7 @@ def describe(
         speed = planner.cache_speed(layout, i) if cfg and phase == "prefill" else None
         facts = _serving_facts(planner, bench, phase, cfg, fraction, sol.rate_req_s, speed) if cfg else {}
         batch = engine_batch(table, cap[i], served, phase) if cfg and table is not None else 0
-        if cfg and phase.decodes:
+        if cfg and (phase.decodes or planner.model.dense):
             facts["overlap"] = overlapped(planner, gpu, cfg, batch, fraction)
         if cfg and phase == "aggregated" and table is not None and table.chunk is not None:
             facts["chunk_tokens"] = max(int(table.chunk[table.chosen, served].min()), 1)  # no step past TPOT
@@ -158,7 +158,9 @@ def roles_compared(planner: Planner, layout: Layout, time_limit_s: float, backen
 def overlapped(planner: Planner, gpu: str, cfg: Mapping[str, int], batch: int, fraction: np.ndarray) -> bool:
     """Whether a decode island runs two overlapped micro-batches at its batch, as the cost model prices its steps
     (costmodel.formulas.decode_parts `Overlap`, at the mean context of the mix it serves): always unless the profile
-    chooses (`overlap_chosen`)."""
+    chooses (`overlap_chosen`). A dense model's never does: it has no all-to-all to hide."""
+    if planner.model.dense:
+        return False
     if not planner.profile.overlap_chosen:
         return True
     w = planner.ranges.p * fraction

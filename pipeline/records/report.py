@@ -469,7 +469,9 @@ def _node_map(islands: Sequence[Island], losses: HostLosses | None = None) -> li
                else f"TPOT {isl.tpot_ms_expected:.1f} ms" if isl.tpot_ms_expected is not None else "-")  # fmt: skip
         if isl.cache_hit_expected is not None:  # prefill priced at its prefix caches' expected hit rate
             lat += f", {isl.cache_hit_expected:.0%} of prompt tokens cached"
-        return f"{isl.role} | {lat} | {isl.ep_group}: {isl.experts_per_gpu} (+{isl.redundant_experts}) |" + loss
+        experts = (f"{isl.ep_group}: {isl.experts_per_gpu} (+{isl.redundant_experts})" if isl.experts_per_gpu
+                   else f"none: {isl.dp} replicas of TP {isl.tp}")  # a dense model's island
+        return f"{isl.role} | {lat} | {experts} |" + loss
 
     def aligned(isl: Island) -> bool:
         return isl.hosts is None or isl.hosts.aligned(isl.size)

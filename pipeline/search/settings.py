@@ -550,7 +550,10 @@ def min_islands(
     `auto`: the smallest island of that type that can run the model in prefill or decode (its
     weights, KV cache and SLOs, as the cost model sees them). Smaller islands would only idle,
     so the search does not spend trials on them; a type on which no island fits gets its largest
-    island as the minimum (one island, left idle by the inner solver). With node-aligned shapes
+    island as the minimum (one island, left idle by the inner solver). A dense model's island is a pool of
+    replicas of tp GPUs each, so `auto` rounds its minimum up to a whole host: islands of one GPU would multiply the
+    islands a trial solves for (Llama-3.3-70B on hetero_a: 8 minutes against 41 s) for 0.5 % of the exact optimum
+    (701.47 against 698.13 req/s). With node-aligned shapes
     (`node`: GPUs per host) the minimum is a shape: a number rounds up to the next one.
     """
     unknown = sorted(set(per_type) - {g.name for g in inventory.gpus})
@@ -563,6 +566,8 @@ def min_islands(
         sizes = list(range(1, count + 1)) if node is None else list(node_shapes(node[g.name], count))
         if value == "auto":
             out[g.name] = next((n for n in sizes if runs(planner, g.name, n)), sizes[-1])
+            if planner.model.dense:  # replicas of tp GPUs: an island of whole hosts holds as many as it fits
+                out[g.name] = next((n for n in sizes if n >= max(out[g.name], g.gpus_per_node)), sizes[-1])
         elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{where} must be a whole number >= 1 or auto, got {value!r}: set {where}=N or =auto")
         elif node is not None and value <= count and not smallest_shape(value, sizes):

@@ -28,7 +28,8 @@ class SglangAdapter(Adapter):
     checked_models: ClassVar[dict[str, str]] = {**CHECKED_MODELS, "qwen3_coder_480b_a35b": "qwen3-coder-480b-a35b",
                                                 "qwen3_235b_a22b": "qwen3-235b-a22b", "qwen3_30b_a3b": "qwen3-30b-a3b",
                                                 "gpt_oss_120b": "gpt-oss-120b", "kimi_k2": "kimi-k2",
-                                                "deepseek_v32": "deepseek-v32", "glm_4_6": "glm-4.6"}
+                                                "deepseek_v32": "deepseek-v32", "glm_4_6": "glm-4.6",
+                                                "llama_3_3_70b": "llama-3.3-70b"}
 
     def command(self, e: Engine, rank: int, opts: DeployOptions) -> Launch:
         return launch.command(e, rank, self.own(opts))
