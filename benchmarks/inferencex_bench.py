@@ -63,6 +63,8 @@ from simulator.timing import DecodeTiming, decode_timing, prefill_timing
 CHUNK = 16384  # an aggregated engine's prefill tokens per step (SGLang's and TensorRT-LLM's common setting)
 METRICS = ("median_tpot", "median_ttft", "tput_per_gpu", "output_tput_per_gpu")
 WITHIN = math.log(1.15)
+# catalogue models checked against other published measurements than InferenceX's, and where
+OTHER_CHECKS = {"llama_3_3_70b": "TensorRT-LLM's published Llama-70B serving (176 rows): benchmarks/trtllm_bench.py"}
 
 
 def reason(row: Row) -> str | None:
@@ -335,6 +337,8 @@ def main() -> None:
         if name in MEASURED_MODELS:
             print(f"- {name}: {len(rows)} rows (InferenceX's DeepSeek-R1, this architecture), {len(preds)} simulated, "
                   "above")  # fmt: skip
+        elif name in OTHER_CHECKS:
+            print(f"- {name}: no InferenceX row; {OTHER_CHECKS[name]}")
         else:
             print(f"- {name}: no public measured serving row found (docs/costmodel.md): its plans carry the wider "
                   "range of an unmeasured model")  # fmt: skip
