@@ -208,10 +208,12 @@ class Calibration:
         return replace(self, factors=tuple(sorted((*self.factors, *more), key=lambda f: f[:2])))
 
     def unmeasured(self, model: str, gpus: Iterable[str]) -> Calibration:
-        """For a plan of `model`, of which no serving was ever measured: `widened` on every one of `gpus` (the model's
-        own error is as unknown on each as where a plan extrapolates), and named so."""
+        """For a plan of `model`, whose serving no shipped fit measured (`costmodel.measured.MEASURED_MODELS`; a
+        published measurement kept for checking only is no fit): `widened` on every one of `gpus` (the model's own
+        error is as unknown on each as where a plan extrapolates), and named so."""
         wide = self.widened(gpus)
-        return wide if wide is self else replace(wide, name=f"{self.name}, widened: no measured serving of {model}")
+        name = f"{self.name}, widened: no fit to measured serving of {model}"
+        return wide if wide is self else replace(wide, name=name)
 
     def shifted(self, z: float) -> Calibration:
         """Every factor moved `z` standard deviations (z < 0: the pessimistic side), sigma 0."""

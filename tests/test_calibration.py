@@ -360,7 +360,7 @@ def test_a_plan_of_a_model_no_measurement_is_of_carries_the_wider_range_of_an_un
     cal = settings_from_cfg(cfg, *inventory_of(cfg))[0].calibration
     assert cal.name == "published" and cal.get("H20", "model_decode").sigma > 0  # the kernel tables' own error
     wide = band_calibration(cal, qwen)
-    assert wide.name == "published, widened: no measured serving of qwen3_30b_a3b"
+    assert wide.name == "published, widened: no fit to measured serving of qwen3_30b_a3b"
     for gpu in {isl.gpu for isl in qwen.serving}:
         for knob in ("model_prefill", "model_decode"):
             assert wide.get(gpu, knob).sigma == pytest.approx(math.sqrt(2) * cal.get(gpu, knob).sigma)

@@ -253,7 +253,7 @@ def test_a_fleet_plans_every_model_on_one_inventory_with_its_records(tmp_path: P
         assert p.band is not None and m["range_req_s"] == pytest.approx([p.band.p10_req_s, p.band.p90_req_s])
         assert m["range_req_s"][0] < m["rate_req_s"] < m["range_req_s"][1]
     assert ranges["deepseek_v3"]["range_calibration"] == "serving"
-    assert ranges["qwen3_235b_a22b"]["range_calibration"] == "published, widened: no measured serving of " \
+    assert ranges["qwen3_235b_a22b"]["range_calibration"] == "published, widened: no fit to measured serving of " \
                                                              "qwen3_235b_a22b"  # fmt: skip
     worst = record["worst_host"]  # the host whose loss costs the fleet most: what it serves then, by each plan's own
     assert worst["served"] < record["served"] and worst["models"]

@@ -351,7 +351,7 @@ def test_the_models_own_error_by_hand() -> None:
     assert plain.widened(["H20"]) is plain
     # a model no shipped measurement is of: widened on every GPU it runs on, and its name says why
     never = spread.unmeasured("gpt_oss_120b", ["H20", "H200"])
-    assert never.name == "s, widened: no measured serving of gpt_oss_120b"
+    assert never.name == "s, widened: no fit to measured serving of gpt_oss_120b"
     assert never.get("H20", "model_decode").sigma == never.get("H200", "model_decode").sigma == pytest.approx(
         0.2 * math.sqrt(2))
     assert plain.unmeasured("gpt_oss_120b", ["H20"]) is plain
