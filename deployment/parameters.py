@@ -41,7 +41,8 @@ VLLM_ALL2ALL = {"prefill": "deepep_high_throughput", "decode": "deepep_low_laten
 # the KV cache's format as each engine names it (both: FP8 is E4M3)
 KV_DTYPES = {"sglang": {"fp8": "fp8_e4m3", "bf16": "bfloat16"}, "vllm": {"fp8": "fp8_e4m3", "bf16": "bfloat16"}}
 # the quantization an engine's model config resolves -> the routed experts' format it loads them in
-EXPERT_FORMATS = {"fp8": "fp8", "modelopt_fp4": "fp4", "mxfp4": "mxfp4"}  # mxfp4: the checkpoint's own (GPT-OSS)
+# mxfp4: the checkpoint's own (GPT-OSS), which vLLM names gpt_oss_mxfp4
+EXPERT_FORMATS = {"fp8": "fp8", "modelopt_fp4": "fp4", "mxfp4": "mxfp4", "gpt_oss_mxfp4": "mxfp4"}
 NIXL = "NixlConnector"  # vLLM's KV connector for transfer_backend nixl
 
 
@@ -108,6 +109,23 @@ def _vllm_graph_batch(r: Any) -> Any:
     tokens = seqs * (1 + _vllm_drafts(r))
     captured = r.config.compilation_config.cudagraph_capture_sizes or []
     return seqs if tokens in captured else f"{seqs}, no CUDA graph at their {tokens} tokens"
+
+
+VLLM_GRAPH_CEILING = 512  # vLLM's default widest CUDA graph on Hopper (config/vllm.py `_set_cudagraph_sizes`)
+# ... and its default capture sizes below it: 1, 2, 4, every 8 to 248, every 16 from 256
+VLLM_GRAPH_GRID = (1, 2, 4, *range(8, 256, 8), *range(256, VLLM_GRAPH_CEILING + 1, 16))
+
+
+def _vllm_batch(value: Any, e: Engine, opts: DeployOptions) -> list[str]:
+    """`--max-num-seqs`; where the batch's tokens a step are off vLLM's default capture grid or past its widest
+    graph (which of its own sizes vLLM adds depends on other settings, e.g. dual-batch overlap), the capture sizes
+    given explicitly, the grid and those tokens, so its decode steps run in a CUDA graph at exactly the batch the
+    plan priced rather than padded to the next size."""
+    tokens = value * (1 + e.drafts)
+    out = ["--max-num-seqs", str(value)]
+    if tokens not in VLLM_GRAPH_GRID:
+        out += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": sorted({*VLLM_GRAPH_GRID, tokens})})]
+    return out
 
 
 def _vllm_world(r: Any) -> int:
@@ -216,7 +234,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     }),
     Parameter("expert-parallel group", lambda e, opts: e.ep_group, {
         "sglang": Flags(flag("--ep-size"), lambda r: int(r.view.ep_size)),
-        "vllm": Flags(switch("--enable-expert-parallel"),
+        "vllm": Flags(lambda v, e, opts: ["--enable-expert-parallel"] if v > 1 else [],
                       lambda r: _vllm_world(r) if r.config.parallel_config.enable_expert_parallel else 1),
     }),
     Parameter("EPLB", lambda e, opts: e.redundant_experts > 0, {
@@ -248,7 +266,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         "sglang": Flags(flag("--cuda-graph-max-bs-decode"), lambda r: r.view.cuda_graph_config.decode.max_bs
                         if r.view.cuda_graph_config is not None else None, "decode CUDA graph max batch per rank"),
         # vLLM captures a CUDA graph at exactly this batch's tokens a step
-        "vllm": Flags(flag("--max-num-seqs"), _vllm_graph_batch, "sequences per DP rank, a CUDA graph at their tokens"),
+        "vllm": Flags(_vllm_batch, _vllm_graph_batch, "sequences per DP rank, a CUDA graph at their tokens"),
     }),
     # the memory before loading the KV pool is sized from: SGLang's pool = pre-load memory x fraction - weights, the
     # cost model's; vLLM's is that less the activations it profiles at start (docs/deploy.md)

@@ -164,3 +164,40 @@ def test_the_check_of_a_plan_on_a_gpu_without_a_device_probe_is_one_line(tmp_pat
     r = cli("deployment.vllm_check", str(tmp_path / "h100.json"))
     assert r.returncode != 0 and r.stderr.strip().startswith("error:") and "H100-SXM" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("model", ["qwen3_coder_480b_a35b", "qwen3_235b_a22b", "qwen3_30b_a3b", "gpt_oss_120b",
+                                   "kimi_k2", "deepseek_v32", "glm_4_6", "llama_3_3_70b"])
+def test_another_models_plan_runs_what_it_priced_by_vllms_own_resolution_of_its_config(vllm_check, tmp_path: Path,
+                                                                                       model: str) -> None:
+    """tiny_hetero's exact plan of each catalogue model but DeepSeek-V3 (whose plans the other tests judge): an engine
+    of every island, resolved by vLLM against the model's own config (tests/data/models), holds every row of the
+    parameter table: GPT-OSS's experts in vLLM's MXFP4, a dense model's replicas without expert parallelism, and
+    every decode batch in a CUDA graph of exactly its tokens (past vLLM's default grid, the capture sizes given)."""
+    path, _ = plan_of(tmp_path, f"model={model}", "costmodel=calibrated")
+    plan = plans.load(path)
+    first = {}
+    for e in engines(plan):
+        first.setdefault(e.island, e)
+    for e in first.values():
+        rows = adapter("vllm").check(plan, e, 0, OPTS)
+        assert rows and all(s.holds for s in rows), [(s.name, s.resolved, s.plan) for s in rows if not s.holds]
+
+
+def test_a_decode_batch_off_vllms_capture_grid_is_captured_as_priced() -> None:
+    """A batch on vLLM's default capture grid is left to it; one off it (or past 512 tokens) gets the capture sizes
+    written: the grid and its own tokens a step (with MTP drafts, each sequence's tokens)."""
+    from dataclasses import replace
+
+    from deployment.parameters import VLLM_GRAPH_GRID, _vllm_batch
+    from helpers import tiny_plan
+    from plan.engines import engines_of
+
+    e = next(x for x in engines_of(tiny_plan()) if x.role.decodes)
+    assert _vllm_batch(48, replace(e, drafts=0), OPTS) == ["--max-num-seqs", "48"]
+    assert _vllm_batch(100, replace(e, drafts=1), OPTS) == ["--max-num-seqs", "100"]  # 200 tokens: on the grid
+    for batch, drafts, tokens in ((354, 0, 354), (535, 0, 535), (99, 1, 198), (300, 1, 600)):
+        out = _vllm_batch(batch, replace(e, drafts=drafts), OPTS)
+        assert out[:2] == ["--max-num-seqs", str(batch)] and out[2] == "--compilation-config"
+        sizes = json.loads(out[3])["cudagraph_capture_sizes"]
+        assert tokens in sizes and set(VLLM_GRAPH_GRID) <= set(sizes) and sizes == sorted(sizes)

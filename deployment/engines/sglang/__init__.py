@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from deployment.engines.base import CHECKED_MODELS, MODELS_DIR, Adapter
+from deployment.engines.base import MODEL_CONFIGS, MODELS_DIR, Adapter
 from deployment.engines.sglang import check, launch
 from deployment.launch import BOOTSTRAP_PORT, Launch
 from deployment.options import DeployOptions
@@ -25,11 +25,7 @@ class SglangAdapter(Adapter):
     routes: ClassVar[str] = (
         "sends the request to both in the SGLang PD protocol (bootstrap host, port and room added to the request)."
     )
-    checked_models: ClassVar[dict[str, str]] = {**CHECKED_MODELS, "qwen3_coder_480b_a35b": "qwen3-coder-480b-a35b",
-                                                "qwen3_235b_a22b": "qwen3-235b-a22b", "qwen3_30b_a3b": "qwen3-30b-a3b",
-                                                "gpt_oss_120b": "gpt-oss-120b", "kimi_k2": "kimi-k2",
-                                                "deepseek_v32": "deepseek-v32", "glm_4_6": "glm-4.6",
-                                                "llama_3_3_70b": "llama-3.3-70b"}
+    checked_models: ClassVar[dict[str, str]] = MODEL_CONFIGS
 
     def command(self, e: Engine, rank: int, opts: DeployOptions) -> Launch:
         return launch.command(e, rank, self.own(opts))

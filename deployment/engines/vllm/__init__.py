@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from deployment.engines.base import Adapter
+from deployment.engines.base import MODEL_CONFIGS, MODELS_DIR, Adapter
 from deployment.engines.vllm import check, launch
 from deployment.launch import Launch
 from deployment.options import DeployOptions
@@ -30,6 +30,8 @@ class VllmAdapter(Adapter):
     def command(self, e: Engine, rank: int, opts: DeployOptions) -> Launch:
         return launch.command(e, rank, self.own(opts))
 
+    checked_models: ClassVar[dict[str, str]] = MODEL_CONFIGS
+
     def settings(self, plan: Plan, e: Engine, argv: list[str], env: dict[str, str], opts: DeployOptions,
                  ) -> list[Setting]:  # fmt: skip
-        return check.settings(plan, e, argv, env, self.own(opts))
+        return check.settings(plan, e, argv, env, self.own(opts), MODELS_DIR / self.checked_models[plan.model.name])

@@ -357,11 +357,11 @@ class Resolved:
 
 
 def settings(plan: Plan, e: Engine, argv: list[str], env: dict[str, str], opts: DeployOptions | None = None,
-             ) -> list[Setting]:  # fmt: skip
+             model_dir: Path = MODEL_DIR) -> list[Setting]:  # fmt: skip
     """Engine `e` of `plan` (its command line `argv` after `vllm serve`, its environment `env`, as written for
-    `opts`) as vLLM resolves it, against the plan: every row of the parameter table, and NIXL's side channel on the
-    host's address where the engine hands KV over."""
-    config = resolve(argv, e.gpu, env)
+    `opts`) as vLLM resolves it against its model's config (`model_dir`), against the plan: every row of the
+    parameter table, and NIXL's side channel on the host's address where the engine hands KV over."""
+    config = resolve(argv, e.gpu, env, model_dir)
     opts = opts or DeployOptions(engine="vllm", engine_options=Vllm())
     out = read_back("vllm", e, opts, Resolved(config, env))
     if e.role.disaggregated:  # the other engines reach this host's NIXL agent there (vLLM's default is localhost)
