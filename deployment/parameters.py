@@ -160,8 +160,14 @@ def _sglang_eplb(value: Any, e: Engine, opts: DeployOptions) -> list[str]:
 def _sglang_attention_dp(value: Any, e: Engine, opts: DeployOptions) -> list[str]:
     """DP attention (SGLang 0.5.2x's --attn-dp-size), and the dense MLP in data parallel: SGLang takes 1 or the whole
     engine, not the attention TP the cost model splits it over; with 1 each rank runs its share of its group's tokens
-    through whole weights (the same FLOPs, up to 1.2 GB more weights per GPU)."""
-    return ["--attn-dp-size", str(value), "--moe-dense-tp-size", "1", "--enable-dp-lm-head"] if value > 1 else []
+    through whole weights (the same FLOPs, up to 1.2 GB more weights per GPU). A dense model's replicas: SGLang's
+    data parallelism (--dp-size), each its own scheduler and TP group, its data-parallel controller spreading the
+    engine's requests over them."""
+    if value <= 1:
+        return []
+    if not e.moe:
+        return ["--dp-size", str(value)]
+    return ["--attn-dp-size", str(value), "--moe-dense-tp-size", "1", "--enable-dp-lm-head"]
 
 
 def _sglang_mtp(value: Any, e: Engine, opts: DeployOptions) -> list[str]:
@@ -220,16 +226,20 @@ def _decoding(value: Callable[[Engine], Any]) -> Callable[[Engine, DeployOptions
 
 
 PARAMETERS: tuple[Parameter, ...] = (
+    # SGLang's --tp-size is the engine's GPUs under DP attention (MoE), a replica's beside --dp-size (dense)
     Parameter("GPUs (world size)", lambda e, opts: e.gpus, {
-        "sglang": Flags(flag("--tp-size"), lambda r: int(r.view.tp_size), "tensor parallel size (the engine's GPUs)"),
+        "sglang": Flags(lambda v, e, opts: ["--tp-size", str(v if e.moe else e.attn_tp)],
+                        lambda r: int(r.view.tp_size) * int(r.view.dp_size), "TP x DP (the engine's GPUs)"),
         "vllm": Flags(nothing, _vllm_world, "TP x DP (the engine's GPUs)"),
     }),
     Parameter("attention TP", lambda e, opts: e.attn_tp, {
-        "sglang": Flags(nothing, lambda r: int(r.view.tp_size) // int(r.view.attn_dp_size), "attention TP (TP / DP)"),
+        "sglang": Flags(nothing, lambda r: int(r.view.tp_size) // int(r.view.attn_dp_size),
+                        "attention TP (TP / attention DP)"),
         "vllm": Flags(flag("--tensor-parallel-size"), lambda r: int(r.config.parallel_config.tensor_parallel_size)),
     }),
     Parameter("attention DP ranks", lambda e, opts: e.attn_dp, {
-        "sglang": Flags(_sglang_attention_dp, lambda r: int(r.view.attn_dp_size)),
+        "sglang": Flags(_sglang_attention_dp, lambda r: max(int(r.view.attn_dp_size), int(r.view.dp_size)),
+                        "attention DP ranks (a dense model's replicas: DP)"),
         "vllm": Flags(flag("--data-parallel-size"), lambda r: int(r.config.parallel_config.data_parallel_size)),
     }),
     Parameter("expert-parallel group", lambda e, opts: e.ep_group, {
@@ -248,16 +258,19 @@ PARAMETERS: tuple[Parameter, ...] = (
                       lambda r: int(r.config.parallel_config.eplb_config.num_redundant_experts)),
     }),
     # SGLang gives each attention DP rank chunked_prefill_size // attn_dp tokens a forward (the resolved value is that
-    # share); vLLM counts tokens a step per DP rank
+    # share; each of a dense model's replicas, its own scheduler, the whole); vLLM counts tokens a step per DP rank
     Parameter("prefill tokens per attention rank", lambda e, opts: e.prefill_tokens, {
-        "sglang": Flags(lambda v, e, opts: ["--chunked-prefill-size", str(v * e.attn_dp),
+        "sglang": Flags(lambda v, e, opts: ["--chunked-prefill-size", str(v * (e.attn_dp // e.replicas)),
                                             "--max-prefill-tokens", str(v)],
                         lambda r: int(r.view.chunked_prefill_size), "prefill tokens per rank per forward"),
         "vllm": Flags(flag("--max-num-batched-tokens"), lambda r: int(r.config.scheduler_config.max_num_batched_tokens),
                       "tokens per DP rank per step"),
     }),
     Parameter("running requests", _decoding(lambda e: e.max_running), {
-        "sglang": Flags(flag("--max-running-requests"), lambda r: int(r.view.max_running_requests)),
+        # SGLang spreads them over DP-attention ranks, and gives each of a dense model's replicas (--dp-size) its own
+        "sglang": Flags(lambda v, e, opts: ["--max-running-requests", str(v // e.replicas)],
+                        lambda r: int(r.view.max_running_requests) * int(r.view.dp_size),
+                        "running requests (per scheduler x DP replicas)"),
         # vLLM admits sequences per DP rank: the decode batch's row writes them
         "vllm": Flags(nothing, lambda r: int(r.config.scheduler_config.max_num_seqs) * int(
             r.config.parallel_config.data_parallel_size), "running requests (sequences per DP rank x DP)"),

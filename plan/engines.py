@@ -8,8 +8,9 @@ An island is one or more engine instances (`Island.engines`):
   holding the plan's decode batch (the batch its CUDA graphs are captured at);
 - an aggregated island is `dp` engines shaped as decode's that also prefill, chunk by chunk, the island's
   `chunk_tokens` per attention rank a step beside their decoding sequences;
-- a dense model's island (no experts to spread) is `dp` engines of `tp` GPUs in every role: replicas, each its own
-  TP group, no expert parallelism and nothing overlapped.
+- a dense model's island (no experts to spread) is replicas of `tp` GPUs in every role, each decoding and
+  prefilling on its own, no expert parallelism and nothing overlapped, launched one engine a host: the engine's own
+  data parallelism (SGLang's `--dp-size`, vLLM's `--data-parallel-size`) runs its host's replicas behind one port.
 
 An engine of whole hosts runs one process set per host; one smaller than a host gets a slice of its host's GPUs.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodel.catalog import load_gpu
 from costmodel.roles import Role
 from plan.record import Island, Plan
 
@@ -67,6 +69,12 @@ class Engine:
         return self.gpus if self.moe else 1
 
     @property
+    def replicas(self) -> int:
+        """Serving units of the engine that run apart: 1 (its attention ranks step together, an all-to-all between
+        them), or a dense model's data-parallel replicas, each `attn_tp` GPUs on its own."""
+        return 1 if self.moe else self.attn_dp
+
+    @property
     def max_running(self) -> int:
         """Sequences the engine admits: its decode batch on every attention rank (0 for a prefill engine)."""
         return self.decode_batch * self.attn_dp
@@ -105,8 +113,9 @@ def island_engines(plan: Plan, k: int) -> tuple[Engine, ...]:
         return ()
     per_rank = isl.batch if plan.cost.profile.batch_per_attention_rank else isl.batch * isl.tp  # shallowsim: per GPU
     tokens = isl.chunk_tokens if isl.role is Role.AGGREGATED else plan.cost.engine.prefill_batch_tokens
-    dense = plan.model.dense  # replicas of tp GPUs in every role
-    count, group = (isl.dp, isl.tp) if dense else (isl.engines, isl.ep_group)
+    dense = plan.model.dense  # replicas of tp GPUs in every role, a host's of them one engine
+    group = _host_of_replicas(isl) if dense else isl.ep_group
+    count = isl.size // group if dense else isl.engines
     out = []
     for c in range(count):
         name = f"i{k:02d}-{isl.role}-{isl.gpu.lower()}" + (f"-{c}" if count > 1 else "")
@@ -120,6 +129,14 @@ def island_engines(plan: Plan, k: int) -> tuple[Engine, ...]:
             if isl.role is Role.PREFILL else 0.0, moe=not dense,
         ))  # fmt: skip
     return tuple(out)
+
+
+def _host_of_replicas(isl: Island) -> int:
+    """GPUs of one engine of a dense model's island: the replicas on one host (the island, if smaller), or one
+    replica where that does not divide the island into whole replicas."""
+    node = isl.hosts.node_gpus if isl.hosts is not None else load_gpu(isl.gpu).gpus_per_node
+    group = min(isl.size, node)
+    return group if group % isl.tp == 0 and isl.size % group == 0 else isl.tp
 
 
 def _placement(isl: Island, c: int, group: int) -> Placement | None:

@@ -78,14 +78,15 @@ def build(
             host = t.host_tokens // cache_block_tokens if cached else 0  # type: ignore[operator]
             prefill += [PrefillEngine(i, k, t, budget, PrefixCache(blocks, host) if cached else None) for i in ids]
         else:
-            e = mine[0]  # the island's engines are alike
-            t = decode_timing(gpu, model, e.attn_tp, e.gpus, isl.batch, max_context, cost,
+            e = mine[0]  # the island's engines are alike; a dense model's replicas decode apart
+            ranks = e.attn_dp // e.replicas
+            t = decode_timing(gpu, model, e.attn_tp, e.attn_tp * ranks, isl.batch, max_context, cost,
                               expert_imbalance=expert_imbalance, draft_tokens=e.drafts)  # fmt: skip
             if t.kv_tokens < 1:
                 raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
-            t = replace(t, max_seqs=e.max_running)
-            rebuild = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_context, cost)
-            ids = list(range(len(decode), len(decode) + len(mine)))
+            t = replace(t, max_seqs=e.max_running // e.replicas)
+            rebuild = prefill_timing(gpu, model, e.attn_tp, ranks, max_context, cost)
+            ids = list(range(len(decode), len(decode) + sum(x.replicas for x in mine)))
             decode += [DecodeEngine(i, k, t, rebuild) for i in ids]
         engines_of[isl.role].append(ids)
     if token_budget is None:  # the routers that size batches: the prefill engines' (the plan's, where none prefill)

@@ -57,19 +57,20 @@ def aggregated_engines(plan: Plan, k: int, gpu: GPU, max_len: int, max_context: 
     with a prefix cache of such blocks (None: none)."""
     j = [i for i, isl in enumerate(plan.islands) if isl.serving][k]
     isl, model, cost, mine = plan.islands[j], plan.model, plan.cost, island_engines(plan, j)
-    e = mine[0]  # the island's engines are alike
-    dec = decode_timing(gpu, model, e.attn_tp, e.gpus, isl.batch, max_context, cost, expert_imbalance=expert_imbalance,
-                        draft_tokens=e.drafts)  # fmt: skip
+    e = mine[0]  # the island's engines are alike; a dense model's replicas run apart, each an engine here
+    ranks = e.attn_dp // e.replicas
+    dec = decode_timing(gpu, model, e.attn_tp, e.attn_tp * ranks, isl.batch, max_context, cost,
+                        expert_imbalance=expert_imbalance, draft_tokens=e.drafts)  # fmt: skip
     if dec.kv_tokens < 1:
         raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
-    dec = replace(dec, max_seqs=e.max_running)
+    dec = replace(dec, max_seqs=e.max_running // e.replicas)
     cached = cache_block_tokens is not None
-    pre = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost, cached=cached)
-    pre = replace(pre, ms=pre.ms / e.attn_dp, handoff_ms=0.0,
-                  cached_ms=None if pre.cached_ms is None else pre.cached_ms / e.attn_dp)  # fmt: skip
-    return [AggregatedEngine(i, dec, pre, e.chunk * e.attn_dp,
+    pre = prefill_timing(gpu, model, e.attn_tp, ranks, max_len, cost, cached=cached)
+    pre = replace(pre, ms=pre.ms / ranks, handoff_ms=0.0,
+                  cached_ms=None if pre.cached_ms is None else pre.cached_ms / ranks)  # fmt: skip
+    return [AggregatedEngine(i, dec, pre, e.chunk * ranks,
                              cache=PrefixCache(dec.kv_tokens // cache_block_tokens) if cached else None)  # type: ignore[operator]
-            for i in range(len(mine))]  # fmt: skip
+            for i in range(sum(x.replicas for x in mine))]  # fmt: skip
 
 
 def run(

@@ -328,9 +328,10 @@ def test_a_sparse_attention_models_kv_cache_is_the_bytes_sglang_sizes_its_pool_b
 
 
 def test_a_dense_models_islands_launch_as_replicas_of_their_tp_group(sc, tmp_path: Path) -> None:
-    """Llama-3.3-70B (no experts): every island, prefill or decode, is `dp` engines of `tp` GPUs, each its own
-    replica: no expert parallelism, no attention DP, no all-to-all and nothing overlapped, as its steps were priced,
-    and as SGLang resolves each engine's command."""
+    """Llama-3.3-70B (no experts): every island, prefill or decode, is replicas of `tp` GPUs, launched one engine a
+    host: SGLang's data parallelism (--dp-size, no DP attention) runs the host's replicas, with no expert
+    parallelism, no all-to-all and nothing overlapped, as its steps were priced, and as SGLang resolves each
+    engine's command."""
     path, _ = plan_of(tmp_path, "model=llama_3_3_70b", "costmodel=calibrated")
     plan = plans.load(path)
     assert plan.model.dense
@@ -338,11 +339,12 @@ def test_a_dense_models_islands_launch_as_replicas_of_their_tp_group(sc, tmp_pat
         if not isl.serving:
             continue
         mine = [e for e in engines(plan) if e.island == k]
-        assert len(mine) == isl.dp and not isl.overlap and isl.experts_per_gpu == 0
+        assert not isl.overlap and isl.experts_per_gpu == 0
+        assert sum(e.gpus for e in mine) == isl.size and sum(e.replicas for e in mine) == isl.dp
         for e in mine:
-            assert (e.gpus, e.attn_tp, e.attn_dp, e.ep_group, e.overlap) == (isl.tp, isl.tp, 1, 1, False)
+            assert (e.attn_tp, e.attn_dp * e.attn_tp, e.ep_group, e.overlap, e.nnodes) == (isl.tp, e.gpus, 1, False, 1)
             args = sc.resolve(engine_argv(e, 0, plan, DeployOptions())[3:], e.gpu,
                               REPO / "tests" / "data" / "models" / "llama-3.3-70b")
             v = sc.view(args)
-            assert (int(v.tp_size), int(v.ep_size), int(v.attn_dp_size), str(v.moe_a2a_backend),
-                    bool(v.enable_two_batch_overlap)) == (isl.tp, 1, 1, "none", False)  # fmt: skip
+            assert (int(v.tp_size), int(v.dp_size), int(v.ep_size), int(v.attn_dp_size), str(v.moe_a2a_backend),
+                    bool(v.enable_two_batch_overlap)) == (isl.tp, e.attn_dp, 1, 1, "none", False)  # fmt: skip
