@@ -64,7 +64,8 @@ CHUNK = 16384  # an aggregated engine's prefill tokens per step (SGLang's and Te
 METRICS = ("median_tpot", "median_ttft", "tput_per_gpu", "output_tput_per_gpu")
 WITHIN = math.log(1.15)
 # catalogue models checked against other published measurements than InferenceX's, and where
-OTHER_CHECKS = {"llama_3_3_70b": "TensorRT-LLM's published Llama-70B serving (176 rows): benchmarks/trtllm_bench.py"}
+OTHER_CHECKS = {m: f"TensorRT-LLM's published serving ({n} rows): benchmarks/trtllm_bench.py"
+                for m, n in (("llama_3_3_70b", 176), ("qwen3_235b_a22b", 25), ("gpt_oss_120b", 22))}
 
 
 def reason(row: Row) -> str | None:
