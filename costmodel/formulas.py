@@ -246,7 +246,7 @@ def _attn_prefill_gflop(model: Model, q: np.ndarray, c: np.ndarray, p: CostProfi
 def _sparse_prefill_gflop(model: Model, q: np.ndarray, c: np.ndarray, pairs: np.ndarray, p: CostProfile,
                           ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(GEMM, attention) GFLOP of one DSA layer's prefill past `index_topk` tokens: every new token's projections and
-    the indexer's as a decode step prices one (`_attn_decode_gflop`), the absorbed MLA over its `pairs` picked tokens,
+    the indexer's as a decode step has them (`_attn_decode_gflop`), the absorbed MLA over its `pairs` picked tokens,
     and the indexer scoring every (query, earlier token) pair."""
     d, h, rq, rkv = model.hidden, model.n_heads, model.q_lora_rank, model.kv_lora_rank
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
@@ -261,6 +261,7 @@ def _index_gflop(model: Model, scored: np.ndarray) -> np.ndarray:
     pair in FP8 (DeepGEMM's fp8_mqa_logits), which runs at twice the BF16 rate the attention kernels are priced at
     (every GPU with FP8 has twice its BF16 rate: conf/gpu), so half its FLOPs count."""
     return 0.5 * 2.0 * model.index_n_heads * model.index_head_dim * scored / 1e9
+
 
 def _kv_down_gflop(model: Model, tokens: np.ndarray) -> np.ndarray:
     """MLA KV down-projection (wkv_a) for `tokens` tokens; 0 for GQA (inside the QKV GEMM)."""
@@ -299,8 +300,8 @@ def _attn_gemms(model: Model, q: np.ndarray, c: np.ndarray, kv: np.ndarray, deco
     context tokens, kv of them needing the KV down-projection (MLA). Their FLOPs are the `gemm`
     part of `_attn_prefill_gflop` / `_attn_decode_gflop` (the output projection of MLA is in the
     attention part there, and here in the remaining weights `_attn_ms` streams). Under DSA a prefill runs the
-    absorbed form where the sequence is past `index_topk` (a GEMM with no rows is not run: m = 0), and the
-    indexer's projections (its keys always, its queries and weights where it scores)."""
+    absorbed form where the sequence is past `index_topk` and the MHA form within it (the other's GEMM has groups 0:
+    not run), and the indexer's projections (its keys always, its queries and head weights where it scores)."""
     d, h = model.hidden, model.n_heads
     if model.attention != "mla":
         hd = model.head_dim
