@@ -952,7 +952,9 @@ def weight_bytes_per_gpu(
     attn = model.attn_params_per_layer * (model.n_layers + draft_layers) / tp * r.wbytes
     dense = model.n_dense_layers * 3.0 * model.hidden * model.dense_inter / dense_tp * r.wbytes
     expert = experts * (model.n_moe_layers + draft_layers) * _expert_bytes(model, r, "decode", p)
-    embed = 2.0 * model.vocab_size * model.hidden * 2.0  # embedding + LM head, BF16
+    # embedding + LM head, BF16: whole on every GPU of an MoE engine (its DP-attention ranks each hold the
+    # embedding), split over the TP group of a dense model's replica (vocab-parallel, as its engines shard them)
+    embed = 2.0 * model.vocab_size * model.hidden * 2.0 / (tp if model.dense else 1.0)
     return attn + dense + expert + embed
 
 

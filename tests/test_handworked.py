@@ -534,7 +534,7 @@ def test_a_dense_model_by_hand() -> None:
     """Llama-3.3-70B: 80 dense layers, GQA with 8 KV heads of 128, no experts. A decode step of its TP group is its
     80 layers' attention and MLP (each split over TP, with their all-reduces) and the engine's fixed costs: nothing
     routed, dispatched or overlapped, and the same whatever the EP group is said to be (its replicas decode apart).
-    One GPU of a TP-4 replica holds a quarter of its attention and MLP weights (FP8 on an H200) beside the BF16
+    One GPU of a TP-4 replica holds a quarter of its attention and MLP weights (FP8 on an H200) and of its BF16
     embedding and LM head; its KV cache is 2 x 8 x 128 elements a token and layer, split over min(TP, 8)."""
     import numpy as np
 
@@ -553,9 +553,9 @@ def test_a_dense_model_by_hand() -> None:
     assert float(plain["TPOT"]) == pytest.approx(layers)
     attn = 8192 * 128 * (2 * 64 + 2 * 8)
     mlp = 3 * 8192 * 28672
-    embed = 2 * 128256 * 8192 * 2
+    embed = 2 * 128256 * 8192 * 2  # embedding and LM head in BF16, split over the TP group like the rest
     assert float(weight_bytes_per_gpu(h200, llama, np.array(4.0), np.array(0.0), corrected)) == pytest.approx(
-        80 * (attn + mlp) / 4 + embed)
+        (80 * (attn + mlp) + embed) / 4)
     assert float(kv_bytes_per_seq(h200, llama, 1000.0, 4, corrected)) == pytest.approx(1000 * 80 * 2 * 8 * 128 / 4)
     # a prefill pays its dense layers only: no all-to-all, nothing overlapped
     pre = prefill_parts(h200, llama, 3000.0, 4, 2, profile=corrected)
