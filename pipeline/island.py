@@ -19,8 +19,9 @@ from pipeline.planning.config import calibrated_for, cost_settings_from_cfg, gpu
 from pipeline.planning.workload import Ranges, Workload, ranges_from_cfg, workload_from_cfg
 
 
-def island_report(bench: IslandBenchmark, workload: Workload, ranges: Ranges, rows: int) -> str:
-    """A person-readable report: chosen configs, runner-up configs, throughput per length."""
+def island_report(bench: IslandBenchmark, workload: Workload, ranges: Ranges, rows: int, dense: bool = False) -> str:
+    """A person-readable report: chosen configs, runner-up configs, throughput per length (`dense`: a dense model's,
+    whose configurations are replicas of tp GPUs, with no expert-parallel group)."""
     out = [
         f"Island: {bench.size} x {bench.gpu} serving {bench.model} (cost profile {bench.profile})",
         f"Workload: {workload.name}: {len(ranges)} ranges of input length, mean input "
@@ -30,19 +31,20 @@ def island_report(bench: IslandBenchmark, workload: Workload, ranges: Ranges, ro
     for phase in ("prefill", "decode", "aggregated"):
         table = bench.table(phase)
         if table is not None:
-            out += _phase_lines(phase, table)
+            out += _phase_lines(phase, table, dense)
     out.append("")
     out.append(_length_table(bench, ranges, rows, workload.mean_decode))
     return "\n".join(out)
 
 
-def _phase_lines(phase: str, t: PhaseTable) -> list[str]:
+def _phase_lines(phase: str, t: PhaseTable, dense: bool = False) -> list[str]:
     if t.chosen < 0:
         return [f"{phase.capitalize():8s} infeasible: {t.reason}"]
     order = np.argsort(t.deviation, kind="stable")
+    group = f"{int(t.dp[t.chosen])} replicas" if dense else f"ep={int(t.ep[t.chosen])}"
     head = (
         f"{phase.capitalize():8s} tp={int(t.tp[t.chosen])} dp={int(t.dp[t.chosen])} "
-        f"ep={int(t.ep[t.chosen])}  weighted deviation from per-length best "
+        f"{group}  weighted deviation from per-length best "
         f"{100 * t.deviation[t.chosen]:.1f}%  ({len(t.tp)} configurations)"
     )
     others = ", ".join(f"tp={int(t.tp[i])}/dp={int(t.dp[i])}: {100 * t.deviation[i]:.1f}%" for i in order[1:4])
@@ -104,7 +106,7 @@ def execute(cfg: Any) -> None:
     )
     if bench.prefill.chosen < 0 and bench.decode.chosen < 0:
         raise ConfigError(bench.decode.reason)
-    print(island_report(bench, workload, ranges, rows))
+    print(island_report(bench, workload, ranges, rows, dense=model.dense))
 
 
 if __name__ == "__main__":

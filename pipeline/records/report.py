@@ -231,7 +231,8 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         f"| decoding | {_decoding_text(plan)} |",
         "",
         "Islands (batch: for prefill, prompts one forward pass takes, one per DP replica; for decode, running "
-        "sequences per attention-DP rank of TP GPUs, so the island decodes batch x ep / tp at once. ranges: input "
+        "sequences per attention-DP rank of TP GPUs, so the island decodes batch x ep / tp at once (a dense model: "
+        "EP -, batch x dp). ranges: input "
         "lengths routed to the island, as first-last token (number of ranges), with the island's share of "
         "those requests. traffic: share of all requests through the island in its role; busy: share of its time "
         "at the plan's rate). Identical islands side by side share a row, (xN) counting them; its numbers are "
@@ -245,7 +246,8 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
     def cells(isl: Island) -> str:
         tok = f"{isl.traffic_share * rates.output_tok_s:.0f}" if isl.role.decodes else "-"
         return (
-            f"{isl.role} | {isl.tp} / {isl.dp} / {isl.ep} | {isl.batch} | {isl.precision.describe()} | "
+            f"{isl.role} | {isl.tp} / {isl.dp} / {isl.ep if isl.experts_per_gpu else '-'} | {isl.batch} | "
+            f"{isl.precision.describe()} | "
             f"{_ranges_text(isl.ranges)} | {isl.traffic_share:.1%} | {isl.utilisation:.1%} | "
             f"{isl.traffic_share * rate:.1f} | {tok} | {isl.cost_per_hour:,.0f} |"
         )
