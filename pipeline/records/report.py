@@ -231,8 +231,7 @@ def report(plan: Plan, df: pd.DataFrame, header: str, routing_png: str | None = 
         f"| decoding | {_decoding_text(plan)} |",
         "",
         "Islands (batch: for prefill, prompts one forward pass takes, one per DP replica; for decode, running "
-        "sequences per attention-DP rank of TP GPUs, so the island decodes batch x ep / tp at once (a dense model: "
-        "EP -, batch x dp). ranges: input "
+        "sequences per attention-DP rank of TP GPUs, so the island decodes batch x ep / tp at once. ranges: input "
         "lengths routed to the island, as first-last token (number of ranges), with the island's share of "
         "those requests. traffic: share of all requests through the island in its role; busy: share of its time "
         "at the plan's rate). Identical islands side by side share a row, (xN) counting them; its numbers are "
