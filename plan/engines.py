@@ -61,7 +61,7 @@ class Engine:
     placement: Placement | None  # None: the island has no hosts, or hosts no engine can be placed on
     # a prefill engine's prefix cache's host tier, GB of host memory per GPU, as priced (costmodel.host_cache_gb)
     host_cache_gb: float = 0.0
-    moe: bool = True  # the model has routed experts (False: a dense model's replica, no expert parallelism)
+    moe: bool = True  # the model has routed experts (False: a dense model's engine of replicas, no expert parallelism)
 
     @property
     def ep_group(self) -> int:

@@ -27,10 +27,10 @@ class VllmAdapter(Adapter):
         "then decode with them)."
     )
 
+    checked_models: ClassVar[dict[str, str]] = MODEL_CONFIGS
+
     def command(self, e: Engine, rank: int, opts: DeployOptions) -> Launch:
         return launch.command(e, rank, self.own(opts))
-
-    checked_models: ClassVar[dict[str, str]] = MODEL_CONFIGS
 
     def settings(self, plan: Plan, e: Engine, argv: list[str], env: dict[str, str], opts: DeployOptions,
                  ) -> list[Setting]:  # fmt: skip
