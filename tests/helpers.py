@@ -132,6 +132,21 @@ def plan_of(tmp: Path, *overrides: str) -> tuple[Path, Any]:
     return path, planner
 
 
+def kept_at(plan: Plan, factors: Sequence[float], n: int = 6000, seed: int = 2) -> dict[float, float]:
+    """Throughput over offered load of `plan` simulated on `n` of its workload's requests at each factor x its rate
+    (Poisson arrivals), by factor."""
+    from pipeline.planning.simulation import RequestMix, Runner
+    from pipeline.planning.workload import workload_from_cfg
+
+    mix = RequestMix.of(workload_from_cfg(plan.workload, plan.spec_of_workload))
+    runner = Runner(plan, plan.slo)
+    kept = {}
+    for f in factors:
+        _, m, _ = runner.simulate(mix.requests(n, plan.rates.rate_req_s * f, seed=seed))
+        kept[f] = m["throughput_req_s"] / m["offered_req_s"]
+    return kept
+
+
 def in_process(task: Any, config: str, *overrides: str, errors: tuple[type[Exception], ...] = ()) -> Any:
     """A Hydra command run in this process as `python -m` runs it (`pipeline.cli`: composition errors and the
     task's user errors as one `error:` line and exit 2), its output captured: what a subprocess would show,

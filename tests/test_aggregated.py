@@ -147,17 +147,11 @@ def aggregated_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_without_slos_the_simulator_keeps_up_with_the_aggregated_rate_and_no_more(tmp_path: Path) -> None:
     """The steady state the island benchmark prices is the simulator's: at 0.9 x the plan's rate the island keeps
     up, at 1.3 x it falls behind (the azure_code workload: prompts keep the engine busy)."""
-    from pipeline.planning.simulation import RequestMix, Runner
-    from pipeline.planning.workload import workload_from_cfg
+    from helpers import kept_at
 
     plan = plans.load(one_island_plan(tmp_path, "slo.ttft_ms=null", "slo.tpot_ms=null"))
     assert [isl.role for isl in plan.serving] == ["aggregated"]
-    mix = RequestMix.of(workload_from_cfg(plan.workload, plan.spec_of_workload))
-    runner = Runner(plan, plan.slo)
-    kept = {}
-    for f in (0.9, 1.3):
-        _, m, _ = runner.simulate(mix.requests(6000, plan.rates.rate_req_s * f, seed=2))
-        kept[f] = m["throughput_req_s"] / m["offered_req_s"]
+    kept = kept_at(plan, (0.9, 1.3))
     assert kept[0.9] > 0.95 and kept[1.3] < 0.9, kept
 
 

@@ -496,16 +496,7 @@ def test_a_dense_models_plan_keeps_up_with_its_rate_and_no_more(tmp_path) -> Non
     """Llama-3.3-70B on tiny_hetero (no SLOs): its islands simulated as replicas of their TP group (a prefill island
     of dp engines, every one prefilling apart) keep up with 0.9 x the plan's rate and fall behind at 1.3 x."""
     import plan as plans
-    from helpers import plan_of
-    from pipeline.planning.simulation import RequestMix, Runner
-    from pipeline.planning.workload import workload_from_cfg
-
+    from helpers import kept_at, plan_of
     path, _ = plan_of(tmp_path, "model=llama_3_3_70b", "costmodel=calibrated", "slo.ttft_ms=null", "slo.tpot_ms=null")
-    plan = plans.load(path)
-    mix = RequestMix.of(workload_from_cfg(plan.workload, plan.spec_of_workload))
-    runner = Runner(plan, plan.slo)
-    kept = {}
-    for f in (0.9, 1.3):
-        _, m, _ = runner.simulate(mix.requests(6000, plan.rates.rate_req_s * f, seed=2))
-        kept[f] = m["throughput_req_s"] / m["offered_req_s"]
+    kept = kept_at(plans.load(path), (0.9, 1.3))
     assert kept[0.9] > 0.95 and kept[1.3] < 0.9, kept
