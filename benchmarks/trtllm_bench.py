@@ -1,6 +1,7 @@
 """The cost model against TensorRT-LLM's published serving of Llama-70B (dense), Qwen3-235B and GPT-OSS-120B: a check.
 
     python benchmarks/trtllm_bench.py [--requests N] [--model llama_3_3_70b] [--gpu H200,L40S] [--extra ...]
+    python benchmarks/trtllm_bench.py --band 16 [--band-rows 40]
 
 Tables of NVIDIA's TensorRT-LLM performance overview (docs/source/.../perf-overview.md; conf/measured/README.md gives
 the commits), each row's model one of the catalogue's (Llama-3.1-70B and Llama-3.3-70B are one architecture,
@@ -21,9 +22,11 @@ the commits), each row's model one of the catalogue's (Llama-3.1-70B and Llama-3
   latency (the simulator's TPOT) and output tokens/s.
 
 Printed per table, model, GPU and metric: rows, median |error| (exp(median |ln(predicted / measured)|) - 1), the share
-within +-15 % and the median of predicted / measured. TensorRT-LLM is not the engine the launch files run (SGLang,
-vLLM): its kernels and scheduler are its own, and what this measures is how far the cost model's step times and memory
-carry to another engine's serving of the same model on the same GPUs. Nothing here is fitted.
+within +-15 % and the median of predicted / measured. `--band N`: whether the range a plan of the row's model states
+(N draws of its calibration, widened as for a model no fit measured) holds the measured throughput. TensorRT-LLM is
+not the engine the launch files run (SGLang, vLLM): its kernels and scheduler are its own, and what this measures is
+how far the cost model's step times and memory carry to another engine's serving of the same model on the same GPUs.
+Nothing here is fitted.
 """
 
 from __future__ import annotations
@@ -108,6 +111,41 @@ def table(errors: dict[tuple[str, str, str], list[float]], title: str) -> None:
                           f"| {100 * np.mean(np.abs(e) <= WITHIN):.0f} % | {math.exp(np.median(e)):.2f} |")  # fmt: skip
 
 
+def coverage(rows: list[dict], priced: dict[str, tuple[Model, CostSettings]], draws: int, n: int, seed: int = 0,
+             ) -> None:  # fmt: skip
+    """The range a plan of each row's model carries, against the row: the row simulated under `draws` draws of the
+    calibration as a plan's band draws it for a model no fit measured (`Calibration.unmeasured` on the row's GPU,
+    pipeline/search/steps/band.py), `n` of its requests; the share of rows whose measured output tokens/s/GPU lies
+    within the draws' 10th-90th percentile, and how wide that range is, per model and GPU."""
+    if not rows:
+        return
+    inside: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    width: dict[tuple[str, str], list[float]] = defaultdict(list)  # the range's 90th over its 10th percentile
+    t0 = time.perf_counter()
+    for row in rows:
+        model, cost = priced[row["model"]]
+        cal = cost.profile.calibration
+        if cal is None or not cal.uncertain:
+            print("\n(no band: the cost model has no calibration with an uncertainty)")
+            return
+        wide = cal.unmeasured(model.name, [row["gpu"]])
+        got = [simulate(row, model, dataclasses.replace(cost, profile=cost.profile.calibrated(c)), n, None)
+               for c in wide.draws(draws, seed)]  # fmt: skip
+        rates = [m.get("output_tput_per_gpu", 0.0) for m in got]
+        lo, hi = np.quantile(rates, [0.1, 0.9])
+        inside[(row["model"], row["gpu"])].append(bool(lo <= float(row["output_tok_s"]) / int(row["tp"]) <= hi))
+        width[(row["model"], row["gpu"])].append(hi / lo if lo > 0 else math.inf)
+    print(f"\n### The range's 10th-90th percentile against measured output tokens/s/GPU ({draws} draws a row, "
+          f"{len(rows)} offline rows, {time.perf_counter() - t0:.0f} s)\n")  # fmt: skip
+    print("| model | GPU | rows | inside the range | median 90th / 10th |\n|---|---|---:|---:|---:|")
+    for key in sorted(inside):
+        print(f"| {key[0]} | {key[1]} | {len(inside[key])} | {100 * np.mean(inside[key]):.0f} % | "
+              f"{np.median(width[key]):.1f} |")  # fmt: skip
+    every = [x for v in inside.values() for x in v]
+    wide = [x for v in width.values() for x in v]
+    print(f"| all | | {len(every)} | {100 * np.mean(every):.0f} % | {np.median(wide):.1f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=3000, help="at most this many of an offline row's requests")
@@ -115,6 +153,12 @@ def main() -> None:
     ap.add_argument("--gpu", default="", help="only these GPUs, e.g. H200,L40S")
     ap.add_argument("--extra", nargs="*", default=[], help="cost-model overrides, e.g. costmodel=corrected")
     ap.add_argument("--worst", type=int, default=6, help="worst rows listed per table")
+    ap.add_argument("--band", type=int, default=0, metavar="N",
+                    help="also simulate offline rows under N draws of the range a plan of their model carries and "
+                         "print how many measurements it holds")  # fmt: skip
+    ap.add_argument("--band-rows", type=int, default=40, metavar="N",
+                    help="--band over N offline rows evenly spaced (0: every row)")
+    ap.add_argument("--band-requests", type=int, default=600, help="--band: at most this many requests a row")
     args = ap.parse_args()
     t0 = time.perf_counter()
     keep = set(args.gpu.split(",")) if args.gpu else None
@@ -156,6 +200,12 @@ def main() -> None:
             print(f"- {row['model']} {row['gpu']} {shape} {row['precision']} {row['isl']}/{row['osl']}"
                   f"{' at ' + row['qps'] + ' req/s' if online else ''} (release {row['release']}): {m} "
                   f"{math.exp(e):.2f}")  # fmt: skip
+    if args.band:
+        rows = [r for r in csv.DictReader(OFFLINE.open())
+                if (keep is None or r["gpu"] in keep) and (models is None or r["model"] in models)]  # fmt: skip
+        if args.band_rows and args.band_rows < len(rows):
+            rows = [rows[round(i * len(rows) / args.band_rows)] for i in range(args.band_rows)]
+        coverage(rows, priced, args.band, args.band_requests)
     print(f"\n{time.perf_counter() - t0:.1f} s")
 
 
