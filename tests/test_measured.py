@@ -260,3 +260,35 @@ def _written(path: Path, table: list[dict[str, str]]) -> Path:
         w.writeheader()
         w.writerows(table)
     return path
+
+
+def test_the_published_tensorrt_llm_rows_name_catalogue_models_and_gpus_and_their_commits() -> None:
+    """conf/measured/trtllm_offline.csv and trtllm_online.csv (benchmarks/trtllm_bench.py's check, never fitted): every
+    row names a catalogue model and GPU, the commit of NVIDIA's performance overview it was read at, an engine shape
+    the bench can build (EP dividing the engine's GPUs, DP attention only with experts), and positive measurements;
+    one row of each table simulates to a positive throughput."""
+    import csv
+    import re
+    import sys
+
+    from costmodel.catalog import load_gpu, load_model
+
+    sys.path.insert(0, str(INFERENCEX.parents[2] / "benchmarks"))
+    import trtllm_bench as bench
+
+    for path in (bench.OFFLINE, bench.ONLINE):
+        rows = list(csv.DictReader(path.open()))
+        assert rows, path
+        for row in rows:
+            model, gpu = load_model(row["model"]), load_gpu(row["gpu"])
+            assert re.fullmatch(r"[0-9a-f]{40}", row["commit"]) and gpu.name == row["gpu"]
+            tp, ep = int(row["tp"]), int(row["ep"])
+            assert tp % ep == 0 and (row["dp_attention"] == "false" or not model.dense)
+            assert int(row["isl"]) > 0 and int(row["osl"]) > 0 and float(row["output_tok_s"]) > 0
+    from common import context
+
+    for path, rate in ((bench.OFFLINE, None), (bench.ONLINE, 4.0)):
+        row = next(r for r in csv.DictReader(path.open()) if r["gpu"] == "H200")
+        _, ctx = context(["+inventory=tiny_homo", f"model={row['model']}", "costmodel=calibrated"])
+        got = bench.simulate(row, ctx.planner.model, ctx.planner.cost, 200, rate)
+        assert got["output_tput_per_gpu"] > 0
