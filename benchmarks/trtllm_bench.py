@@ -111,6 +111,12 @@ def table(errors: dict[tuple[str, str, str], list[float]], title: str) -> None:
                           f"| {100 * np.mean(np.abs(e) <= WITHIN):.0f} % | {math.exp(np.median(e)):.2f} |")  # fmt: skip
 
 
+def _rows(path: Path, gpus: set[str] | None, models: set[str] | None) -> list[dict]:
+    """The table's rows, of these GPUs and models only (None: all)."""
+    return [r for r in csv.DictReader(path.open())
+            if (gpus is None or r["gpu"] in gpus) and (models is None or r["model"] in models)]  # fmt: skip
+
+
 def coverage(rows: list[dict], priced: dict[str, tuple[Model, CostSettings]], draws: int, n: int, seed: int = 0,
              ) -> None:  # fmt: skip
     """The range a plan of each row's model carries, against the row: the row simulated under `draws` draws of the
@@ -165,8 +171,7 @@ def main() -> None:
     models = set(args.model.split(",")) if args.model else None
     priced: dict[str, tuple[Model, CostSettings]] = {}
     for path, online in ((OFFLINE, False), (ONLINE, True)):
-        rows = [r for r in csv.DictReader(path.open())
-                if (keep is None or r["gpu"] in keep) and (models is None or r["model"] in models)]  # fmt: skip
+        rows = _rows(path, keep, models)
         errors: dict[tuple[str, str, str], list[float]] = defaultdict(list)
         worst, refused = [], []
         for row in rows:
@@ -201,8 +206,7 @@ def main() -> None:
                   f"{' at ' + row['qps'] + ' req/s' if online else ''} (release {row['release']}): {m} "
                   f"{math.exp(e):.2f}")  # fmt: skip
     if args.band:
-        rows = [r for r in csv.DictReader(OFFLINE.open())
-                if (keep is None or r["gpu"] in keep) and (models is None or r["model"] in models)]  # fmt: skip
+        rows = _rows(OFFLINE, keep, models)
         if args.band_rows and args.band_rows < len(rows):
             rows = [rows[round(i * len(rows) / args.band_rows)] for i in range(args.band_rows)]
         coverage(rows, priced, args.band, args.band_requests)

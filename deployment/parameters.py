@@ -260,7 +260,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     # SGLang gives each attention DP rank chunked_prefill_size // attn_dp tokens a forward (the resolved value is that
     # share; each of a dense model's replicas, its own scheduler, the whole); vLLM counts tokens a step per DP rank
     Parameter("prefill tokens per attention rank", lambda e, opts: e.prefill_tokens, {
-        "sglang": Flags(lambda v, e, opts: ["--chunked-prefill-size", str(v * (e.attn_dp // e.replicas)),
+        "sglang": Flags(lambda v, e, opts: ["--chunked-prefill-size", str(v * e.replica_ranks),
                                             "--max-prefill-tokens", str(v)],
                         lambda r: int(r.view.chunked_prefill_size), "prefill tokens per rank per forward"),
         "vllm": Flags(flag("--max-num-batched-tokens"), lambda r: int(r.config.scheduler_config.max_num_batched_tokens),

@@ -75,6 +75,11 @@ class Engine:
         return 1 if self.moe else self.attn_dp
 
     @property
+    def replica_ranks(self) -> int:
+        """Attention ranks of one replica: those that step together (the engine's, or 1 for a dense model's)."""
+        return self.attn_dp // self.replicas
+
+    @property
     def max_running(self) -> int:
         """Sequences the engine admits: its decode batch on every attention rank (0 for a prefill engine)."""
         return self.decode_batch * self.attn_dp

@@ -79,7 +79,7 @@ def build(
             prefill += [PrefillEngine(i, k, t, budget, PrefixCache(blocks, host) if cached else None) for i in ids]
         else:
             e = mine[0]  # the island's engines are alike; a dense model's replicas decode apart
-            ranks = e.attn_dp // e.replicas
+            ranks = e.replica_ranks
             t = decode_timing(gpu, model, e.attn_tp, e.attn_tp * ranks, isl.batch, max_context, cost,
                               expert_imbalance=expert_imbalance, draft_tokens=e.drafts)  # fmt: skip
             if t.kv_tokens < 1:

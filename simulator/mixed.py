@@ -58,7 +58,7 @@ def aggregated_engines(plan: Plan, k: int, gpu: GPU, max_len: int, max_context: 
     j = [i for i, isl in enumerate(plan.islands) if isl.serving][k]
     isl, model, cost, mine = plan.islands[j], plan.model, plan.cost, island_engines(plan, j)
     e = mine[0]  # the island's engines are alike; a dense model's replicas run apart, each an engine here
-    ranks = e.attn_dp // e.replicas
+    ranks = e.replica_ranks
     dec = decode_timing(gpu, model, e.attn_tp, e.attn_tp * ranks, isl.batch, max_context, cost,
                         expert_imbalance=expert_imbalance, draft_tokens=e.drafts)  # fmt: skip
     if dec.kv_tokens < 1:

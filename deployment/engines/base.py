@@ -22,12 +22,10 @@ from plan import Engine, Plan
 
 # the models whose config.json the engines' checks resolve a command against (tests/data/models/<folder>)
 MODELS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "models"
-CHECKED_MODELS = {"deepseek_v3": "deepseek-v3"}
-# every catalogue model whose config.json is there (an engine's check holds those its release supports)
-MODEL_CONFIGS = {**CHECKED_MODELS, "qwen3_coder_480b_a35b": "qwen3-coder-480b-a35b",
-                 "qwen3_235b_a22b": "qwen3-235b-a22b", "qwen3_30b_a3b": "qwen3-30b-a3b", "gpt_oss_120b": "gpt-oss-120b",
-                 "kimi_k2": "kimi-k2", "deepseek_v32": "deepseek-v32", "glm_4_6": "glm-4.6",
-                 "llama_3_3_70b": "llama-3.3-70b"}
+CHECKED_MODELS = {"deepseek_v3": "deepseek-v3", "qwen3_coder_480b_a35b": "qwen3-coder-480b-a35b",
+                  "qwen3_235b_a22b": "qwen3-235b-a22b", "qwen3_30b_a3b": "qwen3-30b-a3b",
+                  "gpt_oss_120b": "gpt-oss-120b", "kimi_k2": "kimi-k2", "deepseek_v32": "deepseek-v32",
+                  "glm_4_6": "glm-4.6", "llama_3_3_70b": "llama-3.3-70b"}
 
 
 class EngineRefused(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from deployment.engines.base import MODEL_CONFIGS, MODELS_DIR, Adapter
+from deployment.engines.base import MODELS_DIR, Adapter
 from deployment.engines.sglang import check, launch
 from deployment.launch import BOOTSTRAP_PORT, Launch
 from deployment.options import DeployOptions
@@ -25,7 +25,6 @@ class SglangAdapter(Adapter):
     routes: ClassVar[str] = (
         "sends the request to both in the SGLang PD protocol (bootstrap host, port and room added to the request)."
     )
-    checked_models: ClassVar[dict[str, str]] = MODEL_CONFIGS
 
     def command(self, e: Engine, rank: int, opts: DeployOptions) -> Launch:
         return launch.command(e, rank, self.own(opts))

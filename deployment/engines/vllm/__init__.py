@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from deployment.engines.base import MODEL_CONFIGS, MODELS_DIR, Adapter
+from deployment.engines.base import MODELS_DIR, Adapter
 from deployment.engines.vllm import check, launch
 from deployment.launch import Launch
 from deployment.options import DeployOptions
@@ -26,8 +26,6 @@ class VllmAdapter(Adapter):
         "sends the request to both in the vLLM NIXL protocol (prefill with max_tokens 1 returning kv_transfer_params, "
         "then decode with them)."
     )
-
-    checked_models: ClassVar[dict[str, str]] = MODEL_CONFIGS
 
     def command(self, e: Engine, rank: int, opts: DeployOptions) -> Launch:
         return launch.command(e, rank, self.own(opts))
