@@ -332,9 +332,9 @@ class Model:
         triangle over every token on full-attention layers, over the last `sliding_window` on the others (each
         query at position x sees min(x + 1, window) tokens); under DSA over the `index_topk` each query picks."""
         q, c = new, context
-        pairs = q * (c - q) + q * (q + 1) / 2.0 if causal else q * c
         if self.index_topk:
             return _window_pairs(q, c, float(self.index_topk), causal)
+        pairs = q * (c - q) + q * (q + 1) / 2.0 if causal else q * c
         if not self.sliding_window:
             return pairs
         window = _window_pairs(q, c, float(self.sliding_window), causal)
