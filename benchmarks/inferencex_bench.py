@@ -117,8 +117,8 @@ def simulate(row: Row, model: object, cost: CostSettings, seed: int = 0) -> Pred
     p, d = row.prefill, row.decode
     p_size, p_tp = worker(p)
     p_dp = p_size // p_tp
-    pre_t = prefill_timing(gpu, model, p_tp, p_dp, row.isl, cost)  # type: ignore[arg-type]
     budget = cost.engine.prefill_batch_tokens  # type: ignore[attr-defined]
+    pre_t = prefill_timing(gpu, model, p_tp, p_dp, row.isl, cost, chunk=budget)  # type: ignore[arg-type]
     prefill = [PrefillEngine(i, 0, pre_t, budget) for i in range(p.workers * p_dp)]
     d_size, d_tp, _ = decode_engine(row)
     ranks = d_size // d_tp
@@ -148,8 +148,8 @@ def _aggregated(
     row: Row, gpu: object, model: object, cost: CostSettings, inputs: np.ndarray, outputs: np.ndarray, t0: float
 ) -> Predicted:
     """An aggregated row: one engine of `tp` GPUs (experts over the engine), prefill chunked at
-    CHUNK tokens a step beside the decoding sequences; with DP attention each rank prefills its own prompts, so an
-    engine takes CHUNK per rank and a piece's time is shared by the ranks. The engine polls for new requests as its
+    CHUNK tokens a step beside the decoding sequences; with DP attention an engine takes CHUNK per rank, a step's
+    chunk one forward spread over the ranks (`PrefillTiming.forward_ms`). The engine polls for new requests as its
     launch set (`Row.recv_interval`)."""
     d = row.decode
     size, attn_tp, engines = decode_engine(row)  # Row.gpus: an aggregated row measures one engine
@@ -158,9 +158,7 @@ def _aggregated(
     dec_t = decode_timing(gpu, model, attn_tp, size, users_per_rank(row), row.isl + row.osl, cost,  # type: ignore[arg-type]
                           draft_tokens=drafts, accepted=accepted, moe_tp=d.ep == 1)  # fmt: skip
     dec_t = admitting(dec_t, row)
-    pre_t = prefill_timing(gpu, model, attn_tp, ranks, row.isl, cost)  # type: ignore[arg-type]
-    if ranks > 1:
-        pre_t = dataclasses.replace(pre_t, ms=pre_t.ms / ranks)
+    pre_t = prefill_timing(gpu, model, attn_tp, ranks, row.isl, cost, ranks=ranks, chunk=CHUNK * ranks)  # type: ignore[arg-type]
     if dec_t.kv_tokens < row.isl + row.osl:
         why = f"the model leaves {dec_t.kv_tokens} KV tokens per engine, under one request"
         return Predicted(row, {}, time.perf_counter() - t0, why)

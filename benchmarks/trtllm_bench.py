@@ -78,8 +78,7 @@ def engine(row: dict, model: Model, cost: CostSettings) -> tuple[AggregatedEngin
     dec = decode_timing(gpu, model, attn_tp, size, MAX_BATCH, isl + osl, cost, moe_tp=moe_tp)
     seqs = min(dec.kv_tokens // (isl + osl), MAX_BATCH * ranks)
     dec = dataclasses.replace(dec, max_seqs=max(seqs, 1))
-    pre = prefill_timing(gpu, model, attn_tp, ranks, isl, cost)
-    pre = dataclasses.replace(pre, ms=pre.ms / ranks)  # each rank prefills its own prompts: a piece's time shared
+    pre = prefill_timing(gpu, model, attn_tp, ranks, isl, cost, ranks=ranks, chunk=CHUNK * ranks)
     return AggregatedEngine(0, dec, pre, CHUNK * ranks), seqs
 
 

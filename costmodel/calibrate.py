@@ -55,6 +55,7 @@ from costmodel.formulas import (
     decode_step_ms,
     kv_bytes_per_seq,
     kv_link_gb_s,
+    prefill_chunk_ms,
     prefill_time_ms,
     request_overheads_ms,
 )
@@ -134,7 +135,8 @@ def predict(row: Measurement, profile: CostProfile) -> float:
         ms = _xfer_ms(p["bytes"], r.kv_link, profile)
     elif c == "prefill_step":
         model = load_model(p.get("model", "deepseek_v3"))
-        ms = p["batch"] * prefill_time_ms(gpu, model, p["input_len"], p["tp"], 1, cache_hit=0.0, profile=profile)
+        s = np.asarray(p["input_len"], dtype=float)  # the batch's prompts in one forward (an extend batch)
+        ms = prefill_chunk_ms(gpu, model, p["batch"] * s, s, np.asarray(p["tp"]), np.ones(1), profile=profile)[0]
     elif c == "decode_step":
         model = load_model(p.get("model", "deepseek_v3"))
         ms = decode_step_ms(gpu, model, p["context"], p["batch"], p["tp"], p["tp"], profile=profile)
@@ -153,34 +155,38 @@ def predict(row: Measurement, profile: CostProfile) -> float:
 def serving_tpot_ms(gpu: Any, p: dict[str, Any], profile: CostProfile) -> float:
     """A closed-loop benchmark's time per output token (ms) in its steady state: the decode step at the users'
     batch, per token it yields, plus on an aggregated engine the prompts it prefills meanwhile (each user
-    starts a prompt every `output_len` tokens; a prompt's prefill on the engine's `ep / tp` attention ranks
-    takes its time over the ranks). The simulator (simulator.core, simulator.aggregated) runs the same steps
-    request by request; this is what a fit can afford to evaluate thousands of times."""
+    starts a prompt every `output_len` tokens; the prompts a step takes are one forward spread over the engine's
+    `ep / tp` attention ranks, `formulas.prefill_chunk_ms`). The simulator (simulator.core, simulator.aggregated)
+    runs the same steps request by request; this is what a fit can afford to evaluate thousands of times."""
     model = load_model(p.get("model", "deepseek_v3"))
     prof = profile.with_fixes(experts_fp8=p.get("precision", "fp8") == "fp8")
     run = DecodeRun(draft_tokens=p.get("drafts", 0), moe_tp=p.get("moe", "ep") == "tp", kv_dtype=p.get("kv", "auto"))
     step = decode_step_ms(gpu, model, p["context"], p["batch"], p["tp"], p["ep"], profile=prof, run=run)
     ms = float(step) / (1.0 + p.get("accepted_pct", 0) / 100.0)
     if "users" in p:
+        # a step's chunk holds the prompts that arrived since the last: `users` / `output_len` a step on average,
+        # so a share 1 - exp(-that) of the steps prefill (Poisson), each those prompts in one forward over the ranks
         ranks = p["ep"] // p["tp"]
-        one = prefill_time_ms(gpu, model, np.array([float(p["prefill_len"])]), np.array([p["tp"]]), np.array([ranks]),
-                              profile=prof)  # fmt: skip
-        ms += p["users"] / p["output_len"] * float(one[0]) / ranks
+        arrived = p["users"] / p["output_len"]
+        share = -math.expm1(-arrived)
+        s = np.array([float(p["prefill_len"])])
+        chunk = prefill_chunk_ms(gpu, model, s * arrived / share, s, np.array([p["tp"]]), np.array([ranks]),
+                                 profile=prof)  # fmt: skip
+        ms += share * float(chunk[0])
     return ms
 
 
 def serving_ttft_ms(gpu: Any, p: dict[str, Any], profile: CostProfile) -> float:
     """A closed-loop benchmark's time to first token (ms) with too few users to queue: the front end's fixed time,
     the prompt's prefill on one attention rank, and disaggregated its KV transfer and hand-off; aggregated, the
-    prompt's chunks share the engine's `dp` ranks and one decode step of the others (simulator.aggregated)."""
+    prompt is a forward spread over the engine's `dp` ranks (`formulas.prefill_chunk_ms`) beside one decode step of
+    the others (simulator.aggregated)."""
     model = load_model(p.get("model", "deepseek_v3"))
     prof = profile.with_fixes(experts_fp8=p.get("precision", "fp8") == "fp8")
     front, handoff = request_overheads_ms(prof)
-    tokens = np.array([float(p["input"])])
-    pre = float(
-        prefill_time_ms(gpu, model, tokens, np.array([p["tp"]]), np.array([p["dp"]]), cache_hit=0.0, profile=prof)[0]
-    )
+    tokens, tp, dp = np.array([float(p["input"])]), np.array([p["tp"]]), np.array([p["dp"]])
     if p.get("engine", "disagg") == "disagg":
+        pre = float(prefill_time_ms(gpu, model, tokens, tp, dp, cache_hit=0.0, profile=prof)[0])
         kv = float(kv_bytes_per_seq(gpu, model, tokens, np.array([1.0]), prof, kv_dtype=p.get("kv", "auto"))[0])
         link = float(kv_link_gb_s(gpu, prof)) * p["tp"]
         return front + pre + kv / (link * 1e9) * 1e3 + handoff
@@ -190,7 +196,8 @@ def serving_ttft_ms(gpu: Any, p: dict[str, Any], profile: CostProfile) -> float:
     # an engine polling for requests every `recv` decode steps (simulator.aggregated) while others decode: the prompt
     # waits half of them on average beyond the half step any engine makes it wait
     unseen = (p.get("recv", 1) - 1) / 2 if p.get("batch", 1) > 1 else 0.0
-    return front + pre / p["dp"] + float(step) * (1.0 + unseen)
+    chunk = float(prefill_chunk_ms(gpu, model, tokens, tokens, tp, dp, profile=prof)[0])
+    return front + chunk + float(step) * (1.0 + unseen)
 
 
 # --- the fit -----------------------------------------------------------------------------------------

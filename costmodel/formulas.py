@@ -460,7 +460,9 @@ def prefill_parts(
     """Per-layer terms and totals (ms) of one prefill pass: dp sequences of `seq_len` at once.
 
     Keys: MLA, TP_MLA, DenseMLP, Shared_Expert, Routed_Expert, Dispatch, Combine, Overlap1,
-    Overlap2 (per layer) and Compute, Comm, Sum (whole model). `Sum` is the prefill time.
+    Overlap2 (per layer) and Compute, Comm, Sum (whole model). `Sum` is the prefill time, `Attention` the attention
+    kernel's time in it (its FLOPs over the prompt's token pairs: what is a prompt's own in a forward of several,
+    `prefill_chunk_ms`).
     `draft_layers`: an engine decoding with MTP also runs the MTP module over the prompt (its first draft), priced
     as that many more MoE layers.
     """
@@ -515,6 +517,10 @@ def prefill_parts(
     compute = l_d * (dense_attn + dense_mlp) + l_s * (tp_mla + shared + routed)
     comm = l_s * (combine + dispatch)
     total = (compute + l_s * np.maximum(o1, 0.0) + l_s * np.maximum(o2, 0.0)) / r.model
+    # the attention kernel's time in it (its FLOPs over the token pairs, split over TP as the attention is)
+    kernel = attn / r.attn / MLA_DISCOUNT
+    split = np.where(tp > 1, kernel / tp, kernel)
+    attention = (l_d * (split if p.tp_dense_layers else kernel) + l_s * split) / r.model
     return {
         "MLA": mla,
         "TP_MLA": tp_mla,
@@ -528,6 +534,7 @@ def prefill_parts(
         "Compute": compute,
         "Comm": comm,
         "Sum": total,
+        "Attention": attention,
     }
 
 
@@ -547,6 +554,40 @@ def prefill_time_ms(
     return prefill_parts(gpu, model, seq_len, tp, dp, cache_hit=cache_hit, profile=profile, draft_layers=draft_layers)[
         "Sum"
     ]
+
+
+def prefill_chunk_ms(
+    gpu: GPU | GPUArray,
+    model: Model,
+    tokens: np.ndarray,
+    seq_len: np.ndarray,
+    tp: np.ndarray,
+    ranks: np.ndarray,
+    *,
+    cache_hit: float | np.ndarray = 0.0,
+    profile: CostProfile | None = None,
+    draft_layers: int = 0,
+) -> np.ndarray:
+    """One forward (ms) of an engine whose `ranks` attention ranks of TP `tp` prefill `tokens` prompt tokens together,
+    spread evenly over the ranks, cut from prompts of `seq_len` tokens (a share `cache_hit` of each cached): several
+    short prompts, or a chunk of a long one. The engines run a chunk as one forward, so the chunk pays what grows
+    with its tokens (projections, experts, all-to-all) once at tokens / ranks a rank, and a forward's fixed times and
+    weight streaming once; each prompt's attention over its own context (and what a cached prefix costs beside its
+    tokens) is its own, for the share of it the chunk holds:
+
+        chunk = P(T / ranks) - A(T / ranks) + (T / t) x (P_hit(s) - P(t) + A(t)) / ranks,    t = s (1 - hit)
+
+    P one prompt's prefill (prefill_parts' Sum), A its attention kernel's share (`Attention`), P_hit with the hit. One
+    whole prompt on one rank is P_hit(s), as prefill_time_ms prices it."""
+    ranks = np.asarray(ranks, dtype=float)
+    s = np.asarray(seq_len, dtype=float)
+    t = np.maximum(s * (1.0 - np.asarray(cache_hit, dtype=float)), 1.0)  # tokens of a prompt computed
+    kw = {"profile": profile, "draft_layers": draft_layers}
+    chunk = prefill_parts(gpu, model, np.asarray(tokens, dtype=float) / ranks, tp, ranks, **kw)
+    fresh = prefill_parts(gpu, model, t, tp, ranks, **kw)
+    hit = prefill_parts(gpu, model, s, tp, ranks, cache_hit=cache_hit, **kw)["Sum"]
+    own = hit - fresh["Sum"] + fresh["Attention"]  # a prompt's attention over its context, and its cached prefix
+    return chunk["Sum"] - chunk["Attention"] + np.asarray(tokens, dtype=float) / t * own / ranks
 
 
 # --- decode ----------------------------------------------------------------------------------------

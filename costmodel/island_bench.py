@@ -30,7 +30,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from costmodel.formulas import DecodeRun, decode_steps_sum_ms, max_batch, prefill_time_ms, request_overheads_ms
+from costmodel.formulas import (
+    DecodeRun,
+    decode_steps_sum_ms,
+    max_batch,
+    prefill_parts,
+    prefill_time_ms,
+    request_overheads_ms,
+)
 from costmodel.queueing import RateProfile, mix_moments, mix_quantile, modulated_cap, tpot_step_cap_ms
 from costmodel.queueing import utilisation_caps as utilisation_caps_for_wait
 from costmodel.settings import CostSettings
@@ -175,6 +182,11 @@ class _Island:
         cost = self.cost
         return prefill_time_ms(self.gpu, self.model, s, tp, dp, cache_hit=cost.cache_hit, profile=cost.profile,
                                draft_layers=cost.draft_layers)  # fmt: skip
+
+    def prefill_parts(self, s: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> dict[str, np.ndarray]:
+        """prefill_parts of prompts of `s` tokens all computed (no cache hit), the MTP module's draft beside."""
+        return prefill_parts(self.gpu, self.model, s, tp, dp, profile=self.cost.profile,
+                             draft_layers=self.cost.draft_layers)  # fmt: skip
 
     def decode_tokens_ms(
         self, s: np.ndarray, d: int, batch: np.ndarray, tp: np.ndarray, ep: np.ndarray
@@ -347,10 +359,10 @@ class _MixedSteps:
     slots: np.ndarray  # (configs, L) sequences per unit memory holds
     fits: np.ndarray  # slots >= 1
     tokens: np.ndarray  # (1, L) prompt tokens prefilled (beside the cache hits)
-    per_token: np.ndarray  # (configs, L) engine ms a prompt token of each length costs
+    own: np.ndarray  # (configs, L) engine ms a chunk's token of a prompt of each length adds to the chunk's forward:
+    # its prompt's attention (and cached prefix) over its tokens (`formulas.prefill_chunk_ms`)
     deepest: float  # the longest prompt
-    t_deepest: np.ndarray  # (configs, 1) prefill ms of the longest prompt
-    t_none: np.ndarray  # (configs, 1) prefill ms of no tokens: a forward's fixed time
+    a_deepest: np.ndarray  # (configs, 1) the attention of the longest prompt on a rank
     yield_: float  # tokens a decode step yields
     steps: float  # decode steps a request takes
     most: np.ndarray  # (configs, 1) tokens an engine prefills a step at most
@@ -376,13 +388,13 @@ def _mixed_steps(
     routed = np.ceil(isl.model.n_routed_experts / ep)
     slots = aligned_batch(isl.max_batch(s, float(max_decode), tp, routed))  # per unit, by memory
     tokens = np.maximum(s * (1.0 - cost.cache_hit), 1.0)
-    per_token = isl.prefill_ms(s, tp, ranks_e) / ranks_e / tokens  # engine ms
+    fresh = isl.prefill_parts(tokens, tp, ranks_e)
+    own = (isl.prefill_ms(s, tp, ranks_e) - fresh["Sum"] + fresh["Attention"]) / ranks_e / tokens  # engine ms
     deepest = float(lengths.max())
     yield_ = 1.0 + cost.accepted  # tokens a decode step yields
     return _MixedSteps(
-        lengths, w, step_cap, tp, dp, ep, ranks_e, unit_e, slots, slots >= 1, tokens, per_token, deepest,
-        t_deepest=isl.prefill_ms(np.array([[deepest]]), tp, ranks_e),
-        t_none=isl.prefill_ms(np.zeros((1, 1)), tp, ranks_e),
+        lengths, w, step_cap, tp, dp, ep, ranks_e, unit_e, slots, slots >= 1, tokens, own, deepest,
+        a_deepest=isl.prefill_parts(np.array([[deepest]]), tp, ranks_e)["Attention"],
         yield_=yield_,
         steps=d / yield_,
         most=cost.engine.prefill_batch_tokens * ranks_e,
@@ -403,9 +415,10 @@ def _aggregated(
     """Every decode configuration (tp, dp) as aggregated engines: dp engines of an EP group of size/dp GPUs,
     attention TP tp, each prefilling and decoding its own requests in mixed steps (`simulator.aggregated`).
 
-    A mixed step runs one decode step of the engine's running sequences plus a chunk of E prompt tokens (its
-    ranks' prompts one after another), and takes the decode step's time plus the chunk's prefill time, as the
-    simulator times it. In the steady state of an engine whose prompts keep it busy, with prompts of s tokens:
+    A mixed step runs one decode step of the engine's running sequences plus a chunk of E prompt tokens (spread
+    over its ranks, several short prompts or a piece of a long one), and takes the decode step's time plus the
+    chunk's prefill time, the chunk one forward (`formulas.prefill_chunk_ms`), as the simulator times it. In the
+    steady state of an engine whose prompts keep it busy, with prompts of s tokens:
 
         rate   λ = E / (T s)                       prompts finish as fast as the chunks eat them
         running N = λ x steps x T = E x steps / s   (Little; steps = d / (1 + accepted MTP drafts))
@@ -467,12 +480,15 @@ def _chunk_priced(
     e = np.maximum(np.floor(size_e / ranks_e), 1.0) * ranks_e  # whole tokens per attention rank
     n = np.maximum(np.ceil(e * mx.steps / (tokens * mx.unit_e)), 1.0)  # running sequences per unit
     t_dec = isl.decode_tokens_ms(mx.mid, 1, n, mx.tp, mx.ep) * mx.yield_  # one decode step
-    # a chunk longer than the longest prompt holds several: whole ones, and the end of one more; and a chunk
-    # may start a prompt, whose first piece pays a forward's fixed time (the prefill time of no tokens)
+    # the chunk is one forward of its e tokens over the ranks (`formulas.prefill_chunk_ms`): what grows with its
+    # tokens once, and each prompt's own attention; where it costs most it ends the longest prompt, its attention
+    # over the whole prompt (a chunk longer than that prompt holds whole ones, and the end of one more)
+    body = isl.prefill_parts(e / ranks_e, mx.tp, ranks_e)
+    forward = body["Sum"] - body["Attention"]
     whole, rest = np.divmod(e, mx.deepest)
-    deep = ((whole + 1.0) * mx.t_deepest - isl.prefill_ms(mx.deepest - rest, mx.tp, ranks_e)
-            + mx.t_none * (rest > 0)) / ranks_e  # fmt: skip
-    period = t_dec + mx.per_token * e
+    before = isl.prefill_parts(mx.deepest - rest, mx.tp, ranks_e)["Attention"] * (rest > 0)
+    deep = forward + ((whole + (rest > 0)) * mx.a_deepest - before) / ranks_e
+    period = t_dec + forward + mx.own * e
     ok = mx.fits & (n <= mx.slots) & (e <= mx.most)
     if mx.step_cap:
         ok &= (t_dec + deep) / mx.yield_ <= mx.step_cap

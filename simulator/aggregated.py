@@ -4,9 +4,9 @@ An engine admits waiting requests in order while it has a sequence slot and KV r
 request's whole context (prompt + answer, reserved on admission: no preemption). Each step it runs
 every decoding sequence one token and up to `chunk` prompt tokens of the admitted requests still in
 prefill, in order (a prompt longer than the chunk takes several steps). A step takes the decode
-step's time at the running sequences and their mean context plus the prefill time of the chunk's
-pieces, each the prompt's prefill up to the chunk's end less its prefill up to the chunk's start
-(attention grows with the context). A request whose prompt completes in a step has its first token
+step's time at the running sequences and their mean context plus the chunk's prefill as one forward
+over the engine's ranks (`PrefillTiming.forward_ms`: what grows with the tokens once, each piece's
+attention over its prompt up to the chunk's end). A request whose prompt completes in a step has its first token
 when the step ends; each later step gives it one more, and it leaves with its last.
 
 An engine polls for new requests after every step (`recv_interval` 1, SGLang's default) or, launched with
@@ -149,9 +149,10 @@ class AggregatedSimulation(Arrivals):
             if budget == 0:
                 break
             take = min(int(self.r.input_len[req]) - done, budget)
-            ms += max(e.prefill.prefill_ms(done + take) - (e.prefill.prefill_ms(done) if done else 0.0), 0.0)
             pieces.append((req, done, take))
             budget -= take
+        if pieces:
+            ms += e.prefill.forward_ms((done, take) for _, done, take in pieces)
         self.step_of[e.index] = pieces
         e.stepping = True
         self.push(self.now + ms, STEP, e.index)

@@ -72,7 +72,7 @@ def build(
             budget = e.prefill_tokens if token_budget is None else token_budget
             budgets.append(budget)
             cached = cache_block_tokens is not None
-            t = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost, cached=cached)
+            t = prefill_timing(gpu, model, e.attn_tp, e.attn_dp, max_len, cost, cached=cached, chunk=budget)
             ids = list(range(len(prefill), len(prefill) + sum(x.attn_dp for x in mine)))
             blocks = (t.kv_tokens - budget) // cache_block_tokens if cached else 0  # type: ignore[operator]
             host = t.host_tokens // cache_block_tokens if cached else 0  # type: ignore[operator]

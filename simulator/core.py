@@ -194,7 +194,7 @@ class Simulation(Arrivals):
             self._start_prefill(e)
 
     def _start_prefill(self, e: PrefillEngine) -> None:
-        tokens, ms = 0, 0.0
+        tokens, ms, pieces = 0, 0.0, []
         if len(e.queue) > 1:
             self.scheduler.order(self, e.queue, "prefill")
         prompts = 0
@@ -208,14 +208,14 @@ class Simulation(Arrivals):
             e.batch.append(req)
             tokens, prompts = tokens + n - c, prompts + n
             self.r.cached[req] = c
-            # prompts in a batch cost what they cost one by one (see timing), a prefix in the host tier loaded first
+            # a batch is one forward (PrefillTiming.forward_ms), a prefix in the host tier loaded first
+            pieces.append((c, n - c))
             if c:
                 host = self._on_host(e, req, c)
                 e.stats.host_tokens += host
-                ms += e.timing.prefill_cached_ms(n, c) + e.timing.host_load_ms(host)
-            else:
-                ms += e.timing.prefill_ms(n)
+                ms += e.timing.host_load_ms(host)
         if e.batch:
+            ms += e.timing.forward_ms(pieces)
             e.queued_tokens -= prompts
             e.queued_new -= sum(self.new_work.pop(q, 0) for q in e.batch)
             self.push(self.now + ms, PREFILL_DONE, e.index)

@@ -52,8 +52,8 @@ def aggregated_engines(plan: Plan, k: int, gpu: GPU, max_len: int, max_context: 
                        expert_imbalance: float = 1.0, cache_block_tokens: int | None = None,
                        ) -> list[AggregatedEngine]:  # fmt: skip
     """The `dp` engines of aggregated island `plan.serving[k]`, as its engine records say (`plan.island_engines`):
-    decode steps as a decode island's, each attention rank prefilling its own prompts (`island_bench._aggregated`: a
-    piece's time is shared by the ranks), chunks of the record's `chunk` per rank a step; `cache_block_tokens`: each
+    decode steps as a decode island's, a step's chunk of the record's `chunk` tokens per rank one forward spread over
+    the ranks (`PrefillTiming.forward_ms`, as `island_bench._aggregated` prices it); `cache_block_tokens`: each
     with a prefix cache of such blocks (None: none)."""
     j = [i for i, isl in enumerate(plan.islands) if isl.serving][k]
     isl, model, cost, mine = plan.islands[j], plan.model, plan.cost, island_engines(plan, j)
@@ -65,9 +65,9 @@ def aggregated_engines(plan: Plan, k: int, gpu: GPU, max_len: int, max_context: 
         raise ValueError(f"plan island {k} ({isl.size} x {isl.gpu}, ep {isl.ep}) has no KV memory left")
     dec = replace(dec, max_seqs=e.max_running // e.replicas)
     cached = cache_block_tokens is not None
-    pre = prefill_timing(gpu, model, e.attn_tp, ranks, max_len, cost, cached=cached)
-    pre = replace(pre, ms=pre.ms / ranks, handoff_ms=0.0,
-                  cached_ms=None if pre.cached_ms is None else pre.cached_ms / ranks)  # fmt: skip
+    pre = prefill_timing(gpu, model, e.attn_tp, ranks, max_len, cost, cached=cached, ranks=ranks,
+                         chunk=e.chunk * ranks)  # fmt: skip
+    pre = replace(pre, handoff_ms=0.0)
     return [AggregatedEngine(i, dec, pre, e.chunk * ranks,
                              cache=PrefixCache(dec.kv_tokens // cache_block_tokens) if cached else None)  # type: ignore[operator]
             for i in range(sum(x.replicas for x in mine))]  # fmt: skip

@@ -14,6 +14,7 @@ so a simulated step costs a few arithmetic operations, not a cost-model call.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ from costmodel.formulas import (
     kv_bytes_per_seq,
     kv_link_gb_s,
     max_batch,
+    prefill_parts,
     prefill_time_ms,
     request_overheads_ms,
 )
@@ -50,9 +52,48 @@ class PrefillTiming:
     # back at (0: none)
     host_tokens: int = 0
     host_gb_s: float = 0.0
+    # the attention kernel's share of `ms` at each grid length (prefill_parts' `Attention`; None: not built, a chunk of
+    # several prompts then costs what they cost one by one), and the attention ranks an engine spreads a chunk over
+    attention: np.ndarray | None = None
+    ranks: int = 1
 
     def prefill_ms(self, tokens: float) -> float:
         return float(np.interp(tokens, self.lengths, self.ms))
+
+    def forward_ms(self, pieces: Iterable[tuple[int, int]]) -> float:
+        """One forward prefilling `pieces`, each (tokens of its prompt before it: cached or prefilled by an earlier
+        chunk, its tokens), spread over the engine's `ranks` (`formulas.prefill_chunk_ms`): what grows with the
+        tokens, the fixed times and the weight streaming once, at the chunk's tokens a rank, and each piece's
+        attention over its prompt so far (and a cached prefix's cost beside its tokens: `prefill_cached_ms`). A
+        whole prompt alone on one rank costs `prefill_ms`, one after a cached prefix `prefill_cached_ms`."""
+        pieces = list(pieces)
+        if self.attention is None:  # one by one
+            return sum(self._alone_ms(done, take) for done, take in pieces) / self.ranks
+        total = sum(take for _, take in pieces)
+        if not total:
+            return 0.0
+        own = 0.0
+        for done, take in pieces:
+            if done and self.cached_ms is not None:  # a cached prefix, as the prefix-cache table prices it
+                own += self.prefill_cached_ms(done + take, done) - self.prefill_ms(take) + self.attention_ms(take)
+            else:  # its attention over the tokens before it and its own
+                own += self.attention_ms(done + take) - self.attention_ms(done)
+        per_rank = total / self.ranks
+        return self.prefill_ms(per_rank) - self.attention_ms(per_rank) + own / self.ranks
+
+    def _alone_ms(self, done: int, take: int) -> float:
+        """A piece as a forward of its own: a prompt's tokens after `done` of it."""
+        if not done:
+            return self.prefill_ms(take)
+        if self.cached_ms is not None:
+            return self.prefill_cached_ms(done + take, done)
+        return max(self.prefill_ms(done + take) - self.prefill_ms(done), 0.0)
+
+    def attention_ms(self, tokens: float) -> float:
+        """The attention kernel's share of one prompt's prefill of `tokens` (0 for none)."""
+        if self.attention is None or not tokens:
+            return 0.0
+        return float(np.interp(tokens, self.lengths, self.attention))
 
     def prefill_cached_ms(self, tokens: float, cached: float) -> float:
         """One prompt of `tokens` whose first `cached` are in the prefix cache: the cost model's prefill at that
@@ -96,11 +137,13 @@ class DecodeTiming:
 
 
 def prefill_timing(
-    gpu: GPU, model: Model, tp: int, dp: int, max_len: int, cost: CostSettings, *, cached: bool = False
+    gpu: GPU, model: Model, tp: int, dp: int, max_len: int, cost: CostSettings, *, cached: bool = False,
+    ranks: int = 1, chunk: int = 0,
 ) -> PrefillTiming:
     """`cached`: also the tables a prefix cache needs (`PrefillTiming.cached_ms`, `kv_tokens`); its prompts' hit
-    rates then come from the cache, not from the cost settings' `cache_hit`."""
-    lengths = np.unique(np.geomspace(1, max(max_len, 2), 96).round())
+    rates then come from the cache, not from the cost settings' `cache_hit`. `ranks`: the attention ranks an engine
+    spreads a chunk over (`forward_ms`); `chunk`: the most tokens a forward prefills (the tables reach it)."""
+    lengths = np.unique(np.geomspace(1, max(max_len, -(-chunk // ranks), 2), 96).round())
     kv = kv_bytes_per_token(gpu, model, cost)
     link = float(kv_link_gb_s(gpu, cost.profile)) * tp
     overheads = request_overheads_ms(cost.profile)
@@ -108,11 +151,16 @@ def prefill_timing(
     ll, hh = np.meshgrid(lengths, HITS if cached else np.array([cost.cache_hit]), indexing="ij")
     table = np.asarray(prefill_time_ms(gpu, model, ll, np.full_like(ll, tp), np.full_like(ll, dp), cache_hit=hh,
                                        profile=cost.profile, draft_layers=cost.draft_layers), dtype=float)  # fmt: skip
+    # a flat hit rate (`cost.cache_hit`, no cache tables) prices every prompt with it: chunks stay one by one there
+    attention = None if cost.cache_hit and not cached else np.asarray(
+        prefill_parts(gpu, model, lengths, np.full_like(lengths, tp), np.full_like(lengths, dp), profile=cost.profile,
+                      draft_layers=cost.draft_layers)["Attention"], dtype=float)  # fmt: skip
     if not cached:
-        return PrefillTiming(lengths, table[:, 0], kv, link, *overheads)
+        return PrefillTiming(lengths, table[:, 0], kv, link, *overheads, attention=attention, ranks=ranks)
     return PrefillTiming(lengths, table[:, 0], kv, link, *overheads, cached_ms=table,
                          kv_tokens=prefill_kv_tokens(gpu, model, tp, dp, cost),
-                         host_tokens=host_cache_tokens(gpu, model, tp, cost), host_gb_s=gpu.host_link_gb_s)  # fmt: skip
+                         host_tokens=host_cache_tokens(gpu, model, tp, cost), host_gb_s=gpu.host_link_gb_s,
+                         attention=attention, ranks=ranks)  # fmt: skip
 
 
 def kv_bytes_per_token(gpu: GPU, model: Model, cost: CostSettings) -> float:

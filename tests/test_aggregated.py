@@ -11,7 +11,7 @@ import pytest
 
 import plan as plans
 from costmodel.catalog import load_gpu, load_model
-from costmodel.formulas import prefill_time_ms
+from costmodel.formulas import prefill_parts
 from costmodel.island_bench import benchmark_island, decode_tokens_ms
 from costmodel.settings import CostSettings, EngineSettings, Slo
 from helpers import compose, flat_cost, in_process, one_line
@@ -71,9 +71,10 @@ def test_the_exact_reference_chooses_aggregated_islands_as_the_inner_solve_does(
 
 def test_without_slos_an_aggregated_engine_runs_at_its_steady_state_by_hand() -> None:
     """Prompts keep the engine busy: each step decodes N sequences and prefills E prompt tokens, so prompts of s
-    tokens finish at E / (T s) per engine, N = E x d / s by Little's law and T = t_decode(N) + E x (the prompt's
-    prefill time per token), the decode step at a request's mean context. Re-derived here from the cost model's
-    formulas for the chosen configuration."""
+    tokens finish at E / (T s) per engine, N = E x d / s by Little's law and T = t_decode(N) + the chunk's forward,
+    the decode step at a request's mean context: the chunk one forward of E / ranks tokens a rank (its attention
+    taken out) plus each prompt's attention, E / s prompts' worth over the ranks. Re-derived here from the cost
+    model's formulas for the chosen configuration."""
     lengths, w = np.array([512.0, 2048.0, 8192.0]), np.array([0.5, 0.3, 0.2])
     cost, d = CostSettings(engine=EngineSettings(aggregated=True)), 300
     bench = benchmark_island(H200, 16, DSV3, lengths, w, d, 1000, cost=cost)
@@ -92,10 +93,9 @@ def test_without_slos_an_aggregated_engine_runs_at_its_steady_state_by_hand() ->
         by_sum = decode_tokens_ms(H200, DSV3, np.array([[s]]), d, np.array([[n]]), np.array([[tp]]),
                                   np.array([[ep]]), cost=cost)[0, 0] / d  # fmt: skip
         assert step == pytest.approx(by_sum, rel=1e-3)
-        per_token = (
-            prefill_time_ms(H200, DSV3, s, tp, ranks, cache_hit=0.0, profile=cost.profile, draft_layers=0) / ranks / s
-        )
-        period = step + per_token * e
+        chunk = prefill_parts(H200, DSV3, e / ranks, tp, ranks, profile=cost.profile)
+        prompt = prefill_parts(H200, DSV3, s, tp, ranks, profile=cost.profile)
+        period = step + chunk["Sum"] - chunk["Attention"] + e / s * prompt["Attention"] / ranks
         assert bench.aggregated_req_s[j] == pytest.approx(dp * e * 1000.0 / (period * s), rel=1e-9)
         assert a.time_ms[k, j] == pytest.approx(period, rel=1e-9)  # TPOT: one mixed step a token
     assert CostSettings().engine.aggregated is False

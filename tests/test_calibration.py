@@ -32,6 +32,7 @@ from costmodel.formulas import (
     decode_step_ms,
     kv_link_gb_s,
     max_batch,
+    prefill_chunk_ms,
     prefill_time_ms,
 )
 from costmodel.measurements import COMPONENTS, Measurement, MeasurementError, load_measurements
@@ -277,7 +278,9 @@ def test_sglang_one_batch_results_become_measurements_the_fit_takes(tmp_path: Pa
     h20 = load_gpu("H20")
     lines = []
     for b, s in itertools.product((1, 8, 64), (512, 2048, 8192)):
-        pre = b * float(prefill_time_ms(h20, DSV3, s, 8, 1, cache_hit=0.0, profile=prof)) / 1e3
+        # the batch's prompts prefilled in one forward, as the engine runs them
+        one = np.array([1.0])
+        pre = float(prefill_chunk_ms(h20, DSV3, b * s * one, s * one, 8 * one, one, profile=prof)[0]) / 1e3
         dec = float(decode_step_ms(h20, DSV3, s + 8, b, 8, 8, profile=prof)) / 1e3
         lines.append(json.dumps({"run_name": "t", "batch_size": b, "input_len": s, "output_len": 16,
                                  "prefill_latency": pre, "prefill_throughput": b * s / pre,

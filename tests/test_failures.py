@@ -48,6 +48,7 @@ def test_every_host_of_a_serving_island_is_lost_in_turn_and_stops_the_islands_on
         assert 0.0 <= h.rate_req_s <= plan.rate_req_s * (1 + 1e-9)
     # the only decode island spans the four H20 hosts: losing any of them stops decoding
     assert all(by[("H20", k)].rate_req_s == 0.0 for k in range(4)) and losses.worst.gpu == "H20"
+    assert all(f"{by[('H20', k)].rate_req_s:.2f}" == "0.00" for k in range(4))  # printed so too, not "-0.00"
     # an H200 host stops one of the two prefill islands of H200; the other and the H800 island take its prompts
     assert 0.5 * plan.rate_req_s < by[("H200", 0)].rate_req_s < plan.rate_req_s
     assert by[("H800", 0)].islands == by[("H800", 1)].islands and by[("H800", 0)].rate_req_s < plan.rate_req_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.catalog import load_gpu, load_model
-from costmodel.formulas import DecodeRun, decode_parts, max_batch, prefill_parts
+from costmodel.formulas import DecodeRun, decode_parts, max_batch, prefill_chunk_ms, prefill_parts, prefill_time_ms
 from costmodel.profile import CostProfile
 
 SS = CostProfile.shallowsim()
@@ -323,9 +323,9 @@ def test_an_mtp_step_by_hand() -> None:
 
 def test_the_models_own_error_by_hand() -> None:
     """`model_prefill` and `model_decode` (the range's model error, costmodel.calibration.RESIDUAL_KNOBS): a draw of
-    factor f divides the whole prefill pass and the whole decode step by f, and nothing else; `widened` spreads
-    them once more on the GPUs named, independently (twice the variance there), and leaves a calibration without
-    them as it was."""
+    factor f divides the whole prefill pass (and the attention's share of it) and the whole decode step by f, and
+    nothing else; `widened` spreads them once more on the GPUs named, independently (twice the variance there), and
+    leaves a calibration without them as it was."""
     import math
 
     import numpy as np
@@ -340,7 +340,9 @@ def test_the_models_own_error_by_hand() -> None:
         plain, drawn = parts(base), parts(base.calibrated(half))
         assert float(drawn[key]) == pytest.approx(float(plain[key]) / f, rel=1e-12)
         moved = [k for k in plain if not np.allclose(plain[k], drawn[k])]
-        assert moved == ([key] if key == "Sum" else ["TPOT_O", "TPOT"])
+        assert moved == (["Sum", "Attention"] if key == "Sum" else ["TPOT_O", "TPOT"])
+        if key == "Sum":  # the attention's share of the pass moves with it
+            assert float(drawn["Attention"]) == pytest.approx(float(plain["Attention"]) / f, rel=1e-12)
     spread = Calibration("s", (("*", "model_decode", Factor(1.0, 0.2, "residual", 100)),))
     wide = spread.widened(["H20", "H20"])
     assert wide.factors == (("*", "model_decode", Factor(1.0, 0.2, "residual", 100)),
@@ -561,3 +563,45 @@ def test_a_dense_model_by_hand() -> None:
     pre = prefill_parts(h200, llama, 3000.0, 4, 2, profile=corrected)
     assert float(pre["Comm"]) == 0.0 and float(pre["Sum"]) == pytest.approx(float(pre["Compute"]))
     assert float(pre["Compute"]) == pytest.approx(80 * float(pre["TP_MLA"] + pre["DenseMLP"]))
+
+
+def test_a_chunk_of_prompts_is_one_forward_by_hand() -> None:
+    """`prefill_chunk_ms`: an engine runs a chunk of prompts as one forward. 64 prompts of 128 tokens on 8 H200
+    (Qwen3-235B, TP 8) are one forward of 8,192 tokens less its attention over 8,192 x 8,192 pairs plus 64 prompts'
+    own attention, several times below 64 separate prefills (their fixed times and weight streaming each); one whole
+    prompt is its own prefill, with a cache hit too; a long prompt's chunks add up to its attention once and a
+    forward per chunk; spread over 4 ranks, the forward is at a quarter of the tokens a rank."""
+    import numpy as np
+
+    gpu, qwen, p = load_gpu("H200"), load_model("qwen3_235b_a22b"), CostProfile.corrected()
+    one = [np.array([x]) for x in (1.0, 8.0)]
+
+    def parts(s: float, dp: float = 1.0) -> dict:
+        return prefill_parts(gpu, qwen, np.array([s]), one[1], np.array([dp]), profile=p)
+
+    chunk = float(prefill_chunk_ms(gpu, qwen, np.array([8192.0]), np.array([128.0]), one[1], one[0], profile=p)[0])
+    by_hand = parts(8192)["Sum"] - parts(8192)["Attention"] + 64 * parts(128)["Attention"]
+    assert chunk == pytest.approx(float(by_hand[0]), rel=1e-12)
+    assert chunk < 64 * float(parts(128)["Sum"][0]) / 5
+    for hit in (0.0, 0.5):
+        whole = prefill_chunk_ms(gpu, qwen, np.array([4096.0 * (1 - hit)]), np.array([4096.0]), one[1], one[0],
+                                 cache_hit=hit, profile=p)  # fmt: skip
+        assert float(whole[0]) == pytest.approx(float(prefill_time_ms(gpu, qwen, 4096.0, 8, 1, cache_hit=hit,
+                                                                      profile=p)), rel=1e-12)  # fmt: skip
+    pieces = 4 * float(prefill_chunk_ms(gpu, qwen, np.array([2048.0]), np.array([8192.0]), one[1], one[0],
+                                        profile=p)[0])  # fmt: skip
+    assert pieces == pytest.approx(float((4 * (parts(2048)["Sum"] - parts(2048)["Attention"])
+                                          + parts(8192)["Attention"])[0]), rel=1e-12)  # fmt: skip
+    spread = prefill_chunk_ms(gpu, qwen, np.array([8192.0]), np.array([128.0]), one[1], np.array([4.0]), profile=p)
+    by_hand = parts(2048, 4)["Sum"] - parts(2048, 4)["Attention"] + 64 * parts(128, 4)["Attention"] / 4
+    assert float(spread[0]) == pytest.approx(float(by_hand[0]), rel=1e-12)
+    # the attention's share: 2 x 2 x heads x head dim FLOPs a causal (query, key) pair, at the attention kernel's
+    # rate, over TP 8, through every layer
+    from costmodel.formulas import MLA_DISCOUNT, Rates
+    from costmodel.specs import GPUArray
+
+    r = Rates(GPUArray.of(gpu), "prefill", p)
+    pairs = 8192 * 8193 / 2
+    flops = 4.0 * qwen.n_heads * qwen.head_dim * pairs / 1e9
+    kernel = float(np.asarray(flops / r.attn / MLA_DISCOUNT / 8 * qwen.n_layers / r.model).ravel()[0])
+    assert float(parts(8192)["Attention"][0]) == pytest.approx(kernel, rel=1e-9)

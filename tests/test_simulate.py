@@ -247,7 +247,7 @@ def test_a_window_shorter_than_the_slowest_requests_is_lengthened(
     monkeypatch.setattr(checking, "LONGEST", (800, 1e9))  # not lengthened: the window is too short
     kept = checking.check(plan, mix)
     assert kept.requests == 800 and "too short for a steady state" in kept.steady_state
-    assert kept.simulated_over_stated < own.simulated_over_stated - 0.1  # decoding had not filled up
+    assert kept.simulated_over_stated < own.simulated_over_stated - 0.05  # decoding had not filled up
     assert f"800 requests: {kept.steady_state}" in verification_rows(kept)[-1]
 
     monkeypatch.undo()

@@ -492,6 +492,46 @@ def test_an_aggregated_engine_by_hand() -> None:
         AggregatedSimulation(Requests(np.zeros(1), np.array([250]), np.array([3])), [small]).run()
 
 
+def quadratic_prefill(ranks: int = 1) -> PrefillTiming:
+    """A prompt of s tokens: a forward's fixed 20 ms, 1 ms a token, and attention s^2 / 1000 ms (its share)."""
+    s = np.array([1.0, 50.0, 100.0, 150.0, 200.0, 250.0, 300.0, 400.0])
+    return PrefillTiming(s, 20.0 + s + s**2 / 1000, 1.0, 1.0, attention=s**2 / 1000, ranks=ranks)
+
+
+def test_a_chunk_of_several_prompts_is_one_forward_by_hand() -> None:
+    """A chunk is one forward: its fixed time once, its tokens' work at the chunk's tokens, each prompt's attention
+    its own (fixed 20 ms, 1 ms a token, attention s^2 / 1000 ms). Four prompts of 100 tokens in a chunk of 400: 20 +
+    400 + 4 x 10 = 460 ms, not 4 x 130 = 520. A 250-token prompt in chunks of 100: 130, then 100 tokens attending to
+    200 (20 + 100 + 40 - 10 = 150), then 50 attending to 250 (20 + 50 + 62.5 - 40 = 92.5): its first token at 372.5
+    ms. Spread over 2 ranks, the four prompts are 200 tokens a rank: 20 + 200 + 4 x 10 / 2 = 240 ms. Simulated, the
+    first arrival finds the engine idle and goes alone (130 ms), the three queued behind it in one forward of 300
+    tokens (20 + 300 + 30 = 350), an aggregated engine's beside a decode step, a disaggregated one's (budget 400)
+    alone."""
+    from simulator.aggregated import AggregatedEngine, AggregatedSimulation
+
+    timing = quadratic_prefill()
+    assert timing.forward_ms([(0, 100)] * 4) == pytest.approx(460.0)
+    assert timing.forward_ms([(0, 100)]) == pytest.approx(timing.prefill_ms(100)) == pytest.approx(130.0)
+    assert quadratic_prefill(ranks=2).forward_ms([(0, 100)] * 4) == pytest.approx(240.0)
+    assert dataclasses.replace(timing, attention=None).forward_ms([(0, 100)] * 4) == pytest.approx(520.0)
+
+    r = Requests(np.zeros(4), np.full(4, 100), np.full(4, 2))
+    engine = AggregatedEngine(0, flat_decode(5.0), timing, chunk=400)
+    AggregatedSimulation(r, [engine]).run()
+    # the first arrival finds the engine idle and starts alone; the other three share the next step's chunk, beside
+    # its decode (5 ms): 130 + 5 + (20 + 300 + 30)
+    assert list(r.first_token) == pytest.approx([130.0, 485.0, 485.0, 485.0])
+    assert list(r.finish) == pytest.approx([485.0, 490.0, 490.0, 490.0])
+    r = Requests(np.zeros(1), np.array([250]), np.array([2]))
+    AggregatedSimulation(r, [AggregatedEngine(0, flat_decode(5.0), timing, chunk=100)]).run()
+    assert r.first_token[0] == pytest.approx(372.5)
+
+    r = Requests(np.zeros(4), np.full(4, 100), np.full(4, 1))
+    sim = Simulation(r, [PrefillEngine(0, 0, timing, 400)], [DecodeEngine(0, 1, flat_decode(), timing)], RoundRobin())
+    sim.run()
+    assert list(r.first_token) == pytest.approx([130.0, 480.0, 480.0, 480.0])
+
+
 def test_a_dense_models_plan_keeps_up_with_its_rate_and_no_more(tmp_path) -> None:
     """Llama-3.3-70B on tiny_hetero (no SLOs): its islands simulated as replicas of their TP group (a prefill island
     of dp engines, every one prefilling apart) keep up with 0.9 x the plan's rate and fall behind at 1.3 x."""

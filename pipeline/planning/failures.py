@@ -50,7 +50,8 @@ def host_losses(
             continue  # nothing it runs serves: its loss costs nothing
         key = alike(plan, down)
         if key not in rates:  # hosts whose loss stops alike islands lose the same rate: the same LP up to the order
-            rates[key] = planner.solve_without(layout, roles, down, time_limit_s, backend)[1].rate_req_s
+            # a solver's zero may come back as -0.0 or a rounding below it: nothing served is 0
+            rates[key] = max(planner.solve_without(layout, roles, down, time_limit_s, backend)[1].rate_req_s, 0.0)
         losses.append(HostLoss(gpu, node, down, rates[key]))
     return HostLosses(tuple(losses), plan.rate_req_s)
 
