@@ -4,7 +4,8 @@ An island of a plan runs `dp` engine instances (`docs/costmodel.md`, "What batch
 
 - prefill: an engine is one DP rank of `tp` GPUs; it prefills one prompt of s tokens in
   `prefill_time_ms(s, tp, dp)` (the time for the island's dp ranks to prefill dp prompts at
-  once), so an engine serving prompts back to back reproduces the plan's b^P exactly;
+  once), so an engine serving prompts one at a time reproduces the plan's b^P exactly; the prompts
+  it batches are one forward (`PrefillTiming.forward_ms`, `formulas.prefill_chunk_ms`);
 - decode: an engine is one EP group of `ep` GPUs, made of `ep / tp` attention-DP ranks; a step
   (one token for every running sequence) takes `decode_step_ms(context, batch per rank, tp, ep)`.
 
