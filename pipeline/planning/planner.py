@@ -31,6 +31,7 @@ from solvers.evaluate import Evaluation, PhaseRouting, evaluate
 from solvers.inner import InnerProblem, InnerSolution, solve
 
 REUSE_ROUNDS = 2  # solves after the first that re-price prefill at the hit rates the last routing gives
+TIGHTEN_ROUNDS = 8  # solves at most that tighten the caps where the routing's own mix holds less than it was solved at
 
 
 @dataclass(frozen=True)
@@ -418,6 +419,8 @@ class Planner:
             prob = self.problem(layout, "max_rate", caps=caps, **fixed)
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
             prob = prob.resolved(sol.roles)
+        if caps is not None:
+            prob, sol, caps = self._tightened(layout, prob, sol, caps, fixed, time_limit_s, backend)
         if self._stale_hits(layout, sol):  # its roles moved from those the hit rates were priced for: once more
             self.hit_cache[layout] = (sol.roles, *self.expected_hits(layout, prob, sol))
             prob = self.problem(layout, "max_rate", caps=caps, **fixed)
@@ -433,6 +436,26 @@ class Planner:
                 if np.array_equal(served, sol.x_prefill > 1e-9):
                     break
         return prob, sol
+
+    def _tightened(
+        self, layout: Layout, prob: InnerProblem, sol: InnerSolution, caps: list[tuple[np.ndarray, np.ndarray]],
+        fixed: dict[str, Any], time_limit_s: float, backend: str,
+    ) -> tuple[InnerProblem, InnerSolution, list[tuple[np.ndarray, np.ndarray]]]:
+        """The routed solve made honest: where the caps have not settled (the routing and the caps chase each other),
+        the last routing may give an island a mix that holds less load than the caps it was solved with. Each island
+        then keeps the lower of its caps and its own mix's, and the routing is solved again, until every island's mix
+        holds the load it is given (the caps only fall, so this ends; at most TIGHTEN_ROUNDS solves)."""
+        for _ in range(TIGHTEN_ROUNDS):
+            own = self.routed_caps(layout, prob, sol)
+            if all(np.all(b >= a - 1e-3) for used, cur in zip(caps, own, strict=True)
+                   for a, b in zip(used, cur, strict=True)):  # fmt: skip
+                break
+            caps = [tuple(np.minimum(a, b) for a, b in zip(used, cur, strict=True))  # type: ignore[misc]
+                    for used, cur in zip(caps, own, strict=True)]  # fmt: skip
+            prob = self.problem(layout, "max_rate", caps=caps, **fixed)
+            sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
+            prob = prob.resolved(sol.roles)
+        return prob, sol, caps
 
     def solve_without(
         self,
@@ -464,6 +487,7 @@ class Planner:
             prob = self.problem(layout, "max_rate", caps=caps, roles=fixed)  # type: ignore[arg-type]
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
             prob = prob.resolved(sol.roles)
+        prob, sol, _ = self._tightened(layout, prob, sol, caps, {"roles": fixed}, time_limit_s, backend)
         return prob, sol
 
     def support(self) -> tuple[np.ndarray, np.ndarray]:
