@@ -3,6 +3,7 @@ the burst height a model starts from, the rate the whole-day simulations find, a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -77,6 +78,13 @@ def test_a_search_under_the_workloads_arrivals_states_both_rates(step_searches: 
     assert f"{model:.2f} req/s for this one, gap 0.00%" in stdout
     text = (folder / "report.md").read_text()
     assert "| **under the workload's own arrivals**" in text and "queueing model (each island's SLO caps" in text
+    # a rate above it broke, so it is the plan's; had none broken, the row says the rate is a floor
+    from pipeline.search.steps.bursts import WorkloadBursts
+
+    assert b.why_above and "every rate tried held" not in text
+    (row,) = [r for r in WorkloadBursts().rows(dataclasses.replace(plan, bursts=dataclasses.replace(b, why_above="")))
+              if "**under the workload's own arrivals**" in r]  # fmt: skip
+    assert "every rate tried held, this the highest: the plan sustains at least this" in row
     client = MlflowClient(f"sqlite:///{first}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("archipelago").experiment_id])
     assert run.data.metrics["bursty_rate_req_s"] == pytest.approx(b.rate_req_s, rel=1e-5)

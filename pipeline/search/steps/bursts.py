@@ -80,6 +80,8 @@ class WorkloadBursts(PlanStep):
         if b.rate_req_s > 0:
             held = (f"{b.slo_attainment:.1%} of requests within the SLOs, TTFT p99 {b.ttft_ms_p99:,.0f} ms, TPOT p99 "
                     f"{b.tpot_ms_p99:.1f} ms")  # fmt: skip
+            if not b.why_above:  # no rate tried broke: the probes stopped at their ceiling, not at the plan's
+                held += "; every rate tried held, this the highest: the plan sustains at least this"
         rows.append(f"| **under the workload's own arrivals** (a {b.day_s:,.0f}-s day of its trace's bursts, "
                     f"simulated) | **{b.rate_req_s:.2f} req/s** mean ({share:.1%} of the rate above; it tolerates "
                     f"peaks of {1 / share if share > 0 else float('inf'):.1f} x that mean): {held}; its "
