@@ -579,15 +579,47 @@ def prefill_chunk_ms(
 
     P one prompt's prefill (prefill_parts' Sum), A its attention kernel's share (`Attention`), P_hit with the hit. One
     whole prompt on one rank is P_hit(s), as prefill_time_ms prices it."""
-    ranks = np.asarray(ranks, dtype=float)
-    s = np.asarray(seq_len, dtype=float)
-    t = np.maximum(s * (1.0 - np.asarray(cache_hit, dtype=float)), 1.0)  # tokens of a prompt computed
     kw = {"profile": profile, "draft_layers": draft_layers}
-    chunk = prefill_parts(gpu, model, np.asarray(tokens, dtype=float) / ranks, tp, ranks, **kw)
+    ranks, tokens = np.asarray(ranks, dtype=float), np.asarray(tokens, dtype=float)
+    own, t = prefill_own_ms(gpu, model, seq_len, tp, ranks, cache_hit=cache_hit, **kw)
+    return prefill_forward_ms(gpu, model, tokens / ranks, tp, ranks, **kw) + tokens / t * own / ranks
+
+
+def prefill_forward_ms(
+    gpu: GPU | GPUArray,
+    model: Model,
+    tokens: np.ndarray,
+    tp: np.ndarray,
+    ranks: np.ndarray,
+    *,
+    profile: CostProfile | None = None,
+    draft_layers: int = 0,
+) -> np.ndarray:
+    """What a forward of `tokens` prompt tokens a rank pays whatever prompts they are cut from (`prefill_chunk_ms`'s
+    P(T / ranks) - A(T / ranks)): its projections, experts and all-to-all, its fixed times and weight streaming."""
+    parts = prefill_parts(gpu, model, tokens, tp, ranks, profile=profile, draft_layers=draft_layers)
+    return parts["Sum"] - parts["Attention"]
+
+
+def prefill_own_ms(
+    gpu: GPU | GPUArray,
+    model: Model,
+    seq_len: np.ndarray,
+    tp: np.ndarray,
+    ranks: np.ndarray,
+    *,
+    cache_hit: float | np.ndarray = 0.0,
+    profile: CostProfile | None = None,
+    draft_layers: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(What one prompt of `seq_len` tokens adds to a forward beside its tokens' share of it: its attention over its
+    context and what its cached prefix costs, P_hit(s) - P(t) + A(t) in `prefill_chunk_ms`; t, its tokens computed)."""
+    kw = {"profile": profile, "draft_layers": draft_layers}
+    s = np.asarray(seq_len, dtype=float)
+    t = np.maximum(s * (1.0 - np.asarray(cache_hit, dtype=float)), 1.0)
     fresh = prefill_parts(gpu, model, t, tp, ranks, **kw)
     hit = prefill_parts(gpu, model, s, tp, ranks, cache_hit=cache_hit, **kw)["Sum"]
-    own = hit - fresh["Sum"] + fresh["Attention"]  # a prompt's attention over its context, and its cached prefix
-    return chunk["Sum"] - chunk["Attention"] + np.asarray(tokens, dtype=float) / t * own / ranks
+    return hit - fresh["Sum"] + fresh["Attention"], t
 
 
 # --- decode ----------------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ from costmodel.formulas import (
     DecodeRun,
     decode_steps_sum_ms,
     max_batch,
+    prefill_forward_ms,
+    prefill_own_ms,
     prefill_parts,
     prefill_time_ms,
     request_overheads_ms,
@@ -183,10 +185,15 @@ class _Island:
         return prefill_time_ms(self.gpu, self.model, s, tp, dp, cache_hit=cost.cache_hit, profile=cost.profile,
                                draft_layers=cost.draft_layers)  # fmt: skip
 
-    def prefill_parts(self, s: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> dict[str, np.ndarray]:
-        """prefill_parts of prompts of `s` tokens all computed (no cache hit), the MTP module's draft beside."""
+    def prefill_attention_ms(self, s: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> np.ndarray:
+        """The attention kernel's share of prefilling prompts of `s` tokens (prefill_parts' `Attention`)."""
         return prefill_parts(self.gpu, self.model, s, tp, dp, profile=self.cost.profile,
-                             draft_layers=self.cost.draft_layers)  # fmt: skip
+                             draft_layers=self.cost.draft_layers)["Attention"]  # fmt: skip
+
+    def prefill_forward_ms(self, tokens: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> np.ndarray:
+        """formulas.prefill_forward_ms: a forward of `tokens` a rank, less any prompt's own attention."""
+        return prefill_forward_ms(self.gpu, self.model, tokens, tp, dp, profile=self.cost.profile,
+                                  draft_layers=self.cost.draft_layers)  # fmt: skip
 
     def decode_tokens_ms(
         self, s: np.ndarray, d: int, batch: np.ndarray, tp: np.ndarray, ep: np.ndarray
@@ -387,14 +394,14 @@ def _mixed_steps(
     unit_e = ranks_e if p.batch_per_attention_rank else ep  # batch units of one engine
     routed = np.ceil(isl.model.n_routed_experts / ep)
     slots = aligned_batch(isl.max_batch(s, float(max_decode), tp, routed))  # per unit, by memory
-    tokens = np.maximum(s * (1.0 - cost.cache_hit), 1.0)
-    fresh = isl.prefill_parts(tokens, tp, ranks_e)
-    own = (isl.prefill_ms(s, tp, ranks_e) - fresh["Sum"] + fresh["Attention"]) / ranks_e / tokens  # engine ms
+    one, tokens = prefill_own_ms(isl.gpu, isl.model, s, tp, ranks_e, cache_hit=cost.cache_hit, profile=p,
+                                 draft_layers=cost.draft_layers)  # fmt: skip
+    own = one / ranks_e / tokens  # engine ms
     deepest = float(lengths.max())
     yield_ = 1.0 + cost.accepted  # tokens a decode step yields
     return _MixedSteps(
         lengths, w, step_cap, tp, dp, ep, ranks_e, unit_e, slots, slots >= 1, tokens, own, deepest,
-        a_deepest=isl.prefill_parts(np.array([[deepest]]), tp, ranks_e)["Attention"],
+        a_deepest=isl.prefill_attention_ms(np.array([[deepest]]), tp, ranks_e),
         yield_=yield_,
         steps=d / yield_,
         most=cost.engine.prefill_batch_tokens * ranks_e,
@@ -483,10 +490,9 @@ def _chunk_priced(
     # the chunk is one forward of its e tokens over the ranks (`formulas.prefill_chunk_ms`): what grows with its
     # tokens once, and each prompt's own attention; where it costs most it ends the longest prompt, its attention
     # over the whole prompt (a chunk longer than that prompt holds whole ones, and the end of one more)
-    body = isl.prefill_parts(e / ranks_e, mx.tp, ranks_e)
-    forward = body["Sum"] - body["Attention"]
+    forward = isl.prefill_forward_ms(e / ranks_e, mx.tp, ranks_e)
     whole, rest = np.divmod(e, mx.deepest)
-    before = isl.prefill_parts(mx.deepest - rest, mx.tp, ranks_e)["Attention"] * (rest > 0)
+    before = isl.prefill_attention_ms(mx.deepest - rest, mx.tp, ranks_e) * (rest > 0)
     deep = forward + ((whole + (rest > 0)) * mx.a_deepest - before) / ranks_e
     period = t_dec + forward + mx.own * e
     ok = mx.fits & (n <= mx.slots) & (e <= mx.most)

@@ -27,7 +27,6 @@ from costmodel.formulas import (
     kv_link_gb_s,
     max_batch,
     prefill_parts,
-    prefill_time_ms,
     request_overheads_ms,
 )
 from costmodel.settings import CostSettings
@@ -150,12 +149,12 @@ def prefill_timing(
     overheads = request_overheads_ms(cost.profile)
     # without a cache, one column at the cost settings' hit rate; with one, every hit rate of the grid (0 first)
     ll, hh = np.meshgrid(lengths, HITS if cached else np.array([cost.cache_hit]), indexing="ij")
-    table = np.asarray(prefill_time_ms(gpu, model, ll, np.full_like(ll, tp), np.full_like(ll, dp), cache_hit=hh,
-                                       profile=cost.profile, draft_layers=cost.draft_layers), dtype=float)  # fmt: skip
-    # a flat hit rate (`cost.cache_hit`, no cache tables) prices every prompt with it: chunks stay one by one there
-    attention = None if cost.cache_hit and not cached else np.asarray(
-        prefill_parts(gpu, model, lengths, np.full_like(lengths, tp), np.full_like(lengths, dp), profile=cost.profile,
-                      draft_layers=cost.draft_layers)["Attention"], dtype=float)  # fmt: skip
+    parts = prefill_parts(gpu, model, ll, np.full_like(ll, tp), np.full_like(ll, dp), cache_hit=hh,
+                          profile=cost.profile, draft_layers=cost.draft_layers)  # fmt: skip
+    table = np.asarray(parts["Sum"], dtype=float)
+    # a flat hit rate (`cost.cache_hit`, no cache tables) prices every prompt with it: chunks stay one by one there;
+    # else the first column is every prompt whole (hit 0), its attention's share the forward leaves to each prompt
+    attention = None if cost.cache_hit and not cached else np.asarray(parts["Attention"][:, 0], dtype=float)
     if not cached:
         return PrefillTiming(lengths, table[:, 0], kv, link, *overheads, attention=attention, ranks=ranks)
     return PrefillTiming(lengths, table[:, 0], kv, link, *overheads, cached_ms=table,

@@ -406,7 +406,7 @@ class Planner:
         prob, sol = first or self.solve(layout, "max_rate", time_limit_s, backend=backend, **fixed)
         if not self.cost.slo.any or sol.rate_req_s <= 0:
             return prob, sol
-        caps = None
+        caps, own = None, None
         for _ in range(rounds - 1):
             new = self.routed_caps(layout, prob, sol)
             if caps is not None and all(
@@ -414,13 +414,14 @@ class Planner:
                 for old, cur in zip(caps, new, strict=True)
                 for a, b in zip(old, cur, strict=True)
             ):
+                own = new  # the last routing's own caps, already worked out
                 break
             caps = new
             prob = self.problem(layout, "max_rate", caps=caps, **fixed)
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
             prob = prob.resolved(sol.roles)
         if caps is not None:
-            prob, sol, caps = self._tightened(layout, prob, sol, caps, fixed, time_limit_s, backend)
+            prob, sol, caps = self._tightened(layout, prob, sol, caps, fixed, time_limit_s, backend, own)
         if self._stale_hits(layout, sol):  # its roles moved from those the hit rates were priced for: once more
             self.hit_cache[layout] = (sol.roles, *self.expected_hits(layout, prob, sol))
             prob = self.problem(layout, "max_rate", caps=caps, **fixed)
@@ -440,13 +441,15 @@ class Planner:
     def _tightened(
         self, layout: Layout, prob: InnerProblem, sol: InnerSolution, caps: list[tuple[np.ndarray, np.ndarray]],
         fixed: dict[str, Any], time_limit_s: float, backend: str,
+        own: list[tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> tuple[InnerProblem, InnerSolution, list[tuple[np.ndarray, np.ndarray]]]:
         """The routed solve made honest: where the caps have not settled (the routing and the caps chase each other),
         the last routing may give an island a mix that holds less load than the caps it was solved with. Each island
         then keeps the lower of its caps and its own mix's, and the routing is solved again, until every island's mix
-        holds the load it is given (the caps only fall, so this ends; at most TIGHTEN_ROUNDS solves)."""
+        holds the load it is given (the caps only fall, so this ends; at most TIGHTEN_ROUNDS solves). `own`: the caps
+        of `sol`'s routing, where the caller has them."""
         for _ in range(TIGHTEN_ROUNDS):
-            own = self.routed_caps(layout, prob, sol)
+            own = self.routed_caps(layout, prob, sol) if own is None else own
             if all(np.all(b >= a - 1e-3) for used, cur in zip(caps, own, strict=True)
                    for a, b in zip(used, cur, strict=True)):  # fmt: skip
                 break
@@ -455,6 +458,7 @@ class Planner:
             prob = self.problem(layout, "max_rate", caps=caps, **fixed)
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
             prob = prob.resolved(sol.roles)
+            own = None  # the new routing's are worked out next round
         return prob, sol, caps
 
     def solve_without(
@@ -477,17 +481,19 @@ class Planner:
         prob = prob.resolved(sol.roles)
         if not self.cost.slo.any or sol.rate_req_s <= 0:
             return prob, sol
+        own = None
         for _ in range(rounds - 1):
             new = self.routed_caps(layout, prob, sol)
             new = [tuple(np.zeros_like(c) for c in caps[i]) if i in down else cap for i, cap in enumerate(new)]
             if all(np.allclose(a, b, atol=1e-3) for old, cur in zip(caps, new, strict=True)
                    for a, b in zip(old, cur, strict=True)):  # fmt: skip
+                own = new  # the last routing's own caps (the lost islands' 0), already worked out
                 break
             caps = new
             prob = self.problem(layout, "max_rate", caps=caps, roles=fixed)  # type: ignore[arg-type]
             sol = solve(prob, time_limit_s=time_limit_s, backend=backend)
             prob = prob.resolved(sol.roles)
-        prob, sol, _ = self._tightened(layout, prob, sol, caps, {"roles": fixed}, time_limit_s, backend)
+        prob, sol, _ = self._tightened(layout, prob, sol, caps, {"roles": fixed}, time_limit_s, backend, own)
         return prob, sol
 
     def support(self) -> tuple[np.ndarray, np.ndarray]:
