@@ -15,7 +15,13 @@ from pipeline import cli
 from pipeline.checks import positive_int
 from pipeline.cli import choice, plain
 from pipeline.errors import ConfigError
-from pipeline.planning.config import calibrated_for, cost_settings_from_cfg, gpu_from_cfg, model_from_cfg
+from pipeline.planning.config import (
+    calibrated_for,
+    cost_settings_from_cfg,
+    fallback_note,
+    gpu_from_cfg,
+    model_from_cfg,
+)
 from pipeline.planning.workload import Ranges, Workload, ranges_from_cfg, workload_from_cfg
 
 
@@ -85,8 +91,10 @@ def _length_table(bench: IslandBenchmark, ranges: Ranges, rows: int, mean_decode
 def execute(cfg: Any) -> None:
     gpu = gpu_from_cfg(choice("gpu"), cfg.gpu)
     model = model_from_cfg(choice("model"), cfg.model)
-    cost = cost_settings_from_cfg(cfg)
+    cost = cost_settings_from_cfg(cfg, model.name)
     calibrated_for(cost, model)
+    if note := fallback_note(cfg.costmodel, model.name):
+        print(f"[island] note: {note}", flush=True)
     workload = workload_from_cfg(choice("workload"), plain(cfg.workload))
     ranges = ranges_from_cfg(workload, cfg.ranges.width, most=cfg.ranges.get("max"))
     size = positive_int(cfg.size, "size")

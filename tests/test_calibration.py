@@ -348,20 +348,27 @@ def test_a_plan_of_a_model_no_measurement_is_of_carries_the_wider_range_of_an_un
     """A Qwen3-30B plan (no measured serving of it ships) draws its range with the model's own error spread once
     more on every GPU it runs on (`band_calibration`): a wider 10th-90th percentile than the same layout drawn as a
     measured model's would be, and the range names why; a DeepSeek-V3 plan under the same kernel tables is not
-    widened where nothing extrapolates."""
+    widened where nothing extrapolates. The default cost model (`serving`, fitted to DeepSeek's measured serving
+    only) prices it with the kernel tables, as `costmodel=calibrated` does, and the plan says so."""
     import plan as plans
     from helpers import compose, plan_of
     from pipeline.planning.band import rate_band
+    from pipeline.planning.config import fallback_note
     from pipeline.planning.planner import Layout
-    from pipeline.search.settings import inventory_of, settings_from_cfg
+    from pipeline.search.settings import inventory_of, read_settings, settings_from_cfg
     from pipeline.search.steps.band import band_calibration
 
-    overrides = ("model=qwen3_30b_a3b", "costmodel=calibrated")
+    overrides = ("model=qwen3_30b_a3b",)  # the default cost model
     path, planner = plan_of(tmp_path, *overrides)
     qwen = plans.load(path)
     cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", *overrides])
+    said = fallback_note(cfg.costmodel, "qwen3_30b_a3b")  # what the search prints and puts in report.md
+    assert said.startswith("qwen3_30b_a3b is priced with calibration 'published' (costmodel.fallback)"), said
+    assert fallback_note(cfg.costmodel, "deepseek_v3") == ""
     cal = settings_from_cfg(cfg, *inventory_of(cfg))[0].calibration
     assert cal.name == "published" and cal.get("H20", "model_decode").sigma > 0  # the kernel tables' own error
+    kernel = compose(["+inventory=tiny_hetero", "ranges.width=1000", *overrides, "costmodel=calibrated"])
+    assert read_settings(kernel, *inventory_of(kernel)).planning.cost == planner.cost
     wide = band_calibration(cal, qwen)
     assert wide.name == "published, widened: no fit to measured serving of qwen3_30b_a3b"
     for gpu in {isl.gpu for isl in qwen.serving}:

@@ -50,10 +50,13 @@ COMMANDS = [  # (command, arguments, the line's start); {tmp} is the test's fold
     ("pipeline.island", ["gpu=H200", "size=8", "model=llama_3_3_70b", "model.top_k=2", "costmodel=calibrated"],
      "error: conf/model/llama_3_3_70b.yaml (or its overrides): model llama_3_3_70b is dense (n_routed_experts 0), so "
      "`top_k` must be 0, got 2"),
-    ("pipeline.island", ["gpu=H200", "size=8", "model=qwen3_30b_a3b", "costmodel=serving"],
+    ("pipeline.island",
+     ["gpu=H200", "size=8", "model=qwen3_30b_a3b", "costmodel.calibration=conf/calibration/serving.yaml"],
      "error: costmodel.calibration: calibration 'serving' was fitted to the measured serving of deepseek_v3, and "
      "this plan is for qwen3_30b_a3b: its end-to-end factors correct that model's serving, not this one's; use "
      "costmodel=calibrated"),
+    ("pipeline.island", ["gpu=H200", "size=8", "model=qwen3_30b_a3b", "costmodel.fallback.serving=null"],
+     "error: costmodel.calibration: calibration 'serving' was fitted to the measured serving of deepseek_v3"),
     ("solvers.expert_placement", ["--example", "{tmp}/t.csv/sample", "--gpus", "8"],
      "error: --example {tmp}/t.csv/sample: cannot write the sample there ({tmp}/t.csv/sample: Not a directory); "
      "give a folder"),

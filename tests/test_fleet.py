@@ -271,7 +271,7 @@ def test_a_fleet_plans_every_model_on_one_inventory_with_its_records(tmp_path: P
           f"{ref['fraction']:.3f}, bound {ref['bound']:.3f}")
     report = (run / "report.md").read_text()
     assert "## The joint plan against the best split" in report and "## deepseek_v3" in report
-    assert "## qwen3_235b_a22b" in report and "costmodel=calibrated" in report
+    assert "## qwen3_235b_a22b" in report and "priced with calibration 'published' (costmodel.fallback)" in report
 
     import mlflow
 

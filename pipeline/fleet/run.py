@@ -34,6 +34,7 @@ from pipeline.forking import Forked, forkable
 from pipeline.planning.band import rate_band
 from pipeline.planning.build import build_plan, place
 from pipeline.planning.check import check
+from pipeline.planning.config import fallback_note
 from pipeline.planning.failures import host_losses, spare_solve
 from pipeline.planning.planner import Layout
 from pipeline.planning.simulation import RequestMix
@@ -115,15 +116,10 @@ def member_config(m: MemberSpec, costmodel: str | None) -> Any:
 
 def compose_member(m: MemberSpec, inventory_name: str, inv_cfg: Any, command_costmodel: str) -> Composed:
     """A member's settings and benchmarked context; ConfigError names the member."""
-    costmodel, note = m.costmodel or command_costmodel, ""
+    costmodel = m.costmodel or command_costmodel
     try:
         cfg = member_config(m, m.costmodel)
-        if m.costmodel is None and not _calibration_holds(cfg, m.model):
-            # the command's cost model is another model's fit: this model's own search would be refused it
-            costmodel = "calibrated"
-            note = (f"priced with the kernel tables, as costmodel={command_costmodel} was fitted to another model's "
-                    "measured serving")  # fmt: skip
-            cfg = member_config(m, costmodel)
+        note = fallback_note(cfg.costmodel, m.model)  # (another model's fit: its `costmodel.fallback` prices it)
         with composed_as(cfg):
             settings = read_settings(cfg, inventory_name, inv_cfg)
             settings = dataclasses.replace(settings, steps=read_steps(cfg.search))  # (the range's draws among them)
@@ -132,15 +128,6 @@ def compose_member(m: MemberSpec, inventory_name: str, inv_cfg: Any, command_cos
     except ConfigError as err:
         raise ConfigError(f"fleet member {m.model} (workload {m.workload}): {err}") from None
     return Composed(m, settings, ctx, costmodel, note)
-
-
-def _calibration_holds(cfg: Any, model: str) -> bool:
-    """Does the composed cost model's calibration hold for `model`? (One fitted to measured serving holds for the
-    models it was fitted to only: `pipeline.planning.config.calibrated_for`.)"""
-    from pipeline.planning.config import profile_from_cfg
-
-    cal = profile_from_cfg(cfg.costmodel).calibration
-    return cal is None or not cal.models or model in cal.models
 
 
 def check_fits(settings: Settings) -> None:
@@ -180,6 +167,9 @@ def execute(cfg: Any) -> int:
           + "; ".join(f"{c.spec.model} on {c.spec.workload} ({what} {c.spec.demand:g}"
                       + (" req/s" if spec.demands else "") + f", costmodel={c.costmodel})" for c in members),
           flush=True)  # fmt: skip
+    for c in members:
+        if c.note:
+            print(f"[fleet] note: {c.note}", flush=True)
     tracker = open_tracker(cfg.mlflow.tracking_uri, str(cfg.mlflow.experiment), FLEET_NOTE, ())
     try:
         if again is not None:

@@ -39,7 +39,9 @@ def model_from_cfg(name: str, cfg: Mapping[str, Any]) -> Model:
     return build(Model, {**plain(cfg), "name": name}, f"conf/model/{name}.yaml (or its overrides)")
 
 
-def profile_from_cfg(cfg: Mapping[str, Any]) -> CostProfile:
+def profile_from_cfg(cfg: Mapping[str, Any], model: str | None = None) -> CostProfile:
+    """The `costmodel` block's profile and calibration; for `model`, the calibration `costmodel.fallback` names in
+    place of one fitted to other models' measured serving (`fallback_note`)."""
     try:
         profile = CostProfile.named(str(cfg["profile"])).with_fixes(**(plain(cfg.get("fixes")) or {}))
     except ValueError as err:
@@ -48,9 +50,37 @@ def profile_from_cfg(cfg: Mapping[str, Any]) -> CostProfile:
     if cal is None:
         return profile
     try:
-        return profile.calibrated(load_calibration(calibration_path(str(cal))))
+        loaded = load_calibration(calibration_path(str(cal)))
+        instead = _fallback(cfg, loaded.models, model)
+        return profile.calibrated(loaded if instead is None else load_calibration(calibration_path(instead)))
     except SpecError as err:
         raise ConfigError(f"costmodel.calibration: {err}") from None
+
+
+def _fallback(cfg: Mapping[str, Any], fitted: tuple[str, ...], model: str | None) -> str | None:
+    """The calibration `costmodel.fallback` names for the command's where that one was fitted to the measured
+    serving of models other than `model`; None where it holds for `model` (or the map names none)."""
+    if model is None or not fitted or model in fitted:
+        return None
+    instead = (plain(cfg.get("fallback")) or {}).get(str(cfg.get("calibration")))
+    return None if instead is None else str(instead)
+
+
+def fallback_note(cfg: Mapping[str, Any], model: str) -> str:
+    """"" or one line saying that `model` is priced with the `costmodel.fallback` calibration, and why."""
+    cal = cfg.get("calibration")
+    if cal is None:
+        return ""
+    try:
+        fitted = load_calibration(calibration_path(str(cal))).models
+    except SpecError:
+        return ""
+    instead = _fallback(cfg, fitted, model)
+    if instead is None:
+        return ""
+    return (f"{model} is priced with calibration {instead!r} (costmodel.fallback): calibration {str(cal)!r} was "
+            f"fitted to the measured serving of {', '.join(fitted)} only, and its end-to-end factors correct that "
+            f"serving, not {model}'s")
 
 
 def calibration_path(name: str) -> Path:
@@ -163,13 +193,13 @@ def calibrated_for(cost: CostSettings, model: Model) -> None:
         )
 
 
-def cost_settings_from_cfg(cfg: Any) -> CostSettings:
+def cost_settings_from_cfg(cfg: Any, model: str | None = None) -> CostSettings:
     """The one cost-settings record of a command: `costmodel` (profile, fixes, cache_hit, fp8_combine,
-    prefill_batch_tokens, mtp, aggregated) and `slo`."""
+    prefill_batch_tokens, mtp, aggregated) and `slo`; for `model` (its calibration: `profile_from_cfg`)."""
     c = cfg.costmodel
     try:
         return CostSettings(
-            profile=profile_from_cfg(c),
+            profile=profile_from_cfg(c, model),
             cache_hit=fraction(c.cache_hit, "costmodel.cache_hit"),
             slo=slo_from_cfg(cfg)[0],
             engine=engine_from_cfg(cfg),

@@ -22,6 +22,7 @@ from pipeline import cli
 from pipeline.errors import RecordsError
 from pipeline.planning.build import build_plan
 from pipeline.planning.check import LOW
+from pipeline.planning.config import fallback_note
 from pipeline.planning.failures import spare_solve
 from pipeline.planning.planner import Layout
 from pipeline.planning.replan import Replanned, hosts_now, replan
@@ -105,6 +106,9 @@ def _search(settings: Settings, trial_fn: TrialFn, tracker: Tracker | Served) ->
     ]
     for note in notes:
         print(f"[search] warning: {note}", flush=True)
+    if priced := fallback_note(settings.config["costmodel"], ctx.planner.model.name):
+        print(f"[search] note: {priced}", flush=True)
+        notes.append(priced)
     if settings.spare_off:
         print(f"[search] not planned for a host lost (search.spare_hosts=auto): {settings.spare_off}",
               flush=True)  # fmt: skip

@@ -167,7 +167,7 @@ def planner_from_cfg(
         model=model,
         workload=workload,
         ranges=ranges_from_cfg(workload, cfg.ranges.width, most=cfg.ranges.get("max")),
-        cost=cost_settings_from_cfg(cfg),
+        cost=cost_settings_from_cfg(cfg, model.name),
         gpus=dict(gpus),
         kv_transfer=kv_transfer,
         budget_per_hour=budget,
