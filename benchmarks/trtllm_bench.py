@@ -62,7 +62,8 @@ WITHIN = math.log(1.15)
 def engine(row: dict, model: Model, cost: CostSettings) -> tuple[AggregatedEngine, int]:
     """The row's engine and the sequences it runs at once: `tp` GPUs, attention split over them or in data parallel
     (`dp_attention`: ranks of one GPU), routed experts over an EP group of `ep` or split by TP over the engine (`ep`
-    1); BF16 and FP16 rows priced without the GPU's FP8 rate (weights, KV cache and GEMMs in 16 bits)."""
+    1); BF16 and FP16 rows priced without the GPU's FP8 rate (weights, KV cache and GEMMs in 16 bits); the KV cache
+    in the row's `kv_dtype` where the overview's options name it (else the GPU's format, `auto`)."""
     gpu = load_gpu(row["gpu"])
     if row["precision"] in ("bf16", "fp16"):
         gpu = dataclasses.replace(gpu, tflops_fp8=0.0)
@@ -74,7 +75,8 @@ def engine(row: dict, model: Model, cost: CostSettings) -> tuple[AggregatedEngin
     weights = float(weight_bytes_per_gpu(gpu, model, np.array(float(attn_tp)), np.array(routed), cost.profile))
     memory = gpu.mem_gb * 2.0**30
     fraction = min((weights + KV_FREE_FRACTION * (memory - weights)) / memory, MAX_MEM_FRACTION)
-    cost = dataclasses.replace(cost, engine=dataclasses.replace(cost.engine, mem_fraction=fraction))
+    kv = row.get("kv_dtype") or cost.engine.kv_dtype  # the KV format its options set, where the overview gives them
+    cost = dataclasses.replace(cost, engine=dataclasses.replace(cost.engine, mem_fraction=fraction, kv_dtype=kv))
     dec = decode_timing(gpu, model, attn_tp, size, MAX_BATCH, isl + osl, cost, moe_tp=moe_tp)
     seqs = min(dec.kv_tokens // (isl + osl), MAX_BATCH * ranks)
     dec = dataclasses.replace(dec, max_seqs=max(seqs, 1))

@@ -110,12 +110,15 @@ class Rates:
         self.expert = np.where(self.experts_fp4, self.f4, gemm) * self.grouped
 
     def expert_rate(self, model: Model) -> np.ndarray:
-        """The routed and shared experts' GEMM rate for `model`: a checkpoint's own 4-bit experts (MXFP4) run at FP4
-        where the GPU has it, else dequantised to BF16 in the kernel (Hopper's MXFP4 MoE kernels: 4-bit weights,
-        BF16 math); the GPU's format otherwise (`expert`)."""
+        """The routed and shared experts' GEMM rate for `model`: a checkpoint's own 4-bit experts (MXFP4) multiply
+        MXFP8 activations where the GPU has an FP4 rate (Blackwell: the tensor cores' mixed 8/6/4-bit products, at
+        the FP8 rate; FP4's rate needs both operands in FP4, and no engine's MXFP4 MoE path quantises its activations
+        so: TensorRT-LLM's GPT-OSS support matrix, examples/models/core/gpt_oss/README.md), else are dequantised to
+        BF16 in the kernel (Hopper's MXFP4 MoE kernels: 4-bit weights, BF16 math); the GPU's format otherwise
+        (`expert`)."""
         if not model.expert_bits:
             return self.expert
-        return np.where(self.has_fp4, self.f4, self.f16) * self.grouped
+        return np.where(self.has_fp4, self.f8, self.f16) * self.grouped
 
 
 def priced_precision(gpu: GPU, profile: CostProfile, model: Model | None = None) -> tuple[str, str]:

@@ -471,7 +471,7 @@ def test_a_sliding_window_and_mxfp4_experts_by_hand() -> None:
     Prefill of 300 new tokens after 100 cached: full layers see 100 x 300 + 300 x 301 / 2 pairs; a sliding layer's
     query at position x sees min(x + 1, 128): Σ_{y=101..400} min(y, 128) = (101+...+128) + 272 x 128. Its experts
     stay 4.25 bits a weight on every GPU (2,880 x 2,880 x 3 weights an expert), where DeepSeek-V3's are a byte (FP8)
-    on an H200; on Hopper they are computed in BF16, at the FP4 rate on Blackwell."""
+    on an H200; on Hopper they are computed in BF16, on Blackwell against MXFP8 activations at the FP8 rate."""
     from costmodel.formulas import Rates, _expert_bytes, kv_bytes_per_seq
     from costmodel.specs import GPUArray
 
@@ -490,7 +490,8 @@ def test_a_sliding_window_and_mxfp4_experts_by_hand() -> None:
     assert float(r.expert_rate(gpt)) == pytest.approx(float(r.f16 * r.grouped))
     assert float(r.expert_rate(DSV3)) == pytest.approx(float(r.expert))
     rb = Rates(GPUArray.of(b200), "decode", corrected)
-    assert float(rb.expert_rate(gpt)) == pytest.approx(float(rb.f4 * rb.grouped))
+    assert float(rb.expert_rate(gpt)) == pytest.approx(float(rb.f8 * rb.grouped))
+    assert float(rb.expert_rate(DSV3)) == pytest.approx(float(rb.f4 * rb.grouped))  # (its experts requantised: FP4)
 
 
 def test_deepseek_sparse_attention_by_hand() -> None:

@@ -285,7 +285,16 @@ def test_the_published_tensorrt_llm_rows_name_catalogue_models_and_gpus_and_thei
             tp, ep = int(row["tp"]), int(row["ep"])
             assert tp % ep == 0 and (row["dp_attention"] == "false" or not model.dense)
             assert int(row["isl"]) > 0 and int(row["osl"]) > 0 and float(row["output_tok_s"]) > 0
+            assert row.get("kv_dtype", "") in ("", "fp8", "bf16"), row
     from common import context
+
+    # a row's KV format, where the overview's options name it, is the one its engine holds: BF16 fits half the tokens
+    row = next(r for r in csv.DictReader(bench.OFFLINE.open()) if r["model"] == "gpt_oss_120b" and r["gpu"] == "H200")
+    assert row["kv_dtype"] == "bf16"
+    _, ctx = context(["+inventory=tiny_homo", "model=gpt_oss_120b", "costmodel=calibrated"])
+    bf16 = bench.engine(row, ctx.planner.model, ctx.planner.cost)[0].decode.kv_tokens
+    fp8 = bench.engine({**row, "kv_dtype": "fp8"}, ctx.planner.model, ctx.planner.cost)[0].decode.kv_tokens
+    assert bf16 == pytest.approx(fp8 / 2, rel=0.01)
 
     for path, rate in ((bench.OFFLINE, None), (bench.ONLINE, 4.0)):
         row = next(r for r in csv.DictReader(path.open()) if r["gpu"] == "H200")
