@@ -65,7 +65,8 @@ METRICS = ("median_tpot", "median_ttft", "tput_per_gpu", "output_tput_per_gpu")
 WITHIN = math.log(1.15)
 # catalogue models checked against other published measurements than InferenceX's, and where
 OTHER_CHECKS = {m: f"TensorRT-LLM's published serving ({n} rows): benchmarks/trtllm_bench.py"
-                for m, n in (("llama_3_3_70b", 176), ("qwen3_235b_a22b", 25), ("gpt_oss_120b", 22))}
+                for m, n in (("llama_3_3_70b", 176), ("qwen3_235b_a22b", 25), ("gpt_oss_120b", 22),
+                             ("deepseek_v3", 14))}  # fmt: skip
 
 
 def reason(row: Row) -> str | None:
@@ -334,8 +335,9 @@ def main() -> None:
     print("\n### Per catalogue model\n")
     for name in priced_model_names():
         if name in MEASURED_MODELS:
+            also = f"; {OTHER_CHECKS[name]}" if name in OTHER_CHECKS else ""
             print(f"- {name}: {len(rows)} rows (InferenceX's DeepSeek-R1, this architecture), {len(preds)} simulated, "
-                  "above")  # fmt: skip
+                  f"above{also}")  # fmt: skip
         elif name in OTHER_CHECKS:
             print(f"- {name}: no InferenceX row; {OTHER_CHECKS[name]}")
         else:

@@ -1,4 +1,5 @@
-"""The cost model against TensorRT-LLM's published serving of Llama-70B (dense), Qwen3-235B and GPT-OSS-120B: a check.
+"""The cost model against TensorRT-LLM's published serving of Llama-70B (dense), Qwen3-235B, GPT-OSS-120B and
+DeepSeek-R1: a check.
 
     python benchmarks/trtllm_bench.py [--requests N] [--model llama_3_3_70b] [--gpu H200,L40S] [--extra ...]
     python benchmarks/trtllm_bench.py --band 16 [--band-rows 40]
@@ -7,9 +8,10 @@ Tables of NVIDIA's TensorRT-LLM performance overview (docs/source/.../perf-overv
 the commits), each row's model one of the catalogue's (Llama-3.1-70B and Llama-3.3-70B are one architecture,
 `llama_3_3_70b`):
 
-- offline maximum throughput (conf/measured/trtllm_offline.csv, 187 rows): Llama-70B on H200, H100, L40S in FP8 and
+- offline maximum throughput (conf/measured/trtllm_offline.csv, 201 rows): Llama-70B on H200, H100, L40S in FP8 and
   A100 in FP16, TP 1-8; Qwen3-235B-A22B in FP8 on H200 and H100, TP 8 (its experts split by TP) and attention DP with
-  EP 4 and 8; GPT-OSS-120B (its MXFP4 experts) on H200, H100, B200 and GB200; fixed input and output lengths from
+  EP 4 and 8; GPT-OSS-120B (its MXFP4 experts) on H200, H100, B200 and GB200; DeepSeek-R1 with attention DP on 4
+  B200 or GB200 (FP4 experts) and 8 H200 (FP8); fixed input and output lengths from
   128/128 to 1024/32768; every request queued at once (`trtllm-bench throughput`), output tokens/s. Simulated as one
   aggregated engine of the row's GPUs (simulator.aggregated: prompts chunked at `CHUNK` tokens a step per attention
   rank beside the decoding sequences, as TensorRT-LLM's in-flight batching with chunked context runs them), its
@@ -21,9 +23,12 @@ the commits), each row's model one of the catalogue's (Llama-3.1-70B and Llama-3
   2-32 req/s and all at once): the same engine under Poisson arrivals at the row's rate; mean TTFT, mean inter-token
   latency (the simulator's TPOT) and output tokens/s.
 
-Printed per table, model, GPU and metric: rows, median |error| (exp(median |ln(predicted / measured)|) - 1), the share
-within +-15 % and the median of predicted / measured. `--band N`: whether the range a plan of the row's model states
-(N draws of its calibration, widened as for a model no fit measured) holds the measured throughput. TensorRT-LLM is
+Each row is priced by the default cost model of its model (the commands' `costmodel=serving`: DeepSeek's fit to
+InferenceX for DeepSeek-R1, the kernel tables for the others, `costmodel.fallback`; `--extra costmodel=calibrated`
+prices every row with the kernel tables). Printed per table, model, GPU and metric: rows, median |error|
+(exp(median |ln(predicted / measured)|) - 1), the share within +-15 % and the median of predicted / measured.
+`--band N`: whether the range a plan of the row's model states (N draws of its calibration, widened on the row's GPU
+as where a plan extrapolates, or as for a model no fit measured) holds the measured throughput. TensorRT-LLM is
 not the engine the launch files run (SGLang, vLLM): its kernels and scheduler are its own, and what this measures is
 how far the cost model's step times and memory carry to another engine's serving of the same model on the same GPUs.
 Nothing here is fitted.
@@ -135,7 +140,9 @@ def coverage(rows: list[dict], priced: dict[str, tuple[Model, CostSettings]], dr
         if cal is None or not cal.uncertain:
             print("\n(no band: the cost model has no calibration with an uncertainty)")
             return
-        wide = cal.unmeasured(model.name, [row["gpu"]])
+        # a model the calibration measured: its range where a plan extrapolates (these rows' shapes and loads are
+        # none InferenceX measured); another model: an unmeasured model's
+        wide = cal.widened([row["gpu"]]) if model.name in cal.models else cal.unmeasured(model.name, [row["gpu"]])
         got = [simulate(row, model, dataclasses.replace(cost, profile=cost.profile.calibrated(c)), n, None)
                for c in wide.draws(draws, seed)]  # fmt: skip
         rates = [m.get("output_tput_per_gpu", 0.0) for m in got]
@@ -177,7 +184,7 @@ def main() -> None:
         worst, refused = [], []
         for row in rows:
             if row["model"] not in priced:
-                _, ctx = context(["+inventory=tiny_homo", f"model={row['model']}", "costmodel=calibrated", *args.extra])
+                _, ctx = context(["+inventory=tiny_homo", f"model={row['model']}", *args.extra])
                 priced[row["model"]] = (ctx.planner.model, ctx.planner.cost)
             model, cost = priced[row["model"]]
             tp = int(row["tp"])
