@@ -170,6 +170,15 @@ def aligned_batch(mb: np.ndarray) -> np.ndarray:
     return np.where(mb >= BATCH_ALIGN, aligned, mb)
 
 
+def running_cap(batch: np.ndarray, units: np.ndarray | float, cost: CostSettings) -> np.ndarray:
+    """`batch` per batch unit, at most what `cost.engine.max_running_requests` leaves each of an engine's `units`
+    (the engine's requests at once over its attention ranks, rounded down): what memory and the launch allow."""
+    cap = cost.engine.max_running_requests
+    if cap is None:
+        return batch
+    return np.minimum(batch, np.floor(cap / np.asarray(units, dtype=float)))
+
+
 @dataclass(frozen=True)
 class _Island:
     """What every phase of one island's benchmark is priced with: its GPU, how many, the model, the settings."""
@@ -330,8 +339,8 @@ def _decode_table(
     tp, dp = cfg[:, :1], cfg[:, 1:]
     ep = size / dp
     routed = np.ceil(isl.model.n_routed_experts / ep)
-    batch = aligned_batch(isl.max_batch(s, float(max_decode), tp, routed))
     unit = size / tp if cost.profile.batch_per_attention_rank else float(size)  # batch units on the island
+    batch = running_cap(aligned_batch(isl.max_batch(s, float(max_decode), tp, routed)), unit / dp, cost)
     fits = batch >= 1
     run = np.maximum(batch, 1.0)
     total_ms = isl.decode_tokens_ms(s, d, run, tp, ep)
@@ -393,7 +402,7 @@ def _mixed_steps(
     ranks_e = ep / tp  # attention ranks of one engine
     unit_e = ranks_e if p.batch_per_attention_rank else ep  # batch units of one engine
     routed = np.ceil(isl.model.n_routed_experts / ep)
-    slots = aligned_batch(isl.max_batch(s, float(max_decode), tp, routed))  # per unit, by memory
+    slots = running_cap(aligned_batch(isl.max_batch(s, float(max_decode), tp, routed)), unit_e, cost)  # per unit
     one, tokens = prefill_own_ms(isl.gpu, isl.model, s, tp, ranks_e, cache_hit=cost.cache_hit, profile=p,
                                  draft_layers=cost.draft_layers)  # fmt: skip
     own = one / ranks_e / tokens  # engine ms

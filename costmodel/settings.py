@@ -116,8 +116,15 @@ class EngineSettings:
     # GB of host DRAM per GPU a prefill engine keeps prefix-cache blocks in once they leave GPU memory (SGLang's
     # hierarchical cache, --hicache-size per rank), loaded back over the GPU's host link on a hit (0: no host tier)
     host_cache_gb: float = 0.0
+    # the most requests one decode or aggregated engine runs at once, its attention ranks together (SGLang
+    # --max-running-requests, vLLM --max-num-seqs): its batch per rank is at most this over its ranks (None: what
+    # memory and the SLOs allow)
+    max_running_requests: int | None = None
 
     def __post_init__(self) -> None:
+        cap = self.max_running_requests
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise SpecError(f"`max_running_requests >= 1` (a whole number, or null: no cap) must hold, got {cap!r}")
         batch = self.prefill_batch_tokens
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise SpecError(f"`prefill_batch_tokens >= 1` (a whole number) must hold, got {batch!r}")

@@ -32,6 +32,15 @@ def optional_positive(value: Any, key: str) -> float | None:
     return float(value)
 
 
+def optional_positive_int(value: Any, key: str) -> int | None:
+    """`value` as a whole number >= 1, or None (null: no cap); ConfigError names `key` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"`{key} >= 1` (a whole number, or null for no cap) must hold, got {key}={value!r}")
+    return value
+
+
 def fraction(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ConfigError(f"`0 <= {key} < 1` must hold, got {key}={value!r}")

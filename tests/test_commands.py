@@ -42,6 +42,9 @@ COMMANDS = [  # (command, arguments, the line's start); {tmp} is the test's fold
      "error: costmodel.mem_fraction must be a number >= 0.1 and <= 0.98, got costmodel.mem_fraction=0"),
     ("pipeline.island", ["gpu=H20", "size=8", "costmodel.mem_fraction=1.5"],
      "error: costmodel.mem_fraction must be a number >= 0.1 and <= 0.98, got costmodel.mem_fraction=1.5"),
+    ("pipeline.island", ["gpu=H20", "size=8", "costmodel.max_running_requests=0"],
+     "error: `costmodel.max_running_requests >= 1` (a whole number, or null for no cap) must hold, got "
+     "costmodel.max_running_requests=0"),
     ("pipeline.island", ["gpu=H20", "size=8", "costmodel.kv_dtype=int3"],
      "error: costmodel.kv_dtype must be one of ['auto', 'fp8', 'bf16'], got costmodel.kv_dtype='int3'"),
     ("pipeline.island", ["gpu=H200", "size=8", "model.attention=linear", "costmodel=calibrated"],

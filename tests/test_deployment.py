@@ -88,6 +88,29 @@ def test_sglang_commands_parse_with_sglangs_own_argument_definitions(
             check_sglang(["--model-path", "m", *bad])
 
 
+def test_a_cap_on_running_requests_is_what_the_decode_engines_launch_with(tmp_path: Path) -> None:
+    """Planned under `costmodel.max_running_requests=16`, every decode island's engine runs at most 16 requests (its
+    batch a rank over its ranks), plan.json records the cap, and SGLang's own resolution of each decode engine's
+    command reads back the planned count, at most the cap."""
+    from deployment.engines.base import EngineArgsMissing
+    from deployment.engines.sglang.args import check_sglang
+
+    path, _ = plan_of(tmp_path, "costmodel.max_running_requests=16")
+    plan = plans.load(path)
+    decode = [i for i in plan.islands if i.role == "decode"]
+    assert decode and plan.cost.engine.max_running_requests == 16
+    assert all(0 < i.batch * i.ep // i.tp <= 16 for i in decode)
+    deploy(path, tmp_path / "d", "target=shell")
+    try:
+        check_sglang(["--model-path", "m"])
+    except EngineArgsMissing as err:
+        pytest.skip(str(err))
+    running = [check_sglang(argv[3:]).max_running_requests for argv in launched(tmp_path / "d", "shell", tmp_path)
+               if "decode" in argv]  # fmt: skip
+    assert running and all(0 < r <= 16 for r in running)
+    assert set(running) <= {i.batch * i.ep // i.tp for i in decode}
+
+
 @pytest.mark.parametrize("target", ["shell", "k8s", "llmd"])
 def test_vllm_commands_parse_with_vllms_own_argument_definitions(plan_path: Path, tmp_path: Path, target: str) -> None:
     from deployment.engines.vllm.args import check_vllm, vllm_source

@@ -124,6 +124,25 @@ def test_the_capped_batch_is_the_largest_that_meets_the_cap(gpu: str, n: int, ca
     assert (largest[fits] > 0).any() and (largest[fits] < free.batch[fits]).any()  # the cap binds somewhere
 
 
+def test_an_engine_runs_at_most_the_requests_its_launch_admits() -> None:
+    """`costmodel.max_running_requests` caps the requests one decode engine runs at once, its attention ranks
+    together: on 16 H200 at 24, a configuration of tp 2 and one engine (8 ranks) runs 3 a rank where memory alone
+    would hold more, tp 8 and two engines (1 rank each) 24, and every configuration and length runs
+    min(memory's batch, floor(24 / its ranks)) a rank."""
+    from costmodel.settings import EngineSettings
+
+    free = bench("H200", 16).decode
+    capped = bench("H200", 16, cost=CostSettings(engine=EngineSettings(max_running_requests=24))).decode
+    ranks = (free.ep / free.tp)[:, None]  # attention ranks of one engine
+    np.testing.assert_array_equal(capped.batch, np.minimum(free.batch, np.floor(24 / ranks)))
+    row = {(int(t), int(d)): i for i, (t, d) in enumerate(zip(capped.tp, capped.dp, strict=True))}
+    assert (capped.batch[row[(2, 1)]] == 3).all() and (free.batch[row[(2, 1)]] > 3).all()
+    assert (capped.batch[row[(8, 2)]] == 24).all()
+    assert (capped.batch * ranks <= 24).all() and capped.req_s.sum() < free.req_s.sum()
+    with pytest.raises(SpecError, match="max_running_requests >= 1"):
+        EngineSettings(max_running_requests=0)
+
+
 def test_bad_island_inputs() -> None:
     with pytest.raises(SpecError, match="size >= 1"):
         bench("H200", 0)

@@ -26,7 +26,16 @@ from costmodel.settings import (
     Slo,
 )
 from costmodel.specs import GPU, Model, SpecError
-from pipeline.checks import boolean, fraction, number, one_of, optional_positive, positive_int, whole_number
+from pipeline.checks import (
+    boolean,
+    fraction,
+    number,
+    one_of,
+    optional_positive,
+    optional_positive_int,
+    positive_int,
+    whole_number,
+)
 from pipeline.cli import plain
 from pipeline.errors import ConfigError
 
@@ -145,7 +154,7 @@ def mtp_from_cfg(c: Mapping[str, Any]) -> Mtp | None:
 
 def engine_from_cfg(cfg: Any) -> EngineSettings:
     """How the engines run (`costmodel`: prefill_batch_tokens, fp8_combine, aggregated, mem_fraction, kv_dtype,
-    host_cache_gb;
+    host_cache_gb, max_running_requests;
     `search.shapes`)."""
     c = cfg.costmodel
     return EngineSettings(
@@ -156,6 +165,7 @@ def engine_from_cfg(cfg: Any) -> EngineSettings:
                             MAX_MEM_FRACTION),
         kv_dtype=one_of(c.get("kv_dtype", "auto"), "costmodel.kv_dtype", KV_DTYPES),
         host_cache_gb=number(c.get("host_cache_gb", 0.0), "costmodel.host_cache_gb", low=0.0, high=1e6),
+        max_running_requests=optional_positive_int(c.get("max_running_requests"), "costmodel.max_running_requests"),
         # search.shapes=any plans the thesis's free sizes and configurations; everything else, what engines run
         runnable_only=cfg.get("search") is None or str(cfg.search.get("shapes", "nodes")) != "any",
     )
