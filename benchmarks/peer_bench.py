@@ -276,7 +276,9 @@ def archipelago_plan(inventory: str, isl: int, osl: int, extra: list[str], out: 
            "workload=synthetic_fig4_2", "workload.dist=empirical", f"+workload.lengths=[{isl}]",
            "+workload.weights=[1]", f"workload.mean_decode={osl}", f"workload.max_decode={osl}",
            f"ranges.width={RANGE_WIDTH}", f"out_root={out}", f"mlflow.tracking_uri=sqlite:///{out}/mlflow.db",
-           *extra]  # fmt: skip
+           # every GPU up, as AIConfigurator plans and InferenceX measured (the search's default keeps the most with
+           # its worst host lost: 4 hosts of H200 then run 8-GPU engines only)
+           "search.spare_hosts=0", *extra]  # fmt: skip
     t0 = time.perf_counter()
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
