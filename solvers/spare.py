@@ -30,6 +30,14 @@ the scenarios losing from it bound already), and (3) becomes, per scenario s and
 (and splits back evenly), so the optimum is the per-island model's, with 2 C routings of one role over C classes
 in place of I scenarios of both roles over I islands (`by_class`; tests/test_failures.py checks the two agree,
 and both against brute force).
+
+A host may hold several alike islands (a small model's 4-GPU islands, two a host): where every scenario stops n
+islands of one class (u_c = m_c / n units of c), a class running k decode islands spreads them evenly over its
+units, floor(k / u_c) or ceil(k / u_c) a unit. A scenario changes each role's routing by the islands of that role it
+stops, so the prefill half takes the most prefill islands any scenario of c stops, n - floor(k / u_c), and the
+decode half the most decode ones, ceil(k / u_c); no other spread stops fewer of either, and with n = 1 these are the
+indicators above. A scenario of unlike islands, or of alike ones stopping in unequal numbers, is solved island by
+island (`by_island`).
 """
 
 from __future__ import annotations
@@ -77,7 +85,7 @@ def spare_roles(
     t0 = time.perf_counter()
     bp, bd = np.asarray(prefill_req_s, dtype=float), np.asarray(decode_req_s, dtype=float)
     scen = [frozenset(s) for s in scenarios] or [frozenset()]
-    solve = by_class if all(len(s) == 1 for s in scen) else by_island
+    solve = by_class if _units(bp, bd, scen, fixed) is not None else by_island
     return solve(bp, bd, np.asarray(p, dtype=float), scen, time_limit_s=time_limit_s, backend=backend, fixed=fixed,
                  t0=t0)  # fmt: skip
 
@@ -139,14 +147,35 @@ def _answer(
     return SpareRoles(status, max(float(x[col_lam]), 0.0) + 0.0, tuple(roles()), ms)  # (+ 0.0: no -0.0)
 
 
+def _units(bp: np.ndarray, bd: np.ndarray, scen: Sequence[frozenset[int]],
+           fixed: Sequence[str | None] | None) -> dict[int, int] | None:  # fmt: skip
+    """Each island's scenario where the class model holds (every scenario stops islands of one class only, with the
+    same rates and kept role, no island is in two scenarios, and every scenario of a class stops as many: one host
+    lost, each host's islands alike), else None."""
+    kept = list(fixed) if fixed is not None else [None] * bp.shape[0]
+    at: dict[int, int] = {}
+    size: dict[tuple[bytes, bytes, str | None], int] = {}
+    for k, down in enumerate(scen):
+        if not down:
+            return None
+        keys = {(bp[i].tobytes(), bd[i].tobytes(), kept[i]) for i in down}
+        if len(keys) != 1 or any(i in at for i in down) or size.setdefault(keys.pop(), len(down)) != len(down):
+            return None
+        at.update((i, k) for i in down)
+    return at
+
+
 @dataclass(frozen=True)
 class _Classes:
-    """Identical islands merged: per class its islands, rates and kept role, and the loss halves of the model."""
+    """Identical islands merged: per class its islands (grouped by the scenario that stops them), rates and kept
+    role, and the loss halves of the model."""
 
     islands: list[list[int]]
+    units: list[list[list[int]]]  # per class its islands that stop together (one scenario's), [] if never lost
     cp: np.ndarray  # (C, J) prefill req/s of one island of each class
     cd: np.ndarray  # ... and decode
     m: np.ndarray  # islands per class
+    n: np.ndarray  # islands one scenario stops, per class (0: never lost)
     kept: list[str | None]  # a role every island of the class keeps (None: the solve chooses)
     halves: list[tuple[int, str, str]]  # (class lost, its role, the role routed) per half; (-1, "", r): every island up
     p: np.ndarray
@@ -158,21 +187,25 @@ class _Classes:
     @staticmethod
     def of(bp: np.ndarray, bd: np.ndarray, p: np.ndarray, scen: Sequence[frozenset[int]],
            fixed: Sequence[str | None] | None) -> _Classes:  # fmt: skip
-        lost = {i for s in scen for i in s}
+        at = _units(bp, bd, scen, fixed)
+        assert at is not None, "by_class needs scenarios of alike islands, one scenario an island"
         kept = list(fixed) if fixed is not None else [None] * bp.shape[0]
-        members: dict[tuple[bytes, bytes, str | None, bool], list[int]] = {}
-        for i in range(bp.shape[0]):
-            members.setdefault((bp[i].tobytes(), bd[i].tobytes(), kept[i], i in lost), []).append(i)
-        islands = list(members.values())
-        # scenarios: (class, role lost) for every class whose islands can be lost; none: every island up. A prefill
-        # island lost changes prefill's routing only, a decode island decode's: each scenario routes the role it
-        # loses from (every island up: both), as the other role's routing is the one with every island up, which
-        # the scenarios that lose from it bound already
+        members: dict[tuple[bytes, bytes, str | None, int], dict[int, list[int]]] = {}
+        for i in range(bp.shape[0]):  # (islands never lost: a unit each, of size 0)
+            n = len(scen[at[i]]) if i in at else 0
+            members.setdefault((bp[i].tobytes(), bd[i].tobytes(), kept[i], n), {}).setdefault(
+                at.get(i, -1 - i), []).append(i)
+        units = [list(us.values()) if key[3] else [] for key, us in members.items()]
+        islands = [[i for u in us.values() for i in u] for us in members.values()]
+        # scenarios: (class, role lost) for every class whose islands can be lost; none: every island up. A scenario
+        # changes prefill's routing by the prefill islands it stops and decode's by the decode ones, independently:
+        # each half routes one role, with the most of it any scenario of the class stops (every island up: both)
         losses = [(c, r) for c, key in enumerate(members) if key[3] for r in ("prefill", "decode")] or [(-1, "")]
         halves = [(c, r, half) for c, r in losses for half in ("prefill", "decode") if r in ("", half)]
         first = [c[0] for c in islands]
-        return _Classes(islands, bp[first], bd[first], np.array([len(c) for c in islands], dtype=float),
-                        [key[2] for key in members], halves, p)  # fmt: skip
+        return _Classes(islands, units, bp[first], bd[first], np.array([len(c) for c in islands], dtype=float),
+                        np.array([key[3] for key in members], dtype=float), [key[2] for key in members], halves,
+                        p)  # fmt: skip
 
 
 def _hull(m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -202,6 +235,12 @@ def _class_model(k: _Classes) -> tuple[mb.Model, int]:
     cc, jj = np.meshgrid(np.arange(n_c), np.arange(n_j), indexing="ij")
     _, zc, zk = _hull(k.m)
     mz = k.m[zc]
+    # a class of u units of n islands running k decode spreads them evenly (floor(k / u) or ceil(k / u) a unit):
+    # the most decode islands one scenario stops is ceil(k / u), the most prefill n - floor(k / u), and no spread
+    # stops fewer of either (with n = 1: one island, [k >= 1] decode, [k < m] prefill)
+    nz = np.maximum(k.n[zc], 1.0)
+    uz = mz / nz
+    lose_d, lose_p = np.ceil(zk / uz - 1e-9), nz - np.floor(zk / uz + 1e-9)
     rows = Rows()
     rows.add(zc, np.arange(col_x), 1.0)  # Σ_k z_ck = 1
     rows.close(n_c, 1.0, 1.0)
@@ -214,9 +253,9 @@ def _class_model(k: _Classes) -> tuple[mb.Model, int]:
         rows.close(n_j, 0.0, np.inf)
         # (3): Σ_j x_cj <= the islands of c in the role up in this scenario, Σ_k (that count at k) z_ck
         if half == "prefill":
-            up = mz - zk - ((zc == gone) & (role == "prefill") & (mz - zk >= 1))
+            up = mz - zk - ((zc == gone) & (role == "prefill")) * lose_p
         else:
-            up = zk - ((zc == gone) & (role == "decode") & (zk >= 1))
+            up = zk - ((zc == gone) & (role == "decode")) * lose_d
         rows.add(cc, x, 1.0)
         rows.add(zc, np.arange(col_x), -up)
         rows.close(n_c, -np.inf, 0.0)
@@ -244,11 +283,14 @@ def by_class(
     model, col_lam = _class_model(k)
     status, x = _solve_matrix(model, backend, time_limit_s, CLASS_SCIP)
 
-    def roles() -> list[str]:  # each class's first k islands decode, k its z_ck at 1
+    def roles() -> list[str]:  # k of each class's islands decode, k its z_ck at 1, spread evenly over its units
         out = ["prefill"] * n_i
         for c, islands in enumerate(k.islands):
-            for i in islands[: int(np.argmax(x[first[c]:first[c + 1]]))]:
-                out[i] = "decode"
+            n_dec = int(np.argmax(x[first[c]:first[c + 1]]))
+            units = k.units[c] or [islands]
+            for t, unit in enumerate(units):
+                for i in unit[: n_dec // len(units) + (t < n_dec % len(units))]:
+                    out[i] = "decode"
         return out
 
     return _answer(status, x, col_lam, n_i, t0, roles)
