@@ -155,9 +155,13 @@ def _units(bp: np.ndarray, bd: np.ndarray, scen: Sequence[frozenset[int]],
     kept = list(fixed) if fixed is not None else [None] * bp.shape[0]
     at: dict[int, int] = {}
     size: dict[tuple[bytes, bytes, str | None], int] = {}
+    seen: set[frozenset[int]] = set()
     for k, down in enumerate(scen):
         if not down:
             return None
+        if down in seen:  # the same islands again: the same scenario
+            continue
+        seen.add(down)
         keys = {(bp[i].tobytes(), bd[i].tobytes(), kept[i]) for i in down}
         if len(keys) != 1 or any(i in at for i in down) or size.setdefault(keys.pop(), len(down)) != len(down):
             return None

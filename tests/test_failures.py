@@ -240,6 +240,7 @@ def test_hosts_of_several_alike_islands_solved_as_classes_keep_what_every_role_a
     # a host of two unlike islands, or alike islands stopping in unequal numbers, is solved island by island
     assert _units(bp, bd, [frozenset({3, 4})], fixed) is None
     assert _units(bp, bd, [frozenset({0, 1}), frozenset({2})], fixed) is None
+    assert _units(bp, bd, [frozenset({0, 1}), frozenset({0, 1})], fixed) == {0: 0, 1: 0}  # the same host twice
 
 
 def test_four_alike_islands_keep_half_with_one_lost_and_two_keep_nothing() -> None:
