@@ -137,6 +137,30 @@ def lowest_over(bp: Any, bd: Any, p: Any, scenarios: list[set[int]], roles: tupl
     return min(rates)
 
 
+def solved_as_classes(bp: Any, bd: Any, p: Any, scenarios: list[set[int]], fixed: list[str | None]) -> Any:
+    """`spare_roles` on `scenarios`, checked against brute force over every role assignment the kept roles allow
+    (its rate the best one's, its roles reaching it) and against the model over the islands one by one
+    (`by_island`, the same rate); the roles it found."""
+    import itertools
+    import time
+
+    from solvers.spare import by_island, spare_roles
+
+    def lowest(roles: tuple[str, ...]) -> float:
+        return lowest_over(bp, bd, p, scenarios, roles)
+
+    brute = max(lowest(roles) for roles in itertools.product(("prefill", "decode"), repeat=len(bp))
+                if all(f is None or f == r for f, r in zip(fixed, roles, strict=True)))  # fmt: skip
+    found = spare_roles(bp, bd, p, scenarios, fixed=fixed)
+    assert found.status == "optimal" and found.rate_req_s > 0
+    assert found.rate_req_s == pytest.approx(brute, rel=1e-6)
+    assert lowest(found.roles) == pytest.approx(found.rate_req_s, rel=1e-6)
+    one_by_one = by_island(bp, bd, p, [frozenset(s) for s in scenarios], time_limit_s=10.0, backend="AUTO",
+                           fixed=fixed, t0=time.perf_counter())  # fmt: skip
+    assert one_by_one.rate_req_s == pytest.approx(found.rate_req_s, rel=1e-6)
+    return found.roles
+
+
 def test_spare_roles_keep_the_most_with_an_island_lost_as_every_role_assignment_tried_in_turn_says() -> None:
     """`solvers/spare.py` against brute force: every assignment of prefill / decode roles, each scenario's
     routing solved as an LP with those roles fixed (`solvers.inner`), the lowest over the scenarios; the best
@@ -171,12 +195,7 @@ def test_identical_islands_solved_as_classes_keep_what_every_role_assignment_tri
     """One island lost at a time: `solvers/spare.py` solves over classes of identical islands (`by_class`); against
     brute force over every role assignment of the islands, and against the model over the islands one by one
     (`by_island`), with an island on no host (never lost) and an island whose role is kept."""
-    import itertools
-    import time
-
     import numpy as np
-
-    from solvers.spare import by_island, spare_roles
 
     rng = np.random.default_rng(11)
     n_j = 3
@@ -186,20 +205,7 @@ def test_identical_islands_solved_as_classes_keep_what_every_role_assignment_tri
     p = np.array([0.5, 0.3, 0.2])
     scenarios = [{i} for i in range(n_i - 1)]  # the last island is on no host
     fixed = [None, None, None, "decode", "decode", None]  # ... and the alike pair keep their decode role
-
-    def lowest(roles: tuple[str, ...]) -> float:
-        return lowest_over(bp, bd, p, scenarios, roles)
-
-    brute = max(lowest(roles) for roles in itertools.product(("prefill", "decode"), repeat=n_i)
-                if all(f is None or f == r for f, r in zip(fixed, roles, strict=True)))  # fmt: skip
-    found = spare_roles(bp, bd, p, scenarios, fixed=fixed)
-    assert found.status == "optimal" and found.rate_req_s > 0
-    assert found.rate_req_s == pytest.approx(brute, rel=1e-6)
-    assert lowest(found.roles) == pytest.approx(found.rate_req_s, rel=1e-6)
-    assert found.roles[3:5] == ("decode", "decode")
-    one_by_one = by_island(bp, bd, p, [frozenset(s) for s in scenarios], time_limit_s=10.0, backend="AUTO",
-                           fixed=fixed, t0=time.perf_counter())  # fmt: skip
-    assert one_by_one.rate_req_s == pytest.approx(found.rate_req_s, rel=1e-6)
+    assert solved_as_classes(bp, bd, p, scenarios, fixed)[3:5] == ("decode", "decode")
 
 
 @pytest.mark.parametrize("seed", [4, 6, 24])
@@ -208,35 +214,20 @@ def test_hosts_of_several_alike_islands_solved_as_classes_keep_what_every_role_a
     4-GPU islands a host): the class model (`by_class`, its islands spread evenly over the hosts) against brute force
     over every role assignment and against the model over the islands one by one (`by_island`), with a host of one
     island, an island on no host and a host whose islands keep their roles."""
-    import itertools
-    import time
-
     import numpy as np
 
-    from solvers.spare import _units, by_island, spare_roles
+    from solvers.spare import _units
 
     rng = np.random.default_rng(seed)
     n_j = 3
     kinds_p, kinds_d = rng.uniform(5, 40, (4, n_j)), rng.uniform(5, 40, (4, n_j))
     which = [0, 0, 0, 0, 1, 1, 1, 2, 3, 3]  # hosts {0, 1}, {2, 3} | {4, 5, 6} | {7} | island 8 on none | {9}... kept
-    bp, bd, n_i = kinds_p[which], kinds_d[which], len(which)
+    bp, bd = kinds_p[which], kinds_d[which]
     p = np.array([0.5, 0.3, 0.2])
     scenarios = [{0, 1}, {2, 3}, {4, 5, 6}, {7}, {9}]
     fixed = [None] * 9 + ["decode"]
     assert _units(bp, bd, [frozenset(s) for s in scenarios], fixed) is not None  # the class model applies
-
-    def lowest(roles: tuple[str, ...]) -> float:
-        return lowest_over(bp, bd, p, scenarios, roles)
-
-    brute = max(lowest(roles) for roles in itertools.product(("prefill", "decode"), repeat=n_i)
-                if all(f is None or f == r for f, r in zip(fixed, roles, strict=True)))  # fmt: skip
-    found = spare_roles(bp, bd, p, scenarios, fixed=fixed)
-    assert found.status == "optimal" and found.rate_req_s > 0
-    assert found.rate_req_s == pytest.approx(brute, rel=1e-6)
-    assert lowest(found.roles) == pytest.approx(found.rate_req_s, rel=1e-6)
-    one_by_one = by_island(bp, bd, p, [frozenset(s) for s in scenarios], time_limit_s=10.0, backend="AUTO",
-                           fixed=fixed, t0=time.perf_counter())  # fmt: skip
-    assert one_by_one.rate_req_s == pytest.approx(found.rate_req_s, rel=1e-6)
+    solved_as_classes(bp, bd, p, scenarios, fixed)
     # a host of two unlike islands, or alike islands stopping in unequal numbers, is solved island by island
     assert _units(bp, bd, [frozenset({3, 4})], fixed) is None
     assert _units(bp, bd, [frozenset({0, 1}), frozenset({2})], fixed) is None

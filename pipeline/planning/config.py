@@ -7,11 +7,12 @@ line and exits with 2.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from costmodel.calibration import load_calibration
+from costmodel.calibration import Calibration, load_calibration
 from costmodel.catalog import CONF_DIR, build
 from costmodel.profile import CostProfile
 from costmodel.settings import (
@@ -59,9 +60,9 @@ def profile_from_cfg(cfg: Mapping[str, Any], model: str | None = None) -> CostPr
     if cal is None:
         return profile
     try:
-        loaded = load_calibration(calibration_path(str(cal)))
+        loaded = _calibration(str(cal))
         instead = _fallback(cfg, loaded.models, model)
-        return profile.calibrated(loaded if instead is None else load_calibration(calibration_path(instead)))
+        return profile.calibrated(loaded if instead is None else _calibration(instead))
     except SpecError as err:
         raise ConfigError(f"costmodel.calibration: {err}") from None
 
@@ -81,7 +82,7 @@ def fallback_note(cfg: Mapping[str, Any], model: str) -> str:
     if cal is None:
         return ""
     try:
-        fitted = load_calibration(calibration_path(str(cal))).models
+        fitted = _calibration(str(cal)).models
     except SpecError:
         return ""
     instead = _fallback(cfg, fitted, model)
@@ -90,6 +91,22 @@ def fallback_note(cfg: Mapping[str, Any], model: str) -> str:
     return (f"{model} is priced with calibration {instead!r} (costmodel.fallback): calibration {str(cal)!r} was "
             f"fitted to the measured serving of {', '.join(fitted)} only, and its end-to-end factors correct that "
             f"serving, not {model}'s")
+
+
+def _calibration(name: str) -> Calibration:
+    """The calibration `costmodel.calibration` names, read once per file as it stands (a command resolves it and
+    says what it resolved to from the same read)."""
+    path = calibration_path(name)
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        return load_calibration(path)  # (its own message: not found)
+    return _read_calibration(str(path), stamp)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_calibration(path: str, stamp: int) -> Calibration:
+    return load_calibration(path)
 
 
 def calibration_path(name: str) -> Path:
