@@ -197,6 +197,9 @@ class Island:
     redundant_experts: int = 0  # ... with this many replicas added so they divide over the group
     traffic_share: float = 0.0  # share of all requests through the island in its role
     utilisation: float = 0.0  # share of its time it is busy at the plan's rate
+    # the tokens a GPU of it handles a second at the plan's rate: a prefill island's prompt tokens (those its caches do
+    # not hold), a decode island's output tokens, an aggregated one's both (0: not recorded)
+    tokens_per_gpu_s: float = 0.0
     ttft_ms_expected: float | None = None  # prefill: the queueing model's TTFT at the SLO percentile
     tpot_ms_expected: float | None = None  # decode: its mean step over the mix it serves
     # two micro-batches overlapped (SGLang's two-batch overlap, vLLM's DBO), as the cost model priced the steps:
@@ -249,6 +252,7 @@ class Island:
                 raise PlanError(f"ranges overlap or are out of order: [{a.start}, {a.end}) then [{b.start}, {b.end})")
         _real(self.traffic_share, "traffic_share", 0.0, 1.0 + 1e-9)
         _real(self.utilisation, "utilisation", 0.0)
+        _real(self.tokens_per_gpu_s, "tokens_per_gpu_s", 0.0)
         _optional_real(self.ttft_ms_expected, "ttft_ms_expected", 0.0)
         _optional_real(self.tpot_ms_expected, "tpot_ms_expected", 0.0)
         _optional_real(self.cache_hit_expected, "cache_hit_expected", 0.0, 1.0)

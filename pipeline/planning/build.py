@@ -108,10 +108,12 @@ def describe(
             facts["overlap"] = overlapped(planner, gpu, cfg, batch, fraction)
         if cfg and phase == "aggregated" and table is not None and table.chunk is not None:
             facts["chunk_tokens"] = max(int(table.chunk[table.chosen, served].min()), 1)  # no step past TPOT
-        if cfg and phase == "prefill" and layout in planner.hit_cache:  # its tokens' share its caches hold, as priced
+        hits = planner.hit_cache[layout][1][i] if cfg and phase == "prefill" and layout in planner.hit_cache else None
+        if hits is not None:  # its tokens' share its caches hold, as priced
             tokens = cap[i] * r.mean
-            hits = planner.hit_cache[layout][1][i]
             facts["cache_hit_expected"] = float(tokens @ hits / tokens.sum()) if tokens.sum() > 0 else 0.0
+        if cfg:
+            facts["tokens_per_gpu_s"] = _load(planner, phase, fraction, sol.rate_req_s, size, hits)
         islands.append(
             Island(
                 gpu=gpu,
@@ -134,6 +136,16 @@ def describe(
             )
         )
     return judged(islands, planner.model.name, planner.cost)
+
+
+def _load(planner: Planner, phase: str, fraction: np.ndarray, rate: float, size: int,
+          hits: np.ndarray | None) -> float:  # fmt: skip
+    """`Island.tokens_per_gpu_s` at `rate`: a prefill island's prompt tokens (those its caches do not hold, `hits`
+    per range), a decode island's output tokens, an aggregated one's both, over its `size` GPUs."""
+    routed = rate * planner.ranges.p * fraction  # req/s of each range through it
+    computed = planner.ranges.mean * (1.0 - hits) if hits is not None else planner.ranges.mean
+    prompts, outputs = float(routed @ computed), float(routed.sum()) * planner.workload.mean_decode
+    return {"prefill": prompts, "decode": outputs}.get(phase, prompts + outputs) / size
 
 
 def cache_free(planner: Planner, layout: Layout, time_limit_s: float, backend: str = "AUTO") -> float | None:

@@ -304,8 +304,9 @@ def _extrapolation_lines(plan: Plan) -> list[str]:
         return []
     lines = ["", "Where the plan extrapolates: islands whose configuration no measurement the cost model was fitted on "
              "ran (a GPU type, role, engine size, attention parallelism, sequences per rank, prompt lengths, "
-             "experts' format or MTP outside them; docs/costmodel.md). The range spreads the model's own error once "
-             "more on their GPU types.", "", "| island | role | outside the measured configurations |",
+             "experts' format or MTP outside them), or that run at more tokens a GPU a second than any measured "
+             "engine of their GPU and role delivered (docs/costmodel.md). The range spreads the model's own error "
+             "once more on their GPU types.", "", "| island | role | outside the measured configurations |",
              "|---|---|---|"]  # fmt: skip
     for group in _alike(judged, lambda isl: (isl.size, isl.gpu, isl.role, isl.outside)):
         lines.append(f"| {_label(group)} | {group[0].role} | {'; '.join(group[0].outside or ())} |")
