@@ -103,6 +103,7 @@ def measure(protocol: str, concurrency: int, delay: float, seconds: float, direc
             "rate": seen.rate,
             "peak": seen.peak_in_flight,
             "bad": bad,
+            "resent": seen.stale,  # requests sent again on a new connection: their kept-alive one closed idle
             "load_cpu": used[0],
             "engines_cpu": used[1],
             "router_cpu": used[2] if router else 0.0,
@@ -163,14 +164,15 @@ def main() -> None:
 def idle_table(args: argparse.Namespace) -> None:
     """Through the router, its clients' rate alone and beside `args.idle` idle connections, side by side."""
     print(f"beside {args.idle} idle connections (the router's --header-timeout {args.header_timeout:g} s)")
-    print(f"{'protocol':9} {'idle':>5} {'req/s':>7} {'errors':>7} {'p50 s':>6} {'p99 s':>6} {'router':>7} "
-          f"{'idle closed':>12} {'kept s min':>11} {'kept s max':>11} {'not closed':>11}")  # fmt: skip
+    print(f"{'protocol':9} {'idle':>5} {'req/s':>7} {'errors':>7} {'resent':>7} {'p50 s':>6} {'p99 s':>6} "
+          f"{'router':>7} {'idle closed':>12} {'kept s min':>11} {'kept s max':>11} {'not closed':>11}")  # fmt: skip
     for protocol in args.protocols:
         rows = {}
         for n in (0, args.idle):
             r = rows[n] = measure(protocol, args.concurrency, args.delay, args.seconds, False, idle_conns=n,
                                   header_timeout=args.header_timeout)  # fmt: skip
-            print(f"{protocol:9} {n:5d} {r['rate']:7.0f} {r['bad']:7.0f} {r['p50_s']:6.2f} {r['p99_s']:6.2f} "
+            print(f"{protocol:9} {n:5d} {r['rate']:7.0f} {r['bad']:7.0f} {r['resent']:7.0f} {r['p50_s']:6.2f} "
+                  f"{r['p99_s']:6.2f} "
                   f"{r['router_cpu']:7.2f} {r['idle_closed']:12.0f} {r['idle_kept_min_s']:11.2f} "
                   f"{r['idle_kept_max_s']:11.2f} {r['idle_open']:11.0f}")  # fmt: skip
         ratio = rows[args.idle]["rate"] / rows[0]["rate"]

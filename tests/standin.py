@@ -125,7 +125,9 @@ async def serve_engines(ports: list[int], delays: list[float]) -> None:
 
 @dataclass
 class Load:
-    """What the load generator saw."""
+    """What the load generator saw. `stale`: requests sent again on a new connection because the router had closed
+    their kept-alive one before any byte of the answer (`_Closed`), as HTTP clients do (RFC 9112 9.3.1): a server
+    closes a connection idle past its keep-alive time, and a request written meanwhile meets the close."""
 
     sent: int = 0
     ok: int = 0
@@ -135,10 +137,15 @@ class Load:
     in_flight: int = 0
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
+    stale: int = 0
 
     @property
     def rate(self) -> float:
         return self.ok / self.seconds if self.seconds else 0.0
+
+
+class _Closed(Exception):
+    """The connection closed before any byte of the answer."""
 
 
 async def load(
@@ -146,7 +153,9 @@ async def load(
 ) -> Load:
     """`concurrency` clients, each on one keep-alive connection, posting `body` back to back for `seconds`
     (started over `ramp_s`); counts the answers completed in the `seconds` after the ramp. An answer not complete within
-    `timeout_s` is an error (TimeoutError), never a hang."""
+    `timeout_s` is an error (TimeoutError), never a hang. A kept-alive connection (one that has had an answer) closed
+    before any byte of the next answer is stale: the request is sent again on a new one (`Load.stale`); on a new
+    connection that is an error (`_Closed`)."""
     out = Load()
     request = (b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
@@ -156,10 +165,12 @@ async def load(
     async def client(k: int) -> None:
         await asyncio.sleep(ramp_s * k / concurrency)
         reader = writer = None
+        answered = 0  # answers on the connection open now
         while time.perf_counter() < end:
             try:
                 if writer is None:
                     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+                    answered = 0
                 t0 = time.perf_counter()
                 out.sent += 1
                 out.in_flight += 1
@@ -168,16 +179,21 @@ async def load(
                 async with asyncio.timeout(timeout_s):
                     status = await _answer(reader)  # type: ignore[arg-type]
                 out.in_flight -= 1
+                answered += 1
                 out.statuses[status] = out.statuses.get(status, 0) + 1
                 if status == 200 and start + ramp_s <= time.perf_counter() <= end:  # answered in the window
                     out.ok += 1
                     out.latencies.append(time.perf_counter() - t0)
-            except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError) as err:
+            except (_Closed, OSError, asyncio.IncompleteReadError, ValueError, TimeoutError) as err:
                 out.in_flight -= 1
-                out.errors[type(err).__name__] = out.errors.get(type(err).__name__, 0) + 1
                 if writer is not None:
                     writer.close()
                 writer = None
+                if isinstance(err, _Closed) and answered:  # a stale kept-alive connection: again on a new one
+                    out.sent -= 1
+                    out.stale += 1
+                    continue
+                out.errors[type(err).__name__] = out.errors.get(type(err).__name__, 0) + 1
                 await asyncio.sleep(0.05)
         if writer is not None:
             writer.close()
@@ -240,8 +256,15 @@ async def idle(port: int, count: int, seconds: float, patience_s: float = 30.0, 
 
 
 async def _answer(reader: asyncio.StreamReader) -> int:
-    """Read one HTTP answer; its status."""
-    head = await reader.readuntil(b"\r\n\r\n")
+    """Read one HTTP answer; its status. `_Closed` where the connection closes before any byte of it."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as err:
+        if err.partial:
+            raise
+        raise _Closed("closed before the answer") from err
+    except ConnectionResetError as err:
+        raise _Closed("reset before the answer") from err
     status = int(head.split(b" ", 2)[1])
     length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                    if line.lower().startswith(b"content-length")), None)  # fmt: skip

@@ -666,8 +666,10 @@ async def _raw(url: str, data: bytes, seconds: float) -> tuple[bytes, float]:
 def test_idle_and_half_sent_connections_are_closed_within_the_header_timeout_while_clients_are_served() -> None:
     """200 connections that send nothing or a request head without its end (opening again once closed), beside 50
     clients in a closed loop: every idle one is closed once the header timeout (1 s) has passed since it opened, a
-    head trickled byte by byte too, and every normal client's request is answered 200. (The margin past 1 s is the
-    machine's: the test holds no timing as a target, only that the timeout closes them.)"""
+    head trickled byte by byte too, and every normal client's request is answered 200 (`standin.load` sends a request
+    again on a new connection where its kept-alive one was closed before any byte of the answer, as HTTP clients
+    do). (The margin past 1 s is the machine's: the test holds no timing as a target, only that the timeout closes
+    them.)"""
 
     async def main() -> tuple[Any, Any, tuple[bytes, float]]:
         engines = Engines()
@@ -704,6 +706,10 @@ def test_idle_and_half_sent_connections_are_closed_within_the_header_timeout_whi
     assert 0.5 <= min(idled.asked_s) and max(idled.kept_s) < 1.0 + 3.0, (min(idled.asked_s), max(idled.kept_s))
     assert 0.5 <= trickled_s < 1.0 + 3.0
     assert served.errors == {} and set(served.statuses) == {200} and served.ok > 0, (served.errors, served.statuses)
+    # a kept-alive client idle past the timeout (its event loop stalled on a loaded machine) finds its connection
+    # closed and asks again, as HTTP clients do; a router that closed kept-alive connections after every answer
+    # would show as many of those as answers
+    assert served.stale * 10 <= served.ok, (served.stale, served.ok)
 
 
 def test_a_connection_past_the_cap_closes_the_one_idle_longest_and_never_a_busy_one() -> None:
