@@ -116,6 +116,8 @@ EDITS = [
      "islands[0]: hosts: 8 GPUs from GPU 0 of 8-GPU hosts take 1 host(s), not the 2 in nodes"),
     ("negative size", set_island("size", -8), "islands[0]: size must be a whole number >= 1, got -8"),
     ("negative batch", set_island("batch", -1, 2), "islands[2]: batch must be a whole number >= 1, got -1"),
+    ("negative load", set_island("tokens_per_gpu_s", -5.0, 2),
+     "islands[2]: tokens_per_gpu_s must be a finite number >= 0, got -5.0"),
     ("EP group over the size", set_island("ep", 512, 2), "islands[2]: decode ep 512 x dp 1 must be the size 16"),
     ("EP group over the experts", lambda d: d["islands"][2].update(size=512, ep=512, ep_group=512, hosts={
         "node_gpus": 8, "nodes": list(range(64)), "first_gpu": 0}),
