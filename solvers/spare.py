@@ -36,12 +36,29 @@ islands of one class (u_c = m_c / n units of c), a class running k decode island
 units, floor(k / u_c) or ceil(k / u_c) a unit. A scenario changes each role's routing by the islands of that role it
 stops, so the prefill half takes the most prefill islands any scenario of c stops, n - floor(k / u_c), and the
 decode half the most decode ones, ceil(k / u_c); no other spread stops fewer of either, and with n = 1 these are the
-indicators above. A scenario of unlike islands, or of alike ones stopping in unequal numbers, is solved island by
-island (`by_island`).
+indicators above.
+
+A host may hold unlike islands too (a small model's islands of 1, 2 and 4 GPUs side by side). Where every scenario
+stops the islands of one host and no island is in two scenarios, hosts of the same make-up (how many islands of each
+class they hold: their type h, u_h hosts) are interchangeable, and so are those of one type running the same roles
+(their configuration k: d_kc decode islands of each class c, the rest prefill). The model then counts the hosts of
+each type in each configuration, y_hk (Σ_k y_hk = u_h), with z_hk = [y_hk >= 1] (y_hk <= u_h z_hk), and routes each
+role once per configuration (`by_host`):
+
+    prefill: Σ_j x^{hk}_cj <= P_c − (a_hc − d_kc) z_hk,   decode: Σ_j x^{hk}_cj <= D_c − d_kc z_hk
+    D_c = w_c + Σ_hk y_hk d_kc,   P_c = m_c − D_c
+
+(a_hc: the islands of c such a host holds; w_c: the decode islands among those of c no scenario stops). A
+configuration no host runs (z_hk = 0) routes with every island up, which the others bound already, so the model
+holds exactly the scenarios some host runs, as the per-island model does, with a routing per configuration in place
+of one per host (alike islands stopping in unequal numbers are hosts of two types). Where a scenario stops islands
+another one stops too (several hosts lost, an island across hosts), the first model solves it island by island
+(`by_island`).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -85,7 +102,7 @@ def spare_roles(
     t0 = time.perf_counter()
     bp, bd = np.asarray(prefill_req_s, dtype=float), np.asarray(decode_req_s, dtype=float)
     scen = [frozenset(s) for s in scenarios] or [frozenset()]
-    solve = by_class if _units(bp, bd, scen, fixed) is not None else by_island
+    solve = by_class if _units(bp, bd, scen, fixed) is not None else by_host if _one_host_each(scen) else by_island
     return solve(bp, bd, np.asarray(p, dtype=float), scen, time_limit_s=time_limit_s, backend=backend, fixed=fixed,
                  t0=t0)  # fmt: skip
 
@@ -295,6 +312,158 @@ def by_class(
             for t, unit in enumerate(units):
                 for i in unit[: n_dec // len(units) + (t < n_dec % len(units))]:
                     out[i] = "decode"
+        return out
+
+    return _answer(status, x, col_lam, n_i, t0, roles)
+
+
+def _one_host_each(scen: Sequence[frozenset[int]]) -> bool:
+    """Whether `by_host` holds: every scenario stops some islands and none another scenario stops (a scenario given
+    twice is one)."""
+    seen: set[int] = set()
+    for down in dict.fromkeys(scen):
+        if not down or not seen.isdisjoint(down):
+            return False
+        seen |= down
+    return True
+
+
+@dataclass(frozen=True)
+class _HostTypes:
+    """Islands by class (`_Classes`' key: rates and kept role) and hosts by type (the islands of each class they
+    hold), for `by_host`."""
+
+    cp: np.ndarray  # (C, J) prefill req/s of one island of each class
+    cd: np.ndarray  # ... and decode
+    m: np.ndarray  # (C,) islands per class
+    safe: list[list[int]]  # per class its islands no scenario stops
+    kept: list[str | None]  # a role every island of the class keeps (None: the solve chooses)
+    make_up: list[np.ndarray]  # per host type: (C,) islands of each class one host holds
+    hosts: list[list[list[list[int]]]]  # per host type, per host, per class: its islands
+    configs: list[np.ndarray]  # per host type: (K, C) decode islands of each class, every configuration
+
+    @staticmethod
+    def of(bp: np.ndarray, bd: np.ndarray, scen: Sequence[frozenset[int]],
+           fixed: Sequence[str | None] | None) -> _HostTypes:  # fmt: skip
+        n_i = bp.shape[0]
+        kept_of = list(fixed) if fixed is not None else [None] * n_i
+        keys = [(bp[i].tobytes(), bd[i].tobytes(), kept_of[i]) for i in range(n_i)]
+        index: dict[tuple[bytes, bytes, str | None], int] = {}
+        cls = [index.setdefault(key, len(index)) for key in keys]
+        n_c = len(index)
+        first = [cls.index(c) for c in range(n_c)]
+        kept = [kept_of[i] for i in first]
+        lost = set().union(*scen)
+        safe = [[i for i in range(n_i) if cls[i] == c and i not in lost] for c in range(n_c)]
+        types: dict[tuple[int, ...], list[list[list[int]]]] = {}
+        for down in dict.fromkeys(scen):
+            by_class = [sorted(i for i in down if cls[i] == c) for c in range(n_c)]
+            types.setdefault(tuple(len(isl) for isl in by_class), []).append(by_class)
+        configs = []
+        for make_up in types:  # a class kept in a role: all its islands in it; else 0..a of them decode
+            choices = [[a] if kept[c] == "decode" else [0] if kept[c] == "prefill" else list(range(a + 1))
+                       for c, a in enumerate(make_up)]  # fmt: skip
+            configs.append(np.array(list(itertools.product(*choices)), dtype=float).reshape(-1, n_c))
+        return _HostTypes(bp[first], bd[first], np.bincount(cls, minlength=n_c).astype(float), safe, kept,
+                          [np.array(t, dtype=float) for t in types], list(types.values()), configs)  # fmt: skip
+
+
+def by_host(
+    bp: np.ndarray,
+    bd: np.ndarray,
+    p: np.ndarray,
+    scen: Sequence[frozenset[int]],
+    *,
+    time_limit_s: float,
+    backend: str,
+    fixed: Sequence[str | None] | None,
+    t0: float,
+) -> SpareRoles:
+    """The module's model over host types and their role configurations, every scenario the islands of one host
+    (the docstring's third model)."""
+    k = _HostTypes.of(bp, bd, scen, fixed)
+    n_i = bp.shape[0]
+    n_c, n_j = k.cp.shape
+    cj = n_c * n_j
+    sizes = [len(c) for c in k.configs]
+    u = np.array([len(h) for h in k.hosts], dtype=float)  # hosts of each type
+    col_y = np.concatenate([[0], np.cumsum(sizes)]).astype(int)  # y_hk, then z_hk, w_c, D_c
+    n_hk = int(col_y[-1])
+    col_z, col_w = n_hk, 2 * n_hk
+    col_d = col_w + n_c
+    col_x = col_d + n_c  # then the halves' routings, their v, and Λ (`halves` below)
+    htype = np.repeat(np.arange(len(sizes)), sizes)
+    lb, ub = np.zeros(col_x), np.zeros(col_x)
+    ub[:n_hk] = u[htype]
+    ub[col_z:col_w] = 1.0
+    for c, role in enumerate(k.kept):  # the decode islands among those no scenario stops
+        n_safe = float(len(k.safe[c]))
+        lb[col_w + c] = n_safe if role == "decode" else 0.0
+        ub[col_w + c] = 0.0 if role == "prefill" else n_safe
+    ub[col_d:col_x] = k.m
+    rows = Rows()
+    hk = np.arange(n_hk)
+    rows.add(htype, hk, 1.0)  # Σ_k y_hk = u_h
+    rows.close(len(sizes), u, u)
+    rows.add(hk, hk, 1.0)  # y_hk − u_h z_hk <= 0
+    rows.add(hk, col_z + hk, -u[htype])
+    rows.close(n_hk, -np.inf, 0.0)
+    d = np.concatenate(k.configs)  # (hk, C) decode islands of each class
+    a = np.array([k.make_up[h] for h in htype]).reshape(n_hk, n_c)
+    cc = np.arange(n_c)
+    rows.add(cc, col_d + cc, 1.0)  # D_c − w_c − Σ_hk y_hk d_kc = 0
+    rows.add(cc, col_w + cc, -1.0)
+    rows.add(np.tile(cc, n_hk), np.repeat(hk, n_c), -d.ravel())
+    rows.close(n_c, 0.0, 0.0)
+    # a half per role and islands lost: the configurations losing the same islands of that role route alike, so
+    # they share one routing, lost when any of them is run (v >= z_hk of each; a half losing nothing routes with
+    # every island up, which any other half bounds)
+    halves: dict[tuple[int, bytes], tuple[np.ndarray, list[int]]] = {}
+    for n in range(n_hk):
+        for role, loss in enumerate((a[n] - d[n], d[n])):
+            halves.setdefault((role, loss.tobytes()), (loss, []))[1].append(n)
+    routed = [(role, loss, runs) for (role, _), (loss, runs) in halves.items() if loss.any()]
+    for role in (0, 1):
+        if not any(r == role for r, _, _ in routed):
+            routed.append((role, np.zeros(n_c), []))
+    col_v = col_x + len(routed) * cj
+    col_lam = col_v + len(routed)
+    lb, ub = (np.concatenate([v, np.zeros(col_lam + 1 - col_x)]) for v in (lb, ub))
+    ub[col_v:col_lam] = 1.0
+    ub[col_lam] = np.inf
+    ci, jj = np.meshgrid(cc, np.arange(n_j), indexing="ij")
+    for n, (role, loss, runs) in enumerate(routed):
+        b = k.cp if role == 0 else k.cd
+        x = col_x + n * cj + ci * n_j + jj
+        ub[x.ravel()] = np.where(b > 0, k.m[:, None], 0.0).ravel()
+        rows.add(jj, x, b)  # Σ_c b_cj x_cj − p_j Λ >= 0
+        rows.add(np.arange(n_j), np.full(n_j, col_lam), -p)
+        rows.close(n_j, 0.0, np.inf)
+        # prefill: Σ_j x_cj + D_c + (a_hc − d_kc) v <= m_c; decode: Σ_j x_cj − D_c + d_kc v <= 0
+        rows.add(ci, x, 1.0)
+        rows.add(cc, col_d + cc, 1.0 if role == 0 else -1.0)
+        rows.add(cc, np.full(n_c, col_v + n), loss)
+        rows.close(n_c, -np.inf, k.m if role == 0 else 0.0)
+        if runs:  # v − z_hk >= 0 for each configuration losing these
+            rows.add(np.arange(len(runs)), np.full(len(runs), col_v + n), 1.0)
+            rows.add(np.arange(len(runs)), col_z + np.array(runs), -1.0)
+            rows.close(len(runs), 0.0, np.inf)
+    model = maximising(col_lam, lb, ub, rows)
+    for col in range(col_d):
+        model.helper.set_var_integrality(col, True)
+    status, x = _solve_matrix(model, backend, time_limit_s, CLASS_SCIP)
+
+    def roles() -> list[str]:  # y_hk hosts of type h in configuration k, the first d_kc islands of each class decode
+        out = ["prefill"] * n_i
+        for h, hosts in enumerate(k.hosts):
+            chosen = np.repeat(np.arange(sizes[h]), np.round(x[col_y[h] : col_y[h + 1]]).astype(int))
+            for host, config in zip(hosts, chosen, strict=True):
+                for c, islands in enumerate(host):
+                    for i in islands[: int(k.configs[h][config, c])]:
+                        out[i] = "decode"
+        for c, islands in enumerate(k.safe):
+            for i in islands[: round(x[col_w + c])]:
+                out[i] = "decode"
         return out
 
     return _answer(status, x, col_lam, n_i, t0, roles)

@@ -214,6 +214,8 @@ def _finish(
     _convergence(run, settings)
     if best_layout is None:
         return _no_plan(run, settings, tracker, complete, wall_s)
+    if _nothing_survives(run, settings):  # no layout keeps anything with its worst hosts lost: nothing to plan with
+        return _no_plan(run, settings, tracker, complete, wall_s, serves_nothing=True)
     plan, best_layout = _best_plan(run, settings, ctx, best_layout, complete, wall_s, notes)
     if not plan.serves:  # the best layout serves nothing: no plan to write, deploy or link as the newest
         return _no_plan(run, settings, tracker, complete, wall_s, serves_nothing=True)
@@ -561,14 +563,24 @@ def _no_plan(
     return cli.INTERRUPTED if not complete else NO_PLAN
 
 
+def _nothing_survives(run: SearchRun, settings: Settings) -> bool:
+    """Whether a search that scored each layout by its rate with its worst `search.spare_hosts` hosts lost scored
+    every one 0 req/s: its best layout's roles are then any (none keeps anything), and no plan is made of them."""
+    o = settings.search
+    if not o.spare_hosts or settings.mode != "search" or run.replanned is not None or \
+            run.ctx.demand_req_s is not None or o.objective not in ("max_rate", "rate_per_dollar"):  # fmt: skip
+        return False
+    scores = [r["score"] for r in run.records if r["status"] in OK]
+    return bool(scores) and max(scores) <= 0.0
+
+
 def _serves_nothing(settings: Settings, run: SearchRun) -> tuple[str, str]:
     """(why, what to change) where the best layout the search found serves no requests."""
     o, budget, ref = settings.search, run.ctx.planner.budget_per_hour, run.ref
     # the exact reference proved that nothing serves with every host up either: not the hosts lost
     up = ref is not None and not ref.lost_hosts and ref.status == "optimal" and ref.rate_req_s <= 0
     if o.spare_hosts and not up:
-        return (f"every layout scored 0 req/s with its worst {o.spare_hosts} hosts lost, and the best of them serves "
-                "nothing", "lower search.spare_hosts")  # fmt: skip
+        return f"every layout scored 0 req/s with its worst {o.spare_hosts} hosts lost", "lower search.spare_hosts"
     if settings.replan is not None:
         return ("the re-plan's best islands serve nothing", "raise search.max_moves, or re-plan from scratch (drop "
                 "search.from_plan)" + (" or raise search.budget_per_hour" if budget is not None else ""))
