@@ -321,6 +321,27 @@ def test_an_in_process_search_records_a_raising_trial_and_goes_on(tmp_path: Path
     assert sum(r["status"] in ("optimal", "feasible") for r in results) >= 4
 
 
+def test_a_layout_whose_host_loss_roles_run_out_of_time_is_a_time_limit_trial_not_a_zero(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The roles with a host lost found no solution within the trial's limit: the trial says so (status time_limit,
+    its note naming the limit) and keeps its rate with every host up, where it used to score the layout as keeping
+    nothing with a host lost; a solve that ends in time scores the rate it keeps."""
+    import pipeline.search.trial as trial
+    from pipeline.planning.planner import Layout
+    from solvers.spare import SpareRoles
+
+    _, ctx = small_context(tmp_path, "search.spare_hosts=1")
+    layout = Layout.of([("H200", 8), ("H200", 8), ("H800", 8), ("H800", 8), ("H20", 16), ("H20", 16)])
+    kept = trial.score_layout(ctx, layout)
+    assert kept["status"] in trial.OK and kept["score"] == kept["spare_req_s"] > 0
+    monkeypatch.setattr(trial, "spare_solve", lambda *a, **k: SpareRoles("time_limit", 0.0, ("prefill",) * 6, 5000.0))
+    got = trial.score_layout(ctx, layout)
+    assert got["status"] == "time_limit" and got["score"] == 0.0 and got["islands"] == layout.key
+    assert "time_limit after 5000 ms" in got["note"] and "search.inner_time_limit_s" in got["note"]
+    assert got["rate_req_s"] == pytest.approx(kept["rate_req_s"])
+
+
 def test_polish_in_the_search_refines_the_real_layouts(tmp_path: Path) -> None:
     from pipeline.search.samplers import make_sampler
     from pipeline.search.trial import ask_tell

@@ -67,6 +67,35 @@ def test_a_search_without_any_layout_says_why_and_exits_nonzero(
     assert parent_status(tmp_path, d) == "FAILED"
 
 
+def first_out_of_time(ctx: Any, params: Any) -> dict[str, Any]:
+    """The trial with the sampler's first proposal out of time, every other scored as the search scores it."""
+    from pipeline.search.trial import run_trial
+
+    got = run_trial(ctx, params)
+    if params == first_out_of_time.first.setdefault("params", params):  # type: ignore[attr-defined]
+        return {**got, "status": "time_limit", "score": 0.0, "note": "roles with 1 host(s) lost: time_limit"}
+    return got
+
+
+first_out_of_time.first = {}  # type: ignore[attr-defined]
+
+
+def test_trials_out_of_time_beside_scored_ones_are_counted_in_the_plans_notes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], local_ray: Any
+) -> None:
+    """A search with trials that ran out of their time beside scored ones plans with the scored ones and says how
+    many were not scored and which limit to raise, on the console and in the plan's notes (report.md)."""
+    first_out_of_time.first.clear()  # type: ignore[attr-defined]
+    assert run_search(tmp_path, first_out_of_time) == 0
+    d = run_dir(tmp_path)
+    records = Journal(d / "trials.jsonl").load()
+    n = sum(r["status"] == "time_limit" for r in records)
+    assert n >= 1
+    said = f"{n} of {len(records)} trials ran out of search.inner_time_limit_s=10 s without a solution"
+    assert said in capsys.readouterr().out
+    assert any(said in note for note in plans.load(d / "plan.json").notes)
+
+
 def test_a_gpu_type_that_cannot_hold_the_model_is_named_in_the_plan(tmp_path: Path, local_ray: Any) -> None:
     from pipeline.search.trial import run_trial
 

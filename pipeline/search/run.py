@@ -216,6 +216,12 @@ def _finish(
         return _no_plan(run, settings, tracker, complete, wall_s)
     if _nothing_survives(run, settings):  # no layout keeps anything with its worst hosts lost: nothing to plan with
         return _no_plan(run, settings, tracker, complete, wall_s, serves_nothing=True)
+    if out_of_time := sum(r["status"] == "time_limit" for r in run.records):  # layouts the search could not score
+        note = (f"{out_of_time} of {len(run.records)} trials ran out of search.inner_time_limit_s="
+                f"{ctx.inner_time_limit_s:g} s without a solution and were not scored (trials.jsonl says which); a "
+                "larger limit scores them")  # fmt: skip
+        print(f"[search] note: {note}", flush=True)
+        notes = [*notes, note]
     plan, best_layout = _best_plan(run, settings, ctx, best_layout, complete, wall_s, notes)
     if not plan.serves:  # the best layout serves nothing: no plan to write, deploy or link as the newest
         return _no_plan(run, settings, tracker, complete, wall_s, serves_nothing=True)

@@ -113,6 +113,11 @@ def score_layout(ctx: Context, layout: Layout, t0: float | None = None) -> dict[
     extra = {}
     if ctx.spare_hosts:  # the lowest rate with any `spare_hosts` hosts lost replaces the rate with all up
         spare = spare_solve(planner, layout, ctx.spare_hosts, ctx.inner_time_limit_s, ctx.backend)
+        if spare.status == "time_limit":  # no roles found in time: not scored as keeping nothing, and said so
+            out = unscored("time_limit", f"roles with {ctx.spare_hosts} host(s) lost: time_limit after "
+                           f"{spare.solve_ms:.0f} ms, no solution (search.inner_time_limit_s)", t0)  # fmt: skip
+            return {**out, "islands": layout.key, "solve_ms": sol.solve_ms, "n_islands": float(len(layout.islands)),
+                    "rate_req_s": sol.rate_req_s, "cost_per_hour": cost}  # fmt: skip
         score = spare.rate_req_s / cost if ctx.objective == "rate_per_dollar" and cost > 0 else spare.rate_req_s
         extra = {"spare_req_s": spare.rate_req_s}
     if ctx.objective == "goodput":  # the simulator's verdict replaces the analytic rate as the score
