@@ -96,6 +96,25 @@ def test_trials_out_of_time_beside_scored_ones_are_counted_in_the_plans_notes(
     assert any(said in note for note in plans.load(d / "plan.json").notes)
 
 
+def none_survive(ctx: Any, params: Any) -> dict[str, Any]:
+    """Every layout keeping 0 req/s with a host lost, the sampler's first out of time."""
+    got = first_out_of_time(ctx, params)
+    return got if got["status"] == "time_limit" else {**got, "score": 0.0, "spare_req_s": 0.0}
+
+
+def test_no_layout_surviving_a_host_lost_beside_trials_out_of_time_names_both_fixes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], local_ray: Any
+) -> None:
+    """Every scored layout keeps nothing with a host lost and some could not be scored in time: no plan, and the
+    line names both what to lower and what to raise."""
+    first_out_of_time.first.clear()  # type: ignore[attr-defined]
+    assert run_search(tmp_path, none_survive) == 1
+    err = capsys.readouterr().err
+    assert "error: no plan: every layout scored 0 req/s with its worst 1 hosts lost" in err
+    assert "; lower search.spare_hosts, or raise search.inner_time_limit_s (" in err and "trials ran out of it)" in err
+    assert not list((tmp_path / "out").rglob("plan.json"))
+
+
 def test_a_gpu_type_that_cannot_hold_the_model_is_named_in_the_plan(tmp_path: Path, local_ray: Any) -> None:
     from pipeline.search.trial import run_trial
 

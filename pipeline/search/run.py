@@ -586,7 +586,9 @@ def _serves_nothing(settings: Settings, run: SearchRun) -> tuple[str, str]:
     # the exact reference proved that nothing serves with every host up either: not the hosts lost
     up = ref is not None and not ref.lost_hosts and ref.status == "optimal" and ref.rate_req_s <= 0
     if o.spare_hosts and not up:
-        return f"every layout scored 0 req/s with its worst {o.spare_hosts} hosts lost", "lower search.spare_hosts"
+        out_of_time = sum(r["status"] == "time_limit" for r in run.records)  # (those it could not score)
+        return (f"every layout scored 0 req/s with its worst {o.spare_hosts} hosts lost", "lower search.spare_hosts"
+                + (f", or raise search.inner_time_limit_s ({out_of_time} trials ran out of it)" if out_of_time else ""))
     if settings.replan is not None:
         return ("the re-plan's best islands serve nothing", "raise search.max_moves, or re-plan from scratch (drop "
                 "search.from_plan)" + (" or raise search.budget_per_hour" if budget is not None else ""))
