@@ -164,12 +164,19 @@ def _answer(
     return SpareRoles(status, max(float(x[col_lam]), 0.0) + 0.0, tuple(roles()), ms)  # (+ 0.0: no -0.0)
 
 
+def _class_keys(bp: np.ndarray, bd: np.ndarray,
+                fixed: Sequence[str | None] | None) -> list[tuple[bytes, bytes, str | None]]:  # fmt: skip
+    """Each island's class: its rates in both roles and the role it keeps (None: the solve chooses)."""
+    kept = list(fixed) if fixed is not None else [None] * bp.shape[0]
+    return [(bp[i].tobytes(), bd[i].tobytes(), kept[i]) for i in range(bp.shape[0])]
+
+
 def _units(bp: np.ndarray, bd: np.ndarray, scen: Sequence[frozenset[int]],
            fixed: Sequence[str | None] | None) -> dict[int, int] | None:  # fmt: skip
     """Each island's scenario where the class model holds (every scenario stops islands of one class only, with the
     same rates and kept role, no island is in two scenarios, and every scenario of a class stops as many: one host
     lost, each host's islands alike), else None."""
-    kept = list(fixed) if fixed is not None else [None] * bp.shape[0]
+    key_of = _class_keys(bp, bd, fixed)
     at: dict[int, int] = {}
     size: dict[tuple[bytes, bytes, str | None], int] = {}
     seen: set[frozenset[int]] = set()
@@ -179,7 +186,7 @@ def _units(bp: np.ndarray, bd: np.ndarray, scen: Sequence[frozenset[int]],
         if down in seen:  # the same islands again: the same scenario
             continue
         seen.add(down)
-        keys = {(bp[i].tobytes(), bd[i].tobytes(), kept[i]) for i in down}
+        keys = {key_of[i] for i in down}
         if len(keys) != 1 or any(i in at for i in down) or size.setdefault(keys.pop(), len(down)) != len(down):
             return None
         at.update((i, k) for i in down)
@@ -210,12 +217,11 @@ class _Classes:
            fixed: Sequence[str | None] | None) -> _Classes:  # fmt: skip
         at = _units(bp, bd, scen, fixed)
         assert at is not None, "by_class needs scenarios of alike islands, one scenario an island"
-        kept = list(fixed) if fixed is not None else [None] * bp.shape[0]
+        key_of = _class_keys(bp, bd, fixed)
         members: dict[tuple[bytes, bytes, str | None, int], dict[int, list[int]]] = {}
         for i in range(bp.shape[0]):  # (islands never lost: a unit each, of size 0)
             n = len(scen[at[i]]) if i in at else 0
-            members.setdefault((bp[i].tobytes(), bd[i].tobytes(), kept[i], n), {}).setdefault(
-                at.get(i, -1 - i), []).append(i)
+            members.setdefault((*key_of[i], n), {}).setdefault(at.get(i, -1 - i), []).append(i)
         units = [list(us.values()) if key[3] else [] for key, us in members.items()]
         islands = [[i for u in us.values() for i in u] for us in members.values()]
         # scenarios: (class, role lost) for every class whose islands can be lost; none: every island up. A scenario
@@ -346,13 +352,11 @@ class _HostTypes:
     def of(bp: np.ndarray, bd: np.ndarray, scen: Sequence[frozenset[int]],
            fixed: Sequence[str | None] | None) -> _HostTypes:  # fmt: skip
         n_i = bp.shape[0]
-        kept_of = list(fixed) if fixed is not None else [None] * n_i
-        keys = [(bp[i].tobytes(), bd[i].tobytes(), kept_of[i]) for i in range(n_i)]
         index: dict[tuple[bytes, bytes, str | None], int] = {}
-        cls = [index.setdefault(key, len(index)) for key in keys]
+        cls = [index.setdefault(key, len(index)) for key in _class_keys(bp, bd, fixed)]
         n_c = len(index)
         first = [cls.index(c) for c in range(n_c)]
-        kept = [kept_of[i] for i in first]
+        kept = [key[2] for key in index]
         lost = set().union(*scen)
         safe = [[i for i in range(n_i) if cls[i] == c and i not in lost] for c in range(n_c)]
         types: dict[tuple[int, ...], list[list[list[int]]]] = {}

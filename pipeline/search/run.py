@@ -216,7 +216,7 @@ def _finish(
         return _no_plan(run, settings, tracker, complete, wall_s)
     if _nothing_survives(run, settings):  # no layout keeps anything with its worst hosts lost: nothing to plan with
         return _no_plan(run, settings, tracker, complete, wall_s, serves_nothing=True)
-    if out_of_time := sum(r["status"] == "time_limit" for r in run.records):  # layouts the search could not score
+    if out_of_time := _out_of_time(run):  # layouts the search could not score
         note = (f"{out_of_time} of {len(run.records)} trials ran out of search.inner_time_limit_s="
                 f"{ctx.inner_time_limit_s:g} s without a solution and were not scored (trials.jsonl says which); a "
                 "larger limit scores them")  # fmt: skip
@@ -569,6 +569,11 @@ def _no_plan(
     return cli.INTERRUPTED if not complete else NO_PLAN
 
 
+def _out_of_time(run: SearchRun) -> int:
+    """The trials that ran out of search.inner_time_limit_s without a solution: layouts the search could not score."""
+    return sum(r["status"] == "time_limit" for r in run.records)
+
+
 def _nothing_survives(run: SearchRun, settings: Settings) -> bool:
     """Whether a search that scored each layout by its rate with its worst `search.spare_hosts` hosts lost scored
     every one 0 req/s: its best layout's roles are then any (none keeps anything), and no plan is made of them."""
@@ -586,7 +591,7 @@ def _serves_nothing(settings: Settings, run: SearchRun) -> tuple[str, str]:
     # the exact reference proved that nothing serves with every host up either: not the hosts lost
     up = ref is not None and not ref.lost_hosts and ref.status == "optimal" and ref.rate_req_s <= 0
     if o.spare_hosts and not up:
-        out_of_time = sum(r["status"] == "time_limit" for r in run.records)  # (those it could not score)
+        out_of_time = _out_of_time(run)
         return (f"every layout scored 0 req/s with its worst {o.spare_hosts} hosts lost", "lower search.spare_hosts"
                 + (f", or raise search.inner_time_limit_s ({out_of_time} trials ran out of it)" if out_of_time else ""))
     if settings.replan is not None:

@@ -102,9 +102,9 @@ def score_layout(ctx: Context, layout: Layout, t0: float | None = None) -> dict[
         return _sized(ctx, planner, layout, t0)
     inner = "thesis" if ctx.objective == "thesis" else "max_rate"
     prob, sol = planner.solve(layout, inner, ctx.inner_time_limit_s, backend=ctx.backend)
+    shape = {"islands": layout.key, "solve_ms": sol.solve_ms, "n_islands": float(len(layout.islands))}
     if sol.status not in OK:  # e.g. the inner solve ran out of time with no solution
-        out = unscored(sol.status, f"inner {inner} solve: {sol.status} after {sol.solve_ms:.0f} ms", t0)
-        return {**out, "islands": layout.key, "solve_ms": sol.solve_ms, "n_islands": float(len(layout.islands))}
+        return {**unscored(sol.status, f"inner {inner} solve: {sol.status} after {sol.solve_ms:.0f} ms", t0), **shape}
     ev, _ = planner.evaluate(layout, prob, sol)
     in_use = _in_use(sol)
     cost = float(planner.cost_per_hour(layout)[in_use].sum())
@@ -116,8 +116,7 @@ def score_layout(ctx: Context, layout: Layout, t0: float | None = None) -> dict[
         if spare.status == "time_limit":  # no roles found in time: not scored as keeping nothing, and said so
             out = unscored("time_limit", f"roles with {ctx.spare_hosts} host(s) lost: time_limit after "
                            f"{spare.solve_ms:.0f} ms, no solution (search.inner_time_limit_s)", t0)  # fmt: skip
-            return {**out, "islands": layout.key, "solve_ms": sol.solve_ms, "n_islands": float(len(layout.islands)),
-                    "rate_req_s": sol.rate_req_s, "cost_per_hour": cost}  # fmt: skip
+            return {**out, **shape, "rate_req_s": sol.rate_req_s, "cost_per_hour": cost}
         score = spare.rate_req_s / cost if ctx.objective == "rate_per_dollar" and cost > 0 else spare.rate_req_s
         extra = {"spare_req_s": spare.rate_req_s}
     if ctx.objective == "goodput":  # the simulator's verdict replaces the analytic rate as the score
