@@ -26,6 +26,8 @@ import heapq
 import itertools
 from collections.abc import Sequence
 
+import numpy as np
+
 from simulator.cache import CacheStats, PrefixCache, cached_tokens
 from simulator.requests import Requests
 from simulator.schedulers import Scheduler
@@ -42,12 +44,27 @@ class PrefillEngine:
         """`cache`: the engine's prefix cache (None: none; a prompt is prefilled whole)."""
         self.index, self.island, self.timing, self.token_budget = index, island, timing, token_budget
         self.queue: list[int] = []  # waiting request ids, in the scheduler's order
-        self.busy_until = 0.0
+        self.busy_until = 0.0  # when the batch under way is done
         self.batch: list[int] = []
         self.queued_tokens = 0  # prompt tokens waiting: the load routers compare
         self.queued_new = 0  # ... of them not in the cache when they arrived: the work the cache-aware routers see
         self.cache = cache
         self.stats = CacheStats()
+        # block id -> prompts queued here or in the batch that hold it: the cache holds it once they are prefilled
+        self.coming: dict[int, int] = {}
+
+    def holds(self, ids: np.ndarray) -> int:
+        """How many leading blocks of `ids` the engine's cache holds, or will once the prompts queued and prefilling
+        here are done (0 without a cache): what a prompt sent here now finds when its turn comes, its engine taking
+        prompts first come, first served."""
+        c, n = self.cache, 0
+        if c is None:
+            return 0
+        for b in ids.tolist():
+            if b not in c.blocks and b not in c.host and b not in self.coming:
+                break
+            n += 1
+        return n
 
 
 class DecodeEngine:
@@ -187,9 +204,12 @@ class Simulation(Arrivals):
         e.queue.append(req)
         n = int(self.r.input_len[req])
         e.queued_tokens += n
-        if e.cache is not None:
-            self.new_work[req] = n - self._cached(e, req, n)
+        if e.cache is not None and self.r.blocks is not None:
+            ids = self.r.blocks.of(req)
+            self.new_work[req] = n - cached_tokens(e.holds(ids), self.r.blocks.block_tokens, n)
             e.queued_new += self.new_work[req]
+            for b in ids.tolist():
+                e.coming[b] = e.coming.get(b, 0) + 1
         if not e.batch:
             self._start_prefill(e)
 
@@ -218,7 +238,8 @@ class Simulation(Arrivals):
             ms += e.timing.forward_ms(pieces)
             e.queued_tokens -= prompts
             e.queued_new -= sum(self.new_work.pop(q, 0) for q in e.batch)
-            self.push(self.now + ms, PREFILL_DONE, e.index)
+            e.busy_until = self.now + ms
+            self.push(e.busy_until, PREFILL_DONE, e.index)
 
     def _cached(self, e: PrefillEngine, req: int, n: int) -> int:
         """The prompt tokens of `req` engine `e`'s prefix cache holds (0 without a cache or the prompt's blocks)."""
@@ -239,7 +260,13 @@ class Simulation(Arrivals):
         e = self.prefill[index]
         for req in e.batch:
             if e.cache is not None and self.r.blocks is not None:  # the prompt's blocks stay in the cache
-                e.cache.insert(self.r.blocks.of(req))
+                ids = self.r.blocks.of(req)
+                e.cache.insert(ids)
+                for b in ids.tolist():
+                    if e.coming[b] == 1:
+                        del e.coming[b]
+                    else:
+                        e.coming[b] -= 1
             e.stats.prompt_tokens += int(self.r.input_len[req])
             e.stats.cached_tokens += int(self.r.cached[req])
             self.r.first_token[req] = self.now  # the prefill computes the first token (the client's, if it ends here)

@@ -7,11 +7,16 @@
   fractions among islands that tie, as every island does on a shared system prompt), while the range's prompt
   tokens sent to that island stay within `AFFINITY_BOUND` x its fraction of them (bounded loads over the run, so
   the plan's shares hold and each island serves the load it was priced for), else among the islands within the
-  bound; in the island, the engine that would prefill it soonest: its queued work not cached when it arrived plus
-  the prompt's tokens its cache lacks, at its time per token (Dynamo's KV router weighs queued and new blocks
-  alike; SGLang's cache-aware router and llm-d's prefix scorer trade cache against load the same way). A prompt
-  no engine holds any of goes where the plan's fractions draw it. It reads the engines' caches as they are, as
-  Dynamo's router does from its engines' KV events.
+  bound; in the island, the engine that would prefill it soonest: what is left of its batch under way, then its
+  queued work not cached when it arrived plus the prompt's tokens its cache lacks, at its time per token (Dynamo's
+  KV router weighs queued and new blocks
+  alike; SGLang's cache-aware router and llm-d's prefix scorer trade cache against load the same way), the
+  prompt's own work counted once more for each prompt expected to queue behind it (Little's law: the island's
+  engines' mean queue now), so at load a turn stays where its cache saves the island work. A prompt no engine
+  holds any of goes where the plan's fractions draw it. An engine holds what its cache holds and what the prompts
+  queued there will leave in it (`PrefillEngine.holds`): a conversation's next turn that comes while its last is
+  still queued follows it, as SGLang's cache-aware router inserts a prompt in its tree of an engine when it sends
+  it, and finds it cached when its own turn comes.
 - `length`: `plan` without the caches: the least-loaded engine of the island, whatever it holds.
 - `cache`: the cache-aware choice over every prefill engine of every island, whatever the prompt's length:
   cache-aware routing without the plan's ranges. `length` and `cache` route decode as `plan`.
@@ -170,7 +175,7 @@ class PlanRouter(Router):
         # the islands the plan gives this range, each while the range's prompt tokens sent to it stay within the
         # bound of its share (bounded loads over the run, so the plan's shares hold) ...
         serving = [int(k) for k in np.flatnonzero(share > 0)]
-        open_ = [k for k in serving if sent[k] + n <= AFFINITY_BOUND * share[k] * (sent.sum() + n)] or serving
+        open_ = [k for k in serving if sent[k] <= AFFINITY_BOUND * share[k] * (sent.sum() + n)] or serving
         # ... those whose engines hold the longest prefix of the prompt (every island where none holds any) ...
         held = {k: max(_matched(sim, req, self.engines_of["prefill"][k])) for k in serving}
         best = max(held[k] for k in open_)
@@ -185,30 +190,39 @@ class PlanRouter(Router):
         return self._pick(sim, req, "decode", _decode_load)
 
     def _soonest(self, sim: Simulation, req: int, engines: list[int]) -> int:
-        """The engine of `engines` that would prefill `req` soonest, its cache counted (`_prefill_done_ms`)."""
+        """The engine of `engines` that would prefill `req` soonest, its cache counted, the work it adds weighed by
+        the prompts that will wait behind it (`_prefill_cost_ms`); where none holds any of it, the least loaded."""
         match = _matched(sim, req, engines)
-        done = [_prefill_done_ms(sim, req, i, m) for i, m in zip(engines, match, strict=True)]
-        return engines[min(range(len(engines)), key=lambda j: (done[j], -match[j], j))]
+        if not any(match):  # held nowhere: the least loaded, as without caches
+            return min(engines, key=lambda i: _prefill_load(sim, i))
+        behind = sum(len(sim.prefill[i].queue) for i in engines) / len(engines)
+        cost = [_prefill_cost_ms(sim, req, i, m, behind) for i, m in zip(engines, match, strict=True)]
+        return engines[min(range(len(engines)), key=lambda j: (cost[j], -match[j], j))]
 
 
 def _matched(sim: Simulation, req: int, engines: list[int]) -> list[int]:
-    """Per engine, the leading blocks of `req`'s prompt its prefix cache holds (0 without one)."""
+    """Per engine, the leading blocks of `req`'s prompt its prefix cache holds, or will once the prompts queued
+    there are prefilled (`PrefillEngine.holds`; 0 without a cache)."""
     blocks = sim.r.blocks
     if blocks is None:
         return [0] * len(engines)
     ids = blocks.of(req)
-    return [0 if (c := sim.prefill[i].cache) is None else c.match(ids) for i in engines]
+    return [sim.prefill[i].holds(ids) for i in engines]
 
 
-def _prefill_done_ms(sim: Simulation, req: int, i: int, matched: int) -> float:
-    """When engine `i` would have prefilled `req`, its cache holding `matched` of its blocks: the work queued there
-    and the prompt's own, less what its cache holds, at the engine's time per token (Dynamo's KV router weighs an
-    engine's queued blocks and a prompt's new blocks alike)."""
+def _prefill_cost_ms(sim: Simulation, req: int, i: int, matched: int, behind: float = 0.0) -> float:
+    """What sending `req` to engine `i` costs, its cache holding `matched` of its blocks: when it would be prefilled
+    (what is left of the batch under way, then the work queued there and the prompt's own, less what the cache
+    holds, at the engine's time per token: Dynamo's KV router weighs an engine's queued blocks and a prompt's new
+    blocks alike), its own work counted once more for each of the `behind` prompts that will wait behind it there
+    (Little's law: about as many as the engines hold queued now). Idle engines weigh a prompt's wait alone; at load,
+    the work a cache saves is saved for everyone queued after it, and a conversation's turn stays with the engine
+    that holds it unless that engine's batch under way outlasts the saving (`costmodel.reuse` prices the same)."""
     e, n = sim.prefill[i], int(sim.r.input_len[req])
     blocks = sim.r.blocks
     new = n - (cached_tokens(matched, blocks.block_tokens, n) if blocks is not None else 0)
-    busy = 1 if e.batch else 0  # a batch under way, as `plan`'s load counts it
-    return (e.queued_new + busy + new) * e.timing.prefill_ms(n) / n
+    busy = max(e.busy_until - sim.now, 0.0) if e.batch else 0.0  # what is left of the batch under way
+    return busy + (e.queued_new + new * (1.0 + behind)) * e.timing.prefill_ms(n) / n
 
 
 class CacheAffinity(PlanRouter):
