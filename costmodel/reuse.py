@@ -28,9 +28,12 @@ deepest block past the shared ones) thus goes home, to the island its last turn 
 it, serves the turn's range and has room; where each turn goes follows from where the turn before it went,
 conversation depth by depth. A turn at home finds every block kept there; a drawn one, the shared blocks its
 island holds. The expected hit rate of range r on island k is what its prompts find there over the prompt tokens
-of r sent there. A block counts only once the prompt that stored it has been prefilled when this one arrives: its
-gap from the first prompt that stored it at least that prompt's prefill (`ready_s`) and its wait in the island's
-queue (the M/G/c wait's tail, `queueing.wait_tail`). A trace replayed faster comes with shorter gaps; a paced
+of r sent there. A turn sent home finds its conversation's blocks even while its last turn is still queued: the
+router follows the prompts it queued (`simulator.core.PrefillEngine.holds`), so it waits behind its last turn on
+the same engine. A drawn prompt finds another's blocks only once the prompt that stored them has been prefilled
+when it arrives: its gap from the first prompt that stored them at least that prompt's prefill (`ready_s`) and its
+wait in the island's queue (the M/G/c wait's tail, `queueing.wait_tail`). A trace replayed faster comes with
+shorter gaps; a paced
 one (sessions at their own think times) keeps them, more sessions coming between two touches of a block instead
 (docs/inner.md, "Prefix caches").
 """
@@ -156,6 +159,7 @@ class Reuse:
     def hit_rates(
         self, range_of: np.ndarray, n_ranges: int, share: np.ndarray, capacity: np.ndarray, engines: np.ndarray,
         ready_s: np.ndarray | None = None, rate_req_s: float = 0.0, queue: np.ndarray | None = None,
+        busy: np.ndarray | None = None, behind: np.ndarray | None = None,
     ) -> np.ndarray:
         """(ranges, islands) expected hit rates. `range_of`: each request's range; `share`: (ranges, islands), the
         share of each range's prompts each island prefills; `capacity`: (islands,) tokens each engine's cache holds;
@@ -195,7 +199,8 @@ class Reuse:
             with np.errstate(invalid="ignore"):
                 late = pw * np.exp(-theta * np.maximum(slack, 0.0))
             ready = np.where(slack >= 0, 1.0 - np.nan_to_num(late, nan=0.0), 0.0)
-            kept, held = kept * ready, held * ready
+            held = held * ready  # a turn drawn elsewhere finds a block another prompt stored only once it is done;
+            # one sent home queues behind its last turn on the engine the router sent that to, and finds it
         chain = self.chain if self.chain is not None else np.full(n_req, -1)
         own_chain = ~hot & (self.parent == chain[self.request])  # the blocks its conversation's last turn left
         # per request and island: what a prompt finds where its conversation's last turn went (all of its blocks
@@ -211,6 +216,8 @@ class Reuse:
         home_ok[self.request[own_chain][first]] = kept[own_chain][first]
         p, q = _routing(chain, self.levels, range_of, share, home_ok, self.input_tokens * counted, n_ranges)
         out = np.zeros((n_ranges, n_i))
+        if busy is not None:
+            found_home = _stay(found_home, found_drawn, self.input_tokens, range_of, busy, behind)
         hits = (q * found_home + (p - q) * found_drawn) * counted[:, None]
         routed = p * (self.input_tokens * counted)[:, None]
         for k in range(n_i):
@@ -231,6 +238,31 @@ class Reuse:
     def range_of(self, ends: np.ndarray) -> np.ndarray:
         """Each request's range, by the ranges' upper ends (exclusive; past the last end: the last range)."""
         return np.minimum(np.searchsorted(ends, self.input_tokens, side="right"), len(ends) - 1)
+
+
+def _stay(found_home: np.ndarray, found_drawn: np.ndarray, tokens: np.ndarray, range_of: np.ndarray,
+          busy: np.ndarray, behind: np.ndarray | None) -> np.ndarray:
+    """What a turn sent home finds, its engine's batch under way counted: the router sends it to another engine of
+    the island (finding only what that one holds, `found_drawn`) when its engine's batch under way has more left than
+    the turn's cache saves, weighed by the prompts queued behind it (`simulator.routers`' `_prefill_cost_ms`).
+    `busy`: (ranges, islands, 2), each engine's utilisation by prompts of each range and their service time (s);
+    `behind`: (islands,) prompts queued per engine. A batch under way is one prompt (the long ones, that outlast a
+    turn's saving, are prefilled alone), found at a uniform point of its service: more than x s left with chance
+    (1 - x / S) while busy with it."""
+    n_i = found_home.shape[1]
+    rho, service = busy[..., 0], busy[..., 1]
+    b = np.zeros(n_i) if behind is None else behind
+    out = found_home.copy()
+    for k in range(n_i):
+        if not (rho[:, k] > 0).any():
+            continue
+        full = service[range_of, k]  # the turn's own prompt's service, uncached
+        saved = found_home[:, k] / np.maximum(tokens, 1.0) * full * (1.0 + b[k])
+        on = rho[:, k] > 0
+        left = np.clip(1.0 - saved[:, None] / service[on, k][None, :], 0.0, None)
+        depart = np.minimum((rho[on, k][None, :] * left).sum(axis=1), 1.0)
+        out[:, k] = (1.0 - depart) * found_home[:, k] + depart * found_drawn[:, k]
+    return out
 
 
 def _routing(chain: np.ndarray, levels: list[np.ndarray], range_of: np.ndarray, share: np.ndarray,

@@ -308,6 +308,7 @@ class Planner:
         share[:, pre] = np.divide(routed[:, pre], total, out=np.zeros((n_j, len(pre))), where=total > 0)
         capacity, host, engines, ready = np.zeros(n_i), np.zeros(n_i), np.ones(n_i), np.zeros((n_j, n_i))
         wait = np.tile([0.0, np.inf], (n_i, 1))  # (islands, 2): the queue's P(wait), its tail's rate (1/s)
+        busy, behind = np.zeros((n_j, n_i, 2)), np.zeros(n_i)  # per engine: utilisation and service by range; queue
         for i in pre:
             g, n = layout.islands[i]
             c = self.benchmark(g, n).config("prefill")
@@ -332,11 +333,17 @@ class Planner:
                 service = table.time_ms[table.chosen] / 1e3 / (1.0 if speed is None else speed)
                 mean, cs2 = mix_moments(service[lam > 0], lam[lam > 0])
                 wait[i] = wait_tail(c["dp"], min(lam.sum(), 0.9999 * c["dp"] / mean), mean, cs2)
+                # each engine's batch under way and the prompts queued behind it (Little's law), which the router
+                # weighs a turn's saving against (`costmodel.reuse._stay`)
+                busy[:, i, 0], busy[:, i, 1] = lam * service / c["dp"], service
+                pw, theta = wait[i]
+                behind[i] = lam.sum() * pw / theta / c["dp"] if theta > 0 else np.inf
         range_of = self.reuse.range_of(self.ranges.end)
-        hits = self.reuse.hit_rates(range_of, n_j, share, capacity + host, engines, ready, sol.rate_req_s, wait).T
+        args = (ready, sol.rate_req_s, wait, busy, behind)
+        hits = self.reuse.hit_rates(range_of, n_j, share, capacity + host, engines, *args).T
         if not host.any():
             return hits, np.zeros_like(hits)
-        gpu = self.reuse.hit_rates(range_of, n_j, share, capacity, engines, ready, sol.rate_req_s, wait).T
+        gpu = self.reuse.hit_rates(range_of, n_j, share, capacity, engines, *args).T
         return hits, np.clip(hits - gpu, 0.0, None)
 
     def speedup(self, gpu: str, size: int, hits: np.ndarray, host: np.ndarray | None = None) -> np.ndarray:
