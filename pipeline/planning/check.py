@@ -26,7 +26,8 @@ LOW = 0.5  # ... then bisection between the stated rate and this fraction of it
 def check(plan: Plan, mix: RequestMix, settings: SimSettings | None = None) -> Verification:
     """Simulate `plan` at its stated rate on `mix`'s requests, judged by the plan's own SLOs.
 
-    The requests span `SECONDS_OF_ARRIVALS` within `REQUESTS`. Where the measuring window is then
+    The requests span `SECONDS_OF_ARRIVALS` within `REQUESTS` (a trace that names its prompts' blocks: at most
+    one pass of it). Where the measuring window is then
     too short for a steady state (`simulator.metrics.steady_state_note`: a plan serving tens of
     thousands of requests a second fills its cap in a second, before decoding has filled up), the
     check runs again on more requests until the window is long enough, a longer window leaves the
@@ -51,6 +52,12 @@ def check(plan: Plan, mix: RequestMix, settings: SimSettings | None = None) -> V
         return sim, m
 
     most = min(LONGEST[0], int(rate * LONGEST[1]))
+    if mix.sessions is None and mix.trace is not None and mix.trace.blocks is not None:
+        # a trace naming its prompts' blocks is checked on one pass of it at most: past its end the replay starts
+        # again with every prompt renamed (`simulator.arrivals.in_order`), its first turns' conversations begun
+        # before it and found nowhere, a cold start in the middle of the measured window the model never prices
+        most = min(most, len(mix.trace))
+        n = min(n, most)
     m, windows, steady = until_steady(simulate, n, rate, most, runner.tolerance)
     n = int(windows[-1]["requests"])
     why = runner.verdict(m)
