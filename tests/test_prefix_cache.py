@@ -122,17 +122,53 @@ def test_the_plans_router_sends_a_prompt_where_it_is_prefilled_soonest_its_cache
     assert affinity.prefill(stand_in(held, [0, 0, 0, 200]), 0) == 1
 
 
+def test_at_load_the_plans_router_weighs_the_work_a_prompt_adds_by_the_prompts_queued_behind_it() -> None:
+    """As above, 150 new tokens queued at engine 1 and none elsewhere: idle queues (no prompt waiting) weigh the
+    prompt's own wait alone, and it goes to engine 2 (200 ms against 250). With two prompts waiting at each engine
+    of the island (two will wait behind it, Little's law), its own work counts three times: engine 1 150 + 3 x 100
+    = 450, engine 2 3 x 200 = 600, engine 0 3 x 300 = 900: to engine 1, whose cache saves the most work."""
+    a = routing()
+    held = [[9], [1, 2], [1], [1, 2, 3]]
+    plan = PlanRouter(a["range_end"], a["shares"], a["engines_of"])
+    assert plan.prefill(stand_in(held, [0, 150, 0, 0]), 0) == 2
+    sim = stand_in(held, [0, 150, 0, 0])
+    for e in sim.prefill[:3]:
+        e.queue = [7, 8]  # two prompts waiting (their work is in `queued_new`)
+    assert plan.prefill(sim, 0) == 1
+
+
+def test_a_prompt_queued_behind_the_one_it_extends_finds_it_cached_by_hand() -> None:
+    """Two prefill engines of one island, 1 ms a computed token. Request 0 (blocks 1 2, 200 tokens) arrives at 0
+    and goes to engine 0 (both idle, the first). Request 1 (1 2 3, 300 tokens) arrives at 1 ms, while engine 0
+    prefills request 0: engine 0 holds nothing yet but will hold blocks 1 2 once request 0 is done
+    (`PrefillEngine.holds`), so there it costs its 100 new tokens after the batch under way (101), against 300 on
+    idle engine 1: it queues on engine 0, finds 200 tokens cached when its turn comes at 200 ms, and is prefilled
+    by 300 ms (on engine 1, reading the caches alone, it would have computed all 300 by 301 ms)."""
+    r = Requests(np.array([0.0, 1.0]), np.array([200, 300]), np.full(2, 2), blocks=blocks([1, 2], [1, 2, 3]))
+    pre = [PrefillEngine(i, 0, linear_prefill(), 10**6, PrefixCache(10)) for i in range(2)]
+    dec = [DecodeEngine(0, 1, flat_decode(), linear_prefill())]
+    shares = {"prefill": np.ones((1, 1)), "decode": np.ones((1, 1))}
+    sim = Simulation(r, pre, dec, PlanRouter(np.array([10**6]), shares, {"prefill": [[0, 1]], "decode": [[0]]}))
+    assert pre[0].holds(np.array([1, 2, 3])) == 0
+    sim.run()
+    assert list(r.prefill_engine) == [0, 0] and list(r.cached) == [0, 200]
+    assert list(r.first_token) == pytest.approx([200.0, 300.0])
+    assert not pre[0].coming and not pre[1].coming  # every prompt prefilled: nothing left to come
+
+
 def test_the_plans_router_keeps_a_prefix_on_its_island_within_a_bound_of_the_plans_share() -> None:
     """Two islands share the one range half and half: island 0 is engines 0-2, island 1 is engine 3, which holds
-    the prompt's blocks 1 2 3 (300 tokens). It goes there while the range's tokens sent to island 1 stay within 1.25
-    x its half: after 200 and 400 tokens sent, island 1 would have 700 of 900 (over 1.25 x 450): the prompt goes to
-    island 0, to its least queued engine; after 600 and 300, 600 of 1,200 (within 1.25 x 600): to engine 3. Held
+    the prompt's blocks 1 2 3 (300 tokens). It goes there while the tokens sent to island 1 before it stay within
+    1.25 x its half of the range's, this prompt's counted (bounded loads, an island taking at least one prompt past
+    its share, as consistent hashing with bounded loads rounds up): after 100 and 700 tokens sent, 700 is over 1.25
+    x 550: the prompt goes to island 0, to its least queued engine; after 600 and 300, 300 is within 1.25 x 600: to
+    engine 3. Held
     nowhere, a prompt goes by the plan's draw, the bound aside: with island 0 over it, still to island 0 on the
     draws that pick it."""
     a = routing()
     shares = {"prefill": np.array([[0.5, 0.5]]), "decode": np.ones((1, 1))}
     held = [[9], [8], [7], [1, 2, 3]]
-    for sent, queued, engine in (((200, 400), [50, 0, 20, 0], 1), ((600, 300), [0, 0, 0, 0], 3)):
+    for sent, queued, engine in (((100, 700), [50, 0, 20, 0], 1), ((600, 300), [0, 0, 0, 0], 3)):
         router = PlanRouter(a["range_end"], shares, a["engines_of"])
         router.sent[0] = np.array(sent, dtype=float)
         assert router.prefill(stand_in(held, queued), 0) == engine
@@ -283,12 +319,14 @@ def test_the_reuse_model_is_an_lru_caches_hit_rate_by_hand_and_on_mooncakes_trac
     apart = np.array([1, 1, 0])  # request 2 in range 0, its parent (request 0) in range 1
     assert r.hit_rates(apart, 2, np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([450, 450]), np.ones(2)).max() == 0
     # timed: request 2 arrives 2 s after its parent (the trace's own rate: 1 req/s). A prefill of 1 s is done by
-    # then; one of 3 s is not; at twice the trace's rate the gap is 1 s, and one of 1.5 s is not done either
+    # then; one of 3 s is not; at twice the trace's rate the gap is 1 s, and one of 1.5 s is not done either. Its
+    # conversation's own blocks are found all the same: the router sends it home, where it queues behind its parent
+    # (`simulator.core.PrefillEngine.holds`), and the parent is prefilled first
     timed = Reuse.of(b.ids, b.start, 100, np.array([200, 300, 300]), np.array([0.0, 1.0, 2.0]))
     assert list(timed.gap_s) == [2.0, 2.0] and timed.rate_req_s == pytest.approx(1.0)  # type: ignore[arg-type]
-    for ready, rate, saved in ((1.0, 1.0, 200), (3.0, 1.0, 0), (1.5, 2.0, 0), (0.9, 2.0, 200)):
+    for ready, rate in ((1.0, 1.0), (3.0, 1.0), (1.5, 2.0), (0.9, 2.0)):
         h = timed.hit_rates(one, 1, np.ones((1, 1)), np.array([10**6]), np.ones(1), np.full((1, 1), ready), rate)
-        assert h[0, 0] == pytest.approx(saved / 800), (ready, rate)
+        assert h[0, 0] == pytest.approx(200 / 800), (ready, rate)
     t = load_trace(DATA_DIR / "mooncake_conversation.npz")
     assert t.blocks is not None
     model = Reuse.of(t.blocks.ids, t.blocks.start, 512, t.input_tokens)
@@ -302,6 +340,51 @@ def test_the_reuse_model_is_an_lru_caches_hit_rate_by_hand_and_on_mooncakes_trac
         got = model.hit_rates(np.zeros(len(t), dtype=np.int64), 1, np.ones((1, 1)), np.array([capacity]),
                               np.ones(1))[0, 0]  # fmt: skip
         assert got == pytest.approx(want, abs=1e-3)
+
+
+def test_a_turn_sent_home_leaves_its_engine_when_the_batch_under_way_outlasts_its_saving_by_hand() -> None:
+    """The trace above, one island: request 2's 300-token prompt finds 200 tokens its conversation left (2/3 of it)
+    at home. Its engine is busy half the time with prompts of 3 s: a third of the way into one, 2 s are left, what
+    the turn's cache saves (2/3 of its own 3 s), so with more left (a chance of 1/3 while busy: 1/6) the router
+    sends it to another engine of the island, where its blocks are not: 5/6 x 200 found. With one prompt queued
+    behind it, its saving counts twice (4 s, more than any batch has left): all 200. A second kind of prompt, 12 s
+    long and busy 30 % of the time, has more than 2 s left 5/6 of its service: 1/6 + 0.3 x 5/6 = 5/12 away."""
+    from costmodel.reuse import Reuse
+
+    b = blocks([1, 2], [5, 6, 7], [1, 2, 9])
+    r = Reuse.of(b.ids, b.start, 100, np.array([200, 300, 300]))
+    one = np.zeros(3, dtype=np.int64)
+
+    def found(busy: list[list[float]], behind: float, ranges: np.ndarray = one, n: int = 1) -> float:
+        share, big = np.ones((n, 1)), np.array([10**6])
+        return float(r.hit_rates(ranges, n, share, big, np.ones(1), busy=np.array(busy)[:, None, :],
+                                 behind=np.array([behind]))[ranges[2], 0])  # fmt: skip
+
+    assert found([[0.5, 3.0]], 0.0) == pytest.approx(5 / 6 * 200 / 800)
+    assert found([[0.5, 3.0]], 1.0) == pytest.approx(200 / 800)
+    assert found([[0.0, 3.0]], 0.0) == pytest.approx(200 / 800)  # never busy: always home
+    # request 2 in range 0 (3 s), the others in range 1 (12 s, 30 % busy): its range's hit rate, 200 of its 300
+    two = found([[0.5, 3.0], [0.3, 12.0]], 0.0, np.array([1, 1, 0]), 2)
+    assert two == pytest.approx((1 - 5 / 12) * 200 / 300)
+
+
+def test_a_prefix_traces_check_runs_on_one_pass_of_it_at_most() -> None:
+    """A trace that names its prompts' blocks replays in order, each further pass renamed and cold (its first turns'
+    conversations found nowhere): the check after a search simulates at most one pass, where it would otherwise
+    take 3,000 requests (its least) of a 200-request trace."""
+    from helpers import tiny_plan
+    from pipeline.planning.check import REQUESTS, check
+    from pipeline.planning.simulation import RequestMix
+    from pipeline.planning.traces import Trace
+
+    rng = np.random.default_rng(5)
+    ins, outs = rng.integers(100, 7000, 200), rng.integers(2, 100, 200)
+    count = -(-ins // 512)
+    b = PrefixBlocks(np.arange(int(count.sum())), np.concatenate([[0], np.cumsum(count)]), 512)
+    trace = Trace("t", "hand", ins, outs, np.arange(200.0), b)
+    mix = RequestMix("t", (ins, np.ones(200)), (outs, np.ones(200)), trace)
+    v = check(tiny_plan(rate=6.0), mix)
+    assert REQUESTS[0] > 200 and v.requests == 200 and all(w.requests <= 200 for w in v.windows)
 
 
 def test_a_prefix_trace_replays_in_order_with_each_pass_in_its_own_namespace() -> None:
