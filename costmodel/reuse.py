@@ -257,7 +257,9 @@ def _stay(found_home: np.ndarray, found_drawn: np.ndarray, tokens: np.ndarray, r
         if not (rho[:, k] > 0).any():
             continue
         full = service[range_of, k]  # the turn's own prompt's service, uncached
-        saved = found_home[:, k] / np.maximum(tokens, 1.0) * full * (1.0 + b[k])
+        with np.errstate(invalid="ignore"):  # nothing found at home saves nothing, whatever queues behind it
+            saved = np.where(found_home[:, k] > 0, found_home[:, k] / np.maximum(tokens, 1.0) * full * (1.0 + b[k]),
+                             0.0)  # fmt: skip
         on = rho[:, k] > 0
         left = np.clip(1.0 - saved[:, None] / service[on, k][None, :], 0.0, None)
         depart = np.minimum((rho[on, k][None, :] * left).sum(axis=1), 1.0)
