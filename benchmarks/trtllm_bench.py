@@ -16,9 +16,11 @@ the commits), each row's model one of the catalogue's (Llama-3.1-70B and Llama-3
   aggregated engine of the row's GPUs (simulator.aggregated: prompts chunked at `CHUNK` tokens a step per attention
   rank beside the decoding sequences, as TensorRT-LLM's in-flight batching with chunked context runs them), its
   attention ranks and experts as the row ran them, admitting what its KV cache holds up to `MAX_BATCH` sequences a
-  rank (the benchmark's runtime batch limit), its KV cache sized as TensorRT-LLM sizes it
-  (`kv_cache_free_gpu_mem_fraction` 0.95 of the memory the weights leave), `--requests` of the row's requests (its
-  own count where smaller);
+  rank (the benchmark's runtime batch limit; an MXFP4 checkpoint, which trtllm-bench does not tune, at its defaults:
+  2,048 a rank and a step of max(8,192, prompt + 2,048) tokens), its KV cache sized as TensorRT-LLM sizes it
+  (`kv_cache_free_gpu_mem_fraction` 0.95 of the memory the weights leave; every layer at the sequence's whole
+  length, a sliding layer's too, as its KV cache manager kept them), `--requests` of the row's requests (its own
+  count where smaller);
 - online serving (conf/measured/trtllm_online.csv, 36 rows of Llama-70B: H100 and H200, TP 4, BF16, 500 requests at
   2-32 req/s and all at once): the same engine under Poisson arrivals at the row's rate; mean TTFT, mean inter-token
   latency (the simulator's TPOT) and output tokens/s.
@@ -61,6 +63,13 @@ OFFLINE, ONLINE = MEASURED / "trtllm_offline.csv", MEASURED / "trtllm_online.csv
 CHUNK = 8192  # prompt tokens a step: trtllm-bench's runtime max tokens (its printout: "Max Runtime Tokens: 8192")
 MAX_BATCH = 4096  # sequences a rank runs at once: trtllm-bench's runtime batch limit ("Max Runtime Batch Size")
 KV_FREE_FRACTION = 0.95  # --kv_cache_free_gpu_mem_fraction: the share of what the weights leave the KV cache takes
+# trtllm-bench sizes a run's batch and step from its memory estimate only for the quantisations it tunes (NVFP4, FP8,
+# FP8 block scales, none: tensorrt_llm/bench/build/build.py `TUNED_QUANTS`); an MXFP4 checkpoint (GPT-OSS, whose
+# quant_algo is W4A8_MXFP4_MXFP8 on Blackwell and W4A16_MXFP4 on Hopper: tensorrt_llm/_torch/model_config.py) runs at
+# the defaults (tensorrt_llm/builder.py `BuildConfig`): 2,048 sequences a rank, and 8,192 tokens a step raised to the
+# longest prompt plus the batch, since its prompts are not chunked (bench/benchmark/utils/general.py `get_settings`)
+UNTUNED = ("mxfp4",)
+DEFAULT_BATCH, DEFAULT_TOKENS = 2048, 8192
 WITHIN = math.log(1.15)
 
 
@@ -82,11 +91,18 @@ def engine(row: dict, model: Model, cost: CostSettings) -> tuple[AggregatedEngin
     fraction = min((weights + KV_FREE_FRACTION * (memory - weights)) / memory, MAX_MEM_FRACTION)
     kv = row.get("kv_dtype") or cost.engine.kv_dtype  # the KV format its options set, where the overview gives them
     cost = dataclasses.replace(cost, engine=dataclasses.replace(cost.engine, mem_fraction=fraction, kv_dtype=kv))
-    dec = decode_timing(gpu, model, attn_tp, size, MAX_BATCH, isl + osl, cost, moe_tp=moe_tp)
-    seqs = min(dec.kv_tokens // (isl + osl), MAX_BATCH * ranks)
+    batch, chunk = (DEFAULT_BATCH, max(DEFAULT_TOKENS, isl + DEFAULT_BATCH)) if row["precision"] in UNTUNED else (
+        MAX_BATCH, CHUNK)
+    dec = decode_timing(gpu, model, attn_tp, size, batch, isl + osl, cost, moe_tp=moe_tp)
+    # its KV cache: TensorRT-LLM of these releases keeps every layer's KV at the whole sequence's length, a sliding
+    # layer's too (one attention window, max_seq_len, unless kv_cache_config.max_attention_window names the layers'
+    # windows, which the overview's options do not: _torch/pyexecutor/resource_manager.py `KVCacheManager`), where
+    # `kv_tokens` counts 1,024-token sequences as the model keeps them (a sliding layer its window)
+    kv_tokens = dec.kv_tokens * float(model.held(1024.0)) / 1024.0
+    seqs = min(int(kv_tokens // (isl + osl)), batch * ranks)
     dec = dataclasses.replace(dec, max_seqs=max(seqs, 1))
-    pre = prefill_timing(gpu, model, attn_tp, ranks, isl, cost, ranks=ranks, chunk=CHUNK * ranks)
-    return AggregatedEngine(0, dec, pre, CHUNK * ranks), seqs
+    pre = prefill_timing(gpu, model, attn_tp, ranks, isl, cost, ranks=ranks, chunk=chunk * ranks)
+    return AggregatedEngine(0, dec, pre, chunk * ranks), seqs
 
 
 def simulate(row: dict, model: Model, cost: CostSettings, n: int, rate: float | None, seed: int = 0,

@@ -295,6 +295,24 @@ def test_the_published_tensorrt_llm_rows_name_catalogue_models_and_gpus_and_thei
     bf16 = bench.engine(row, ctx.planner.model, ctx.planner.cost)[0].decode.kv_tokens
     fp8 = bench.engine({**row, "kv_dtype": "fp8"}, ctx.planner.model, ctx.planner.cost)[0].decode.kv_tokens
     assert bf16 == pytest.approx(fp8 / 2, rel=0.01)
+    # as TensorRT-LLM of these releases ran GPT-OSS: every layer's KV at the whole sequence's length (a sliding layer
+    # too: 576 of 1,024 tokens a layer on average where the model keeps a sliding layer's 128-token window), and,
+    # its MXFP4 quantisation untuned by trtllm-bench, 2,048 sequences a rank and a step of max(8,192, prompt + 2,048)
+    model = ctx.planner.model
+    assert float(model.held(1024.0)) == pytest.approx((18 * 1024 + 18 * 128) / 36)
+    e, seqs = bench.engine(row, model, ctx.planner.cost)
+    isl, osl = int(row["isl"]), int(row["osl"])
+    assert seqs == min(int(e.decode.kv_tokens * 576 / 1024 // (isl + osl)), 2048) and e.chunk == 8192
+    long = next(r for r in csv.DictReader(bench.OFFLINE.open())
+                if r["model"] == "gpt_oss_120b" and r["isl"] == "32768" and r["gpu"] == "H200")  # fmt: skip
+    assert bench.engine(long, model, ctx.planner.cost)[0].chunk == 32768 + 2048
+    llama = next(r for r in csv.DictReader(bench.OFFLINE.open()) if r["model"] == "llama_3_3_70b" and r["gpu"] == "H200"
+                 and r["isl"] == "128")  # fmt: skip
+    _, lctx = context(["+inventory=tiny_homo", "model=llama_3_3_70b", "costmodel=calibrated"])
+    e, seqs = bench.engine(llama, lctx.planner.model, lctx.planner.cost)  # FP8, tuned: the bench's one setting
+    ranks = e.decode.ranks
+    assert e.chunk == bench.CHUNK * ranks and seqs == min(e.decode.kv_tokens // (128 + int(llama["osl"])),
+                                                          bench.MAX_BATCH * ranks)  # fmt: skip
 
     for path, rate in ((bench.OFFLINE, None), (bench.ONLINE, 4.0)):
         row = next(r for r in csv.DictReader(path.open()) if r["gpu"] == "H200")
