@@ -371,20 +371,29 @@ def test_a_turn_sent_home_leaves_its_engine_when_the_batch_under_way_outlasts_it
 def test_a_prefix_traces_check_runs_on_one_pass_of_it_at_most() -> None:
     """A trace that names its prompts' blocks replays in order, each further pass renamed and cold (its first turns'
     conversations found nowhere): the check after a search simulates at most one pass, where it would otherwise
-    take 3,000 requests (its least) of a 200-request trace."""
+    take 3,000 requests (its least) of a 200-request trace; `pipeline.simulate` notes the passes it is asked for."""
     from helpers import tiny_plan
     from pipeline.planning.check import REQUESTS, check
+
+    mix = prefix_mix(200)
+    v = check(tiny_plan(rate=6.0), mix)
+    assert REQUESTS[0] > 200 and v.requests == 200 and all(w.requests <= 200 for w in v.windows)
+    # pipeline.simulate says so where a user asks for more: 500 requests are 2.5 passes, 200 one
+    note = mix.coverage(500, 6.0, "poisson")
+    assert "2.5 times over" in note and "requests=200 keeps one pass" in note
+    assert mix.coverage(200, 6.0, "poisson") == ""
+
+
+def prefix_mix(n: int) -> Any:
+    """A RequestMix of a hand-made trace of `n` prompts (100-7,000 tokens) naming their blocks, none shared."""
     from pipeline.planning.simulation import RequestMix
     from pipeline.planning.traces import Trace
 
     rng = np.random.default_rng(5)
-    ins, outs = rng.integers(100, 7000, 200), rng.integers(2, 100, 200)
+    ins, outs = rng.integers(100, 7000, n), rng.integers(2, 100, n)
     count = -(-ins // 512)
     b = PrefixBlocks(np.arange(int(count.sum())), np.concatenate([[0], np.cumsum(count)]), 512)
-    trace = Trace("t", "hand", ins, outs, np.arange(200.0), b)
-    mix = RequestMix("t", (ins, np.ones(200)), (outs, np.ones(200)), trace)
-    v = check(tiny_plan(rate=6.0), mix)
-    assert REQUESTS[0] > 200 and v.requests == 200 and all(w.requests <= 200 for w in v.windows)
+    return RequestMix("t", (ins, np.ones(n)), (outs, np.ones(n)), Trace("t", "hand", ins, outs, np.arange(float(n)), b))
 
 
 def test_a_prefix_trace_replays_in_order_with_each_pass_in_its_own_namespace() -> None:

@@ -109,8 +109,17 @@ class RequestMix:
 
     def coverage(self, n: int, rate: float, arrivals: str) -> str:
         """What `n` requests at `rate` req/s cover of the trace's day, where that bears on the percentiles: a
-        stretch of it (the percentiles are that stretch's), or more than it (`trace`: replayed again); "" else."""
+        stretch of it (the percentiles are that stretch's), or more than it (`trace`: replayed again; a trace naming
+        its prompts' blocks: passes after the first start cold); "" else."""
         span = n / rate
+        t = self.trace
+        if self.sessions is None and not arrivals.startswith("trace") and t is not None and t.blocks is not None:
+            if n <= len(t):  # a trace naming its prompts' blocks replays its own requests in order (`requests`)
+                return ""
+            return (f"{n:,} requests replay the trace's {len(t):,} in order {n / len(t):.1f} times over; each pass "
+                    "after the first has its prompts renamed and starts cold (its first turns continue conversations "
+                    f"found nowhere), so hit rates and throughput dip there; requests={len(t):,} keeps one pass, as "
+                    "the check after a search does.")  # fmt: skip
         if arrivals == "workload" and self.profile is not None:
             day_s = len(self.profile) * PROFILE_BIN_S
             what = "the workload's arrival profile"
