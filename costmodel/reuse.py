@@ -32,10 +32,10 @@ of r sent there. A turn sent home finds its conversation's blocks even while its
 router follows the prompts it queued (`simulator.core.PrefillEngine.holds`), so it waits behind its last turn on
 the same engine. A drawn prompt finds another's blocks only once the prompt that stored them has been prefilled
 when it arrives: its gap from the first prompt that stored them at least that prompt's prefill (`ready_s`) and its
-wait in the island's queue (the M/G/c wait's tail, `queueing.wait_tail`). A trace replayed faster comes with
-shorter gaps; a paced
-one (sessions at their own think times) keeps them, more sessions coming between two touches of a block instead
-(docs/inner.md, "Prefix caches").
+wait in the island's queue (the M/G/c wait's tail, `queueing.wait_tail`). A turn sent home leaves its engine for
+another of the island when that engine's batch under way outlasts what its cache saves (`_stay`). A trace replayed
+faster comes with shorter gaps; a paced one (sessions at their own think times) keeps them, more sessions coming
+between two touches of a block instead (docs/inner.md, "Prefix caches").
 """
 
 from __future__ import annotations
@@ -170,7 +170,9 @@ class Reuse:
         any rate, and `rate_req_s` stretches its distances instead. The prompt that stored it prefilled only what
         its own prefix left (`ready_s` x the share an unbounded cache leaves of it), after its wait in the island's
         queue: `queue` (islands, 2), each island's chance a prompt waits and the rate (1/s) its wait's exponential
-        tail falls at (`costmodel.queueing.wait_tail`; None: no wait)."""
+        tail falls at (`costmodel.queueing.wait_tail`; None: no wait). `busy`: (ranges, islands, 2), each engine's
+        utilisation by prompts of each range and their service time (s), and `behind`: (islands,) the prompts queued
+        per engine, for the chance a turn sent home leaves its engine (`_stay`; None: it never does)."""
         n_req, n_i = len(self.input_tokens), len(capacity)
         counted = np.arange(n_req) >= self.counted_from
         tokens = np.bincount(range_of[counted], weights=self.input_tokens[counted], minlength=n_ranges)
