@@ -123,10 +123,11 @@ def test_the_plans_router_sends_a_prompt_where_it_is_prefilled_soonest_its_cache
 
 
 def test_at_load_the_plans_router_weighs_the_work_a_prompt_adds_by_the_prompts_queued_behind_it() -> None:
-    """As above, 150 new tokens queued at engine 1 and none elsewhere: idle queues (no prompt waiting) weigh the
-    prompt's own wait alone, and it goes to engine 2 (200 ms against 250). With two prompts waiting at each engine
-    of the island (two will wait behind it, Little's law), its own work counts three times: engine 1 150 + 3 x 100
-    = 450, engine 2 3 x 200 = 600, engine 0 3 x 300 = 900: to engine 1, whose cache saves the most work."""
+    """As above, 150 new tokens of work queued at engine 1 and none elsewhere. With no prompt counted in the
+    island's queues (none expected behind it), the prompt's own wait alone weighs, and it goes to engine 2 (200 ms
+    against 250). With two prompts waiting at each engine of the island (two will wait behind it, Little's law), its
+    own work counts three times: engine 1 150 + 3 x 100 = 450, engine 2 3 x 200 = 600, engine 0 3 x 300 = 900: to
+    engine 1, whose cache saves the most work."""
     a = routing()
     held = [[9], [1, 2], [1], [1, 2, 3]]
     plan = PlanRouter(a["range_end"], a["shares"], a["engines_of"])
