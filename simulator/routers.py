@@ -9,11 +9,11 @@
   the plan's shares hold and each island serves the load it was priced for), else among the islands within the
   bound; in the island, the engine that would prefill it soonest: what is left of its batch under way, then its
   queued work not cached when it arrived plus the prompt's tokens its cache lacks, at its time per token (Dynamo's
-  KV router weighs queued and new blocks
-  alike; SGLang's cache-aware router and llm-d's prefix scorer trade cache against load the same way), the
-  prompt's own work counted once more for each prompt expected to queue behind it (Little's law: the island's
-  engines' mean queue now), so at load a turn stays where its cache saves the island work. A prompt no engine
-  holds any of goes where the plan's fractions draw it. An engine holds what its cache holds and what the prompts
+  KV router weighs queued and new blocks alike; SGLang's cache-aware router and llm-d's prefix scorer trade cache
+  against load the same way), the prompt's own work counted once more for each prompt expected to queue behind it
+  (Little's law: the island's engines' mean queue now), so at load a turn stays where its cache saves the island
+  work. A prompt no engine holds any of goes where the plan's fractions draw it, to the island's least loaded
+  engine, as without caches. An engine holds what its cache holds and what the prompts
   queued there will leave in it (`PrefillEngine.holds`): a conversation's next turn that comes while its last is
   still queued follows it, as SGLang's cache-aware router inserts a prompt in its tree of an engine when it sends
   it, and finds it cached when its own turn comes.
