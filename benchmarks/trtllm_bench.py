@@ -56,7 +56,7 @@ from costmodel.specs import Model
 from simulator.aggregated import AggregatedEngine, AggregatedSimulation
 from simulator.metrics import benchmark_metrics
 from simulator.requests import Requests
-from simulator.timing import decode_timing, prefill_timing
+from simulator.timing import KV_SEQUENCE_TOKENS, decode_timing, prefill_timing
 
 MEASURED = Path(__file__).resolve().parents[1] / "conf" / "measured"
 OFFLINE, ONLINE = MEASURED / "trtllm_offline.csv", MEASURED / "trtllm_online.csv"
@@ -97,8 +97,8 @@ def engine(row: dict, model: Model, cost: CostSettings) -> tuple[AggregatedEngin
     # its KV cache: TensorRT-LLM of these releases keeps every layer's KV at the whole sequence's length, a sliding
     # layer's too (one attention window, max_seq_len, unless kv_cache_config.max_attention_window names the layers'
     # windows, which the overview's options do not: _torch/pyexecutor/resource_manager.py `KVCacheManager`), where
-    # `kv_tokens` counts 1,024-token sequences as the model keeps them (a sliding layer its window)
-    kv_tokens = dec.kv_tokens * float(model.held(1024.0)) / 1024.0
+    # `kv_tokens` counts sequences of KV_SEQUENCE_TOKENS as the model keeps them (a sliding layer its window)
+    kv_tokens = dec.kv_tokens * float(model.held(float(KV_SEQUENCE_TOKENS))) / KV_SEQUENCE_TOKENS
     seqs = min(int(kv_tokens // (isl + osl)), batch * ranks)
     dec = dataclasses.replace(dec, max_seqs=max(seqs, 1))
     pre = prefill_timing(gpu, model, attn_tp, ranks, isl, cost, ranks=ranks, chunk=chunk * ranks)

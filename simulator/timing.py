@@ -32,6 +32,10 @@ from costmodel.formulas import (
 from costmodel.settings import CostSettings
 from costmodel.specs import GPU, Model
 
+# KV capacity is counted in sequences of this many tokens (each layer keeping what it keeps of them: a sliding
+# layer its window), then in tokens (`kv_tokens`)
+KV_SEQUENCE_TOKENS = 1024
+
 # the shares of a prompt found in a prefix cache the cached prefill table is evaluated at (interpolated between)
 HITS = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.995])
 
@@ -188,10 +192,11 @@ def prefill_kv_tokens(gpu: GPU, model: Model, tp: int, dp: int, cost: CostSettin
     """KV tokens one attention rank of a prefill engine holds (its tp GPUs' memory share beside the weights, the
     island's experts spread over its tp x dp GPUs): what its prefix cache and the batch in flight share."""
     routed = np.ceil(model.n_routed_experts / (tp * dp))
-    seqs = max_batch(gpu, model, np.array([1024.0]), 0.0, np.array([float(tp)]), np.array([routed]),
+    seqs = max_batch(gpu, model, np.array([float(KV_SEQUENCE_TOKENS)]), 0.0, np.array([float(tp)]),
+                     np.array([routed]),
                      profile=cost.profile, draft_layers=cost.draft_layers, mem_fraction=cost.engine.mem_fraction,
                      kv_dtype=cost.engine.kv_dtype)[0]  # fmt: skip
-    return int(max(float(seqs), 0.0) * 1024)
+    return int(max(float(seqs), 0.0) * KV_SEQUENCE_TOKENS)
 
 
 def decode_timing(
@@ -230,14 +235,15 @@ def decode_timing(
     run = DecodeRun(cost.engine.fp8_combine, expert_imbalance, draft_tokens, moe_tp, cost.engine.kv_dtype)
     step = decode_step_ms(gpu, model, cc, bb, *tp_ep, profile=profile, run=run)
     ms = step / (1.0 + accepted)  # an MTP step's time per token it yields
-    # KV capacity: sequences of 1,024 tokens that fit beside the weights (and the MTP module's), per rank, in tokens
+    # KV capacity: sequences of KV_SEQUENCE_TOKENS that fit beside the weights (and the MTP module's), per rank, in
+    # tokens
     routed = np.ceil(model.n_routed_experts / ep)
     mtp = 1 if draft_tokens else 0
     per_rank = float(
         max_batch(
             gpu,
             model,
-            np.array([1024.0]),
+            np.array([float(KV_SEQUENCE_TOKENS)]),
             0.0,
             np.array([float(tp)]),
             np.array([routed]),
@@ -247,5 +253,5 @@ def decode_timing(
             kv_dtype=cost.engine.kv_dtype,
         )[0]
     )
-    kv_tokens = int(max(per_rank, 0.0) * 1024 * ranks)
+    kv_tokens = int(max(per_rank, 0.0) * KV_SEQUENCE_TOKENS * ranks)
     return DecodeTiming(batches, contexts, np.asarray(ms, dtype=float), ranks, batch * ranks, kv_tokens)
