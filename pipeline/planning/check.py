@@ -52,11 +52,11 @@ def check(plan: Plan, mix: RequestMix, settings: SimSettings | None = None) -> V
         return sim, m
 
     most = min(LONGEST[0], int(rate * LONGEST[1]))
-    if mix.sessions is None and mix.trace is not None and mix.trace.blocks is not None:
+    if mix.prefix_trace is not None:
         # a trace naming its prompts' blocks is checked on one pass of it at most: past its end the replay starts
         # again with every prompt renamed (`simulator.arrivals.in_order`), its first turns' conversations begun
         # before it and found nowhere, a cold start in the middle of the measured window the model never prices
-        most = min(most, len(mix.trace))
+        most = min(most, len(mix.prefix_trace))
         n = min(n, most)
     m, windows, steady = until_steady(simulate, n, rate, most, runner.tolerance)
     n = int(windows[-1]["requests"])

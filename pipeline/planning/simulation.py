@@ -59,6 +59,13 @@ class RequestMix:
         return RequestMix(workload.name, (inputs, workload.pmf[inputs]), outputs, trace, workload.arrival_profile,
                           workload.sessions)  # fmt: skip
 
+    @property
+    def prefix_trace(self) -> Trace | None:
+        """The trace whose own requests this mix gives in order at poisson, constant and workload arrivals: one that
+        names its prompts' prefix blocks (None: lengths drawn apart, or a session model's requests)."""
+        t = self.trace
+        return t if self.sessions is None and t is not None and t.blocks is not None else None
+
     def requests(self, n: int, rate: float, arrivals: str = "poisson", seed: int = 0) -> Requests:
         """`n` requests at `rate` req/s: `poisson` or `constant` arrivals, the workload's own arrival model
         (`workload`: its trace's rate over time, at a mean of `rate`), or the trace's own timestamps (`trace`)
@@ -83,7 +90,7 @@ class RequestMix:
             raise ConfigError(f"arrivals=workload is the arrival model a workload fitted to its trace; workload "
                               f"{self.name} has no trace (a synthetic one): use arrivals=poisson")  # fmt: skip
         if not arrivals.startswith("trace"):
-            t = self.trace
+            t = self.prefix_trace
             if t is not None and t.blocks is not None:  # its prompts' prefixes: the trace's requests in its order
                 return in_order(t.input_tokens, t.output_tokens, t.blocks, arrivals, n, rate, seed, self.profile)
             return sampled(n, self.inputs, self.outputs, arrivals, rate, seed, self.profile)
@@ -112,8 +119,8 @@ class RequestMix:
         stretch of it (the percentiles are that stretch's), or more than it (`trace`: replayed again; a trace naming
         its prompts' blocks: passes after the first start cold); "" else."""
         span = n / rate
-        t = self.trace
-        if self.sessions is None and not arrivals.startswith("trace") and t is not None and t.blocks is not None:
+        t = self.prefix_trace
+        if t is not None and not arrivals.startswith("trace"):
             if n <= len(t):  # a trace naming its prompts' blocks replays its own requests in order (`requests`)
                 return ""
             return (f"{n:,} requests replay the trace's {len(t):,} in order {n / len(t):.1f} times over; each pass "
