@@ -75,12 +75,26 @@ class PhaseRates:
         n = np.array([float(m) for _, m in islands])
         link = np.array([float(self.types[self.classes[c][0]].sizes[self.classes[c][1]])
                          * self.types[self.classes[c][0]].link_gb_s_per_gpu for c, _ in islands])  # fmt: skip
-        model = role_search.phase_model(b, self.p, n, self.kv_gb, link)  # (1)-(3)
-        solver = mb.Solver("glop")
+        return solve_lp(role_search.phase_model(b, self.p, n, self.kv_gb, link))  # (1)-(3)
+
+
+def solve_lp(model: mb.Model, backends: Sequence[str] = ("glop", "highs")) -> float:
+    """The optimum of a phase LP (Λ = 0 is always feasible and capacity bounds Λ, so it has one): GLOP first, and
+    where GLOP gives up on a badly scaled phase (ABNORMAL, as it does on some), the next backend."""
+    codes = []
+    for name in backends:
+        solver = mb.Solver(name)
+        if not solver.solver_is_supported():
+            codes.append(f"{name}: not in this OR-Tools build")
+            continue
+        solver.enable_output(False)
+        if name == "highs":  # HiGHS prints its banner otherwise
+            solver.set_solver_specific_parameters("output_flag=false")
         code = solver.solve(model)
-        if code.name != "OPTIMAL":  # Λ = 0 is always feasible and capacity bounds Λ
-            raise RuntimeError(f"count search: a phase LP ended with status {code.name}")
-        return float(solver.objective_value)
+        if code.name == "OPTIMAL":
+            return float(solver.objective_value)
+        codes.append(f"{name}: {code.name}")
+    raise RuntimeError(f"count search: a phase LP ended without an optimum ({'; '.join(codes)})")
 
 
 def neighbours(types: Sequence[TypeOptions], classes: Sequence[tuple[int, int]], layout: Layout,

@@ -200,3 +200,19 @@ def test_cut_short_the_reference_finds_the_optimum_among_sizes_near_the_count_se
             counts[c] = (counts[c][0] + (role == "prefill"), counts[c][1] + (role == "decode"))
         fixed = solve_counts(types, p, time_limit_s=60.0, fix=counts)[0]
         assert fixed.rate_req_s == pytest.approx(out.rate_req_s, rel=1e-6)
+
+
+def test_a_phase_lp_goes_to_the_next_backend_where_one_gives_no_optimum() -> None:
+    """`solve_lp`: a backend that cannot solve the phase (here one this OR-Tools build lacks; GLOP's ABNORMAL on a
+    badly scaled phase takes the same path) hands it to the next, HiGHS, which finds GLOP's optimum; with no
+    backend left the error names what each said. By hand: two islands serving two lengths of demand shares
+    0.5 / 0.5 at rates (4, 2) and (1, 3), one unit each: island 1 serves length 1 alone (3 >= 0.5 Λ), island 0 gives
+    length 0 a share x and length 1 the rest, 4 x = 0.5 Λ = 2 (1 - x) + 3: x = 5/6, Λ = 20/3."""
+    from solvers import role_search
+
+    b, p, u = np.array([[4.0, 2.0], [1.0, 3.0]]), np.array([0.5, 0.5]), np.array([1.0, 1.0])
+    glop = count_search.solve_lp(role_search.phase_model(b, p, u, None, None))
+    highs = count_search.solve_lp(role_search.phase_model(b, p, u, None, None), ("no-such-backend", "highs"))
+    assert glop == pytest.approx(20 / 3, rel=1e-9) and highs == pytest.approx(20 / 3, rel=1e-9)
+    with pytest.raises(RuntimeError, match="no-such-backend: not in this OR-Tools build"):
+        count_search.solve_lp(role_search.phase_model(b, p, u, None, None), ("no-such-backend",))
