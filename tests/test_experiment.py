@@ -116,3 +116,16 @@ def test_unknown_or_missing_experiment_is_one_line(tmp_path: Path) -> None:
         )
         assert r.returncode == 2, r.stderr
         assert r.stderr.strip().startswith(want) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_an_unproven_exact_reference_is_starred() -> None:
+    """A cell's exact reference whose solve its time limit ended before proving the optimum (references.json status
+    `feasible`) is a lower bound, and the tables say so with a star; a proven one, or an older summary without the
+    flag, prints plain."""
+    import pandas as pd
+
+    from pipeline.experiment.report import _exact
+
+    assert _exact(pd.Series({"exact": 743.2, "exact_proven": False}), 1) == "743.2*"
+    assert _exact(pd.Series({"exact": 449.8064, "exact_proven": True}), 2) == "449.81"
+    assert _exact(pd.Series({"exact": 378.1}), 1) == "378.1"

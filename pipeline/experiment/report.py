@@ -51,8 +51,9 @@ def tables(
                 devs.append(b["deviation"] if b else float("nan"))
                 walls.append(rec["wall_s"])
         ref = refs.get(c.ref_key)
-        ref_score = None
+        ref_score, proven = None, True
         if ref is not None:
+            proven = ref.get("status", "optimal") == "optimal"
             per_dollar = c.settings.search.objective == "rate_per_dollar"
             ref_score = ref["rate_per_dollar"] if per_dollar else ref["rate_req_s"]
         summ.append(
@@ -69,6 +70,7 @@ def tables(
                 "deviation_mean": _stat(np.nanmean, devs),
                 "deviation_std": _stat(np.nanstd, devs),
                 "exact": ref_score if ref_score is not None else float("nan"),
+                "exact_proven": proven,  # False: the reference's best layout within its time limit, not proven
                 "best_over_exact": _stat(np.mean, bests) / ref_score if ref_score else float("nan"),
                 "wall_s_mean": _stat(np.mean, walls),
                 "wall_s_std": _stat(np.std, walls),
@@ -100,7 +102,8 @@ def markdown(spec: Spec, cells: Sequence[Cell], summary: pd.DataFrame, command: 
         "",
         f"{spec.trials} trials (searches, seeds {seed0}..{seed0 + spec.trials - 1}) per cell; "
         "best = best score of a search; D_total = the thesis's deviation of that best layout; "
-        f"exact = the global optimum of the same model (exact reference MILP).",
+        f"exact = the global optimum of the same model (exact reference MILP; * where its time limit ended it "
+        "before the optimum was proven: its best layout then, a lower bound).",
         "",
     ]
     if spec.table == "table_5_1":
@@ -120,12 +123,17 @@ def markdown(spec: Spec, cells: Sequence[Cell], summary: pd.DataFrame, command: 
             "| "
             + " | ".join(str(r[a]) for a in axes)
             + f" | {_pm(r['best_mean'], r['best_std'], 2)} | {r['best_min']:.2f} | {r['best_max']:.2f} | "
-            f"{_pm(r['deviation_mean'], r['deviation_std'])} | {r['exact']:.2f} | {r['best_over_exact']:.3f} | "
+            f"{_pm(r['deviation_mean'], r['deviation_std'])} | {_exact(r, 2)} | {r['best_over_exact']:.3f} | "
             f"{_pm(r['wall_s_mean'], r['wall_s_std'])} | {r['evaluations']} | {r['searches']}"
             + (f" ({r['failed']} failed)" if r["failed"] else "")
             + " |"
         )
     return "\n".join(head + lines) + "\n"
+
+
+def _exact(r: pd.Series, digits: int) -> str:
+    """A cell's exact reference, starred where its solve was not proven optimal."""
+    return f"{r['exact']:.{digits}f}" + ("" if r.get("exact_proven", True) else "*")
 
 
 def _table_5_1(cells: Sequence[Cell], summary: pd.DataFrame) -> list[str]:
@@ -151,7 +159,7 @@ def _table_5_1(cells: Sequence[Cell], summary: pd.DataFrame) -> list[str]:
         for w in workloads:
             r = summary[(summary["inventory"] == inv) & (summary["workload"] == w)].iloc[0]
             row += f" {_pm(r['best_mean'], r['best_std'])} | {_pm(r['deviation_mean'], r['deviation_std'])} | "
-            row += f"{r['exact']:.1f} |"
+            row += f"{_exact(r, 1)} |"
         lines.append(row)
     homo = [i for i in inventories if len(inv_of[i].gpus) == 1]
     if homo:
