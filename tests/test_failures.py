@@ -478,3 +478,29 @@ def test_the_optimum_with_the_worst_host_lost_is_what_every_layout_and_role_trie
     mine = [tuple(float(found.islands.count((types[ti].gpu, int(types[ti].sizes[si]), role)))
                   for role in ("prefill", "decode")) for ti, si in classes]  # fmt: skip
     assert min(_loss_rates(types, p, mine).values()) == pytest.approx(best, rel=1e-6)  # type: ignore[arg-type]
+
+
+def test_a_standby_island_takes_over_when_the_host_it_stands_by_for_is_lost() -> None:
+    """Planned for a host lost, three 8-H20 islands and one 8-H200 island of DeepSeek-V3 on tiny_hetero keep the
+    most in the roles (decode, prefill, prefill, decode): the H200 island decodes every request with every host up,
+    so the first H20 island carries nothing and the plan lists it idle; it stands by. With the H200 host lost it
+    decodes what its rate allows, as the spare roles scored it: the host losses read the roles the plan was built in,
+    where reading the plan's own they put that loss at nothing."""
+    from pipeline.planning.build import build_plan
+    from pipeline.planning.failures import host_losses, spare_solve
+    from pipeline.planning.planner import Layout
+    from pipeline.search.settings import inventory_of, settings_from_cfg
+
+    cfg = compose(["+inventory=tiny_hetero", "ranges.width=1000", "workload=azure_code"])
+    _, ctx = settings_from_cfg(cfg, *inventory_of(cfg))
+    layout = Layout.of([("H20", 8)] * 3 + [("H200", 8)])
+    found = spare_solve(ctx.planner, layout, 1, ctx.inner_time_limit_s, ctx.backend)
+    assert found.status == "optimal" and found.roles == ("decode", "prefill", "prefill", "decode")
+    plan = build_plan(ctx.planner, layout, ctx.inner_time_limit_s, ctx.backend, roles=found.roles)
+    assert [isl.role for isl in plan.islands] == ["idle", "prefill", "prefill", "decode"]
+    plain = host_losses(ctx.planner, layout, plan, ctx.inner_time_limit_s, ctx.backend)
+    kept = host_losses(ctx.planner, layout, plan, ctx.inner_time_limit_s, ctx.backend, found.roles)
+    assert plain is not None and kept is not None
+    h200 = {(x.gpu, x.node): x.rate_req_s for x in kept.losses}[("H200", 0)]
+    assert {(x.gpu, x.node): x.rate_req_s for x in plain.losses}[("H200", 0)] == 0.0  # the plan's roles: nothing
+    assert h200 > 0 and min(x.rate_req_s for x in kept.losses) == pytest.approx(found.rate_req_s, rel=1e-6)

@@ -446,7 +446,7 @@ def _member_plan(c: Composed, lay: Layout, info: InventoryInfo, mine: list[Any],
     print(f"[fleet] {c.spec.model}: {lay.describe()}: {plan.rate_req_s:.2f} req/s within "
           f"{plan.slo.text()}" + ("; simulating it ..." if verify else ""), flush=True)  # fmt: skip
     verification = check(plan, RequestMix.of(c.ctx.planner.workload)) if plan.serves and verify else None
-    losses = host_losses(c.ctx.planner, lay, plan, c.ctx.inner_time_limit_s, c.ctx.backend) if losses_too \
+    losses = host_losses(c.ctx.planner, lay, plan, c.ctx.inner_time_limit_s, c.ctx.backend, roles) if losses_too \
         else None  # fmt: skip
     notes = (f"one of the models of a fleet: its islands are those the joint optimum gave {c.spec.model}",
              *((c.note,) if c.note else ()))  # fmt: skip

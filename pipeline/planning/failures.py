@@ -38,12 +38,17 @@ def islands_on(gpus: Sequence[str], hosts_of: Sequence[Hosts | None]) -> dict[tu
 
 
 def host_losses(
-    planner: Planner, layout: Layout, plan: Plan, time_limit_s: float, backend: str = "AUTO"
+    planner: Planner, layout: Layout, plan: Plan, time_limit_s: float, backend: str = "AUTO",
+    roles: Sequence[str] | None = None,
 ) -> HostLosses | None:
-    """The plan's rate with each of its hosts gone in turn (None for a plan that serves nothing)."""
+    """The plan's rate with each of its hosts gone in turn (None for a plan that serves nothing). `roles`: those the
+    plan was solved in, where it was planned for hosts lost (`spare_solve`): an island kept in a role as a standby
+    carries nothing with every host up, so the plan lists it idle, and takes over when a host goes (an island the plan
+    runs keeps the plan's role)."""
     if not plan.serves:
         return None
-    roles = [isl.role for isl in plan.islands]
+    given = list(roles) if roles is not None else [isl.role for isl in plan.islands]
+    roles = [given[i] if isl.role == "idle" else isl.role for i, isl in enumerate(plan.islands)]
     losses, rates = [], {}
     for (gpu, node), down in islands_on([isl.gpu for isl in plan.islands], [isl.hosts for isl in plan.islands]).items():
         if not any(plan.islands[i].serving for i in down):

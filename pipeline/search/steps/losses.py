@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from pipeline.checks import boolean
-from pipeline.planning.failures import host_losses, worst_loss
+from pipeline.planning.failures import host_losses, spare_solve, worst_loss
 from pipeline.search.steps.base import PlanStep, StepContext
 from plan import HostLosses, Plan, node_spans
 
@@ -28,7 +28,10 @@ class Losses(PlanStep):
 
     def compute(self, plan: Plan, sc: StepContext) -> HostLosses | None:
         ctx, spare = sc.rates, sc.settings.search.spare_hosts
-        losses = host_losses(ctx.planner, sc.layout, plan, ctx.inner_time_limit_s, ctx.backend)
+        # planned for hosts lost: the roles the plan was built in, its standby islands' too (the plan lists them idle)
+        roles = spare_solve(ctx.planner, sc.layout, spare, ctx.inner_time_limit_s, ctx.backend).roles \
+            if spare and sc.run.replanned is None else None  # fmt: skip
+        losses = host_losses(ctx.planner, sc.layout, plan, ctx.inner_time_limit_s, ctx.backend, roles)
         if losses is None or not spare:
             return losses
         rate, nodes = worst_loss(ctx.planner, sc.layout, plan, spare, ctx.inner_time_limit_s, ctx.backend)
