@@ -75,7 +75,7 @@ KERNEL_TABLES = (CONF_DIR / "calibration" / "published.csv",)
 # 0.1; benchmarks/inferencex_bench.py --leave-gpu-out), never by the check GPUs
 SERVING_PRIOR_SIGMA = 0.1
 # end-to-end knobs that are the serving engines' own, whatever the GPU: fitted once for every GPU (`*`)
-ENGINE_KNOBS = ("moe_tp", "step_overhead", "sequence_overhead", "request_overhead", "handoff")
+ENGINE_KNOBS = ("moe_tp", "step_overhead", "sequence_overhead", "request_overhead", "handoff", "prefill_pass")
 # end-to-end knobs whose prior is an order of magnitude, not a figure from a profile: their prior sigma (log), wide
 # enough that the measurements set them
 GUESSED_PRIOR_SIGMA = {"sequence_overhead": 1.0}

@@ -24,6 +24,7 @@ to measurements (`python -m costmodel.calibrate`), per GPU type:
 | `sequence_overhead` | 1 / the engine's time per running sequence a decode step (`sequence_overhead`) | serving |
 | `request_overhead` | 1 / a request's fixed time in the front end before its prefill (`request_overhead`) | serving |
 | `handoff` | 1 / a disaggregated request's fixed time from prefill to decode beside its KV bytes | serving |
+| `prefill_pass` | 1 / a serving engine's whole prefill forward over the kernel model's | serving |
 | `model_prefill` | 1 / the whole prefill time: the model's own error, for the range only (factor 1) | residuals |
 | `model_decode` | 1 / the whole decode step: the model's own error, for the range only (factor 1) | residuals |
 
@@ -81,6 +82,8 @@ KNOBS: dict[str, str] = {
     "(sequence_overhead only)",
     "request_overhead": "1 / a request's fixed time in the serving front end before its prefill (request_overhead)",
     "handoff": "1 / a disaggregated request's fixed time from prefill to decode beside its KV bytes (request_overhead)",
+    "prefill_pass": "1 / a serving engine's prefill forward over the kernel model's: what its pass spends beyond the "
+    "kernels (launches without CUDA graphs, scheduling, padding), set by TTFT across prompt lengths",
     "model_prefill": "1 / the whole prefill time: the model's own error on measurements it never saw (factor 1)",
     "model_decode": "1 / the whole decode step: the model's own error on measurements it never saw (factor 1)",
 }

@@ -95,6 +95,8 @@ class Rates:
         self.gemm_fixed_ms = GEMM_FIXED_MS / k["gemm_fixed"]
         self.kv_link = g.scaleout_bw_gb_s * DERATE * k["kv_transfer"]  # prefill -> decode KV, per GPU
         self.model = k[f"model_{phase}"]  # the whole pass's time over this: the model's own error (1 but in a draw)
+        if phase == "prefill":  # and a serving engine's prefill forward over its kernels'
+            self.model = self.model * k["prefill_pass"]
         self.has_fp4 = g.tflops_fp4 > 0
         self.experts_fp4 = self.has_fp4 & (not profile.experts_fp8)  # routed experts in FP4 (the checkpoint's)
         has_fp8 = g.tflops_fp8 > 0

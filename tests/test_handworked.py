@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from costmodel.catalog import load_gpu, load_model
-from costmodel.formulas import DecodeRun, decode_parts, max_batch, prefill_chunk_ms, prefill_parts, prefill_time_ms
+from costmodel.formulas import (
+    DecodeRun,
+    decode_parts,
+    max_batch,
+    prefill_chunk_ms,
+    prefill_parts,
+    prefill_time_ms,
+    request_overheads_ms,
+)
 from costmodel.profile import CostProfile
 
 SS = CostProfile.shallowsim()
@@ -319,6 +327,34 @@ def test_an_mtp_step_by_hand() -> None:
     with pytest.raises(ValueError, match="accepted <= draft_tokens"):
         decode_timing(gpu, DSV3, 1, 8, 16, 4096, cost, draft_tokens=1, accepted=1.5)
     assert np.isfinite(step)
+
+
+def test_the_prefill_pass_by_hand() -> None:
+    """`prefill_pass` (an end-to-end factor, `*`): a factor f divides a prefill forward's whole time and its
+    attention's share by f, a prompt alone or a chunk of several, with the fixed front-end time left as it was and a
+    decode step untouched; it multiplies with the range's `model_prefill` draw."""
+    import numpy as np
+
+    from costmodel.calibration import Calibration, Factor
+
+    gpu, base = load_gpu("H200"), CostProfile.corrected().with_fixes(step_overhead=True)
+    pass_ = Calibration("t", (("*", "prefill_pass", Factor(0.5, 0.0, "fit")),))
+    both = Calibration("t", (("*", "prefill_pass", Factor(0.5, 0.0, "fit")),
+                             ("*", "model_prefill", Factor(0.8, 0.0, "residual"))))  # fmt: skip
+    plain, slow, drawn = (prefill_parts(gpu, DSV3, 4096, 8, 1, profile=p)
+                          for p in (base, base.calibrated(pass_), base.calibrated(both)))  # fmt: skip
+    assert float(slow["Sum"]) == pytest.approx(2.0 * float(plain["Sum"]), rel=1e-12)  # 1 / 0.5
+    assert float(slow["Attention"]) == pytest.approx(2.0 * float(plain["Attention"]), rel=1e-12)
+    assert [k for k in plain if not np.allclose(plain[k], slow[k])] == ["Sum", "Attention"]
+    assert float(drawn["Sum"]) == pytest.approx(float(plain["Sum"]) / (0.5 * 0.8), rel=1e-12)
+    tokens, s = np.array([4 * 1024.0]), np.array([1024.0])
+    chunk = (prefill_chunk_ms(gpu, DSV3, tokens, s, np.array([1.0]), np.array([8.0]), profile=p)[0]
+             for p in (base, base.calibrated(pass_)))  # fmt: skip
+    assert next(chunk) * 2.0 == pytest.approx(next(chunk), rel=1e-12)
+    step = (decode_parts(gpu, DSV3, 2048, 32, 1, 8, profile=p)["TPOT"] for p in (base, base.calibrated(pass_)))
+    assert float(next(step)) == float(next(step))
+    on = base.with_fixes(request_overhead=True)
+    assert request_overheads_ms(on.calibrated(pass_)) == request_overheads_ms(on)
 
 
 def test_the_models_own_error_by_hand() -> None:
