@@ -28,8 +28,10 @@ class Losses(PlanStep):
 
     def compute(self, plan: Plan, sc: StepContext) -> HostLosses | None:
         ctx, spare = sc.rates, sc.settings.search.spare_hosts
-        # planned for hosts lost: the roles the plan was built in, its standby islands' too (the plan lists them idle)
-        roles = spare_solve(ctx.planner, sc.layout, spare, ctx.inner_time_limit_s, ctx.backend).roles \
+        # planned for hosts lost: the roles the plan was built in (by the trials' planner, whose cache holds them), its
+        # standby islands' too (the plan lists them idle)
+        built = sc.ctx
+        roles = spare_solve(built.planner, sc.layout, spare, built.inner_time_limit_s, built.backend).roles \
             if spare and sc.run.replanned is None else None  # fmt: skip
         losses = host_losses(ctx.planner, sc.layout, plan, ctx.inner_time_limit_s, ctx.backend, roles)
         if losses is None or not spare:
