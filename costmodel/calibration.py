@@ -92,7 +92,7 @@ RESIDUAL_KNOBS = ("model_prefill", "model_decode")
 # the engine behaviour (switches.SYSTEM_DOCS) a calibration fitted to end-to-end serving carries; `experts_fp8` is
 # each measurement's own precision, not structure
 STRUCTURE_SYSTEM = ("activated_experts", "overlap_chosen", "step_overhead", "sequence_overhead", "dp_imbalance",
-                    "request_overhead", "node_dispatch", "lm_head", "draft_passes")
+                    "request_overhead", "node_dispatch", "lm_head", "draft_passes", "net_allreduce")
 Z10 = 1.2815515655446004  # the standard normal's 90th percentile: a lognormal's 10th-90th percentile is +-Z10 sigma
 ALL_GPUS = "*"  # a factor under this key holds for every GPU without its own fitted one (nor its stack's)
 ORIGINS = ("fit", "prior", "residual")  # residual: a RESIDUAL_KNOBS spread, factor 1

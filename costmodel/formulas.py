@@ -36,6 +36,11 @@ from costmodel.specs import FP8_SCALE_BLOCK, GPU, GPUArray, Model
 DERATE = 0.85  # every peak figure is multiplied by this
 MLA_DISCOUNT = 0.7  # attention kernels reach 70 % of the derated peak
 ALLREDUCE_LATENCY_MS = 0.015
+# An all-reduce whose group spans hosts (`net_allreduce`): NCCL's over two hosts of 8 H100 takes 35-50 us from 1 to
+# 128 KiB and 88-127 us from 256 KiB to 1 MiB (microsoft/mscclpp docs/dsl/results.md, "Two-Node AllReduce on H100",
+# figure docs/dsl/figs/2node_all_reduce_results.png at 8d998820, read off the plot to +-1 us; 11 sizes). 44 us is
+# the median over those sizes of the time less the bytes term `_allreduce_ms` gives them (ring over the NIC).
+NET_ALLREDUCE_LATENCY_MS = 0.044
 ATTN_STATIC_MS = 0.05
 PREFILL_A2A_LATENCY_MS = 0.05
 DECODE_A2A_LATENCY_MS = 0.005  # per micro-batch
@@ -362,8 +367,10 @@ def _allreduce_ms(
     nbytes = tokens * model.hidden * 2.0  # BF16 activations
     if p.ring_allreduce:
         nbytes = nbytes * 2.0 * (tp - 1) / tp
-    link = np.where(tp <= g.gpus_per_node, r.nvl, r.net) if p.topology_comm else r.nvl
-    return _xfer_ms(nbytes, link * r.allreduce, p) + ALLREDUCE_LATENCY_MS
+    across = (tp > g.gpus_per_node) if p.topology_comm else np.zeros(np.shape(tp), dtype=bool)
+    link = np.where(across, r.net, r.nvl)
+    latency = np.where(across & p.net_allreduce, NET_ALLREDUCE_LATENCY_MS, ALLREDUCE_LATENCY_MS)
+    return _xfer_ms(nbytes, link * r.allreduce, p) + latency
 
 
 def _tp_split_ms(

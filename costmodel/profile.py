@@ -53,6 +53,7 @@ class CostProfile:
     node_dispatch: bool = False
     lm_head: bool = False
     draft_passes: bool = False
+    net_allreduce: bool = False
     calibration: Calibration | None = None  # component efficiency factors per GPU (costmodel/calibration.py)
 
     @staticmethod

@@ -105,6 +105,11 @@ SYSTEM_DOCS: dict[str, str] = {
         "(attention and MoE at the sequences' batch) and the LM head (under `lm_head`), inside the step's CUDA graph "
         "(no fixed engine time of their own); not one more MoE layer of the verify pass at its tokens"
     ),
+    "net_allreduce": (
+        "an all-reduce whose TP group spans hosts pays NCCL's latency between hosts (NET_ALLREDUCE_LATENCY_MS, "
+        "44 us, from NCCL's published two-host all-reduce on H100) beside its bytes over the NIC; not the 15 us of "
+        "an all-reduce inside one host's NVLink"
+    ),
     "sequence_overhead": (
         "every decode step also pays the engine's time per running sequence outside the kernels (its scheduling, "
         "sampling and output bookkeeping on the CPU) for the sequences of the busiest attention rank, "

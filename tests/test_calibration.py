@@ -460,8 +460,8 @@ def test_serving_rows_fit_their_stack_and_every_gpu_and_a_gpu_never_measured_tak
     factors = (("*", "moe_tp", Factor(0.85, 0.0, "fit")), ("*", "step_overhead", Factor(0.7, 0.0, "fit")),
                ("*", "sequence_overhead", Factor(0.4, 0.0, "fit")),
                ("cuda", "hbm", Factor(0.8, 0.0, "fit")))  # fmt: skip
-    engine = ("activated_experts", "dp_imbalance", "draft_passes", "gemm_roofline", "lm_head", "node_dispatch",
-              "overlap_chosen", "request_overhead", "sequence_overhead", "step_overhead")  # fmt: skip
+    engine = ("activated_experts", "dp_imbalance", "draft_passes", "gemm_roofline", "lm_head", "net_allreduce",
+              "node_dispatch", "overlap_chosen", "request_overhead", "sequence_overhead", "step_overhead")  # fmt: skip
     truth = Calibration("truth", factors, switches=tuple((k, True) for k in engine))
     true_profile = CostProfile.corrected().calibrated(truth)
 

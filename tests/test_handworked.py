@@ -460,6 +460,38 @@ def test_node_dispatch_by_hand() -> None:
             float(prefill_parts(gpu, DSV3, 4096, 1, 8, profile=CostProfile.corrected())["Dispatch"]), rel=1e-12)
 
 
+def test_an_all_reduce_across_hosts_by_hand() -> None:
+    """`net_allreduce`: an all-reduce over 16 H100 (two hosts of 8) pays NCCL's latency between hosts, 44 us, beside
+    its ring's bytes over the NIC. One token's 7,168 BF16 values (14,336 bytes) move 2 x 15/16 of that, 26,880 bytes,
+    at 50 GB/s x 0.85: 0.000633 ms, so 0.044633 ms; off, 15 us beside the same bytes. Inside one host (TP 8) it is
+    15 us beside 2 x 7/8 of the bytes over NVLink (450 GB/s x 0.85), on or off. Against the published two-host
+    NCCL times the constant comes from (mscclpp's figure, formulas.NET_ALLREDUCE_LATENCY_MS), 1 KiB to 1 MiB: 6 %
+    off at the median on; off, 2.6x too fast (159 %)."""
+    import numpy as np
+
+    from costmodel.formulas import Rates, _allreduce_ms
+    from costmodel.specs import GPUArray
+
+    g, off = GPUArray.of(load_gpu("H100-SXM")), CostProfile.corrected()
+    on = off.with_fixes(net_allreduce=True)
+    byte = 14336 * 2 * 15 / 16 / 1e6 / (50 * 0.85)
+    one = np.asarray(1.0)
+    assert float(_allreduce_ms(one, DSV3, np.asarray(16.0), g, Rates(g, "decode", on), on)) == pytest.approx(
+        0.044 + byte, rel=1e-12)
+    assert float(_allreduce_ms(one, DSV3, np.asarray(16.0), g, Rates(g, "decode", off), off)) == pytest.approx(
+        0.015 + byte, rel=1e-12)
+    for p in (on, off):
+        assert float(_allreduce_ms(one, DSV3, np.asarray(8.0), g, Rates(g, "decode", p), p)) == pytest.approx(
+            0.015 + 14336 * 2 * 7 / 8 / 1e6 / (450 * 0.85), rel=1e-12)
+    nccl_us = {1024: 35.3, 2048: 37.5, 4096: 39.3, 8192: 42.0, 16384: 45.5, 32768: 46.4, 65536: 49.0,
+               131072: 50.3, 262144: 126.8, 524288: 87.6, 1048576: 89.0}  # fmt: skip
+    tokens = np.array(list(nccl_us)) / (DSV3.hidden * 2.0)
+    for p, bound in ((on, 0.056), (off, 1.59)):
+        model_us = 1e3 * _allreduce_ms(tokens, DSV3, np.full(len(tokens), 16.0), g, Rates(g, "decode", p), p)
+        err = np.exp(np.median(np.abs(np.log(model_us / np.array(list(nccl_us.values())))))) - 1
+        assert err == pytest.approx(bound, abs=0.01)
+
+
 def test_lm_head_by_hand() -> None:
     """`lm_head`: a decode forward runs the vocabulary projection (129,280 x 7,168, BF16) over its tokens, split
     by vocabulary over the TP group. H200 (989 BF16 TFLOPS, 4,800 GB/s, both at 0.85): 64 tokens a rank at TP 8

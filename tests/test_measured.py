@@ -149,7 +149,7 @@ def test_the_serving_fit_saw_only_the_fitting_gpus() -> None:
     assert dict(cal.switches) == {"gemm_roofline": True, "activated_experts": True, "overlap_chosen": True,
                                   "step_overhead": True, "sequence_overhead": True, "dp_imbalance": True,
                                   "request_overhead": True, "node_dispatch": True, "lm_head": True,
-                                  "draft_passes": True}  # fmt: skip
+                                  "draft_passes": True, "net_allreduce": True}  # fmt: skip
     fitted = {(g, k) for g, k, f in cal.factors if f.origin == "fit"}
     for g in ("H100-SXM", "DGX-B300", "GB200-NVL72", "GB300-NVL72", "MI325X", "MI355X"):
         assert not any(gpu == g for gpu, _ in fitted), g
