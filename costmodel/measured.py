@@ -342,3 +342,84 @@ def serving_rows(path: Path) -> list[Measurement]:
                                f"with its workers recorded, or an aggregated one) on a fitting GPU "
                                f"{list(FITTING_GPUS)}: --serving fits those GPUs' rows only")  # fmt: skip
     return rows
+
+
+# --- published figures: a check, never fitted ---------------------------------------------------------------------
+
+PUBLISHED = CONF_DIR / "measured" / "published_serving.csv"
+PUBLISHED_METRICS = {"prefill": ("input_tok_s_gpu",), "decode": ("output_tok_s_gpu", "tok_s_user")}
+_FIGURE_COLUMNS = ("id", "gpu", "kind", "tp", "gpus", "moe", "experts", "batch", "length", "drafts", "accepted",
+                   "metric", "value", "source", "quote", "assumed")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One published serving figure (conf/measured/published_serving.csv): a prefill forward's input tokens/s per GPU
+    or a decode step's output tokens/s (per GPU or a user's) at the configuration its source states."""
+
+    id: str
+    gpu: str  # conf/gpu name
+    kind: str  # prefill | decode
+    tp: int  # attention TP of a rank
+    gpus: int  # the engine's GPUs: its expert-parallel group
+    moe: str  # ep (experts placed whole) | tp (each split over the engine)
+    experts: str  # fp8 | fp4: the routed experts' precision
+    batch: int  # prefill: tokens a rank a forward; decode: sequences a rank
+    length: int  # prefill: the prompts' length; decode: the mean context
+    drafts: int  # MTP drafts a decode step (0: none)
+    accepted: float  # drafts kept a step on average
+    metric: str
+    value: float
+    source: str
+    quote: str
+    assumed: str
+
+
+def load_published(path: str | Path = PUBLISHED) -> list[Figure]:
+    """Every figure of a published-serving table (comment lines start with #), checked: one MeasurementError naming
+    the file, the line and what to fix."""
+    from costmodel.catalog import gpu_names
+
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise MeasurementError(f"{p}: cannot read it as text ({err})") from None
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip() and not line.startswith("#")]
+    rows = list(csv.reader(line for _, line in numbered))
+    if not rows or tuple(rows[0]) != _FIGURE_COLUMNS:
+        raise MeasurementError(f"{p}: the header must be {','.join(_FIGURE_COLUMNS)}")
+    known, figures, seen = set(gpu_names()), [], set()
+    for (line, _), row in zip(numbered[1:], rows[1:], strict=True):
+        where = f"{p}:{line}"
+        if len(row) != len(_FIGURE_COLUMNS):
+            n = len(_FIGURE_COLUMNS)
+            raise MeasurementError(f"{where}: {len(row)} fields, not {n} (quote a field with commas)")
+        d = dict(zip(_FIGURE_COLUMNS, row, strict=True))
+        try:
+            f = Figure(d["id"], d["gpu"], d["kind"], int(d["tp"]), int(d["gpus"]), d["moe"], d["experts"],
+                       int(d["batch"]), int(d["length"]), int(d["drafts"]), float(d["accepted"]), d["metric"],
+                       float(d["value"]), d["source"], d["quote"], d["assumed"])  # fmt: skip
+        except ValueError as err:
+            raise MeasurementError(f"{where}: {err}; tp, gpus, batch, length and drafts are whole numbers") from None
+        problem = (
+            f"id {f.id!r} appears twice" if f.id in seen
+            else f"unknown GPU {f.gpu!r}; choose from {sorted(known)}" if f.gpu not in known
+            else f"kind must be one of {sorted(PUBLISHED_METRICS)}, got {f.kind!r}" if f.kind not in PUBLISHED_METRICS
+            else f"metric of a {f.kind} figure must be one of {PUBLISHED_METRICS[f.kind]}, got {f.metric!r}"
+            if f.metric not in PUBLISHED_METRICS[f.kind]
+            else "tp, gpus, batch and length must be at least 1" if min(f.tp, f.gpus, f.batch, f.length) < 1
+            else f"tp {f.tp} must divide the engine's {f.gpus} GPUs" if f.gpus % f.tp
+            else f"moe must be ep or tp, got {f.moe!r}" if f.moe not in ("ep", "tp")
+            else f"experts must be fp8 or fp4, got {f.experts!r}" if f.experts not in ("fp8", "fp4")
+            else f"0 <= accepted <= drafts must hold, got {f.accepted} of {f.drafts}"
+            if not 0 <= f.accepted <= f.drafts
+            else f"value must be a positive number, got {f.value}" if not (math.isfinite(f.value) and f.value > 0)
+            else "source must name where the figure was published" if not f.source.strip()
+            else ""
+        )  # fmt: skip
+        if problem:
+            raise MeasurementError(f"{where}: {problem}")
+        seen.add(f.id)
+        figures.append(f)
+    return figures
