@@ -73,11 +73,14 @@ DEFAULT_BATCH, DEFAULT_TOKENS = 2048, 8192
 WITHIN = math.log(1.15)
 
 
-def engine(row: dict, model: Model, cost: CostSettings) -> tuple[AggregatedEngine, int]:
+def engine(row: dict, model: Model, cost: CostSettings, *, max_batch: int = MAX_BATCH,
+           chunk: int = CHUNK) -> tuple[AggregatedEngine, int]:  # fmt: skip
     """The row's engine and the sequences it runs at once: `tp` GPUs, attention split over them or in data parallel
     (`dp_attention`: ranks of one GPU), routed experts over an EP group of `ep` or split by TP over the engine (`ep`
     1); BF16 and FP16 rows priced without the GPU's FP8 rate (weights, KV cache and GEMMs in 16 bits); the KV cache
-    in the row's `kv_dtype` where the overview's options name it (else the GPU's format, `auto`)."""
+    in the row's `kv_dtype` where the overview's options name it (else the GPU's format, `auto`). `max_batch` and
+    `chunk`: the runtime's sequences a rank and prompt tokens a rank a step (trtllm-bench's tuned values by default;
+    a launch's `max_batch_size` and `max_num_tokens` where it sets them)."""
     gpu = load_gpu(row["gpu"])
     if row["precision"] in ("bf16", "fp16"):
         gpu = dataclasses.replace(gpu, tflops_fp8=0.0)
@@ -92,7 +95,7 @@ def engine(row: dict, model: Model, cost: CostSettings) -> tuple[AggregatedEngin
     kv = row.get("kv_dtype") or cost.engine.kv_dtype  # the KV format its options set, where the overview gives them
     cost = dataclasses.replace(cost, engine=dataclasses.replace(cost.engine, mem_fraction=fraction, kv_dtype=kv))
     batch, chunk = (DEFAULT_BATCH, max(DEFAULT_TOKENS, isl + DEFAULT_BATCH)) if row["precision"] in UNTUNED else (
-        MAX_BATCH, CHUNK)
+        max_batch, chunk)
     dec = decode_timing(gpu, model, attn_tp, size, batch, isl + osl, cost, moe_tp=moe_tp)
     # its KV cache: TensorRT-LLM of these releases keeps every layer's KV at the whole sequence's length, a sliding
     # layer's too (one attention window, max_seq_len, unless kv_cache_config.max_attention_window names the layers'

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from costmodel.catalog import CONF_DIR
 from costmodel.measurements import Measurement, MeasurementError
-from costmodel.settings import KV_BYTES, MAX_MEM_FRACTION, MIN_MEM_FRACTION, MTP_ACCEPTANCE
+from costmodel.settings import KV_BYTES, KV_DTYPES, MAX_MEM_FRACTION, MIN_MEM_FRACTION, MTP_ACCEPTANCE
 
 INFERENCEX = CONF_DIR / "measured" / "inferencex_dsr1.csv"
 # what each row's decode engines were launched to admit (conf/measured/README.md): `Row.max_running`
@@ -347,15 +347,17 @@ def serving_rows(path: Path) -> list[Measurement]:
 # --- published figures: a check, never fitted ---------------------------------------------------------------------
 
 PUBLISHED = CONF_DIR / "measured" / "published_serving.csv"
-PUBLISHED_METRICS = {"prefill": ("input_tok_s_gpu",), "decode": ("output_tok_s_gpu", "tok_s_user")}
+PUBLISHED_METRICS = {"prefill": ("input_tok_s_gpu",), "decode": ("output_tok_s_gpu", "tok_s_user"),
+                     "closed_loop": ("output_tok_s_gpu",)}  # fmt: skip
 _FIGURE_COLUMNS = ("id", "gpu", "kind", "tp", "gpus", "moe", "experts", "batch", "length", "drafts", "accepted",
-                   "metric", "value", "source", "quote", "assumed")  # fmt: skip
+                   "output", "chunk", "kv_dtype", "metric", "value", "source", "quote", "assumed")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Figure:
-    """One published serving figure (conf/measured/published_serving.csv): a prefill forward's input tokens/s per GPU
-    or a decode step's output tokens/s (per GPU or a user's) at the configuration its source states."""
+    """One published serving figure (conf/measured/published_serving.csv): a prefill forward's input tokens/s per GPU,
+    a decode step's output tokens/s (per GPU or a user's) or a closed-loop run's output tokens/s per GPU, at the
+    configuration its source states."""
 
     id: str
     gpu: str  # conf/gpu name
@@ -364,10 +366,13 @@ class Figure:
     gpus: int  # the engine's GPUs: its expert-parallel group
     moe: str  # ep (experts placed whole) | tp (each split over the engine)
     experts: str  # fp8 | fp4: the routed experts' precision
-    batch: int  # prefill: tokens a rank a forward; decode: sequences a rank
-    length: int  # prefill: the prompts' length; decode: the mean context
+    batch: int  # prefill: tokens a rank a forward; decode: sequences a rank; closed_loop: users a rank
+    length: int  # prefill, closed_loop: the prompts' length; decode: the mean context
     drafts: int  # MTP drafts a decode step (0: none)
     accepted: float  # drafts kept a step on average
+    output: int  # closed_loop: output tokens a request (0 otherwise)
+    chunk: int  # closed_loop: prompt tokens a rank a step (0 otherwise)
+    kv_dtype: str  # the KV cache's format (costmodel.settings.KV_DTYPES)
     metric: str
     value: float
     source: str
@@ -398,10 +403,12 @@ def load_published(path: str | Path = PUBLISHED) -> list[Figure]:
         d = dict(zip(_FIGURE_COLUMNS, row, strict=True))
         try:
             f = Figure(d["id"], d["gpu"], d["kind"], int(d["tp"]), int(d["gpus"]), d["moe"], d["experts"],
-                       int(d["batch"]), int(d["length"]), int(d["drafts"]), float(d["accepted"]), d["metric"],
-                       float(d["value"]), d["source"], d["quote"], d["assumed"])  # fmt: skip
+                       int(d["batch"]), int(d["length"]), int(d["drafts"]), float(d["accepted"]), int(d["output"]),
+                       int(d["chunk"]), d["kv_dtype"], d["metric"], float(d["value"]), d["source"], d["quote"],
+                       d["assumed"])  # fmt: skip
         except ValueError as err:
-            raise MeasurementError(f"{where}: {err}; tp, gpus, batch, length and drafts are whole numbers") from None
+            raise MeasurementError(f"{where}: {err}; tp, gpus, batch, length, drafts, output and chunk are whole "
+                                   "numbers") from None  # fmt: skip
         problem = (
             f"id {f.id!r} appears twice" if f.id in seen
             else f"unknown GPU {f.gpu!r}; choose from {sorted(known)}" if f.gpu not in known
@@ -414,6 +421,9 @@ def load_published(path: str | Path = PUBLISHED) -> list[Figure]:
             else f"experts must be fp8 or fp4, got {f.experts!r}" if f.experts not in ("fp8", "fp4")
             else f"0 <= accepted <= drafts must hold, got {f.accepted} of {f.drafts}"
             if not 0 <= f.accepted <= f.drafts
+            else f"kv_dtype must be one of {list(KV_DTYPES)}, got {f.kv_dtype!r}" if f.kv_dtype not in KV_DTYPES
+            else "a closed_loop figure needs its output length and chunk (at least 1 each)"
+            if f.kind == "closed_loop" and min(f.output, f.chunk) < 1
             else f"value must be a positive number, got {f.value}" if not (math.isfinite(f.value) and f.value > 0)
             else "source must name where the figure was published" if not f.source.strip()
             else ""
