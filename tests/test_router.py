@@ -674,8 +674,10 @@ def test_idle_and_half_sent_connections_are_closed_within_the_header_timeout_whi
     async def main() -> tuple[Any, Any, tuple[bytes, float]]:
         engines = Engines()
         p, d = await engines.start(0.0), await engines.start(0.05)
-        async with running(table("sglang", {"0": [p]}, {"1": [d]}), health_interval_s=0,
-                           header_timeout_s=1.0) as url:  # fmt: skip
+        # (connect_timeout_s: the stand-in engines share this loaded event loop and may accept a connection late;
+        # with no health checks an engine once found down stays down, and what this test holds is the header timeout)
+        async with running(table("sglang", {"0": [p]}, {"1": [d]}), health_interval_s=0, header_timeout_s=1.0,
+                           connect_timeout_s=30.0) as url:  # fmt: skip
             port = int(url.rsplit(":", 1)[1])
 
             async def trickle() -> tuple[bytes, float]:
