@@ -53,7 +53,6 @@ def predict(f: Figure, model: object, cost: CostSettings) -> float:
     """The cost model's value of figure `f`'s metric at its configuration (module docstring)."""
     gpu = load_gpu(f.gpu)
     profile = cost.profile.with_fixes(experts_fp8=f.experts == "fp8")
-    kv = cost.engine.kv_dtype if f.kv_dtype == "auto" else f.kv_dtype
     if f.kind == "closed_loop":
         return closed_loop(f, model, dataclasses.replace(cost, profile=profile))
     one = lambda x: np.asarray([float(x)])  # noqa: E731
@@ -62,6 +61,7 @@ def predict(f: Figure, model: object, cost: CostSettings) -> float:
         ms = prefill_chunk_ms(gpu, model, one(f.batch * ranks), one(f.length), one(f.tp), one(ranks),  # type: ignore[arg-type]
                               profile=profile)[0]  # fmt: skip
         return f.batch / (float(ms) / 1e3) / f.tp
+    kv = cost.engine.kv_dtype if f.kv_dtype == "auto" else f.kv_dtype
     run = DecodeRun(cost.engine.fp8_combine, 1.0, f.drafts, f.moe == "tp", kv)
     step = float(decode_step_ms(gpu, model, one(f.length), one(f.batch), one(f.tp), one(f.gpus),  # type: ignore[arg-type]
                                 profile=profile, run=run)[0])  # fmt: skip

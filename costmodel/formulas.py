@@ -367,7 +367,7 @@ def _allreduce_ms(
     nbytes = tokens * model.hidden * 2.0  # BF16 activations
     if p.ring_allreduce:
         nbytes = nbytes * 2.0 * (tp - 1) / tp
-    across = (tp > g.gpus_per_node) if p.topology_comm else np.zeros(np.shape(tp), dtype=bool)
+    across = p.topology_comm & (tp > g.gpus_per_node)  # the group spans hosts
     link = np.where(across, r.net, r.nvl)
     latency = np.where(across & p.net_allreduce, NET_ALLREDUCE_LATENCY_MS, ALLREDUCE_LATENCY_MS)
     return _xfer_ms(nbytes, link * r.allreduce, p) + latency

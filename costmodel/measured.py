@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from costmodel.catalog import CONF_DIR
-from costmodel.measurements import Measurement, MeasurementError
+from costmodel.measurements import Measurement, MeasurementError, csv_records, read_text
 from costmodel.settings import KV_BYTES, KV_DTYPES, MAX_MEM_FRACTION, MIN_MEM_FRACTION, MTP_ACCEPTANCE
 
 INFERENCEX = CONF_DIR / "measured" / "inferencex_dsr1.csv"
@@ -361,7 +361,7 @@ class Figure:
 
     id: str
     gpu: str  # conf/gpu name
-    kind: str  # prefill | decode
+    kind: str  # prefill | decode | closed_loop (PUBLISHED_METRICS)
     tp: int  # attention TP of a rank
     gpus: int  # the engine's GPUs: its expert-parallel group
     moe: str  # ep (experts placed whole) | tp (each split over the engine)
@@ -386,16 +386,11 @@ def load_published(path: str | Path = PUBLISHED) -> list[Figure]:
     from costmodel.catalog import gpu_names
 
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise MeasurementError(f"{p}: cannot read it as text ({err})") from None
-    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip() and not line.startswith("#")]
-    rows = list(csv.reader(line for _, line in numbered))
-    if not rows or tuple(rows[0]) != _FIGURE_COLUMNS:
+    records = csv_records(read_text(p, "a published-serving table (conf/measured/README.md)"))
+    if not records or tuple(records[0][1]) != _FIGURE_COLUMNS:
         raise MeasurementError(f"{p}: the header must be {','.join(_FIGURE_COLUMNS)}")
     known, figures, seen = set(gpu_names()), [], set()
-    for (line, _), row in zip(numbered[1:], rows[1:], strict=True):
+    for line, row in records[1:]:
         where = f"{p}:{line}"
         if len(row) != len(_FIGURE_COLUMNS):
             n = len(_FIGURE_COLUMNS)

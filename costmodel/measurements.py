@@ -201,6 +201,12 @@ def read_text(path: Path, what: str) -> str:
         raise MeasurementError(f"{path}: cannot read it ({err.strerror or err})") from None
 
 
+def csv_records(text: str) -> list[tuple[int, list[str]]]:
+    """The CSV records of `text`, each with its line number; blank lines and comment lines (#) left out."""
+    body = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
+    return list(zip((n for n, _ in body), csv.reader(ln for _, ln in body), strict=True))
+
+
 def load_measurements(paths: Iterable[str | Path]) -> list[Measurement]:
     """Every row of the measurement files, checked: component, GPU, shape, value, unit, source."""
     rows: list[Measurement] = []
@@ -209,15 +215,13 @@ def load_measurements(paths: Iterable[str | Path]) -> list[Measurement]:
     for path in map(Path, paths):
         if not path.is_file():
             raise MeasurementError(f"measurement file {path} not found")
-        lines = read_text(path, "a measurement CSV (header component,gpu,shape,value,unit,source)").splitlines()
-        body = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip() and not ln.lstrip().startswith("#")]
-        if not body:
+        records = csv_records(read_text(path, "a measurement CSV (header component,gpu,shape,value,unit,source)"))
+        if not records:
             raise MeasurementError(f"{path}: no measurements (header {','.join(header)} and one row per measurement)")
-        reader = csv.reader([ln for _, ln in body])
-        got = next(reader)
+        first, got = records[0]
         if [h.strip() for h in got] != header:
-            raise MeasurementError(f"{path}:{body[0][0]}: header must be {','.join(header)}, got {','.join(got)}")
-        for (lineno, _), rec in zip(body[1:], reader, strict=True):
+            raise MeasurementError(f"{path}:{first}: header must be {','.join(header)}, got {','.join(got)}")
+        for lineno, rec in records[1:]:
             where = f"{path}:{lineno}"
             if len(rec) != len(header):
                 raise MeasurementError(f"{where}: {len(rec)} fields, want {len(header)} ({','.join(header)}); "
