@@ -235,6 +235,49 @@ def test_hosts_of_several_alike_islands_solved_as_classes_keep_what_every_role_a
     assert _units(bp, bd, [frozenset({0, 1}), frozenset({0, 1})], fixed) == {0: 0, 1: 0}  # the same host twice
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_class_model_by_cuts_is_the_class_milps_optimum(seed: int) -> None:
+    """`by_class` solves by cuts over every count of decode islands (`by_cuts`); against the class MILP (SCIP) on
+    layouts shaped like the main job's (6-9 classes of 1-5 islands, 29 ranges, rates of three GPU kinds scaled by
+    island size), with hosts of two alike islands, islands on no host, a kept role and a range one role's classes
+    serve only partly: the same rate, and roles that keep it."""
+    import time
+
+    import numpy as np
+
+    from solvers.inner import _solve_matrix
+    from solvers.spare import CLASS_SCIP, _class_model, _Classes, by_cuts
+
+    rng = np.random.default_rng(seed)
+    n_j = 29
+    p = rng.dirichlet(np.ones(n_j))
+    shape = np.linspace(1.0, 0.2, n_j)  # longer prompts: slower, more so on some GPUs
+    kinds = [(rng.uniform(2, 12) * shape ** rng.uniform(0.5, 2.0), rng.uniform(2, 12) * shape ** rng.uniform(0.5, 2.0))
+             for _ in range(3)]  # fmt: skip
+    bp, bd, scen, fixed = [], [], [], []
+    for c in range(int(rng.integers(6, 10))):
+        size, kind, m = float(rng.choice([1, 2, 3, 4])), kinds[c % 3], int(rng.integers(1, 6))
+        per_host = 2 if c == 1 and m % 2 == 0 else 1  # one class of two alike islands a host
+        first = len(bp)
+        for _ in range(m):
+            bp.append(size * kind[0])
+            bd.append(size * kind[1])
+            fixed.append("decode" if c == 2 else None)
+        hosts = [list(range(first + h, first + h + per_host)) for h in range(0, m, per_host)]
+        scen += [set(h) for h in hosts[: m if c != 3 else 0]]  # class 3's islands are on no host
+    bp, bd = np.array(bp), np.array(bd)
+    bd[: len(bd) // 2, -3:] = 0.0  # the longest ranges: decode on some classes only
+    scenarios = [frozenset(s) for s in scen]
+    k = _Classes.of(bp, bd, p, scenarios, fixed)
+    cuts = by_cuts(k, len(bp), 10.0, time.perf_counter())
+    model, col_lam = _class_model(k)
+    status, x = _solve_matrix(model, "SCIP", 10.0, CLASS_SCIP)
+    assert cuts.status == status == "optimal"
+    assert cuts.rate_req_s == pytest.approx(x[col_lam], rel=1e-6) and cuts.rate_req_s > 0
+    assert all(r == "decode" for r, f in zip(cuts.roles, fixed, strict=True) if f == "decode")
+    assert lowest_over(bp, bd, p, [set(s) for s in scenarios], cuts.roles) == pytest.approx(cuts.rate_req_s, rel=1e-6)
+
+
 @pytest.mark.parametrize("seed", [1, 3, 11])
 def test_hosts_of_unlike_islands_solved_by_host_type_keep_what_every_role_assignment_keeps(seed: int) -> None:
     """One host lost at a time, hosts holding unlike islands (a small model's islands of several sizes side by
