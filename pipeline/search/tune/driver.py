@@ -176,6 +176,9 @@ def start_local_ray(num_cpus: int | None) -> None:
         include_dashboard=False,
         log_to_driver=False,
         logging_level=logging.WARNING,
+        # no idle workers started ahead: a search's tasks run in its trainable's runtime env (`trainable_env`), which
+        # such a worker lacks, so the two Ray starts at once on a two-core machine only took CPU from the search's own
+        _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False},
     )
 
 
