@@ -1,0 +1,100 @@
+"""The roles that keep the most with a host lost (`search.spare_hosts`, every trial of the main job): the class model
+by cuts (`solvers.spare.by_cuts`, the default) against the same model as a MILP under SCIP (`CLASS_SCIP`), side by side
+in one run on the same layouts.
+
+    python benchmarks/spare_bench.py [--layouts 200] [--seed 0] [overrides ...]
+
+The layouts are the main job's (hetero_a, Azure code, the default cost model; overrides as the search takes them),
+drawn as the search's random start draws them (the divider's parameters, uniformly), distinct ones kept; each is
+priced once (its islands' benchmarks cached) and its loss scenarios placed as the search places them, then solved
+both ways. Printed: the layouts, the combinations of decode counts (median, largest), the total and median time of
+each, their ratio, and how many optima agree (to 1e-6) and how many role assignments are the same. Target: the cuts
+at least 3x faster than the MILP with every optimum the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+from common import compose
+
+from pipeline.planning.build import place
+from pipeline.planning.failures import loss_scenarios
+from pipeline.planning.planner import Layout
+from pipeline.search.settings import context, inventory_of, read_settings
+from solvers.inner import _solve_matrix
+from solvers.layouts import LayoutRejected
+from solvers.spare import CLASS_SCIP, _class_model, _Classes, _units, by_cuts
+
+
+def layouts(ctx: object, n: int, seed: int) -> list[Layout]:
+    """`n` distinct layouts of the search's space, its parameters drawn uniformly (the random start's draws)."""
+    rng = np.random.default_rng(seed)
+    found: dict[str, Layout] = {}
+    for _ in range(50 * n):
+        params = {}
+        for name, dist in ctx.space.distributions().items():
+            if hasattr(dist, "step") and isinstance(dist.low, int):
+                params[name] = int(rng.integers(dist.low, dist.high + 1))
+            else:
+                params[name] = float(rng.uniform(dist.low, dist.high))
+        try:
+            islands = ctx.space.layout(params)
+        except LayoutRejected:
+            continue
+        if islands:
+            layout = Layout.of(islands)
+            found.setdefault(layout.key, layout)
+        if len(found) == n:
+            break
+    return list(found.values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layouts", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    args, overrides = ap.parse_known_args()
+    cfg = compose(overrides)
+    settings = read_settings(cfg, *inventory_of(cfg))
+    ctx = context(settings)
+    planner = ctx.planner
+    cuts_ms, milp_ms, counts, same, roles_same, n = [], [], [], 0, 0, 0
+    for layout in layouts(ctx, args.layouts, args.seed):
+        prob = planner.problem(layout, "max_rate")
+        hosts = place(layout.islands, {g: planner.gpus[g].node_gpus for g, _ in layout.islands})
+        scen = [d for _, d in loss_scenarios(layout.islands, hosts, 1)]
+        bp, bd = prob.prefill_req_s, prob.decode_req_s
+        if _units(bp, bd, scen, None) is None:  # not the class model's (a host of unlike islands)
+            continue
+        n += 1
+        t0 = time.perf_counter()
+        k = _Classes.of(bp, bd, prob.p, scen, None)
+        cut = by_cuts(k, len(bp), 10.0, t0)
+        cuts_ms.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        k = _Classes.of(bp, bd, prob.p, scen, None)
+        model, col_lam = _class_model(k)
+        status, x = _solve_matrix(model, "SCIP", 10.0, CLASS_SCIP)
+        milp_ms.append((time.perf_counter() - t0) * 1e3)
+        counts.append(int(np.prod(k.m + 1)))
+        rate = max(float(x[col_lam]), 0.0) if status == "optimal" else float("nan")
+        same += abs(cut.rate_req_s - rate) <= 1e-6 * max(rate, 1.0)
+        decode = [int(np.argmax(x[k.first[c] : k.first[c + 1]])) for c in range(len(k.islands))]
+        roles_same += [sum(cut.roles[i] == "decode" for i in isl) for isl in k.islands] == decode
+    if not n:
+        sys.exit("no layout of the class model was drawn")
+    print(f"{n} distinct layouts of {settings.inventory.describe()}, one host lost; combinations of decode counts: "
+          f"median {statistics.median(counts):,.0f}, largest {max(counts):,}")  # fmt: skip
+    print(f"by cuts:     {sum(cuts_ms) / 1e3:6.2f} s in all, median {statistics.median(cuts_ms):6.1f} ms")
+    print(f"MILP (SCIP): {sum(milp_ms) / 1e3:6.2f} s in all, median {statistics.median(milp_ms):6.1f} ms")
+    print(f"MILP / cuts: {sum(milp_ms) / sum(cuts_ms):.2f}x (target >= 3x); the same optimum on {same} of {n}, "
+          f"the same decode counts on {roles_same} of {n}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
