@@ -375,8 +375,8 @@ class _Routing:
         self.demand = self.model.get_linear_constraints()[:n_j]
         self.solver = mb.Solver("glop")
 
-    def __call__(self, u: np.ndarray) -> tuple[float, np.ndarray | None]:
-        """Λ at capacities `u`, and a cut: per class the bound's slope μ_c (None where the duals give none)."""
+    def __call__(self, u: np.ndarray) -> tuple[float, np.ndarray]:
+        """Λ at capacities `u`, and a cut: per class the bound's slope μ_c."""
         for c, cap in enumerate(u):
             self.model.helper.set_constraint_upper_bound(self.n_j + c, float(cap))
         code = self.solver.solve(self.model)
@@ -386,8 +386,9 @@ class _Routing:
         # equality at this u (ν optimal): the cut holds whatever the solver's tolerance
         nu = np.abs(self.solver.dual_values(self.demand).to_numpy())
         weight = float(self.p @ nu)
-        mu = (self.b * nu).max(axis=1) / weight if weight > 1e-12 else None
-        return max(float(self.solver.objective_value), 0.0), mu
+        if weight <= 1e-12:  # (p·ν >= 1 at an optimum: a solver's answer without it is not one to cut by)
+            raise _LPFailed("no dual bound")
+        return max(float(self.solver.objective_value), 0.0), (self.b * nu).max(axis=1) / weight
 
 
 def by_cuts(k: _Classes, n_i: int, time_limit_s: float, t0: float) -> SpareRoles:
@@ -432,7 +433,7 @@ def by_cuts(k: _Classes, n_i: int, time_limit_s: float, t0: float) -> SpareRoles
     while True:
         top = bound.min(axis=0)
         at = int(np.argmax(top))
-        rate = np.inf
+        rate, fresh = np.inf, False
         for half, caps, gone, loss in halves:
             u = caps[at].copy()
             if gone >= 0:
@@ -440,12 +441,13 @@ def by_cuts(k: _Classes, n_i: int, time_limit_s: float, t0: float) -> SpareRoles
             key = (half, u.tobytes())
             if key not in solved:
                 solved[key], mu = routing[half](u)
-                if mu is not None:
-                    cut(half, mu)
+                fresh = True
+                cut(half, mu)
             rate = min(rate, solved[key])
         if rate > best_rate:
             best, best_rate = at, rate
-        if best_rate >= top[at] - CUT_GAP * max(abs(top[at]), 1.0):
+        # met its bound, or its every LP was solved before (its bound is their rates, to the LP's tolerance): optimal
+        if best_rate >= top[at] - CUT_GAP * max(abs(top[at]), 1.0) or not fresh:
             break
         if time.perf_counter() - t0 > time_limit_s:  # the best counts so far, not proven
             status = "feasible"
