@@ -239,6 +239,43 @@ def test_a_served_tracker_writes_the_runs_a_tracker_here_writes(tmp_path: Path) 
     assert Path(served.info.artifact_uri.removeprefix("file://"), "plan.json").read_text() == "{}\n"
 
 
+def test_a_served_tracker_ends_with_a_caller_that_never_closed_it(tmp_path: Path) -> None:
+    """A command that ends without closing its tracker (killed, or ended by a library: Ray's core worker exits the
+    process when a Ray object is freed after it stopped) leaves no tracker process behind holding its output open:
+    a caller reading that output to its end (a test, a pipe into `tee`) gets it at once, not at its own timeout."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import os, sys\n"
+        "from pipeline.records.tracking import Served\n"
+        f"tracker = Served('sqlite:///{tmp_path}/mlflow.db', 'x')\n"
+        "tracker.start_parent('search', {})\n"
+        "tracker.ready()\n"
+        "print(tracker._child.pid, flush=True)\n"
+        "os._exit(3)\n"
+    )
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[1], capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert time.monotonic() - t0 < 60  # the output ended with the caller (before, only at the timeout)
+    child = int(r.stdout.split()[0])
+    for _ in range(100):  # the child saw the pipe end and exited (an orphan, so it may linger as a zombie a moment)
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().split()[2]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, 9)
+        raise AssertionError(f"the tracker's process {child} is still running after its caller ended")
+
+
 def test_a_served_tracker_raises_what_mlflow_refuses_at_the_next_call(tmp_path: Path) -> None:
     """A store MLflow will not open (a newer schema than its own): the error of the child's opening is raised
     by the first call that waits, as the tracker here raises it at once; a failed call's error crosses too."""

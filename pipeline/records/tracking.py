@@ -512,8 +512,8 @@ class Served:
         check_store(self.uri)
         ctx = mp.get_context("fork")
         self._conn, theirs = ctx.Pipe()
-        self._child = ctx.Process(target=_serve, args=(theirs, (self.uri, experiment, description, tuple(columns))),
-                                  name="mlflow-tracker", daemon=True)  # fmt: skip
+        self._child = ctx.Process(target=_serve, args=(theirs, (self.uri, experiment, description, tuple(columns)),
+                                                       self._conn), name="mlflow-tracker", daemon=True)  # fmt: skip
         with ctrl_c_noted():  # a Ctrl-C in the at-fork hooks is dropped; the caller's next wait sees the next one
             self._child.start()
         theirs.close()
@@ -637,9 +637,14 @@ class Detached:
         raise StoreError(f"the tracker of {self.uri} was copied out of the process that opened it: log from there")
 
 
-def _serve(conn: Any, args: tuple[Any, ...]) -> None:
-    """The tracker's process: open the store, answer `open`, then run each call and answer it until told to stop."""
+def _serve(conn: Any, args: tuple[Any, ...], callers: Any = None) -> None:
+    """The tracker's process: open the store, answer `open`, then run each call and answer it until told to stop.
+    `callers`: the caller's end of the pipe, as the fork copied it here: closed, so that the caller's end closes with
+    the caller however it ends (a process killed, or ended by a library, never closes its tracker) and this process
+    then sees the end of the pipe and exits, rather than hold the caller's output open for whoever reads it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides what Ctrl-C stops
+    if callers is not None:
+        callers.close()
 
     def answer(ok: bool, value: Any) -> None:
         if not ok:
