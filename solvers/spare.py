@@ -319,12 +319,17 @@ def by_class(
             return by_cuts(k, bp.shape[0], time_limit_s, t0)
         except _LPFailed:  # a routing LP GLOP did not solve: the MILP, which has its own solvers
             pass
+    return class_milp(k, bp.shape[0], time_limit_s, backend, t0)
+
+
+def class_milp(k: _Classes, n_i: int, time_limit_s: float, backend: str, t0: float) -> SpareRoles:
+    """The class model as a MILP (`_class_model`, SCIP's settings `CLASS_SCIP`)."""
     model, col_lam = _class_model(k)
     status, x = _solve_matrix(model, backend, time_limit_s, CLASS_SCIP)
     first = k.first
-    return _answer(status, x, col_lam, bp.shape[0], t0,
+    return _answer(status, x, col_lam, n_i, t0,
                    lambda: _class_roles(k, [int(np.argmax(x[first[c]:first[c + 1]])) for c in range(len(k.islands))],
-                                        bp.shape[0]))  # fmt: skip
+                                        n_i))  # fmt: skip
 
 
 def _class_roles(k: _Classes, n_dec: Sequence[int], n_i: int) -> list[str]:
