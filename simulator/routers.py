@@ -49,6 +49,7 @@ Load: a prefill engine's waiting prompt tokens; a decode engine's running plus w
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -150,16 +151,18 @@ class PlanRouter(Router):
                     f"the plan routes no {phase} traffic for range {j}: every range needs a serving island"
                 )
             self.cum[phase] = np.cumsum(f / tot, axis=1)
+        self.ends = [float(v) for v in range_end]  # a list, for bisect: a range is looked up for every request
+        self.cum_lists = {phase: c.tolist() for phase, c in self.cum.items()}
         self.engines_of = engines_of
         self.rng = np.random.default_rng(seed)
         self.sent: dict[int, np.ndarray] = {}  # range -> prompt tokens sent to each island (cache-aware prefill)
 
     def _range(self, tokens: int) -> int:
-        return min(int(np.searchsorted(self.range_end, tokens, side="right")), len(self.range_end) - 1)
+        return min(bisect_right(self.ends, tokens), len(self.ends) - 1)
 
     def _pick(self, sim: Simulation, req: int, phase: str, load: object) -> int:
-        cum = self.cum[phase][self._range(int(sim.r.input_len[req]))]
-        k = min(int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right")), len(cum) - 1)
+        cum = self.cum_lists[phase][self._range(int(sim.r.input_len[req]))]
+        k = min(bisect_right(cum, self.rng.random() * cum[-1]), len(cum) - 1)
         engines = self.engines_of[phase][k]
         return min(engines, key=lambda i: load(sim, i))  # type: ignore[operator]
 

@@ -15,8 +15,9 @@ so a simulated step costs a few arithmetic operations, not a cost-model call.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,6 +39,26 @@ KV_SEQUENCE_TOKENS = 1024
 
 # the shares of a prompt found in a prefix cache the cached prefill table is evaluated at (interpolated between)
 HITS = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.995])
+_HITS = HITS.tolist()
+
+
+def interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """`float(np.interp(x, xs, ys))` for one point, bit for bit (the same search, the same arithmetic), without
+    NumPy's call overhead: a simulation asks for a step time at every step of every engine."""
+    j = bisect_right(xs, x) - 1
+    if j < 0:
+        return float(ys[0])
+    if j >= len(xs) - 1 or xs[j] == x:
+        return float(ys[j])
+    return float((ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j]) * (x - xs[j]) + ys[j])
+
+
+def grid_position(x: float, xs: Sequence[float]) -> tuple[int, float]:
+    """(i, f): `x` lies a fraction f of the way from grid point i to i + 1 (clamped to the grid's ends)."""
+    n = len(xs)
+    b = interp(x, xs, range(n))
+    i = min(int(b), n - 2)
+    return i, b - i
 
 
 @dataclass(frozen=True)
@@ -61,8 +82,22 @@ class PrefillTiming:
     attention: np.ndarray | None = None
     ranks: int = 1
 
+    # the grids as Python lists, for `interp`
+    _lengths: list[float] = field(init=False, repr=False, compare=False)
+    _ms: list[float] = field(init=False, repr=False, compare=False)
+    _attention: list[float] | None = field(init=False, repr=False, compare=False)
+    _cached: list[list[float]] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_lengths", [float(v) for v in self.lengths])
+        object.__setattr__(self, "_ms", [float(v) for v in self.ms])
+        attention = None if self.attention is None else [float(v) for v in self.attention]
+        object.__setattr__(self, "_attention", attention)
+        cached = None if self.cached_ms is None else np.asarray(self.cached_ms, dtype=float).tolist()
+        object.__setattr__(self, "_cached", cached)
+
     def prefill_ms(self, tokens: float) -> float:
-        return float(np.interp(tokens, self.lengths, self.ms))
+        return interp(tokens, self._lengths, self._ms)
 
     def forward_ms(self, pieces: Iterable[tuple[int, int]]) -> float:
         """One forward prefilling `pieces`, each (tokens of its prompt before it: cached or prefilled by an earlier
@@ -95,19 +130,18 @@ class PrefillTiming:
 
     def attention_ms(self, tokens: float) -> float:
         """The attention kernel's share of one prompt's prefill of `tokens` (0 for none)."""
-        if self.attention is None or not tokens:
+        if self._attention is None or not tokens:
             return 0.0
-        return float(np.interp(tokens, self.lengths, self.attention))
+        return interp(tokens, self._lengths, self._attention)
 
     def prefill_cached_ms(self, tokens: float, cached: float) -> float:
         """One prompt of `tokens` whose first `cached` are in the prefix cache: the cost model's prefill at that
         hit rate (`prefill_time_ms`'s `cache_hit`: the rest computed, attending to the whole prompt)."""
-        if not cached or self.cached_ms is None:
+        if not cached or self._cached is None:
             return self.prefill_ms(tokens)
-        x = float(np.interp(tokens, self.lengths, np.arange(len(self.lengths))))  # bilinear in (length, hit)
-        i = min(int(x), len(self.lengths) - 2)
-        f, h = x - i, min(cached / tokens, HITS[-1])
-        lo, hi = (float(np.interp(h, HITS, self.cached_ms[j])) for j in (i, i + 1))
+        i, f = grid_position(tokens, self._lengths)  # bilinear in (length, hit)
+        h = min(cached / tokens, _HITS[-1])
+        lo, hi = (interp(h, _HITS, self._cached[j]) for j in (i, i + 1))
         return (1 - f) * lo + f * hi
 
     def host_load_ms(self, tokens: float) -> float:
@@ -126,18 +160,22 @@ class DecodeTiming:
     ranks: int  # attention-DP ranks (batch units) of the engine
     max_seqs: int  # running sequences the engine admits (plan batch x ranks)
     kv_tokens: int  # KV capacity of the engine in tokens (all its ranks)
+    # the grids as Python lists, for `grid_position`
+    _batches: list[float] = field(init=False, repr=False, compare=False)
+    _contexts: list[float] = field(init=False, repr=False, compare=False)
+    _ms: list[list[float]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_batches", [float(v) for v in self.batches])
+        object.__setattr__(self, "_contexts", [float(v) for v in self.contexts])
+        object.__setattr__(self, "_ms", np.asarray(self.ms, dtype=float).tolist())
 
     def step_ms(self, running: int, mean_context: float) -> float:
         per_rank = -(-running // self.ranks)  # ceil: the busiest rank sets the step
-        b = np.interp(per_rank, self.batches, np.arange(len(self.batches)))
-        c = np.interp(mean_context, self.contexts, np.arange(len(self.contexts)))
-        i0, j0 = min(int(b), len(self.batches) - 2), min(int(c), len(self.contexts) - 2)
-        fb, fc = b - i0, c - j0
-        m = self.ms
-        return float(
-            (1 - fb) * ((1 - fc) * m[i0, j0] + fc * m[i0, j0 + 1])
-            + fb * ((1 - fc) * m[i0 + 1, j0] + fc * m[i0 + 1, j0 + 1])
-        )
+        i0, fb = grid_position(per_rank, self._batches)
+        j0, fc = grid_position(mean_context, self._contexts)
+        lo, hi = self._ms[i0], self._ms[i0 + 1]
+        return (1 - fb) * ((1 - fc) * lo[j0] + fc * lo[j0 + 1]) + fb * ((1 - fc) * hi[j0] + fc * hi[j0 + 1])
 
 
 def prefill_timing(

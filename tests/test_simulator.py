@@ -540,3 +540,24 @@ def test_a_dense_models_plan_keeps_up_with_its_rate_and_no_more(tmp_path) -> Non
     path, _ = plan_of(tmp_path, "model=llama_3_3_70b", "costmodel=calibrated", "slo.ttft_ms=null", "slo.tpot_ms=null")
     kept = kept_at(plans.load(path), (0.9, 1.3))
     assert kept[0.9] > 0.95 and kept[1.3] < 0.9, kept
+
+
+def test_the_step_tables_interpolate_as_numpy_does_bit_for_bit() -> None:
+    """`timing.interp` and `grid_position` (plain Python, called at every simulated step) give what `np.interp`
+    gives, to the last bit: below, at and beyond a grid's ends, on its points and between them, ints and floats."""
+    from simulator.timing import grid_position, interp
+
+    rng = np.random.default_rng(5)
+    for k in range(300):
+        xs = np.unique(np.geomspace(1, rng.integers(2, 10**6), rng.integers(2, 60)).round() if k % 2
+                       else rng.random(rng.integers(2, 60)) * 1000)  # fmt: skip
+        if len(xs) < 2:
+            continue
+        ys = rng.normal(size=len(xs)) * 100
+        grid, values = xs.tolist(), ys.tolist()
+        points = [*(rng.random(40) * xs[-1] * 1.2 - 1).tolist(), *xs.tolist(), *rng.integers(0, int(xs[-1]) + 2, 20)]
+        for x in points:
+            assert interp(x, grid, values) == float(np.interp(x, xs, ys))
+            b = np.interp(x, xs, np.arange(len(xs)))
+            i = min(int(b), len(xs) - 2)
+            assert grid_position(x, grid) == (i, b - i)
