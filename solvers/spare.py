@@ -29,7 +29,8 @@ the scenarios losing from it bound already), and (3) becomes, per scenario s and
 (a scenario whose role the class does not run loses nothing). Identical islands' routing adds up to the class's
 (and splits back evenly), so the optimum is the per-island model's, with 2 C routings of one role over C classes
 in place of I scenarios of both roles over I islands (`by_class`; tests/test_failures.py checks the two agree,
-and both against brute force).
+and both against brute force). With no island lost (a re-plan scores its states so) every class is one no scenario
+stops, and its two halves route each role with every island up: the plain max_rate of the roles, by classes too.
 
 Its integer part is small (the main job's layouts: 720 combinations of decode counts at the median), and each half
 given the counts is an LP whose dual solutions bound it at every count. So `by_cuts` solves it without a MILP: it
@@ -188,8 +189,8 @@ def _units(bp: np.ndarray, bd: np.ndarray, scen: Sequence[frozenset[int]],
     size: dict[tuple[bytes, bytes, str | None], int] = {}
     seen: set[frozenset[int]] = set()
     for k, down in enumerate(scen):
-        if not down:
-            return None
+        if not down:  # nothing lost: every island up, which any scenario losing some bounds already (or, alone,
+            continue  # the model's halves with every island up: the plain max_rate of the roles)
         if down in seen:  # the same islands again: the same scenario
             continue
         seen.add(down)

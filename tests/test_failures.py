@@ -208,6 +208,28 @@ def test_identical_islands_solved_as_classes_keep_what_every_role_assignment_tri
     assert solved_as_classes(bp, bd, p, scenarios, fixed)[3:5] == ("decode", "decode")
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_roles_with_every_island_up_are_solved_as_classes_and_keep_what_every_role_assignment_keeps(seed: int) -> None:
+    """No island lost (what a re-plan scores each candidate by): the class model (`by_class`, by cuts) over classes
+    of alike islands, against brute force over every role assignment and the model over the islands one by one
+    (`by_island`), with kept roles; a scenario losing nothing beside one that loses an island changes nothing."""
+    import numpy as np
+
+    from solvers.spare import _units, spare_roles
+
+    rng = np.random.default_rng(seed)
+    n_j = 3
+    kinds_p, kinds_d = rng.uniform(5, 40, (4, n_j)), rng.uniform(5, 40, (4, n_j))
+    which = [0, 0, 0, 1, 1, 2, 3]
+    bp, bd = kinds_p[which], kinds_d[which]
+    p = np.array([0.5, 0.3, 0.2])
+    fixed: list[str | None] = [None, None, "prefill", None, None, "decode", None]
+    assert _units(bp, bd, [frozenset()], fixed) == {}  # the class model applies, no island in a scenario
+    solved_as_classes(bp, bd, p, [set()], fixed)
+    one = spare_roles(bp, bd, p, [{0}], fixed=fixed)
+    assert spare_roles(bp, bd, p, [set(), {0}], fixed=fixed).rate_req_s == pytest.approx(one.rate_req_s, rel=1e-9)
+
+
 @pytest.mark.parametrize("seed", [4, 6, 24])
 def test_hosts_of_several_alike_islands_solved_as_classes_keep_what_every_role_assignment_keeps(seed: int) -> None:
     """One host lost at a time, a host holding two or three alike islands (small islands of one GPU type: two

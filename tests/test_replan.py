@@ -67,6 +67,21 @@ def test_the_default_plan_loses_its_worst_host_and_three_moves_win_back_the_plan
     routed = {int(k) for phase in route["islands"].values() for k in phase}
     assert routed == {i for i, isl in enumerate(new.islands) if isl.serving} and routed > launched
     assert "run on as they are: no launch files for them here" in (out / "README.md").read_text()
+    # within one move: of the states worth as much, the one re-launching the fewest hosts (none with fewer is)
+    from helpers import compose
+    from pipeline.planning.replan import hosts_now, replan
+    from pipeline.search.settings import context, inventory_of, read_settings
+
+    cfg = compose(["+inventory=hetero_a", f"inventory.gpus.{lost.gpu}={count}"])
+    settings = read_settings(cfg, *inventory_of(cfg))
+    ctx = context(settings)
+    hosts = hosts_now(old, settings.inventory.by_name, {g.name: g.node_gpus for g in settings.inventory.gpus},
+                      [(lost.gpu, lost.node)])  # fmt: skip
+    mins, limit = dict(ctx.space.min_island), ctx.inner_time_limit_s
+    one = replan(ctx.planner, old, hosts, mins, 1, time_limit_s=limit, backend=ctx.backend)
+    fewer = replan(ctx.planner, old, hosts, mins, 1, time_limit_s=limit, backend=ctx.backend,
+                   max_hosts=one.hosts_relaunched - 1)
+    assert one.searched_req_s > 0 and fewer.searched_req_s < one.searched_req_s * (1 - 1e-9), (one, fewer)
 
 
 def test_hosts_now_numbers_the_hosts_left_and_added() -> None:

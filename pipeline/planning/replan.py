@@ -160,7 +160,9 @@ def replan(
         ranked = sorted(children.values(), key=lambda c: (tuple(-x for x in score(c[0])[0]),
                                                           tuple(-x for x in potential(c[0]))))  # fmt: skip
         beam = ranked[:BEAM]
-        top = beam[0]
+        # of the states worth as much as the best of this depth, the one that re-launches the fewest hosts
+        top = min((c for c in beam if not better(score(beam[0][0])[0], score(c[0])[0])),
+                  key=lambda c: _relaunched(c[0]))  # fmt: skip
         if better(score(top[0])[0], best[0]):
             best = (score(top[0])[0], top[0], top[1])
     _, pieces, moves = best
