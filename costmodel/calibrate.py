@@ -255,9 +255,9 @@ def knobs_of(row: Measurement, base: CostProfile) -> tuple[str, ...]:
         knobs = ("attention_decode",) if row.unit == "TFLOPS" else ("kv_read",)
     if row.component == "serving_ttft":
         p = row.params
-        if p.get("engine", "disagg") == "disagg":  # prefill, transfer and hand-off: no decode step
+        if p.get("engine", "disagg") == "disagg":  # prefill (its TP all-reduces too), transfer and hand-off: no
             decode = ("grouped_gemm_decode", "attention_decode", "kv_read", "a2a_low_latency", "moe_tp",
-                      "step_overhead", "sequence_overhead", "allreduce")  # fmt: skip
+                      "step_overhead", "sequence_overhead")  # fmt: skip  # decode step
             knobs = tuple(k for k in knobs if k not in decode)
         else:
             knobs = tuple(k for k in knobs if k not in ("handoff", "kv_transfer"))
@@ -376,16 +376,27 @@ def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: s
         fs = tuple(sorted((*free, *held), key=lambda f: f[:2]))
         return base.calibrated(Calibration(name, fs, switches=switches))
 
+    last: list[tuple[bytes, np.ndarray]] = []  # the residuals at the last point asked (the Jacobian's base)
+
     def residuals(theta: np.ndarray) -> np.ndarray:
         prof = profile_of(theta)
         pred = np.log([predict(r, prof) for r in rows])
-        return np.concatenate([(pred - logv) / meas_sigma, theta / priors])
+        out = np.concatenate([(pred - logv) / meas_sigma, theta / priors])
+        last[:] = [(theta.tobytes(), out)]
+        return out
+
+    reads = sparsity(rows, pairs, base)
+    groups = column_groups(reads)
+
+    def jacobian(theta: np.ndarray) -> np.ndarray:
+        f0 = last[0][1] if last and last[0][0] == theta.tobytes() else residuals(theta)
+        return forward_differences(residuals, theta, f0, reads, groups)
 
     # soft-L1 (Huber-like) loss: a row whose shape the model's structure cannot follow (an error
     # past ~10 %) weighs linearly, not quadratically, so it does not drag the factor off the rest
     began = {} if start is None else {(g, k): math.log(f.factor) for g, k, f in start.factors}
-    sol = least_squares(residuals, np.array([began.get(p, 0.0) for p in pairs]), method="trf", loss="soft_l1",
-                        f_scale=1.0)  # fmt: skip
+    sol = least_squares(residuals, np.array([began.get(p, 0.0) for p in pairs]), jac=jacobian, method="trf",
+                        loss="soft_l1", f_scale=1.0)  # fmt: skip
     n = len(rows)
     data_res = sol.fun[:n] * meas_sigma
     dof = max(n - len(pairs), 1)
@@ -401,6 +412,53 @@ def _fit(rows: list[Measurement], base: CostProfile, prior_sigma: float, name: s
                        source=source, switches=switches, profile=base.fixes_of(), models=_served(rows),
                        held=held)  # fmt: skip
     return cal, scatter
+
+
+def sparsity(rows: Sequence[Measurement], pairs: Sequence[tuple[str, str]], base: CostProfile) -> np.ndarray:
+    """Which of the factors `pairs` each row's prediction reads (its knobs, `knobs_of`, keyed as the row is), then one
+    row per factor for its prior: the fit's residuals by its factors, True where one may move the other."""
+    at = {pair: j for j, pair in enumerate(pairs)}
+    reads = np.zeros((len(rows) + len(pairs), len(pairs)), dtype=bool)
+    for i, row in enumerate(rows):
+        for knob in knobs_of(row, base):
+            j = at.get((key_of(row, knob), knob))
+            if j is not None:
+                reads[i, j] = True
+    reads[len(rows):] = np.eye(len(pairs), dtype=bool)
+    return reads
+
+
+def column_groups(reads: np.ndarray) -> list[np.ndarray]:
+    """The factors in groups that no residual reads two of (greedily, in order: Curtis, Powell and Reid), so one
+    evaluation of the residuals differences a whole group: a stack's factors and another stack's, every GPU's own."""
+    groups: list[list[int]] = []
+    taken: list[np.ndarray] = []
+    for j in range(reads.shape[1]):
+        for group, rows in zip(groups, taken, strict=True):
+            if not (rows & reads[:, j]).any():
+                group.append(j)
+                rows |= reads[:, j]
+                break
+        else:
+            groups.append([j])
+            taken.append(reads[:, j].copy())
+    return [np.array(g) for g in groups]
+
+
+def forward_differences(fun: Any, x: np.ndarray, f0: np.ndarray, reads: np.ndarray,
+                        groups: Sequence[np.ndarray]) -> np.ndarray:  # fmt: skip
+    """The Jacobian of `fun` at `x` (`f0` = fun(x)) by forward differences at SciPy's 2-point step (the square root of
+    the machine epsilon, relative past 1), one evaluation a group of `column_groups`, each column's difference kept
+    on the residuals that read it (`reads`): what a column at a time gives, in fewer evaluations."""
+    step = np.finfo(float).eps ** 0.5 * np.where(x >= 0, 1.0, -1.0) * np.maximum(1.0, np.abs(x))
+    jac = np.zeros(reads.shape)
+    for group in groups:
+        moved = x.copy()
+        moved[group] += step[group]
+        df = fun(moved) - f0
+        for j in group:
+            jac[reads[:, j], j] = df[reads[:, j]] / (moved[j] - x[j])
+    return jac
 
 
 def _served(rows: Sequence[Measurement]) -> tuple[str, ...]:

@@ -91,7 +91,7 @@ COMPONENTS: dict[str, Component] = {
         ("s", "ms"),
         ("request_overhead", "handoff", "kv_transfer", "dense_gemm", "a2a_normal", "hbm", "gemm_fixed",
          "grouped_gemm_decode", "attention_decode", "kv_read", "a2a_low_latency", "allreduce", "moe_tp",
-         "step_overhead", "sequence_overhead"),
+         "step_overhead", "sequence_overhead", "prefill_pass"),
         "median time to first token of a closed-loop serving benchmark with few users (no queue): the front end, the "
         "prefill of an `input`-token prompt on `dp` attention ranks of TP `tp`, and disaggregated (`engine=disagg`) "
         "its KV transfer and hand-off; aggregated, the decode step of the others (`batch`, `context`, `ep`, `moe`) "

@@ -505,6 +505,47 @@ def test_the_shipped_serving_calibration_is_the_fit_of_the_shipped_measurements(
         assert a.factor == pytest.approx(b.factor, rel=1e-3) and a.sigma == pytest.approx(b.sigma, rel=1e-2)
 
 
+def _log_predictions(rows: list[Measurement], pairs: list[tuple[str, str]], base: CostProfile) -> Any:
+    """The fit's residuals, less its weights: each row's log prediction at log factors theta of `pairs`, then theta."""
+    from costmodel.calibrate import structure
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        fs = [(g, k, Factor(math.exp(t), 0.0, "fit")) for (g, k), t in zip(pairs, theta, strict=True)]
+        prof = base.calibrated(Calibration("t", tuple(sorted(fs, key=lambda f: f[:2])), switches=structure(base)))
+        return np.concatenate([np.log([predict(r, prof) for r in rows]), theta])
+
+    return residuals
+
+
+def test_the_fits_grouped_jacobian_is_the_column_by_column_one() -> None:
+    """The fit differences its factors in groups no residual reads two of (`sparsity`: each row's knobs, `knobs_of`),
+    so a knob a row's prediction reads but `knobs_of` leaves out would zero its derivative there. Against the factors
+    differenced one at a time on every row, at the shipped factors, on one row of each kind the fit takes (component,
+    engine, experts' split, GPU, TP or not): the same Jacobian, bit for bit, in fewer evaluations."""
+    from costmodel.calibrate import _params, column_groups, forward_differences, serving_base, sparsity
+    from costmodel.measured import INFERENCEX, serving_rows
+
+    shipped = load_calibration(ROOT / "conf" / "calibration" / "serving.yaml")
+    at = {(g, k): math.log(f.factor) for g, k, f in shipped.factors}
+    base = serving_base(default_base())
+    kinds: dict[tuple[object, ...], Measurement] = {}
+    for r in load_measurements([PUBLISHED]) + serving_rows(INFERENCEX):
+        p = r.params
+        kinds.setdefault((r.component, p.get("engine"), p.get("moe"), r.gpu, p.get("tp", 1) > 1, "users" in p), r)
+    for keyed in ("gpu", "stack"):  # the fit's two stages
+        rows = [r for r in kinds.values() if COMPONENTS[r.component].keyed == keyed]
+        pairs = _params(rows, base)
+        x = np.array([at.get(pair, 0.0) for pair in pairs])
+        residuals = _log_predictions(rows, pairs, base)
+        reads, f0 = sparsity(rows, pairs, base), residuals(x)
+        groups = column_groups(reads)
+        assert len(groups) < len(pairs)
+        for g in groups:  # no residual reads two factors of a group
+            assert (reads[:, g].sum(axis=1) <= 1).all()
+        one_by_one = forward_differences(residuals, x, f0, np.ones_like(reads), [np.array([j]) for j in range(len(x))])
+        assert np.array_equal(forward_differences(residuals, x, f0, reads, groups), one_by_one), keyed
+
+
 def test_a_factor_added_to_a_calibration_leaves_the_others_draws_as_they_were() -> None:
     """The rate band's draws (`Calibration.draws`): each factor has a stream of its own, so adding a knob (a new
     prior entry, as a new switch adds) moves no other factor's draws; each factor's draws spread by its sigma."""
