@@ -56,9 +56,16 @@ def interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
 def grid_position(x: float, xs: Sequence[float]) -> tuple[int, float]:
     """(i, f): `x` lies a fraction f of the way from grid point i to i + 1 (clamped to the grid's ends)."""
     n = len(xs)
-    b = interp(x, xs, range(n))
+    j = bisect_right(xs, x) - 1
+    if j < 0:
+        return 0, 0.0
+    if j >= n - 1:
+        return n - 2, 1.0
+    if xs[j] == x:
+        return j, 0.0
+    b = 1 / (xs[j + 1] - xs[j]) * (x - xs[j]) + j  # `interp(x, xs, range(n))`, inlined: a step asks twice
     i = min(int(b), n - 2)
-    return i, b - i
+    return i, float(b - i)
 
 
 @dataclass(frozen=True)
