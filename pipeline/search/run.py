@@ -253,7 +253,8 @@ def _layout(
         run.replanned = _replanned(settings, ctx)
         return (run.replanned.layout if run.replanned.pieces else None), True
     tracker.ready()  # a store MLflow cannot open: said before the trials, not after them
-    complete = with_ray(settings.ray.address, settings.ray.num_cpus, lambda: run_tune(run, trial_fn))
+    complete = with_ray(settings.ray.address, settings.ray.num_cpus, lambda: run_tune(run, trial_fn),
+                        keep=cli.sweep_dir() is not None)  # a multirun's next job searches on the same Ray
     run.progress(force=True)
     best = Layout.of(ctx.space.layout(run.best["params"])) if run.best else None
     if best is not None and ctx.demand_req_s is not None:  # objective min_cost: the islands of it in use, the fleet

@@ -11,6 +11,7 @@ node dies runs again (`pipeline.search.tune.worker.RETRIES` times).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -182,10 +183,18 @@ def start_local_ray(num_cpus: int | None) -> None:
     )
 
 
-def with_ray(address: str | None, num_cpus: int | None, body: Callable[[], bool]) -> bool:
-    """Run `body` on a local Ray (started and stopped here) or the cluster at `ray.address`."""
+_KEPT: list[tuple[str | None, int | None]] = []  # the Ray a multirun's jobs share: the (address, num_cpus) it joined
+
+
+def with_ray(address: str | None, num_cpus: int | None, body: Callable[[], bool], keep: bool = False) -> bool:
+    """Run `body` on a local Ray (started and stopped here) or the cluster at `ray.address`. `keep`: a Hydra
+    multirun's job: the Ray it starts stays up for the next job with the same `ray` settings (a local one takes ~5 s
+    to start and stop), and stops when the command exits or a job wants another."""
     import ray
 
+    if _KEPT and (_KEPT[0] != (address, num_cpus) or not keep):
+        ray.shutdown()
+        _KEPT.clear()
     started = False
     if not ray.is_initialized():
         check_ray_address(address)
@@ -204,5 +213,9 @@ def with_ray(address: str | None, num_cpus: int | None, body: Callable[[], bool]
     try:
         return body()
     finally:
-        if started:
+        if started and keep:
+            if not _KEPT:
+                atexit.register(ray.shutdown)
+            _KEPT[:] = [(address, num_cpus)]
+        elif started:
             ray.shutdown()
