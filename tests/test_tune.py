@@ -156,3 +156,35 @@ def test_two_node_ray_cluster_runs_trials_on_both_nodes(tmp_path: Path) -> None:
     recs = journal(tmp_path)
     assert len(recs) == 8 and all(r["status"] == "optimal" for r in recs)
     assert len({r["node"] for r in recs}) == 2
+
+
+def test_a_multiruns_jobs_share_the_ray_the_first_started_and_another_ray_setting_starts_its_own(
+    monkeypatch: Any,
+) -> None:
+    """`with_ray(keep=True)` (a Hydra multirun's job): the Ray it starts stays up for the next job with the same
+    `ray` settings; a job with other settings, or one that keeps nothing, stops it first. Ray's start and stop are
+    counted here, not run (tests/test_sizing.py runs a multirun on a real one)."""
+    import atexit
+
+    import ray
+
+    import pipeline.search.tune.driver as driver
+
+    up, calls, exits = [False], [], []
+    monkeypatch.setattr(ray, "is_initialized", lambda: up[0])
+    monkeypatch.setattr(ray, "shutdown", lambda: (calls.append("stop"), up.__setitem__(0, False)))
+    monkeypatch.setattr(driver, "check_ray_address", lambda address: None)
+    monkeypatch.setattr(driver, "start_local_ray", lambda n: (calls.append(f"start {n}"), up.__setitem__(0, True)))
+    monkeypatch.setattr(atexit, "register", exits.append)
+    monkeypatch.setattr(driver, "_KEPT", [])
+
+    def job(cpus: int, keep: bool = True) -> None:
+        assert driver.with_ray(None, cpus, lambda: bool(calls.append(f"job {cpus}") or True), keep=keep)
+
+    job(2)
+    job(2)
+    assert calls == ["start 2", "job 2", "job 2"] and up[0] and exits == [ray.shutdown]  # stopped at exit
+    job(1)
+    assert calls[3:] == ["stop", "start 1", "job 1"] and up[0]
+    job(1, keep=False)  # a run that keeps nothing: a Ray of its own, stopped after it
+    assert calls[6:] == ["stop", "start 1", "job 1", "stop"] and not up[0] and driver._KEPT == []
