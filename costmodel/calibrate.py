@@ -255,9 +255,10 @@ def knobs_of(row: Measurement, base: CostProfile) -> tuple[str, ...]:
         knobs = ("attention_decode",) if row.unit == "TFLOPS" else ("kv_read",)
     if row.component == "serving_ttft":
         p = row.params
-        if p.get("engine", "disagg") == "disagg":  # prefill (its TP all-reduces too), transfer and hand-off: no
+        if p.get("engine", "disagg") == "disagg":
+            # prefill (its TP all-reduces too), transfer and hand-off: no decode step
             decode = ("grouped_gemm_decode", "attention_decode", "kv_read", "a2a_low_latency", "moe_tp",
-                      "step_overhead", "sequence_overhead")  # fmt: skip  # decode step
+                      "step_overhead", "sequence_overhead")  # fmt: skip
             knobs = tuple(k for k in knobs if k not in decode)
         else:
             knobs = tuple(k for k in knobs if k not in ("handoff", "kv_transfer"))
