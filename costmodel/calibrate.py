@@ -331,7 +331,8 @@ def fit(rows: Sequence[Measurement], base: CostProfile | None = None, prior_sigm
 
 def fit_seconds(rows: Sequence[Measurement], base: CostProfile) -> float:
     """About how long `fit(rows, base)` takes, on the safe side: per stage (kernels, then serving rows),
-    `PASSES_PER_FACTOR` x (its free factors + 1) passes over its rows, a pass timed on up to 64 of them."""
+    `PASSES_PER_FACTOR` x (its Jacobian's evaluations, `column_groups`, + 1) passes over its rows, a pass timed on up
+    to 64 of them."""
     serving = [r for r in rows if COMPONENTS[r.component].keyed == "stack"]
     if serving:
         base = serving_base(base)
@@ -344,7 +345,8 @@ def fit_seconds(rows: Sequence[Measurement], base: CostProfile) -> float:
         for row in sample:
             predict(row, base)
         pass_s = (time.perf_counter() - t0) / len(sample) * len(stage)
-        total += PASSES_PER_FACTOR * (len(_params(stage, base)) + 1) * pass_s
+        groups = column_groups(sparsity(stage, _params(stage, base), base))
+        total += PASSES_PER_FACTOR * (len(groups) + 1) * pass_s
     return total
 
 
