@@ -31,7 +31,7 @@ from __future__ import annotations
 import csv
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -448,7 +448,7 @@ def column_groups(reads: np.ndarray) -> list[np.ndarray]:
     return [np.array(g) for g in groups]
 
 
-def forward_differences(fun: Any, x: np.ndarray, f0: np.ndarray, reads: np.ndarray,
+def forward_differences(fun: Callable[[np.ndarray], np.ndarray], x: np.ndarray, f0: np.ndarray, reads: np.ndarray,
                         groups: Sequence[np.ndarray]) -> np.ndarray:  # fmt: skip
     """The Jacobian of `fun` at `x` (`f0` = fun(x)) by forward differences at SciPy's 2-point step (the square root of
     the machine epsilon, relative past 1), one evaluation a group of `column_groups`, each column's difference kept

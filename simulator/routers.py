@@ -138,7 +138,7 @@ class PlanRouter(Router):
         where engines keep caches (else, and without caches, the least loaded)."""
         self.cache_aware = cache_aware
         self.caches: bool | None = None  # whether the run's prefill engines keep prefix caches (at its first prompt)
-        self.range_end = range_end
+        self.ends = [float(v) for v in range_end]  # the ranges' upper ends, a list for bisect: one lookup a request
         self.cum = {}
         for phase, f in shares.items():
             tot = f.sum(axis=1, keepdims=True)
@@ -151,7 +151,6 @@ class PlanRouter(Router):
                     f"the plan routes no {phase} traffic for range {j}: every range needs a serving island"
                 )
             self.cum[phase] = np.cumsum(f / tot, axis=1)
-        self.ends = [float(v) for v in range_end]  # a list, for bisect: a range is looked up for every request
         self.cum_lists = {phase: c.tolist() for phase, c in self.cum.items()}
         self.engines_of = engines_of
         self.rng = np.random.default_rng(seed)
